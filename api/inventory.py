@@ -1,0 +1,206 @@
+"""GPU inventory as the agent reports it and the hub stores it: nodes, clusters, health.
+
+The agent builds :class:`NodeInventory` from Kubernetes Nodes and the Pods bound to them; the
+hub keeps the last good :class:`ClusterInventory` per member and wraps it in a
+:class:`MemberClusterState` (labels, taints, health) for placement. Resource amounts are
+canonical integers (:mod:`gpufed.api.resources`).
+
+Vocabulary (DESIGN.md §3): *free* = max(0, allocatable - requested) per node and resource;
+*requested* sums every pod bound to the node that has not finished (Terminating pods still hold
+their resources). Summaries for people count whole GPUs (``nvidia.com/gpu``) on Ready,
+schedulable nodes and ignore taints; a node with the MIG ``single`` strategy exposes MIG slices
+under ``nvidia.com/gpu``, so it holds no whole GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufed.api.labels import GPU_RESOURCE
+
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+MigStrategy = Literal["none", "single", "mixed"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Taint(_Frozen):
+    """A node or member-cluster taint (``spec.taints[]`` of a Node)."""
+
+    key: str
+    value: str = ""
+    effect: TaintEffect
+
+
+class Toleration(_Frozen):
+    """A pod toleration (``spec.tolerations[]``), Kubernetes semantics.
+
+    An empty ``key`` with operator ``Exists`` tolerates every taint; an empty ``effect``
+    matches every effect.
+    """
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Whether this toleration matches ``taint`` (k8s.io/api/core/v1 ToleratesTaint)."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.value == taint.value
+
+
+def tolerates_all(tolerations: Iterable[Toleration], taints: Iterable[Taint]) -> bool:
+    """True when every scheduling-blocking taint (NoSchedule, NoExecute) is tolerated.
+
+    ``PreferNoSchedule`` never blocks scheduling, so it is ignored here.
+    """
+    tols = tuple(tolerations)
+    return all(
+        any(t.tolerates(taint) for t in tols)
+        for taint in taints
+        if taint.effect != "PreferNoSchedule"
+    )
+
+
+class NodeInventory(_Frozen):
+    """One member node as placement sees it.
+
+    Sources: ``name`` = Node ``metadata.name``; ``labels`` = Node labels; ``gpu_product`` =
+    label ``nvidia.com/gpu.product``; ``mig_strategy`` = label ``nvidia.com/mig.strategy``
+    ("none" when absent); ``nvlink_domain`` = ``"clique:<nvidia.com/gpu.clique>"`` for nodes of
+    a multi-node NVLink domain, else ``"node:<name>"`` (an 8-GPU HGX node is its own domain);
+    ``rack``/``block`` = values of the configured topology labels; ``ready`` = Node condition
+    Ready is True; ``unschedulable`` = ``spec.unschedulable`` (cordoned); ``taints`` =
+    ``spec.taints``; ``allocatable`` = ``status.allocatable``; ``requested`` = sum of the
+    effective requests of unfinished pods bound to the node; ``job_requests`` = the part of
+    ``requested`` held by pods carrying the ``gpufed.io/job-uid`` label, by job UID (lets the
+    reservation ledger see that a dispatched job's pods are bound). ``degraded`` carries the
+    reason when the agent could not read the node fully (it then offers nothing).
+    """
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_product: str | None = None
+    mig_strategy: MigStrategy = "none"
+    nvlink_domain: str
+    rack: str | None = None
+    block: str | None = None
+    ready: bool = True
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+    allocatable: dict[str, int] = Field(default_factory=dict)
+    requested: dict[str, int] = Field(default_factory=dict)
+    job_requests: dict[str, dict[str, int]] = Field(default_factory=dict)
+    degraded: str | None = None
+
+    @property
+    def offers_capacity(self) -> bool:
+        """Ready, not cordoned and not degraded (taints are judged per job)."""
+        return self.ready and not self.unschedulable and self.degraded is None
+
+    def free(self, resource: str) -> int:
+        """``max(0, allocatable - requested)`` for one resource; never negative."""
+        return max(0, self.allocatable.get(resource, 0) - self.requested.get(resource, 0))
+
+    @property
+    def whole_gpus_allocatable(self) -> int:
+        """Allocatable whole GPUs: ``nvidia.com/gpu``, except 0 under the MIG single strategy."""
+        return 0 if self.mig_strategy == "single" else self.allocatable.get(GPU_RESOURCE, 0)
+
+    @property
+    def whole_gpus_free(self) -> int:
+        """Free whole GPUs (0 under the MIG single strategy, whose GPUs are slices)."""
+        return 0 if self.mig_strategy == "single" else self.free(GPU_RESOURCE)
+
+
+class ClusterInventory(_Frozen):
+    """The last good inventory report of one member cluster, as the agent sent it.
+
+    ``served_kinds``: workload kinds the member's API serves, as ``Kind.group`` strings
+    (``Job.batch``, ``JobSet.jobset.x-k8s.io``, ``PyTorchJob.kubeflow.org``); see
+    :func:`workload_kind`.
+    """
+
+    cluster: str
+    nodes: tuple[NodeInventory, ...] = ()
+    served_kinds: frozenset[str] = frozenset({"Job.batch"})
+    agent_version: str = ""
+
+
+class ClusterHealth(_Frozen):
+    """Hub-side health of a member, from the hub's own receive times (never member clocks)."""
+
+    ready: bool
+    reason: str = ""
+    message: str = ""
+
+
+class MemberClusterState(_Frozen):
+    """Everything placement needs about one member: identity, labels, taints, health, nodes.
+
+    ``labels`` and ``taints`` come from the hub's MemberCluster object (``spec.labels``,
+    ``spec.taints``), not from the member; ``inventory`` is the agent's last good report.
+    """
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    health: ClusterHealth = ClusterHealth(ready=True)
+    inventory: ClusterInventory
+
+
+class GPUSummary(_Frozen):
+    """Per-product summary for people (DESIGN.md §3): whole GPUs on Ready, schedulable nodes.
+
+    ``gpus_total`` / ``gpus_free``: GPU product -> whole GPUs; taints are ignored.
+    ``largest_free_nvlink_block``: the most free whole GPUs inside one NVLink domain (8 for an
+    idle HGX node, 72 for an idle NVL72 clique).
+    """
+
+    gpus_total: dict[str, int] = Field(default_factory=dict)
+    gpus_free: dict[str, int] = Field(default_factory=dict)
+    largest_free_nvlink_block: int = 0
+
+
+def summarize(nodes: Iterable[NodeInventory]) -> GPUSummary:
+    """Build the :class:`GPUSummary` of a set of nodes (one cluster's, usually)."""
+    total: dict[str, int] = {}
+    free: dict[str, int] = {}
+    blocks: dict[str, int] = {}
+    for node in nodes:
+        if not node.offers_capacity or node.whole_gpus_allocatable == 0:
+            continue
+        product = node.gpu_product or "unknown"
+        total[product] = total.get(product, 0) + node.whole_gpus_allocatable
+        free[product] = free.get(product, 0) + node.whole_gpus_free
+        blocks[node.nvlink_domain] = blocks.get(node.nvlink_domain, 0) + node.whole_gpus_free
+    return GPUSummary(
+        gpus_total=total, gpus_free=free, largest_free_nvlink_block=max(blocks.values(), default=0)
+    )
+
+
+def workload_kind(api_version: str, kind: str) -> str:
+    """``Kind.group`` for an object's ``apiVersion``/``kind`` (``batch/v1``, ``Job`` -> ``Job.batch``).
+
+    The core group has no suffix (``v1``, ``ConfigMap`` -> ``ConfigMap``).
+    """
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    return f"{kind}.{group}" if group else kind
+
+
+def nvlink_domain_id(node_name: str, labels: Mapping[str, str], clique_label: str) -> str:
+    """The NVLink domain id of a node: ``clique:<value>`` when it has a clique label, else
+    ``node:<name>``."""
+    clique = labels.get(clique_label)
+    return f"clique:{clique}" if clique else f"node:{node_name}"

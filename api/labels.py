@@ -1,0 +1,65 @@
+"""Label, annotation, resource, finalizer and API-group names used across gpufed.
+
+One place for every key so that the hub, the agent, the sandbox and the docs agree. Keys owned
+by gpufed live under ``gpufed.io``; NVIDIA keys are those that GPU Feature Discovery (GFD) and
+the NVIDIA device plugin publish on nodes (NVIDIA/k8s-device-plugin,
+docs/gpu-feature-discovery/README.md).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- gpufed API group (hub cluster custom resources) -------------------------------------------
+GROUP: Final = "gpufed.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# --- gpufed labels and annotations --------------------------------------------------------------
+#: On every object gpufed applies to a member (and on its pod templates): which hub owns it.
+ORIGIN_LABEL: Final = "gpufed.io/origin"
+#: On every object gpufed applies to a member (and on its pod templates): the GPUJob's UID.
+JOB_UID_LABEL: Final = "gpufed.io/job-uid"
+#: Full ``namespace/name`` of the hub GPUJob (annotation: may exceed 63 characters).
+JOB_ANNOTATION: Final = "gpufed.io/job"
+#: Namespaces that gpufed created in a member carry this label (value "true").
+MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
+#: Finalizer on hub GPUJobs: removed once the member copy is gone or the member is lost.
+FINALIZER: Final = "gpufed.io/member-cleanup"
+
+#: Sandbox pod lifecycle (kwok stages): run for this Go duration ("30s", "2m"), then finish.
+SIM_DURATION_ANNOTATION: Final = "gpufed.io/sim-duration"
+#: Sandbox pod lifecycle: with a duration, fail with this exit code (> 0) instead of succeeding.
+SIM_EXIT_CODE_ANNOTATION: Final = "gpufed.io/sim-exit-code"
+
+#: Placement fields on a plain Job/JobSet/PyTorchJob that `gpufed submit` wraps (DESIGN.md §4).
+GPU_PRODUCTS_ANNOTATION: Final = "gpufed.io/gpu-products"  # comma-separated GFD products
+NVLINK_ANNOTATION: Final = "gpufed.io/nvlink"  # Required | Preferred | None
+PRIORITY_ANNOTATION: Final = "gpufed.io/priority"  # integer
+#: Demo examples: the phase each example is expected to end in (Succeeded, Failed, Pending …).
+EXPECT_ANNOTATION: Final = "gpufed.io/expect"
+
+# --- NVIDIA device plugin resources and GFD labels ---------------------------------------------
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+#: Prefix of MIG profile resources under the "mixed" strategy, e.g. ``nvidia.com/mig-1g.10gb``.
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB
+GPU_FAMILY_LABEL: Final = "nvidia.com/gpu.family"
+#: Multi-node NVLink domain (GB200 NVL72): ``<fabric ClusterUUID>.<CliqueID>``.
+GPU_CLIQUE_LABEL: Final = "nvidia.com/gpu.clique"
+MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"  # none | single | mixed
+
+# --- Kubernetes well-known keys ------------------------------------------------------------------
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+
+#: Default node labels for the network levels above the NVLink domain (configurable; the
+#: same keys as the Kueue topology-aware scheduling examples).
+DEFAULT_RACK_LABEL: Final = "cloud.provider.com/topology-rack"
+DEFAULT_BLOCK_LABEL: Final = "cloud.provider.com/topology-block"
+
+
+def is_mig_resource(resource: str) -> bool:
+    """True for a MIG profile resource such as ``nvidia.com/mig-1g.10gb`` (never a whole GPU)."""
+    return resource.startswith(MIG_RESOURCE_PREFIX)

@@ -1,0 +1,1 @@
+"""The hub <-> agent protocol: ``.proto`` source and generated stubs."""

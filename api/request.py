@@ -1,0 +1,133 @@
+"""What a job asks of the fleet: pod sets, products, cluster selector, topology, priority.
+
+The hub derives a :class:`PlacementRequest` from a GPUJob (template + ``spec.placement``); the
+simulator and the benchmark build them directly. Placement reads nothing else about a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpufed.api.inventory import Toleration
+from gpufed.api.labels import GPU_RESOURCE
+
+NVLinkPolicy = Literal["Required", "Preferred", "None"]
+LevelPolicy = Literal["Required", "Preferred"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class LabelSelectorRequirement(_Frozen):
+    """One ``matchExpressions`` entry of a Kubernetes label selector."""
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Kubernetes semantics (``NotIn`` matches when the key is absent)."""
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        if self.operator == "In":
+            return labels.get(self.key) in self.values
+        return self.key not in labels or labels[self.key] not in self.values
+
+
+class LabelSelector(_Frozen):
+    """A Kubernetes label selector (``matchLabels`` and ``matchExpressions`` are ANDed)."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: tuple[LabelSelectorRequirement, ...] = Field(
+        default=(), alias="matchExpressions"
+    )
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when ``labels`` satisfy every term; an empty selector matches everything."""
+        return all(labels.get(k) == v for k, v in self.match_labels.items()) and all(
+            e.matches(labels) for e in self.match_expressions
+        )
+
+
+class PodSet(_Frozen):
+    """A group of identical pods of one job: ``count`` pods, each requesting ``requests``.
+
+    ``requests``: per-pod effective request in canonical units
+    (:func:`gpufed.api.resources.pod_requests`). ``node_selector`` / ``tolerations``: from the
+    pod template (``spec.nodeSelector``, ``spec.tolerations``).
+    """
+
+    name: str = "main"
+    count: int = Field(ge=1)
+    requests: dict[str, int] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+
+    @field_validator("requests")
+    @classmethod
+    def _non_negative(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, amount in v.items():
+            if amount < 0:
+                raise ValueError(f"requests.{name}: {amount} is negative")
+        return v
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """``nvidia.com/gpu`` per pod (0 for CPU-only or MIG-only pods)."""
+        return self.requests.get(GPU_RESOURCE, 0)
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs for the whole pod set (count x per pod)."""
+        return self.count * self.gpus_per_pod
+
+
+class TopologyRequest(_Frozen):
+    """Topology wishes (``spec.placement.topology``).
+
+    ``nvlink``: ``Required`` = all pods of the job inside one NVLink domain (one HGX node, or
+    one NVL72 clique), ``Preferred`` = try to, ``None`` = do not care. ``rack`` / ``block``:
+    optionally keep every pod within one rack / block (node labels named in configuration).
+    """
+
+    nvlink: NVLinkPolicy = "Preferred"
+    rack: LevelPolicy | None = None
+    block: LevelPolicy | None = None
+
+
+class PlacementRequest(_Frozen):
+    """One job's placement request.
+
+    ``job``: ``namespace/name`` of the GPUJob (ties and messages); ``uid``: its UID (the key of
+    reservations). ``gpu_products``: allowed GFD products (``nvidia.com/gpu.product`` values);
+    empty means any. ``cluster_selector``: over MemberCluster labels. ``workload_kind``:
+    ``Kind.group`` of the workload (members that do not serve it are filtered out).
+    ``submitted_at``: seconds since the epoch (queue order after priority).
+    """
+
+    job: str
+    uid: str
+    pod_sets: tuple[PodSet, ...] = Field(min_length=1)
+    gpu_products: tuple[str, ...] = ()
+    cluster_selector: LabelSelector | None = None
+    topology: TopologyRequest = TopologyRequest()
+    priority: int = 0
+    queue: str = "default"
+    workload_kind: str = "Job.batch"
+    submitted_at: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs over all pod sets."""
+        return sum(ps.gpus for ps in self.pod_sets)
+
+    @property
+    def pods(self) -> int:
+        """Pods over all pod sets."""
+        return sum(ps.count for ps in self.pod_sets)

@@ -1,0 +1,206 @@
+"""Kubernetes resource arithmetic: quantities, resource lists and a pod's effective request.
+
+Used by the agent (requested per node, from bound pods), by the hub (pod sets derived from a
+GPUJob template) and by the fleet spec. Placement only ever sees the integers produced here.
+
+Canonical units follow kube-scheduler's ``framework.Resource``: ``cpu`` in millicores, every
+other resource as a whole number of its base unit (``memory`` and ``ephemeral-storage`` in
+bytes, ``pods`` and extended resources such as ``nvidia.com/gpu`` as counts), rounded up.
+A :data:`ResourceList` maps resource names to those integers.
+
+Quantity strings are parsed by the Kubernetes Python client's parser
+(``kubernetes.utils.quantity.parse_quantity``), so ``"8"``, ``8``, ``"3920m"``, ``"937500k"``
+and ``"1Ki"`` mean what they mean to the API server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity as _k8s_parse_quantity
+
+#: resource name -> canonical integer amount (see module docstring for units).
+ResourceList = dict[str, int]
+
+CPU = "cpu"
+MEMORY = "memory"
+
+_NATIVE_PREFIXES = ("hugepages-",)
+_NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+
+
+class QuantityError(ValueError):
+    """A quantity that Kubernetes would not accept for that resource.
+
+    The message names the resource and the offending value, and says what would be accepted.
+    """
+
+
+def is_extended_resource(resource: str) -> bool:
+    """True for resources outside the ``kubernetes.io`` namespace, e.g. ``nvidia.com/gpu``.
+
+    Kubernetes requires extended resources to be whole numbers (no ``"0.5"`` GPU) and requests
+    to equal limits when both are given.
+    """
+    if resource in _NATIVE or resource.startswith(_NATIVE_PREFIXES):
+        return False
+    if "/" not in resource:
+        return False
+    domain = resource.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+def parse_quantity(value: str | int | float | Decimal, *, field: str = "quantity") -> Decimal:
+    """Parse a Kubernetes quantity (``"100m"``, ``"1Gi"``, ``"937500k"``, ``8``) to a Decimal.
+
+    Raises :class:`QuantityError` naming ``field`` when the value is not a quantity.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"{field}: {value!r} is not a quantity (use a number such as 8 or '8')")
+    try:
+        parsed: Decimal = _k8s_parse_quantity(value)  # type: ignore[no-untyped-call]
+    except (ValueError, InvalidOperation, TypeError) as exc:
+        raise QuantityError(
+            f"{field}: {value!r} is not a Kubernetes quantity "
+            "(examples: 8, '500m', '1Gi', '937500k')"
+        ) from exc
+    if not parsed.is_finite():
+        raise QuantityError(f"{field}: {value!r} is not a finite quantity")
+    if parsed < 0:
+        raise QuantityError(f"{field}: {value!r} is negative; quantities must be >= 0")
+    return parsed
+
+
+def to_canonical(resource: str, value: str | int | float | Decimal, *, field: str = "") -> int:
+    """Convert one quantity of ``resource`` to its canonical integer (see module docstring).
+
+    ``cpu`` becomes millicores (``"3920m"`` -> 3920, ``"2"`` -> 2000); other resources become
+    whole units rounded up (``"1Ki"`` -> 1024). Extended resources must be whole numbers:
+    ``"0.5"`` for ``nvidia.com/gpu`` raises :class:`QuantityError`.
+    """
+    where = field or resource
+    amount = parse_quantity(value, field=where)
+    if resource == CPU:
+        return math.ceil(amount * 1000)
+    if is_extended_resource(resource) and amount != amount.to_integral_value():
+        raise QuantityError(
+            f"{where}: {value!r} is fractional; extended resources such as {resource} must be "
+            "whole numbers (request 1 GPU, or a MIG profile resource for a slice)"
+        )
+    return math.ceil(amount)
+
+
+def resource_list(raw: Mapping[str, Any] | None, *, field: str = "resources") -> ResourceList:
+    """Convert a Kubernetes ``ResourceList`` (name -> quantity) to canonical integers.
+
+    Zero amounts are kept (they matter for "requests equal limits" checks); ``None`` is ``{}``.
+    """
+    if not raw:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise QuantityError(f"{field}: expected a map of resource name to quantity, got {raw!r}")
+    return {name: to_canonical(name, q, field=f"{field}.{name}") for name, q in raw.items()}
+
+
+def add(a: Mapping[str, int], b: Mapping[str, int]) -> ResourceList:
+    """Element-wise sum of two resource lists."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def scale(a: Mapping[str, int], n: int) -> ResourceList:
+    """``a`` multiplied by ``n`` (e.g. per-pod requests times pod count)."""
+    return {k: v * n for k, v in a.items()}
+
+
+def maximum(a: Mapping[str, int], b: Mapping[str, int]) -> ResourceList:
+    """Element-wise maximum of two resource lists."""
+    out = dict(a)
+    for k, v in b.items():
+        if v > out.get(k, 0):
+            out[k] = v
+    return out
+
+
+def format_quantity(resource: str, amount: int) -> str:
+    """Render a canonical amount as a Kubernetes quantity string (``3920`` cpu -> ``"3920m"``).
+
+    cpu prints whole cores when it can; byte resources use the largest exact binary suffix.
+    """
+    if resource == CPU:
+        return str(amount // 1000) if amount % 1000 == 0 else f"{amount}m"
+    if resource in (MEMORY, "ephemeral-storage", "storage") or resource.startswith("hugepages-"):
+        for suffix, factor in (
+            ("Ei", 2**60),
+            ("Pi", 2**50),
+            ("Ti", 2**40),
+            ("Gi", 2**30),
+            ("Mi", 2**20),
+            ("Ki", 2**10),
+        ):
+            if amount and amount % factor == 0:
+                return f"{amount // factor}{suffix}"
+    return str(amount)
+
+
+def container_requests(container: Mapping[str, Any], *, field: str = "container") -> ResourceList:
+    """Effective requests of one container: ``requests``, with ``limits`` filling the gaps.
+
+    Kubernetes defaults a missing request to its limit, so a container with only limits
+    requests its limits. For extended resources, requests must equal limits when both are set.
+    """
+    res = container.get("resources") or {}
+    requests = resource_list(res.get("requests"), field=f"{field}.resources.requests")
+    limits = resource_list(res.get("limits"), field=f"{field}.resources.limits")
+    out = dict(limits)
+    for name, amount in requests.items():
+        if is_extended_resource(name) and name in limits and limits[name] != amount:
+            raise QuantityError(
+                f"{field}.resources: {name} request {amount} differs from limit {limits[name]}; "
+                "extended resources cannot be overcommitted (set them equal, or set only limits)"
+            )
+        out[name] = amount
+    return out
+
+
+def pod_requests(pod_spec: Mapping[str, Any], *, field: str = "spec") -> ResourceList:
+    """Effective resource request of a pod, as kube-scheduler computes it.
+
+    ``max(sum(app containers) + sum(sidecars), max over init containers of (init + sidecars
+    started before it)) + overhead``: init containers count as their maximum, not their sum;
+    restartable init containers (``restartPolicy: Always``, sidecars) keep running and add up;
+    ``spec.overhead`` (from the RuntimeClass) is added. Source: k8s.io/component-helpers
+    ``resource.PodRequests``.
+
+    Raises :class:`QuantityError` naming the container field on a bad quantity.
+    """
+    total: ResourceList = {}
+    for i, c in enumerate(_containers(pod_spec, "containers")):
+        total = add(total, container_requests(c, field=f"{field}.containers[{i}]"))
+
+    sidecars: ResourceList = {}
+    init_peak: ResourceList = {}
+    for i, c in enumerate(_containers(pod_spec, "initContainers")):
+        req = container_requests(c, field=f"{field}.initContainers[{i}]")
+        if c.get("restartPolicy") == "Always":
+            sidecars = add(sidecars, req)
+            init_peak = maximum(init_peak, sidecars)
+        else:
+            init_peak = maximum(init_peak, add(req, sidecars))
+    total = maximum(add(total, sidecars), init_peak)
+    overhead = resource_list(pod_spec.get("overhead"), field=f"{field}.overhead")
+    return add(total, overhead)
+
+
+def _containers(pod_spec: Mapping[str, Any], key: str) -> Iterable[Mapping[str, Any]]:
+    items = pod_spec.get(key) or []
+    if not isinstance(items, list):
+        raise QuantityError(
+            f"spec.{key}: expected a list of containers, got {type(items).__name__}"
+        )
+    return items

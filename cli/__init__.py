@@ -1,0 +1,1 @@
+"""gpufed.cli: the ``gpufed`` command. Imports every component; nothing imports it."""

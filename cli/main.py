@@ -1,0 +1,23 @@
+"""Entry point of the ``gpufed`` command: assembles the sub-commands of each component.
+
+Each sub-command group lives in its own module of this package and registers a typer app here.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from gpufed.cli import local
+
+app = typer.Typer(
+    name="gpufed",
+    help="Multi-cluster federation control plane for GPU Kubernetes clusters.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(local.app, name="local")
+
+
+def main() -> None:
+    """Console-script entry point (``gpufed``)."""
+    app()
