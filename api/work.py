@@ -43,7 +43,9 @@ class WorkItem(_Model):
 
     def manifests_json(self) -> list[bytes]:
         """Manifests as compact JSON bytes (the wire form)."""
-        return [json.dumps(m, separators=(",", ":"), sort_keys=True).encode() for m in self.manifests]
+        return [
+            json.dumps(m, separators=(",", ":"), sort_keys=True).encode() for m in self.manifests
+        ]
 
 
 class WorkAck(_Model):
