@@ -87,7 +87,8 @@ def backoff_seconds(
     attempt: int, *, base: float = 0.2, cap: float = 10.0, rng: Callable[[], float] = random.random
 ) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-    return rng() * min(cap, base * (2 ** max(0, attempt - 1)))
+    ceiling: float = min(cap, base * float(2 ** max(0, attempt - 1)))
+    return rng() * ceiling
 
 
 def _wait(retry_state: RetryCallState) -> float:
