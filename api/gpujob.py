@@ -180,43 +180,57 @@ class StatusCondition(CRDModel):
     last_transition_time: DateTime | None = None
 
 
-class ClusterVerdict(CRDModel):
-    """What placement concluded about one member for this job.
-
-    ``plugin``/``reason`` name the filter that rejected it (absent when it fit); ``score`` is
-    its total score when it fit.
-    """
-
-    name: str
-    plugin: str | None = None
-    reason: str | None = None
-    score: float | None = None
-
-
 class PodSetPlacement(CRDModel):
-    """Where one pod set goes: node name -> pods (``nodes``), inside ``nvlinkDomains``."""
+    """Where one pod set goes: node name -> pods (``nodes``); ``requests`` per pod."""
 
     name: str
+    requests: dict[str, int] = Field(default_factory=dict)
     nodes: dict[str, int] = Field(default_factory=dict)
 
 
-class PlacementStatus(CRDModel):
-    """``status.placement``: the latest placement decision and its explanation.
+class ClusterScoreStatus(CRDModel):
+    """A member that could take the job: total score (0-100) and each scorer's part."""
 
-    ``outcome``: ``Placed`` (``cluster`` set), ``Unschedulable`` (waits for the fleet to
-    change), ``Rejected`` (no member could ever hold it). ``clusters``: one verdict per member,
-    in name order. ``message``: the decision in one sentence; ``explanation``: the full text
-    that ``gpufed explain`` prints.
+    cluster: str
+    score: float
+    gpu_product: str | None = None
+    parts: dict[str, float] = Field(default_factory=dict)
+
+
+class ClusterRejectionStatus(CRDModel):
+    """A member that cannot take the job: the placement plugin that said no, and why.
+
+    ``code``: ``Unschedulable`` (may change as jobs finish), ``UnschedulableAndUnresolvable``
+    (only a change of the member's shape or configuration would help) or ``Error``.
+    """
+
+    cluster: str
+    plugin: str
+    code: Literal["Unschedulable", "UnschedulableAndUnresolvable", "Error"]
+    reason: str
+
+
+class PlacementStatus(CRDModel):
+    """``status.placement``: the latest placement decision with its explanation.
+
+    The same fields as placement's ``Decision`` (camelCase), so ``gpufed explain`` renders it
+    exactly as placement explains it. ``outcome``: ``Placed`` (``cluster`` set),
+    ``Unschedulable`` (waits for the fleet to change) or ``Rejected`` (no member could ever
+    hold it). ``scores``: members that could take it, best first; ``rejections``: per member,
+    the plugin and reason (always filled when the job did not fit).
     """
 
     outcome: PlacementOutcome
     cluster: str | None = None
+    gpu_product: str | None = None
     nvlink_domains: list[str] = Field(default_factory=list)
     pod_sets: list[PodSetPlacement] = Field(default_factory=list)
     score: float | None = None
-    clusters: list[ClusterVerdict] = Field(default_factory=list)
+    scores: list[ClusterScoreStatus] = Field(default_factory=list)
+    rejections: list[ClusterRejectionStatus] = Field(default_factory=list)
     message: str = ""
-    explanation: str = ""
+    explained: bool = False
+    policy: str = ""
     decided_time: DateTime | None = None
 
 
