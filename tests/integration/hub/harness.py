@@ -289,7 +289,12 @@ class FakeAgent:
             self._done.set()
 
     async def send(self, msg: pb.AgentMessage) -> None:
-        await self._call.write(msg)
+        """Write one message; a stream the hub already ended is left to :meth:`closed`."""
+        try:
+            await self._call.write(msg)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            if not self._done.is_set():
+                await asyncio.wait_for(self._done.wait(), 10)
 
     async def snapshot(self, nodes: list[NodeInventory], *, seq: int = 1) -> None:
         await self.send(
