@@ -251,13 +251,18 @@ class FakeAgent:
         hello: pb.Hello | None = None,
         nodes: list[NodeInventory] | None = None,
         seq: int = 1,
+        first: pb.AgentMessage | None = None,
     ) -> None:
-        """Open the stream, send Hello (and a one-part snapshot when ``nodes`` is given)."""
+        """Open the stream, send Hello (and a one-part snapshot when ``nodes`` is given);
+        ``first`` replaces the Hello with any other first message."""
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes())
         self._channel = grpc.aio.secure_channel(f"localhost:{self.port}", creds)
         stub = pb_grpc.AgentServiceStub(self._channel)
         self._call = stub.Connect(metadata=(("authorization", f"Bearer {self.token}"),))
         self._reader = asyncio.create_task(self._read())
+        if first is not None:
+            await self.send(first)
+            return
         await self.send(
             pb.AgentMessage(
                 hello=hello

@@ -130,7 +130,20 @@ async def test_standby_takes_over_and_nothing_is_created_twice(
     prefix: str,
     tmp_path: Path,
 ) -> None:
-    token = await hub_api.register_member("m1", labels={"region": "us-east"})
+    # The admin CLI: CRDs (already there: updated in place) and a member join token.
+    assert "configured" in cli(hub_kubeconfig, "hub", "install")
+    token_file = tmp_path / "m1.token"
+    cli(
+        hub_kubeconfig,
+        "hub",
+        "join",
+        "m1",
+        "--label",
+        "region=us-east",
+        f"--token-file={token_file}",
+    )
+    token = token_file.read_text().strip()
+    assert (await hub_api.member("m1"))["spec"]["labels"] == {"region": "us-east"}
     ca = tmp_path / "tls" / "ca.crt"
 
     async def leader() -> HubProcess | None:
