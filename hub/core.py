@@ -225,6 +225,8 @@ class Controller:
         self.jobs_synced = asyncio.Event()
         self._tokens_loaded_at = -1e9
         self._reconciling: set[str] = set()
+        #: jobs that may want placement (checked again each cycle)
+        self._waiting: set[str] = set()
         self._bg: set[asyncio.Task[Any]] = set()
         self._event_slots = asyncio.Semaphore(8)
         self._restarted_reservations: dict[str, str] = {}
@@ -529,8 +531,6 @@ class Controller:
             )
             self._event(job, "Warning", "InvalidSpec", message)
             log.info("hub.job.invalid", job=job.key, field=job.error_field, error=job.error)
-        elif obj.status is None and job.request is not None:
-            self._set_status(job, job.status.model_copy(update={"gpus": job.request.gpus}))
         return job
 
     def _job_gone(self, uid: str) -> None:
@@ -585,6 +585,7 @@ class Controller:
                 if updated is None:
                     return
             if self._wants_placement(job):
+                self._waiting.add(uid)
                 self.kick()
 
     async def _patch_finalizers(self, job: JobState, *, add: bool) -> GPUJob | None:
@@ -693,7 +694,13 @@ class Controller:
             for r in expired:
                 log.info("hub.reservation.expired", job=r.job, cluster=r.cluster)
         # 2. the queue
-        waiting = [j for j in self.jobs.values() if self._wants_placement(j)]
+        waiting = []
+        for uid in list(self._waiting):
+            job = self.jobs.get(uid)
+            if job is not None and self._wants_placement(job):
+                waiting.append(job)
+            else:
+                self._waiting.discard(uid)
         self.metrics.queue_depth.set(len(waiting))
         if not waiting:
             return
@@ -1256,6 +1263,13 @@ class Controller:
                     f"{other}, not {s.cluster}"
                 )
             return
+        if report.revision == ws.revision and not ws.settled:
+            # The agent processed this revision (a report without an ack: its objects were
+            # Missing); stop re-sending it.
+            ws.sent_at = None
+            ws.retry_at = None
+            s.unacked.pop(report.job_uid, None)
+            self._pump(s.cluster)
         job = self.jobs.get(report.job_uid)
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
@@ -1354,6 +1368,7 @@ class Controller:
                     job.record = requeued
                     await self._ensure_delete(cluster, uid, fenced=True)
                     job.last_unschedulable = None
+                    self._waiting.add(uid)
                 self._set_status(
                     job,
                     st.cluster_lost(

@@ -79,7 +79,14 @@ class AgentService(pb_grpc.AgentServiceServicer):
                 "missing 'authorization: Bearer <join token>' metadata",
             )
             return
-        cluster = await ctrl.authenticate(token)
+        try:
+            cluster = await ctrl.authenticate(token)
+        except Exception as exc:  # the hub API is unreachable or the hub stops leading
+            log.warning("agent.auth.failed", peer=peer, error=repr(exc))
+            await _abort(
+                context, grpc.StatusCode.UNAVAILABLE, f"cannot check the join token now: {exc}"
+            )
+            return
         if cluster is None:
             log.warning("agent.refused", peer=peer, reason="unknown join token")
             await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "unknown join token")

@@ -1,9 +1,10 @@
 """Manifest preparation: turn a GPUJob's template into the objects a member applies.
 
 Called by the hub when it writes a work item (:func:`prepare_manifests`) and by pod-set
-derivation (:func:`workload_pod_templates`, so both agree on pod set names); the agent may use
-:func:`namespace_manifest` to create the target namespace. Pure functions over plain dicts (the
-JSON form of Kubernetes objects); no client, no I/O.
+derivation (:func:`workload_pod_templates`, so both agree on pod set names). Pure functions over
+plain dicts (the JSON form of Kubernetes objects); no client, no I/O. The target namespace is
+not part of the manifests: the agent creates it when absent, labelled ``gpufed.io/managed``
+(several jobs share it, so deleting one job never deletes it).
 
 What preparation does, object by object (DESIGN.md §4, STYLE.md habit 10):
 
@@ -41,7 +42,6 @@ from gpufed.api.labels import (
     GPU_CLIQUE_LABEL,
     JOB_ANNOTATION,
     JOB_UID_LABEL,
-    MANAGED_NAMESPACE_LABEL,
     ORIGIN_LABEL,
 )
 
@@ -393,19 +393,3 @@ def pin_pod_template(
         if not term["matchExpressions"]:
             del term["matchExpressions"]
     required["nodeSelectorTerms"] = terms
-
-
-def namespace_manifest(namespace: str, *, origin: str) -> dict[str, Any]:
-    """The Namespace object to create in a member when absent, labelled as hub-managed.
-
-    It carries ``gpufed.io/managed: "true"`` and ``gpufed.io/origin`` but no job UID: several
-    jobs share a namespace, so deleting one job never deletes it.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": namespace,
-            "labels": {MANAGED_NAMESPACE_LABEL: "true", ORIGIN_LABEL: label_value(origin)},
-        },
-    }

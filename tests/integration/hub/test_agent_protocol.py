@@ -53,7 +53,8 @@ async def test_bad_streams_are_closed_with_a_reason_and_others_carry_on(
         # An unknown token.
         bad = FakeAgent(hub.grpc_port, "m1", "not-a-token", ca)
         await bad.connect()
-        assert (await closed_with(bad))[0] == grpc.StatusCode.UNAUTHENTICATED
+        code, details = await closed_with(bad)
+        assert code == grpc.StatusCode.UNAUTHENTICATED, details
 
         # m2's token used to speak for m1.
         bad = FakeAgent(hub.grpc_port, "m1", t2, ca)

@@ -12,7 +12,6 @@ from gpufed.sync.manifests import (
     PodSetPinning,
     is_valid_label_value,
     label_value,
-    namespace_manifest,
     prepare_manifests,
     workload_pod_templates,
 )
@@ -191,8 +190,3 @@ def test_pod_set_names_follow_the_workload_shape() -> None:
     assert [r.pod_set for r in workload_pod_templates(pytorchjob())] == ["master", "worker"]
     two = manifest_list(batch_job(name="a"), jobset(("w", 1, 1, 8), name="b"))
     assert [r.pod_set for r in workload_pod_templates(two)] == ["a.main", "b.w"]
-
-
-def test_namespace_manifest_is_labelled_hub_managed_without_a_job_uid() -> None:
-    ns = namespace_manifest("team-a", origin="hub-1")
-    assert ns["metadata"]["labels"] == {"gpufed.io/managed": "true", ORIGIN_LABEL: "hub-1"}
