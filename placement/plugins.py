@@ -247,6 +247,12 @@ class ResourceFit:
         if job.grouped_only and len(job.gpu_sets) == 1 and not pool.slices:
             s = job.gpu_sets[0]
             if pool.tightest_domain(s.gpus, s.count) is None:
+                if s.count == 1:
+                    return Status(
+                        Code.UNSCHEDULABLE,
+                        f"no {pool.product} node has {s.gpus} free GPUs (at most "
+                        f"{pool.max_free}; free GPUs by node: {_histogram(pool)})",
+                    )
                 best = max(pool.max_free, pool.max_group_free("nvlink"))
                 return Status(
                     Code.UNSCHEDULABLE,

@@ -503,6 +503,15 @@ class ClusterState:
         return [self.pools[k] for k in sorted(self.pools)]
 
 
+def _stale_sums(where: str, free: int, cap: int, nodes: list[NodeState]) -> list[str]:
+    out = []
+    if free != sum(n.gpu_free for n in nodes):
+        out.append(f"{where}: free {free} is stale")
+    if cap != sum(n.gpu_alloc for n in nodes):
+        out.append(f"{where}: cap {cap} is stale")
+    return out
+
+
 def _alloc_shape(alloc: dict[str, int]) -> AllocShape:
     return tuple(sorted(alloc.items()))
 
@@ -770,6 +779,60 @@ class FleetSnapshot:
         """What the ledger still deducts on one node (reserved and not yet reported bound)."""
         n = self.cluster(cluster).nodes.get(node)
         return dict(n.reserved) if n is not None and n.reserved else {}
+
+    def verify_indexes(self) -> list[str]:
+        """Recompute every index from the nodes and list where they disagree (empty = sound).
+
+        O(nodes); for tests and debugging, never on the hot path.
+        """
+        problems: list[str] = []
+        for c in self._clusters.values():
+            if list(c.names) != sorted(c.nodes):
+                problems.append(f"{c.name}: names index out of date")
+            for n in c.nodes.values():
+                want = self._outstanding(c.name, n.inv)
+                if want != n.reserved:
+                    problems.append(f"{c.name}/{n.name}: reserved {n.reserved} != {want}")
+                if n.gpu_free != n.compute_gpu_free():
+                    problems.append(f"{c.name}/{n.name}: gpu_free {n.gpu_free} is stale")
+            for key, pool in c.pools.items():
+                where = f"{c.name}/{key[0]}"
+                offering = [n for n in pool.nodes.values() if n.offers]
+                problems += _stale_sums(where, pool.free, pool.cap, offering)
+                for f, bucket in enumerate(pool.buckets):
+                    names = {e[1] for e in bucket}
+                    want_names = {n.name for n in offering if n.gpu_free == f}
+                    if names != want_names or pool.counts[f] != len(want_names):
+                        problems.append(f"{where}: bucket {f} holds {sorted(names)}")
+                    for e in bucket:
+                        if e[0] != (e[2].gpu_free == e[2].gpu_alloc):
+                            problems.append(f"{where}: {e[1]} fully-free flag is stale")
+                for level, groups in pool.groups.items():
+                    for gkey, g in groups.items():
+                        members = [n for n in g.nodes.values() if n.offers]
+                        problems += _stale_sums(f"{where}: {level} {gkey}", g.free, g.cap, members)
+                        for f, cnt in enumerate(g.counts):
+                            if cnt != sum(1 for n in members if n.gpu_free == f):
+                                problems.append(f"{where}: {level} {gkey} counts[{f}] stale")
+                        if level in pool.indexed:
+                            gb = pool.gbuckets[level]
+                            if g.entry is None or g.entry not in gb.get(g.free, ()):
+                                problems.append(f"{where}: {level} {gkey} not filed by free")
+                    if level in pool.indexed:
+                        filed = sum(len(v) for v in pool.gbuckets[level].values())
+                        if filed != len(groups):
+                            problems.append(f"{where}: {level} index holds {filed} groups")
+                for gp, index in pool.slot_index.items():
+                    for g in pool.groups["nvlink"].values():
+                        slots = g.slots(gp)
+                        filed_at = [s for s, lst in index.items() if any(e[3] is g for e in lst)]
+                        want_at = [slots] if slots > 0 else []
+                        if filed_at != want_at:
+                            problems.append(f"{where}: {g.key} filed at slots {filed_at} for {gp}")
+                        got = g.slot_entries.get(gp)
+                        if got is not None and got[1][0] != g.free:
+                            problems.append(f"{where}: {g.key} slot entry has stale free")
+        return problems
 
     # --- internals ------------------------------------------------------------------------------
     def _is_settled(self, entry: _Entry) -> bool:

@@ -82,6 +82,27 @@ def node(
     )
 
 
+MIG_1G5 = "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+
+
+def mig_single_node(name: str) -> NodeInventory:
+    """An A100 40GB node under the MIG ``single`` strategy: 8 GPUs x 7 slices of 1g.5gb, all
+    exposed as ``nvidia.com/gpu`` (56), product label with the profile appended (as GFD does)."""
+    return node(name, gpus=56, product=MIG_1G5, mig_strategy="single")
+
+
+def mig_mixed_node(name: str) -> NodeInventory:
+    """An A100 80GB node under the MIG ``mixed`` strategy: 2 GPUs split into 7 x 1g.10gb each,
+    6 whole GPUs left (``nvidia.com/gpu`` 6, ``nvidia.com/mig-1g.10gb`` 14)."""
+    return node(
+        name,
+        gpus=6,
+        product=A100,
+        mig_strategy="mixed",
+        extra_alloc={"nvidia.com/mig-1g.10gb": 14},
+    )
+
+
 def member(
     name: str,
     nodes: Sequence[NodeInventory],
