@@ -1,0 +1,230 @@
+"""Codec between protocol messages (agent_pb2) and the pydantic models of gpufed.api.
+
+The one adapter for the agent transport: the hub's servicer and the agent's stream client call
+these functions at the edge and work with pydantic models everywhere else. Decoding validates:
+a malformed message raises :class:`ProtocolError` with the field named, so the caller can close
+that stream with a reason and keep everything already stored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufed.api.inventory import NodeInventory, Taint
+from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.work import (
+    AckResult,
+    Condition,
+    PodIssue,
+    WorkAck,
+    WorkItem,
+    WorkloadStatus,
+)
+
+
+class ProtocolError(ValueError):
+    """A protocol message that cannot be decoded into a valid model (the message names why)."""
+
+
+_OPS_TO_PB = {"Apply": pb.WorkItem.APPLY, "Delete": pb.WorkItem.DELETE}
+_OPS_FROM_PB = {v: k for k, v in _OPS_TO_PB.items()}
+_ACK_TO_PB: dict[AckResult, Any] = {
+    "Applied": pb.WorkAck.APPLIED,
+    "Deleted": pb.WorkAck.DELETED,
+    "Failed": pb.WorkAck.FAILED,
+}
+_ACK_FROM_PB = {v: k for k, v in _ACK_TO_PB.items()}
+
+
+# --- inventory -----------------------------------------------------------------------------------
+
+
+def node_to_pb(node: NodeInventory) -> pb.Node:
+    """Encode one :class:`NodeInventory`."""
+    msg = pb.Node(
+        name=node.name,
+        labels=node.labels,
+        gpu_product=node.gpu_product or "",
+        mig_strategy=node.mig_strategy,
+        nvlink_domain=node.nvlink_domain,
+        rack=node.rack or "",
+        block=node.block or "",
+        ready=node.ready,
+        unschedulable=node.unschedulable,
+        taints=[pb.Taint(key=t.key, value=t.value, effect=t.effect) for t in node.taints],
+        allocatable=node.allocatable,
+        requested=node.requested,
+        degraded=node.degraded or "",
+    )
+    for uid, amounts in node.job_requests.items():
+        msg.job_requests[uid].amounts.update(amounts)
+    return msg
+
+
+def node_from_pb(msg: pb.Node) -> NodeInventory:
+    """Decode and validate one node; raises :class:`ProtocolError` naming the node and field."""
+    try:
+        return NodeInventory(
+            name=msg.name,
+            labels=dict(msg.labels),
+            gpu_product=msg.gpu_product or None,
+            mig_strategy=msg.mig_strategy or "none",  # type: ignore[arg-type]
+            nvlink_domain=msg.nvlink_domain or f"node:{msg.name}",
+            rack=msg.rack or None,
+            block=msg.block or None,
+            ready=msg.ready,
+            unschedulable=msg.unschedulable,
+            taints=tuple(
+                Taint(key=t.key, value=t.value, effect=t.effect)  # type: ignore[arg-type]
+                for t in msg.taints
+            ),
+            allocatable=dict(msg.allocatable),
+            requested=dict(msg.requested),
+            job_requests={uid: dict(r.amounts) for uid, r in msg.job_requests.items()},
+            degraded=msg.degraded or None,
+        )
+    except ValidationError as exc:
+        raise ProtocolError(f"node {msg.name!r}: {_first_error(exc)}") from exc
+
+
+# --- work ----------------------------------------------------------------------------------------
+
+
+def work_item_to_pb(item: WorkItem) -> pb.WorkItem:
+    """Encode a :class:`WorkItem` (manifests as JSON bytes)."""
+    return pb.WorkItem(
+        job_uid=item.job_uid,
+        job=item.job,
+        revision=item.revision,
+        op=_OPS_TO_PB[item.op],
+        namespace=item.namespace,
+        manifests=item.manifests_json(),
+        applied_before=item.applied_before,
+    )
+
+
+def work_item_from_pb(msg: pb.WorkItem) -> WorkItem:
+    """Decode a work item; raises :class:`ProtocolError` on bad JSON or fields."""
+    if msg.op not in _OPS_FROM_PB:
+        raise ProtocolError(f"work item {msg.job_uid!r}: op {msg.op} is not Apply or Delete")
+    try:
+        manifests = tuple(json.loads(m) for m in msg.manifests)
+    except ValueError as exc:
+        raise ProtocolError(f"work item {msg.job_uid!r}: manifest is not JSON: {exc}") from exc
+    if not all(isinstance(m, dict) for m in manifests):
+        raise ProtocolError(f"work item {msg.job_uid!r}: every manifest must be a JSON object")
+    try:
+        return WorkItem(
+            job_uid=msg.job_uid,
+            job=msg.job,
+            revision=msg.revision,
+            op=_OPS_FROM_PB[msg.op],
+            namespace=msg.namespace,
+            manifests=manifests,
+            applied_before=msg.applied_before,
+        )
+    except ValidationError as exc:
+        raise ProtocolError(f"work item {msg.job_uid!r}: {_first_error(exc)}") from exc
+
+
+def work_ack_to_pb(ack: WorkAck) -> pb.WorkAck:
+    """Encode a :class:`WorkAck`."""
+    return pb.WorkAck(
+        job_uid=ack.job_uid,
+        revision=ack.revision,
+        result=_ACK_TO_PB[ack.result],
+        message=ack.message,
+        retryable=ack.retryable,
+    )
+
+
+def work_ack_from_pb(msg: pb.WorkAck) -> WorkAck:
+    """Decode a work ack; raises :class:`ProtocolError` on an unknown result."""
+    if msg.result not in _ACK_FROM_PB:
+        raise ProtocolError(f"work ack {msg.job_uid!r}: result {msg.result} is not known")
+    if not msg.job_uid:
+        raise ProtocolError("work ack: job_uid is empty")
+    return WorkAck(
+        job_uid=msg.job_uid,
+        revision=msg.revision,
+        result=_ACK_FROM_PB[msg.result],
+        message=msg.message,
+        retryable=msg.retryable,
+    )
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+def workload_status_to_pb(status: WorkloadStatus) -> pb.WorkloadStatus:
+    """Encode a :class:`WorkloadStatus`."""
+    return pb.WorkloadStatus(
+        job_uid=status.job_uid,
+        revision=status.revision,
+        kind=status.kind,
+        name=status.name,
+        phase=status.phase,
+        conditions=[
+            pb.Condition(
+                type=c.type,
+                status=c.status,
+                reason=c.reason,
+                message=c.message,
+                last_transition_time=c.last_transition_time,
+            )
+            for c in status.conditions
+        ],
+        active=status.active,
+        succeeded=status.succeeded,
+        failed=status.failed,
+        ready=status.ready,
+        start_time=status.start_time,
+        completion_time=status.completion_time,
+        pod_issues=[
+            pb.PodIssue(pod=i.pod, reason=i.reason, message=i.message) for i in status.pod_issues
+        ],
+        nodes=list(status.nodes),
+    )
+
+
+def workload_status_from_pb(msg: pb.WorkloadStatus) -> WorkloadStatus:
+    """Decode and validate a workload status; raises :class:`ProtocolError` naming the field."""
+    try:
+        return WorkloadStatus(
+            job_uid=msg.job_uid,
+            revision=msg.revision,
+            kind=msg.kind,
+            name=msg.name,
+            phase=msg.phase,  # type: ignore[arg-type]
+            conditions=tuple(
+                Condition(
+                    type=c.type,
+                    status=c.status,
+                    reason=c.reason,
+                    message=c.message,
+                    last_transition_time=c.last_transition_time,
+                )
+                for c in msg.conditions
+            ),
+            active=msg.active,
+            succeeded=msg.succeeded,
+            failed=msg.failed,
+            ready=msg.ready,
+            start_time=msg.start_time,
+            completion_time=msg.completion_time,
+            pod_issues=tuple(
+                PodIssue(pod=i.pod, reason=i.reason, message=i.message) for i in msg.pod_issues
+            ),
+            nodes=tuple(msg.nodes),
+        )
+    except ValidationError as exc:
+        raise ProtocolError(f"workload status {msg.job_uid!r}: {_first_error(exc)}") from exc
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else str(err["msg"])

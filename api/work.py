@@ -1,0 +1,107 @@
+"""Work items, acks and workload status: what flows between hub and agent about jobs.
+
+These pydantic models mirror the protocol messages of ``api/protocol/agent.proto``; the codec
+in :mod:`gpufed.api.protocol.codec` converts between the two at the transport edge, so neither
+hub nor agent logic touches protobuf types.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WorkOp = Literal["Apply", "Delete"]
+AckResult = Literal["Applied", "Deleted", "Failed"]
+#: Phase of a job's workload in the member. ``Missing``: the agent applied it once, the objects
+#: are gone, and it will not re-create them (a job that already ran is never re-run).
+WorkloadPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Missing"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkItem(_Model):
+    """What the hub wants to exist in one member for one job, at one revision.
+
+    ``revision`` strictly increases per job (the hub's etcd revision of the work item);
+    agents ignore revisions older than the newest they have acknowledged. ``manifests`` are
+    complete Kubernetes objects prepared by :mod:`gpufed.sync` (origin labels, job UID label,
+    node pinning, namespace set). ``applied_before``: the agent acknowledged an Apply of this
+    job earlier; missing objects must then not be created again.
+    """
+
+    job_uid: str
+    job: str
+    revision: int = Field(ge=1)
+    op: WorkOp
+    namespace: str
+    manifests: tuple[dict[str, Any], ...] = ()
+    applied_before: bool = False
+
+    def manifests_json(self) -> list[bytes]:
+        """Manifests as compact JSON bytes (the wire form)."""
+        return [
+            json.dumps(m, separators=(",", ":"), sort_keys=True).encode() for m in self.manifests
+        ]
+
+
+class WorkAck(_Model):
+    """The agent's answer to one work item revision.
+
+    ``Applied``: the objects exist in the member (durably, the API server accepted them);
+    ``Deleted``: they are gone; ``Failed``: the member API refused them, ``message`` carries the
+    API's message and ``retryable`` whether a later retry may succeed (5xx, 429, timeouts).
+    """
+
+    job_uid: str
+    revision: int
+    result: AckResult
+    message: str = ""
+    retryable: bool = False
+
+
+class Condition(_Model):
+    """A condition of the member workload object (``status.conditions[]``), kept in order."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+class PodIssue(_Model):
+    """Why a pod of the job is not running: a waiting reason (``ImagePullBackOff``) or the
+    scheduler's ``Unschedulable`` (from ``status.conditions[PodScheduled]``)."""
+
+    pod: str
+    reason: str
+    message: str = ""
+
+
+class WorkloadStatus(_Model):
+    """Summary of one job's workload in a member, sent by the agent whenever it changes.
+
+    Sources: ``conditions``, ``active``/``succeeded``/``failed``/``ready``, ``start_time``,
+    ``completion_time`` from the member object's ``status`` (batch/v1 Job fields; JobSet and
+    PyTorchJob map onto them); ``pod_issues`` from its pods; ``nodes`` from the pods'
+    ``spec.nodeName``. Times are RFC 3339 strings ("" when unknown).
+    """
+
+    job_uid: str
+    revision: int
+    kind: str = ""
+    name: str = ""
+    phase: WorkloadPhase
+    conditions: tuple[Condition, ...] = ()
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    ready: int = 0
+    start_time: str = ""
+    completion_time: str = ""
+    pod_issues: tuple[PodIssue, ...] = ()
+    nodes: tuple[str, ...] = ()

@@ -1,0 +1,85 @@
+"""Round trips and refusals of the protocol codec (gpufed.api.protocol.codec)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufed.api.inventory import NodeInventory, Taint
+from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.protocol.codec import (
+    ProtocolError,
+    node_from_pb,
+    node_to_pb,
+    work_ack_from_pb,
+    work_item_from_pb,
+    work_item_to_pb,
+    workload_status_from_pb,
+    workload_status_to_pb,
+)
+from gpufed.api.work import Condition, PodIssue, WorkItem, WorkloadStatus
+
+
+def test_node_round_trip_keeps_every_field() -> None:
+    node = NodeInventory(
+        name="gb200-07",
+        labels={"nvidia.com/gpu.clique": "abc.1"},
+        gpu_product="NVIDIA-GB200",
+        mig_strategy="mixed",
+        nvlink_domain="clique:abc.1",
+        rack="r1",
+        ready=True,
+        unschedulable=True,
+        taints=(Taint(key="dedicated", value="x", effect="NoSchedule"),),
+        allocatable={"nvidia.com/gpu": 4, "cpu": 72000},
+        requested={"nvidia.com/gpu": 2},
+        job_requests={"uid-1": {"nvidia.com/gpu": 2}},
+        degraded=None,
+    )
+    assert node_from_pb(pb.Node.FromString(node_to_pb(node).SerializeToString())) == node
+
+
+def test_bad_node_is_refused_with_its_name() -> None:
+    with pytest.raises(ProtocolError, match=r"'n1'.*mig_strategy"):
+        node_from_pb(pb.Node(name="n1", mig_strategy="bogus"))
+
+
+def test_work_item_round_trip_and_bad_json() -> None:
+    item = WorkItem(
+        job_uid="u1",
+        job="team-a/llama",
+        revision=7,
+        op="Apply",
+        namespace="team-a",
+        manifests=({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llama"}},),
+    )
+    assert work_item_from_pb(work_item_to_pb(item)) == item
+    broken = work_item_to_pb(item)
+    broken.manifests[0] = b"{not json"
+    with pytest.raises(ProtocolError, match="not JSON"):
+        work_item_from_pb(broken)
+    with pytest.raises(ProtocolError, match="revision"):
+        work_item_from_pb(pb.WorkItem(job_uid="u", op=pb.WorkItem.APPLY, revision=0))
+
+
+def test_status_round_trip_keeps_condition_order() -> None:
+    status = WorkloadStatus(
+        job_uid="u1",
+        revision=3,
+        kind="Job.batch",
+        name="llama",
+        phase="Failed",
+        conditions=(
+            Condition(type="FailureTarget", status="True", reason="BackoffLimitExceeded"),
+            Condition(type="Failed", status="True", reason="BackoffLimitExceeded"),
+        ),
+        failed=2,
+        pod_issues=(PodIssue(pod="p", reason="Error", message="exit code 1"),),
+    )
+    assert workload_status_from_pb(workload_status_to_pb(status)) == status
+    with pytest.raises(ProtocolError, match="phase"):
+        workload_status_from_pb(pb.WorkloadStatus(job_uid="u", phase="Exploded"))
+
+
+def test_ack_with_unknown_result_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="result"):
+        work_ack_from_pb(pb.WorkAck(job_uid="u", revision=1))
