@@ -118,6 +118,11 @@ class Hub:
             prefix=cfg.etcd_prefix,
         )
 
+    @property
+    def embedded_etcd(self) -> EmbeddedEtcd | None:
+        """The private etcd this hub started (None with ``--etcd``)."""
+        return self._etcd
+
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason) for ``/readyz``."""
         ctrl = self.controller

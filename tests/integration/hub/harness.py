@@ -28,6 +28,19 @@ from gpufed.hub.config import HubConfig, TLSConfig
 
 T = TypeVar("T")
 H100 = "NVIDIA-H100-80GB-HBM3"
+#: Namespaces of the GPUJobs hub tests create (emptied after each test).
+JOB_NAMESPACES = ("team-a", "team-b")
+#: Where join-token Secrets go.
+TOKEN_NAMESPACE = "gpufed-system"
+
+
+def wait_until(check: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
+    """Synchronous poll (fixtures outside the event loop)."""
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
 
 
 async def wait_for(check: Callable[[], Awaitable[T | None]], what: str, limit_s: float = 20.0) -> T:
@@ -91,6 +104,7 @@ class HubAPI:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+        self.members: list[str] = []
 
     @classmethod
     async def connect(cls, kubeconfig: Path) -> HubAPI:
@@ -101,13 +115,44 @@ class HubAPI:
     async def close(self) -> None:
         await self.api.close()
 
+    async def cleanup(self) -> None:
+        """Remove the GPUJobs of the test namespaces (finalizers stripped) and the members and
+        join Secrets this object registered."""
+        for ns in JOB_NAMESPACES:
+            jobs = await self.custom.list_namespaced_custom_object(
+                "gpufed.io", "v1alpha1", ns, "gpujobs"
+            )
+            for obj in jobs["items"]:
+                name = obj["metadata"]["name"]
+                with contextlib.suppress(client.ApiException):
+                    await self.custom.patch_namespaced_custom_object(
+                        "gpufed.io",
+                        "v1alpha1",
+                        ns,
+                        "gpujobs",
+                        name,
+                        {"metadata": {"finalizers": None}},
+                        _content_type="application/merge-patch+json",
+                    )
+                with contextlib.suppress(client.ApiException):
+                    await self.delete_job(name, ns)
+        for name in self.members:
+            with contextlib.suppress(client.ApiException):
+                await self.custom.delete_cluster_custom_object(
+                    "gpufed.io", "v1alpha1", "memberclusters", name
+                )
+            for secret in (f"{name}-join", f"gpufed-join-{name}"):
+                with contextlib.suppress(client.ApiException):
+                    await self.core.delete_namespaced_secret(secret, TOKEN_NAMESPACE)
+
     async def register_member(
         self, name: str, *, labels: dict[str, str] | None = None, token: str | None = None
     ) -> str:
         """A Secret with a join token and a MemberCluster referencing it; returns the token."""
         token = token or uuid.uuid4().hex
+        self.members.append(name)
         await self.core.create_namespaced_secret(
-            "gpufed-system",
+            TOKEN_NAMESPACE,
             {
                 "metadata": {"name": f"{name}-join"},
                 "data": {"token": base64.b64encode(token.encode()).decode()},
@@ -164,6 +209,10 @@ class HubAPI:
             "gpufed.io", "v1alpha1", namespace, "gpujobs", name
         )
 
+    def track_member(self, name: str) -> None:
+        """Remove this member (and its join Secret) after the test."""
+        self.members.append(name)
+
     async def member(self, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
             "gpufed.io", "v1alpha1", "memberclusters", name
@@ -207,9 +256,9 @@ def hub_config(
 
 
 @contextlib.asynccontextmanager
-async def running_hub(cfg: HubConfig) -> AsyncIterator[Hub]:
+async def running_hub(cfg: HubConfig, *, etcd_binary: Path | None = None) -> AsyncIterator[Hub]:
     """Run a hub until the block ends; yields it once it leads and listed everything."""
-    hub = Hub(cfg)
+    hub = Hub(cfg, etcd_binary=etcd_binary)
     stop = asyncio.Event()
     task = asyncio.create_task(hub.run(stop))
 

@@ -133,6 +133,7 @@ async def test_standby_takes_over_and_nothing_is_created_twice(
     # The admin CLI: CRDs (already there: updated in place) and a member join token.
     assert "configured" in cli(hub_kubeconfig, "hub", "install")
     token_file = tmp_path / "m1.token"
+    hub_api.track_member("m1")
     cli(
         hub_kubeconfig,
         "hub",
