@@ -196,6 +196,30 @@ def _client(kubeconfig: Path | None, context: str | None) -> Any:
     )
 
 
+def install_crds(api: Any) -> list[str]:
+    """Create or update the gpufed CRDs through a sync ``ApiClient``; returns what happened,
+    one ``kubectl``-style line per CRD."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext: Any = client.ApiextensionsV1Api(api)
+    done = []
+    for crd in all_crds().values():
+        name = crd["metadata"]["name"]
+        try:
+            current = ext.read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            ext.create_custom_resource_definition(crd)
+            done.append(f"customresourcedefinition/{name} created")
+            continue
+        meta = {**crd["metadata"], "resourceVersion": current.metadata.resource_version}
+        ext.replace_custom_resource_definition(name, {**crd, "metadata": meta})
+        done.append(f"customresourcedefinition/{name} configured")
+    return done
+
+
 @app.command()
 def install(
     kubeconfig: Kubeconfig = None,
@@ -209,25 +233,8 @@ def install(
     from kubernetes.client.exceptions import ApiException
 
     api = _client(kubeconfig, context)
-    ext: Any = client.ApiextensionsV1Api(api)
-    for crd in all_crds().values():
-        name = crd["metadata"]["name"]
-        try:
-            current = ext.read_custom_resource_definition(name)
-            body = {
-                **crd,
-                "metadata": {
-                    **crd["metadata"],
-                    "resourceVersion": current.metadata.resource_version,
-                },
-            }
-            ext.replace_custom_resource_definition(name, body)
-            typer.echo(f"customresourcedefinition/{name} configured")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            ext.create_custom_resource_definition(crd)
-            typer.echo(f"customresourcedefinition/{name} created")
+    for line in install_crds(api):
+        typer.echo(line)
     try:
         core: Any = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": token_namespace}})

@@ -1,8 +1,7 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Used by the leader (:mod:`gpufed.hub.core`) for intake (list+watch of GPUJobs and
-MemberClusters), status writes, finalizers, Events and join-token Secrets, and by
-``gpufed hub install`` to apply the CRDs. Objects cross this edge as plain dicts (the JSON
+MemberClusters), status writes, finalizers, Events and join-token Secrets. Objects cross this edge as plain dicts (the JSON
 form); callers validate them into :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster`
 models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
 retry policy); 409 and other 4xx surface to the caller.
@@ -14,14 +13,12 @@ account.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +53,6 @@ class KubeAPI:
         self._api = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
-        self.ext = client.ApiextensionsV1Api(api_client)
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
@@ -237,34 +233,6 @@ class KubeAPI:
         except (TimeoutError, ApiException, OSError) as exc:
             log.warning("hub.event.failed", reason=reason, error=str(exc))
 
-    # --- CRDs -------------------------------------------------------------------------------
-
-    async def apply_crds(self, crds: list[dict[str, Any]], *, timeout_s: float = 30.0) -> None:
-        """Create or update the CRDs and wait until each is Established."""
-        for crd in crds:
-            name = crd["metadata"]["name"]
-            try:
-                current = await self.ext.read_custom_resource_definition(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                await self.ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]
-            else:
-                body = dict(crd)
-                body["metadata"] = {
-                    **crd["metadata"],
-                    "resourceVersion": current.metadata.resource_version,
-                }
-                await self.ext.replace_custom_resource_definition(name, body)  # type: ignore[arg-type]
-            await _wait_for(partial(self._established, name), timeout_s, f"CRD {name} established")
-
-    async def _established(self, name: str) -> bool:
-        crd = await self.ext.read_custom_resource_definition(name)
-        for cond in (crd.status and crd.status.conditions) or []:
-            if cond.type == "Established" and cond.status == "True":
-                return True
-        return False
-
 
 def _default_kubeconfig() -> Path | None:
     env = os.environ.get("KUBECONFIG")
@@ -272,13 +240,3 @@ def _default_kubeconfig() -> Path | None:
         return Path(env.split(os.pathsep)[0])
     home = Path.home() / ".kube" / "config"
     return home if home.exists() else None
-
-
-async def _wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpufed.api.crdgen import all_crds
+from gpufed.cli.hub import install_crds
 from gpufed.hub.store import Store
 from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.hub.harness import JOB_NAMESPACES, TOKEN_NAMESPACE, HubAPI, wait_until
@@ -32,23 +32,7 @@ def etcd_endpoint(sandbox: SandboxInfo) -> str:
 def hub_kubeconfig(sandbox: SandboxInfo) -> Path:
     """The sandbox hub's admin kubeconfig, with the gpufed CRDs and test namespaces in place."""
     api = sandbox.api_client("hub")
-    ext = k8s.ApiextensionsV1Api(api)
-    for crd in all_crds().values():
-        name = crd["metadata"]["name"]
-        try:
-            current = ext.read_custom_resource_definition(name)
-            body = {
-                **crd,
-                "metadata": {
-                    **crd["metadata"],
-                    "resourceVersion": current.metadata.resource_version,
-                },
-            }
-            ext.replace_custom_resource_definition(name, body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            ext.create_custom_resource_definition(crd)
+    install_crds(api)
     core = k8s.CoreV1Api(api)
     for ns in (TOKEN_NAMESPACE, *JOB_NAMESPACES):
         with contextlib.suppress(ApiException):
