@@ -101,7 +101,7 @@ PROTOCOL_VERSION = pb.PROTOCOL_VERSION_CURRENT
 #: Budget of one DesiredSet part (agents' gRPC clients accept 4 MiB by default).
 _DESIRED_PART_BYTES = 1024 * 1024
 #: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
-_CYCLE_DEBOUNCE_S = 0.02
+_CYCLE_DEBOUNCE_S = 0.005
 _TICK_S = 0.5
 
 
@@ -173,6 +173,8 @@ class MemberState:
     session: AgentSession | None = None
     last_heard: float | None = None
     last_heard_wall: float | None = None
+    #: the lastHeartbeatTime written into the MemberCluster status (advances in steps)
+    heartbeat_shown: float | None = None
     health: MemberHealth = "Ready"
     token: str | None = None
     outbox: collections.deque[str] = field(default_factory=collections.deque)
@@ -454,7 +456,10 @@ class Controller:
             return ClusterHealth(ready=True)
         if m.health == "Lost":
             return ClusterHealth(
-                ready=False, reason="ClusterLost", message="the member was declared lost"
+                ready=False,
+                reason="ClusterLost",
+                message=f"no message from the agent for more than {self.config.member_lost_s:.0f}"
+                " s: the member was declared lost and its jobs handled",
             )
         return ClusterHealth(
             ready=False,
@@ -577,16 +582,29 @@ class Controller:
             if job.deleting:
                 await self._finalize(job)
                 return
+            if self._wants_placement(job):
+                self._waiting.add(uid)
+                self.kick()
             needs_finalizer = job.record is not None or (
                 job.request is not None and not job.terminal
             )
             if needs_finalizer and FINALIZER not in job.obj.metadata.finalizers:
-                updated = await self._patch_finalizers(job, add=True)
-                if updated is None:
-                    return
-            if self._wants_placement(job):
-                self._waiting.add(uid)
-                self.kick()
+                # Off the placement path: a job deleted before its finalizer landed is cleaned
+                # up from its etcd record (DELETED event, or the orphan sweep after a restart).
+                self._spawn(self._add_finalizer(uid))
+
+    async def _add_finalizer(self, uid: str) -> None:
+        job = self.jobs.get(uid)
+        if job is None or job.deleting or FINALIZER in job.obj.metadata.finalizers:
+            return
+        try:
+            await self._patch_finalizers(job, add=True)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            if status is None or not 400 <= status < 500:
+                raise
+            # e.g. 422: no new finalizers on an object that is being deleted
+            log.warning("hub.job.finalizer_refused", job=job.key, status=status, error=str(exc))
 
     async def _patch_finalizers(self, job: JobState, *, add: bool) -> GPUJob | None:
         """Add or remove our finalizer (optimistic concurrency, re-read on 409)."""
@@ -673,7 +691,6 @@ class Controller:
             job.request is not None
             and not job.terminal
             and not job.deleting
-            and FINALIZER in job.obj.metadata.finalizers
             and (job.record is None or job.record.cluster is None)
         )
 
@@ -1328,7 +1345,6 @@ class Controller:
             self.snapshot.set_health(m.name, self._health_of(m))
         m.status_dirty = True
         self._submit_member_status(m)
-        self.metrics.cluster_ready.labels(m.name).set(1 if health == "Ready" else 0)
         quiet = silence(now=self._mono(), last_heard=m.last_heard, hub_start=self.started)
         if health == "Ready":
             log.info("member.ready", cluster=m.name, was=was)
@@ -1438,7 +1454,19 @@ class Controller:
         self.member_status.submit(m.name, status.model_dump(by_alias=True, mode="json"))
 
     def member_status_of(self, m: MemberState) -> MemberClusterStatus:
-        """The MemberCluster status the hub would write now (also feeds the metrics)."""
+        """The MemberCluster status the hub would write now (also feeds the metrics).
+
+        ``lastHeartbeatTime`` advances in steps of at least ``heartbeat_interval_s`` (10 s
+        minimum): the printer column shows its age, and a write per message would load the
+        hub API server for nothing.
+        """
+        self.metrics.cluster_ready.labels(m.name).set(1 if m.health == "Ready" else 0)
+        step = max(10.0, self.config.heartbeat_interval_s)
+        if m.last_heard_wall is not None and (
+            m.heartbeat_shown is None or m.last_heard_wall - m.heartbeat_shown >= step
+        ):
+            m.heartbeat_shown = m.last_heard_wall
+        heartbeat = m.heartbeat_shown
         summary = summarize(m.nodes.values())
         reserved: dict[str, int] = {}
         for res in self.snapshot.reservations():
@@ -1450,22 +1478,19 @@ class Controller:
                 gpus = amounts.get(GPU_RESOURCE, 0)
                 if gpus:
                     reserved[product] = reserved.get(product, 0) + gpus
-        if m.health == "Ready":
-            cond = ("True", "AgentConnected" if m.session else "WithinLease", "")
-            if m.session is None:
-                cond = (
+        health = self._health_of(m)
+        if health.ready:
+            cond = (
+                ("True", "AgentConnected", "")
+                if m.session is not None
+                else (
                     "True",
                     "WithinLease",
-                    "no agent stream since the hub started; within the member lease",
+                    "no agent stream since this hub started leading; within the member lease",
                 )
-        elif m.health == "NotReady":
-            cond = (
-                "False",
-                "LeaseExpired",
-                f"no message from the agent for more than {self.config.member_lease_s:.0f} s",
             )
         else:
-            cond = ("False", "ClusterLost", "the member-lost timeout passed; its jobs were handled")
+            cond = ("False", health.reason, health.message)
         previous = self.member_status.last_written(m.name)
         conditions = st.set_condition(
             _conditions_of(previous),
@@ -1494,7 +1519,7 @@ class Controller:
             gpu_summary=gpu_summary or "none",
             nodes=len(m.nodes),
             served_kinds=list(m.meta.served_kinds),
-            last_heartbeat_time=st.rfc3339(m.last_heard_wall) if m.last_heard_wall else None,
+            last_heartbeat_time=st.rfc3339(heartbeat) if heartbeat else None,
             agent_version=m.meta.agent_version or None,
             lost_time=st.rfc3339(m.meta.lost_at) if m.meta.lost_at else None,
         )
