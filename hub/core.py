@@ -57,7 +57,7 @@ from gpufed.api.inventory import (
     Taint,
     summarize,
 )
-from gpufed.api.labels import FINALIZER, GPU_RESOURCE
+from gpufed.api.labels import FINALIZER, GPU_RESOURCE, HOSTNAME_LABEL
 from gpufed.api.membercluster import (
     READY_CONDITION,
     MemberCluster,
@@ -795,9 +795,15 @@ class Controller:
                 self.snapshot.release(uid)
                 return
             cluster = decision.cluster
+            member = self.members.get(cluster)
+            known = member.nodes if member is not None else {}
             pinning = {
                 ps.name: PodSetPinning(
-                    nodes=tuple(sorted(ps.nodes)), nvlink_domains=decision.nvlink_domains
+                    nodes=tuple(sorted(ps.nodes)),
+                    hostnames={
+                        n: known[n].labels.get(HOSTNAME_LABEL, n) for n in ps.nodes if n in known
+                    },
+                    nvlink_domains=decision.nvlink_domains,
                 )
                 for ps in decision.pod_sets
             }

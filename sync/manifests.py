@@ -35,11 +35,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import (
     GPU_CLIQUE_LABEL,
+    HOSTNAME_LABEL,
     JOB_ANNOTATION,
     JOB_UID_LABEL,
     ORIGIN_LABEL,
@@ -93,13 +94,16 @@ class PodSetPinning(BaseModel):
     """Where placement put one pod set: node names and/or NVLink domain ids.
 
     ``nodes``: member Node names (``metadata.name``); when given, pods are pinned to exactly
-    these nodes. ``nvlink_domains``: domain ids (``clique:<value>`` or ``node:<name>``); used
-    when ``nodes`` is empty.
+    these nodes. ``hostnames``: node name -> its ``kubernetes.io/hostname`` label value, for
+    pinning to several nodes (the label equals the name unless the member says otherwise).
+    ``nvlink_domains``: domain ids (``clique:<value>`` or ``node:<name>``); used when
+    ``nodes`` is empty.
     """
 
     model_config = ConfigDict(frozen=True)
 
     nodes: tuple[str, ...] = ()
+    hostnames: dict[str, str] = Field(default_factory=dict)
     nvlink_domains: tuple[str, ...] = ()
 
 
@@ -361,10 +365,12 @@ def pin_pod_template(
 ) -> None:
     """Add a required node affinity to ``where`` (in place), ANDed with the existing one.
 
-    Nodes are matched by ``matchFields`` on ``metadata.name`` (exact, unlike the hostname
-    label); without nodes, clique domains (``clique:<v>``) by ``In`` on ``clique_label`` and
-    node domains (``node:<name>``) by name. Each existing ``nodeSelectorTerms`` entry (they are
-    ORed) gets the constraint added (terms' parts are ANDed); with none, one term is created.
+    One node: ``matchFields`` on ``metadata.name`` (exact; the API server allows exactly one
+    value there). Several nodes: ``matchExpressions`` ``kubernetes.io/hostname In [...]`` (the
+    nodes' hostname label values). Without nodes: clique domains (``clique:<v>``) by ``In`` on
+    ``clique_label``, node domains (``node:<name>``) by hostname. Each existing
+    ``nodeSelectorTerms`` entry (they are ORed) gets the constraint added (a term's parts are
+    ANDed); with none, one term is created.
     """
     fields: list[dict[str, Any]] = []
     exprs: list[dict[str, Any]] = []
@@ -376,8 +382,11 @@ def pin_pod_template(
         )
         if cliques:
             exprs.append({"key": clique_label, "operator": "In", "values": cliques})
-    if nodes:
+    if len(nodes) == 1:
         fields.append({"key": "metadata.name", "operator": "In", "values": nodes})
+    elif nodes:
+        values = sorted({where.hostnames.get(n, n) for n in nodes})
+        exprs.append({"key": HOSTNAME_LABEL, "operator": "In", "values": values})
     if not fields and not exprs:
         return
     spec = pod_template.setdefault("spec", {})

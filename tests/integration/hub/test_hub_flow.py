@@ -56,7 +56,13 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         terms = manifest["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"]
-        assert terms[0]["matchFields"][0]["values"] == ["m1-hgx-0", "m1-hgx-1"]
+        assert terms[0]["matchExpressions"] == [
+            {
+                "key": "kubernetes.io/hostname",
+                "operator": "In",
+                "values": ["m1-hgx-0", "m1-hgx-1"],
+            }
+        ]
         assert hub.store is not None
         loaded = await hub.store.load()
         assert loaded.work[("m1", uid)][1] == item.revision

@@ -129,13 +129,31 @@ def test_generate_name_is_refused() -> None:
         prepare(job)
 
 
-def test_pods_are_pinned_to_the_chosen_nodes_by_name() -> None:
-    (out,) = prepare(batch_job(), pinning={"main": PodSetPinning(nodes=("n2", "n1"))})
-    terms = out["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+def _terms(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    terms: list[dict[str, Any]] = obj["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert terms == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}
+    return terms
+
+
+def test_pods_of_one_node_are_pinned_by_name() -> None:
+    (out,) = prepare(batch_job(), pinning={"main": PodSetPinning(nodes=("n1",))})
+    assert _terms(out) == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    ]
+
+
+def test_pods_of_several_nodes_are_pinned_by_hostname_label() -> None:
+    """The API server allows one value for a metadata.name field selector; the hostname label
+    takes a list (the nodes' own label values when the member reported them)."""
+    where = PodSetPinning(nodes=("n2", "n1"), hostnames={"n1": "host-1"})
+    (out,) = prepare(batch_job(), pinning={"main": where})
+    assert _terms(out) == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-1", "n2"]}
+            ]
+        }
     ]
 
 
@@ -178,7 +196,7 @@ def test_each_pod_set_gets_its_own_pinning() -> None:
     def pinned(role: str) -> list[str]:
         aff = specs[role]["template"]["spec"]["affinity"]["nodeAffinity"]
         term = aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-        values: list[str] = term["matchFields"][0]["values"]
+        values: list[str] = (term.get("matchFields") or term["matchExpressions"])[0]["values"]
         return values
 
     assert pinned("Master") == ["m"]
