@@ -1163,13 +1163,18 @@ class Controller:
         return None
 
     async def _on_ack(self, s: AgentSession, ack: WorkAck) -> None:
+        """Check an ack now (a foreign one closes the stream); persist it off the stream's
+        read path, so one slow etcd write does not hold up the agent's next messages."""
         s.unacked.pop(ack.job_uid, None)
         try:
-            await self._ack(s.cluster, ack)
+            ws = self._ack_target(s.cluster, ack)
+            if ws is not None:
+                self._spawn(self._ack(s.cluster, ws, ack))
         finally:
             self._pump(s.cluster)
 
-    async def _ack(self, cluster: str, ack: WorkAck) -> None:
+    def _ack_target(self, cluster: str, ack: WorkAck) -> WorkState | None:
+        """The work item an ack answers; None for an unknown job or an old revision."""
         ws = self.work.get((cluster, ack.job_uid))
         if ws is None:
             other = self._work_elsewhere(ack.job_uid, cluster)
@@ -1178,7 +1183,7 @@ class Controller:
                     f"ack for job {ack.job_uid}, which is assigned to member {other}, not {cluster}"
                 )
             log.info("agent.ack.unknown", cluster=cluster, job_uid=ack.job_uid)
-            return
+            return None
         if ack.revision != ws.revision:
             log.info(
                 "agent.ack.stale",
@@ -1187,7 +1192,10 @@ class Controller:
                 revision=ack.revision,
                 current=ws.revision,
             )
-            return
+            return None
+        return ws
+
+    async def _ack(self, cluster: str, ws: WorkState, ack: WorkAck) -> None:
         uid = ack.job_uid
         async with self._locks[uid]:
             if self.work.get((cluster, uid)) is not ws or ack.revision != ws.revision:
