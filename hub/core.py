@@ -48,7 +48,7 @@ import structlog
 from pydantic import ValidationError
 
 from gpufed.api.decision import Decision, Outcome, Reservation
-from gpufed.api.gpujob import GPUJob, GPUJobStatus
+from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.inventory import (
     ClusterHealth,
     ClusterInventory,
@@ -81,7 +81,13 @@ from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.podsets import InvalidJobError, placement_request
 from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.sessions import AgentSession, RefusedError, StreamClosedError
-from gpufed.hub.store import ConflictError, Loaded, NotLeaderError, Store
+from gpufed.hub.store import (
+    ConflictError,
+    Loaded,
+    NotLeaderError,
+    Store,
+    StoreUnavailableError,
+)
 from gpufed.hub.writer import CoalescingWriter, ObjectGoneError
 from gpufed.placement import (
     BackfillRule,
@@ -173,6 +179,8 @@ class MemberState:
     session: AgentSession | None = None
     last_heard: float | None = None
     last_heard_wall: float | None = None
+    #: conditions of the MemberCluster as last read (keeps transition times across restarts)
+    conditions_seen: list[StatusCondition] = field(default_factory=list)
     #: the lastHeartbeatTime written into the MemberCluster status (advances in steps)
     heartbeat_shown: float | None = None
     health: MemberHealth = "Ready"
@@ -327,6 +335,9 @@ class Controller:
             raise
         except NotLeaderError as exc:
             self.stop(str(exc))
+        except StoreUnavailableError as exc:
+            log.warning("hub.etcd.unavailable", error=str(exc))
+            self.stop(f"etcd unavailable: {exc}")
         except Exception as exc:
             log.exception("hub.controller.crashed", error=str(exc))
             self.stop(f"internal error: {exc}")
@@ -425,6 +436,8 @@ class Controller:
         if m.spec is None or m.spec.join_token_ref != mc.spec.join_token_ref:
             m.token = None
         m.spec = mc.spec
+        if mc.status is not None:
+            m.conditions_seen = list(mc.status.conditions)
         labels = dict(mc.spec.labels)
         taints = tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in mc.spec.taints)
         if name in self.snapshot.cluster_names:
@@ -1507,7 +1520,7 @@ class Controller:
             cond = ("False", health.reason, health.message)
         previous = self.member_status.last_written(m.name)
         conditions = st.set_condition(
-            _conditions_of(previous),
+            _conditions_of(previous) if previous is not None else m.conditions_seen,
             READY_CONDITION,
             cond[0],
             reason=cond[1],

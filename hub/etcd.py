@@ -37,8 +37,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedEtcd:
     """One etcd process: ``async with EmbeddedEtcd(binary, data_dir) as etcd: etcd.endpoint``.
 
-    ``endpoint``: ``127.0.0.1:<port>`` of its client URL. Output goes to
-    ``<data_dir>/etcd.log``. :meth:`stop` sends SIGTERM and waits (SIGKILL after 10 s).
+    ``endpoint``: ``127.0.0.1:<port>`` of its client URL (ports are picked at the first start
+    and kept across :meth:`stop`/:meth:`start`). Output goes to ``<data_dir>/etcd.log``.
+    :meth:`stop` sends SIGTERM and waits (SIGKILL after 10 s).
     """
 
     def __init__(self, binary: Path, data_dir: Path, *, host: str = "127.0.0.1") -> None:
@@ -65,8 +66,9 @@ class EmbeddedEtcd:
         if not self.binary.exists():
             raise EtcdStartError(f"etcd binary {self.binary} does not exist")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.client_port = free_port(self.host)
-        self.peer_port = free_port(self.host)
+        # A restart keeps its ports, so clients reconnect to the same endpoint.
+        self.client_port = self.client_port or free_port(self.host)
+        self.peer_port = self.peer_port or free_port(self.host)
         client_url = f"http://{self.host}:{self.client_port}"
         peer_url = f"http://{self.host}:{self.peer_port}"
         args = [

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import aetcd
 import structlog
 
-from gpufed.hub.store import Store
+from gpufed.hub.store import Store, StoreError
 
 log = structlog.get_logger("gpufed.hub.leader")
 
@@ -55,11 +55,14 @@ class LeaderElector:
                     self.is_leader = True
                     log.info("hub.leader.elected", hub=self.store.hub_id, ttl_s=self.ttl_s)
                     return
+                if await self.store.drop_stale_self():
+                    log.info("hub.leader.stale_key_dropped", hub=self.store.hub_id)
+                    continue
                 if not announced:
                     leader = await self.store.leader()
                     log.info("hub.leader.standby", hub=self.store.hub_id, leader=leader)
                     announced = True
-            except (aetcd.ClientError, OSError) as exc:
+            except (aetcd.ClientError, OSError, StoreError) as exc:
                 log.warning("hub.leader.etcd_unavailable", error=str(exc))
                 self._lease = None
             await asyncio.sleep(poll)
@@ -73,7 +76,7 @@ class LeaderElector:
             await asyncio.sleep(interval)
             try:
                 ttl = await self.store.refresh(self._lease)
-            except (aetcd.ClientError, OSError) as exc:
+            except (aetcd.ClientError, OSError, StoreError) as exc:
                 if self._clock() - last_ok >= self.ttl_s:
                     return self._lost(f"could not renew the lease for {self.ttl_s} s: {exc}")
                 log.warning("hub.leader.renew_failed", error=str(exc))
@@ -94,7 +97,7 @@ class LeaderElector:
         was_leader, self.is_leader = self.is_leader, False
         if lease is None:
             return
-        with contextlib.suppress(aetcd.ClientError, OSError):
+        with contextlib.suppress(aetcd.ClientError, OSError, StoreError):
             await self.store.resign(lease)
         if was_leader:
             log.info("hub.leader.resigned", hub=self.store.hub_id)

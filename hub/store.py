@@ -61,6 +61,10 @@ class NotLeaderError(StoreError):
     """A guarded write found another replica (or nobody) in the leader key: step down."""
 
 
+class StoreUnavailableError(StoreError):
+    """etcd did not answer within the retry budget (about 10 s): pause and start over."""
+
+
 class ConflictError(StoreError):
     """A placement transaction found the job record changed: someone placed it already."""
 
@@ -121,14 +125,17 @@ class Store:
         return (self.prefix + "/".join(parts)).encode()
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(_TRANSIENT),
-            wait=wait_random_exponential(multiplier=0.1, max=2.0),
-            stop=stop_after_delay(10),
-            reraise=True,
-        ):
-            with attempt:
-                return await fn()
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_TRANSIENT),
+                wait=wait_random_exponential(multiplier=0.1, max=2.0),
+                stop=stop_after_delay(10),
+                reraise=True,
+            ):
+                with attempt:
+                    return await fn()
+        except _TRANSIENT as exc:
+            raise StoreUnavailableError(f"etcd at {self.prefix!r}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- health -------------------------------------------------------------------------------
@@ -168,6 +175,19 @@ class Store:
         """Id of the current leader, or None."""
         got = await self._call(lambda: self._client.get(self._leader_key))
         return got.value.decode() if got is not None else None
+
+    async def drop_stale_self(self) -> bool:
+        """Delete the leader key if it still names this replica under an older lease (left when
+        it stepped down while etcd was unreachable); True when it did."""
+        tx = self._client.transactions
+        ok, _ = await self._call(
+            lambda: self._client.transaction(
+                compare=[tx.value(self._leader_key) == self.hub_id.encode()],
+                success=[tx.delete(self._leader_key)],
+                failure=[],
+            )
+        )
+        return bool(ok)
 
     async def resign(self, lease: aetcd.Lease) -> None:
         """Give up leadership at once (revoke the lease; the leader key goes with it)."""
