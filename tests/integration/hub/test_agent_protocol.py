@@ -175,3 +175,21 @@ async def test_work_in_flight_per_member_is_capped(
         third = await agent.next("work_item")
         assert third.job_uid not in {i.job_uid for i in first}
         await agent.close()
+
+
+async def test_unacknowledged_work_is_sent_again_with_the_same_revision(
+    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
+) -> None:
+    token = await hub_api.register_member("m1")
+    cfg = hub_config(tmp_path, hub_kubeconfig, etcd_endpoint, prefix, resend_after_s=1.0)
+    async with running_hub(cfg) as hub:
+        agent = FakeAgent(hub.grpc_port, "m1", token, tmp_path / "tls" / "ca.crt")
+        await agent.connect(nodes=hgx_nodes("m1-hgx", 1))
+        await hub_api.create_job("quiet", gpu_job(8))
+        first = await agent.next("work_item")
+        again = await agent.next("work_item", limit_s=10)
+        assert (again.job_uid, again.revision) == (first.job_uid, first.revision)
+        await agent.ack(again)
+        with pytest.raises(AssertionError, match="no work_item"):
+            await agent.next("work_item", limit_s=2.5)
+        await agent.close()
