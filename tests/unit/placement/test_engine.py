@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from placement_builders import (
     H100,
+    gpus_on,
     hgx_cluster,
     job,
     member,
@@ -18,6 +19,7 @@ from gpufed.api.inventory import ClusterHealth, Taint, Toleration
 from gpufed.api.request import LabelSelector, PlacementRequest, PodSet
 from gpufed.placement import (
     FleetSnapshot,
+    Hold,
     Policy,
     ScoreWeights,
     explain,
@@ -235,13 +237,17 @@ def test_same_input_same_output_whatever_the_build_order() -> None:
         assert a.model_dump() == place(j, forward, POLICY, 0).model_dump()
 
 
-def test_hold_keeps_a_member_for_another_job() -> None:
-    s = FleetSnapshot([hgx_cluster("a", free=[8]), hgx_cluster("b", free=[8, 8, 8])])
-    d = place(job(gpus=8), s, POLICY, 0, hold={"a": "held for ns/big"})
-    assert d.cluster == "b"
-    d = place(job(gpus=8), s, POLICY, 0, hold={"a": "held for ns/big", "b": "held"})
+def test_holds_keep_a_job_off_held_nodes_or_members() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 8]), hgx_cluster("b", free=[8, 8, 8])])
+    d = place(job(gpus=8), s, POLICY, 0, hold={"a": Hold("a", frozenset({"a-n000"}), "x")})
+    assert gpus_on(d) == {"a-n001": 8}
+    whole = {"a": Hold("a", frozenset(), "held for ns/big"), "b": Hold("b", frozenset(), "held")}
+    d = place(job(gpus=8), s, POLICY, 0, hold=whole)
     assert d.outcome == Outcome.UNSCHEDULABLE
     assert {r.plugin for r in d.rejections} == {"Backfill"}
+    nodes = {"a": Hold("a", frozenset({"a-n000", "a-n001"}), "x")}
+    d = place(job(gpus=8, selector=LabelSelector(matchLabels={"x": "y"})), s, POLICY, 0, hold=nodes)
+    assert d.outcome == Outcome.REJECTED
 
 
 @pytest.mark.parametrize(
