@@ -195,7 +195,7 @@ def place(
         return _placed(job, policy, now, best, scored, all_failures, explain, plugins, snapshot)
     all_failures = dict(static.failures)
     all_failures.update(failures)
-    return _not_placed(job, policy, now, all_failures, snapshot)
+    return _not_placed(job, policy, now, all_failures, snapshot, plugins)
 
 
 _Row = tuple[float, str, Any, ClusterState, PoolState | None, Plan | None]
@@ -415,7 +415,7 @@ def _placed(
         score_parts=parts,
         cluster_scores={n: round(v[0], 3) for n, v in sorted(scored.items())},
         scores=details,
-        rejections=_rejections(job, failures, snapshot) if explained else (),
+        rejections=_rejections(job, failures, snapshot, plugins) if explained else (),
         message=message,
         explained=explained,
         policy=policy.name,
@@ -424,17 +424,20 @@ def _placed(
 
 
 def _rejections(
-    job: JobShape, failures: dict[str, Failure], snapshot: FleetSnapshot
+    job: JobShape, failures: dict[str, Failure], snapshot: FleetSnapshot, plugins: Plugins
 ) -> tuple[ClusterRejection, ...]:
     out = []
     for cluster in sorted(failures):
-        plugin, st, pool = failures[cluster]
+        plugin, st, _ = failures[cluster]
         code, reason = st.code, st.reason
-        if code is Code.UNSCHEDULABLE and plugin in ("ResourceFit", "TopologyFit"):
-            c = snapshot.cluster(cluster)
-            never = never_reason(job, c, pool)
+        if code is Code.UNSCHEDULABLE:
+            never = _member_never(job, snapshot.cluster(cluster), plugins)
             if never is not None:
-                code, reason = Code.UNRESOLVABLE, never
+                code = Code.UNRESOLVABLE
+                if plugin in ("ResourceFit", "TopologyFit"):
+                    reason = never
+                else:
+                    reason = f"{reason}; and it could never hold the job: {never}"
         out.append(
             ClusterRejection.model_construct(
                 cluster=cluster, plugin=plugin, code=_CODES[code], reason=reason
@@ -443,14 +446,46 @@ def _rejections(
     return tuple(out)
 
 
+def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | None:
+    """Why member ``c`` could never hold ``job`` whatever its health, load or holds (None if
+    some pool of it could)."""
+    if not c.nodes:
+        return None  # nothing reported yet: unknown, not never
+    for f in plugins.cluster_filters:
+        st = f.filter(job, c)
+        if st.code is Code.UNRESOLVABLE:
+            return st.reason
+    if not job.gpu_sets:
+        return never_reason(job, c, None)
+    first: str | None = None
+    for pool in c.pools_sorted():
+        st = next(
+            (
+                x
+                for x in (pf.filter(job, c, pool) for pf in plugins.pool_filters if pf.static)
+                if not x.ok
+            ),
+            None,
+        )
+        if st is not None:
+            first = first or st.reason
+            continue
+        why = never_reason(job, c, pool)
+        if why is None:
+            return None
+        first = first or why
+    return first or "member has no nodes with whole GPUs"
+
+
 def _not_placed(
     job: JobShape,
     policy: Policy,
     now: float,
     failures: dict[str, Failure],
     snapshot: FleetSnapshot,
+    plugins: Plugins,
 ) -> Decision:
-    rejections = _rejections(job, failures, snapshot)
+    rejections = _rejections(job, failures, snapshot, plugins)
     shape = _shape_text(job)
     if not rejections:
         outcome = Outcome.UNSCHEDULABLE

@@ -51,6 +51,32 @@ def test_unready_member_is_skipped_and_the_job_waits_not_rejected() -> None:
     assert place(job(gpus=8), s, POLICY, 0).cluster == "a"
 
 
+def test_job_no_member_could_ever_hold_is_rejected_even_while_a_member_is_down() -> None:
+    s = FleetSnapshot([hgx_cluster("a"), hgx_cluster("b-down", ready=False)])
+    d = place(job(gpus=16), s, POLICY, 0)
+    assert d.outcome == Outcome.REJECTED
+    down = next(r for r in d.rejections if r.cluster == "b-down")
+    assert down.plugin == "Health"
+    assert down.code == "UnschedulableAndUnresolvable"
+    assert "could never hold the job" in down.reason
+
+
+def test_a_member_with_another_pool_that_could_fit_keeps_the_job_waiting() -> None:
+    # one pool of small nodes (never), one pool of full 8-GPU nodes (not now)
+    s = FleetSnapshot(
+        [
+            member(
+                "a",
+                [
+                    node("a-small", gpus=4, product="NVIDIA-L40S"),
+                    node("a-big", gpus=8, free=0),
+                ],
+            )
+        ]
+    )
+    assert place(job(gpus=8), s, POLICY, 0).outcome == Outcome.UNSCHEDULABLE
+
+
 def test_empty_fleet_waits_for_members() -> None:
     d = place(job(gpus=1), FleetSnapshot(), POLICY, 0)
     assert d.outcome == Outcome.UNSCHEDULABLE
