@@ -459,7 +459,7 @@ def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | Non
         return never_reason(job, c, None)
     first: str | None = None
     for pool in c.pools_sorted():
-        st = next(
+        bad = next(
             (
                 x
                 for x in (pf.filter(job, c, pool) for pf in plugins.pool_filters if pf.static)
@@ -467,8 +467,8 @@ def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | Non
             ),
             None,
         )
-        if st is not None:
-            first = first or st.reason
+        if bad is not None:
+            first = first or bad.reason
             continue
         why = never_reason(job, c, pool)
         if why is None:
