@@ -111,7 +111,7 @@ def place(
     scorers = plugins.scorers
     total_w = plugins.total_weight
     fkey = ("plan", job.fit_key) if job.fit_key is not None else None
-    ukey = ("bound", id(plugins), job.demand, job.grouped_only)
+    rkey = ("fit-bound", id(plugins), job.fit_key)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
@@ -124,14 +124,23 @@ def place(
             ub = sum(sc.weight * sc.bound(job, None) for sc in scorers) / total_w
             ordered.append((-ub, name, _NO_POOL, c, None, None))
             continue
-        if fkey is not None and held is None:
-            hit = pool.recall(fkey)
-            if hit is not None:
-                if isinstance(hit, Plan):
-                    total = _total(job, hit, scorers, total_w)
-                    ordered.append((-total, name, pool.key, c, pool, hit))
+        if fkey is not None:
+            if held is None:
+                hit = pool.recall(fkey)
+                if hit is not None:
+                    if isinstance(hit, Plan):
+                        total = _total(job, hit, scorers, total_w)
+                        ordered.append((-total, name, pool.key, c, pool, hit))
+                    else:
+                        _keep(failures, name, hit)
+                    continue
+            # ResourceFit and the bound read only the pool: remembered whatever the holds
+            cached = pool.recall(rkey)
+            if cached is not None:
+                if isinstance(cached, float):
+                    ordered.append((-cached, name, pool.key, c, pool, None))
                 else:
-                    _keep(failures, name, hit)
+                    _keep(failures, name, cached)
                 continue
         bad: Failure | None = None
         for f in dyn:
@@ -141,13 +150,12 @@ def place(
                 break
         if bad is not None:
             _keep(failures, name, bad)
-            if fkey is not None and held is None:
-                pool.remember(fkey, bad)
+            if fkey is not None:
+                pool.remember(rkey, bad)
             continue
-        ub = pool.recall(ukey)
-        if ub is None:
-            ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
-            pool.remember(ukey, ub)
+        ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
+        if fkey is not None:
+            pool.remember(rkey, ub)
         ordered.append((-ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
