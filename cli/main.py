@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import bench, demo, local
+from gpufed.cli import bench, demo, local, simulate
 
 app = typer.Typer(
     name="gpufed",
@@ -18,6 +18,7 @@ app = typer.Typer(
 app.add_typer(local.app, name="local")
 app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
+app.command("simulate")(simulate.simulate_command)
 
 
 def main() -> None:
