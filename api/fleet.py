@@ -32,6 +32,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -654,6 +655,33 @@ def _is_quantity(q: str) -> bool:
     return bool(re.fullmatch(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", q))
 
 
+_BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL = {"m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+
+
+def canonical_quantity(q: str) -> str:
+    """A quantity in the form the API server prints back (``1024Gi`` -> ``1Ti``, ``2000m`` ->
+    ``2``, ``1.5Gi`` -> ``1536Mi``): the largest suffix of the same family (binary ``Ki..Ei``
+    or decimal ``m..E``) that keeps the number whole. Input must pass :func:`_is_quantity`."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", q)
+    if not m:
+        raise ValueError(f"{q!r} is not a quantity")
+    number, suffix = Decimal(m.group(1)), m.group(2)
+    if suffix in _BINARY and suffix:
+        value = number * 1024 ** _BINARY.index(suffix)
+        if value == value.to_integral_value():
+            n, e = int(value), 0
+            while e < len(_BINARY) - 1 and n and n % 1024 == 0:
+                n, e = n // 1024, e + 1
+            return f"{n}{_BINARY[e]}"
+        number, suffix = value, ""  # fractional bytes: fall back to decimal milli-units
+    milli = number * Decimal(1000) ** (_DECIMAL[suffix] + 1)
+    n, e = int(milli.to_integral_value(rounding="ROUND_CEILING")), -1
+    while e < 6 and n and n % 1000 == 0:
+        n, e = n // 1000, e + 1
+    return f"{n}{next(k for k, v in _DECIMAL.items() if v == e)}"
+
+
 def _mig_issues(mig: MigSpec, gpu: GPUSpec) -> list[FleetIssue]:
     model = gpu.known
     if model is None or not model.mig_profiles:
@@ -801,8 +829,9 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
     family = gpu.resolved_family or "undefined"
     major, minor = model.compute_capability if model else _compute_from_family(family)
     arch = model.cpu_arch if model else "amd64"
-    cpu = pool.cpu or str(16 * gpu.count)
-    memory = pool.memory or f"{256 * gpu.count}Gi"
+    # Canonical forms, so capacity/allocatable equal what the API server prints back.
+    cpu = canonical_quantity(pool.cpu or str(16 * gpu.count))
+    memory = canonical_quantity(pool.memory or f"{256 * gpu.count}Gi")
 
     base: dict[str, str] = dict(pool.labels)
     base.update(

@@ -43,3 +43,16 @@ def node_is_ready(node: dict[str, Any]) -> bool:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
     taints = node.get("spec", {}).get("taints") or []
     return ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+
+
+async def async_api_client(kubeconfig: str | Path, context: str) -> Any:
+    """A ``kubernetes_asyncio`` ``ApiClient`` for ``context`` of ``kubeconfig`` (close it with
+    ``await client.close()``). Typed ``Any``: kubernetes_asyncio ships no type information."""
+    from kubernetes_asyncio import client as aclient
+    from kubernetes_asyncio import config as aconfig
+
+    configuration = aclient.Configuration()
+    await aconfig.load_kube_config(
+        config_file=str(kubeconfig), context=context, client_configuration=configuration
+    )
+    return aclient.ApiClient(configuration=configuration)

@@ -262,7 +262,9 @@ class Sandbox:
             self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
         except BaseException as exc:
             self._say("bring-up failed; stopping what was started")
-            self.supervisor.stop_all(grace_s=5.0)
+            # Short grace: an API server interrupted mid-start can sit in its shutdown for
+            # 10 s; nothing it holds is worth waiting for.
+            self.supervisor.stop_all(grace_s=2.0)
             with contextlib.suppress(SandboxError, OSError, ValueError):
                 self._write_info(self.info().model_copy(update={"phase": "failed"}))
             if isinstance(exc, ComponentError):

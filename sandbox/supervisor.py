@@ -279,15 +279,17 @@ class Supervisor:
         started = time.monotonic()
         pending = list(names)
         while pending:
-            for n in list(pending):
-                spec = specs[n]
+            # Deaths first: a process that exited must not wait behind another one's probe.
+            for n in pending:
                 if not self.is_running(n):
                     code = _exit_code(self._recorded_pid(n))
                     tail = log_tail(self.log_path(n))
-                    cause = _clash(tail, spec.ports) or (
+                    cause = _clash(tail, specs[n].ports) or (
                         "exited while starting" + (f" with code {code}" if code is not None else "")
                     )
                     raise ComponentError(n, cause, self.log_path(n), tail)
+            for n in list(pending):
+                spec = specs[n]
                 if _probe_ok(spec.probe, time.monotonic() - started):
                     log.info(
                         "component.ready", component=n, seconds=round(time.monotonic() - started, 1)
@@ -305,7 +307,7 @@ class Supervisor:
                         tail,
                     )
             if pending:
-                time.sleep(0.25)
+                time.sleep(0.2)
 
     def _recorded_pid(self, name: str) -> int | None:
         try:
@@ -334,9 +336,9 @@ class Supervisor:
                 _signal_group(proc.pid, signal.SIGKILL)
                 _wait_gone(proc, 10.0)
             _reap(proc.pid)
+            with contextlib.suppress(KeyError):
+                self._wait_ports_free(self.spec(name).ports)
         self._pid_path(name).unlink(missing_ok=True)
-        with contextlib.suppress(KeyError):
-            self._wait_ports_free(self.spec(name).ports)
 
     @staticmethod
     def _wait_ports_free(ports: Sequence[int], timeout: float = 10.0) -> None:
@@ -360,6 +362,8 @@ class Supervisor:
             _reap(proc.pid)
         for n in names:
             self._pid_path(n).unlink(missing_ok=True)
+        # Only processes that ran held their ports (one that failed to bind never did).
+        for n in procs:
             with contextlib.suppress(KeyError):
                 self._wait_ports_free(self.spec(n).ports)
 
@@ -454,7 +458,7 @@ def _probe_ok(probe: Probe, elapsed: float) -> bool:
     return http_ok(probe.url)
 
 
-def http_ok(url: str, timeout: float = 2.0) -> bool:
+def http_ok(url: str, timeout: float = 1.0) -> bool:
     """GET ``url`` (TLS unverified) and return whether it answered 200."""
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=_INSECURE_TLS) as resp:
