@@ -9,7 +9,14 @@ from pathlib import Path
 import typer
 
 from gpufed.api.fleet import FleetError
-from gpufed.placement.simulate import POLICIES, TraceError, load_fleet, read_trace, simulate
+from gpufed.placement.simulate import (
+    HORIZON_AFTER_LAST_ARRIVAL_S,
+    POLICIES,
+    TraceError,
+    load_fleet,
+    read_trace,
+    simulate,
+)
 
 
 def simulate_command(
@@ -18,11 +25,11 @@ def simulate_command(
     policy: str = typer.Option(
         "gpufed", "--policy", help=f"Placement policy: {', '.join(POLICIES)}."
     ),
-    horizon: float | None = typer.Option(
-        None,
+    horizon: float = typer.Option(
+        HORIZON_AFTER_LAST_ARRIVAL_S,
         "--horizon",
         min=0,
-        help="Stop at this simulated second (default: 30 days after the last arrival).",
+        help="Stop this many simulated seconds after the last arrival (default: 30 days).",
     ),
     member_fit: str = typer.Option(
         "spread",

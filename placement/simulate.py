@@ -345,21 +345,21 @@ def simulate(
     jobs: list[TraceJob],
     policy: PolicyName = "gpufed",
     *,
-    horizon_s: float | None = None,
+    horizon_s: float = HORIZON_AFTER_LAST_ARRIVAL_S,
     member_fit: Literal["spread", "pack"] = "spread",
     placement_policy: Policy | None = None,
     backfill: BackfillRule | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
-    ``horizon_s``: absolute simulated time at which the run stops (default: last arrival + 30
+    ``horizon_s``: the run stops this many simulated seconds after the last arrival (default 30
     days). Raises ``ValueError`` for an unknown policy.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
     sim = _Sim(members, jobs)
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
-    horizon = horizon_s if horizon_s is not None else last_arrival + HORIZON_AFTER_LAST_ARRIVAL_S
+    horizon = last_arrival + horizon_s
     if policy == "gpufed":
         _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule())
     else:
