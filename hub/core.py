@@ -92,8 +92,9 @@ from gpufed.hub.writer import CoalescingWriter, ObjectGoneError
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
+    Hold,
     Policy,
-    nearest_member,
+    hold_for,
     place,
     schedule_pass,
 )
@@ -737,7 +738,7 @@ class Controller:
         requests = [j.request for j in waiting if j.request is not None]
         reservations: dict[str, Reservation] = {}
 
-        def attempt(req: PlacementRequest, hold: Mapping[str, str]) -> Decision:
+        def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
             decision = place(req, self.snapshot, self.policy, now, hold=hold)
             self.metrics.placement_seconds.observe(time.perf_counter() - t0)
@@ -752,7 +753,7 @@ class Controller:
             requests,
             now,
             attempt,
-            lambda r: nearest_member(r, self.snapshot, self.policy),
+            lambda r: hold_for(r, self.snapshot, self.policy),
             self.backfill,
         )
         # 4. commit placed jobs (etcd first, then dispatch); report the rest
