@@ -7,7 +7,6 @@ timers (member lease, member-lost timeout, leader lease) to seconds.
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from pathlib import Path
@@ -69,9 +68,7 @@ class HubConfig(BaseModel):
     context: str | None = None
     etcd_endpoints: tuple[str, ...] = ()
     etcd_prefix: str = "/gpufed/hub/"
-    data_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("HOME", "/tmp")) / ".gpufed-hub"
-    )
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "gpufed-hub")
     tls: TLSConfig | None = None
     insecure: bool = False
     token_namespace: str = "gpufed-system"
