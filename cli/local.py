@@ -1,6 +1,12 @@
 """``gpufed local``: the local multi-cluster sandbox (build, up, status, down, kill, start,
 kind).
 
+``up`` runs the clusters and, unless ``--clusters-only``, the gpufed control plane on them: the
+CRDs, join tokens and TLS on the hub cluster, the hub process and one agent per member
+(:mod:`gpufed.sandbox.controlplane`). ``kill``/``start`` take any component: ``hub``,
+``agent/<member>``, ``etcd``, ``apiserver/<cluster>``, ``controller-manager/<member>``,
+``scheduler/<member>``, ``kwok/<member>``.
+
 Thin layer over :mod:`gpufed.sandbox`: parses options, prints progress and tables, and turns
 :class:`~gpufed.sandbox.runtime.SandboxError` / :class:`~gpufed.sandbox.binaries.BinariesError`
 into one red line and exit code 1.
@@ -21,6 +27,7 @@ from rich.table import Table
 from gpufed.api.fleet import FleetError, FleetSpec
 from gpufed.sandbox.binaries import BinariesError, regenerate
 from gpufed.sandbox.binaries import build as build_binaries
+from gpufed.sandbox.controlplane import HUB_COMPONENT, ControlPlaneOptions
 from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
@@ -89,17 +96,55 @@ def build(
     console.print(f"binaries: {bins.path}")
 
 
+def control_plane_options(
+    clusters_only: bool, member_lease: float, member_lost_timeout: float, heartbeat: float
+) -> ControlPlaneOptions | None:
+    """The hub/agent options of ``up`` and ``demo`` (None with ``--clusters-only``); a bad
+    combination is one clear error."""
+    if clusters_only:
+        return None
+    if member_lost_timeout < member_lease:
+        err_console.print(
+            f"[red]error:[/red] --member-lost-timeout ({member_lost_timeout:g}) must be at least "
+            f"--member-lease ({member_lease:g})"
+        )
+        raise typer.Exit(1)
+    return ControlPlaneOptions(
+        member_lease_s=member_lease, member_lost_s=member_lost_timeout, heartbeat_s=heartbeat
+    )
+
+
+ClustersOnly = typer.Option(
+    False,
+    "--clusters-only",
+    help="Only the Kubernetes clusters: no CRDs, hub or agents (for hubs of your own).",
+)
+MemberLease = typer.Option(
+    40.0, "--member-lease", help="Hub: seconds until a silent member is NotReady."
+)
+MemberLost = typer.Option(
+    600.0, "--member-lost-timeout", help="Hub: seconds until a silent member is lost."
+)
+Heartbeat = typer.Option(10.0, "--heartbeat-interval", help="Hub: agent heartbeat, seconds.")
+
+
 @app.command()
 def up(
     fleet: Path = typer.Option(..., "--fleet", "-f", help="Fleet spec (YAML, DESIGN.md §5)."),
     state_dir: Path | None = StateDir,
     timeout: float = typer.Option(240.0, help="Seconds to wait for the API servers."),
+    clusters_only: bool = ClustersOnly,
+    member_lease: float = MemberLease,
+    member_lost_timeout: float = MemberLost,
+    heartbeat: float = Heartbeat,
 ) -> None:
     """Start etcd, a hub API server and per member an API server, controller manager,
-    scheduler and kwok; create the fleet's GPU nodes; wait until all are Ready."""
+    scheduler and kwok; create the fleet's GPU nodes; then install the CRDs, join the members
+    and start the hub and one agent per member; wait until every member is Ready on the hub."""
+    options = control_plane_options(clusters_only, member_lease, member_lost_timeout, heartbeat)
     with fail_cleanly():
         sandbox = Sandbox(state_dir, progress=_progress)
-        info = sandbox.up(fleet, apiserver_timeout_s=timeout)
+        info = sandbox.up(fleet, apiserver_timeout_s=timeout, control_plane=options)
         inventory = sandbox.inventory()
     console.print(f"sandbox up in {info.up_seconds:.1f}s")
     print_summary(info, inventory)
@@ -127,10 +172,18 @@ def print_summary(info: SandboxInfo, inventory: list[ClusterGPUs]) -> None:
             name, ep.server, f"{g.nodes_ready}/{g.nodes} Ready", gpus, mig or "-", domains or "-"
         )
     console.print(table)
+    cp = info.control_plane
+    hub_line = (
+        f"hub: agents dial {cp.hub_address} (TLS, CA {cp.ca_file}); metrics {cp.hub_http}/metrics"
+        f"; {len(cp.agents)} agents\n"
+        if cp
+        else "hub: not started (--clusters-only)\n"
+    )
     console.print(
         f"kubeconfig: {info.kubeconfig}  (contexts: {', '.join(info.clusters)}; current: hub)\n"
         f"etcd: {info.etcd_url}  (hub prefix {info.hub_etcd_prefix})\n"
-        f"stop with: gpufed local down --state-dir {info.state_dir}",
+        + hub_line
+        + f"stop with: gpufed local down --state-dir {info.state_dir}",
         soft_wrap=True,
     )
 
@@ -182,11 +235,13 @@ def down(state_dir: Path | None = StateDir) -> None:
     )
 
 
+ComponentArg = typer.Argument(
+    ..., help="hub, agent/<member>, etcd, apiserver/<cluster>, kwok/<member>, ..."
+)
+
+
 @app.command()
-def kill(
-    component: str = typer.Argument(..., help="e.g. apiserver/alpha, kwok/beta, etcd"),
-    state_dir: Path | None = StateDir,
-) -> None:
+def kill(component: str = ComponentArg, state_dir: Path | None = StateDir) -> None:
     """SIGKILL one component (simulate a crash); `gpufed local start` brings it back."""
     with fail_cleanly():
         sandbox = Sandbox(state_dir)
@@ -200,10 +255,17 @@ def kill(
 
 @app.command()
 def start(
-    component: str = typer.Argument(..., help="e.g. apiserver/alpha, kwok/beta, etcd"),
+    component: str = ComponentArg,
     state_dir: Path | None = StateDir,
+    wait: float = typer.Option(
+        60.0,
+        "--wait",
+        help="For hub and agents: seconds to wait until every member is Ready on the hub "
+        "again (0: do not wait).",
+    ),
 ) -> None:
-    """Start one registered component again and wait until it is ready."""
+    """Start one registered component again and wait until it is ready (for the hub and
+    agents: until the hub leads and every member is Ready on it again)."""
     with fail_cleanly():
         sandbox = Sandbox(state_dir)
         try:
@@ -211,7 +273,10 @@ def start(
         except KeyError as exc:
             raise SandboxError(str(exc.args[0])) from None
         pid = sandbox.supervisor.start(component)
-    console.print(f"{component} running (pid {pid})")
+        console.print(f"{component} running (pid {pid})")
+        if wait > 0 and (component == HUB_COMPONENT or component.startswith("agent/")):
+            sandbox.wait_control_plane(wait)
+            console.print("hub leading, every member Ready on the hub")
 
 
 kind_app = typer.Typer(

@@ -147,3 +147,43 @@ def load_pki(directory: Path) -> Pki:
     """The credentials written by :func:`create_pki` (reads the token back from tokens.csv)."""
     token = (directory / "tokens.csv").read_text().split(",", 1)[0]
     return Pki(directory, token)
+
+
+def issue_server_cert(pki: Pki, name: str, hosts: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """Sign a server certificate for ``name`` with the sandbox CA (``pki/ca.key``).
+
+    SANs: ``127.0.0.1``, ``localhost`` and ``hosts`` (DNS names or IP addresses). Writes
+    ``<pki>/<name>.crt`` (0644) and ``<pki>/<name>.key`` (0600) and returns their paths; valid
+    one year. Used for the hub's agent listener, so agents verify it with ``ca.crt``.
+    """
+    ca = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key((pki.dir / "ca.key").read_bytes(), None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.dir / 'ca.key'}: not the sandbox's EC CA key")
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.DNSName("localhost"),
+    ]
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    crt_path, key_path = pki.dir / f"{name}.crt", pki.dir / f"{name}.key"
+    _write(crt_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(key_path, _pem_key(key))
+    return crt_path, key_path

@@ -39,7 +39,9 @@ from pydantic import BaseModel, Field
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, NodeSpec, node_specs
+from gpufed.sandbox import controlplane
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
+from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneInfo, ControlPlaneOptions
 from gpufed.sandbox.inventory import ClusterGPUs, cluster_gpus
 from gpufed.sandbox.kube import api_client, list_nodes_raw, node_is_ready
 from gpufed.sandbox.pki import Pki, create_pki
@@ -121,6 +123,8 @@ class SandboxInfo(BaseModel):
     ca_file: Path
     up_seconds: float | None = None
     phase: Literal["starting", "running", "failed", "stopped"] = "starting"
+    #: The hub and agents (None: clusters only, ``up(..., control_plane=None)``).
+    control_plane: ControlPlaneInfo | None = None
 
     @property
     def hub(self) -> ClusterEndpoint:
@@ -238,9 +242,16 @@ class Sandbox:
         ports: Mapping[str, int] | None = None,
         apiserver_timeout_s: float = 240.0,
         nodes_timeout_s: float | None = None,
+        control_plane: ControlPlaneOptions | None = None,
     ) -> SandboxInfo:
         """Start the sandbox for ``fleet`` and return when every API server answers and every
         node is Ready.
+
+        With ``control_plane``, also install the CRDs on the hub cluster, join every member,
+        start the hub and one agent per member (:mod:`gpufed.sandbox.controlplane`) and return
+        once every member is Ready on the hub with all its nodes. Without it (the default of
+        this Python API; ``gpufed local up`` passes options unless ``--clusters-only``), only
+        the clusters run, e.g. for tests that run hubs of their own.
 
         ``ports`` pins ports by component name (``etcd``, ``etcd-peer``, ``apiserver/<cluster>``,
         ``controller-manager/<cluster>``, ``scheduler/<cluster>``); the rest are picked free.
@@ -261,7 +272,7 @@ class Sandbox:
         for attempt in (1, 2):
             self._prepare_state_dir()
             try:
-                info = self._configure(fleet, fleet_file, bins, dict(ports or {}))
+                info = self._configure(fleet, fleet_file, bins, dict(ports or {}), control_plane)
                 self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
                 return self.info()
             except BaseException as exc:
@@ -271,6 +282,8 @@ class Sandbox:
                 self.supervisor.stop_all(grace_s=2.0)
                 with contextlib.suppress(SandboxError, OSError, ValueError):
                     self._write_info(self.info().model_copy(update={"phase": "failed"}))
+                if isinstance(exc, ControlPlaneError):
+                    raise SandboxError(f"sandbox failed to start: {exc}") from None
                 if not isinstance(exc, ComponentError):
                     raise
                 # A port picked free was taken before the process bound it (other sandboxes
@@ -320,13 +333,20 @@ class Sandbox:
         d.mkdir(parents=True, exist_ok=True)
 
     def _configure(
-        self, fleet: FleetSpec, fleet_file: Path | None, bins: BinDir, ports: dict[str, int]
+        self,
+        fleet: FleetSpec,
+        fleet_file: Path | None,
+        bins: BinDir,
+        ports: dict[str, int],
+        control_plane: ControlPlaneOptions | None,
     ) -> SandboxInfo:
         d = self.state_dir
         names = [HUB_CLUSTER_NAME, *fleet.names]
         wanted = ["etcd", "etcd-peer"] + [f"apiserver/{n}" for n in names]
         for m in fleet.names:
             wanted += [f"controller-manager/{m}", f"scheduler/{m}"]
+        if control_plane is not None:
+            wanted += controlplane.port_names(fleet)
         free = iter(_free_ports(len(wanted)))
         for key in wanted:
             ports.setdefault(key, next(free))
@@ -360,8 +380,20 @@ class Sandbox:
             token=pki.token,
             ca_file=pki.ca_crt,
         )
-        self._write_info(info)
         self._register(info, fleet, bins, pki, ports)
+        if control_plane is not None:
+            cp = controlplane.configure(
+                self.supervisor,
+                state_dir=d,
+                fleet=fleet,
+                etcd_url=etcd_url,
+                hub_etcd_prefix=info.hub_etcd_prefix,
+                kubeconfigs={n: ep.kubeconfig for n, ep in clusters.items()},
+                ports=ports,
+                options=control_plane,
+            )
+            info = info.model_copy(update={"control_plane": cp})
+        self._write_info(info)
         return info
 
     def _register(
@@ -535,6 +567,8 @@ class Sandbox:
         limit = nodes_timeout_s if nodes_timeout_s is not None else 90 + 0.1 * total
         self._wait_nodes_ready(info, fleet, limit)
         say(f"  {'all nodes Ready':<44} in {time.monotonic() - t0:5.1f}s")
+        if info.control_plane is not None:
+            self._start_control_plane(info, fleet)
         final = info.model_copy(
             update={"phase": "running", "up_seconds": round(time.monotonic() - started, 1)}
         )
@@ -575,6 +609,49 @@ class Sandbox:
                     f"{self.supervisor.log_path(f'controller-manager/{m}')}"
                 )
             time.sleep(1.0)
+
+    def _start_control_plane(self, info: SandboxInfo, fleet: FleetSpec) -> None:
+        cp = info.control_plane
+        assert cp is not None
+        say = self._say
+        t0 = time.monotonic()
+        hub_api = info.api_client(HUB_CLUSTER_NAME)
+        controlplane.prepare_hub_cluster(self.state_dir, fleet, info.hub.kubeconfig, hub_api, cp)
+        say(f"  {'CRDs installed, members joined':<44} in {time.monotonic() - t0:5.1f}s")
+        t0 = time.monotonic()
+        self.supervisor.start_many(
+            [controlplane.HUB_COMPONENT, *(a.component for a in cp.agents.values())]
+        )
+        self.wait_control_plane(cp.options.ready_timeout_s, info=info)
+        say(
+            f"  {f'hub + {len(cp.agents)} agents, members Ready':<44} in {time.monotonic() - t0:5.1f}s"
+        )
+
+    def wait_control_plane(
+        self, timeout_s: float = 120.0, *, info: SandboxInfo | None = None
+    ) -> None:
+        """Return once the hub leads, every agent is connected and every member is Ready on
+        the hub with all its nodes; :class:`SandboxError` naming what is missing after
+        ``timeout_s`` or when a control-plane process exits meanwhile."""
+        info = info or self.info()
+        cp = info.control_plane
+        if cp is None:
+            raise SandboxError(
+                f"the sandbox in {self.state_dir} runs no hub or agents (started clusters only)"
+            )
+        comps = [controlplane.HUB_COMPONENT, *(a.component for a in cp.agents.values())]
+
+        def dead() -> str | None:
+            return next((c for c in ["etcd", *comps] if not self.supervisor.is_running(c)), None)
+
+        expected = {m: info.clusters[m].nodes for m in cp.agents}
+        try:
+            controlplane.wait_ready(
+                cp, info.api_client(HUB_CLUSTER_NAME), expected, timeout_s=timeout_s, alive=dead
+            )
+        except ControlPlaneError as exc:
+            logs = ", ".join(str(self.supervisor.log_path(c)) for c in comps[:2])
+            raise SandboxError(f"{exc} (logs: {logs}, ...)") from None
 
     def _check_alive(self, member: str) -> None:
         for comp in (
