@@ -275,6 +275,11 @@ def start(
         pid = sandbox.supervisor.start(component)
         console.print(f"{component} running (pid {pid})")
         if wait > 0 and (component == HUB_COMPONENT or component.startswith("agent/")):
+            if stopped := [
+                c for c in sandbox.supervisor.names() if not sandbox.supervisor.is_running(c)
+            ]:
+                console.print(f"not waiting for the members: {', '.join(stopped)} stopped")
+                return
             sandbox.wait_control_plane(wait)
             console.print("hub leading, every member Ready on the hub")
 
