@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import local
+from gpufed.cli import agent, local
 
 app = typer.Typer(
     name="gpufed",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(local.app, name="local")
+app.add_typer(agent.app, name="agent")
 
 
 def main() -> None:
