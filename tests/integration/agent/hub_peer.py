@@ -10,6 +10,7 @@ items, drop a stream or refuse connections. Every received message wakes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -129,10 +130,10 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             q.put_nowait(None)
 
     async def wait_for(
-        self, probe: Callable[[], T | None], *, timeout: float = 30.0, what: str = ""
+        self, probe: Callable[[], T | None], *, within: float = 30.0, what: str = ""
     ) -> T:
         """Wait until ``probe()`` returns something truthy (checked after every message)."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         async with self._changed:
             while True:
                 result = probe()
@@ -141,10 +142,8 @@ class HubPeer(pb_grpc.AgentServiceServicer):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"hub peer: timed out waiting for {what or probe}")
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
-                except TimeoutError:
-                    pass
 
     async def _notify(self) -> None:
         async with self._changed:
