@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,6 +40,8 @@ class ClusterView:
     hello: pb.Hello | None = None
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     node_seen_at: dict[str, float] = field(default_factory=dict)  # monotonic receive time
+    #: the last node versions received in deltas, oldest first
+    history: deque[NodeInventory] = field(default_factory=lambda: deque(maxlen=10_000))
     served_kinds: list[str] = field(default_factory=list)
     seq: int = 0
     snapshots: int = 0
@@ -251,8 +254,10 @@ class HubPeer(pb_grpc.AgentServiceServicer):
                 view.seq_errors += 1
             view.seq = delta.seq
             for n in delta.upserts:
-                view.nodes[n.name] = node_from_pb(n)
+                node = node_from_pb(n)
+                view.nodes[n.name] = node
                 view.node_seen_at[n.name] = now
+                view.history.append(node)
             for name in delta.removed:
                 view.nodes.pop(name, None)
             view.deltas += 1
