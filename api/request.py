@@ -122,6 +122,18 @@ class PlacementRequest(_Frozen):
     workload_kind: str = "Job.batch"
     submitted_at: float = 0.0
 
+    @field_validator("pod_sets")
+    @classmethod
+    def _unique_pod_set_names(cls, v: tuple[PodSet, ...]) -> tuple[PodSet, ...]:
+        seen: set[str] = set()
+        for ps in v:
+            if ps.name in seen:
+                raise ValueError(
+                    f"pod set name {ps.name!r} appears twice; give each pod set its own name"
+                )
+            seen.add(ps.name)
+        return v
+
     @property
     def gpus(self) -> int:
         """Whole GPUs over all pod sets."""

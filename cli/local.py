@@ -1,15 +1,214 @@
-"""``gpufed local``: the local multi-cluster sandbox (build, up, status, down)."""
+"""``gpufed local``: the local multi-cluster sandbox (build, up, status, down, kill, start).
+
+Thin layer over :mod:`gpufed.sandbox`: parses options, prints progress and tables, and turns
+:class:`~gpufed.sandbox.runtime.SandboxError` / :class:`~gpufed.sandbox.binaries.BinariesError`
+into one red line and exit code 1.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufed.sandbox.binaries import BinariesError, regenerate
+from gpufed.sandbox.binaries import build as build_binaries
+from gpufed.sandbox.inventory import ClusterGPUs
+from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
+from gpufed.sandbox.supervisor import ComponentError
 
 app = typer.Typer(
     help="Local sandbox: real control planes with kwok GPU nodes.", no_args_is_help=True
 )
+console = Console(highlight=False)
+if not console.is_terminal:
+    # Piped or captured output (make, CI logs): no terminal width to honour, so keep the
+    # summary table on one line per cluster.
+    console = Console(highlight=False, width=160)
+err_console = Console(stderr=True, highlight=False)
+
+StateDir = typer.Option(
+    None,
+    "--state-dir",
+    envvar="GPUFED_STATE_DIR",
+    help="Sandbox state directory (default ~/.local/state/gpufed/sandbox).",
+    show_default=False,
+)
+
+
+def configure_logging(verbose: bool) -> None:
+    """structlog at INFO with ``--verbose``, else WARNING (progress lines say enough)."""
+    level = logging.INFO if verbose else logging.WARNING
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every process start/stop."),
+) -> None:
+    configure_logging(verbose)
+
+
+@contextmanager
+def fail_cleanly() -> Iterator[None]:
+    """Print sandbox/build errors as one message and exit 1 (no traceback)."""
+    try:
+        yield
+    except (SandboxError, BinariesError, ComponentError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _progress(msg: str) -> None:
+    console.print(msg, soft_wrap=True)
 
 
 @app.command()
-def build() -> None:
-    """Build the pinned control-plane binaries (not implemented yet in this skeleton)."""
-    typer.echo("gpufed local build: not implemented yet")
+def build(
+    with_kubectl: bool = typer.Option(False, "--with-kubectl", help="Also build kubectl."),
+    regenerate_recipe: bool = typer.Option(
+        False, "--regenerate", help="Rewrite the wrapper go.mod/go.sum files first (needs network)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when current."),
+) -> None:
+    """Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+    into ~/.cache/gpufed/bin/<pins>/ (skipped when present and the pins are unchanged)."""
+    with fail_cleanly():
+        if regenerate_recipe:
+            regenerate(progress=_progress)
+        bins = build_binaries(with_kubectl=with_kubectl, force=force, progress=_progress)
+    console.print(f"binaries: {bins.path}")
+
+
+@app.command()
+def up(
+    fleet: Path = typer.Option(..., "--fleet", "-f", help="Fleet spec (YAML, DESIGN.md §5)."),
+    state_dir: Path | None = StateDir,
+    timeout: float = typer.Option(240.0, help="Seconds to wait for the API servers."),
+) -> None:
+    """Start etcd, a hub API server and per member an API server, controller manager,
+    scheduler and kwok; create the fleet's GPU nodes; wait until all are Ready."""
+    with fail_cleanly():
+        sandbox = Sandbox(state_dir, progress=_progress)
+        info = sandbox.up(fleet, apiserver_timeout_s=timeout)
+        inventory = sandbox.inventory()
+    console.print(f"sandbox up in {info.up_seconds:.1f}s")
+    print_summary(info, inventory)
+
+
+def print_summary(info: SandboxInfo, inventory: list[ClusterGPUs]) -> None:
+    """One screen: per cluster its API server, nodes, GPUs by product, MIG, NVLink domains."""
+    table = Table(title="gpufed sandbox", title_justify="left")
+    for col in ("cluster", "API server", "nodes", "GPUs by product", "MIG", "NVLink domains"):
+        table.add_column(col)
+    by_name = {g.cluster: g for g in inventory}
+    for name, ep in info.clusters.items():
+        g = by_name.get(name)
+        if g is None:
+            table.add_row(f"{name} ({ep.role})", ep.server, "-", "-", "-", "-")
+            continue
+        gpus = "\n".join(f"{n} x {p}" for p, n in g.gpus_total.items()) or "-"
+        mig = "\n".join(
+            f"{n} x {r.removeprefix('nvidia.com/mig-')}" for r, n in g.mig_total.items()
+        )
+        domains = ", ".join(f"{n} x {size} GPUs" for size, n in g.nvlink_domains.items())
+        if g.taints:
+            gpus += "\n[dim]taints: " + ", ".join(g.taints) + "[/dim]"
+        table.add_row(
+            name, ep.server, f"{g.nodes_ready}/{g.nodes} Ready", gpus, mig or "-", domains or "-"
+        )
+    console.print(table)
+    console.print(
+        f"kubeconfig: {info.kubeconfig}  (contexts: {', '.join(info.clusters)}; current: hub)\n"
+        f"etcd: {info.etcd_url}  (hub prefix {info.hub_etcd_prefix})\n"
+        f"stop with: gpufed local down --state-dir {info.state_dir}",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def status(
+    state_dir: Path | None = StateDir,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show every component (pid, memory, ports, log) and each cluster's GPU inventory.
+    Exit code 0 when every component runs, 1 otherwise."""
+    with fail_cleanly():
+        st = Sandbox(state_dir).status()
+    if as_json:
+        typer.echo(st.model_dump_json(indent=2))
+        raise typer.Exit(0 if st.running else 1)
+    if not st.exists:
+        console.print(f"no sandbox in {st.state_dir}")
+        raise typer.Exit(1)
+    table = Table(title=f"sandbox {st.state_dir}: {st.phase}", title_justify="left")
+    for col in ("component", "state", "pid", "RSS", "ports", "log"):
+        table.add_column(col)
+    for c in st.components:
+        table.add_row(
+            c.name,
+            "[green]running[/green]" if c.running else "[red]stopped[/red]",
+            str(c.pid or "-"),
+            f"{c.rss_bytes / 2**20:.0f} MiB" if c.running else "-",
+            ",".join(map(str, c.ports)) or "-",
+            c.log,
+        )
+    console.print(table)
+    console.print(f"total RSS: {st.rss_bytes / 2**20:.0f} MiB")
+    inventory = [c.gpus for c in st.clusters if c.gpus is not None]
+    if st.running:
+        print_summary(Sandbox(state_dir).info(), inventory)
+    raise typer.Exit(0 if st.running else 1)
+
+
+@app.command()
+def down(state_dir: Path | None = StateDir) -> None:
+    """Stop every sandbox process (by pid) and wait until its ports are free. Logs stay."""
+    with fail_cleanly():
+        sandbox = Sandbox(state_dir)
+        stopped = sandbox.down()
+    where = sandbox.state_dir
+    console.print(
+        f"stopped {len(stopped)} processes in {where}" if stopped else f"nothing running in {where}"
+    )
+
+
+@app.command()
+def kill(
+    component: str = typer.Argument(..., help="e.g. apiserver/alpha, kwok/beta, etcd"),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """SIGKILL one component (simulate a crash); `gpufed local start` brings it back."""
+    with fail_cleanly():
+        sandbox = Sandbox(state_dir)
+        try:
+            sandbox.supervisor.spec(component)
+        except KeyError as exc:
+            raise SandboxError(str(exc.args[0])) from None
+        sandbox.supervisor.kill(component)
+    console.print(f"killed {component}")
+
+
+@app.command()
+def start(
+    component: str = typer.Argument(..., help="e.g. apiserver/alpha, kwok/beta, etcd"),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Start one registered component again and wait until it is ready."""
+    with fail_cleanly():
+        sandbox = Sandbox(state_dir)
+        try:
+            sandbox.supervisor.spec(component)
+        except KeyError as exc:
+            raise SandboxError(str(exc.args[0])) from None
+        pid = sandbox.supervisor.start(component)
+    console.print(f"{component} running (pid {pid})")
+
+
+__all__ = ["app", "default_state_dir", "print_summary"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, local
+from gpufed.cli import agent, bench, demo, local
 
 app = typer.Typer(
     name="gpufed",
@@ -16,6 +16,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(local.app, name="local")
+app.command("demo")(demo.demo)
+app.add_typer(bench.app, name="bench")
 app.add_typer(agent.app, name="agent")
 
 

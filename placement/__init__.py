@@ -1,4 +1,38 @@
-"""gpufed.placement: pure placement over a frozen fleet snapshot (no I/O, no clock, no logging).
+"""gpufed.placement: pure, topology-aware placement of GPU jobs onto member clusters.
 
-Imports only ``gpufed.api``.
+Public surface (used by the hub, the simulator, the benchmark and ``gpufed explain``):
+
+* :class:`FleetSnapshot`: the indexed fleet plus the reservation ledger, updated incrementally;
+* :func:`place` / :func:`explain`: one decision for one job (pure);
+* :class:`Policy`, :class:`ScoreWeights`: scoring configuration;
+* :func:`schedule_pass`, :func:`order_key`, :class:`BackfillRule`: queue order and backfill;
+* :func:`render_explanation`: the text of ``gpufed explain``.
+
+See docs/placement.md.
 """
+
+from __future__ import annotations
+
+from gpufed.placement.engine import explain, nearest_member, place
+from gpufed.placement.plugins import Code, Status, plugins_for
+from gpufed.placement.policy import Policy, ScoreWeights
+from gpufed.placement.queue import BackfillRule, PassResult, order_key, schedule_pass
+from gpufed.placement.render import render_explanation
+from gpufed.placement.snapshot import FleetSnapshot
+
+__all__ = [
+    "BackfillRule",
+    "Code",
+    "FleetSnapshot",
+    "PassResult",
+    "Policy",
+    "ScoreWeights",
+    "Status",
+    "explain",
+    "nearest_member",
+    "order_key",
+    "place",
+    "plugins_for",
+    "render_explanation",
+    "schedule_pass",
+]

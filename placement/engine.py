@@ -1,0 +1,425 @@
+"""``place()``: one placement decision for one job over the fleet snapshot.
+
+Called by the hub's scheduling loop (through the queue pass in :mod:`.queue`), by the simulator
+and by the benchmark. Pure: no I/O, no clock, no randomness, no logging; it reads the snapshot
+and only fills the snapshot's memo of static filter results, which changes no answer.
+
+Phases:
+
+1. reduce the request to a :class:`~gpufed.placement.shape.JobShape`;
+2. static filters (member health, workload kind, cluster selector, member taints, GPU product,
+   node taints), memoised per job constraints and fleet generation: the members and pools
+   that could take the job at all, pruned in bulk;
+3. dynamic bound (ResourceFit over each pool's free-GPU histogram) and an upper bound of each
+   candidate's score; candidates ordered by that bound, then member name;
+4. plan candidates in that order (TopologyFit), scoring each plan; stop as soon as no later
+   candidate can beat the best (branch and bound; with ``explain`` every candidate is planned);
+5. the :class:`~gpufed.api.decision.Decision`: the best plan, or, when none, ``Rejected`` if
+   no member could ever hold the job and ``Unschedulable`` otherwise. Rejections are built
+   only when the job did not fit or when ``explain`` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from gpufed.api.decision import (
+    ClusterRejection,
+    ClusterScore,
+    Decision,
+    Outcome,
+    PodSetAssignment,
+    RejectionCode,
+)
+from gpufed.api.request import PlacementRequest
+from gpufed.placement.fit import Plan
+from gpufed.placement.plugins import (
+    Code,
+    Plugins,
+    Scorer,
+    Status,
+    never_reason,
+    plugins_for,
+)
+from gpufed.placement.policy import Policy
+from gpufed.placement.shape import JobShape
+from gpufed.placement.snapshot import ClusterState, FleetSnapshot, PoolState
+
+#: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
+BACKFILL_PLUGIN: Final = "Backfill"
+
+_STAGE: Final = {
+    "Health": 0,
+    "WorkloadKind": 1,
+    "ClusterSelector": 2,
+    "ClusterTaints": 3,
+    "GPUProduct": 4,
+    "NodeTaints": 5,
+    BACKFILL_PLUGIN: 6,
+    "ResourceFit": 7,
+    "TopologyFit": 8,
+}
+_NO_POOL: Final = ("", False, ())
+_CODES: Final[dict[Code, RejectionCode]] = {
+    Code.UNSCHEDULABLE: "Unschedulable",
+    Code.UNRESOLVABLE: "UnschedulableAndUnresolvable",
+    Code.ERROR: "Error",
+    Code.SUCCESS: "Unschedulable",
+}
+
+Candidate = tuple[ClusterState, PoolState | None]
+Failure = tuple[str, Status, PoolState | None]
+
+
+class _Static:
+    """Memoised result of the static filters for one job-constraint key."""
+
+    __slots__ = ("candidates", "failures")
+
+    def __init__(self, candidates: list[Candidate], failures: dict[str, Failure]) -> None:
+        self.candidates = candidates
+        self.failures = failures
+
+
+def place(
+    request: PlacementRequest,
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    now: float,
+    *,
+    explain: bool = False,
+    hold: Mapping[str, str] | None = None,
+) -> Decision:
+    """Choose a member cluster (and nodes) for ``request``; see the module docstring.
+
+    ``now``: seconds (wall or simulated), recorded as ``decided_at``. ``explain``: plan every
+    candidate and record every rejection even when the job fits. ``hold``: members that the
+    backfill rule keeps for an older job (member -> why); they are skipped for this one.
+    Raises nothing for a job that does not fit; a malformed request fails earlier, when the
+    :class:`PlacementRequest` is validated.
+    """
+    # 1. shape
+    job = JobShape.of(request)
+    plugins = plugins_for(policy)
+    # 2. static filters (memoised)
+    static = _static(job, snapshot, plugins)
+    # 3. dynamic bound, memoised plans, ordering
+    dyn = plugins.dynamic_pool_filters
+    scorers = plugins.scorers
+    total_w = plugins.total_weight
+    fkey = ("plan", job.fit_key) if job.fit_key is not None else None
+    ukey = ("bound", id(plugins), job.demand, job.grouped_only)
+    ordered: list[_Row] = []
+    failures: dict[str, Failure] = {}
+    for c, pool in static.candidates:
+        name = c.name
+        if hold and name in hold:
+            _keep(failures, name, (BACKFILL_PLUGIN, Status(Code.UNSCHEDULABLE, hold[name]), pool))
+            continue
+        if pool is None:
+            ub = sum(sc.weight * sc.bound(job, None) for sc in scorers) / total_w
+            ordered.append((-ub, name, _NO_POOL, c, None, None))
+            continue
+        if fkey is not None:
+            hit = pool.recall(fkey)
+            if hit is not None:
+                if isinstance(hit, Plan):
+                    total = _total(job, hit, scorers, total_w)
+                    ordered.append((-total, name, pool.key, c, pool, hit))
+                else:
+                    _keep(failures, name, hit)
+                continue
+        bad: Failure | None = None
+        for f in dyn:
+            st = f.filter(job, c, pool)
+            if not st.ok:
+                bad = (f.name, st, pool)
+                break
+        if bad is not None:
+            _keep(failures, name, bad)
+            if fkey is not None:
+                pool.remember(fkey, bad)
+            continue
+        ub = pool.recall(ukey)
+        if ub is None:
+            ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
+            pool.remember(ukey, ub)
+        ordered.append((-ub, name, pool.key, c, pool, None))
+    ordered.sort(key=_row_order)
+    # 4. plan in bound order (branch and bound)
+    planner = plugins.planner
+    best: tuple[float, str, Plan] | None = None
+    scored: dict[str, tuple[float, Plan]] = {}
+    for neg, name, _, c, pool, known in ordered:
+        if best is not None and not explain:
+            ub = -neg
+            if ub < best[0] or (ub == best[0] and name >= best[1]):
+                break
+        if known is None:
+            result = planner.plan(job, c, pool)
+            if isinstance(result, Status):
+                _keep(failures, name, (planner.name, result, pool))
+                if fkey is not None and pool is not None:
+                    pool.remember(fkey, (planner.name, result, pool))
+                continue
+            if fkey is not None and pool is not None:
+                pool.remember(fkey, result)
+            total = _total(job, result, scorers, total_w)
+        else:
+            result, total = known, -neg
+        prev = scored.get(name)
+        if prev is None or total > prev[0]:
+            scored[name] = (total, result)
+        if best is None or total > best[0] or (total == best[0] and name < best[1]):
+            best = (total, name, result)
+    # 5. decision
+    if best is not None:
+        if explain:
+            all_failures = dict(static.failures)
+            all_failures.update(failures)
+            for name in scored:
+                all_failures.pop(name, None)
+        else:
+            all_failures = {}
+        return _placed(job, policy, now, best, scored, all_failures, explain, plugins, snapshot)
+    all_failures = dict(static.failures)
+    all_failures.update(failures)
+    return _not_placed(job, policy, now, all_failures, snapshot)
+
+
+_Row = tuple[float, str, Any, ClusterState, PoolState | None, Plan | None]
+
+
+def _row_order(row: _Row) -> tuple[float, str, Any]:
+    return (row[0], row[1], row[2])
+
+
+def _total(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> float:
+    return sum(sc.weight * sc.score(job, plan) for sc in scorers) / total_w
+
+
+def explain(
+    request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy, now: float
+) -> Decision:
+    """``place()`` with every member scored or rejected, for ``gpufed explain``."""
+    return place(request, snapshot, policy, now, explain=True)
+
+
+def nearest_member(
+    request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy
+) -> str | None:
+    """The member a starving job should hold (:mod:`.queue`): among members and pools that
+    pass the static filters and could ever hold the job, the one with the most free GPUs
+    (ties by name); None when there is none."""
+    job = JobShape.of(request)
+    static = _static(job, snapshot, plugins_for(policy))
+    best: tuple[int, str] | None = None
+    for c, pool in static.candidates:
+        if never_reason(job, c, pool) is not None:
+            continue
+        free = pool.free if pool is not None else 0
+        if best is None or free > best[0] or (free == best[0] and c.name < best[1]):
+            best = (free, c.name)
+    return best[1] if best else None
+
+
+def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
+    """Keep, per member, the failure from the latest stage (its most telling reason)."""
+    prev = into.get(cluster)
+    if prev is None or _STAGE.get(failure[0], 9) > _STAGE.get(prev[0], 9):
+        into[cluster] = failure
+
+
+def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static:
+    if snapshot.memo_generation != snapshot.generation:
+        snapshot.memo.clear()
+        snapshot.memo_generation = snapshot.generation
+    key = (job.static_key, id(plugins))
+    hit = snapshot.memo.get(key)
+    if isinstance(hit, _Static):
+        return hit
+    candidates: list[Candidate] = []
+    failures: dict[str, Failure] = {}
+    static_pool_filters = tuple(f for f in plugins.pool_filters if f.static)
+    for c in snapshot.clusters():
+        bad: Failure | None = None
+        for f in plugins.cluster_filters:
+            st = f.filter(job, c)
+            if not st.ok:
+                bad = (f.name, st, None)
+                break
+        if bad is not None:
+            failures[c.name] = bad
+            continue
+        if not job.gpu_sets:
+            candidates.append((c, None))
+            continue
+        found = False
+        for pool in c.pools_sorted():
+            pbad: Failure | None = None
+            for pf in static_pool_filters:
+                st = pf.filter(job, c, pool)
+                if not st.ok:
+                    pbad = (pf.name, st, pool)
+                    break
+            if pbad is None:
+                candidates.append((c, pool))
+                found = True
+            else:
+                _keep(failures, c.name, pbad)
+        if not found and c.name not in failures:
+            failures[c.name] = (
+                "GPUProduct",
+                Status(Code.UNRESOLVABLE, "member has no nodes with whole GPUs"),
+                None,
+            )
+        elif found:
+            failures.pop(c.name, None)
+    if len(snapshot.memo) > 1024:
+        snapshot.memo.clear()
+    result = _Static(candidates, failures)
+    snapshot.memo[key] = result
+    return result
+
+
+def _shape_text(job: JobShape) -> str:
+    if not job.gpu_sets:
+        return f"{sum(s.count for s in job.sets)} pods without GPUs"
+    parts = [f"{_n(s.count, 'pod')} x {_n(s.gpus, 'GPU')}" for s in job.gpu_sets]
+    return f"{' + '.join(parts)} ({_n(job.demand, 'GPU')})"
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
+def _placed(
+    job: JobShape,
+    policy: Policy,
+    now: float,
+    best: tuple[float, str, Plan],
+    scored: dict[str, tuple[float, Plan]],
+    failures: dict[str, Failure],
+    explained: bool,
+    plugins: Plugins,
+    snapshot: FleetSnapshot,
+) -> Decision:
+    total, cluster, plan = best
+    scorers = plugins.scorers
+    parts = {sc.name: round(sc.score(job, plan), 3) for sc in scorers}
+    pod_sets = tuple(
+        PodSetAssignment.model_construct(
+            name=s.name, requests=s.requests, nodes=dict(sorted(plan.assign[s.index].items()))
+        )
+        for s in job.sets
+    )
+    details: tuple[ClusterScore, ...] = ()
+    if explained:
+        details = tuple(
+            ClusterScore.model_construct(
+                cluster=n,
+                score=round(v[0], 3),
+                gpu_product=v[1].pool.product if v[1].pool is not None else None,
+                parts={sc.name: round(sc.score(job, v[1]), 3) for sc in scorers},
+            )
+            for n, v in sorted(scored.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        )
+    pool = plan.pool
+    nodes = {n for a in plan.assign for n in a}
+    domains = tuple(sorted(plan.domains))
+    product = pool.product if pool is not None else None
+    message = (
+        f"placed {_shape_text(job)} on {cluster}"
+        + (f" ({product})" if product else "")
+        + f": {_n(len(nodes), 'node')}"
+        + (f", {_n(len(domains), 'NVLink domain')}" if domains else "")
+        + f", score {total:.1f}"
+    )
+    return Decision.model_construct(
+        job=job.request.job,
+        uid=job.request.uid,
+        outcome=Outcome.PLACED,
+        cluster=cluster,
+        gpu_product=product,
+        nvlink_domains=domains,
+        pod_sets=pod_sets,
+        score=round(total, 3),
+        score_parts=parts,
+        cluster_scores={n: round(v[0], 3) for n, v in sorted(scored.items())},
+        scores=details,
+        rejections=_rejections(job, failures, snapshot) if explained else (),
+        message=message,
+        explained=explained,
+        policy=policy.name,
+        decided_at=now,
+    )
+
+
+def _rejections(
+    job: JobShape, failures: dict[str, Failure], snapshot: FleetSnapshot
+) -> tuple[ClusterRejection, ...]:
+    out = []
+    for cluster in sorted(failures):
+        plugin, st, pool = failures[cluster]
+        code, reason = st.code, st.reason
+        if code is Code.UNSCHEDULABLE and plugin in ("ResourceFit", "TopologyFit"):
+            c = snapshot.cluster(cluster)
+            never = never_reason(job, c, pool)
+            if never is not None:
+                code, reason = Code.UNRESOLVABLE, never
+        out.append(
+            ClusterRejection.model_construct(
+                cluster=cluster, plugin=plugin, code=_CODES[code], reason=reason
+            )
+        )
+    return tuple(out)
+
+
+def _not_placed(
+    job: JobShape,
+    policy: Policy,
+    now: float,
+    failures: dict[str, Failure],
+    snapshot: FleetSnapshot,
+) -> Decision:
+    rejections = _rejections(job, failures, snapshot)
+    shape = _shape_text(job)
+    if not rejections:
+        outcome = Outcome.UNSCHEDULABLE
+        message = f"waiting: no member clusters yet to hold {shape}"
+    elif any(r.code == Code.UNSCHEDULABLE.value for r in rejections):
+        outcome = Outcome.UNSCHEDULABLE
+        closest = min(
+            (r for r in rejections if r.code == Code.UNSCHEDULABLE.value),
+            key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster),
+        )
+        message = (
+            f"waiting: no member can hold {shape} now; closest: {closest.cluster} "
+            f"({closest.plugin}: {closest.reason})"
+        )
+    else:
+        outcome = Outcome.REJECTED
+        first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster))
+        message = (
+            f"rejected: no member of the fleet could ever hold {shape}; "
+            f"{first.cluster}: {first.reason}"
+        )
+    return Decision.model_construct(
+        job=job.request.job,
+        uid=job.request.uid,
+        outcome=outcome,
+        cluster=None,
+        gpu_product=None,
+        nvlink_domains=(),
+        pod_sets=(),
+        score=None,
+        score_parts={},
+        cluster_scores={},
+        scores=(),
+        rejections=rejections,
+        message=message,
+        explained=True,
+        policy=policy.name,
+        decided_at=now,
+    )

@@ -1,0 +1,57 @@
+"""Placement policy: how members are scored and how long reservations live.
+
+The hub builds one :class:`Policy` from its configuration and passes it to every
+``place()`` call; the simulator and the benchmark use the defaults. Scores are 0-100 per
+scorer; the total is their weighted mean (docs/placement.md, "Scores").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ScoreWeights(BaseModel):
+    """Weights of the score plugins (non-negative; at least one positive).
+
+    ``nvlink_fit``: NVLinkBestFit (fewest stranded GPUs in the domains used).
+    ``allocation``: ResourceAllocation (``binpack`` or ``spread`` over the member's GPUs of the
+    product used). ``topology``: TopologyLocality (NVLink / rack / block wishes met).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nvlink_fit: float = Field(default=2.0, ge=0)
+    allocation: float = Field(default=1.0, ge=0)
+    topology: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScoreWeights:
+        if self.nvlink_fit + self.allocation + self.topology <= 0:
+            raise ValueError(
+                "weights: at least one of nvlink_fit, allocation, topology must be > 0"
+            )
+        return self
+
+    @property
+    def total(self) -> float:
+        """Sum of the weights (the divisor of the weighted mean)."""
+        return self.nvlink_fit + self.allocation + self.topology
+
+
+class Policy(BaseModel):
+    """Everything about placement that is configuration rather than input.
+
+    ``allocation``: ``binpack`` (default: prefer the member whose GPUs of the product are the
+    most used, keeping emptier members whole for large jobs) or ``spread`` (prefer the emptiest
+    member; for inference replicas). ``reservation_ttl_s``: how long a reservation holds
+    capacity when the job's pods never show up in the member's inventory (seconds).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "default"
+    allocation: Literal["binpack", "spread"] = "binpack"
+    weights: ScoreWeights = ScoreWeights()
+    reservation_ttl_s: float = Field(default=600.0, gt=0)

@@ -1,0 +1,112 @@
+"""GPU inventory of a running cluster, read back from its Nodes (not from the fleet file).
+
+Used by ``gpufed local up``/``status`` and ``gpufed demo`` to show what the member API servers
+actually hold: nodes, whole GPUs by product, MIG instances by profile, NVLink domains. The
+conversion of a Node into :class:`gpufed.api.inventory.NodeInventory` follows the vocabulary of
+DESIGN.md §3 (summaries count whole GPUs on Ready, schedulable nodes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from gpufed.api.inventory import NodeInventory, Taint, nvlink_domain_id, summarize
+from gpufed.api.labels import (
+    DEFAULT_BLOCK_LABEL,
+    DEFAULT_RACK_LABEL,
+    GPU_CLIQUE_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    MIG_STRATEGY_LABEL,
+    is_mig_resource,
+)
+from gpufed.api.resources import resource_list
+from gpufed.sandbox.kube import node_is_ready
+
+
+class ClusterGPUs(BaseModel):
+    """What one cluster's Nodes report.
+
+    ``gpus_total``/``gpus_free``: GPU product -> whole GPUs (``nvidia.com/gpu``) on Ready,
+    schedulable nodes; ``mig_total``: MIG resource (``nvidia.com/mig-1g.10gb``) -> instances
+    allocatable; ``nvlink_domains``: domain size in whole GPUs -> number of domains
+    (``{8: 8}`` = eight 8-GPU HGX nodes, ``{72: 2}`` = two NVL72 cliques);
+    ``largest_free_nvlink_block``: DESIGN.md §3; ``taints``: distinct node taints.
+    """
+
+    cluster: str
+    nodes: int = 0
+    nodes_ready: int = 0
+    gpus_total: dict[str, int] = Field(default_factory=dict)
+    gpus_free: dict[str, int] = Field(default_factory=dict)
+    mig_total: dict[str, int] = Field(default_factory=dict)
+    nvlink_domains: dict[int, int] = Field(default_factory=dict)
+    largest_free_nvlink_block: int = 0
+    taints: list[str] = Field(default_factory=list)
+
+
+def node_inventory(node: dict[str, Any]) -> NodeInventory:
+    """A Node (JSON as served by the API) as :class:`NodeInventory`, with nothing requested
+    (the sandbox does not sum pods; the agent does)."""
+    meta = node.get("metadata", {})
+    spec = node.get("spec", {})
+    status = node.get("status", {})
+    labels: dict[str, str] = meta.get("labels") or {}
+    name = meta["name"]
+    strategy = labels.get(MIG_STRATEGY_LABEL, "none")
+    return NodeInventory(
+        name=name,
+        labels=labels,
+        gpu_product=labels.get(GPU_PRODUCT_LABEL),
+        mig_strategy=strategy if strategy in ("none", "single", "mixed") else "none",
+        nvlink_domain=nvlink_domain_id(name, labels, GPU_CLIQUE_LABEL),
+        rack=labels.get(DEFAULT_RACK_LABEL),
+        block=labels.get(DEFAULT_BLOCK_LABEL),
+        ready=node_is_ready(node),
+        unschedulable=bool(spec.get("unschedulable")),
+        taints=tuple(
+            Taint(key=t["key"], value=t.get("value", ""), effect=t["effect"])
+            for t in spec.get("taints") or []
+            if t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute")
+        ),
+        allocatable=resource_list(status.get("allocatable"), field=f"node {name} allocatable"),
+    )
+
+
+def cluster_gpus(cluster: str, nodes: list[dict[str, Any]]) -> ClusterGPUs:
+    """Summarise raw Nodes of one cluster (see :class:`ClusterGPUs`)."""
+    inv = [node_inventory(n) for n in nodes]
+    summary = summarize(inv)
+    mig: Counter[str] = Counter()
+    domains: Counter[str] = Counter()
+    for n in inv:
+        for res, amount in n.allocatable.items():
+            if is_mig_resource(res) and amount:
+                mig[res] += amount
+        domains[n.nvlink_domain] += n.whole_gpus_allocatable
+    sizes = Counter(size for size in domains.values() if size)
+    taints = sorted({f"{t.key}={t.value}:{t.effect}" for n in inv for t in n.taints})
+    return ClusterGPUs(
+        cluster=cluster,
+        nodes=len(inv),
+        nodes_ready=sum(1 for n in inv if n.ready),
+        gpus_total=summary.gpus_total,
+        gpus_free=summary.gpus_free,
+        mig_total=dict(sorted(mig.items())),
+        nvlink_domains=dict(sorted(sizes.items())),
+        largest_free_nvlink_block=summary.largest_free_nvlink_block,
+        taints=taints,
+    )
+
+
+def gpu_resource_names(nodes: list[dict[str, Any]]) -> set[str]:
+    """Every ``nvidia.com/*`` resource allocatable somewhere in ``nodes``."""
+    out = set()
+    for n in nodes:
+        for res in n.get("status", {}).get("allocatable") or {}:
+            if res == GPU_RESOURCE or is_mig_resource(res):
+                out.add(res)
+    return out

@@ -1,0 +1,58 @@
+"""Kubernetes clients for sandbox clusters, and the raw Node reads the sandbox relies on.
+
+The sandbox writes one kubeconfig with a context per cluster (``hub`` and each member); these
+helpers build a synchronous ``kubernetes`` client for a context without touching the process-wide
+default configuration, so several clusters can be used side by side (tests, the demo).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+
+def api_client(kubeconfig: str | Path, context: str, *, pool_size: int = 8) -> k8s.ApiClient:
+    """A ``kubernetes.client.ApiClient`` for ``context`` of ``kubeconfig`` (e.g. the sandbox's
+    ``<state>/kubeconfig`` and ``"hub"`` or a member name). ``pool_size``: HTTP connections kept
+    open (raise it for many threads)."""
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), context=context, client_configuration=configuration
+    )
+    configuration.connection_pool_maxsize = pool_size
+    return k8s.ApiClient(configuration)
+
+
+def list_nodes_raw(api: k8s.ApiClient, *, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """All Nodes as plain JSON dicts (skips the client's slow model deserialisation, which
+    matters with thousands of nodes)."""
+    # With _preload_content=False the client returns the raw urllib3 response.
+    resp: Any = k8s.CoreV1Api(api).list_node(_preload_content=False, _request_timeout=timeout_s)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def node_is_ready(node: dict[str, Any]) -> bool:
+    """Condition Ready is True and the node lifecycle controller has removed the
+    ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node."""
+    conds = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    taints = node.get("spec", {}).get("taints") or []
+    return ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+
+
+async def async_api_client(kubeconfig: str | Path, context: str) -> Any:
+    """A ``kubernetes_asyncio`` ``ApiClient`` for ``context`` of ``kubeconfig`` (close it with
+    ``await client.close()``). Typed ``Any``: kubernetes_asyncio ships no type information."""
+    from kubernetes_asyncio import client as aclient
+    from kubernetes_asyncio import config as aconfig
+
+    configuration = aclient.Configuration()
+    await aconfig.load_kube_config(
+        config_file=str(kubeconfig), context=context, client_configuration=configuration
+    )
+    return aclient.ApiClient(configuration=configuration)

@@ -1,0 +1,149 @@
+"""Sandbox credentials: one CA, one serving certificate for every API server, the service-account
+signing key and the admin bearer token.
+
+Every API server of a sandbox listens on 127.0.0.1 (different ports), so one certificate with
+SANs ``127.0.0.1``, ``localhost`` and the in-cluster ``kubernetes.default.svc`` names serves them
+all; the CA goes into the kubeconfig so clients verify TLS. Files (``<state>/pki/``): ``ca.crt``,
+``ca.key``, ``apiserver.crt``, ``apiserver.key``, ``sa.key``, ``sa.pub``, ``tokens.csv``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the sandbox credentials and the admin token (user ``admin``, group
+    ``system:masters``, authenticated through ``--token-auth-file``)."""
+
+    dir: Path
+    token: str
+
+    @property
+    def ca_crt(self) -> Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def serving_crt(self) -> Path:
+        return self.dir / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.dir / "apiserver.key"
+
+    @property
+    def sa_key(self) -> Path:
+        return self.dir / "sa.key"
+
+    @property
+    def sa_pub(self) -> Path:
+        return self.dir / "sa.pub"
+
+    @property
+    def tokens_csv(self) -> Path:
+        return self.dir / "tokens.csv"
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+def create_pki(directory: Path) -> Pki:
+    """Create a CA, a serving cert (valid one year), an RSA service-account key pair and a random
+    admin token under ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufed-sandbox-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = secrets.token_hex(24)
+    pki = Pki(directory, token)
+    _write(pki.ca_crt, ca.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(directory / "ca.key", _pem_key(ca_key))
+    _write(pki.serving_crt, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(pki.serving_key, _pem_key(key))
+    _write(pki.sa_key, _pem_key(sa_key))
+    _write(
+        pki.sa_pub,
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+        0o644,
+    )
+    _write(pki.tokens_csv, f'{token},admin,admin-uid,"system:masters"\n'.encode())
+    return pki
+
+
+def load_pki(directory: Path) -> Pki:
+    """The credentials written by :func:`create_pki` (reads the token back from tokens.csv)."""
+    token = (directory / "tokens.csv").read_text().split(",", 1)[0]
+    return Pki(directory, token)
