@@ -1,14 +1,10 @@
-"""Fixtures for the agent's integration tests: a real member API server, a test hub over real
-gRPC, and an agent between them.
-
-The member comes from the session sandbox (tests/conftest.py) when it is available; during
-development ``GPUFED_AGENT_TEST_KUBECONFIG`` may point at any kwok member instead.
+"""Fixtures for the agent's integration tests: a real member API server (member ``alpha`` of
+the session sandbox, tests/conftest.py), a test hub over real gRPC, and an agent between them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +18,8 @@ import structlog
 from gpufed.agent.agent import Agent
 from gpufed.agent.config import AgentConfig
 from gpufed.agent.kube import MemberApi
+from gpufed.api.fleet import FleetSpec, NodeSpec, node_specs
+from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.agent.hub_peer import HubPeer
 
 pytestmark = pytest.mark.integration
@@ -50,19 +48,25 @@ def _structlog_to_stdlib() -> None:
 
 @dataclass
 class Member:
-    """One member cluster under test: its name and an admin kubeconfig for it alone."""
+    """One member cluster under test: its name, an admin kubeconfig for it alone, and the
+    nodes the fleet spec says it has."""
 
     name: str
     kubeconfig: Path
-    expected_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fleet_nodes: list[NodeSpec] = field(default_factory=list)
+
+
+def sandbox_member(sandbox: SandboxInfo, fleet: FleetSpec, name: str) -> Member:
+    cluster = next(c for c in fleet.clusters if c.name == name)
+    return Member(
+        name=name, kubeconfig=sandbox.clusters[name].kubeconfig, fleet_nodes=node_specs(cluster)
+    )
 
 
 @pytest.fixture(scope="session")
-def member() -> Member:
-    path = os.environ.get("GPUFED_AGENT_TEST_KUBECONFIG")
-    if not path:
-        pytest.skip("no member cluster: set GPUFED_AGENT_TEST_KUBECONFIG")
-    return Member(name="m1", kubeconfig=Path(path))
+def member(sandbox: SandboxInfo, small_fleet: FleetSpec) -> Member:
+    """Member ``alpha``: 2 HGX H100 nodes and 1 tainted A100 node with mixed MIG."""
+    return sandbox_member(sandbox, small_fleet, "alpha")
 
 
 @dataclass

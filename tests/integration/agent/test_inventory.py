@@ -12,10 +12,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gpufed.agent.agent import read_inventory
 from gpufed.agent.kube import MemberApi
-from gpufed.api.inventory import summarize
+from gpufed.api.fleet import FleetSpec, NodeSpec
+from gpufed.api.inventory import NodeInventory, summarize
+from gpufed.api.resources import to_canonical
+from gpufed.sandbox.runtime import SandboxInfo
 
-from .conftest import Member, Rig, start_rig, stop_rig
+from .conftest import Member, Rig, sandbox_member, start_rig, stop_rig
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -124,29 +128,43 @@ async def own_node(rig: Rig) -> AsyncIterator[str]:
 
 
 async def test_snapshot_matches_the_fleet(rig: Rig, member: Member) -> None:
-    nodes = rig.view.nodes
-    fleet = {n: v for n, v in nodes.items() if not n.startswith(TEST_NODE_PREFIX)}
-    raw = (await rig.admin.request("GET", "/api/v1/nodes"))["items"]
-    assert sorted(fleet) == sorted(
-        n["metadata"]["name"] for n in raw if not n["metadata"]["name"].startswith(TEST_NODE_PREFIX)
-    )
-    for node in raw:
-        name = node["metadata"]["name"]
-        if name not in fleet:
-            continue
-        inv = fleet[name]
-        labels = node["metadata"].get("labels") or {}
-        assert inv.gpu_product == labels.get("nvidia.com/gpu.product")
-        assert inv.allocatable.get(GPU, 0) == int(node["status"]["allocatable"].get(GPU, 0))
-        assert inv.degraded is None
-        assert inv.ready
-        clique = labels.get("nvidia.com/gpu.clique")
-        assert inv.nvlink_domain == (f"clique:{clique}" if clique else f"node:{name}")
-    for name, spec in member.expected_nodes.items():
-        assert fleet[name].gpu_product == spec["gpu_product"]
-        assert fleet[name].allocatable.get(GPU, 0) == spec["gpus"]
+    fleet = {n: v for n, v in rig.view.nodes.items() if not n.startswith(TEST_NODE_PREFIX)}
+    assert sorted(fleet) == sorted(spec.name for spec in member.fleet_nodes)
+    for spec in member.fleet_nodes:
+        assert_node_matches(fleet[spec.name], spec)
     assert "Job.batch" in rig.view.served_kinds
-    assert summarize(fleet.values()).gpus_total
+    summary = summarize(fleet.values())
+    # The tainted A100 node counts (taints are judged per job); its MIG GPUs do not.
+    assert summary.gpus_total == {"NVIDIA-H100-80GB-HBM3": 16, "NVIDIA-A100-SXM4-80GB": 6}
+    assert summary.largest_free_nvlink_block == 8
+
+
+async def test_nvlink_cliques_of_another_member_match_its_fleet(
+    sandbox: SandboxInfo, small_fleet: FleetSpec
+) -> None:
+    beta = sandbox_member(sandbox, small_fleet, "beta")
+    async with await MemberApi.connect(kubeconfig=str(beta.kubeconfig)) as api:
+        nodes = {n.name: n for n in await read_inventory(api)}
+    assert sorted(nodes) == sorted(s.name for s in beta.fleet_nodes)
+    for spec in beta.fleet_nodes:
+        assert_node_matches(nodes[spec.name], spec)
+    domains = {n.nvlink_domain for n in nodes.values()}
+    assert len(domains) == 2
+    assert all(d.startswith("clique:") for d in domains)
+    assert summarize(nodes.values()).largest_free_nvlink_block == 8
+
+
+def assert_node_matches(inv: NodeInventory, spec: NodeSpec) -> None:
+    assert inv.degraded is None
+    assert inv.ready
+    assert not inv.unschedulable
+    assert inv.gpu_product == spec.labels["nvidia.com/gpu.product"]
+    assert inv.allocatable == {r: to_canonical(r, q) for r, q in spec.allocatable.items()}
+    assert inv.mig_strategy == spec.labels.get("nvidia.com/mig.strategy", "none")
+    assert inv.taints == spec.taints
+    clique = spec.labels.get("nvidia.com/gpu.clique")
+    assert inv.nvlink_domain == (f"clique:{clique}" if clique else f"node:{spec.name}")
+    assert inv.rack == spec.labels.get("cloud.provider.com/topology-rack")
 
 
 async def test_inventory_follows_a_pod_starting_and_finishing(rig: Rig, namespace: str) -> None:
