@@ -148,8 +148,16 @@ class WorkManager:
             log.info("work.reconcile.started", jobs=len(desired))
             for item in desired.values():
                 self.submit(item)
+            self._prune(set(desired) | self._session_uids)
             self._status.keep_only(set(desired) | self._session_uids)
             self._gc_task = asyncio.create_task(self._collect_orphans(set(desired)))
+
+    def _prune(self, keep: set[str]) -> None:
+        """Forget idle jobs the hub no longer has (memory stays bounded by its desired set)."""
+        for uid, job in list(self._jobs.items()):
+            busy = job.task is not None and not job.task.done()
+            if uid not in keep and not busy and job.pending is None and job.orphan_refs is None:
+                del self._jobs[uid]
 
     async def idle(self) -> None:
         """Wait until every queued item and the orphan collection are done (tests, shutdown)."""

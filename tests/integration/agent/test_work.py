@@ -267,3 +267,128 @@ async def test_health_and_metrics_endpoints(rig: Rig) -> None:
     assert "gpufed_agent_hub_connected 1.0" in text
     assert "gpufed_agent_inventory_nodes" in text
     assert 'gpufed_agent_work_acks_total{result="Applied"}' in text
+
+
+async def test_job_deleted_in_the_member_is_reported_missing_not_recreated(
+    rig: Rig, namespace: str
+) -> None:
+    uid = new_uid()
+    rig.hub.send(rig.cluster, apply(uid, namespace, 1, job_manifest(uid, "doomed", duration="1h")))
+    await final_status(rig, uid, "Running")
+    await rig.admin.request(
+        "DELETE",
+        f"/apis/batch/v1/namespaces/{namespace}/jobs/doomed",
+        body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+    )
+    await final_status(rig, uid, "Missing")
+    rig.hub.send(rig.cluster, apply(uid, namespace, 2, job_manifest(uid, "doomed", duration="1h")))
+    await rig.hub.wait_for(
+        lambda: (
+            (s := rig.view.latest_status(uid)) is not None
+            and s.revision == 2
+            and s.phase == "Missing"
+        ),
+        what="revision 2 Missing",
+    )
+    assert await get_job(rig.admin, namespace, "doomed") is None
+    assert [a.revision for a in rig.view.acks_for(uid)] == [1]
+
+
+JOBSET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
+    "spec": {
+        "group": "jobset.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "jobsets",
+            "singular": "jobset",
+            "kind": "JobSet",
+            "listKind": "JobSetList",
+        },
+        "versions": [
+            {
+                "name": "v1alpha2",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+async def test_a_newly_installed_workload_kind_is_discovered_applied_and_summarised(
+    rig: Rig, namespace: str
+) -> None:
+    """A JobSet CRD (schema only, no controller) installed while the agent runs: served after
+    the next connect, applied with server-side apply, its status summarised."""
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
+    await rig.admin.request(
+        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=JOBSET_CRD
+    )
+    try:
+        await poll(
+            lambda: rig.admin.request("GET", crd_path),
+            lambda crd: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            ),
+        )
+        sessions = rig.view.sessions
+        rig.hub.drop(rig.cluster)
+        await rig.hub.wait_for(
+            lambda: rig.view.sessions > sessions and rig.view.snapshots, what="reconnect"
+        )
+        await rig.hub.wait_for(
+            lambda: "JobSet.jobset.x-k8s.io" in rig.view.served_kinds, what="JobSet served"
+        )
+        assert rig.view.hello is not None
+        assert "JobSet.jobset.x-k8s.io" in rig.view.hello.served_kinds
+
+        uid = new_uid()
+        jobset = {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "js", "labels": {UID_LABEL: uid}},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2}]},
+        }
+        rig.hub.send(rig.cluster, apply(uid, namespace, 1, jobset))
+        (ack,) = await rig.hub.wait_for(lambda: rig.view.acks_for(uid), what="ack")
+        assert ack.result == "Applied"
+        path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/js"
+        obj = await rig.admin.request("GET", path)
+        assert [m["manager"] for m in obj["metadata"]["managedFields"]] == ["gpufed"]
+        assert (await final_status(rig, uid, "Pending")).kind == "JobSet.jobset.x-k8s.io"
+        await rig.admin.request(
+            "PATCH",
+            f"{path}/status",
+            body={
+                "status": {
+                    "replicatedJobsStatus": [
+                        {"name": "workers", "succeeded": 2, "active": 0, "failed": 0, "ready": 0}
+                    ],
+                    "conditions": [
+                        {
+                            "type": "Completed",
+                            "status": "True",
+                            "reason": "AllJobsCompleted",
+                            "message": "jobset completed successfully",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            },
+            content_type="application/merge-patch+json",
+        )
+        done = await final_status(rig, uid, "Succeeded")
+        assert (done.succeeded, done.conditions[0].reason) == (2, "AllJobsCompleted")
+    finally:
+        await rig.admin.request("DELETE", crd_path)

@@ -188,3 +188,16 @@ async def test_disconnect_drops_queued_work() -> None:
     await h.work.idle()
     assert h.acks == []
     assert h.job_names() == set()
+
+
+async def test_jobs_the_hub_no_longer_has_are_forgotten_after_a_desired_set() -> None:
+    h = Harness()
+    h.work.submit(apply_item("kept", 1))
+    h.work.submit(apply_item("dropped", 1))
+    await h.work.idle()
+    h.work.connected()
+    h.work.desired_part([apply_item("kept", 1, applied_before=True)], final=True)
+    await h.work.idle()
+    assert h.work.job_revision("kept") == 1
+    assert h.work.job_revision("dropped") == 0
+    assert h.job_names() == {"job-kept"}  # the dropped job's objects were orphans
