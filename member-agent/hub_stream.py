@@ -110,6 +110,7 @@ class HubStream:
         self._served_kinds = served_kinds
         self.metrics = metrics
         self.instance = instance or uuid.uuid4().hex
+        self.log = log.bind(cluster=config.cluster)
         self.seq = 0
         self.welcomed = asyncio.Event()
         self.hub_id = ""
@@ -127,7 +128,7 @@ class HubStream:
 
     def send_ack(self, ack: WorkAck) -> None:
         if not self._put(pb.AgentMessage(work_ack=work_ack_to_pb(ack))):
-            log.info(
+            self.log.info(
                 "work.ack.dropped",
                 job_uid=ack.job_uid,
                 revision=ack.revision,
@@ -151,10 +152,9 @@ class HubStream:
                 with attempt:
                     await self._session()
 
-    @staticmethod
-    def _before_sleep(state: RetryCallState) -> None:
+    def _before_sleep(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        log.warning(
+        self.log.warning(
             "hub.retry",
             attempt=state.attempt_number,
             retry_in_s=round(state.next_action.sleep, 2) if state.next_action else None,
@@ -220,7 +220,7 @@ class HubStream:
             self.metrics.hub_connected.set(1)
             self.metrics.hub_connects.labels(result="welcomed").inc()
             self.welcomed.set()
-            log.info(
+            self.log.info(
                 "hub.connected",
                 hub=self.config.hub,
                 hub_id=welcome.hub_id,
@@ -249,7 +249,7 @@ class HubStream:
                 self.metrics.hub_connects.labels(result="failed").inc()
                 raise
             lasted = time.monotonic() - started
-            log.warning("hub.disconnected", error=_describe(exc), session_s=round(lasted, 1))
+            self.log.warning("hub.disconnected", error=_describe(exc), session_s=round(lasted, 1))
             if lasted < MIN_HEALTHY_SESSION_S:
                 raise HubUnavailableError(
                     f"session ended after {lasted:.1f}s: {_describe(exc)}"
@@ -287,7 +287,7 @@ class HubStream:
                 item = self._decode_item(msg.work_item)
                 if item is not None:
                     self.metrics.work_items.labels(op=item.op).inc()
-                    log.info(
+                    self.log.info(
                         "work.item.received",
                         job_uid=item.job_uid,
                         revision=item.revision,
@@ -300,19 +300,19 @@ class HubStream:
                 desired_parts += 1
                 self.work.desired_part(items, final=ds.final)
                 if ds.final:
-                    log.info("hub.desired_set.received", parts=desired_parts)
+                    self.log.info("hub.desired_set.received", parts=desired_parts)
                     desired_parts = 0
             elif body == "resync_request":
-                log.info("hub.resync_requested", reason=msg.resync_request.reason)
+                self.log.info("hub.resync_requested", reason=msg.resync_request.reason)
                 self._resync.set()
             elif body == "welcome":
-                log.info("hub.welcome.repeated")
+                self.log.info("hub.welcome.repeated")
 
     def _decode_item(self, msg: pb.WorkItem) -> WorkItem | None:
         try:
             return work_item_from_pb(msg)
         except ProtocolError as exc:
-            log.warning(
+            self.log.warning(
                 "work.item.undecodable", job_uid=msg.job_uid, revision=msg.revision, reason=str(exc)
             )
             if msg.job_uid and msg.revision:
@@ -376,7 +376,7 @@ class HubStream:
             )
             self.metrics.inventory_messages.labels(type="snapshot_part").inc()
         self._update_gauges()
-        log.info("inventory.snapshot.sent", seq=self.seq, nodes=len(nodes), parts=len(parts))
+        self.log.info("inventory.snapshot.sent", seq=self.seq, nodes=len(nodes), parts=len(parts))
 
     def _send_delta(self, max_bytes: int) -> None:
         upserts, removed = self.inventory.take_changes()
@@ -396,7 +396,7 @@ class HubStream:
             self.metrics.inventory_messages.labels(type="delta").inc()
         self.metrics.inventory_delta_nodes.inc(len(upserts) + len(removed))
         self._update_gauges()
-        log.debug("inventory.delta.sent", seq=self.seq, upserts=len(upserts), removed=len(removed))
+        self.log.debug("inventory.delta.sent", seq=self.seq, upserts=len(upserts), removed=len(removed))
 
     def _update_gauges(self) -> None:
         self.metrics.inventory_nodes.set(self.inventory.node_count)

@@ -173,6 +173,7 @@ class StatusReporter:
         self._wake = asyncio.Event()
         self._informers: dict[str, Informer] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._crashed: BaseException | None = None
 
     # --- tracking (called by the work manager) -------------------------------------------------
 
@@ -245,7 +246,16 @@ class StatusReporter:
 
     def _start(self, key: str, informer: Informer) -> None:
         self._informers[key] = informer
-        self._tasks.append(asyncio.create_task(informer.run(), name=f"informer:{informer.name}"))
+        task = asyncio.create_task(informer.run(), name=f"informer:{informer.name}")
+        task.add_done_callback(self._informer_done)
+        self._tasks.append(task)
+
+    def _informer_done(self, task: asyncio.Task[None]) -> None:
+        # Informers only end on cancellation; anything else is a bug that must not leave the
+        # statuses silently stale: run() re-raises it (the agent then exits and restarts).
+        if not task.cancelled() and task.exception() is not None:
+            self._crashed = task.exception()
+            self._wake.set()
 
     async def synced(self) -> None:
         """Wait until every started informer has listed once."""
@@ -256,6 +266,8 @@ class StatusReporter:
         try:
             while True:
                 await self._wake.wait()
+                if self._crashed is not None:
+                    raise self._crashed
                 await asyncio.sleep(self.coalesce_s)
                 self._wake.clear()
                 self.flush()

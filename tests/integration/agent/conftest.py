@@ -128,12 +128,14 @@ async def start_rig(
 
 
 async def stop_rig(rig: Rig, *, stop_hub: bool = True) -> None:
+    errors = list(rig.view.errors)
     rig.task.cancel()
     await asyncio.gather(rig.task, return_exceptions=True)
     await rig.agent.api.close()
     await rig.admin.close()
     if stop_hub:
         await rig.hub.stop()
+    assert not errors, f"the test hub could not decode agent messages: {errors}"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -52,6 +52,8 @@ class ClusterView:
     statuses: list[WorkloadStatus] = field(default_factory=list)
     sessions: int = 0
     connected: bool = False
+    errors: list[str] = field(default_factory=list)  # messages the peer could not decode
+    ended: list[str] = field(default_factory=list)  # why each session ended (peer side)
     _parts: list[pb.InventorySnapshot] = field(default_factory=list)
 
     def latest_status(self, job_uid: str) -> WorkloadStatus | None:
@@ -211,9 +213,11 @@ class HubPeer(pb_grpc.AgentServiceServicer):
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if reader in done:
                     getter.cancel()
+                    view.ended.append(f"reader: {reader.exception()!r}")
                     break
                 msg = getter.result()
                 if msg is None:
+                    view.ended.append("dropped")
                     break
                 await context.write(msg)
         finally:
@@ -229,8 +233,13 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return
-            self._record(view, msg)
-            await self._notify()
+            try:
+                self._record(view, msg)
+            except Exception as exc:  # a real hub closes the stream too; keep the reason
+                view.errors.append(f"{type(exc).__name__}: {exc}")
+                raise
+            finally:
+                await self._notify()
 
     def _record(self, view: ClusterView, msg: pb.AgentMessage) -> None:
         now = time.monotonic()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gpufed.cli.main import app
-
-from .conftest import Member, log_to_stdlib
+from .conftest import Member
 
 pytestmark = pytest.mark.integration
 
@@ -17,12 +17,18 @@ GPU = "nvidia.com/gpu"
 
 
 def test_inventory_once_json_has_the_documented_shape(member: Member) -> None:
+    """Runs the installed command in its own process (as a user would; it configures logging
+    for itself, which must not leak into the agents other tests run in this process)."""
+    gpufed = Path(sys.executable).parent / "gpufed"
     args = ["agent", "inventory", "--once", "--json", "--cluster", member.name]
-    try:
-        result = CliRunner().invoke(app, [*args, "--kubeconfig", str(member.kubeconfig)])
-    finally:
-        log_to_stdlib()  # the command configured logging for its own (captured) stderr
-    assert result.exit_code == 0, result.output
+    result = subprocess.run(
+        [str(gpufed), *args, "--kubeconfig", str(member.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"cluster", "nodes", "summary"}
     assert set(report["summary"]) == {"gpus_total", "gpus_free"}
