@@ -396,7 +396,9 @@ class HubStream:
             self.metrics.inventory_messages.labels(type="delta").inc()
         self.metrics.inventory_delta_nodes.inc(len(upserts) + len(removed))
         self._update_gauges()
-        self.log.debug("inventory.delta.sent", seq=self.seq, upserts=len(upserts), removed=len(removed))
+        self.log.debug(
+            "inventory.delta.sent", seq=self.seq, upserts=len(upserts), removed=len(removed)
+        )
 
     def _update_gauges(self) -> None:
         self.metrics.inventory_nodes.set(self.inventory.node_count)
