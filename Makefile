@@ -38,5 +38,8 @@ integration: binaries
 e2e: binaries
 	$(BIN)/pytest tests/e2e
 
+crds: install  ## regenerate manifests/crds/ from the pydantic models in api/
+	$(BIN)/python scripts/gen_crds.py
+
 clean:
 	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache

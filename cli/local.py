@@ -1,4 +1,5 @@
-"""``gpufed local``: the local multi-cluster sandbox (build, up, status, down, kill, start).
+"""``gpufed local``: the local multi-cluster sandbox (build, up, status, down, kill, start,
+kind).
 
 Thin layer over :mod:`gpufed.sandbox`: parses options, prints progress and tables, and turns
 :class:`~gpufed.sandbox.runtime.SandboxError` / :class:`~gpufed.sandbox.binaries.BinariesError`
@@ -17,9 +18,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufed.api.fleet import FleetError, FleetSpec
 from gpufed.sandbox.binaries import BinariesError, regenerate
 from gpufed.sandbox.binaries import build as build_binaries
 from gpufed.sandbox.inventory import ClusterGPUs
+from gpufed.sandbox.kind import KindProvider, kind_bundle
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
 from gpufed.sandbox.supervisor import ComponentError
 
@@ -209,6 +212,48 @@ def start(
             raise SandboxError(str(exc.args[0])) from None
         pid = sandbox.supervisor.start(component)
     console.print(f"{component} running (pid {pid})")
+
+
+kind_app = typer.Typer(
+    help="kind provider: the fleet as kind clusters with kwok nodes (needs a Docker engine).",
+    no_args_is_help=True,
+)
+app.add_typer(kind_app, name="kind")
+KindFleet = typer.Option(..., "--fleet", "-f", help="Fleet spec (YAML).")
+KindDir = typer.Option(
+    Path(".state/kind"), "--workdir", help="Where configs, manifests and the kubeconfig go."
+)
+
+
+def _load_fleet(path: Path) -> FleetSpec:
+    try:
+        return FleetSpec.load(path)
+    except FleetError as exc:
+        raise SandboxError(str(exc)) from None
+
+
+@kind_app.command("config")
+def kind_config(fleet: Path = KindFleet, workdir: Path = KindDir) -> None:
+    """Write kind configs, scheduler configs, kwok Stage and Node manifests (no Docker needed)."""
+    with fail_cleanly():
+        files = kind_bundle(_load_fleet(fleet), workdir)
+    for f in files:
+        console.print(f"{f.name}: {f.kind_config}")
+
+
+@kind_app.command("up")
+def kind_up(fleet: Path = KindFleet, workdir: Path = KindDir) -> None:
+    """Create one kind cluster per sandbox cluster, install kwok and create the GPU nodes."""
+    with fail_cleanly():
+        kubeconfig = KindProvider(workdir).up(_load_fleet(fleet))
+    console.print(f"kubeconfig: {kubeconfig}")
+
+
+@kind_app.command("down")
+def kind_down(fleet: Path = KindFleet, workdir: Path = KindDir) -> None:
+    """Delete the fleet's kind clusters."""
+    with fail_cleanly():
+        KindProvider(workdir).down(_load_fleet(fleet))
 
 
 __all__ = ["app", "default_state_dir", "print_summary"]

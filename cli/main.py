@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, bench, demo, local
+from gpufed.cli import agent, bench, demo, hub, jobs, local, simulate
 
 app = typer.Typer(
     name="gpufed",
@@ -18,6 +18,11 @@ app = typer.Typer(
 app.add_typer(local.app, name="local")
 app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
+app.command("simulate")(simulate.simulate_command)
+app.add_typer(hub.app, name="hub")
+app.command("submit")(jobs.submit)
+app.add_typer(jobs.get_app, name="get")
+app.command("explain")(jobs.explain)
 app.add_typer(agent.app, name="agent")
 
 

@@ -13,10 +13,10 @@ See docs/placement.md.
 
 from __future__ import annotations
 
-from gpufed.placement.engine import explain, nearest_member, place
+from gpufed.placement.engine import explain, hold_for, place
 from gpufed.placement.plugins import Code, Status, plugins_for
 from gpufed.placement.policy import Policy, ScoreWeights
-from gpufed.placement.queue import BackfillRule, PassResult, order_key, schedule_pass
+from gpufed.placement.queue import BackfillRule, Hold, PassResult, order_key, schedule_pass
 from gpufed.placement.render import render_explanation
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -24,12 +24,13 @@ __all__ = [
     "BackfillRule",
     "Code",
     "FleetSnapshot",
+    "Hold",
     "PassResult",
     "Policy",
     "ScoreWeights",
     "Status",
     "explain",
-    "nearest_member",
+    "hold_for",
     "order_key",
     "place",
     "plugins_for",

@@ -43,8 +43,9 @@ from gpufed.placement.plugins import (
     plugins_for,
 )
 from gpufed.placement.policy import Policy
+from gpufed.placement.queue import Hold
 from gpufed.placement.shape import JobShape
-from gpufed.placement.snapshot import ClusterState, FleetSnapshot, PoolState
+from gpufed.placement.snapshot import ClusterState, FleetSnapshot, NodeState, PoolState
 
 #: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
 BACKFILL_PLUGIN: Final = "Backfill"
@@ -89,13 +90,14 @@ def place(
     now: float,
     *,
     explain: bool = False,
-    hold: Mapping[str, str] | None = None,
+    hold: Mapping[str, Hold] | None = None,
 ) -> Decision:
     """Choose a member cluster (and nodes) for ``request``; see the module docstring.
 
     ``now``: seconds (wall or simulated), recorded as ``decided_at``. ``explain``: plan every
-    candidate and record every rejection even when the job fits. ``hold``: members that the
-    backfill rule keeps for an older job (member -> why); they are skipped for this one.
+    candidate and record every rejection even when the job fits. ``hold``: nodes the backfill
+    rule keeps for older jobs (member -> :class:`~gpufed.placement.queue.Hold`); this job
+    keeps off them (off the whole member when a hold names no nodes).
     Raises nothing for a job that does not fit; a malformed request fails earlier, when the
     :class:`PlacementRequest` is validated.
     """
@@ -109,26 +111,36 @@ def place(
     scorers = plugins.scorers
     total_w = plugins.total_weight
     fkey = ("plan", job.fit_key) if job.fit_key is not None else None
-    ukey = ("bound", id(plugins), job.demand, job.grouped_only)
+    rkey = ("fit-bound", id(plugins), job.fit_key)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
         name = c.name
-        if hold and name in hold:
-            _keep(failures, name, (BACKFILL_PLUGIN, Status(Code.UNSCHEDULABLE, hold[name]), pool))
+        held = hold.get(name) if hold else None
+        if held is not None and not held.nodes:
+            _keep(failures, name, (BACKFILL_PLUGIN, Status(Code.UNSCHEDULABLE, held.reason), pool))
             continue
         if pool is None:
             ub = sum(sc.weight * sc.bound(job, None) for sc in scorers) / total_w
             ordered.append((-ub, name, _NO_POOL, c, None, None))
             continue
         if fkey is not None:
-            hit = pool.recall(fkey)
-            if hit is not None:
-                if isinstance(hit, Plan):
-                    total = _total(job, hit, scorers, total_w)
-                    ordered.append((-total, name, pool.key, c, pool, hit))
+            if held is None:
+                hit = pool.recall(fkey)
+                if hit is not None:
+                    if isinstance(hit, Plan):
+                        total = _total(job, hit, scorers, total_w)
+                        ordered.append((-total, name, pool.key, c, pool, hit))
+                    else:
+                        _keep(failures, name, hit)
+                    continue
+            # ResourceFit and the bound read only the pool: remembered whatever the holds
+            cached = pool.recall(rkey)
+            if cached is not None:
+                if isinstance(cached, float):
+                    ordered.append((-cached, name, pool.key, c, pool, None))
                 else:
-                    _keep(failures, name, hit)
+                    _keep(failures, name, cached)
                 continue
         bad: Failure | None = None
         for f in dyn:
@@ -139,12 +151,11 @@ def place(
         if bad is not None:
             _keep(failures, name, bad)
             if fkey is not None:
-                pool.remember(fkey, bad)
+                pool.remember(rkey, bad)
             continue
-        ub = pool.recall(ukey)
-        if ub is None:
-            ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
-            pool.remember(ukey, ub)
+        ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
+        if fkey is not None:
+            pool.remember(rkey, ub)
         ordered.append((-ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
@@ -157,14 +168,21 @@ def place(
             if ub < best[0] or (ub == best[0] and name >= best[1]):
                 break
         if known is None:
-            result = planner.plan(job, c, pool)
+            held = hold.get(name) if hold else None
+            exclude = held.nodes if held is not None else frozenset()
+            result = planner.plan(job, c, pool, exclude)
+            memo = pool if fkey is not None and not exclude else None
             if isinstance(result, Status):
+                if exclude and held is not None:
+                    result = Status(
+                        result.code, f"{result.reason}; {_n(len(exclude), 'node')} {held.reason}"
+                    )
                 _keep(failures, name, (planner.name, result, pool))
-                if fkey is not None and pool is not None:
-                    pool.remember(fkey, (planner.name, result, pool))
+                if memo is not None:
+                    memo.remember(fkey, (planner.name, result, pool))
                 continue
-            if fkey is not None and pool is not None:
-                pool.remember(fkey, result)
+            if memo is not None:
+                memo.remember(fkey, result)
             total = _total(job, result, scorers, total_w)
         else:
             result, total = known, -neg
@@ -185,7 +203,7 @@ def place(
         return _placed(job, policy, now, best, scored, all_failures, explain, plugins, snapshot)
     all_failures = dict(static.failures)
     all_failures.update(failures)
-    return _not_placed(job, policy, now, all_failures, snapshot)
+    return _not_placed(job, policy, now, all_failures, snapshot, plugins)
 
 
 _Row = tuple[float, str, Any, ClusterState, PoolState | None, Plan | None]
@@ -206,22 +224,79 @@ def explain(
     return place(request, snapshot, policy, now, explain=True)
 
 
-def nearest_member(
-    request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy
-) -> str | None:
-    """The member a starving job should hold (:mod:`.queue`): among members and pools that
-    pass the static filters and could ever hold the job, the one with the most free GPUs
-    (ties by name); None when there is none."""
+def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy) -> Hold | None:
+    """The nodes a starving job should hold (:mod:`.queue`), or None.
+
+    Among pools that pass the static filters and could ever hold the job: for a job that must
+    sit in one NVLink domain (one pod, or ``nvlink: Required``), rack or block, the group of
+    that level whose nodes could hold it when drained and that has the most free GPUs now (an
+    HGX node is its own domain); otherwise the nodes with the most free GPUs, as many as the
+    job needs when they are empty. The member where those nodes have the most free GPUs wins
+    (ties by name). A job without GPU pods holds its whole member.
+    """
     job = JobShape.of(request)
     static = _static(job, snapshot, plugins_for(policy))
-    best: tuple[int, str] | None = None
+    best: tuple[int, str, frozenset[str]] | None = None
     for c, pool in static.candidates:
         if never_reason(job, c, pool) is not None:
             continue
-        free = pool.free if pool is not None else 0
-        if best is None or free > best[0] or (free == best[0] and c.name < best[1]):
-            best = (free, c.name)
-    return best[1] if best else None
+        if pool is None:
+            found: tuple[int, frozenset[str]] | None = (0, frozenset())
+        else:
+            found = _nodes_to_hold(job, pool)
+        if found is None:
+            continue
+        if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
+            best = (found[0], c.name, found[1])
+    if best is None:
+        return None
+    return Hold(best[1], best[2], f"held for {request.job}")
+
+
+def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]] | None:
+    """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``."""
+    level = next(
+        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
+        "nvlink" if job.gpu_pods == 1 else None,
+    )
+    if level is not None and not pool.slices:
+        best: tuple[int, str, list[str]] | None = None
+        if level == "nvlink" and pool.single_count:
+            for n in pool.iter_nodes_descending(1):
+                if n.domain is None and _drained_fits(job, [n]):
+                    best = (n.gpu_free, n.name, [n.name])
+                    break
+        groups = pool.groups[level]
+        for g in sorted(groups.values(), key=lambda g: (-g.free, g.key)):
+            if best is not None and g.free <= best[0]:
+                break
+            if _drained_fits(job, list(g.nodes.values())):
+                best = (g.free, g.key, sorted(g.nodes))
+                break
+        return (best[0], frozenset(best[2])) if best is not None else None
+    chosen: list[str] = []
+    free = 0
+    slots = 0
+    big = job.max_gpus
+    for f in range(len(pool.buckets) - 1, -1, -1):
+        for entry in pool.buckets[f]:
+            n = entry[2]
+            if n.gpu_alloc < big:
+                continue
+            chosen.append(n.name)
+            free += f
+            slots += n.gpu_alloc // big
+            if slots >= job.gpu_pods:
+                return free, frozenset(chosen)
+    return None
+
+
+def _drained_fits(job: JobShape, nodes: list[NodeState]) -> bool:
+    """Whether ``nodes``, once empty, hold every GPU pod of ``job`` (allocatable only)."""
+    for s in job.gpu_sets:
+        if sum(n.gpu_alloc // s.gpus for n in nodes if n.offers) < s.count:
+            return False
+    return sum(n.gpu_alloc for n in nodes if n.offers) >= job.demand
 
 
 def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
@@ -348,7 +423,7 @@ def _placed(
         score_parts=parts,
         cluster_scores={n: round(v[0], 3) for n, v in sorted(scored.items())},
         scores=details,
-        rejections=_rejections(job, failures, snapshot) if explained else (),
+        rejections=_rejections(job, failures, snapshot, plugins) if explained else (),
         message=message,
         explained=explained,
         policy=policy.name,
@@ -357,17 +432,20 @@ def _placed(
 
 
 def _rejections(
-    job: JobShape, failures: dict[str, Failure], snapshot: FleetSnapshot
+    job: JobShape, failures: dict[str, Failure], snapshot: FleetSnapshot, plugins: Plugins
 ) -> tuple[ClusterRejection, ...]:
     out = []
     for cluster in sorted(failures):
-        plugin, st, pool = failures[cluster]
+        plugin, st, _ = failures[cluster]
         code, reason = st.code, st.reason
-        if code is Code.UNSCHEDULABLE and plugin in ("ResourceFit", "TopologyFit"):
-            c = snapshot.cluster(cluster)
-            never = never_reason(job, c, pool)
+        if code is Code.UNSCHEDULABLE:
+            never = _member_never(job, snapshot.cluster(cluster), plugins)
             if never is not None:
-                code, reason = Code.UNRESOLVABLE, never
+                code = Code.UNRESOLVABLE
+                if plugin in ("ResourceFit", "TopologyFit"):
+                    reason = never
+                else:
+                    reason = f"{reason}; and it could never hold the job: {never}"
         out.append(
             ClusterRejection.model_construct(
                 cluster=cluster, plugin=plugin, code=_CODES[code], reason=reason
@@ -376,14 +454,46 @@ def _rejections(
     return tuple(out)
 
 
+def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | None:
+    """Why member ``c`` could never hold ``job`` whatever its health, load or holds (None if
+    some pool of it could)."""
+    if not c.nodes:
+        return None  # nothing reported yet: unknown, not never
+    for f in plugins.cluster_filters:
+        st = f.filter(job, c)
+        if st.code is Code.UNRESOLVABLE:
+            return st.reason
+    if not job.gpu_sets:
+        return never_reason(job, c, None)
+    first: str | None = None
+    for pool in c.pools_sorted():
+        bad = next(
+            (
+                x
+                for x in (pf.filter(job, c, pool) for pf in plugins.pool_filters if pf.static)
+                if not x.ok
+            ),
+            None,
+        )
+        if bad is not None:
+            first = first or bad.reason
+            continue
+        why = never_reason(job, c, pool)
+        if why is None:
+            return None
+        first = first or why
+    return first or "member has no nodes with whole GPUs"
+
+
 def _not_placed(
     job: JobShape,
     policy: Policy,
     now: float,
     failures: dict[str, Failure],
     snapshot: FleetSnapshot,
+    plugins: Plugins,
 ) -> Decision:
-    rejections = _rejections(job, failures, snapshot)
+    rejections = _rejections(job, failures, snapshot, plugins)
     shape = _shape_text(job)
     if not rejections:
         outcome = Outcome.UNSCHEDULABLE

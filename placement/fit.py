@@ -47,8 +47,17 @@ class Plan:
     topo: float
 
 
-def plan(job: JobShape, cluster: ClusterState, pool: PoolState | None) -> Plan | str:
-    """The best plan for ``job`` in ``pool`` of ``cluster``, or the reason none exists."""
+def plan(
+    job: JobShape,
+    cluster: ClusterState,
+    pool: PoolState | None,
+    exclude: frozenset[str] = frozenset(),
+) -> Plan | str:
+    """The best plan for ``job`` in ``pool`` of ``cluster``, or the reason none exists.
+
+    ``exclude``: names of nodes this job may not use (held for another job by the backfill
+    rule).
+    """
     assign: list[dict[str, int]] = [{} for _ in job.sets]
     taken: _Taken = {}
     taken_res: _TakenRes = {}
@@ -57,9 +66,9 @@ def plan(job: JobShape, cluster: ClusterState, pool: PoolState | None) -> Plan |
         attempts = (Attempt(None, None),) if pool.slices else job.attempts
         for attempt in attempts:
             if attempt.level is None:
-                ok = _ungrouped(job, pool, attempt.mode, assign, taken, taken_res)
+                ok = _fill_all(job, None, pool, assign, taken, taken_res, attempt.mode, exclude)
             else:
-                ok = _grouped(job, pool, attempt.level, assign, taken, taken_res)
+                ok = _grouped(job, pool, attempt.level, assign, taken, taken_res, exclude)
             if ok:
                 used_attempt = attempt
                 break
@@ -70,7 +79,7 @@ def plan(job: JobShape, cluster: ClusterState, pool: PoolState | None) -> Plan |
         if used_attempt is None:
             return _no_room_reason(job, pool)
     if job.other_sets:
-        why = _place_other(job, cluster, assign, taken, taken_res)
+        why = _place_other(job, cluster, assign, taken, taken_res, exclude)
         if why:
             return why
     domains: dict[str, int] = {}
@@ -120,6 +129,7 @@ def fill(
     out: dict[str, int],
     *,
     check_taints: bool = False,
+    exclude: frozenset[str] = frozenset(),
 ) -> int:
     """Put up to ``need`` pods of ``ps`` on ``nodes`` in order; returns how many fit.
 
@@ -132,6 +142,8 @@ def fill(
     remaining = need
     for n in nodes:
         name = n.name
+        if exclude and name in exclude:
+            continue
         if g:
             f = n.gpu_free - taken.get(name, 0)
             k = f // g
@@ -183,6 +195,7 @@ def _fill_all(
     taken: _Taken,
     taken_res: _TakenRes,
     order: str,
+    exclude: frozenset[str] = frozenset(),
 ) -> bool:
     for s in job.gpu_sets:
         if nodes_for is not None:
@@ -191,20 +204,10 @@ def _fill_all(
             nodes = _fewest_domains(pool, s.gpus)
         else:
             nodes = pool.iter_nodes_ascending(s.gpus)
-        if fill(s, nodes, s.count, taken, taken_res, assign[s.index]) < s.count:
+        got = fill(s, nodes, s.count, taken, taken_res, assign[s.index], exclude=exclude)
+        if got < s.count:
             return False
     return True
-
-
-def _ungrouped(
-    job: JobShape,
-    pool: PoolState,
-    mode: str,
-    assign: list[dict[str, int]],
-    taken: _Taken,
-    taken_res: _TakenRes,
-) -> bool:
-    return _fill_all(job, None, pool, assign, taken, taken_res, mode)
 
 
 def _fewest_domains(pool: PoolState, min_free: int) -> Iterator[NodeState]:
@@ -252,8 +255,9 @@ def _try_in(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
+    exclude: frozenset[str],
 ) -> bool:
-    if not _fill_all(job, nodes, pool, assign, taken, taken_res, "bestfit"):
+    if not _fill_all(job, nodes, pool, assign, taken, taken_res, "bestfit", exclude):
         for a in assign:
             a.clear()
         taken.clear()
@@ -277,6 +281,7 @@ def _grouped(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
+    exclude: frozenset[str],
 ) -> bool:
     """Best-fit group of ``level`` that holds every GPU pod (single-node domains included)."""
     demand = job.demand
@@ -290,25 +295,25 @@ def _grouped(
         first = pool.best_domain(s.gpus, s.count)
         if first is None:
             groups = ()
-        elif _try_in(job, first.offering(), pool, level, assign, taken, taken_res):
+        elif _try_in(job, first.offering(), pool, level, assign, taken, taken_res, exclude):
             groups = ()
             best_key = (first.free, first.free == first.cap, first.key)
             best = _take(assign, taken, taken_res)
     for g in groups:
         if not _group_quick(job, g):
             continue
-        if _try_in(job, g.offering(), pool, level, assign, taken, taken_res):
+        if _try_in(job, g.offering(), pool, level, assign, taken, taken_res, exclude):
             best_key = (g.free, g.free == g.cap, g.key)
             best = _take(assign, taken, taken_res)
             break
     if level == "nvlink" and pool.single_count:
         for n in pool.iter_nodes_ascending(demand):
-            if n.domain is not None:
+            if n.domain is not None or n.name in exclude:
                 continue
             key = (n.gpu_free, n.gpu_free == n.gpu_alloc, n.inv.nvlink_domain)
             if best_key is not None and key >= best_key:
                 break
-            if _try_in(job, [n], pool, level, assign, taken, taken_res):
+            if _try_in(job, [n], pool, level, assign, taken, taken_res, exclude):
                 return True
     if best is None:
         return False
@@ -337,6 +342,7 @@ def _place_other(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
+    exclude: frozenset[str],
 ) -> str | None:
     """Pod sets without whole GPUs: MIG slices best fit, CPU pods first fit by node name."""
     for s in job.other_sets:
@@ -348,7 +354,9 @@ def _place_other(
             nodes: Iterable[NodeState] = cands
         else:
             nodes = (cluster.nodes[x] for x in cluster.names)
-        got = fill(s, nodes, s.count, taken, taken_res, assign[s.index], check_taints=True)
+        got = fill(
+            s, nodes, s.count, taken, taken_res, assign[s.index], check_taints=True, exclude=exclude
+        )
         if got < s.count:
             what = ", ".join(f"{r}={a}" for r, a in s.other) or "no resources"
             return (

@@ -93,8 +93,15 @@ class Planner(Protocol):
 
     name: ClassVar[str]
 
-    def plan(self, job: JobShape, cluster: ClusterState, pool: PoolState | None) -> Plan | Status:
-        """A :class:`Plan`, or the status saying why none exists."""
+    def plan(
+        self,
+        job: JobShape,
+        cluster: ClusterState,
+        pool: PoolState | None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Plan | Status:
+        """A :class:`Plan` that uses no node in ``exclude``, or the status saying why none
+        exists."""
         ...
 
 
@@ -275,8 +282,14 @@ class TopologyFit:
 
     name: ClassVar[str] = "TopologyFit"
 
-    def plan(self, job: JobShape, cluster: ClusterState, pool: PoolState | None) -> Plan | Status:
-        result = plan(job, cluster, pool)
+    def plan(
+        self,
+        job: JobShape,
+        cluster: ClusterState,
+        pool: PoolState | None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Plan | Status:
+        result = plan(job, cluster, pool, exclude)
         if isinstance(result, str):
             return Status(Code.UNSCHEDULABLE, result)
         return result

@@ -12,11 +12,13 @@ Backfill rule (docs/placement.md, "Queue and backfill"):
 * a job that does not fit does not block the jobs behind it: smaller jobs that fit are placed
   around it (no head-of-line blocking), so it never blocks them forever;
 * but once a job has waited ``starvation_s`` (default 30 min) without fitting, it *holds* the
-  member nearest to fitting it (``nearest`` callback: most free GPUs among members that could
-  ever hold it): jobs after it in the order may no longer be placed on that member, so running
-  work there drains until the starving job fits, however many small jobs keep arriving. A
-  higher-priority job is ahead in the order and therefore also holds before lower ones.
-  At most ``max_holds`` members are held at once, oldest starving jobs first.
+  nodes nearest to fitting it (``hold_for`` callback, :func:`gpufed.placement.hold_for`: in the
+  member where they have the most free GPUs, the NVLink domain, rack or block, or the set of
+  nodes, that would hold the job once drained): jobs after it in the order may no longer be
+  placed on those nodes, so the work running there drains until the starving job fits,
+  however many small jobs keep arriving; the rest of the member keeps backfilling. A
+  higher-priority job is ahead in the order and therefore also holds before lower ones. At
+  most ``max_holds`` jobs hold nodes at once, oldest starving jobs first.
 
 Within one pass the fleet only loses capacity, so a job whose constraints and pod sets equal
 those of a job that already failed in the pass is answered from that failure without calling
@@ -33,6 +35,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.request import PlacementRequest
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Nodes of one member kept for a starving job (``nodes`` empty: the whole member)."""
+
+    cluster: str
+    nodes: frozenset[str]
+    reason: str
+
+    def merged(self, other: Hold) -> Hold:
+        """Both holds on the same member: the union of their nodes (whole member if either)."""
+        nodes = frozenset() if not self.nodes or not other.nodes else self.nodes | other.nodes
+        return Hold(self.cluster, nodes, f"{self.reason}; {other.reason}")
 
 
 class BackfillRule(BaseModel):
@@ -74,7 +90,7 @@ class PassResult:
     """What one pass decided: every attempted job's decision, and the members held."""
 
     decisions: list[tuple[PlacementRequest, Decision]] = field(default_factory=list)
-    holds: dict[str, str] = field(default_factory=dict)
+    holds: dict[str, Hold] = field(default_factory=dict)
 
     @property
     def placed(self) -> list[tuple[PlacementRequest, Decision]]:
@@ -85,38 +101,59 @@ class PassResult:
 def schedule_pass(
     queue: Iterable[PlacementRequest],
     now: float,
-    attempt: Callable[[PlacementRequest, Mapping[str, str]], Decision],
-    nearest: Callable[[PlacementRequest], str | None],
+    attempt: Callable[[PlacementRequest, Mapping[str, Hold]], Decision],
+    hold_for: Callable[[PlacementRequest], Hold | None],
     rule: BackfillRule | None = None,
+    *,
+    presorted: bool = False,
+    record_skipped: bool = True,
+    key_of: Callable[[PlacementRequest], Any] = fit_key,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
-    ``attempt(request, hold)`` places one job with the members in ``hold`` (member -> why) left
-    out, and reserves on success. ``nearest(request)`` names the member a starving job should
-    hold (or None). ``now``: the same clock as ``submitted_at``.
+    ``attempt(request, holds)`` places one job keeping off the held nodes (member ->
+    :class:`Hold`) and reserves on success. ``hold_for(request)`` names the nodes a starving
+    job should hold (or None). ``now``: the same clock as ``submitted_at``. ``presorted``: ``queue`` is
+    already in :func:`order_key` order. ``record_skipped``: also return a decision (a copy of
+    the earlier failure) for jobs answered without calling ``attempt``; the simulator turns it
+    off. ``key_of``: :func:`fit_key`, or a cached equivalent.
     """
     rule = rule or BackfillRule()
     out = PassResult()
     failed: dict[Any, tuple[int, Decision]] = {}
-    for req in sorted(queue, key=order_key):
-        key = fit_key(req)
+    asked: set[Any] = set()
+    count = 0
+    for req in queue if presorted else sorted(queue, key=order_key):
+        key = key_of(req)
         prev = failed.get(key)
-        if prev is not None and prev[0] == len(out.holds):
-            d = prev[1].model_copy(update={"job": req.job, "uid": req.uid, "decided_at": now})
+        if prev is not None and prev[0] == count:
+            if not record_skipped:
+                d = prev[1]
+            else:
+                d = prev[1].model_copy(update={"job": req.job, "uid": req.uid, "decided_at": now})
+                out.decisions.append((req, d))
         else:
             d = attempt(req, out.holds)
             if d.outcome == Outcome.UNSCHEDULABLE:
-                failed[key] = (len(out.holds), d)
-        out.decisions.append((req, d))
+                failed[key] = (count, d)
+            out.decisions.append((req, d))
         if (
             d.outcome == Outcome.UNSCHEDULABLE
+            and key not in asked
             and now - req.submitted_at >= rule.starvation_s
-            and len(out.holds) < rule.max_holds
+            and count < rule.max_holds
         ):
-            target = nearest(req)
-            if target is not None and target not in out.holds:
-                out.holds[target] = (
+            # jobs of one shape would all name the same nodes: ask once per shape
+            asked.add(key)
+            hold = hold_for(req)
+            if hold is not None:
+                hold = Hold(
+                    hold.cluster,
+                    hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
-                    f"{now - req.submitted_at:.0f} s) by the backfill rule"
+                    f"{now - req.submitted_at:.0f} s) by the backfill rule",
                 )
+                prior = out.holds.get(hold.cluster)
+                out.holds[hold.cluster] = prior.merged(hold) if prior else hold
+                count += 1
     return out

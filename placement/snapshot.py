@@ -259,10 +259,11 @@ class PoolState:
                     yield entry[2]
 
     def iter_nodes_descending(self, min_free: int) -> Iterator[NodeState]:
-        """Offering nodes with at least ``min_free`` free GPUs, most free first."""
+        """Offering nodes with at least ``min_free`` free GPUs, most free first (then
+        partly-used before fully-free, then name)."""
         for f in range(len(self.buckets) - 1, max(min_free, 1) - 1, -1):
             if self.counts[f]:
-                for entry in reversed(self.buckets[f]):
+                for entry in self.buckets[f]:
                     yield entry[2]
 
     def best_domain(self, gpus_per_pod: int, pods: int) -> GroupState | None:

@@ -506,8 +506,9 @@ def regenerate(
             "gpufed.invalid/gobuild/k8s",
             (go_line.group(0) if go_line else "go 1.26.0"),
             (godebug.group(0) if godebug else ""),
-            [f"k8s.io/kubernetes/cmd/{b}@{k8s}" for b in _K8S_COMMANDS],
-            [f"-replace={m}={m}@{staging_version}" for m in staging],
+            # kubectl is a tool too, so `build --with-kubectl` works from the committed go.sum.
+            [f"k8s.io/kubernetes/cmd/{b}@{k8s}" for b in (*_K8S_COMMANDS, KUBECTL)],
+            [f"{m} => {m} {staging_version}" for m in staging],
         ),
         "etcd": (
             "gpufed.invalid/gobuild/etcd",
@@ -531,9 +532,10 @@ def regenerate(
         body = f"{_HEADERS[sub]}module {module}\n\n{go_directive}\n"
         if godebug_line:
             body += f"\n{godebug_line}\n"
+        if replaces:
+            # Unversioned left sides also match k8s.io/kubernetes' "v0.0.0" requirements.
+            body += "\nreplace (\n" + "".join(f"\t{r}\n" for r in replaces) + ")\n"
         (d / "go.mod").write_text(body)
         (d / "go.sum").unlink(missing_ok=True)
-        if replaces:
-            run([go, "mod", "edit", *replaces], cwd=d)
         run([go, "get", "-tool", *tools], cwd=d)
         run([go, "mod", "tidy"], cwd=d)

@@ -19,7 +19,6 @@ from gpufed.api.labels import (
     DEFAULT_RACK_LABEL,
     GPU_CLIQUE_LABEL,
     GPU_PRODUCT_LABEL,
-    GPU_RESOURCE,
     MIG_STRATEGY_LABEL,
     is_mig_resource,
 )
@@ -100,13 +99,3 @@ def cluster_gpus(cluster: str, nodes: list[dict[str, Any]]) -> ClusterGPUs:
         largest_free_nvlink_block=summary.largest_free_nvlink_block,
         taints=taints,
     )
-
-
-def gpu_resource_names(nodes: list[dict[str, Any]]) -> set[str]:
-    """Every ``nvidia.com/*`` resource allocatable somewhere in ``nodes``."""
-    out = set()
-    for n in nodes:
-        for res in n.get("status", {}).get("allocatable") or {}:
-            if res == GPU_RESOURCE or is_mig_resource(res):
-                out.add(res)
-    return out

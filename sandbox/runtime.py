@@ -222,6 +222,7 @@ class Sandbox:
     def _write_info(self, info: SandboxInfo) -> None:
         tmp = self.info_path.with_suffix(".tmp")
         tmp.write_text(info.model_dump_json(indent=2) + "\n")
+        tmp.chmod(0o600)  # holds the admin token
         tmp.replace(self.info_path)
 
     def running_components(self) -> list[str]:
@@ -256,21 +257,33 @@ class Sandbox:
             except FleetError as exc:
                 raise SandboxError(str(exc)) from None
         bins = self._binaries()
-        self._prepare_state_dir()
-        try:
-            info = self._configure(fleet, fleet_file, bins, dict(ports or {}))
-            self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
-        except BaseException as exc:
-            self._say("bring-up failed; stopping what was started")
-            # Short grace: an API server interrupted mid-start can sit in its shutdown for
-            # 10 s; nothing it holds is worth waiting for.
-            self.supervisor.stop_all(grace_s=2.0)
-            with contextlib.suppress(SandboxError, OSError, ValueError):
-                self._write_info(self.info().model_copy(update={"phase": "failed"}))
-            if isinstance(exc, ComponentError):
+        pinned = set((ports or {}).values())
+        for attempt in (1, 2):
+            self._prepare_state_dir()
+            try:
+                info = self._configure(fleet, fleet_file, bins, dict(ports or {}))
+                self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
+                return self.info()
+            except BaseException as exc:
+                self._say("bring-up failed; stopping what was started")
+                # Short grace: an API server interrupted mid-start can sit in its shutdown
+                # for 10 s; nothing it holds is worth waiting for.
+                self.supervisor.stop_all(grace_s=2.0)
+                with contextlib.suppress(SandboxError, OSError, ValueError):
+                    self._write_info(self.info().model_copy(update={"phase": "failed"}))
+                if not isinstance(exc, ComponentError):
+                    raise
+                # A port picked free was taken before the process bound it (other sandboxes
+                # start concurrently): pick new ones once. A pinned port is the caller's.
+                raced = "port clash" in exc.cause and not pinned.intersection(
+                    self.supervisor.spec(exc.component).ports
+                )
+                if attempt == 1 and raced:
+                    log.warning("sandbox.port_raced", component=exc.component)
+                    self._say(f"{exc.component}: a picked port was taken meanwhile; retrying")
+                    continue
                 raise SandboxError(f"sandbox failed to start: {exc}") from None
-            raise
-        return self.info()
+        raise AssertionError("unreachable")
 
     def _binaries(self) -> BinDir:
         try:

@@ -203,3 +203,28 @@ def test_cli_status_without_a_sandbox(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["local", "status", "--state-dir", str(tmp_path / "s")])
     assert result.exit_code == 1
     assert "no sandbox in" in result.output
+
+
+def clashing_etcd(tmp_path: Path) -> tuple[BinDir, Path]:
+    """Fake binaries whose etcd always reports a taken port; counts its starts."""
+    bins = fake_bin_dir(tmp_path)
+    starts = tmp_path / "etcd-starts"
+    (bins.path / "etcd").write_text(
+        f"#!/bin/sh\necho x >> {starts}\n"
+        'echo "listen tcp 127.0.0.1:1: bind: address already in use" >&2\nexit 1\n'
+    )
+    return bins, starts
+
+
+def test_a_picked_port_taken_meanwhile_is_retried_once_with_new_ports(tmp_path: Path) -> None:
+    bins, starts = clashing_etcd(tmp_path)
+    with pytest.raises(SandboxError, match=r"etcd: .* already in use by another process"):
+        Sandbox(tmp_path / "state", bin_dir=bins).up(SMALL)
+    assert len(starts.read_text().split()) == 2
+
+
+def test_a_pinned_port_in_use_is_not_retried(tmp_path: Path) -> None:
+    bins, starts = clashing_etcd(tmp_path)
+    with pytest.raises(SandboxError, match="port clash"):
+        Sandbox(tmp_path / "state", bin_dir=bins).up(SMALL, ports={"etcd": 2379})
+    assert len(starts.read_text().split()) == 1

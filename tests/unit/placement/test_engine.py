@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from placement_builders import (
     H100,
+    gpus_on,
     hgx_cluster,
     job,
     member,
@@ -18,6 +19,7 @@ from gpufed.api.inventory import ClusterHealth, Taint, Toleration
 from gpufed.api.request import LabelSelector, PlacementRequest, PodSet
 from gpufed.placement import (
     FleetSnapshot,
+    Hold,
     Policy,
     ScoreWeights,
     explain,
@@ -47,6 +49,32 @@ def test_unready_member_is_skipped_and_the_job_waits_not_rejected() -> None:
     assert "NotReady" in d.rejections[0].reason
     s.set_health("a", ClusterHealth(ready=True))
     assert place(job(gpus=8), s, POLICY, 0).cluster == "a"
+
+
+def test_job_no_member_could_ever_hold_is_rejected_even_while_a_member_is_down() -> None:
+    s = FleetSnapshot([hgx_cluster("a"), hgx_cluster("b-down", ready=False)])
+    d = place(job(gpus=16), s, POLICY, 0)
+    assert d.outcome == Outcome.REJECTED
+    down = next(r for r in d.rejections if r.cluster == "b-down")
+    assert down.plugin == "Health"
+    assert down.code == "UnschedulableAndUnresolvable"
+    assert "could never hold the job" in down.reason
+
+
+def test_a_member_with_another_pool_that_could_fit_keeps_the_job_waiting() -> None:
+    # one pool of small nodes (never), one pool of full 8-GPU nodes (not now)
+    s = FleetSnapshot(
+        [
+            member(
+                "a",
+                [
+                    node("a-small", gpus=4, product="NVIDIA-L40S"),
+                    node("a-big", gpus=8, free=0),
+                ],
+            )
+        ]
+    )
+    assert place(job(gpus=8), s, POLICY, 0).outcome == Outcome.UNSCHEDULABLE
 
 
 def test_empty_fleet_waits_for_members() -> None:
@@ -235,13 +263,17 @@ def test_same_input_same_output_whatever_the_build_order() -> None:
         assert a.model_dump() == place(j, forward, POLICY, 0).model_dump()
 
 
-def test_hold_keeps_a_member_for_another_job() -> None:
-    s = FleetSnapshot([hgx_cluster("a", free=[8]), hgx_cluster("b", free=[8, 8, 8])])
-    d = place(job(gpus=8), s, POLICY, 0, hold={"a": "held for ns/big"})
-    assert d.cluster == "b"
-    d = place(job(gpus=8), s, POLICY, 0, hold={"a": "held for ns/big", "b": "held"})
+def test_holds_keep_a_job_off_held_nodes_or_members() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 8]), hgx_cluster("b", free=[8, 8, 8])])
+    d = place(job(gpus=8), s, POLICY, 0, hold={"a": Hold("a", frozenset({"a-n000"}), "x")})
+    assert gpus_on(d) == {"a-n001": 8}
+    whole = {"a": Hold("a", frozenset(), "held for ns/big"), "b": Hold("b", frozenset(), "held")}
+    d = place(job(gpus=8), s, POLICY, 0, hold=whole)
     assert d.outcome == Outcome.UNSCHEDULABLE
     assert {r.plugin for r in d.rejections} == {"Backfill"}
+    nodes = {"a": Hold("a", frozenset({"a-n000", "a-n001"}), "x")}
+    d = place(job(gpus=8, selector=LabelSelector(matchLabels={"x": "y"})), s, POLICY, 0, hold=nodes)
+    assert d.outcome == Outcome.REJECTED
 
 
 @pytest.mark.parametrize(

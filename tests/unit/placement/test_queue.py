@@ -11,8 +11,9 @@ from gpufed.api.request import PlacementRequest
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
+    Hold,
     Policy,
-    nearest_member,
+    hold_for,
     order_key,
     place,
     schedule_pass,
@@ -28,15 +29,15 @@ class Loop:
         self.s = snapshot
         self.calls = 0
 
-    def attempt(self, req: PlacementRequest, hold: Mapping[str, str]) -> Decision:
+    def attempt(self, req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
         self.calls += 1
         d = place(req, self.s, POLICY, 0.0, hold=hold)
         if d.placed:
             self.s.reserve(d, now=0.0, ttl_s=10**9)
         return d
 
-    def nearest(self, req: PlacementRequest) -> str | None:
-        return nearest_member(req, self.s, POLICY)
+    def hold_for(self, req: PlacementRequest) -> Hold | None:
+        return hold_for(req, self.s, POLICY)
 
 
 def test_order_is_priority_then_submit_time_then_name() -> None:
@@ -57,29 +58,45 @@ def test_order_is_priority_then_submit_time_then_name() -> None:
 def test_a_job_that_does_not_fit_does_not_block_smaller_ones() -> None:
     loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 4])]))
     queue = [job("big", gpus=8, priority=9), job("small", gpus=4, submitted_at=1)]
-    result = schedule_pass(queue, 60.0, loop.attempt, loop.nearest)
+    result = schedule_pass(queue, 60.0, loop.attempt, loop.hold_for)
     outcomes = {r.job: d.outcome for r, d in result.decisions}
     assert outcomes == {"ns/big": Outcome.UNSCHEDULABLE, "ns/small": Outcome.PLACED}
     assert result.holds == {}
 
 
-def test_a_starving_job_holds_its_nearest_member_until_it_fits() -> None:
-    s = FleetSnapshot([hgx_cluster("a", free=[4, 4]), hgx_cluster("b", free=[2])])
+def test_a_starving_job_holds_the_nodes_nearest_to_fitting_it() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[4, 6, 0]), hgx_cluster("b", free=[2])])
     loop = Loop(s)
     rule = BackfillRule(starvation_s=600)
     big = job("big", gpus=8, submitted_at=0)
-    small = [job(f"s{i}", gpus=2, submitted_at=10 + i) for i in range(4)]
-    # waited 700 s: it holds "a" (most free GPUs) and the small jobs may only use "b"
-    result = schedule_pass([big, *small], 700.0, loop.attempt, loop.nearest, rule)
-    assert set(result.holds) == {"a"}
-    where = {r.job: d.cluster for r, d in result.decisions if d.placed}
-    assert where == {"ns/s0": "b"}
-    blocked = next(d for r, d in result.decisions if r.job == "ns/s1")
-    assert {x.cluster: x.plugin for x in blocked.rejections}["a"] == "Backfill"
-    # the running work on "a" finishes (the member reports its nodes free): the big job fits
-    s.set_member(hgx_cluster("a", free=[8, 4]))
-    result = schedule_pass([big, *small[1:]], 800.0, loop.attempt, loop.nearest, rule)
-    assert {r.job: d.cluster for r, d in result.decisions if d.placed}["ns/big"] == "a"
+    small = [job(f"s{i}", gpus=2, submitted_at=10 + i) for i in range(5)]
+    # waited 700 s: it holds the node of "a" with the most free GPUs (6), and the small jobs
+    # backfill everywhere else: b (2 free, the tightest fit) and a-n000 (4 free, twice)
+    result = schedule_pass([big, *small], 700.0, loop.attempt, loop.hold_for, rule)
+    assert result.holds["a"].nodes == frozenset({"a-n001"})
+    where = {
+        r.job: (d.cluster, tuple(d.pod_sets[0].nodes)) for r, d in result.decisions if d.placed
+    }
+    assert where == {
+        "ns/s0": ("b", ("b-n000",)),
+        "ns/s1": ("a", ("a-n000",)),
+        "ns/s2": ("a", ("a-n000",)),
+    }
+    blocked = next(d for r, d in result.decisions if r.job == "ns/s3")
+    assert "held for ns/big" in blocked.message
+    # the work on a-n001 finishes (the member reports it idle): the big job fits there
+    s.upsert_node("a", s.node("a", "a-n001").model_copy(update={"requested": {}}))
+    result = schedule_pass([big, *small[3:]], 800.0, loop.attempt, loop.hold_for, rule)
+    placed = {r.job: d for r, d in result.decisions if d.placed}
+    assert placed["ns/big"].pod_sets[0].nodes == {"a-n001": 1}
+
+
+def test_a_job_without_gpus_holds_its_whole_member() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[8])])
+    cpu_job = job("cpu", requests={"cpu": 10**9}, submitted_at=0)
+    hold = hold_for(cpu_job, s, POLICY)
+    assert hold is None  # no member could ever hold it: nothing to wait for
+    assert place(cpu_job, s, POLICY, 0).outcome == Outcome.REJECTED
 
 
 def test_before_starvation_small_jobs_backfill_freely() -> None:
@@ -88,7 +105,7 @@ def test_before_starvation_small_jobs_backfill_freely() -> None:
         [job("big", gpus=8, submitted_at=0), job("s", gpus=4, submitted_at=1)],
         100.0,
         loop.attempt,
-        loop.nearest,
+        loop.hold_for,
         BackfillRule(starvation_s=600),
     )
     assert result.holds == {}
@@ -99,17 +116,18 @@ def test_high_priority_job_is_tried_first_and_holds_before_lower_ones() -> None:
     loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 4])]))
     queue = [job("small", gpus=4, submitted_at=0), job("vip", gpus=8, priority=10, submitted_at=5)]
     result = schedule_pass(
-        queue, 5000.0, loop.attempt, loop.nearest, BackfillRule(starvation_s=600)
+        queue, 5000.0, loop.attempt, loop.hold_for, BackfillRule(starvation_s=600)
     )
     assert [r.job for r, _ in result.decisions] == ["ns/vip", "ns/small"]
-    assert set(result.holds) == {"a"}
-    assert result.placed == []
+    assert result.holds["a"].nodes == frozenset({"a-n000"})
+    [(_, d)] = result.placed
+    assert d.pod_sets[0].nodes == {"a-n001": 1}
 
 
 def test_identical_failing_jobs_are_answered_without_placing_again() -> None:
     loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4])]))
     queue = [job(f"j{i}", gpus=8, submitted_at=i) for i in range(5)]
-    result = schedule_pass(queue, 1.0, loop.attempt, loop.nearest)
+    result = schedule_pass(queue, 1.0, loop.attempt, loop.hold_for)
     assert loop.calls == 1
     assert [d.uid for _, d in result.decisions] == [f"uid-j{i}" for i in range(5)]
     assert all(d.outcome == Outcome.UNSCHEDULABLE for _, d in result.decisions)

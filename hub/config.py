@@ -1,0 +1,99 @@
+"""Hub configuration: every knob of the hub process in one validated model.
+
+Built by ``gpufed hub`` from its flags (cli/hub.py) and by tests directly. Durations are
+seconds; sizes are bytes. Defaults are what a production hub would use; tests shorten the
+timers (member lease, member-lost timeout, leader lease) to seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
+
+
+def default_hub_id() -> str:
+    """``<hostname>-<8 hex>``: unique per hub process (logs, leader key, Welcome.hub_id)."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+class TLSConfig(BaseModel):
+    """TLS of the agent gRPC listener (PEM files). ``client_ca_file`` turns on client certs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+
+class HubConfig(BaseModel):
+    """Everything the hub process needs to know.
+
+    - ``hub_id``: this replica's id (logs, leader key, ``Welcome.hub_id``).
+    - ``origin``: the ``gpufed.io/origin`` label value of every object sent to members; the
+      same for every replica of one hub (agents reconcile by it after a failover).
+    - ``listen``: gRPC address for agents (``host:port``; port 0 picks a free one);
+      ``http_listen``: ``/metrics``, ``/healthz``, ``/readyz``.
+    - ``etcd_endpoints``: ``host:port`` of a shared etcd (leader election happens there);
+      empty means an embedded private etcd in ``data_dir`` (see :mod:`gpufed.hub.etcd`).
+    - ``etcd_prefix``: every key the hub writes lives under it (docs/hub.md, "etcd layout").
+    - ``tls``: server certificate; ``None`` with ``insecure`` true serves plaintext (tests
+      and local experiments only).
+    - ``token_namespace``: default namespace of the join-token Secrets.
+    - ``member_lease_s``: a member whose agent sent nothing for this long turns NotReady;
+      ``member_lost_s``: after this long its jobs follow ``spec.placement.reschedule``.
+    - ``leader_lease_s``: etcd lease TTL of the leader key (failover takes up to this).
+    - ``heartbeat_interval_s``: what Welcome asks agents to send.
+    - ``max_unacked_per_cluster``: work items in flight to one member before the hub waits
+      for acks; ``resend_after_s``: an unacknowledged item is sent again after this.
+    - ``max_message_bytes``: larger agent messages close that stream.
+    - ``reservation_ttl_s``: a reservation whose pods never show up expires after this.
+    - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
+    - ``allocation``: placement policy, ``binpack`` or ``spread``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hub_id: str = Field(default_factory=default_hub_id, min_length=1)
+    origin: str = Field(default="gpufed-hub", min_length=1)
+    listen: str = "0.0.0.0:7443"
+    http_listen: str = "0.0.0.0:8080"
+    kubeconfig: Path | None = None
+    context: str | None = None
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_prefix: str = "/gpufed/hub/"
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "gpufed-hub")
+    tls: TLSConfig | None = None
+    insecure: bool = False
+    token_namespace: str = "gpufed-system"
+    member_lease_s: float = Field(default=40.0, gt=0)
+    member_lost_s: float = Field(default=600.0, gt=0)
+    leader_lease_s: int = Field(default=15, ge=2)
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    max_unacked_per_cluster: int = Field(default=64, ge=1)
+    resend_after_s: float = Field(default=30.0, gt=0)
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
+    reservation_ttl_s: float = Field(default=600.0, gt=0)
+    allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS
+    allocation: Literal["binpack", "spread"] = "binpack"
+    inventory_flush_s: float = Field(default=2.0, gt=0)
+    status_interval_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> HubConfig:
+        if not self.etcd_prefix.startswith("/") or not self.etcd_prefix.endswith("/"):
+            raise ValueError(f"etcd_prefix: {self.etcd_prefix!r} must start and end with '/'")
+        if self.member_lost_s < self.member_lease_s:
+            raise ValueError(
+                f"member_lost_s ({self.member_lost_s}) must be at least member_lease_s "
+                f"({self.member_lease_s})"
+            )
+        if self.tls is None and not self.insecure:
+            raise ValueError("tls: give a certificate and key, or set insecure for plaintext")
+        return self

@@ -1,0 +1,51 @@
+"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+
+Served by the hub process (:mod:`gpufed.hub.app`) on ``--http-listen`` with aiohttp.
+``/healthz`` answers 200 while the event loop runs (liveness). ``/readyz`` answers 200 only
+on the leader once its initial lists are done, 503 with the reason otherwise: a Kubernetes
+Service in front of several replicas then sends agents to the leader only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpufed.hub.metrics import HubMetrics
+
+
+def make_app(metrics: HubMetrics, readiness: Callable[[], tuple[bool, str]]) -> web.Application:
+    """The aiohttp application; ``readiness()`` returns (ready, reason)."""
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready, reason = readiness()
+        return web.Response(text=f"{reason}\n", status=200 if ready else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (``await runner.cleanup()`` stops) and the bound port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            bound = int(addr[1])
+            break
+    return runner, bound

@@ -1,0 +1,242 @@
+"""The hub cluster's API server: the only hub module that imports a Kubernetes client.
+
+Used by the leader (:mod:`gpufed.hub.core`) for intake (list+watch of GPUJobs and
+MemberClusters), status writes, finalizers, Events and join-token Secrets. Objects cross this edge as plain dicts (the JSON
+form); callers validate them into :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster`
+models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
+retry policy); 409 and other 4xx surface to the caller.
+
+Config resolution is kubectl's: ``--kubeconfig`` (else ``$KUBECONFIG``, else
+``~/.kube/config``) and ``--context``; in a pod without a kubeconfig, the in-cluster service
+account.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpufed.api.labels import GROUP, VERSION
+from gpufed.sync.retry import kube_retry
+
+log = structlog.get_logger("gpufed.hub.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class GoneError(Exception):
+    """A watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change of a watched object: ``type`` is ADDED, MODIFIED or DELETED."""
+
+    type: str
+    obj: dict[str, Any]
+
+
+class KubeAPI:
+    """Async access to the hub cluster (one ``ApiClient``; close with :meth:`close`)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._api = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
+        """Load kubectl-style configuration and build the client (see module docstring)."""
+        cfg = client.Configuration()
+        path = kubeconfig or _default_kubeconfig()
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=str(path) if path else None,
+                context=context,
+                client_configuration=cfg,
+            )
+        return cls(client.ApiClient(configuration=cfg))
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    # --- list + watch -----------------------------------------------------------------------
+
+    async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a gpufed resource (all namespaces) and the list resourceVersion."""
+        async for attempt in kube_retry():
+            with attempt:
+                resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        items: list[dict[str, Any]] = resp.get("items", [])
+        return items, str(resp["metadata"]["resourceVersion"])
+
+    async def watch_objects(
+        self, plural: str, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes since ``resource_version``; yields events and, for bookmarks, the new
+        resourceVersion as a ``str``. Ends when the server closes the watch (about
+        ``timeout_s``); raises :class:`GoneError` on 410 (the caller lists again)."""
+        w = watch.Watch()
+        try:
+            stream = w.stream(
+                self.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                plural,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s,
+            )
+            async for event in stream:
+                etype = event["type"]
+                raw = event["raw_object"]
+                if etype == "BOOKMARK":
+                    yield str(raw["metadata"]["resourceVersion"])
+                elif etype in ("ADDED", "MODIFIED", "DELETED"):
+                    yield WatchEvent(etype, raw)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise GoneError(str(exc.reason)) from exc
+            raise
+        finally:
+            await w.close()
+
+    # --- GPUJobs ----------------------------------------------------------------------------
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields)."""
+        async for attempt in kube_retry():
+            with attempt:
+                await self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "gpujobs",
+                    name,
+                    {"status": status},
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+
+    async def set_job_finalizers(
+        self, namespace: str, name: str, finalizers: list[str], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace ``metadata.finalizers`` if the object is still at ``resource_version``.
+
+        Returns the updated object. Raises ``ApiException`` 409 when it changed meanwhile
+        (re-read and try again), 404 when it is gone.
+        """
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
+        async for attempt in kube_retry():
+            with attempt:
+                obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "gpujobs",
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+        return obj
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One GPUJob, or None when it does not exist."""
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, namespace, "gpujobs", name
+                    )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    # --- MemberClusters ---------------------------------------------------------------------
+
+    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch ``status`` of one MemberCluster."""
+        async for attempt in kube_retry():
+            with attempt:
+                await self.custom.patch_cluster_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    "memberclusters",
+                    name,
+                    {"status": status},
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value of ``data[key]`` of a Secret; None when the Secret or key is absent."""
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    secret = await self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                log.warning(
+                    "hub.token.unreadable",
+                    secret=f"{namespace}/{name}",
+                    status=exc.status,
+                )
+                return None
+            raise
+        data = secret.data or {}
+        if key not in data:
+            return None
+        try:
+            return base64.b64decode(data[key]).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            log.warning("hub.token.undecodable", secret=f"{namespace}/{name}", key=key)
+            return None
+
+    # --- Events -----------------------------------------------------------------------------
+
+    async def emit_event(
+        self, involved: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        """Create a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid).
+
+        Best effort: a failure is logged, never raised (events are for people, not state).
+        """
+        namespace = involved.get("namespace") or "default"
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{involved['name']}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(**involved),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            source=client.V1EventSource(component="gpufed-hub"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component="gpufed-hub",
+        )
+        try:
+            await self.core.create_namespaced_event(namespace, body)
+        except (TimeoutError, ApiException, OSError) as exc:
+            log.warning("hub.event.failed", reason=reason, error=str(exc))
+
+
+def _default_kubeconfig() -> Path | None:
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return Path(env.split(os.pathsep)[0])
+    home = Path.home() / ".kube" / "config"
+    return home if home.exists() else None

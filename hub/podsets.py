@@ -1,0 +1,191 @@
+"""Pod sets and the placement request of a GPUJob, derived from its template (DESIGN.md §4).
+
+Called by the hub's intake for every new GPUJob. Which pods a workload runs at once:
+
+- ``batch/v1`` Job: one pod set ``main`` of ``min(parallelism, completions)`` pods
+  (``parallelism`` defaults to 1; ``completions`` unset means no cap), as Kueue counts it;
+- JobSet (``jobset.x-k8s.io``): one pod set per replicated job, ``replicas`` (default 1) times
+  its Job's pod count;
+- Kubeflow PyTorchJob (``kubeflow.org``): one pod set per replica type (``master``,
+  ``worker``), ``replicas`` (default 1) pods each;
+- ``kind: List``: the pod sets of every workload in it (ConfigMaps, Secrets, Services carry
+  none), names prefixed with the object's name when there are several workloads.
+
+Per-pod requests are the effective requests kube-scheduler computes
+(:func:`gpufed.api.resources.pod_requests`: limits fill missing requests, init containers count
+as their maximum, pod overhead is added). Errors name the GPUJob field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufed.api.gpujob import GPUJob
+from gpufed.api.inventory import Toleration
+from gpufed.api.request import (
+    LabelSelector,
+    LabelSelectorRequirement,
+    PlacementRequest,
+    PodSet,
+    TopologyRequest,
+)
+from gpufed.api.resources import QuantityError, pod_requests
+from gpufed.sync.manifests import (
+    WORKLOAD_KINDS,
+    ManifestError,
+    PodTemplateRef,
+    object_kind,
+    template_objects,
+    workload_pod_templates,
+)
+
+
+class InvalidJobError(ValueError):
+    """A GPUJob whose template or placement cannot be turned into a placement request.
+
+    ``field`` is the path in the GPUJob (``spec.template.spec.parallelism``); the message
+    says what is wrong and how to fix it.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
+    """The pod sets of a GPUJob template (see the module doc for the rules).
+
+    Raises :class:`InvalidJobError` naming the field: no workload in the template, a negative or
+    non-integer count, a bad quantity, a malformed toleration.
+    """
+    try:
+        templates = workload_pod_templates(template)
+    except ManifestError as exc:
+        raise InvalidJobError(exc.field, exc.message) from exc
+    if not templates:
+        raise InvalidJobError(
+            "spec.template.kind",
+            "the template holds no workload; use a batch/v1 Job, a JobSet, a PyTorchJob, or a "
+            "List that contains one",
+        )
+    pod_sets: list[PodSet] = []
+    for ref in templates:
+        count = _pod_count(ref)
+        if count == 0:
+            continue
+        path = ref.path
+        spec = ref.template.get("spec")
+        if not isinstance(spec, Mapping):
+            raise InvalidJobError(f"{path}.spec", "the pod template needs a spec with containers")
+        if not spec.get("containers"):
+            raise InvalidJobError(f"{path}.spec.containers", "the pod template has no containers")
+        try:
+            requests = pod_requests(spec, field=f"{path}.spec")
+        except QuantityError as exc:
+            raise InvalidJobError(f"{path}.spec", str(exc)) from exc
+        try:
+            pod_sets.append(
+                PodSet(
+                    name=ref.pod_set,
+                    count=count,
+                    requests=requests,
+                    node_selector=_str_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector"),
+                    tolerations=tuple(
+                        Toleration.model_validate(t) for t in spec.get("tolerations") or []
+                    ),
+                )
+            )
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise InvalidJobError(f"{path}.spec.tolerations", f"{loc}: {err['msg']}") from exc
+    if not pod_sets:
+        raise InvalidJobError("spec.template", "the workload runs no pods (every count is 0)")
+    return tuple(pod_sets)
+
+
+def _int(value: Any, field: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJobError(field, f"{value!r} is not an integer")
+    if value < 0:
+        raise InvalidJobError(field, f"{value} is negative")
+    return value
+
+
+def _job_pods(job_spec: Mapping[str, Any], path: str) -> int:
+    parallelism = _int(job_spec.get("parallelism"), f"{path}.parallelism", 1)
+    completions = job_spec.get("completions")
+    if completions is None:
+        return parallelism
+    return min(parallelism, _int(completions, f"{path}.completions", 1))
+
+
+def _pod_count(ref: PodTemplateRef) -> int:
+    if ref.kind == "Job.batch":
+        return _job_pods(ref.replica, ref.replica_path)
+    if ref.kind == "JobSet.jobset.x-k8s.io":
+        replicas = _int(ref.replica.get("replicas"), f"{ref.replica_path}.replicas", 1)
+        job_spec = (ref.replica.get("template") or {}).get("spec") or {}
+        return replicas * _job_pods(job_spec, f"{ref.replica_path}.template.spec")
+    return _int(ref.replica.get("replicas"), f"{ref.replica_path}.replicas", 1)
+
+
+def _str_map(value: Any, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidJobError(field, "must be a map of strings")
+    return dict(value)
+
+
+def main_workload_kind(template: Mapping[str, Any]) -> str:
+    """``Kind.group`` of the first workload object in the template (``Job.batch`` ...)."""
+    for path, obj in template_objects(template):
+        kind = object_kind(obj, path)
+        if kind in WORKLOAD_KINDS:
+            return kind
+    raise InvalidJobError("spec.template.kind", "the template holds no workload")
+
+
+def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
+    """The :class:`PlacementRequest` of a GPUJob: its pod sets plus ``spec.placement``.
+
+    ``submitted_at``: seconds since the epoch (queue order after priority). Raises
+    :class:`InvalidJobError` naming the field.
+    """
+    template = job.spec.template
+    pod_sets = derive_pod_sets(template)
+    placement = job.spec.placement
+    selector = None
+    if placement.cluster_selector is not None:
+        selector = LabelSelector(
+            match_labels=placement.cluster_selector.match_labels,
+            match_expressions=tuple(
+                LabelSelectorRequirement(key=e.key, operator=e.operator, values=tuple(e.values))
+                for e in placement.cluster_selector.match_expressions
+            ),
+        )
+    return PlacementRequest(
+        job=job.key,
+        uid=job.metadata.uid or "",
+        pod_sets=pod_sets,
+        gpu_products=tuple(placement.gpu_products),
+        cluster_selector=selector,
+        topology=TopologyRequest(
+            nvlink=placement.topology.nvlink,
+            rack=placement.topology.rack,
+            block=placement.topology.block,
+        ),
+        priority=placement.priority,
+        queue=placement.queue,
+        workload_kind=main_workload_kind(template),
+        submitted_at=submitted_at,
+    )

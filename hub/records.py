@@ -1,0 +1,91 @@
+"""What the hub keeps in etcd, as pydantic models (JSON values under the hub's key prefix).
+
+Written and read only through :mod:`gpufed.hub.store`; the key layout is documented there and
+in docs/hub.md. Times are seconds since the epoch (wall clock of the hub that wrote them);
+timers that decide anything restart from the hub's own start instead (DESIGN.md §7 item 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gpufed.api.work import AckResult, WorkItem, WorkOp
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class JobRecord(_Record):
+    """A GPUJob the hub has placed at least once (key ``jobs/<uid>``).
+
+    Its existence is the exactly-once guard: it is created in the same transaction as the work
+    item and the reservation, so a job is never placed twice, across restarts and failovers.
+    ``cluster``: where its current copy lives; ``None`` after the member was lost and the job
+    waits to be placed again (``reschedule: OnClusterLoss``). ``attempt`` counts placements.
+    ``placed_at``: wall seconds of the latest placement. ``gpus``: whole GPUs it asked for.
+    """
+
+    uid: str
+    job: str
+    cluster: str | None
+    attempt: int = 1
+    placed_at: float = 0.0
+    gpus: int = 0
+
+
+class WorkRecord(_Record):
+    """What the hub wants in one member for one job (key ``work/<cluster>/<uid>``).
+
+    The work item's revision is the etcd ``mod_revision`` of this key (strictly increasing).
+    ``fenced``: a Delete for the old copy of a job placed elsewhere after its member was lost;
+    it is left out of the member's desired set, so the agent deletes the copy on reconnect.
+    """
+
+    job_uid: str
+    job: str
+    namespace: str
+    op: WorkOp
+    manifests: tuple[dict[str, Any], ...] = ()
+    fenced: bool = False
+    created_at: float = 0.0
+
+    def item(self, revision: int, *, applied_before: bool) -> WorkItem:
+        """The protocol work item at ``revision``."""
+        return WorkItem(
+            job_uid=self.job_uid,
+            job=self.job,
+            revision=revision,
+            op=self.op,
+            namespace=self.namespace,
+            manifests=self.manifests if self.op == "Apply" else (),
+            applied_before=applied_before,
+        )
+
+
+class AckRecord(_Record):
+    """The member's latest answer about one job (key ``acks/<cluster>/<uid>``).
+
+    ``applied``: the agent acknowledged an Apply of this job at some revision (so missing
+    objects must never be re-created: ``WorkItem.applied_before``). ``applied_at``: wall
+    seconds of the first Applied ack.
+    """
+
+    revision: int
+    result: AckResult
+    message: str = ""
+    retryable: bool = False
+    applied: bool = False
+    applied_at: float | None = None
+
+
+class MemberMeta(_Record):
+    """Per-member facts besides nodes (key ``clusters/<name>/meta``)."""
+
+    served_kinds: tuple[str, ...] = ("Job.batch",)
+    agent_version: str = ""
+    updated_at: float = 0.0
+    #: wall seconds when the hub declared the member lost (kept until the agent reconnects)
+    lost_at: float | None = None

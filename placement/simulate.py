@@ -1,0 +1,502 @@
+"""Trace-driven simulator behind ``gpufed simulate``: the same ``place()`` in simulated time.
+
+Replays a job trace (DESIGN.md §6) against a fleet spec (DESIGN.md §5) until every job has
+finished, or until the horizon (default: 30 simulated days after the last arrival). Policies:
+
+* ``gpufed``: the hub's loop: one queue in :func:`~gpufed.placement.queue.order_key` order,
+  :func:`~gpufed.placement.queue.schedule_pass` with the backfill rule after every event,
+  ``place()`` choosing member and nodes, a reservation per placed job (released when it ends).
+  A job is only ever sent where it starts at once.
+* ``cluster-sum`` and ``round-robin``: what federation layers that see only per-cluster GPU sums
+  do, blind to topology and fragmentation. A job is dispatched on arrival to one member among
+  those with at least one node shaped to hold one of its pods: the one with the most free GPUs
+  summed (``cluster-sum``) or the next in turn (``round-robin``). Inside the member it waits in
+  a FIFO queue; after every event each member starts, in order, every queued job whose pods all
+  find nodes with room at once (gang; no head-of-line blocking), pods taking nodes the way
+  kube-scheduler's default ``LeastAllocated`` scoring does: most free GPUs first
+  (``member_fit="spread"``; ``"pack"`` takes the fullest first).
+
+Trace defaults when a column is absent (docs/placement.md, "Simulator"): ``gpus_per_pod =
+min(gpus, 8)``; ``topology`` ``required`` for a one-pod job, ``preferred`` otherwise; any GPU
+product; priority 0. Pods request GPUs only (traces carry no CPU or memory).
+
+Metrics (:class:`SimResult`): waits over started jobs; ``unstarted``: jobs never started by the
+horizon (including any no member could ever hold); ``stranded``: jobs sent to a member that could
+not start them at that moment; ``gpu_utilization``: GPU-seconds run between the first and the
+last arrival / (fleet GPUs x that window); ``nvlink_required_single_domain``: fraction
+of NVLink-Required jobs of several pods whose pods all ran in one NVLink domain.
+
+Pure apart from reading files (:func:`read_trace`, :func:`fleet_members`); the CLI measures
+``runtime_s``.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpufed.api.decision import Decision, Outcome, PodSetAssignment
+from gpufed.api.fleet import FleetSpec, NodeSpec, node_specs
+from gpufed.api.inventory import (
+    ClusterInventory,
+    MemberClusterState,
+    NodeInventory,
+    nvlink_domain_id,
+)
+from gpufed.api.labels import (
+    DEFAULT_BLOCK_LABEL,
+    DEFAULT_RACK_LABEL,
+    GPU_CLIQUE_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    MIG_STRATEGY_LABEL,
+)
+from gpufed.api.request import NVLinkPolicy, PlacementRequest, PodSet, TopologyRequest
+from gpufed.api.resources import resource_list
+from gpufed.placement.engine import hold_for, place
+from gpufed.placement.fit import fill
+from gpufed.placement.policy import Policy
+from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
+from gpufed.placement.shape import JobShape
+from gpufed.placement.snapshot import FleetSnapshot, NodeState, PoolState
+
+POLICIES = ("gpufed", "cluster-sum", "round-robin")
+PolicyName = Literal["gpufed", "cluster-sum", "round-robin"]
+HORIZON_AFTER_LAST_ARRIVAL_S = 30 * 86400.0
+_TOPOLOGY: dict[str, NVLinkPolicy] = {
+    "required": "Required",
+    "preferred": "Preferred",
+    "none": "None",
+}
+_NEVER = math.inf
+
+
+class TraceError(ValueError):
+    """A trace row that cannot be read; the message names the file, line and column."""
+
+
+@dataclass(slots=True)
+class TraceJob:
+    """One trace row with defaults applied (``topology`` is ``Required|Preferred|None``)."""
+
+    job_id: str
+    submit_s: float
+    gpus: int
+    duration_s: float
+    gpus_per_pod: int
+    topology: NVLinkPolicy
+    gpu_product: str | None = None
+    queue: str = "default"
+    priority: int = 0
+
+    @property
+    def pods(self) -> int:
+        """Pods of the job (``gpus / gpus_per_pod``)."""
+        return self.gpus // self.gpus_per_pod
+
+
+def read_trace(path: str | Path) -> list[TraceJob]:
+    """Read a trace CSV (header required; DESIGN.md §6), in file order.
+
+    Raises :class:`TraceError` naming line and column for a missing column, a non-number, a
+    GPU count that is not a multiple of ``gpus_per_pod``, or an unknown topology.
+    """
+    where = str(path)
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        cols = set(reader.fieldnames or ())
+        missing = [c for c in ("job_id", "submit_s", "gpus", "duration_s") if c not in cols]
+        if missing:
+            raise TraceError(
+                f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
+                "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
+                "queue,priority)"
+            )
+        return [_row(where, reader.line_num, row) for row in reader]
+
+
+def _number(where: str, line: int, row: Mapping[str, str], col: str, kind: type) -> Any:
+    raw = (row.get(col) or "").strip()
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise TraceError(
+            f"{where} line {line}: {col}: {raw!r} is not {'an integer' if kind is int else 'a number'}"
+        ) from None
+    if value < 0:
+        raise TraceError(f"{where} line {line}: {col}: {raw!r} is negative")
+    return value
+
+
+def _row(where: str, line: int, row: Mapping[str, str]) -> TraceJob:
+    gpus = _number(where, line, row, "gpus", int)
+    if gpus < 1:
+        raise TraceError(f"{where} line {line}: gpus: must be at least 1")
+    per_pod = (
+        _number(where, line, row, "gpus_per_pod", int)
+        if (row.get("gpus_per_pod") or "").strip()
+        else min(gpus, 8)
+    )
+    if per_pod < 1 or gpus % per_pod:
+        raise TraceError(
+            f"{where} line {line}: gpus_per_pod: {per_pod} does not divide gpus {gpus}"
+        )
+    raw_topo = (row.get("topology") or "").strip().lower()
+    if raw_topo and raw_topo not in _TOPOLOGY:
+        raise TraceError(
+            f"{where} line {line}: topology: {raw_topo!r} is not required, preferred or none"
+        )
+    default: NVLinkPolicy = "Required" if gpus == per_pod else "Preferred"
+    topology = _TOPOLOGY[raw_topo] if raw_topo else default
+    return TraceJob(
+        job_id=(row.get("job_id") or str(line)).strip(),
+        submit_s=_number(where, line, row, "submit_s", float),
+        gpus=gpus,
+        duration_s=_number(where, line, row, "duration_s", float),
+        gpus_per_pod=per_pod,
+        topology=topology,
+        gpu_product=(row.get("gpu_product") or "").strip() or None,
+        queue=(row.get("queue") or "").strip() or "default",
+        priority=(
+            _number(where, line, row, "priority", int) if (row.get("priority") or "").strip() else 0
+        ),
+    )
+
+
+def node_inventory(spec: NodeSpec) -> NodeInventory:
+    """An idle node of a fleet spec as the agent would report it (nothing requested)."""
+    labels = spec.labels
+    strategy = labels.get(MIG_STRATEGY_LABEL, "none")
+    return NodeInventory(
+        name=spec.name,
+        labels=labels,
+        gpu_product=labels.get(GPU_PRODUCT_LABEL),
+        mig_strategy=strategy if strategy in ("single", "mixed") else "none",
+        nvlink_domain=nvlink_domain_id(spec.name, labels, GPU_CLIQUE_LABEL),
+        rack=labels.get(DEFAULT_RACK_LABEL),
+        block=labels.get(DEFAULT_BLOCK_LABEL),
+        taints=spec.taints,
+        allocatable=resource_list(spec.allocatable, field=f"node {spec.name} allocatable"),
+    )
+
+
+def fleet_members(fleet: FleetSpec) -> list[MemberClusterState]:
+    """Every member of a fleet spec, idle and Ready, as placement's input."""
+    return [
+        MemberClusterState(
+            name=c.name,
+            labels=dict(c.labels),
+            inventory=ClusterInventory(
+                cluster=c.name, nodes=tuple(node_inventory(n) for n in node_specs(c))
+            ),
+        )
+        for c in fleet.clusters
+    ]
+
+
+def load_fleet(path: str | Path) -> list[MemberClusterState]:
+    """:func:`fleet_members` of the fleet file at ``path`` (``FleetSpec.load``)."""
+    return fleet_members(FleetSpec.load(path))
+
+
+@dataclass
+class SimResult:
+    """The simulator's answer (``--json`` prints :meth:`as_json` on one line)."""
+
+    policy: str
+    jobs: int
+    placed: int
+    unstarted: int
+    wait_mean_s: float
+    wait_p50_s: float
+    wait_p95_s: float
+    gpu_utilization: float
+    nvlink_required_single_domain: float
+    stranded: int
+    runtime_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object of DESIGN/issue: fixed keys in a fixed order."""
+        return {
+            "policy": self.policy,
+            "jobs": self.jobs,
+            "placed": self.placed,
+            "unstarted": self.unstarted,
+            "wait_mean_s": round(self.wait_mean_s, 1),
+            "wait_p50_s": round(self.wait_p50_s, 1),
+            "wait_p95_s": round(self.wait_p95_s, 1),
+            "gpu_utilization": round(self.gpu_utilization, 4),
+            "nvlink_required_single_domain": round(self.nvlink_required_single_domain, 4),
+            "stranded": self.stranded,
+            "runtime_s": round(self.runtime_s, 2),
+        }
+
+
+def request_of(job: TraceJob) -> PlacementRequest:
+    """The placement request of a trace job (GPUs only; one pod set)."""
+    return PlacementRequest(
+        job=f"trace/{job.job_id}",
+        uid=f"trace-{job.job_id}",
+        pod_sets=(
+            PodSet(name="worker", count=job.pods, requests={GPU_RESOURCE: job.gpus_per_pod}),
+        ),
+        gpu_products=(job.gpu_product,) if job.gpu_product else (),
+        topology=TopologyRequest(nvlink=job.topology),
+        priority=job.priority,
+        queue=job.queue,
+        submitted_at=job.submit_s,
+    )
+
+
+@dataclass(slots=True)
+class _Run:
+    job: TraceJob
+    request: PlacementRequest
+    key: Any
+    start: float = _NEVER
+    end: float = _NEVER
+    cluster: str | None = None
+    single_domain: bool = True
+
+
+class _Sim:
+    """Simulated time, events and bookkeeping shared by every policy."""
+
+    def __init__(self, members: list[MemberClusterState], jobs: list[TraceJob]) -> None:
+        self.snapshot = FleetSnapshot(members)
+        self.runs = [_Run(j, r := request_of(j), fit_key(r)) for j in jobs]
+        self.by_uid = {run.request.uid: run for run in self.runs}
+        self.events: list[tuple[float, int, int, str]] = []  # (time, 0=finish/1=arrival, seq, uid)
+        self.seq = 0
+        self.stranded = 0
+        for run in self.runs:
+            self._push(run.job.submit_s, 1, run.request.uid)
+        self.fleet_gpus = sum(
+            pool.cap
+            for c in self.snapshot.clusters()
+            for pool in c.pools.values()
+            if not pool.slices
+        )
+
+    def _push(self, t: float, kind: int, uid: str) -> None:
+        heapq.heappush(self.events, (t, kind, self.seq, uid))
+        self.seq += 1
+
+    def start(self, run: _Run, decision: Decision, now: float) -> None:
+        self.snapshot.reserve(decision, now, ttl_s=1e18)
+        run.start = now
+        run.end = now + run.job.duration_s
+        run.cluster = decision.cluster
+        if run.job.topology == "Required" and run.job.pods > 1 and decision.cluster:
+            domains = {
+                self.snapshot.node(decision.cluster, n).nvlink_domain
+                for ps in decision.pod_sets
+                for n in ps.nodes
+            }
+            run.single_domain = len(domains) == 1
+        self._push(run.end, 0, run.request.uid)
+
+    def result(self, policy: str, horizon: float) -> SimResult:
+        started = [r for r in self.runs if r.start < _NEVER]
+        waits = sorted(r.start - r.job.submit_s for r in started)
+        t0 = min((r.job.submit_s for r in self.runs), default=0.0)
+        finished_all = all(r.end <= horizon for r in self.runs)
+        t_end = max((r.end for r in started), default=t0) if finished_all else horizon
+        # utilization while jobs keep arriving: the drain after the last arrival runs the same
+        # GPU-hours under every policy and would only dilute the difference
+        t_last = max((r.job.submit_s for r in self.runs), default=t0)
+        window_end = t_last if t_last > t0 else t_end
+        busy = sum(
+            r.job.gpus * (min(r.end, window_end) - r.start) for r in started if r.start < window_end
+        )
+        span = max(window_end - t0, 1e-9)
+        nvl = [r for r in started if r.job.topology == "Required" and r.job.pods > 1]
+        return SimResult(
+            policy=policy,
+            jobs=len(self.runs),
+            placed=len(started),
+            unstarted=len(self.runs) - len(started),
+            wait_mean_s=sum(waits) / len(waits) if waits else 0.0,
+            wait_p50_s=_pct(waits, 0.50),
+            wait_p95_s=_pct(waits, 0.95),
+            gpu_utilization=busy / (self.fleet_gpus * span) if self.fleet_gpus else 0.0,
+            nvlink_required_single_domain=(
+                sum(1 for r in nvl if r.single_domain) / len(nvl) if nvl else 1.0
+            ),
+            stranded=self.stranded,
+            extra={"end_s": t_end, "fleet_gpus": self.fleet_gpus},
+        )
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def simulate(
+    members: list[MemberClusterState],
+    jobs: list[TraceJob],
+    policy: PolicyName = "gpufed",
+    *,
+    horizon_s: float = HORIZON_AFTER_LAST_ARRIVAL_S,
+    member_fit: Literal["spread", "pack"] = "spread",
+    placement_policy: Policy | None = None,
+    backfill: BackfillRule | None = None,
+) -> SimResult:
+    """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
+
+    ``horizon_s``: the run stops this many simulated seconds after the last arrival (default 30
+    days). Raises ``ValueError`` for an unknown policy.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    sim = _Sim(members, jobs)
+    last_arrival = max((j.submit_s for j in jobs), default=0.0)
+    horizon = last_arrival + horizon_s
+    if policy == "gpufed":
+        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule())
+    else:
+        _run_baseline(sim, horizon, policy, member_fit)
+    return sim.result(policy, horizon)
+
+
+def _drain(sim: _Sim, horizon: float) -> Iterable[tuple[float, list[str], list[str]]]:
+    """Events grouped by time: (now, finished uids, arrived uids), up to the horizon."""
+    events = sim.events
+    while events and events[0][0] <= horizon:
+        now = events[0][0]
+        finished: list[str] = []
+        arrived: list[str] = []
+        while events and events[0][0] == now:
+            _, kind, _, uid = heapq.heappop(events)
+            (arrived if kind else finished).append(uid)
+        yield now, finished, arrived
+
+
+def _run_gpufed(sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule) -> None:
+    pending: dict[str, _Run] = {}
+    snapshot = sim.snapshot
+    now = 0.0
+
+    def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
+        d = place(req, snapshot, policy, now, hold=hold)
+        if d.outcome == Outcome.PLACED:
+            sim.start(pending.pop(req.uid), d, now)
+        elif d.outcome == Outcome.REJECTED:
+            pending.pop(req.uid, None)  # no member could ever hold it: never started
+        return d
+
+    def holds(req: PlacementRequest) -> Hold | None:
+        return hold_for(req, snapshot, policy)
+
+    def key_of(req: PlacementRequest) -> Any:
+        return sim.by_uid[req.uid].key
+
+    for now, finished, arrived in _drain(sim, horizon):
+        for uid in finished:
+            snapshot.release(uid)
+        for uid in arrived:
+            pending[uid] = sim.by_uid[uid]
+        if not pending:
+            continue
+        queue = sorted((r.request for r in pending.values()), key=order_key)
+        schedule_pass(
+            queue,
+            now,
+            attempt,
+            holds,
+            rule,
+            presorted=True,
+            record_skipped=False,
+            key_of=key_of,
+        )
+
+
+# --- baselines -------------------------------------------------------------------------------------
+
+
+def _eligible_pools(sim: _Sim, run: _Run, cluster: str) -> list[PoolState]:
+    """Pools of ``cluster`` with a node shaped to hold one pod of the job (allocatable)."""
+    c = sim.snapshot.cluster(cluster)
+    g = run.job.gpus_per_pod
+    want = run.job.gpu_product
+    out = []
+    for pool in c.pools_sorted():
+        if pool.slices or (want is not None and pool.product != want):
+            continue
+        if any(dict(shape).get(GPU_RESOURCE, 0) >= g for shape in pool.alloc_shapes):
+            out.append(pool)
+    return out
+
+
+def _try_start_in_member(sim: _Sim, run: _Run, cluster: str, member_fit: str, now: float) -> bool:
+    """Start ``run`` in ``cluster`` if every pod finds a node with room now (gang)."""
+    ps = JobShape.of(run.request).gpu_sets[0]
+    pools = _eligible_pools(sim, run, cluster)
+    nodes: list[NodeState] = [
+        n
+        for pool in pools
+        for n in (
+            pool.iter_nodes_descending(ps.gpus)
+            if member_fit == "spread"
+            else pool.iter_nodes_ascending(ps.gpus)
+        )
+    ]
+    if len(pools) > 1:
+        nodes.sort(key=lambda n: (-n.gpu_free if member_fit == "spread" else n.gpu_free, n.name))
+    out: dict[str, int] = {}
+    if fill(ps, nodes, ps.count, {}, {}, out) < ps.count:
+        return False
+    decision = Decision.model_construct(
+        job=run.request.job,
+        uid=run.request.uid,
+        outcome=Outcome.PLACED,
+        cluster=cluster,
+        pod_sets=(PodSetAssignment.model_construct(name=ps.name, requests=ps.requests, nodes=out),),
+    )
+    sim.start(run, decision, now)
+    return True
+
+
+def _run_baseline(sim: _Sim, horizon: float, policy: str, member_fit: str) -> None:
+    names = sim.snapshot.cluster_names
+    queues: dict[str, list[_Run]] = {n: [] for n in names}
+    turn = 0
+    for now, finished, arrived in _drain(sim, horizon):
+        for uid in finished:
+            sim.snapshot.release(uid)
+        dispatched: list[_Run] = []
+        for uid in arrived:
+            run = sim.by_uid[uid]
+            eligible = [n for n in names if _eligible_pools(sim, run, n)]
+            if not eligible:
+                continue  # no member could ever hold it: never started
+            if policy == "cluster-sum":
+                # max() keeps the first of equals: names are sorted, so ties go by name
+                target = max(
+                    eligible, key=lambda n: sum(p.free for p in _eligible_pools(sim, run, n))
+                )
+            else:
+                target = eligible[turn % len(eligible)]
+                turn += 1
+            queues[target].append(run)
+            dispatched.append(run)
+        for name in names:
+            q = queues[name]
+            if not q:
+                continue
+            failed: set[Any] = set()
+            keep: list[_Run] = []
+            for run in q:
+                if run.key in failed or not _try_start_in_member(sim, run, name, member_fit, now):
+                    failed.add(run.key)
+                    keep.append(run)
+            queues[name] = keep
+        sim.stranded += sum(1 for run in dispatched if run.start == _NEVER)

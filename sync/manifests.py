@@ -1,0 +1,404 @@
+"""Manifest preparation: turn a GPUJob's template into the objects a member applies.
+
+Called by the hub when it writes a work item (:func:`prepare_manifests`) and by pod-set
+derivation (:func:`workload_pod_templates`, so both agree on pod set names). Pure functions over
+plain dicts (the JSON form of Kubernetes objects); no client, no I/O. The target namespace is
+not part of the manifests: the agent creates it when absent, labelled ``gpufed.io/managed``
+(several jobs share it, so deleting one job never deletes it).
+
+What preparation does, object by object (DESIGN.md §4, STYLE.md habit 10):
+
+1. **Tenant confinement.** Only kinds on the allow-list pass (``Kind.group``, default
+   :data:`DEFAULT_ALLOWED_KINDS`); every object goes to the GPUJob's own namespace (a different
+   ``metadata.namespace`` is refused, an absent one is set). Anything else raises
+   :class:`ManifestError` naming the field, so a hub user cannot reach beyond their namespace
+   in any member.
+2. **Strip server-filled fields**: ``status`` and ``metadata.{resourceVersion, uid,
+   managedFields, creationTimestamp, generation, selfLink, deletionTimestamp,
+   deletionGracePeriodSeconds}``, and every ``ownerReference``: an owner UID from the hub never
+   resolves in a member, and the member's garbage collector deletes objects whose owners do
+   not exist.
+3. **Ownership labels** ``gpufed.io/origin`` (the hub's id) and ``gpufed.io/job-uid`` (the
+   GPUJob UID) on every object and on every pod template inside it; the annotation
+   ``gpufed.io/job`` carries ``namespace/name``. Label values are kept valid (<= 63
+   characters, alphanumeric ends): a longer value is shortened with a hash suffix and the full
+   value kept in an annotation under the same key.
+4. **Pinning**: the pods of each pod set get a required node affinity to the nodes (or NVLink
+   cliques) that placement chose, ANDed into every existing node selector term.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufed.api.inventory import workload_kind
+from gpufed.api.labels import (
+    GPU_CLIQUE_LABEL,
+    HOSTNAME_LABEL,
+    JOB_ANNOTATION,
+    JOB_UID_LABEL,
+    ORIGIN_LABEL,
+)
+
+#: Kinds a GPUJob may create in a member, as ``Kind.group`` (core kinds have no group).
+DEFAULT_ALLOWED_KINDS: frozenset[str] = frozenset(
+    {
+        "Job.batch",
+        "JobSet.jobset.x-k8s.io",
+        "PyTorchJob.kubeflow.org",
+        "ConfigMap",
+        "Secret",
+        "Service",
+    }
+)
+#: Kinds whose pods placement sizes (the workload kinds); other allowed kinds carry no pods.
+WORKLOAD_KINDS: frozenset[str] = frozenset(
+    {"Job.batch", "JobSet.jobset.x-k8s.io", "PyTorchJob.kubeflow.org"}
+)
+
+_SERVER_METADATA = (
+    "resourceVersion",
+    "uid",
+    "managedFields",
+    "creationTimestamp",
+    "generation",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "ownerReferences",
+)
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MAX_LABEL_VALUE = 63
+
+
+class ManifestError(ValueError):
+    """A template object that may not be sent to a member.
+
+    ``field`` is the path inside the GPUJob (``spec.template.items[1].kind``); the message says
+    what is wrong and what would be accepted.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class PodSetPinning(BaseModel):
+    """Where placement put one pod set: node names and/or NVLink domain ids.
+
+    ``nodes``: member Node names (``metadata.name``); when given, pods are pinned to exactly
+    these nodes. ``hostnames``: node name -> its ``kubernetes.io/hostname`` label value, for
+    pinning to several nodes (the label equals the name unless the member says otherwise).
+    ``nvlink_domains``: domain ids (``clique:<value>`` or ``node:<name>``); used when
+    ``nodes`` is empty.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: tuple[str, ...] = ()
+    hostnames: dict[str, str] = Field(default_factory=dict)
+    nvlink_domains: tuple[str, ...] = ()
+
+
+# --- label values --------------------------------------------------------------------------------
+
+
+def is_valid_label_value(value: str) -> bool:
+    """Kubernetes label value rules: <= 63 chars, ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
+    return len(value) <= _MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
+
+
+def label_value(value: str) -> str:
+    """``value`` itself when it is a valid label value, else a valid stand-in.
+
+    The stand-in keeps a readable prefix of the value's allowed characters and ends in 10 hex
+    characters of its SHA-256, so different values stay different: ``"hub.example.com/…"`` (80
+    chars) -> ``"hub.example.com-…-3f2a9c01de"`` (63 chars). Store the full value in an
+    annotation under the same key when it matters.
+    """
+    if is_valid_label_value(value):
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:10]
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", value).strip("-_.")
+    prefix = cleaned[: _MAX_LABEL_VALUE - len(digest) - 1].rstrip("-_.")
+    return f"{prefix}-{digest}" if prefix else f"h{digest}"
+
+
+# --- template structure --------------------------------------------------------------------------
+
+
+def template_objects(template: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The objects of a GPUJob template with their field paths.
+
+    A template of ``kind: List`` yields its ``items`` (``spec.template.items[i]``); any other
+    template is one object (``spec.template``). Raises :class:`ManifestError` when an item is
+    not an object.
+    """
+    if template.get("kind") == "List":
+        items = template.get("items")
+        if not isinstance(items, list) or not items:
+            raise ManifestError("spec.template.items", "a List template needs a non-empty list")
+        out: list[tuple[str, Mapping[str, Any]]] = []
+        for i, item in enumerate(items):
+            path = f"spec.template.items[{i}]"
+            if not isinstance(item, Mapping):
+                raise ManifestError(path, "every item must be a Kubernetes object (a mapping)")
+            out.append((path, item))
+        return out
+    return [("spec.template", template)]
+
+
+def object_kind(obj: Mapping[str, Any], path: str) -> str:
+    """``Kind.group`` of an object; raises :class:`ManifestError` when apiVersion/kind are absent."""
+    api_version = obj.get("apiVersion")
+    kind = obj.get("kind")
+    if not isinstance(api_version, str) or not api_version:
+        raise ManifestError(f"{path}.apiVersion", "is required (for example batch/v1)")
+    if not isinstance(kind, str) or not kind:
+        raise ManifestError(f"{path}.kind", "is required (for example Job)")
+    return workload_kind(api_version, kind)
+
+
+class PodTemplateRef(NamedTuple):
+    """One pod template inside a workload object.
+
+    ``pod_set``: the pod set name; ``path``: field path of the pod template in the GPUJob;
+    ``template``: the pod template (``metadata`` + ``spec``); ``kind``: the owner's
+    ``Kind.group``; ``replica``: the mapping that holds the pod count fields (a Job's
+    ``spec``, a JobSet ``replicatedJobs[i]`` entry, a PyTorchJob replica spec) and
+    ``replica_path`` its field path.
+    """
+
+    pod_set: str
+    path: str
+    template: Mapping[str, Any]
+    kind: str
+    replica: Mapping[str, Any]
+    replica_path: str
+
+
+def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodTemplateRef]:
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ManifestError(f"{path}.spec", "is required for a workload")
+    if kind == "Job.batch":
+        tpl = _mapping(spec, "template", f"{path}.spec")
+        return [PodTemplateRef("main", f"{path}.spec.template", tpl, kind, spec, f"{path}.spec")]
+    if kind == "JobSet.jobset.x-k8s.io":
+        rjobs = spec.get("replicatedJobs")
+        if not isinstance(rjobs, list) or not rjobs:
+            raise ManifestError(f"{path}.spec.replicatedJobs", "a JobSet needs replicatedJobs")
+        out = []
+        for i, rj in enumerate(rjobs):
+            rpath = f"{path}.spec.replicatedJobs[{i}]"
+            if not isinstance(rj, Mapping) or not isinstance(rj.get("name"), str):
+                raise ManifestError(f"{rpath}.name", "every replicated job needs a name")
+            job = _mapping(rj, "template", rpath)
+            job_spec = _mapping(job, "spec", f"{rpath}.template")
+            tpl = _mapping(job_spec, "template", f"{rpath}.template.spec")
+            out.append(
+                PodTemplateRef(
+                    str(rj["name"]), f"{rpath}.template.spec.template", tpl, kind, rj, rpath
+                )
+            )
+        return out
+    if kind == "PyTorchJob.kubeflow.org":
+        specs = spec.get("pytorchReplicaSpecs")
+        if not isinstance(specs, Mapping) or not specs:
+            raise ManifestError(
+                f"{path}.spec.pytorchReplicaSpecs", "a PyTorchJob needs pytorchReplicaSpecs"
+            )
+        out = []
+        for role in sorted(specs):
+            rpath = f"{path}.spec.pytorchReplicaSpecs.{role}"
+            rs = specs[role]
+            if not isinstance(rs, Mapping):
+                raise ManifestError(rpath, "must be a replica spec (replicas, template)")
+            tpl = _mapping(rs, "template", rpath)
+            out.append(PodTemplateRef(str(role).lower(), f"{rpath}.template", tpl, kind, rs, rpath))
+        return out
+    return []
+
+
+def _mapping(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{path}.{key}", "is required and must be an object")
+    return value
+
+
+def workload_pod_templates(template: Mapping[str, Any]) -> list[PodTemplateRef]:
+    """Every pod template of the workloads in a GPUJob template, in template order.
+
+    Pod set names: ``main`` for a batch/v1 Job, the replicated job's name for a JobSet, the
+    lowercased replica type (``master``, ``worker``) for a PyTorchJob. When a List holds
+    several workloads, names are prefixed with the object's name (``<name>.<pod set>``).
+    Raises :class:`ManifestError` naming the field of a malformed workload.
+    """
+    per_object: list[tuple[Mapping[str, Any], list[PodTemplateRef]]] = []
+    for path, obj in template_objects(template):
+        kind = object_kind(obj, path)
+        if kind in WORKLOAD_KINDS:
+            per_object.append((obj, _pod_templates_of(obj, kind, path)))
+    if len(per_object) <= 1:
+        return [ref for _, refs in per_object for ref in refs]
+    return [
+        ref._replace(pod_set=f"{_name_of(obj)}.{ref.pod_set}")
+        for obj, refs in per_object
+        for ref in refs
+    ]
+
+
+def _name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return str(name) if name else "unnamed"
+
+
+# --- preparation ---------------------------------------------------------------------------------
+
+
+def prepare_manifests(
+    template: Mapping[str, Any],
+    *,
+    job_uid: str,
+    job_name: str,
+    namespace: str,
+    origin: str,
+    pinning: Mapping[str, PodSetPinning] | None = None,
+    allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
+    clique_label: str = GPU_CLIQUE_LABEL,
+) -> list[dict[str, Any]]:
+    """The objects of ``template`` ready to apply in a member (steps 1-4 of the module doc).
+
+    ``job_uid``: the GPUJob ``metadata.uid``; ``job_name``: its name (the default name of a
+    single-object template without one); ``namespace``: the GPUJob's namespace; ``origin``:
+    the hub's id; ``pinning``: pod set name -> where placement put it (names as
+    :func:`workload_pod_templates` gives them). The input is not modified.
+
+    Raises :class:`ManifestError` naming the field for a refused kind, a foreign namespace, a
+    cluster-scoped attempt or a List item without a name.
+    """
+    allowed = frozenset(allowed_kinds)
+    objects = template_objects(template)
+    prepared: list[dict[str, Any]] = []
+    for path, obj in objects:
+        kind = object_kind(obj, path)
+        if kind not in allowed:
+            raise ManifestError(
+                f"{path}.kind",
+                f"{kind} may not be created in a member; allowed kinds: {', '.join(sorted(allowed))}",
+            )
+        out = copy.deepcopy(dict(obj))
+        out.pop("status", None)
+        meta = out.get("metadata")
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, dict):
+            raise ManifestError(f"{path}.metadata", "must be an object")
+        out["metadata"] = meta
+        for key in _SERVER_METADATA:
+            meta.pop(key, None)
+        ns = meta.get("namespace")
+        if ns not in (None, "", namespace):
+            raise ManifestError(
+                f"{path}.metadata.namespace",
+                f"{ns!r} is not allowed: a GPUJob's objects go to its own namespace "
+                f"{namespace!r} (leave metadata.namespace out)",
+            )
+        meta["namespace"] = namespace
+        if not meta.get("name"):
+            if len(objects) > 1 or meta.get("generateName"):
+                raise ManifestError(
+                    f"{path}.metadata.name",
+                    "is required (generateName is not supported: names make re-applying "
+                    "idempotent)",
+                )
+            meta["name"] = job_name
+        meta.pop("generateName", None)
+        _own(meta, job_uid=job_uid, job_key=f"{namespace}/{job_name}", origin=origin)
+        prepared.append(out)
+
+    # Pod templates: labels and pinning. Walk the prepared copies with the same rules.
+    pinning = pinning or {}
+    prepared_template: Mapping[str, Any] = (
+        {"apiVersion": "v1", "kind": "List", "items": prepared}
+        if template.get("kind") == "List"
+        else prepared[0]
+    )
+    for ref in workload_pod_templates(prepared_template):
+        pod_template = ref.template
+        assert isinstance(pod_template, dict)  # our own deep copy
+        pod_meta = pod_template.setdefault("metadata", {})
+        labels = pod_meta.setdefault("labels", {})
+        labels[ORIGIN_LABEL] = label_value(origin)
+        labels[JOB_UID_LABEL] = label_value(job_uid)
+        where = pinning.get(ref.pod_set)
+        if where is not None:
+            pin_pod_template(pod_template, where, clique_label=clique_label)
+    return prepared
+
+
+def _own(meta: dict[str, Any], *, job_uid: str, job_key: str, origin: str) -> None:
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    labels[ORIGIN_LABEL] = label_value(origin)
+    labels[JOB_UID_LABEL] = label_value(job_uid)
+    if labels[ORIGIN_LABEL] != origin:
+        annotations[ORIGIN_LABEL] = origin
+    if labels[JOB_UID_LABEL] != job_uid:
+        annotations[JOB_UID_LABEL] = job_uid
+    annotations[JOB_ANNOTATION] = job_key
+    meta["labels"] = labels
+    meta["annotations"] = annotations
+
+
+def pin_pod_template(
+    pod_template: dict[str, Any], where: PodSetPinning, *, clique_label: str = GPU_CLIQUE_LABEL
+) -> None:
+    """Add a required node affinity to ``where`` (in place), ANDed with the existing one.
+
+    One node: ``matchFields`` on ``metadata.name`` (exact; the API server allows exactly one
+    value there). Several nodes: ``matchExpressions`` ``kubernetes.io/hostname In [...]`` (the
+    nodes' hostname label values). Without nodes: clique domains (``clique:<v>``) by ``In`` on
+    ``clique_label``, node domains (``node:<name>``) by hostname. Each existing
+    ``nodeSelectorTerms`` entry (they are ORed) gets the constraint added (a term's parts are
+    ANDed); with none, one term is created.
+    """
+    fields: list[dict[str, Any]] = []
+    exprs: list[dict[str, Any]] = []
+    nodes = sorted(set(where.nodes))
+    if not nodes:
+        nodes = sorted(d.split(":", 1)[1] for d in where.nvlink_domains if d.startswith("node:"))
+        cliques = sorted(
+            d.split(":", 1)[1] for d in where.nvlink_domains if d.startswith("clique:")
+        )
+        if cliques:
+            exprs.append({"key": clique_label, "operator": "In", "values": cliques})
+    if len(nodes) == 1:
+        fields.append({"key": "metadata.name", "operator": "In", "values": nodes})
+    elif nodes:
+        values = sorted({where.hostnames.get(n, n) for n in nodes})
+        exprs.append({"key": HOSTNAME_LABEL, "operator": "In", "values": values})
+    if not fields and not exprs:
+        return
+    spec = pod_template.setdefault("spec", {})
+    affinity = spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term.setdefault("matchFields", []).extend(copy.deepcopy(fields))
+        term.setdefault("matchExpressions", []).extend(copy.deepcopy(exprs))
+        if not term["matchFields"]:
+            del term["matchFields"]
+        if not term["matchExpressions"]:
+            del term["matchExpressions"]
+    required["nodeSelectorTerms"] = terms

@@ -1,0 +1,126 @@
+"""The hub's etcd state against a real etcd: exactly-once placement, leader guard, election."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.hub.leader import LeaderElector
+from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.store import ConflictError, NotLeaderError, Store
+
+pytestmark = pytest.mark.integration
+
+
+def job(uid: str = "u1", cluster: str = "m1") -> JobRecord:
+    return JobRecord(uid=uid, job="team-a/j", cluster=cluster, placed_at=1.0, gpus=8)
+
+
+def work(uid: str = "u1", op: str = "Apply") -> WorkRecord:
+    return WorkRecord(
+        job_uid=uid,
+        job="team-a/j",
+        namespace="team-a",
+        op=op,  # type: ignore[arg-type]
+        manifests=({"kind": "Job"},),
+    )
+
+
+async def lead(store: Store, ttl: int = 5) -> LeaderElector:
+    elector = LeaderElector(store, ttl_s=ttl)
+    await asyncio.wait_for(elector.acquire(), 10)
+    return elector
+
+
+async def test_placement_is_written_once_with_work_and_reservation(store: Store) -> None:
+    await lead(store)
+    rev, job_rev = await store.place(job(), work(), '{"r":1}', expect_job_revision=None)
+    assert rev == job_rev > 0
+    with pytest.raises(ConflictError):
+        await store.place(job(cluster="m2"), work(), "{}", expect_job_revision=None)
+    loaded = await store.load()
+    assert loaded.jobs["u1"].cluster == "m1"
+    assert loaded.work[("m1", "u1")] == (work(), rev)
+    assert ("m2", "u1") not in loaded.work
+    assert loaded.reservations == {"u1": '{"r":1}'}
+    assert loaded.job_revisions["u1"] == job_rev
+
+
+async def test_a_job_is_placed_again_only_from_the_revision_read(store: Store) -> None:
+    await lead(store)
+    _, job_rev = await store.place(job(), work(), "{}", expect_job_revision=None)
+    requeued = job().model_copy(update={"cluster": None})
+    new_rev = await store.put_job(requeued, expect_revision=job_rev)
+    second = job(cluster="m2").model_copy(update={"attempt": 2})
+    with pytest.raises(ConflictError):
+        await store.place(second, work(), "{}", expect_job_revision=job_rev)
+    rev, _ = await store.place(second, work(), "{}", expect_job_revision=new_rev)
+    assert (await store.get_work("m2", "u1")) == (work(), rev)
+
+
+async def test_work_revisions_strictly_increase(store: Store) -> None:
+    await lead(store)
+    rev1, _ = await store.place(job(), work(), "{}", expect_job_revision=None)
+    rev2 = await store.put_work("m1", work(op="Delete"))
+    assert rev2 > rev1
+    await store.put_ack("m1", "u1", AckRecord(revision=rev2, result="Deleted"))
+    await store.forget_work("m1", "u1")
+    await store.forget_job("u1")
+    loaded = await store.load()
+    assert not loaded.work
+    assert not loaded.acks
+    assert not loaded.jobs
+    assert not loaded.reservations
+
+
+async def test_a_replica_that_is_not_leader_cannot_write(etcd_endpoint: str, prefix: str) -> None:
+    a = await Store.connect([etcd_endpoint], prefix=prefix, hub_id="hub-a")
+    b = await Store.connect([etcd_endpoint], prefix=prefix, hub_id="hub-b")
+    try:
+        leader = await lead(a)
+        with pytest.raises(NotLeaderError):
+            await b.place(job(), work(), "{}", expect_job_revision=None)
+        with pytest.raises(NotLeaderError):
+            await b.put_work("m1", work())
+        await leader.resign()
+        with pytest.raises(NotLeaderError):
+            await a.put_work("m1", work())
+        assert not (await a.load()).work
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_standby_takes_over_when_the_leader_stops_renewing(
+    etcd_endpoint: str, prefix: str
+) -> None:
+    a = await Store.connect([etcd_endpoint], prefix=prefix, hub_id="hub-a")
+    b = await Store.connect([etcd_endpoint], prefix=prefix, hub_id="hub-b")
+    try:
+        await lead(a, ttl=2)
+        standby = LeaderElector(b, ttl_s=2)
+        campaign = asyncio.create_task(standby.acquire())
+        await asyncio.sleep(0.5)
+        assert not campaign.done(), "the standby must wait while the leader's lease lives"
+        # hub-a never renews (it is "paused"): its lease expires after ~2 s.
+        await asyncio.wait_for(campaign, 10)
+        assert await b.leader() == "hub-b"
+        with pytest.raises(NotLeaderError):
+            await a.put_work("m1", work())
+        await b.put_work("m1", work())
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_inventory_and_member_meta_round_trip(store: Store) -> None:
+    await lead(store)
+    nodes = [NodeInventory(name=f"n{i}", nvlink_domain=f"node:n{i}") for i in range(150)]
+    await store.write_nodes("m1", nodes, [])
+    await store.write_nodes("m1", [], ["n0", "n1"])
+    await store.put_member_meta("m1", MemberMeta(agent_version="0.1.0", lost_at=5.0))
+    loaded = await store.load()
+    assert sorted(loaded.nodes["m1"]) == sorted(f"n{i}" for i in range(2, 150))
+    assert loaded.members["m1"].lost_at == 5.0

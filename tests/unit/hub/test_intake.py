@@ -1,0 +1,76 @@
+"""List+watch bookkeeping of the hub's intake: resume from the last resourceVersion, re-list on
+410 Gone, and treat objects that vanished while unwatched as deleted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpufed.hub.config import HubConfig
+from gpufed.hub.core import Controller
+from gpufed.hub.kube import GoneError, WatchEvent
+from gpufed.hub.metrics import HubMetrics
+from tests.unit.hub.builders import batch_job
+
+
+def job_obj(name: str, uid: str, rv: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "GPUJob",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": uid,
+            "resourceVersion": rv,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            # already has the finalizer: the reconcile asks nothing of the API
+            "finalizers": ["gpufed.io/member-cleanup"],
+        },
+        "spec": {"template": batch_job(8)},
+    }
+
+
+class ScriptedKube:
+    """Lists and watches from a script; records the resourceVersions watches started from."""
+
+    def __init__(self) -> None:
+        self.lists = [
+            ([job_obj("a", "ua", "10"), job_obj("b", "ub", "11")], "11"),
+            ([job_obj("b", "ub", "30")], "30"),  # after 410: a vanished while unwatched
+        ]
+        self.watch_from: list[str] = []
+        self.done = asyncio.Event()
+
+    async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        if plural != "gpujobs":
+            return [], "1"
+        if not self.lists:
+            self.done.set()
+            await asyncio.Event().wait()
+        return self.lists.pop(0)
+
+    async def watch_objects(self, plural: str, rv: str) -> AsyncIterator[WatchEvent | str]:
+        self.watch_from.append(rv)
+        if len(self.watch_from) == 1:
+            yield WatchEvent("ADDED", job_obj("c", "uc", "12"))
+            yield "20"  # a bookmark
+            return  # the server ended the watch: resume from the bookmark
+        if len(self.watch_from) == 2:
+            raise GoneError("too old resource version: 20 (25)")
+        self.done.set()
+        await asyncio.Event().wait()
+        yield "never"  # pragma: no cover
+
+
+async def test_watch_resumes_from_bookmarks_and_relists_on_410() -> None:
+    kube = ScriptedKube()
+    ctrl = Controller(HubConfig(insecure=True), store=None, kube=kube, metrics=HubMetrics())  # type: ignore[arg-type]
+    task = asyncio.create_task(ctrl._list_watch("gpujobs"))
+    await asyncio.wait_for(kube.done.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert kube.watch_from == ["11", "20", "30"]
+    assert set(ctrl.jobs) == {"ub"}, "a and c vanished while unwatched: treated as deleted"
+    assert ctrl.jobs["ub"].obj.metadata.resource_version == "30"
+    assert ctrl.jobs_synced.is_set()

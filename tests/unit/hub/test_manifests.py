@@ -1,0 +1,210 @@
+"""Manifest preparation for members (gpufed.sync.manifests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufed.api.labels import JOB_ANNOTATION, JOB_UID_LABEL, ORIGIN_LABEL
+from gpufed.sync.manifests import (
+    ManifestError,
+    PodSetPinning,
+    is_valid_label_value,
+    label_value,
+    prepare_manifests,
+    workload_pod_templates,
+)
+from tests.unit.hub.builders import batch_job, jobset, manifest_list, pytorchjob
+
+UID = "0f0e0d0c-0000-4000-8000-000000000001"
+
+
+def prepare(template: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+    args: dict[str, Any] = {
+        "job_uid": UID,
+        "job_name": "llama-ft",
+        "namespace": "team-a",
+        "origin": "hub-1",
+    }
+    args.update(kw)
+    return prepare_manifests(template, **args)
+
+
+def test_server_filled_fields_and_owner_references_are_stripped() -> None:
+    job = batch_job()
+    job["metadata"].update(
+        resourceVersion="42",
+        uid="abc",
+        managedFields=[{"manager": "kubectl"}],
+        creationTimestamp="2026-01-01T00:00:00Z",
+        generation=3,
+        ownerReferences=[{"apiVersion": "gpufed.io/v1alpha1", "kind": "GPUJob", "uid": "x"}],
+    )
+    job["status"] = {"active": 1}
+    (out,) = prepare(job)
+    assert set(out["metadata"]) == {"name", "namespace", "labels", "annotations"}
+    assert "status" not in out
+    assert job["metadata"]["uid"] == "abc", "the input must not be modified"
+
+
+def test_every_object_and_pod_template_carries_origin_and_job_uid() -> None:
+    template = manifest_list(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+        batch_job(name="train"),
+        jobset(("workers", 2, 1, 8), name="js"),
+    )
+    out = prepare(template)
+    for obj in out:
+        assert obj["metadata"]["labels"][ORIGIN_LABEL] == "hub-1"
+        assert obj["metadata"]["labels"][JOB_UID_LABEL] == UID
+        assert obj["metadata"]["annotations"][JOB_ANNOTATION] == "team-a/llama-ft"
+        assert obj["metadata"]["namespace"] == "team-a"
+    job_pod = out[1]["spec"]["template"]["metadata"]["labels"]
+    js_pod = out[2]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]
+    assert job_pod[JOB_UID_LABEL] == UID
+    assert js_pod["labels"][ORIGIN_LABEL] == "hub-1"
+
+
+def test_a_long_origin_becomes_a_valid_label_with_the_full_value_annotated() -> None:
+    origin = "hub.gpu-platform.example.com/" + "x" * 80
+    (out,) = prepare(batch_job(), origin=origin)
+    value = out["metadata"]["labels"][ORIGIN_LABEL]
+    assert is_valid_label_value(value)
+    assert out["metadata"]["annotations"][ORIGIN_LABEL] == origin
+    assert is_valid_label_value(out["spec"]["template"]["metadata"]["labels"][ORIGIN_LABEL])
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a" * 64, "-starts-with-dash", "has space", "ends.", "x" * 200 + "/y", "///", "é"],
+)
+def test_label_value_is_always_valid_and_distinct(value: str) -> None:
+    assert is_valid_label_value(label_value(value))
+    assert label_value(value) != label_value(value + "z")
+
+
+def test_valid_label_values_are_kept() -> None:
+    assert label_value("hub-1") == "hub-1"
+    assert label_value("") == ""
+
+
+def test_a_single_object_without_a_name_takes_the_gpujob_name() -> None:
+    (out,) = prepare(batch_job(name=None))
+    assert out["metadata"]["name"] == "llama-ft"
+
+
+def test_list_items_need_names() -> None:
+    with pytest.raises(ManifestError) as err:
+        prepare(manifest_list(batch_job(name="a"), batch_job(name=None)))
+    assert err.value.field == "spec.template.items[1].metadata.name"
+
+
+def test_kinds_outside_the_allow_list_are_refused_naming_the_field() -> None:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {}}
+    with pytest.raises(ManifestError) as err:
+        prepare(manifest_list(batch_job(), role))
+    assert err.value.field == "spec.template.items[1].kind"
+    assert "ClusterRole.rbac.authorization.k8s.io may not be created" in str(err.value)
+
+
+def test_the_allow_list_is_configurable() -> None:
+    with pytest.raises(ManifestError):
+        prepare(batch_job(), allowed_kinds={"ConfigMap"})
+
+
+def test_objects_for_another_namespace_are_refused() -> None:
+    job = batch_job()
+    job["metadata"]["namespace"] = "kube-system"
+    with pytest.raises(ManifestError) as err:
+        prepare(job)
+    assert err.value.field == "spec.template.metadata.namespace"
+    assert "own namespace 'team-a'" in err.value.message
+
+
+def test_generate_name_is_refused() -> None:
+    job = batch_job(name=None)
+    job["metadata"] = {"generateName": "train-"}
+    with pytest.raises(ManifestError, match="generateName"):
+        prepare(job)
+
+
+def _terms(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    terms: list[dict[str, Any]] = obj["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return terms
+
+
+def test_pods_of_one_node_are_pinned_by_name() -> None:
+    (out,) = prepare(batch_job(), pinning={"main": PodSetPinning(nodes=("n1",))})
+    assert _terms(out) == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    ]
+
+
+def test_pods_of_several_nodes_are_pinned_by_hostname_label() -> None:
+    """The API server allows one value for a metadata.name field selector; the hostname label
+    takes a list (the nodes' own label values when the member reported them)."""
+    where = PodSetPinning(nodes=("n2", "n1"), hostnames={"n1": "host-1"})
+    (out,) = prepare(batch_job(), pinning={"main": where})
+    assert _terms(out) == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-1", "n2"]}
+            ]
+        }
+    ]
+
+
+def test_pinning_is_anded_into_every_existing_node_selector_term() -> None:
+    user_terms = [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+    ]
+    job = batch_job(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": user_terms}
+            }
+        }
+    )
+    (out,) = prepare(job, pinning={"main": PodSetPinning(nvlink_domains=("clique:abc.1",))})
+    terms = out["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert len(terms) == 2
+    for term in terms:
+        assert term["matchExpressions"][-1] == {
+            "key": "nvidia.com/gpu.clique",
+            "operator": "In",
+            "values": ["abc.1"],
+        }
+    assert len(user_terms[0]["matchExpressions"]) == 1, "the input must not be modified"
+
+
+def test_each_pod_set_gets_its_own_pinning() -> None:
+    out = prepare(
+        pytorchjob(),
+        pinning={
+            "master": PodSetPinning(nodes=("m",)),
+            "worker": PodSetPinning(nodes=("w1", "w2")),
+        },
+    )
+    specs = out[0]["spec"]["pytorchReplicaSpecs"]
+
+    def pinned(role: str) -> list[str]:
+        aff = specs[role]["template"]["spec"]["affinity"]["nodeAffinity"]
+        term = aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        values: list[str] = (term.get("matchFields") or term["matchExpressions"])[0]["values"]
+        return values
+
+    assert pinned("Master") == ["m"]
+    assert pinned("Worker") == ["w1", "w2"]
+
+
+def test_pod_set_names_follow_the_workload_shape() -> None:
+    assert [r.pod_set for r in workload_pod_templates(batch_job())] == ["main"]
+    assert [r.pod_set for r in workload_pod_templates(pytorchjob())] == ["master", "worker"]
+    two = manifest_list(batch_job(name="a"), jobset(("w", 1, 1, 8), name="b"))
+    assert [r.pod_set for r in workload_pod_templates(two)] == ["a.main", "b.w"]

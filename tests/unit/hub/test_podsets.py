@@ -1,0 +1,131 @@
+"""Pod sets and placement requests derived from GPUJob templates (gpufed.hub.podsets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufed.hub.podsets import InvalidJobError, derive_pod_sets, placement_request
+from tests.unit.hub.builders import (
+    batch_job,
+    container,
+    gpujob,
+    jobset,
+    manifest_list,
+    pod_spec,
+    pytorchjob,
+)
+
+
+def test_a_job_runs_parallelism_pods_capped_by_completions() -> None:
+    (ps,) = derive_pod_sets(batch_job(8, parallelism=4, completions=2))
+    assert (ps.name, ps.count, ps.gpus_per_pod) == ("main", 2, 8)
+    (ps,) = derive_pod_sets(batch_job(8, parallelism=3))
+    assert ps.count == 3
+    (ps,) = derive_pod_sets(batch_job(8))
+    assert ps.count == 1
+
+
+def test_a_jobset_has_one_pod_set_per_replicated_job() -> None:
+    sets = derive_pod_sets(jobset(("leader", 1, 1, 0), ("workers", 4, 2, 8)))
+    assert [(s.name, s.count, s.gpus_per_pod) for s in sets] == [
+        ("leader", 1, 0),
+        ("workers", 8, 8),
+    ]
+
+
+def test_a_pytorchjob_has_one_pod_set_per_replica_type() -> None:
+    sets = derive_pod_sets(pytorchjob(masters=1, workers=3, gpus=4))
+    assert [(s.name, s.count, s.gpus) for s in sets] == [("master", 1, 4), ("worker", 3, 12)]
+
+
+def test_a_list_sums_its_workloads_and_ignores_config_objects() -> None:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    sets = derive_pod_sets(manifest_list(cm, batch_job(2, name="a"), batch_job(4, name="b")))
+    assert [(s.name, s.gpus) for s in sets] == [("a.main", 2), ("b.main", 4)]
+
+
+def test_init_containers_count_as_their_max_and_overhead_is_added() -> None:
+    spec = pod_spec(
+        4,
+        initContainers=[container(8, name="warm"), container(2, name="other")],
+        overhead={"cpu": "250m"},
+    )
+    spec["containers"][0]["resources"]["requests"] = {"cpu": "1"}
+    job = batch_job()
+    job["spec"]["template"]["spec"] = spec
+    (ps,) = derive_pod_sets(job)
+    assert ps.requests["nvidia.com/gpu"] == 8
+    assert ps.requests["cpu"] == 1250
+
+
+def test_node_selector_and_tolerations_come_from_the_pod_template() -> None:
+    job = batch_job(
+        1,
+        nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "inference"}],
+    )
+    (ps,) = derive_pod_sets(job)
+    assert ps.node_selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert ps.tolerations[0].key == "dedicated"
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        (batch_job(parallelism=-1), "spec.template.spec.parallelism"),
+        (batch_job(completions="2"), "spec.template.spec.completions"),  # type: ignore[arg-type]
+        (
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
+            "spec.template.kind",
+        ),
+        (
+            {"apiVersion": "batch/v1", "kind": "Job", "spec": {}},
+            "spec.template.spec.template",
+        ),
+        (
+            {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "spec": {}},
+            "spec.template.spec.pytorchReplicaSpecs",
+        ),
+    ],
+)
+def test_bad_templates_name_the_field(template: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidJobError) as err:
+        derive_pod_sets(template)
+    assert err.value.field == field
+
+
+def test_a_fractional_gpu_is_refused_naming_the_container() -> None:
+    job = batch_job()
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "0.5"
+    }
+    with pytest.raises(InvalidJobError, match=r"containers\[0\].resources.limits.nvidia.com/gpu"):
+        derive_pod_sets(job)
+
+
+def test_a_job_with_zero_parallelism_runs_no_pods() -> None:
+    with pytest.raises(InvalidJobError, match="runs no pods"):
+        derive_pod_sets(batch_job(parallelism=0))
+
+
+def test_placement_request_carries_spec_placement() -> None:
+    job = gpujob(
+        jobset(("w", 2, 1, 8)),
+        placement={
+            "gpuProducts": ["NVIDIA-H100-80GB-HBM3"],
+            "clusterSelector": {"matchLabels": {"region": "us-east"}},
+            "topology": {"nvlink": "Required"},
+            "priority": 100,
+        },
+    )
+    req = placement_request(job, submitted_at=12.5)
+    assert req.job == "team-a/llama-ft"
+    assert req.uid == job.metadata.uid
+    assert req.gpus == 16
+    assert req.gpu_products == ("NVIDIA-H100-80GB-HBM3",)
+    assert req.cluster_selector is not None
+    assert req.cluster_selector.matches({"region": "us-east"})
+    assert req.topology.nvlink == "Required"
+    assert req.priority == 100
+    assert req.workload_kind == "JobSet.jobset.x-k8s.io"
+    assert req.submitted_at == 12.5

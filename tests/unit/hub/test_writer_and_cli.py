@@ -1,0 +1,192 @@
+"""Coalescing status writes, `gpufed submit` wrapping, CLI JSON rows and sandbox certificates."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from gpufed.cli.jobs import cluster_rows, explain_text, job_rows, wrap
+from gpufed.hub.certs import generate
+from gpufed.hub.writer import CoalescingWriter, ObjectGoneError
+from tests.unit.hub.builders import batch_job
+
+
+async def test_a_burst_of_updates_to_one_key_becomes_the_latest_write() -> None:
+    written: list[tuple[str, Any]] = []
+    gate = asyncio.Event()
+
+    async def write(key: str, value: Any) -> None:
+        await gate.wait()
+        written.append((key, value))
+
+    w = CoalescingWriter("t", write, workers=2)
+    w.start()
+    w.submit("a", 1)
+    await asyncio.sleep(0)
+    for v in (2, 3, 4):
+        w.submit("a", v)
+    w.submit("b", 1)
+    gate.set()
+    await w.drained()
+    await w.stop()
+    assert [v for k, v in written if k == "a"] == [1, 4]
+    assert [v for k, v in written if k == "b"] == [1]
+
+
+async def test_a_value_equal_to_the_last_write_is_skipped_and_gone_keys_are_dropped() -> None:
+    calls: list[Any] = []
+
+    async def write(key: str, value: Any) -> None:
+        calls.append(value)
+        if value == "gone":
+            raise ObjectGoneError()
+
+    w = CoalescingWriter("t", write)
+    w.start()
+    w.submit("a", "x")
+    await w.drained()
+    w.submit("a", "x")
+    await w.drained()
+    w.submit("a", "gone")
+    await w.drained()
+    await w.stop()
+    assert calls == ["x", "gone"]
+    assert w.last_written("a") is None
+
+
+def test_submit_wraps_a_plain_job_reading_placement_annotations() -> None:
+    job = batch_job(8)
+    job["metadata"]["annotations"] = {
+        "gpufed.io/gpu-products": "NVIDIA-H100-80GB-HBM3, NVIDIA-H200",
+        "gpufed.io/nvlink": "Required",
+        "gpufed.io/priority": "100",
+    }
+    out = wrap(job, "team-a")
+    assert out["kind"] == "GPUJob"
+    assert out["metadata"] == {
+        "name": "train",
+        "namespace": "team-a",
+        "labels": {},
+        "annotations": job["metadata"]["annotations"],
+    }
+    assert out["spec"]["placement"] == {
+        "gpuProducts": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"],
+        "topology": {"nvlink": "Required"},
+        "priority": 100,
+    }
+    assert out["spec"]["template"]["spec"] == job["spec"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"kind": "Deployment", "apiVersion": "apps/v1"}, "not a GPUJob"),
+        ({"metadata": {"annotations": {"gpufed.io/nvlink": "Always"}, "name": "x"}}, "nvlink"),
+        ({"metadata": {"annotations": {"gpufed.io/priority": "high"}, "name": "x"}}, "priority"),
+        ({"metadata": {}}, "metadata.name"),
+    ],
+)
+def test_submit_refuses_what_it_cannot_wrap(patch: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        wrap({**batch_job(), **patch}, "team-a")
+
+
+def test_a_gpujob_is_submitted_as_is_in_the_given_namespace() -> None:
+    obj = {"apiVersion": "gpufed.io/v1alpha1", "kind": "GPUJob", "metadata": {"name": "g"}}
+    assert wrap(obj, "team-b")["metadata"]["namespace"] == "team-b"
+
+
+def test_get_rows_carry_the_documented_keys() -> None:
+    job = {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "GPUJob",
+        "metadata": {"name": "j", "namespace": "team-a"},
+        "spec": {"template": batch_job()},
+        "status": {"phase": "Running", "cluster": "m1", "gpus": 8},
+    }
+    (row,) = job_rows([job])
+    assert {k: row[k] for k in ("name", "namespace", "phase", "cluster", "gpus")} == {
+        "name": "j",
+        "namespace": "team-a",
+        "phase": "Running",
+        "cluster": "m1",
+        "gpus": 8,
+    }
+    member = {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": "m1"},
+        "spec": {"joinTokenRef": {"name": "t"}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "gpusTotal": {"NVIDIA-H100-80GB-HBM3": 16},
+            "gpusFree": {"NVIDIA-H100-80GB-HBM3": 8},
+            "largestFreeNVLinkBlock": 8,
+        },
+    }
+    (crow,) = cluster_rows([member])
+    assert {
+        k: crow[k]
+        for k in ("name", "ready", "gpus_total", "gpus_free", "largest_free_nvlink_block")
+    } == {
+        "name": "m1",
+        "ready": True,
+        "gpus_total": {"NVIDIA-H100-80GB-HBM3": 16},
+        "gpus_free": {"NVIDIA-H100-80GB-HBM3": 8},
+        "largest_free_nvlink_block": 8,
+    }
+
+
+def test_explain_of_a_pending_job_lists_each_member_and_why() -> None:
+    job = {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "GPUJob",
+        "metadata": {"name": "j", "namespace": "team-a", "uid": "u"},
+        "spec": {"template": batch_job()},
+        "status": {
+            "phase": "Pending",
+            "message": "waiting: no member has 8 free GPUs on one node",
+            "placement": {
+                "outcome": "Unschedulable",
+                "message": "no member has 8 free GPUs on one node",
+                "rejections": [
+                    {
+                        "cluster": "m1",
+                        "plugin": "TopologyFit",
+                        "code": "Unschedulable",
+                        "reason": "largest free block is 4",
+                    },
+                    {
+                        "cluster": "m2",
+                        "plugin": "GPUProduct",
+                        "code": "UnschedulableAndUnresolvable",
+                        "reason": "no NVIDIA-H100-80GB-HBM3",
+                    },
+                ],
+            },
+        },
+    }
+    text = explain_text(job)
+    assert "GPUJob team-a/j: Pending" in text
+    assert "m1" in text
+    assert "largest free block is 4" in text
+    assert "m2" in text
+    assert "GPUProduct" in text
+
+
+def test_sandbox_certificates_verify_for_localhost(tmp_path: Path) -> None:
+    files = generate(tmp_path, hosts=("hub.example", "10.1.2.3"))
+    cert = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "hub.example" in san.get_values_for_type(x509.DNSName)
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    ctx = ssl.create_default_context(cafile=str(files.ca_cert))
+    ctx.load_verify_locations(cafile=str(files.ca_cert))
+    assert oct(files.server_key.stat().st_mode)[-3:] == "600"
+    again = generate(tmp_path)
+    assert again.server_cert.read_bytes() == files.server_cert.read_bytes(), "kept, not replaced"
