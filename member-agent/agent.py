@@ -33,7 +33,7 @@ from gpufed.agent.work import WorkManager
 from gpufed.api.inventory import NodeInventory, summarize
 from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
 from gpufed.api.resources import format_quantity
-from gpufed.sync.apply import WORKLOAD_KINDS
+from gpufed.sync.manifests import WORKLOAD_KINDS
 
 log = structlog.get_logger("gpufed.agent")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufed.api.labels import DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, GPU_CLIQUE_LABEL
-from gpufed.sync.apply import DEFAULT_ALLOWED_KINDS
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -27,8 +27,6 @@ from gpufed.agent.metrics import AgentMetrics
 from gpufed.api.labels import JOB_UID_LABEL
 from gpufed.api.work import WorkAck, WorkItem
 from gpufed.sync.apply import (
-    DEFAULT_ALLOWED_KINDS,
-    WORKLOAD_KINDS,
     ManifestRefusedError,
     ObjectClient,
     ObjectRef,
@@ -42,6 +40,7 @@ from gpufed.sync.apply import (
     main_workload,
     ref_of,
 )
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
 from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
 
 log = structlog.get_logger("gpufed.agent.work")

@@ -25,21 +25,14 @@ from typing import Any, Protocol
 
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import JOB_UID_LABEL, MANAGED_NAMESPACE_LABEL
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
 from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
 
 #: Field manager of every server-side apply gpufed makes (``metadata.managedFields[].manager``).
 FIELD_MANAGER = "gpufed"
 
-#: Workload kinds gpufed propagates and summarises, as ``Kind.group`` (DESIGN.md §4). The
-#: agent reports which of these the member serves (API discovery), so placement can skip
-#: members that lack a job's kind.
-WORKLOAD_KINDS: frozenset[str] = frozenset(
-    {"Job.batch", "JobSet.jobset.x-k8s.io", "PyTorchJob.kubeflow.org"}
-)
-
-#: Every kind a work item may carry by default: the workloads plus the supporting objects a
-#: job commonly needs. Cluster-scoped kinds are never allowed.
-DEFAULT_ALLOWED_KINDS: frozenset[str] = WORKLOAD_KINDS | {"ConfigMap", "Secret", "Service"}
+# The allow-list and the workload kinds are those of manifest preparation
+# (gpufed.sync.manifests): the member enforces the same list the hub prepared against.
 
 #: Kinds whose spec is immutable once created: created once, never updated (re-applying a
 #: changed pod template of a Job is rejected by the API server, and a job must never re-run).

@@ -99,3 +99,18 @@ def test_agent_deployment_arguments_are_accepted_by_the_cli() -> None:
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
     assert f"--health-port={port}" in args
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_hub_deployment_arguments_are_accepted_by_the_cli() -> None:
+    from gpufed.cli.hub import app as hub_app
+
+    deployment = next(d for d in docs("hub") if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "hub"
+    flags = {a.split("=", 1)[0] for a in args[1:]}
+    known = {opt for p in get_command(hub_app).params for opt in p.opts}
+    assert flags <= known, flags - known
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--listen=0.0.0.0:{ports['grpc']}" in args
+    assert f"--http-listen=0.0.0.0:{ports['http']}" in args
