@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -219,12 +220,20 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
 
 
 async def run_agent(config: AgentConfig) -> None:
-    """Entry point of ``gpufed agent``: connect to the member and run until cancelled."""
+    """Entry point of ``gpufed agent``: connect to the member and run until SIGTERM/SIGINT
+    (then every task is cancelled and the streams are closed)."""
     api = await MemberApi.connect(
         kubeconfig=str(config.kubeconfig) if config.kubeconfig else None, context=config.context
     )
+    task = asyncio.create_task(Agent(config, api).run(), name="agent")
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
     try:
-        await Agent(config, api).run()
+        await task
+    except asyncio.CancelledError:
+        log.info("agent.signalled", cluster=config.cluster)
     finally:
         with contextlib.suppress(Exception):
             await api.close()
