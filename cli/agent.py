@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from gpufed.agent.agent import inventory_report, read_inventory, run_agent
 from gpufed.agent.config import AgentConfig
-from gpufed.agent.inventory import TopologyLabels
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import configure_logging
+from gpufed.api.inventory import TopologyLabels
 from gpufed.api.labels import DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, GPU_CLIQUE_LABEL
 
 app = typer.Typer(

@@ -25,13 +25,12 @@ from gpufed.agent.inventory import (
     InventoryState,
     NodeHandler,
     PodHandler,
-    TopologyLabels,
 )
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics, serve_health
 from gpufed.agent.status import StatusReporter
 from gpufed.agent.work import WorkManager
-from gpufed.api.inventory import NodeInventory, summarize
+from gpufed.api.inventory import NodeInventory, TopologyLabels, summarize
 from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
 from gpufed.api.resources import format_quantity
 from gpufed.sync.manifests import WORKLOAD_KINDS

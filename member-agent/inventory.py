@@ -23,31 +23,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from gpufed.api.inventory import MigStrategy, NodeInventory, Taint, TaintEffect, nvlink_domain_id
-from gpufed.api.labels import (
-    DEFAULT_BLOCK_LABEL,
-    DEFAULT_RACK_LABEL,
-    GPU_CLIQUE_LABEL,
-    GPU_PRODUCT_LABEL,
-    JOB_UID_LABEL,
-    MIG_STRATEGY_LABEL,
+from gpufed.api.inventory import (
+    MIG_STRATEGIES,
+    NodeInventory,
+    Taint,
+    TaintEffect,
+    TopologyLabels,
+    node_from_labels,
 )
+from gpufed.api.labels import JOB_UID_LABEL, MIG_STRATEGY_LABEL
 from gpufed.api.resources import QuantityError, pod_requests, to_canonical
 
 _EFFECTS: frozenset[str] = frozenset(get_args(TaintEffect))
-_MIG_STRATEGIES: frozenset[str] = frozenset(get_args(MigStrategy))
 _FINISHED = frozenset({"Succeeded", "Failed"})
 #: Node degradation reasons name at most this many bad pods (the count says how many more).
 _MAX_POD_REASONS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class TopologyLabels:
-    """Node label keys of the topology levels (configurable; DESIGN.md §3)."""
-
-    rack: str = DEFAULT_RACK_LABEL
-    block: str = DEFAULT_BLOCK_LABEL
-    clique: str = GPU_CLIQUE_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +118,9 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         for c in status.get("conditions") or []
     )
     mig = labels.get(MIG_STRATEGY_LABEL, "none")
-    if mig not in _MIG_STRATEGIES:
+    if mig not in MIG_STRATEGIES:
         problems.append(
-            f"label {MIG_STRATEGY_LABEL}: {mig!r} is not one of {', '.join(sorted(_MIG_STRATEGIES))}"
+            f"label {MIG_STRATEGY_LABEL}: {mig!r} is not one of {', '.join(sorted(MIG_STRATEGIES))}"
         )
     return NodeFacts(
         name=name,
@@ -360,15 +350,10 @@ class InventoryState:
                 self._degraded_seen[name] = degraded
                 if self._log_degraded is not None:
                     self._log_degraded(name, degraded)
-        mig = labels.get(MIG_STRATEGY_LABEL, "none")
-        return NodeInventory(
-            name=name,
-            labels=dict(labels),
-            gpu_product=labels.get(GPU_PRODUCT_LABEL) or None,
-            mig_strategy=mig if mig in _MIG_STRATEGIES else "none",
-            nvlink_domain=nvlink_domain_id(name, labels, self.topology.clique),
-            rack=labels.get(self.topology.rack) or None,
-            block=labels.get(self.topology.block) or None,
+        return node_from_labels(
+            name,
+            labels,
+            topology=self.topology,
             ready=facts.ready,
             unschedulable=facts.unschedulable,
             taints=facts.taints,

@@ -3,8 +3,8 @@ topology, degradation, re-lists and change tracking, over raw Node/Pod objects."
 
 from __future__ import annotations
 
-from gpufed.agent.inventory import InventoryState, TopologyLabels
-from gpufed.api.inventory import summarize
+from gpufed.agent.inventory import InventoryState
+from gpufed.api.inventory import TopologyLabels, summarize
 
 from .builders import gpu_pod, hgx_node, nvl72_tray
 
