@@ -15,14 +15,23 @@ under ``nvidia.com/gpu``, so it holds no whole GPUs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufed.api.labels import GPU_RESOURCE
+from gpufed.api.labels import (
+    DEFAULT_BLOCK_LABEL,
+    DEFAULT_RACK_LABEL,
+    GPU_CLIQUE_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    MIG_STRATEGY_LABEL,
+)
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 MigStrategy = Literal["none", "single", "mixed"]
+MIG_STRATEGIES: frozenset[str] = frozenset({"none", "single", "mixed"})
 
 
 class _Frozen(BaseModel):
@@ -204,3 +213,43 @@ def nvlink_domain_id(node_name: str, labels: Mapping[str, str], clique_label: st
     ``node:<name>``."""
     clique = labels.get(clique_label)
     return f"clique:{clique}" if clique else f"node:{node_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyLabels:
+    """Node label keys of the topology levels (configurable; DESIGN.md §3): the rack and block
+    network levels, and the multi-node NVLink domain (GFD's ``nvidia.com/gpu.clique``)."""
+
+    rack: str = DEFAULT_RACK_LABEL
+    block: str = DEFAULT_BLOCK_LABEL
+    clique: str = GPU_CLIQUE_LABEL
+
+
+def node_from_labels(
+    name: str,
+    labels: Mapping[str, str],
+    *,
+    topology: TopologyLabels | None = None,
+    **fields: Any,
+) -> NodeInventory:
+    """A :class:`NodeInventory` whose label-derived fields come from the Node's labels.
+
+    ``gpu_product`` = ``nvidia.com/gpu.product``; ``mig_strategy`` = ``nvidia.com/mig.strategy``
+    ("none" when absent or not a known strategy — callers that must flag odd values check
+    :data:`MIG_STRATEGIES` themselves); ``nvlink_domain`` = the clique or the node
+    (:func:`nvlink_domain_id`); ``rack`` / ``block`` = the configured topology labels.
+    ``fields`` sets everything else (``ready``, ``taints``, ``allocatable``, ``requested`` …).
+    The one place that reads these labels, for the agent, the sandbox and the simulator.
+    """
+    keys = topology or TopologyLabels()
+    mig = labels.get(MIG_STRATEGY_LABEL, "none")
+    return NodeInventory(
+        name=name,
+        labels=dict(labels),
+        gpu_product=labels.get(GPU_PRODUCT_LABEL) or None,
+        mig_strategy=mig if mig in MIG_STRATEGIES else "none",
+        nvlink_domain=nvlink_domain_id(name, labels, keys.clique),
+        rack=labels.get(keys.rack) or None,
+        block=labels.get(keys.block) or None,
+        **fields,
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import bench, demo, hub, jobs, local, simulate
+from gpufed.cli import agent, bench, demo, hub, jobs, local, simulate
 
 app = typer.Typer(
     name="gpufed",
@@ -23,6 +23,7 @@ app.add_typer(hub.app, name="hub")
 app.command("submit")(jobs.submit)
 app.add_typer(jobs.get_app, name="get")
 app.command("explain")(jobs.explain)
+app.add_typer(agent.app, name="agent")
 
 
 def main() -> None:

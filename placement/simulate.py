@@ -46,15 +46,10 @@ from gpufed.api.inventory import (
     ClusterInventory,
     MemberClusterState,
     NodeInventory,
-    nvlink_domain_id,
+    node_from_labels,
 )
 from gpufed.api.labels import (
-    DEFAULT_BLOCK_LABEL,
-    DEFAULT_RACK_LABEL,
-    GPU_CLIQUE_LABEL,
-    GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
-    MIG_STRATEGY_LABEL,
 )
 from gpufed.api.request import NVLinkPolicy, PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
@@ -170,16 +165,9 @@ def _row(where: str, line: int, row: Mapping[str, str]) -> TraceJob:
 
 def node_inventory(spec: NodeSpec) -> NodeInventory:
     """An idle node of a fleet spec as the agent would report it (nothing requested)."""
-    labels = spec.labels
-    strategy = labels.get(MIG_STRATEGY_LABEL, "none")
-    return NodeInventory(
-        name=spec.name,
-        labels=labels,
-        gpu_product=labels.get(GPU_PRODUCT_LABEL),
-        mig_strategy=strategy if strategy in ("single", "mixed") else "none",
-        nvlink_domain=nvlink_domain_id(spec.name, labels, GPU_CLIQUE_LABEL),
-        rack=labels.get(DEFAULT_RACK_LABEL),
-        block=labels.get(DEFAULT_BLOCK_LABEL),
+    return node_from_labels(
+        spec.name,
+        spec.labels,
         taints=spec.taints,
         allocatable=resource_list(spec.allocatable, field=f"node {spec.name} allocatable"),
     )

@@ -13,15 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpufed.api.inventory import NodeInventory, Taint, nvlink_domain_id, summarize
-from gpufed.api.labels import (
-    DEFAULT_BLOCK_LABEL,
-    DEFAULT_RACK_LABEL,
-    GPU_CLIQUE_LABEL,
-    GPU_PRODUCT_LABEL,
-    MIG_STRATEGY_LABEL,
-    is_mig_resource,
-)
+from gpufed.api.inventory import NodeInventory, Taint, node_from_labels, summarize
+from gpufed.api.labels import is_mig_resource
 from gpufed.api.resources import resource_list
 from gpufed.sandbox.kube import node_is_ready
 
@@ -53,17 +46,10 @@ def node_inventory(node: dict[str, Any]) -> NodeInventory:
     meta = node.get("metadata", {})
     spec = node.get("spec", {})
     status = node.get("status", {})
-    labels: dict[str, str] = meta.get("labels") or {}
     name = meta["name"]
-    strategy = labels.get(MIG_STRATEGY_LABEL, "none")
-    return NodeInventory(
-        name=name,
-        labels=labels,
-        gpu_product=labels.get(GPU_PRODUCT_LABEL),
-        mig_strategy=strategy if strategy in ("none", "single", "mixed") else "none",
-        nvlink_domain=nvlink_domain_id(name, labels, GPU_CLIQUE_LABEL),
-        rack=labels.get(DEFAULT_RACK_LABEL),
-        block=labels.get(DEFAULT_BLOCK_LABEL),
+    return node_from_labels(
+        name,
+        meta.get("labels") or {},
         ready=node_is_ready(node),
         unschedulable=bool(spec.get("unschedulable")),
         taints=tuple(

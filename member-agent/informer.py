@@ -1,0 +1,158 @@
+"""List + watch of one resource with resourceVersion bookkeeping (a minimal informer).
+
+Owns the loop every agent cache is fed by: a paginated list, then a watch from the list's
+resourceVersion with bookmarks, continuing from the last seen resourceVersion whenever the
+server ends the watch, and a full re-list when the version is too old (410 Gone) or after an
+error that leaves the cache in doubt. A re-list is bracketed by ``begin_relist`` /
+``end_relist`` so the handler can drop objects that vanished meanwhile.
+
+Used by the inventory (Nodes, Pods), and by the status reporter (labelled workload objects
+and their pods). The handler gets raw dicts and keeps only what it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from gpufed.agent.kube import MemberApi
+from gpufed.sync.retry import Verdict, backoff_seconds, classify, status_of
+
+log = structlog.get_logger("gpufed.agent.informer")
+
+
+class Handler(Protocol):
+    """Receives the objects of one informer (all calls are synchronous, in event order)."""
+
+    def begin_relist(self) -> None: ...
+
+    def upsert(self, obj: dict[str, Any]) -> None: ...
+
+    def delete(self, obj: dict[str, Any]) -> None: ...
+
+    def end_relist(self) -> None: ...
+
+
+class Informer:
+    """Keeps ``handler`` in step with one resource collection of the member.
+
+    ``path``: the collection path (``/api/v1/pods``); selectors as in the Kubernetes API.
+    ``synced`` is set once the first full list has been handed over. ``on_event`` is called
+    (resource name, event type) for metrics.
+    """
+
+    def __init__(
+        self,
+        api: MemberApi,
+        path: str,
+        handler: Handler,
+        *,
+        name: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout_s: tuple[int, int] = (300, 600),
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.handler = handler
+        self.name = name
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.page_size = page_size
+        self.watch_timeout_s = watch_timeout_s
+        self.synced = asyncio.Event()
+        self.resource_version = ""
+        self.relists = 0
+        self._on_event = on_event
+
+    async def relist(self) -> None:
+        """One full paginated list handed to the handler; sets :attr:`resource_version`."""
+        self.handler.begin_relist()
+        rv = ""
+        count = 0
+        async for items, page_rv in self.api.list_pages(
+            self.path,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=self.page_size,
+        ):
+            for obj in items:
+                self.handler.upsert(obj)
+            count += len(items)
+            rv = page_rv
+            await asyncio.sleep(0)  # let the loop breathe between pages of a large list
+        self.handler.end_relist()
+        self.resource_version = rv
+        self.relists += 1
+        self.synced.set()
+        if self._on_event is not None:
+            self._on_event(self.name, "RELIST")
+        log.info("informer.listed", resource=self.name, objects=count, resource_version=rv)
+
+    async def run(self) -> None:
+        """List, then watch forever; cancel to stop."""
+        failures = 0
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self.relist()
+                    need_list = False
+                await self._watch_once()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                status = status_of(exc)
+                if status == 410:
+                    log.info(
+                        "informer.expired",
+                        resource=self.name,
+                        resource_version=self.resource_version,
+                    )
+                    need_list = True
+                    continue
+                failures += 1
+                verdict = classify(exc)
+                # A permanent error (403: RBAC missing) will not heal quickly: wait longer.
+                cap = 10.0 if verdict is Verdict.RETRY else 60.0
+                wait = max(0.5, backoff_seconds(failures, base=0.5, cap=cap))
+                log.warning(
+                    "informer.failed",
+                    resource=self.name,
+                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    status=status,
+                    retry_in_s=round(wait, 2),
+                )
+                # The cache may have missed events only if the watch broke mid-way; the
+                # resourceVersion still tells the server where to resume, so re-list only when
+                # there is none (410 above forces one otherwise).
+                need_list = need_list or not self.resource_version
+                await asyncio.sleep(wait)
+
+    async def _watch_once(self) -> None:
+        timeout = random.randint(*self.watch_timeout_s)
+        async for event in self.api.watch(
+            self.path,
+            resource_version=self.resource_version,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            timeout_seconds=timeout,
+        ):
+            etype = event.get("type")
+            obj = event.get("object") or {}
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if etype in ("ADDED", "MODIFIED"):
+                self.handler.upsert(obj)
+            elif etype == "DELETED":
+                self.handler.delete(obj)
+            if rv:
+                self.resource_version = str(rv)
+            if self._on_event is not None and etype is not None:
+                self._on_event(self.name, str(etype))

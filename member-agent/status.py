@@ -1,0 +1,330 @@
+"""Watching what the agent applied and reporting each job's workload status to the hub.
+
+Owns the status side of the agent: informers over the objects labelled ``gpufed.io/job-uid``
+(one per workload kind the member serves, plus one over pods with that label), small caches of
+their status, and a sender that summarises each changed job with
+:func:`gpufed.sync.status.summarize_workload` and sends the summary only when it differs from
+the last one sent. Jobs are tracked by the work manager (:mod:`gpufed.agent.work`) once applied
+and untracked when deleted; after every reconnect all tracked statuses are sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gpufed.agent.informer import Informer
+from gpufed.agent.kube import MemberApi
+from gpufed.agent.metrics import AgentMetrics
+from gpufed.api.labels import JOB_UID_LABEL
+from gpufed.api.work import WorkloadStatus
+from gpufed.sync.apply import ObjectRef
+from gpufed.sync.status import summarize_workload
+
+log = structlog.get_logger("gpufed.agent.status")
+
+_ObjKey = tuple[str, str, str]  # (Kind.group, namespace, name)
+
+
+@dataclass
+class _Tracked:
+    revision: int
+    main: ObjectRef | None
+    missing: bool
+    seen: bool = False  # the main object was observed at least once
+
+
+def _job_uid(obj: dict[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, ""))
+
+
+def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
+    meta = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    keep_status = {
+        k: status[k]
+        for k in (
+            "phase",
+            "reason",
+            "message",
+            "startTime",
+            "conditions",
+            "containerStatuses",
+            "initContainerStatuses",
+        )
+        if k in status
+    }
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "spec": {"nodeName": (raw.get("spec") or {}).get("nodeName")},
+        "status": keep_status,
+    }
+
+
+class _ObjectEvents:
+    """Informer handler for one workload kind."""
+
+    def __init__(self, reporter: StatusReporter, kind_group: str) -> None:
+        self.r = reporter
+        self.kind = kind_group
+        self._relist: set[_ObjKey] | None = None
+
+    def _key(self, obj: dict[str, Any]) -> _ObjKey:
+        meta = obj.get("metadata") or {}
+        return (self.kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+    def begin_relist(self) -> None:
+        self._relist = set()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        key = self._key(obj)
+        if self._relist is not None:
+            self._relist.add(key)
+        self.r._objects[key] = {
+            "metadata": obj.get("metadata") or {},
+            "status": obj.get("status") or {},
+        }
+        self.r._objects[key]["metadata"].pop("managedFields", None)
+        self.r._mark(_job_uid(obj))
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        key = self._key(obj)
+        gone = self.r._objects.pop(key, None)
+        self.r._mark(_job_uid(gone or obj))
+
+    def end_relist(self) -> None:
+        seen, self._relist = self._relist or set(), None
+        for key in [k for k in self.r._objects if k[0] == self.kind and k not in seen]:
+            self.r._mark(_job_uid(self.r._objects.pop(key)))
+
+
+class _PodEvents:
+    """Informer handler for the pods labelled with a job UID."""
+
+    def __init__(self, reporter: StatusReporter) -> None:
+        self.r = reporter
+        self._relist: set[tuple[str, str]] | None = None
+
+    def begin_relist(self) -> None:
+        self._relist = set()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        uid = _job_uid(obj)
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if self._relist is not None:
+            self._relist.add((uid, key))
+        self.r._pods.setdefault(uid, {})[key] = _trim_pod(obj)
+        self.r._mark(uid)
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        uid = _job_uid(obj)
+        meta = obj.get("metadata") or {}
+        pods = self.r._pods.get(uid)
+        if pods is not None:
+            pods.pop(f"{meta.get('namespace')}/{meta.get('name')}", None)
+            if not pods:
+                del self.r._pods[uid]
+        self.r._mark(uid)
+
+    def end_relist(self) -> None:
+        seen, self._relist = self._relist or set(), None
+        for uid in list(self.r._pods):
+            pods = self.r._pods[uid]
+            for key in [k for k in pods if (uid, k) not in seen]:
+                del pods[key]
+                self.r._mark(uid)
+            if not pods:
+                del self.r._pods[uid]
+
+
+class StatusReporter:
+    """Summarises tracked jobs and sends their :class:`WorkloadStatus` on change.
+
+    ``send`` returns True when the status went out on a live stream (else it is sent again
+    after the next reconnect). ``coalesce_s``: changes within this window go out together.
+    """
+
+    def __init__(
+        self,
+        api: MemberApi,
+        *,
+        send: Callable[[WorkloadStatus], bool],
+        coalesce_s: float = 0.1,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self.api = api
+        self._send = send
+        self.coalesce_s = coalesce_s
+        self._metrics = metrics
+        self._tracked: dict[str, _Tracked] = {}
+        self._objects: dict[_ObjKey, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, dict[str, Any]]] = {}
+        self._last: dict[str, WorkloadStatus] = {}
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._informers: dict[str, Informer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._crashed: BaseException | None = None
+
+    # --- tracking (called by the work manager) -------------------------------------------------
+
+    def track(
+        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+    ) -> None:
+        prev = self._tracked.get(job_uid)
+        seen = bool(prev and prev.seen and prev.main == main and not missing)
+        self._tracked[job_uid] = _Tracked(revision=revision, main=main, missing=missing, seen=seen)
+        self._mark(job_uid)
+
+    def untrack(self, job_uid: str) -> None:
+        self._tracked.pop(job_uid, None)
+        self._last.pop(job_uid, None)
+
+    def keep_only(self, job_uids: set[str]) -> None:
+        """Forget tracked jobs outside ``job_uids`` (after a desired set)."""
+        for uid in [u for u in self._tracked if u not in job_uids]:
+            self.untrack(uid)
+
+    def resend_all(self) -> None:
+        """After a reconnect: every tracked status is sent again."""
+        self._last.clear()
+        for uid in self._tracked:
+            self._mark(uid)
+
+    def set_send(self, send: Callable[[WorkloadStatus], bool]) -> None:
+        self._send = send
+
+    def current(self, job_uid: str) -> WorkloadStatus | None:
+        """The summary of a tracked job now (None when untracked or not observed yet)."""
+        tracked = self._tracked.get(job_uid)
+        if tracked is None:
+            return None
+        return self._summarize(job_uid, tracked)
+
+    # --- informers -----------------------------------------------------------------------------
+
+    async def watch_kinds(self, kinds: Iterable[str]) -> None:
+        """Start informers for the served workload kinds not watched yet (and for pods)."""
+        if "Pod" not in self._informers:
+            self._start(
+                "Pod",
+                Informer(
+                    self.api,
+                    "/api/v1/pods",
+                    _PodEvents(self),
+                    name="status-pods",
+                    label_selector=JOB_UID_LABEL,
+                    on_event=self._metrics.watch_event if self._metrics else None,
+                ),
+            )
+        for kind in kinds:
+            if kind in self._informers:
+                continue
+            info = await self.api.resource_for_kind_group(kind)
+            if info is None:
+                continue
+            self._start(
+                kind,
+                Informer(
+                    self.api,
+                    info.collection_path(),
+                    _ObjectEvents(self, kind),
+                    name=f"status-{kind}",
+                    label_selector=JOB_UID_LABEL,
+                    on_event=self._metrics.watch_event if self._metrics else None,
+                ),
+            )
+
+    def _start(self, key: str, informer: Informer) -> None:
+        self._informers[key] = informer
+        task = asyncio.create_task(informer.run(), name=f"informer:{informer.name}")
+        task.add_done_callback(self._informer_done)
+        self._tasks.append(task)
+
+    def _informer_done(self, task: asyncio.Task[None]) -> None:
+        # Informers only end on cancellation; anything else is a bug that must not leave the
+        # statuses silently stale: run() re-raises it (the agent then exits and restarts).
+        if not task.cancelled() and task.exception() is not None:
+            self._crashed = task.exception()
+            self._wake.set()
+
+    async def synced(self) -> None:
+        """Wait until every started informer has listed once."""
+        await asyncio.gather(*(i.synced.wait() for i in self._informers.values()))
+
+    async def run(self) -> None:
+        """Send changed statuses until cancelled (informers are cancelled with it)."""
+        try:
+            while True:
+                await self._wake.wait()
+                if self._crashed is not None:
+                    raise self._crashed
+                await asyncio.sleep(self.coalesce_s)
+                self._wake.clear()
+                self.flush()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def flush(self) -> None:
+        """Summarise dirty tracked jobs and send those that changed."""
+        dirty, self._dirty = self._dirty, set()
+        for uid in sorted(dirty):
+            tracked = self._tracked.get(uid)
+            if tracked is None:
+                continue
+            status = self._summarize(uid, tracked)
+            if status is None or self._last.get(uid) == status:
+                continue
+            if self._send(status):
+                self._last[uid] = status
+                if self._metrics is not None:
+                    self._metrics.status_sent.inc()
+                log.info(
+                    "status.sent",
+                    job_uid=uid,
+                    phase=status.phase,
+                    active=status.active,
+                    succeeded=status.succeeded,
+                    failed=status.failed,
+                )
+
+    def _mark(self, uid: str) -> None:
+        if uid and uid in self._tracked:
+            self._dirty.add(uid)
+            self._wake.set()
+
+    def _summarize(self, uid: str, tracked: _Tracked) -> WorkloadStatus | None:
+        main = tracked.main
+        kind = main.kind_group if main else ""
+        name = main.name if main else ""
+        obj = self._objects.get((kind, main.namespace, main.name)) if main else None
+        if obj is not None:
+            tracked.seen = True
+        missing = tracked.missing or (obj is None and tracked.seen)
+        if (
+            obj is None
+            and not missing
+            and main is not None
+            and kind in {k for k in self._informers if k != "Pod"}
+        ):
+            return None  # applied, not observed yet: wait for the watch
+        return summarize_workload(
+            job_uid=uid,
+            revision=tracked.revision,
+            kind=kind,
+            name=name,
+            obj=obj,
+            pods=self._pods.get(uid, {}).values(),
+            missing=missing,
+        )

@@ -1,0 +1,377 @@
+"""Applying the hub's work items in the member: apply, delete, reconcile, acknowledge.
+
+Owns what the agent does with :class:`gpufed.api.work.WorkItem` s: one serial worker per job
+(a newer revision replaces a queued older one; older revisions are ignored), the apply and
+delete flows over :mod:`gpufed.sync.apply`, the acknowledgement of each revision once the
+member API has accepted it, and the full reconcile after every (re)connect: the hub's
+:class:`DesiredSet` is compared with the objects labelled ``gpufed.io/job-uid`` in the member,
+existing objects are adopted, missing ones created (unless the job was applied before: a job
+that already ran is never re-run, its status becomes ``Missing``), and labelled objects of jobs
+the hub no longer wants are deleted.
+
+Driven by :mod:`gpufed.agent.hub_stream`; reports through two callbacks (acks, and status
+tracking via :class:`gpufed.agent.status.StatusReporter`). While the hub is unreachable nothing
+new arrives, so nothing new is applied, and running workloads are left as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from gpufed.agent.metrics import AgentMetrics
+from gpufed.api.labels import JOB_UID_LABEL
+from gpufed.api.work import WorkAck, WorkItem
+from gpufed.sync.apply import (
+    ManifestRefusedError,
+    ObjectClient,
+    ObjectRef,
+    Outcome,
+    OwnedElsewhereError,
+    api_error_message,
+    apply_object,
+    check_manifests,
+    delete_object,
+    ensure_namespace,
+    main_workload,
+    ref_of,
+)
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
+from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
+
+log = structlog.get_logger("gpufed.agent.work")
+
+
+class WorkClient(ObjectClient, Protocol):
+    """An :class:`ObjectClient` that can also list labelled objects (the agent's MemberApi)."""
+
+    async def list_labelled(
+        self, kinds: Iterable[str], label_selector: str
+    ) -> list[dict[str, Any]]:
+        """Objects of the given ``Kind.group`` s (those the member serves), all namespaces."""
+        ...
+
+
+class StatusTracker(Protocol):
+    """The status reporter, as the work manager sees it."""
+
+    def track(
+        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+    ) -> None: ...
+
+    def untrack(self, job_uid: str) -> None: ...
+
+    def keep_only(self, job_uids: set[str]) -> None: ...
+
+
+@dataclass
+class _Job:
+    uid: str
+    revision: int = 0  # newest revision received
+    applied: bool = False  # this agent acknowledged an Apply of this job
+    deleted: bool = False
+    pending: WorkItem | None = None
+    orphan_refs: list[ObjectRef] | None = None  # queued orphan deletion (no hub job)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class WorkManager:
+    """Serial per-job processing of work items and desired sets (see module docstring)."""
+
+    def __init__(
+        self,
+        client: WorkClient,
+        *,
+        ack: Callable[[WorkAck], None],
+        status: StatusTracker,
+        allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self._client = client
+        self._ack = ack
+        self._status = status
+        self.allowed_kinds = frozenset(allowed_kinds)
+        self._metrics = metrics
+        self._jobs: dict[str, _Job] = {}
+        self._desired: dict[str, WorkItem] = {}
+        self._session_uids: set[str] = set()
+        self._gc_task: asyncio.Task[None] | None = None
+
+    # --- input from the hub stream -------------------------------------------------------------
+
+    def set_ack(self, ack: Callable[[WorkAck], None]) -> None:
+        """Where acks go (the current stream)."""
+        self._ack = ack
+
+    def connected(self) -> None:
+        """A new session was welcomed: a desired set follows."""
+        self._desired = {}
+        self._session_uids = set()
+
+    def disconnected(self) -> None:
+        """The stream is gone: drop queued work (the hub re-sends it in its next desired set);
+        work already under way finishes, its ack is lost and re-sent on reconcile."""
+        for job in self._jobs.values():
+            job.pending = None
+            job.orphan_refs = None
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            self._gc_task = None
+
+    def submit(self, item: WorkItem) -> None:
+        """Queue one work item on its job's worker (older revisions are ignored)."""
+        job = self._jobs.setdefault(item.job_uid, _Job(uid=item.job_uid))
+        self._session_uids.add(item.job_uid)
+        if item.revision < job.revision:
+            log.info(
+                "work.item.stale",
+                job_uid=item.job_uid,
+                revision=item.revision,
+                newest=job.revision,
+            )
+            return
+        job.revision = item.revision
+        job.pending = item
+        self._kick(job)
+
+    def desired_part(self, items: Iterable[WorkItem], *, final: bool) -> None:
+        """One part of the hub's desired set; the final part starts the reconcile."""
+        for item in items:
+            self._desired[item.job_uid] = item
+        if final:
+            desired, self._desired = self._desired, {}
+            log.info("work.reconcile.started", jobs=len(desired))
+            for item in desired.values():
+                self.submit(item)
+            self._prune(set(desired) | self._session_uids)
+            self._status.keep_only(set(desired) | self._session_uids)
+            self._gc_task = asyncio.create_task(self._collect_orphans(set(desired)))
+
+    def _prune(self, keep: set[str]) -> None:
+        """Forget idle jobs the hub no longer has (memory stays bounded by its desired set)."""
+        for uid, job in list(self._jobs.items()):
+            busy = job.task is not None and not job.task.done()
+            if uid not in keep and not busy and job.pending is None and job.orphan_refs is None:
+                del self._jobs[uid]
+
+    async def idle(self) -> None:
+        """Wait until every queued item and the orphan collection are done (tests, shutdown)."""
+        while True:
+            tasks = [
+                j.task for j in self._jobs.values() if j.task is not None and not j.task.done()
+            ]
+            if self._gc_task is not None and not self._gc_task.done():
+                tasks.append(self._gc_task)
+            if not tasks:
+                return
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def job_revision(self, job_uid: str) -> int:
+        """Newest revision received for a job (0 when unknown)."""
+        job = self._jobs.get(job_uid)
+        return job.revision if job else 0
+
+    # --- workers -------------------------------------------------------------------------------
+
+    def _kick(self, job: _Job) -> None:
+        if job.task is None or job.task.done():
+            job.task = asyncio.create_task(self._drain(job), name=f"work:{job.uid}")
+
+    async def _drain(self, job: _Job) -> None:
+        while job.pending is not None or job.orphan_refs is not None:
+            if job.pending is not None:
+                item, job.pending = job.pending, None
+                try:
+                    await self._process(job, item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug: report it, keep the worker alive for later revisions
+                    log.exception("work.item.crashed", job_uid=job.uid, revision=item.revision)
+                    self._send_ack(
+                        WorkAck(
+                            job_uid=job.uid,
+                            revision=item.revision,
+                            result="Failed",
+                            message="agent error while applying (see agent log)",
+                            retryable=True,
+                        )
+                    )
+            elif job.orphan_refs is not None:
+                refs, job.orphan_refs = job.orphan_refs, None
+                await self._delete_refs(job.uid, refs, reason="orphan")
+
+    async def _process(self, job: _Job, item: WorkItem) -> None:
+        if item.op == "Delete":
+            await self._delete(job, item)
+        else:
+            await self._apply(job, item)
+
+    def _send_ack(self, ack: WorkAck) -> None:
+        if self._metrics is not None:
+            self._metrics.work_acks.labels(result=ack.result).inc()
+        self._ack(ack)
+
+    async def _apply(self, job: _Job, item: WorkItem) -> None:
+        bound = log.bind(job_uid=item.job_uid, job=item.job, revision=item.revision)
+        start = asyncio.get_running_loop().time()
+        try:
+            manifests = check_manifests(
+                item.manifests,
+                namespace=item.namespace,
+                job_uid=item.job_uid,
+                allowed_kinds=self.allowed_kinds,
+            )
+        except ManifestRefusedError as exc:
+            bound.warning("work.apply.refused", reason=str(exc))
+            self._send_ack(self._failed(item, str(exc), retryable=False))
+            return
+        main = main_workload(manifests)
+        ran_before = item.applied_before or job.applied
+        try:
+            if ran_before and main is not None and await self._get(main) is None:
+                # Applied once and gone now (deleted in the member, or the member was rebuilt):
+                # a job that already ran is never created again.
+                bound.warning("work.apply.missing", object=str(main))
+                self._status.track(item.job_uid, revision=item.revision, main=main, missing=True)
+                return
+            if not ran_before:
+                await ensure_namespace(self._client, item.namespace)
+            outcomes: list[Outcome] = []
+            for obj in manifests:
+                ref = ref_of(obj)
+                # Workload objects of a job that ran before are never re-created, even if they
+                # vanish between the check above and this call.
+                may_create = not (ran_before and ref.kind_group in WORKLOAD_KINDS)
+                outcome = await apply_object(
+                    self._client, obj, job_uid=item.job_uid, may_create=may_create
+                )
+                outcomes.append(outcome)
+                if outcome is Outcome.MISSING and ref == main:
+                    bound.warning("work.apply.missing", object=str(ref))
+                    self._status.track(
+                        item.job_uid, revision=item.revision, main=main, missing=True
+                    )
+                    return
+        except OwnedElsewhereError as exc:
+            bound.warning("work.apply.failed", reason=str(exc), retryable=True)
+            self._send_ack(self._failed(item, str(exc), retryable=True))
+            return
+        except LookupError as exc:  # KindNotServedError: the CRD is not installed in this member
+            bound.warning("work.apply.failed", reason=str(exc), retryable=False)
+            self._send_ack(self._failed(item, str(exc), retryable=False))
+            return
+        except Exception as exc:
+            verdict = classify(exc)
+            if status_of(exc) is None and verdict is Verdict.PERMANENT:
+                raise  # not an API error: a bug, handled by the worker
+            retryable = verdict is not Verdict.PERMANENT
+            message = api_error_message(exc)
+            bound.warning(
+                "work.apply.failed", reason=message, status=status_of(exc), retryable=retryable
+            )
+            self._send_ack(self._failed(item, message, retryable=retryable))
+            return
+        job.applied = True
+        job.deleted = False
+        self._status.track(item.job_uid, revision=item.revision, main=main)
+        if self._metrics is not None:
+            self._metrics.apply_seconds.observe(asyncio.get_running_loop().time() - start)
+        bound.info("work.applied", outcomes=[o.value for o in outcomes])
+        self._send_ack(WorkAck(job_uid=item.job_uid, revision=item.revision, result="Applied"))
+
+    async def _get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        async for attempt in kube_retry():
+            with attempt:
+                return await self._client.get(ref)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _delete(self, job: _Job, item: WorkItem) -> None:
+        bound = log.bind(job_uid=item.job_uid, job=item.job, revision=item.revision)
+        self._status.untrack(item.job_uid)
+        refs = {ref_of(m) for m in item.manifests}
+        refs = {
+            r if r.namespace else ObjectRef(r.api_version, r.kind, item.namespace, r.name)
+            for r in refs
+        }
+        try:
+            labelled = await self._list_labelled(f"{JOB_UID_LABEL}={item.job_uid}")
+            refs |= {ref_of(o) for o in labelled}
+            refs = {r for r in refs if r.kind_group in self.allowed_kinds and r.name}
+            await self._delete_refs(item.job_uid, sorted(refs, key=str), reason="hub")
+        except LookupError as exc:
+            bound.warning("work.delete.failed", reason=str(exc))
+            self._send_ack(self._failed(item, str(exc), retryable=False))
+            return
+        except Exception as exc:
+            if status_of(exc) is None and classify(exc) is Verdict.PERMANENT:
+                raise
+            message = api_error_message(exc)
+            retryable = classify(exc) is not Verdict.PERMANENT
+            bound.warning("work.delete.failed", reason=message, retryable=retryable)
+            self._send_ack(self._failed(item, message, retryable=retryable))
+            return
+        job.deleted = True
+        job.applied = False
+        bound.info("work.deleted", objects=len(refs))
+        self._send_ack(WorkAck(job_uid=item.job_uid, revision=item.revision, result="Deleted"))
+
+    async def _delete_refs(self, job_uid: str, refs: Iterable[ObjectRef], *, reason: str) -> None:
+        # Workloads first: their pods stop before the ConfigMaps they mount disappear.
+        ordered = sorted(refs, key=lambda r: (r.kind_group not in WORKLOAD_KINDS, str(r)))
+        for ref in ordered:
+            try:
+                existed = await delete_object(self._client, ref)
+            except LookupError:
+                continue  # kind not served any more: nothing of it can exist
+            if existed:
+                log.info("work.object.deleted", job_uid=job_uid, object=str(ref), reason=reason)
+
+    async def _list_labelled(self, selector: str) -> list[dict[str, Any]]:
+        async for attempt in kube_retry():
+            with attempt:
+                objs = await self._client.list_labelled(self.allowed_kinds, selector)
+                # Objects owned by another object (a JobSet's Jobs, a Job's pods) go with their
+                # owner; only top-level objects are gpufed's to delete.
+                return [o for o in objs if not _controlled(o)]
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _collect_orphans(self, desired: set[str]) -> None:
+        """Delete labelled objects of jobs the hub no longer wants (after a desired set)."""
+        try:
+            labelled = await self._list_labelled(JOB_UID_LABEL)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("work.reconcile.list_failed", reason=api_error_message(exc))
+            return
+        by_job: dict[str, list[ObjectRef]] = {}
+        for obj in labelled:
+            uid = ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, "")
+            if uid and uid not in desired and uid not in self._session_uids:
+                by_job.setdefault(uid, []).append(ref_of(obj))
+        for uid, refs in sorted(by_job.items()):
+            log.info("work.orphan.found", job_uid=uid, objects=[str(r) for r in refs])
+            job = self._jobs.setdefault(uid, _Job(uid=uid))
+            self._status.untrack(uid)
+            job.orphan_refs = refs
+            self._kick(job)
+        log.info("work.reconcile.finished", jobs=len(desired), orphan_jobs=len(by_job))
+
+    @staticmethod
+    def _failed(item: WorkItem, message: str, *, retryable: bool) -> WorkAck:
+        return WorkAck(
+            job_uid=item.job_uid,
+            revision=item.revision,
+            result="Failed",
+            message=message[:4000],
+            retryable=retryable,
+        )
+
+
+def _controlled(obj: Mapping[str, Any]) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(isinstance(r, Mapping) and r.get("controller") for r in refs)

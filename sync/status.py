@@ -1,0 +1,245 @@
+"""Summarising a job's member objects and pods into a :class:`gpufed.api.work.WorkloadStatus`.
+
+Owns the mapping from the status of a member workload object (``batch/v1`` Job, JobSet,
+Kubeflow PyTorchJob, or any object with Kubernetes-style conditions) and its pods to the one
+summary the hub mirrors into ``GPUJob.status``: phase, the member's conditions in their order,
+active/succeeded/failed/ready counts, start and completion times, pod-level problems and the
+nodes the pods are bound to. Pure: takes plain dicts as the API server returns them (or the
+agent's trimmed copies, which keep the same paths), so the agent calls it on every change and
+tests call it on fixtures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpufed.api.work import Condition, PodIssue, WorkloadPhase, WorkloadStatus
+
+#: Waiting reasons that are part of a normal start and are not reported as issues.
+_BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing", ""})
+#: At most this many pod issues per status (bounded message size; sorted by pod name).
+MAX_POD_ISSUES = 20
+
+# Terminal conditions per kind: condition type (status "True") -> phase. Order matters: the
+# first match wins, so Failed is checked before success for kinds that could show both.
+_TERMINAL: dict[str, tuple[tuple[str, WorkloadPhase], ...]] = {
+    "Job.batch": (("Failed", "Failed"), ("Complete", "Succeeded")),
+    "JobSet.jobset.x-k8s.io": (("Failed", "Failed"), ("Completed", "Succeeded")),
+    "PyTorchJob.kubeflow.org": (("Failed", "Failed"), ("Succeeded", "Succeeded")),
+}
+_GENERIC_TERMINAL: tuple[tuple[str, WorkloadPhase], ...] = (
+    ("Failed", "Failed"),
+    ("Complete", "Succeeded"),
+    ("Completed", "Succeeded"),
+    ("Succeeded", "Succeeded"),
+)
+
+
+def summarize_workload(
+    *,
+    job_uid: str,
+    revision: int,
+    kind: str,
+    name: str,
+    obj: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]] = (),
+    missing: bool = False,
+) -> WorkloadStatus:
+    """Summarise one job's main member object ``obj`` (of ``kind`` = ``Kind.group``) and its
+    pods into a :class:`WorkloadStatus`.
+
+    Phases: ``Missing`` when ``missing`` (the objects are gone and will not be re-created);
+    ``Succeeded``/``Failed`` from the kind's terminal condition with status ``True`` (Job:
+    ``Complete``/``Failed``; JobSet: ``Completed``/``Failed``; PyTorchJob:
+    ``Succeeded``/``Failed``; other kinds: any of these); ``Running`` when a pod runs,
+    the object reports ready pods or a ``Running`` condition is True; ``Pending`` otherwise,
+    including while ``obj`` is None (applied, not yet observed). A pod that is Pending because it is unschedulable
+    keeps the job Pending (a Job counts such pods as active).
+
+    Counts come from the object's status (Job ``status.active/succeeded/failed/ready``,
+    JobSet ``status.replicatedJobsStatus[]`` summed, PyTorchJob ``status.replicaStatuses``
+    summed); kinds without counts are counted from pods. ``start_time``: ``status.startTime``,
+    else the earliest pod ``status.startTime``; ``completion_time``: ``status.completionTime``,
+    else the ``lastTransitionTime`` of the terminal condition (a failed Job has no
+    completionTime).
+    """
+    pod_list = sorted(pods, key=lambda p: str(_meta(p).get("name", "")))
+    nodes = tuple(sorted({n for p in pod_list if (n := _spec(p).get("nodeName"))}))
+    issues = _pod_issues(pod_list)
+    if missing:
+        return WorkloadStatus(
+            job_uid=job_uid, revision=revision, kind=kind, name=name, phase="Missing"
+        )
+    status: Mapping[str, Any] = (obj or {}).get("status") or {}
+    conditions = tuple(_condition(c) for c in status.get("conditions") or [] if isinstance(c, dict))
+    active, succeeded, failed, ready = _counts(kind, status, pod_list)
+
+    phase: WorkloadPhase = "Pending"
+    terminal_at = ""
+    for ctype, cphase in _TERMINAL.get(kind, _GENERIC_TERMINAL):
+        cond = next((c for c in conditions if c.type == ctype and c.status == "True"), None)
+        if cond is not None:
+            phase, terminal_at = cphase, cond.last_transition_time
+            break
+    else:
+        running_pod = any(_status(p).get("phase") == "Running" for p in pod_list)
+        running_cond = any(c.type == "Running" and c.status == "True" for c in conditions)
+        if obj is not None and (running_pod or running_cond or ready > 0):
+            phase = "Running"
+
+    start = str(status.get("startTime") or "") or _earliest_pod_start(pod_list)
+    completion = str(status.get("completionTime") or "") if phase == "Succeeded" else ""
+    if phase in ("Succeeded", "Failed") and not completion:
+        completion = terminal_at
+    return WorkloadStatus(
+        job_uid=job_uid,
+        revision=revision,
+        kind=kind,
+        name=name,
+        phase=phase,
+        conditions=conditions,
+        active=active,
+        succeeded=succeeded,
+        failed=failed,
+        ready=ready,
+        start_time=start,
+        completion_time=completion,
+        pod_issues=() if phase == "Succeeded" else issues,
+        nodes=nodes,
+    )
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("spec") or {}
+
+
+def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("status") or {}
+
+
+def _condition(raw: Mapping[str, Any]) -> Condition:
+    return Condition(
+        type=str(raw.get("type", "")),
+        status=str(raw.get("status", "")),
+        reason=str(raw.get("reason") or ""),
+        message=str(raw.get("message") or ""),
+        last_transition_time=str(raw.get("lastTransitionTime") or ""),
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _counts(
+    kind: str, status: Mapping[str, Any], pods: list[Mapping[str, Any]]
+) -> tuple[int, int, int, int]:
+    """(active, succeeded, failed, ready) from the object status, else from pods."""
+    if kind == "Job.batch":
+        return (
+            _int(status.get("active")),
+            _int(status.get("succeeded")),
+            _int(status.get("failed")),
+            _int(status.get("ready")),
+        )
+    if kind == "JobSet.jobset.x-k8s.io" and status.get("replicatedJobsStatus"):
+        rjs = [r for r in status.get("replicatedJobsStatus") or [] if isinstance(r, dict)]
+        return (
+            sum(_int(r.get("active")) for r in rjs),
+            sum(_int(r.get("succeeded")) for r in rjs),
+            sum(_int(r.get("failed")) for r in rjs),
+            sum(_int(r.get("ready")) for r in rjs),
+        )
+    if kind == "PyTorchJob.kubeflow.org" and status.get("replicaStatuses"):
+        reps = [r for r in (status.get("replicaStatuses") or {}).values() if isinstance(r, dict)]
+        active = sum(_int(r.get("active")) for r in reps)
+        return (
+            active,
+            sum(_int(r.get("succeeded")) for r in reps),
+            sum(_int(r.get("failed")) for r in reps),
+            _pods_ready(pods),
+        )
+    phases = [_status(p).get("phase") for p in pods if not _meta(p).get("deletionTimestamp")]
+    return (
+        sum(1 for ph in phases if ph in ("Pending", "Running")),
+        sum(1 for ph in phases if ph == "Succeeded"),
+        sum(1 for ph in phases if ph == "Failed"),
+        _pods_ready(pods),
+    )
+
+
+def _pods_ready(pods: list[Mapping[str, Any]]) -> int:
+    return sum(
+        1
+        for p in pods
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in _status(p).get("conditions") or []
+            if isinstance(c, dict)
+        )
+    )
+
+
+def _earliest_pod_start(pods: list[Mapping[str, Any]]) -> str:
+    # RFC 3339 UTC timestamps as the API server writes them compare correctly as strings.
+    starts = [str(s) for p in pods if (s := _status(p).get("startTime"))]
+    return min(starts, default="")
+
+
+def _pod_issues(pods: list[Mapping[str, Any]]) -> tuple[PodIssue, ...]:
+    """Why pods are not running: the scheduler's Unschedulable, container waiting reasons
+    (ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError ...), and the reason of a
+    failed pod (Evicted, OOMKilled ...)."""
+    issues: list[PodIssue] = []
+    for pod in pods:
+        name = str(_meta(pod).get("name", ""))
+        status = _status(pod)
+        phase = status.get("phase")
+        issue: PodIssue | None = None
+        if phase == "Pending":
+            sched = next(
+                (
+                    c
+                    for c in status.get("conditions") or []
+                    if isinstance(c, dict) and c.get("type") == "PodScheduled"
+                ),
+                None,
+            )
+            if sched is not None and sched.get("status") == "False" and sched.get("reason"):
+                issue = PodIssue(
+                    pod=name, reason=str(sched["reason"]), message=str(sched.get("message") or "")
+                )
+        if issue is None and phase in ("Pending", "Running"):
+            for cs in [
+                *(status.get("initContainerStatuses") or []),
+                *(status.get("containerStatuses") or []),
+            ]:
+                waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+                reason = str(waiting.get("reason") or "")
+                if reason not in _BENIGN_WAITING:
+                    issue = PodIssue(
+                        pod=name, reason=reason, message=str(waiting.get("message") or "")
+                    )
+                    break
+        if issue is None and phase == "Failed":
+            reason = str(status.get("reason") or "")
+            message = str(status.get("message") or "")
+            if not reason:
+                for cs in status.get("containerStatuses") or []:
+                    term = ((cs or {}).get("state") or {}).get("terminated") or {}
+                    if term.get("exitCode", 0) != 0:
+                        reason = str(term.get("reason") or "Error")
+                        message = str(term.get("message") or f"exit code {term.get('exitCode')}")
+                        break
+            if reason:
+                issue = PodIssue(pod=name, reason=reason, message=message)
+        if issue is not None:
+            issues.append(issue)
+        if len(issues) >= MAX_POD_ISSUES:
+            break
+    return tuple(issues)

@@ -1,0 +1,134 @@
+"""List + watch bookkeeping (gpufed.agent.informer): resourceVersion continuation, bookmarks,
+re-list on 410 Gone, pagination, and recovery from broken watches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gpufed.agent.informer import Informer
+
+from .fakes import FakeApiError
+
+
+def obj(name: str, rv: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": str(rv)}}
+
+
+class ScriptedApi:
+    """list_pages/watch as MemberApi offers them, driven by a script of lists and watches."""
+
+    def __init__(self, lists: list[list[list[dict[str, Any]]]], watches: list[Any]) -> None:
+        self.lists = lists  # each list: its pages
+        self.watches = watches  # each: list of events, or an exception to raise
+        self.watch_versions: list[str] = []
+        self.list_calls = 0
+        self.done = asyncio.Event()
+
+    async def list_pages(
+        self, path: str, **_: Any
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        pages = self.lists[self.list_calls]
+        self.list_calls += 1
+        for i, page in enumerate(pages):
+            yield page, str(100 * self.list_calls + i)
+
+    async def watch(
+        self, path: str, *, resource_version: str, **_: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.watch_versions.append(resource_version)
+        if not self.watches:
+            self.done.set()
+            await asyncio.Event().wait()  # block until cancelled
+        script = self.watches.pop(0)
+        if isinstance(script, Exception):
+            raise script
+        for event in script:
+            yield event
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.relists = 0
+        self._seen: set[str] | None = None
+
+    def begin_relist(self) -> None:
+        self.relists += 1
+        self._seen = set()
+
+    def upsert(self, o: dict[str, Any]) -> None:
+        name = o["metadata"]["name"]
+        if self._seen is not None:
+            self._seen.add(name)
+        self.objects[name] = o
+
+    def delete(self, o: dict[str, Any]) -> None:
+        self.objects.pop(o["metadata"]["name"], None)
+
+    def end_relist(self) -> None:
+        seen, self._seen = self._seen or set(), None
+        for name in [n for n in self.objects if n not in seen]:
+            del self.objects[name]
+
+
+async def run_until_done(api: ScriptedApi, rec: Recorder) -> Informer:
+    informer = Informer(api, "/api/v1/nodes", rec, name="nodes")  # type: ignore[arg-type]
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(api.done.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return informer
+
+
+async def test_watch_continues_from_the_last_seen_version_and_bookmarks() -> None:
+    api = ScriptedApi(
+        lists=[[[obj("a", 1)], [obj("b", 2)]]],  # two pages; the last page's version counts
+        watches=[
+            [
+                {"type": "ADDED", "object": obj("c", 150)},
+                {"type": "MODIFIED", "object": obj("a", 151)},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "160"}}},
+            ],
+            [{"type": "DELETED", "object": obj("b", 170)}],
+        ],
+    )
+    rec = Recorder()
+    informer = await run_until_done(api, rec)
+    assert api.watch_versions == ["101", "160", "170"]
+    assert sorted(rec.objects) == ["a", "c"]
+    assert rec.objects["a"]["metadata"]["resourceVersion"] == "151"
+    assert informer.synced.is_set()
+    assert informer.relists == 1
+
+
+async def test_410_gone_relists_and_drops_what_vanished() -> None:
+    api = ScriptedApi(
+        lists=[[[obj("a", 1), obj("b", 2)]], [[obj("b", 300)]]],
+        watches=[[{"type": "ADDED", "object": obj("c", 110)}], FakeApiError(410, "too old")],
+    )
+    rec = Recorder()
+    informer = await run_until_done(api, rec)
+    assert api.list_calls == 2
+    assert sorted(rec.objects) == ["b"]
+    assert rec.relists == 2
+    assert api.watch_versions == ["100", "110", "200"]
+    assert informer.resource_version == "200"
+
+
+async def test_broken_watch_resumes_from_its_version_without_relisting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpufed.agent.informer.backoff_seconds", lambda *a, **k: 0.0)
+    api = ScriptedApi(
+        lists=[[[obj("a", 1)]]],
+        watches=[ConnectionResetError("peer reset"), [{"type": "ADDED", "object": obj("b", 120)}]],
+    )
+    rec = Recorder()
+    await run_until_done(api, rec)
+    assert api.list_calls == 1
+    assert api.watch_versions == ["100", "100", "120"]
+    assert sorted(rec.objects) == ["a", "b"]

@@ -1,0 +1,116 @@
+"""The install manifests (manifests/agent, manifests/hub): well-formed, complete kustomizations,
+least-privilege RBAC, and agent arguments the real CLI accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.main import get_command
+
+from gpufed.cli.agent import app as agent_app
+
+ROOT = Path(__file__).resolve().parents[3] / "manifests"
+
+
+def docs(component: str) -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((ROOT / component / "kustomization.yaml").read_text())
+    out: list[dict[str, Any]] = []
+    for name in kustomization["resources"]:
+        out += [d for d in yaml.safe_load_all((ROOT / component / name).read_text()) if d]
+    return out
+
+
+@pytest.mark.parametrize("component", ["agent", "hub"])
+def test_kustomization_lists_every_file_and_objects_are_namespaced_in_gpufed_system(
+    component: str,
+) -> None:
+    files = {p.name for p in (ROOT / component).glob("*.yaml")} - {"kustomization.yaml"}
+    kustomization = yaml.safe_load((ROOT / component / "kustomization.yaml").read_text())
+    assert set(kustomization["resources"]) == files
+    kinds = {d["kind"] for d in docs(component)}
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    } <= kinds
+    for d in docs(component):
+        if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert d["metadata"]["namespace"] == "gpufed-system", d["metadata"]["name"]
+
+
+@pytest.mark.parametrize("component", ["agent", "hub"])
+def test_rbac_has_no_wildcards_and_no_escalation(component: str) -> None:
+    for d in docs(component):
+        if d["kind"] not in ("ClusterRole", "Role"):
+            continue
+        for rule in d["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), (d["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def agent_rules() -> dict[tuple[str, str], set[str]]:
+    role = next(d for d in docs("agent") if d["kind"] == "ClusterRole")
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                out.setdefault((group, res), set()).update(rule["verbs"])
+    return out
+
+
+def test_agent_may_read_nodes_and_pods_but_not_change_them() -> None:
+    rules = agent_rules()
+    assert rules[("", "nodes")] == {"get", "list", "watch"}
+    assert rules[("", "pods")] == {"get", "list", "watch"}
+    assert rules[("", "namespaces")] == {"get", "create"}  # creates, never deletes
+
+
+def test_agent_manages_exactly_the_allowed_kinds() -> None:
+    rules = agent_rules()
+    managed = {k for k, verbs in rules.items() if "create" in verbs and k[1] != "namespaces"}
+    assert managed == {
+        ("batch", "jobs"),
+        ("jobset.x-k8s.io", "jobsets"),
+        ("kubeflow.org", "pytorchjobs"),
+        ("", "configmaps"),
+        ("", "secrets"),
+        ("", "services"),
+    }
+    assert "patch" not in rules[("batch", "jobs")]  # create-only
+    assert "update" not in set().union(*rules.values())
+
+
+def test_agent_deployment_arguments_are_accepted_by_the_cli() -> None:
+    deployment = next(d for d in docs("agent") if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "agent"
+    flags = {a.split("=", 1)[0] for a in args[1:]}
+    command = get_command(agent_app)
+    known = {opt for p in command.params for opt in p.opts}
+    assert flags <= known
+    assert {"--cluster", "--hub", "--token-file", "--ca-file"} <= flags
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
+    assert f"--health-port={port}" in args
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_hub_deployment_arguments_are_accepted_by_the_cli() -> None:
+    from gpufed.cli.hub import app as hub_app
+
+    deployment = next(d for d in docs("hub") if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "hub"
+    flags = {a.split("=", 1)[0] for a in args[1:]}
+    known = {opt for p in get_command(hub_app).params for opt in p.opts}
+    assert flags <= known, flags - known
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--listen=0.0.0.0:{ports['grpc']}" in args
+    assert f"--http-listen=0.0.0.0:{ports['http']}" in args

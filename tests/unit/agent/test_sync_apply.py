@@ -1,0 +1,172 @@
+"""Apply strategies (gpufed.sync.apply): validation, create-only vs server-side apply,
+adoption, never re-creating a job that ran, deletion, and API error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufed.sync.apply import (
+    ApplyStrategy,
+    ManifestRefusedError,
+    Outcome,
+    OwnedElsewhereError,
+    api_error_message,
+    apply_object,
+    check_manifests,
+    delete_object,
+    ensure_namespace,
+    main_workload,
+    ref_of,
+    strategy_for,
+)
+
+from .builders import config_map, gpu_job
+from .fakes import FakeApiError, MemoryCluster
+
+
+def test_job_is_create_only_and_supporting_kinds_are_server_side_applied() -> None:
+    assert strategy_for("Job.batch") is ApplyStrategy.CREATE_ONLY
+    assert strategy_for("ConfigMap") is ApplyStrategy.SERVER_SIDE_APPLY
+    assert strategy_for("JobSet.jobset.x-k8s.io") is ApplyStrategy.SERVER_SIDE_APPLY
+
+
+def test_check_fills_namespace_and_label_and_orders_supporting_objects_first() -> None:
+    job = gpu_job("uid-1")
+    del job["metadata"]["labels"]
+    out = check_manifests([job, config_map("uid-1")], namespace="team-a", job_uid="uid-1")
+    assert [o["kind"] for o in out] == ["ConfigMap", "Job"]
+    assert out[1]["metadata"]["namespace"] == "team-a"
+    assert out[1]["metadata"]["labels"] == {"gpufed.io/job-uid": "uid-1"}
+    assert "namespace" not in job["metadata"]  # the input is not modified
+
+
+@pytest.mark.parametrize(
+    ("manifest", "fragment"),
+    [
+        (gpu_job("uid-1", namespace="kube-system"), "differs from the job namespace"),
+        (
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "x"},
+            },
+            "ClusterRole.rbac.authorization.k8s.io is not allowed",
+        ),
+        ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}}, "not allowed"),
+        (gpu_job("someone-else"), "is not this job's UID"),
+        ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {}}, "metadata.name: missing"),
+        ({"kind": "Job", "metadata": {"name": "x"}}, "apiVersion: missing"),
+    ],
+)
+def test_manifests_outside_the_job_namespace_or_allow_list_are_refused(
+    manifest: dict[str, object], fragment: str
+) -> None:
+    with pytest.raises(ManifestRefusedError, match="manifests\\[0\\]") as err:
+        check_manifests([manifest], namespace="team-a", job_uid="uid-1")
+    assert fragment in str(err.value)
+
+
+def test_main_workload_is_the_first_workload_kind() -> None:
+    ref = main_workload([config_map("u"), gpu_job("u", "train")])
+    assert ref is not None
+    assert (ref.kind_group, ref.name) == ("Job.batch", "train")
+    assert main_workload([]) is None
+
+
+async def test_create_only_creates_then_adopts_without_updating() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    assert await apply_object(api, job, job_uid="uid-1") is Outcome.CREATED
+    changed = {**job, "spec": {"parallelism": 99}}
+    assert await apply_object(api, changed, job_uid="uid-1") is Outcome.ADOPTED
+    assert api.objects[ref_of(job)]["spec"] == job["spec"]  # never updated
+    assert [op for op, _ in api.calls].count("create") == 1
+
+
+async def test_a_job_that_ran_is_not_created_again() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    assert await apply_object(api, job, job_uid="uid-1", may_create=False) is Outcome.MISSING
+    assert not api.objects
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    assert await apply_object(api, cm, job_uid="uid-1", may_create=False) is Outcome.MISSING
+
+
+async def test_create_race_409_is_adopted_after_reread() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+
+    real_create = api.create
+
+    async def create_racing(obj: dict[str, object]) -> dict[str, object]:
+        api.put(obj)  # someone else (an earlier agent instance) created it meanwhile
+        return await real_create(obj)
+
+    api.create = create_racing  # type: ignore[method-assign]
+    assert await apply_object(api, job, job_uid="uid-1") is Outcome.ADOPTED
+
+
+async def test_name_taken_by_another_job_is_reported_not_overwritten() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    api.put(check_manifests([gpu_job("old-uid")], namespace="team-a", job_uid="old-uid")[0])
+    job = check_manifests([gpu_job("new-uid")], namespace="team-a", job_uid="new-uid")[0]
+    with pytest.raises(OwnedElsewhereError, match="belongs to job old-uid"):
+        await apply_object(api, job, job_uid="new-uid")
+    cm = check_manifests([config_map("new-uid")], namespace="team-a", job_uid="new-uid")[0]
+    api.put({**cm, "metadata": {**cm["metadata"], "labels": {}}})
+    with pytest.raises(OwnedElsewhereError, match="no gpufed job"):
+        await apply_object(api, cm, job_uid="new-uid", may_create=False)
+
+
+async def test_server_side_apply_uses_field_manager_gpufed_and_force() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED
+    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED  # idempotent
+    assert [op for op, _ in api.calls] == ["apply", "apply"]
+
+
+async def test_temporary_errors_retry_and_rejections_do_not() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    api.fail_next = [FakeApiError(503, "etcd leader changed"), FakeApiError(429, "slow down")]
+    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED
+    assert len(api.calls) == 3
+    api.calls.clear()
+    api.fail_next = [FakeApiError(422, 'ConfigMap "x" is invalid: data: Invalid value')]
+    with pytest.raises(FakeApiError) as err:
+        await apply_object(api, cm, job_uid="uid-1")
+    assert len(api.calls) == 1
+    assert api_error_message(err.value) == 'ConfigMap "x" is invalid: data: Invalid value'
+
+
+async def test_namespace_is_created_labelled_managed_once() -> None:
+    api = MemoryCluster()
+    assert await ensure_namespace(api, "team-a") is True
+    assert api.namespaces["team-a"]["metadata"]["labels"] == {"gpufed.io/managed": "true"}
+    assert await ensure_namespace(api, "team-a") is False
+
+
+async def test_delete_reports_whether_the_object_existed() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    await apply_object(api, job, job_uid="uid-1")
+    assert await delete_object(api, ref_of(job)) is True
+    assert await delete_object(api, ref_of(job)) is False
+
+
+def test_api_error_message_falls_back_to_status_and_reason() -> None:
+    class BareError(Exception):
+        status = 500
+        reason = "Internal Server Error"
+        body = b"not json"
+
+    assert api_error_message(BareError()) == "HTTP 500: Internal Server Error"
+    assert api_error_message(ValueError("boom")) == "boom"

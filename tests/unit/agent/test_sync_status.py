@@ -1,0 +1,182 @@
+"""Workload status summaries (gpufed.sync.status) from member objects and pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufed.sync.status import MAX_POD_ISSUES, summarize_workload
+
+
+def job_obj(status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "train", "namespace": "team-a"}, "status": status}
+
+
+def pod(
+    name: str,
+    phase: str,
+    *,
+    node: str | None = "n1",
+    waiting: str | None = None,
+    scheduled: dict[str, str] | None = None,
+    start: str | None = None,
+    terminated: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if start:
+        status["startTime"] = start
+    if waiting:
+        status["containerStatuses"] = [
+            {"name": "c", "state": {"waiting": {"reason": waiting, "message": f"{waiting}!"}}}
+        ]
+    if terminated:
+        status["containerStatuses"] = [{"name": "c", "state": {"terminated": terminated}}]
+    if scheduled:
+        status["conditions"] = [{"type": "PodScheduled", **scheduled}]
+    return {"metadata": {"name": name}, "spec": {"nodeName": node}, "status": status}
+
+
+def summarize(obj: dict[str, Any] | None, pods: list[dict[str, Any]] = (), **kw: Any):  # type: ignore[no-untyped-def, assignment]
+    return summarize_workload(
+        job_uid="uid-1",
+        revision=3,
+        kind=kw.pop("kind", "Job.batch"),
+        name="train",
+        obj=obj,
+        pods=pods,
+        **kw,
+    )
+
+
+def test_succeeded_job_keeps_conditions_in_order_counts_and_times() -> None:
+    status = {
+        "startTime": "2026-01-01T00:00:00Z",
+        "completionTime": "2026-01-01T00:05:00Z",
+        "succeeded": 2,
+        "conditions": [
+            {
+                "type": "SuccessCriteriaMet",
+                "status": "True",
+                "reason": "CompletionsReached",
+                "lastTransitionTime": "2026-01-01T00:05:00Z",
+            },
+            {
+                "type": "Complete",
+                "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
+                "lastTransitionTime": "2026-01-01T00:05:00Z",
+            },
+        ],
+    }
+    s = summarize(job_obj(status), [pod("p0", "Succeeded", node="n2"), pod("p1", "Succeeded")])
+    assert s.phase == "Succeeded"
+    assert [c.type for c in s.conditions] == ["SuccessCriteriaMet", "Complete"]
+    assert s.conditions[1].message == "Reached expected number of succeeded pods"
+    assert (s.succeeded, s.active, s.failed) == (2, 0, 0)
+    assert (s.start_time, s.completion_time) == ("2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z")
+    assert s.nodes == ("n1", "n2")
+    assert (s.job_uid, s.revision, s.kind, s.name) == ("uid-1", 3, "Job.batch", "train")
+
+
+def test_failed_job_keeps_reason_and_takes_completion_from_the_condition() -> None:
+    status = {
+        "startTime": "2026-01-01T00:00:00Z",
+        "failed": 1,
+        "conditions": [
+            {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastTransitionTime": "2026-01-01T00:01:00Z",
+            },
+        ],
+    }
+    failed_pod = pod("p0", "Failed", terminated={"exitCode": 3, "reason": "Error"})
+    s = summarize(job_obj(status), [failed_pod])
+    assert s.phase == "Failed"
+    assert s.conditions[-1].reason == "BackoffLimitExceeded"
+    assert s.completion_time == "2026-01-01T00:01:00Z"
+    assert s.failed == 1
+    assert [(i.pod, i.reason, i.message) for i in s.pod_issues] == [("p0", "Error", "exit code 3")]
+
+
+def test_unschedulable_and_image_pull_problems_keep_the_job_pending() -> None:
+    pods = [
+        pod(
+            "p0",
+            "Pending",
+            node=None,
+            scheduled={
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/4 nodes: Insufficient nvidia.com/gpu",
+            },
+        ),
+        pod("p1", "Pending", waiting="ImagePullBackOff"),
+        pod("p2", "Pending", waiting="ContainerCreating"),
+    ]
+    s = summarize(job_obj({"active": 3}), pods)
+    assert s.phase == "Pending"
+    assert [(i.pod, i.reason) for i in s.pod_issues] == [
+        ("p0", "Unschedulable"),
+        ("p1", "ImagePullBackOff"),
+    ]
+    assert "Insufficient nvidia.com/gpu" in s.pod_issues[0].message
+    assert s.nodes == ("n1",)
+
+
+def test_running_when_a_pod_runs_and_crash_loops_are_reported() -> None:
+    s = summarize(
+        job_obj({"active": 2, "ready": 1}),
+        [
+            pod("p0", "Running", start="2026-01-01T00:00:09Z"),
+            pod("p1", "Running", waiting="CrashLoopBackOff"),
+        ],
+    )
+    assert s.phase == "Running"
+    assert (s.active, s.ready) == (2, 1)
+    assert [i.reason for i in s.pod_issues] == ["CrashLoopBackOff"]
+    assert s.start_time == "2026-01-01T00:00:09Z"  # no status.startTime: earliest pod start
+
+
+def test_not_observed_yet_is_pending_and_missing_is_missing() -> None:
+    assert summarize(None).phase == "Pending"
+    gone = summarize(None, missing=True)
+    assert gone.phase == "Missing"
+    assert gone.conditions == ()
+
+
+def test_jobset_counts_sum_replicated_jobs_and_completed_means_succeeded() -> None:
+    status = {
+        "replicatedJobsStatus": [
+            {"name": "workers", "active": 0, "succeeded": 4, "failed": 0, "ready": 0},
+            {"name": "driver", "active": 0, "succeeded": 1, "failed": 0, "ready": 0},
+        ],
+        "conditions": [
+            {"type": "Completed", "status": "True", "lastTransitionTime": "2026-01-01T01:00:00Z"}
+        ],
+    }
+    s = summarize(job_obj(status), kind="JobSet.jobset.x-k8s.io")
+    assert (s.phase, s.succeeded, s.completion_time) == ("Succeeded", 5, "2026-01-01T01:00:00Z")
+
+
+def test_pytorchjob_running_condition_and_replica_counts() -> None:
+    status = {
+        "startTime": "2026-01-01T00:00:00Z",
+        "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 3}},
+        "conditions": [
+            {"type": "Created", "status": "True"},
+            {"type": "Running", "status": "True"},
+        ],
+    }
+    s = summarize(job_obj(status), kind="PyTorchJob.kubeflow.org")
+    assert (s.phase, s.active) == ("Running", 4)
+    status["conditions"].append({"type": "Failed", "status": "True", "reason": "WorkerFailed"})
+    assert summarize(job_obj(status), kind="PyTorchJob.kubeflow.org").phase == "Failed"
+
+
+def test_pod_issues_are_bounded() -> None:
+    pods = [pod(f"p{i:03d}", "Pending", waiting="ErrImagePull") for i in range(MAX_POD_ISSUES + 5)]
+    assert len(summarize(job_obj({}), pods).pod_issues) == MAX_POD_ISSUES
