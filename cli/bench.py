@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -29,6 +30,48 @@ def placement(
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        typer.echo(f"{key:>18}: {value}")
+
+
+@app.command("e2e")
+def e2e(
+    jobs: int = typer.Option(200, "--jobs", min=1, help="GPUJobs to submit (1-8 GPUs each)."),
+    rate: float = typer.Option(25.0, "--rate", min=0.1, help="GPUJobs created per second."),
+    duration: float = typer.Option(3.0, "--duration", min=0.0, help="Seconds each job runs."),
+    members: int = typer.Option(2, "--members", min=1, help="Member clusters in the fleet."),
+    seed: int = typer.Option(1, "--seed", help="Seed of the job sizes."),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Sandbox state dir (default: a temporary one, removed)."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Leave the sandbox running afterwards."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
+) -> None:
+    """GPUJobs through a fresh sandbox with hub and agents: dispatch (GPUJob created on the hub
+    -> its Job exists in the member) and status (member Job Complete -> GPUJob shows it)
+    latencies from watch events on one clock, throughput, hub and agent memory."""
+    from gpufed.cli.local import configure_logging, fail_cleanly
+    from gpufed.sandbox.e2e_bench import run_bench
+
+    configure_logging(False)
+
+    def progress(msg: str) -> None:
+        typer.echo(msg, err=True)
+
+    with fail_cleanly():
+        result = run_bench(
+            jobs,
+            rate,
+            duration_s=duration,
+            members=members,
+            seed=seed,
+            state_dir=state_dir,
+            keep=keep,
+            progress=progress,
+        )
     if as_json:
         typer.echo(json.dumps(result))
         return
