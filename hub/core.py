@@ -524,6 +524,14 @@ class Controller:
         orphan = self._orphan_records.pop(uid, None)
         if orphan is not None:
             job.record, job.record_rev = orphan
+            placed = job.record.cluster
+            if placed is not None and job.status.cluster != placed and not job.terminal:
+                # Placed by an earlier hub that stopped before writing the status: say so again.
+                log.info("hub.job.placement_restored", job=obj.key, cluster=placed)
+                self._set_status(
+                    job,
+                    st.resumed(job.status, cluster=placed, gpus=job.record.gpus, now=self._now()),
+                )
         created = obj.metadata.creation_timestamp
         submitted = st.parse_rfc3339(created) if created else self._wall()
         try:

@@ -182,6 +182,28 @@ def decided(
     return status.model_copy(update=update)
 
 
+def resumed(status: GPUJobStatus, *, cluster: str, gpus: int, now: str) -> GPUJobStatus:
+    """A job placed on ``cluster`` (its ``jobs/<uid>`` record in etcd) by a hub that stopped
+    before the status saying so was written: the record is the truth, so the status shows the
+    placement again (phase at least ``Placed``). The decision's explanation is not stored in
+    etcd; ``status.placement`` stays as it was."""
+    if is_terminal(status) or status.cluster == cluster:
+        return status
+    msg = f"placed on {cluster}"
+    conds = set_condition(status.conditions, "Valid", "True", reason="Valid", message="", now=now)
+    conds = set_condition(conds, "Placed", "True", reason="Placed", message=msg, now=now)
+    phase = status.phase if status.phase in ("Placed", "Running") else "Placed"
+    return status.model_copy(
+        update={
+            "phase": phase,
+            "cluster": cluster,
+            "gpus": gpus,
+            "message": msg,
+            "conditions": conds,
+        }
+    )
+
+
 def dispatched(status: GPUJobStatus, *, dispatch_ms: float | None, now: str) -> GPUJobStatus:
     """The agent acknowledged the objects exist in the member."""
     if is_terminal(status):

@@ -187,3 +187,20 @@ def test_placement_status_round_trips_to_the_decision() -> None:
     back = st.decision_from_status(d.job, d.uid, st.placement_status(d))
     assert back.model_dump(exclude={"decided_at"}) == d.model_dump(exclude={"decided_at"})
     assert abs(back.decided_at - d.decided_at) < 1e-3
+
+
+def test_a_placement_stored_in_etcd_but_never_written_shows_again_after_a_restart() -> None:
+    # The hub stopped after the placement transaction and before the status write: the new
+    # hub knows the cluster only from jobs/<uid>; a later Running report must name it.
+    s = st.resumed(GPUJobStatus(), cluster="m1", gpus=8, now=T1)
+    assert (s.phase, s.cluster, s.gpus) == ("Placed", "m1", 8)
+    assert [(c.type, c.status) for c in s.conditions] == [("Valid", "True"), ("Placed", "True")]
+    s = st.workload(s, report("Running", active=1), now=T1)
+    assert (s.phase, s.message) == ("Running", "running in m1")
+
+
+def test_restoring_a_placement_leaves_written_and_terminal_statuses_alone() -> None:
+    running = running_status()
+    assert st.resumed(running, cluster="m1", gpus=8, now=T1) == running
+    done = st.workload(running, report("Succeeded", succeeded=1), now=T1)
+    assert st.resumed(done, cluster="m2", gpus=8, now=T1) == done
