@@ -210,9 +210,6 @@ class Hub:
         )
         return [e.reason for e in evs.items]
 
-    def all_events(self, namespace: str) -> list[Any]:
-        return list(self.core.list_namespaced_event(namespace).items)
-
 
 class Member:
     """One member cluster's API as an operator sees it (what the agent created there)."""
