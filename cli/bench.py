@@ -48,6 +48,9 @@ def e2e(
         None, "--state-dir", help="Sandbox state dir (default: a temporary one, removed)."
     ),
     keep: bool = typer.Option(False, "--keep", help="Leave the sandbox running afterwards."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Write each job's event times (wall clock) here, JSON lines."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """GPUJobs through a fresh sandbox with hub and agents: dispatch (GPUJob created on the hub
@@ -71,6 +74,7 @@ def e2e(
             state_dir=state_dir,
             keep=keep,
             progress=progress,
+            trace=trace,
         )
     if as_json:
         typer.echo(json.dumps(result))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import random
 import shutil
@@ -184,6 +185,7 @@ async def _measure(
     duration_s: float,
     sandbox: Sandbox,
     progress: Progress,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     from kubernetes_asyncio import client
 
@@ -262,6 +264,8 @@ async def _measure(
     creates: list[asyncio.Task[Any]] = []
     try:
         await asyncio.sleep(1.0)  # the watches are listed and open
+        cpu0 = {c.name: c.cpu_seconds for c in sandbox.supervisor.statuses()}
+        wall0 = time.monotonic()
         progress(f"submitting {jobs} GPUJobs at {rate:g}/s ...")
         t0 = time.monotonic()
         for i, (name, gpus) in enumerate(zip(names, sizes, strict=True)):
@@ -278,6 +282,12 @@ async def _measure(
         limit = duration_s + 60 + jobs / rate
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(clock.done.wait(), limit)
+        wall = time.monotonic() - wall0
+        cpu = {
+            c.name: round((c.cpu_seconds - cpu0.get(c.name, 0.0)) / wall, 2)
+            for c in sandbox.supervisor.statuses()
+        }
+        cpu["bench"] = round(sum(psutil.Process().cpu_times()[:2]) / wall, 2)
     finally:
         for t in [*watchers, sampler, *creates]:
             t.cancel()
@@ -295,6 +305,23 @@ async def _measure(
         for k in wanted
         if k in clock.hub_complete and k in clock.member_complete
     ]
+    if trace is not None:
+        # One JSON line per job, wall-clock seconds: compare with the processes' logs.
+        offset = time.time() - time.monotonic()
+        with trace.open("w") as fh:
+            for k in sorted(wanted):
+                times = {
+                    "created": clock.created.get(k),
+                    "dispatched": clock.dispatched.get(k),
+                    "member_complete": clock.member_complete.get(k),
+                    "hub_complete": clock.hub_complete.get(k),
+                }
+                fh.write(
+                    json.dumps(
+                        {"job": k, **{n: t + offset if t else None for n, t in times.items()}}
+                    )
+                    + "\n"
+                )
     first = min(clock.created.values(), default=0.0)
     last = max(clock.dispatched.values(), default=first)
     return {
@@ -309,6 +336,7 @@ async def _measure(
         "completed": len(clock.hub_complete),
         "hub_rss_mib": round(rss.get(HUB_COMPONENT, 0) / 2**20),
         "agents_rss_mib": {m: round(rss.get(f"agent/{m}", 0) / 2**20) for m in info.members},
+        "cpu_cores": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
     }
 
 
@@ -323,9 +351,12 @@ def run_bench(
     keep: bool = False,
     options: ControlPlaneOptions | None = None,
     progress: Progress | None = None,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark in a fresh sandbox (``state_dir``, default a temporary directory),
-    stop it afterwards (unless ``keep``) and return the result (module docstring)."""
+    stop it afterwards (unless ``keep``) and return the result (module docstring).
+    ``trace``: also write each job's times (wall-clock seconds) there, one JSON line per job,
+    to line up with the hub's and agents' logs."""
     say = progress or (lambda _m: None)
     sizes = job_sizes(jobs, seed)
     fleet = bench_fleet(sizes, members)
@@ -338,7 +369,7 @@ def run_bench(
     say(f"fleet: {members} members, {nodes} nodes of 8 H100 for {sum(sizes)} GPUs of jobs")
     try:
         info = sandbox.up(fleet, control_plane=options or ControlPlaneOptions())
-        return asyncio.run(_measure(info, sizes, rate, duration_s, sandbox, say))
+        return asyncio.run(_measure(info, sizes, rate, duration_s, sandbox, say, trace))
     finally:
         if not keep:
             sandbox.down()
