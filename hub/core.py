@@ -239,9 +239,16 @@ class Controller:
         #: jobs that may want placement (checked again each cycle)
         self._waiting: set[str] = set()
         self._bg: set[asyncio.Task[Any]] = set()
-        self._event_slots = asyncio.Semaphore(8)
+        # Events are for people, status is state: under load, Events wait for a slot (and may
+        # lag) while status writes go first (client-go rate-limits its events too).
+        self._event_slots = asyncio.Semaphore(2)
         self._restarted_reservations: dict[str, str] = {}
-        self.job_status = CoalescingWriter("job-status", self._write_job_status, workers=8)
+        # A job's placed/dispatched/running steps usually come within a fraction of a second:
+        # written at most every 250 ms per job they take fewer writes (each write also comes
+        # back through every GPUJob watch); a job finishing later is written at once.
+        self.job_status = CoalescingWriter(
+            "job-status", self._write_job_status, workers=8, min_interval_s=0.25
+        )
         self.member_status = CoalescingWriter("member-status", self._write_member_status)
 
     # =========================================================================================

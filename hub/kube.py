@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.rest import RESTResponse
 
 from gpufed.api.labels import GROUP, VERSION
 from gpufed.sync.retry import kube_retry
@@ -120,7 +121,8 @@ class KubeAPI:
         """Merge-patch ``status`` of one GPUJob (``null`` values remove fields)."""
         async for attempt in kube_retry():
             with attempt:
-                await self.custom.patch_namespaced_custom_object_status(
+                # The reply (the whole object) is not needed: the watch brings it anyway.
+                resp: Any = await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
                     namespace,
@@ -128,7 +130,9 @@ class KubeAPI:
                     name,
                     {"status": status},
                     _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                    _preload_content=False,
                 )
+                await _check_and_release(resp)
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
@@ -215,23 +219,47 @@ class KubeAPI:
         Best effort: a failure is logged, never raised (events are for people, not state).
         """
         namespace = involved.get("namespace") or "default"
-        now = datetime.now(UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{involved['name']}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(**involved),
-            reason=reason,
-            message=message[:1024],
-            type=type_,
-            source=client.V1EventSource(component="gpufed-hub"),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            reporting_component="gpufed-hub",
-        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ref = {
+            "apiVersion": involved.get("api_version"),
+            "kind": involved.get("kind"),
+            "name": involved.get("name"),
+            "namespace": involved.get("namespace"),
+            "uid": involved.get("uid"),
+        }
+        # Plain JSON in, raw response out: the typed models cost more CPU than the request
+        # itself (the hub emits several Events per job).
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {k: v for k, v in ref.items() if v is not None},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "gpufed-hub"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": "gpufed-hub",
+        }
         try:
-            await self.core.create_namespaced_event(namespace, body)
+            resp: Any = await self.core.create_namespaced_event(
+                namespace, body, _preload_content=False
+            )
+            await _check_and_release(resp)
         except (TimeoutError, ApiException, OSError) as exc:
             log.warning("hub.event.failed", reason=reason, error=str(exc))
+
+
+async def _check_and_release(resp: Any) -> None:
+    """For calls made with ``_preload_content=False`` (the client then skips its own check):
+    raise ``ApiException`` for a non-2xx reply, and give the connection back."""
+    try:
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=RESTResponse(resp, await resp.read()))  # type: ignore[arg-type]
+    finally:
+        resp.release()
 
 
 def _default_kubeconfig() -> Path | None:

@@ -3,8 +3,12 @@
 The leader (:mod:`gpufed.hub.core`) submits a new desired status whenever something changes;
 a few workers write them. Writes for one key are serial and in order; a burst of updates to
 one key becomes one write of the latest value; a value equal to the last one written is
-skipped. Failures are logged and the value is retried after a short pause (the write function
-itself retries transient API errors through :func:`gpufed.sync.retry.kube_retry`).
+skipped. With ``min_interval_s``, a key written less than that long ago waits out the rest
+of the interval before its next write, so the steps of one transition that arrive close
+together (placed, dispatched, running) become fewer writes, while an update after a quiet
+spell (a job finishing) is written at once. Failures are logged and the value is retried after
+a short pause (the write function itself retries transient API errors through
+:func:`gpufed.sync.retry.kube_retry`).
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ class ObjectGoneError(Exception):
 
 
 class CoalescingWriter:
-    """``submit(key, value)``; ``workers`` tasks call ``write(key, value)``."""
+    """``submit(key, value)``; ``workers`` tasks call ``write(key, value)``; a key is written
+    at most once per ``min_interval_s`` seconds (module docstring)."""
 
-    def __init__(self, name: str, write: WriteFn, *, workers: int = 4) -> None:
+    def __init__(
+        self, name: str, write: WriteFn, *, workers: int = 4, min_interval_s: float = 0.0
+    ) -> None:
         self.name = name
         self._write = write
         self._workers = workers
+        self._min_interval_s = min_interval_s
+        self._last_write: dict[str, float] = {}
         self._desired: dict[str, Any] = {}
         self._written: dict[str, Any] = {}
         self._queue: asyncio.Queue[str] = asyncio.Queue()
@@ -68,6 +77,7 @@ class CoalescingWriter:
         """Drop everything about ``key`` (the object is gone)."""
         self._desired.pop(key, None)
         self._written.pop(key, None)
+        self._last_write.pop(key, None)
 
     def last_written(self, key: str) -> Any:
         """The value last written for ``key`` (None before the first write)."""
@@ -84,12 +94,21 @@ class CoalescingWriter:
             if key not in self._desired:
                 self._maybe_idle()
                 continue
+            loop = asyncio.get_running_loop()
+            wait = self._last_write.get(key, -1e9) + self._min_interval_s - loop.time()
+            if wait > 0:
+                # Written moments ago: come back when the interval is over (later submits of
+                # this key coalesce meanwhile); the worker moves on to other keys.
+                self._queued.add(key)
+                loop.call_later(wait, self._queue.put_nowait, key)
+                continue
             self._busy.add(key)
             value = self._desired[key]
             try:
                 if self._written.get(key) != value:
                     await self._write(key, value)
                     self._written[key] = value
+                    self._last_write[key] = loop.time()
             except ObjectGoneError:
                 self.forget(key)
             except asyncio.CancelledError:

@@ -97,6 +97,9 @@ class WorkManager:
         self.allowed_kinds = frozenset(allowed_kinds)
         self._metrics = metrics
         self._jobs: dict[str, _Job] = {}
+        # Namespaces this agent saw exist: most jobs land in a namespace used before, so the
+        # apply skips reading it again (a 404 on the first create re-creates it).
+        self._namespaces: set[str] = set()
         self._desired: dict[str, WorkItem] = {}
         self._session_uids: set[str] = set()
         self._gc_task: asyncio.Task[None] | None = None
@@ -238,17 +241,30 @@ class WorkManager:
                 bound.warning("work.apply.missing", object=str(main))
                 self._status.track(item.job_uid, revision=item.revision, main=main, missing=True)
                 return
-            if not ran_before:
+            ns_checked = ran_before or item.namespace not in self._namespaces
+            if ns_checked and not ran_before:
                 await ensure_namespace(self._client, item.namespace)
+                self._namespaces.add(item.namespace)
             outcomes: list[Outcome] = []
             for obj in manifests:
                 ref = ref_of(obj)
                 # Workload objects of a job that ran before are never re-created, even if they
                 # vanish between the check above and this call.
                 may_create = not (ran_before and ref.kind_group in WORKLOAD_KINDS)
-                outcome = await apply_object(
-                    self._client, obj, job_uid=item.job_uid, may_create=may_create
-                )
+                try:
+                    outcome = await apply_object(
+                        self._client, obj, job_uid=item.job_uid, may_create=may_create
+                    )
+                except Exception as exc:
+                    if status_of(exc) != 404 or ns_checked:
+                        raise
+                    # The namespace this agent saw before is gone (deleted in the member):
+                    # create it again, once.
+                    ns_checked = True
+                    await ensure_namespace(self._client, item.namespace)
+                    outcome = await apply_object(
+                        self._client, obj, job_uid=item.job_uid, may_create=may_create
+                    )
                 outcomes.append(outcome)
                 if outcome is Outcome.MISSING and ref == main:
                     bound.warning("work.apply.missing", object=str(ref))

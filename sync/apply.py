@@ -285,21 +285,23 @@ async def _create_only(
 ) -> Outcome:
     async for attempt in kube_retry():
         with attempt:
-            existing = await client.get(ref)
-            if existing is not None:
+            if not may_create:
+                existing = await client.get(ref)
+                if existing is None:
+                    return Outcome.MISSING
                 _check_owner(existing, ref, job_uid)
                 return Outcome.ADOPTED
-            if not may_create:
-                return Outcome.MISSING
+            # Create first: one request in the common case (a new job). 409 means it exists
+            # (created by this agent before, or by someone else): read it, then adopt it or
+            # report its owner.
             try:
                 await client.create(obj)
             except Exception as exc:
                 if classify(exc) is not Verdict.RECONCILE:
                     raise
-                # 409: it appeared meanwhile; re-read and adopt it (or report the owner).
                 existing = await client.get(ref)
                 if existing is None:
-                    raise
+                    raise  # gone again meanwhile: report the conflict
                 _check_owner(existing, ref, job_uid)
                 return Outcome.ADOPTED
             return Outcome.CREATED

@@ -52,8 +52,9 @@ def summarize_workload(
     Phases: ``Missing`` when ``missing`` (the objects are gone and will not be re-created);
     ``Succeeded``/``Failed`` from the kind's terminal condition with status ``True`` (Job:
     ``Complete``/``Failed``; JobSet: ``Completed``/``Failed``; PyTorchJob:
-    ``Succeeded``/``Failed``; other kinds: any of these); ``Running`` when a pod runs,
-    the object reports ready pods or a ``Running`` condition is True; ``Pending`` otherwise,
+    ``Succeeded``/``Failed``; other kinds: any of these); ``Running`` when a pod runs or
+    already finished, the object reports ready, succeeded or failed pods or a ``Running``
+    condition is True; ``Pending`` otherwise,
     including while ``obj`` is None (applied, not yet observed). A pod that is Pending because it is unschedulable
     keeps the job Pending (a Job counts such pods as active).
 
@@ -85,7 +86,15 @@ def summarize_workload(
     else:
         running_pod = any(_status(p).get("phase") == "Running" for p in pod_list)
         running_cond = any(c.type == "Running" and c.status == "True" for c in conditions)
-        if obj is not None and (running_pod or running_cond or ready > 0):
+        # Pods that already ran keep the job Running until its terminal condition arrives
+        # (a Job's pod finishes a moment before the Job controller marks it Complete); without
+        # this the phase would fall back to Pending in between.
+        ran = (
+            succeeded > 0
+            or failed > 0
+            or any(_status(p).get("phase") in ("Succeeded", "Failed") for p in pod_list)
+        )
+        if obj is not None and (running_pod or running_cond or ready > 0 or ran):
             phase = "Running"
 
     start = str(status.get("startTime") or "") or _earliest_pod_start(pod_list)

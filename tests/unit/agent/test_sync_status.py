@@ -141,6 +141,22 @@ def test_running_when_a_pod_runs_and_crash_loops_are_reported() -> None:
     assert s.start_time == "2026-01-01T00:00:09Z"  # no status.startTime: earliest pod start
 
 
+def test_a_job_whose_pods_finished_stays_running_until_its_terminal_condition() -> None:
+    # The pod has Succeeded, the Job controller has not marked the Job Complete yet: the job
+    # does not fall back to Pending (the GPUJob would go Running -> Placed -> Succeeded).
+    just_finished = summarize(
+        job_obj({"active": 1, "startTime": "2026-01-01T00:00:00Z"}),
+        [pod("p0", "Succeeded", start="2026-01-01T00:00:01Z")],
+    )
+    assert just_finished.phase == "Running"
+    counted = summarize(job_obj({"succeeded": 1, "startTime": "2026-01-01T00:00:00Z"}), [])
+    assert counted.phase == "Running"
+    failed_once = summarize(job_obj({"failed": 1, "active": 1}), [pod("p1", "Pending")])
+    assert failed_once.phase == "Running"
+    # Never started: still Pending.
+    assert summarize(job_obj({"active": 1}), [pod("p0", "Pending")]).phase == "Pending"
+
+
 def test_not_observed_yet_is_pending_and_missing_is_missing() -> None:
     assert summarize(None).phase == "Pending"
     gone = summarize(None, missing=True)

@@ -201,3 +201,19 @@ async def test_jobs_the_hub_no_longer_has_are_forgotten_after_a_desired_set() ->
     assert h.work.job_revision("kept") == 1
     assert h.work.job_revision("dropped") == 0
     assert h.job_names() == {"job-kept"}  # the dropped job's objects were orphans
+
+
+async def test_the_namespace_is_read_once_and_recreated_when_deleted_meanwhile() -> None:
+    h = Harness()
+    for uid in ("u1", "u2", "u3"):
+        h.work.submit(apply_item(uid))
+    await h.work.idle()
+    ops = [op for op, _ in h.api.calls]
+    assert ops.count("get_namespace") == 1  # one read for three jobs in team-a
+    assert ops.count("create") == 3  # and one request per new Job
+    del h.api.namespaces["team-a"]  # an operator deleted it in the member
+    h.work.submit(apply_item("u4"))
+    await h.work.idle()
+    assert h.acks[-1] == WorkAck(job_uid="u4", revision=1, result="Applied")
+    assert h.api.namespaces["team-a"]["metadata"]["labels"] == {"gpufed.io/managed": "true"}
+    assert "job-u4" in h.job_names()

@@ -190,3 +190,25 @@ def test_sandbox_certificates_verify_for_localhost(tmp_path: Path) -> None:
     assert oct(files.server_key.stat().st_mode)[-3:] == "600"
     again = generate(tmp_path)
     assert again.server_cert.read_bytes() == files.server_cert.read_bytes(), "kept, not replaced"
+
+
+async def test_updates_soon_after_a_write_wait_out_the_interval_and_coalesce() -> None:
+    writes: list[tuple[str, Any]] = []
+
+    async def write(key: str, value: Any) -> None:
+        writes.append((key, value))
+
+    w = CoalescingWriter("t", write, workers=1, min_interval_s=0.2)
+    w.start()
+    try:
+        w.submit("job", "Placed")
+        await w.drained()
+        w.submit("job", "Dispatched")  # within the interval: held back ...
+        w.submit("job", "Running")  # ... and replaced by the latest value
+        w.submit("other", "Placed")  # another key is not held up by it
+        await asyncio.sleep(0.05)
+        assert writes == [("job", "Placed"), ("other", "Placed")]
+        await w.drained()
+        assert writes == [("job", "Placed"), ("other", "Placed"), ("job", "Running")]
+    finally:
+        await w.stop()
