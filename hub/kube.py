@@ -47,6 +47,15 @@ class WatchEvent:
     obj: dict[str, Any]
 
 
+class _DictWatch(watch.Watch):
+    """A watch whose events carry the objects as decoded from the stream, once: for custom
+    objects the client would encode each one to JSON and decode it again (three passes per
+    event, and the hub sees every GPUJob status write come back)."""
+
+    def get_return_type(self, func: object) -> str:
+        return ""
+
+
 class KubeAPI:
     """Async access to the hub cluster (one ``ApiClient``; close with :meth:`close`)."""
 
@@ -90,7 +99,7 @@ class KubeAPI:
         """Changes since ``resource_version``; yields events and, for bookmarks, the new
         resourceVersion as a ``str``. Ends when the server closes the watch (about
         ``timeout_s``); raises :class:`GoneError` on 410 (the caller lists again)."""
-        w = watch.Watch()
+        w = _DictWatch()
         try:
             stream = w.stream(
                 self.custom.list_cluster_custom_object,
