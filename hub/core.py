@@ -1473,8 +1473,11 @@ class Controller:
     def _set_status(self, job: JobState, status: GPUJobStatus) -> None:
         job.status = status.model_copy(update={"observed_generation": job.obj.metadata.generation})
         payload = job.status.model_dump(by_alias=True, mode="json")
+        # A job that ended is what its user waits for (and its GPUs are free): write it first.
         self.job_status.submit(
-            job.uid, (job.obj.metadata.namespace, job.obj.metadata.name, payload)
+            job.uid,
+            (job.obj.metadata.namespace, job.obj.metadata.name, payload),
+            urgent=st.is_terminal(job.status),
         )
 
     async def _write_job_status(self, uid: str, value: Any) -> None:

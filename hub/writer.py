@@ -8,13 +8,15 @@ of the interval before its next write, so the steps of one transition that arriv
 together (placed, dispatched, running) become fewer writes, while an update after a quiet
 spell (a job finishing) is written at once. Failures are logged and the value is retried after
 a short pause (the write function itself retries transient API errors through
-:func:`gpufed.sync.retry.kube_retry`).
+:func:`gpufed.sync.retry.kube_retry`). An ``urgent`` submit (a job reaching a terminal phase)
+goes ahead of the queue and is not held back by the interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,7 +33,7 @@ class ObjectGoneError(Exception):
 
 class CoalescingWriter:
     """``submit(key, value)``; ``workers`` tasks call ``write(key, value)``; a key is written
-    at most once per ``min_interval_s`` seconds (module docstring)."""
+    at most once per ``min_interval_s`` seconds unless urgent (module docstring)."""
 
     def __init__(
         self, name: str, write: WriteFn, *, workers: int = 4, min_interval_s: float = 0.0
@@ -43,9 +45,13 @@ class CoalescingWriter:
         self._last_write: dict[str, float] = {}
         self._desired: dict[str, Any] = {}
         self._written: dict[str, Any] = {}
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        # Entries (priority, sequence, key); priority 0 = urgent, 1 = normal. A key has at
+        # most one live entry: the one whose priority _queued records (others are skipped).
+        self._queue: asyncio.PriorityQueue[tuple[int, int, str]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self._queued: dict[str, int] = {}
         self._busy: set[str] = set()
+        self._urgent: set[str] = set()  # submitted urgent while being written
         self._tasks: list[asyncio.Task[None]] = []
         self._idle = asyncio.Event()
         self._idle.set()
@@ -63,21 +69,36 @@ class CoalescingWriter:
                 await t
         self._tasks = []
 
-    def submit(self, key: str, value: Any) -> None:
-        """Desire ``value`` for ``key``; written soon unless equal to the last write."""
+    def submit(self, key: str, value: Any, *, urgent: bool = False) -> None:
+        """Desire ``value`` for ``key``; written soon unless equal to the last write. ``urgent``:
+        ahead of every normal key, and not held back by ``min_interval_s``."""
         self._desired[key] = value
         if self._written.get(key) == value:
             return
-        if key not in self._queued and key not in self._busy:
-            self._queued.add(key)
-            self._idle.clear()
-            self._queue.put_nowait(key)
+        if key in self._busy:
+            if urgent:
+                self._urgent.add(key)  # requeued as urgent once the current write ends
+            return
+        self._enqueue(key, 0 if urgent else 1)
+
+    def _enqueue(self, key: str, priority: int, delay: float = 0.0) -> None:
+        current = self._queued.get(key)
+        if current is not None and current <= priority:
+            return
+        self._queued[key] = priority
+        self._idle.clear()
+        entry = (priority, next(self._seq), key)
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, entry)
+        else:
+            self._queue.put_nowait(entry)
 
     def forget(self, key: str) -> None:
         """Drop everything about ``key`` (the object is gone)."""
         self._desired.pop(key, None)
         self._written.pop(key, None)
         self._last_write.pop(key, None)
+        self._urgent.discard(key)
 
     def last_written(self, key: str) -> Any:
         """The value last written for ``key`` (None before the first write)."""
@@ -88,19 +109,20 @@ class CoalescingWriter:
         await self._idle.wait()
 
     async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
+            priority, _, key = await self._queue.get()
+            if self._queued.get(key) != priority:
+                continue  # superseded by an entry of higher priority
+            del self._queued[key]
             if key not in self._desired:
                 self._maybe_idle()
                 continue
-            loop = asyncio.get_running_loop()
             wait = self._last_write.get(key, -1e9) + self._min_interval_s - loop.time()
-            if wait > 0:
+            if wait > 0 and priority > 0:
                 # Written moments ago: come back when the interval is over (later submits of
                 # this key coalesce meanwhile); the worker moves on to other keys.
-                self._queued.add(key)
-                loop.call_later(wait, self._queue.put_nowait, key)
+                self._enqueue(key, priority, delay=wait)
                 continue
             self._busy.add(key)
             value = self._desired[key]
@@ -119,13 +141,10 @@ class CoalescingWriter:
                 self._written.pop(key, None)
             finally:
                 self._busy.discard(key)
-            if (
-                key in self._desired
-                and self._desired[key] != self._written.get(key)
-                and key not in self._queued
-            ):
-                self._queued.add(key)
-                self._queue.put_nowait(key)
+            urgent = key in self._urgent
+            self._urgent.discard(key)
+            if key in self._desired and self._desired[key] != self._written.get(key):
+                self._enqueue(key, 0 if urgent else 1)
             self._maybe_idle()
 
     def _maybe_idle(self) -> None:

@@ -212,3 +212,29 @@ async def test_updates_soon_after_a_write_wait_out_the_interval_and_coalesce() -
         assert writes == [("job", "Placed"), ("other", "Placed"), ("job", "Running")]
     finally:
         await w.stop()
+
+
+async def test_an_urgent_value_goes_ahead_of_the_queue_and_past_the_interval() -> None:
+    writes: list[tuple[str, Any]] = []
+    gate = asyncio.Event()
+
+    async def write(key: str, value: Any) -> None:
+        await gate.wait()
+        writes.append((key, value))
+
+    w = CoalescingWriter("t", write, workers=1, min_interval_s=10.0)
+    w.start()
+    try:
+        for key in ("a", "b", "c"):
+            w.submit(key, "Running")
+        await asyncio.sleep(0.01)  # the worker holds "a"
+        w.submit("c", "Succeeded", urgent=True)  # queued as normal: moved ahead
+        w.submit("d", "Failed", urgent=True)
+        gate.set()
+        await w.drained()
+        assert writes == [("a", "Running"), ("c", "Succeeded"), ("d", "Failed"), ("b", "Running")]
+        w.submit("a", "Succeeded", urgent=True)  # written 10 s ago or less: not held back
+        await asyncio.wait_for(w.drained(), 1.0)
+        assert writes[-1] == ("a", "Succeeded")
+    finally:
+        await w.stop()
