@@ -93,7 +93,7 @@ def test_hub_killed_during_a_burst_places_and_creates_every_job_once(e2e: E2E) -
     def placed() -> int:
         return sum(1 for o in hub.jobs() if (o.get("status") or {}).get("cluster"))
 
-    wait_until(lambda: placed() >= 6, "a quarter of the burst placed", 30)
+    wait_until(lambda: placed() >= 6, "a quarter of the burst placed", 60)
     e2e.kill("hub")
     e2e.start("hub")
     for n in names:
