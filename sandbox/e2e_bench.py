@@ -209,10 +209,13 @@ async def _measure(
     names = [f"job-{i:05d}" for i in range(jobs)]
     wanted = {f"{NAMESPACE}/{n}" for n in names}
 
-    def hub_event(_type: str, obj: dict[str, Any]) -> None:
+    def wanted_key(obj: dict[str, Any]) -> str | None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        if key not in wanted:
+        return key if key in wanted else None
+
+    def hub_event(_type: str, obj: dict[str, Any]) -> None:
+        if (key := wanted_key(obj)) is None:
             return
         now = time.monotonic()
         clock.created.setdefault(key, now)
@@ -222,9 +225,7 @@ async def _measure(
                 clock.done.set()
 
     def member_event(_type: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
-        if key not in wanted:
+        if (key := wanted_key(obj)) is None:
             return
         now = time.monotonic()
         clock.dispatched.setdefault(key, now)

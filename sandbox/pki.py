@@ -67,6 +67,29 @@ def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
     path.chmod(mode)
 
 
+def _server_cert(
+    cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    ca_key: ec.EllipticCurvePrivateKey,
+    sans: list[x509.GeneralName],
+    now: dt.datetime,
+) -> x509.Certificate:
+    """A server certificate (one year, serverAuth) for ``key``, signed by the CA."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
 def create_pki(directory: Path) -> Pki:
     """Create a CA, a serving cert (valid one year), an RSA service-account key pair and a random
     admin token under ``directory``."""
@@ -111,18 +134,7 @@ def create_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
     ]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    cert = _server_cert("kube-apiserver", key, ca_name, ca_key, sans, now)
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     token = secrets.token_hex(24)
@@ -171,18 +183,7 @@ def issue_server_cert(pki: Pki, name: str, hosts: tuple[str, ...] = ()) -> tuple
             sans.append(x509.DNSName(host))
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    cert = _server_cert(name, key, ca.subject, ca_key, sans, now)
     crt_path, key_path = pki.dir / f"{name}.crt", pki.dir / f"{name}.key"
     _write(crt_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write(key_path, _pem_key(key))
