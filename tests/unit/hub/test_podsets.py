@@ -129,3 +129,22 @@ def test_placement_request_carries_spec_placement() -> None:
     assert req.priority == 100
     assert req.workload_kind == "JobSet.jobset.x-k8s.io"
     assert req.submitted_at == 12.5
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        {"key": "region", "operator": "In", "values": []},
+        {"key": "region", "operator": "Exists", "values": ["eu"]},
+    ],
+)
+def test_a_malformed_cluster_selector_expression_names_its_field(
+    expression: dict[str, object],
+) -> None:
+    job = gpujob(
+        jobset(("w", 1, 1, 8)), placement={"clusterSelector": {"matchExpressions": [expression]}}
+    )
+    with pytest.raises(InvalidJobError) as err:
+        placement_request(job, submitted_at=0.0)
+    assert err.value.field == "spec.placement.clusterSelector.matchExpressions[0]"
+    assert "values" in err.value.message
