@@ -160,13 +160,14 @@ def place(
         ordered.append((-ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
+    # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
-    best: tuple[float, str, Plan] | None = None
-    scored: dict[str, tuple[float, Plan]] = {}
-    for neg, name, _, c, pool, known in ordered:
+    best: tuple[float, str, Any, Plan] | None = None
+    scored: dict[str, tuple[float, Plan, Any]] = {}
+    for neg, name, pkey, c, pool, known in ordered:
         if best is not None and not explain:
             ub = -neg
-            if ub < best[0] or (ub == best[0] and name >= best[1]):
+            if ub < best[0] or (ub == best[0] and (name, pkey) >= (best[1], best[2])):
                 break
         if known is None:
             held = hold.get(name) if hold else None
@@ -188,10 +189,14 @@ def place(
         else:
             result, total = known, -neg
         prev = scored.get(name)
-        if prev is None or total > prev[0]:
-            scored[name] = (total, result)
-        if best is None or total > best[0] or (total == best[0] and name < best[1]):
-            best = (total, name, result)
+        if prev is None or total > prev[0] or (total == prev[0] and pkey < prev[2]):
+            scored[name] = (total, result, pkey)
+        if (
+            best is None
+            or total > best[0]
+            or (total == best[0] and (name, pkey) < (best[1], best[2]))
+        ):
+            best = (total, name, pkey, result)
     # 5. decision
     if best is not None:
         if explain:
@@ -201,7 +206,8 @@ def place(
                 all_failures.pop(name, None)
         else:
             all_failures = {}
-        return _placed(job, policy, now, best, scored, all_failures, explain, plugins, snapshot)
+        winner = (best[0], best[1], best[3])
+        return _placed(job, policy, now, winner, scored, all_failures, explain, plugins, snapshot)
     all_failures = dict(static.failures)
     all_failures.update(failures)
     return _not_placed(job, policy, now, all_failures, snapshot, plugins)
@@ -412,7 +418,7 @@ def _placed(
     policy: Policy,
     now: float,
     best: tuple[float, str, Plan],
-    scored: dict[str, tuple[float, Plan]],
+    scored: dict[str, tuple[float, Plan, Any]],
     failures: dict[str, Failure],
     explained: bool,
     plugins: Plugins,

@@ -395,3 +395,22 @@ def test_empty_job_uid_and_pod_set_names_fail_validation(
         PlacementRequest.model_validate(payload)
     locs = {".".join(str(p) for p in e["loc"]) for e in err.value.errors()}
     assert field in locs, locs
+
+
+def test_equal_scores_in_two_pools_of_one_member_tie_the_same_way_whatever_ran_before() -> None:
+    # H100 pool: 3 x 1 GPU on a node with 6 free; H200 pool: on the idle node; both score the
+    # same. The winner must not depend on which plans earlier calls left in the memo: ties go
+    # by member name, then pool (product, MIG mode, taints)
+    nodes = [
+        node("a1", free=6),
+        node("a2", free=6),
+        node("b1", free=0, product="NVIDIA-H200"),
+        node("b2", free=8, product="NVIDIA-H200"),
+    ]
+    req = job(gpus=1, pods=3, nvlink="None")
+    fresh = explain(req, FleetSnapshot([member("m", nodes)]), POLICY, 0)
+    s = FleetSnapshot([member("m", nodes)])
+    answers = [place(req, s, POLICY, 0), explain(req, s, POLICY, 0), place(req, s, POLICY, 0)]
+    for d in [fresh, *answers]:
+        assert d.gpu_product == H100
+        assert gpus_on(d) == {"a1": 3}
