@@ -193,7 +193,8 @@ class GPUProduct:
 
     A node with ``nvidia.com/mig.strategy=single`` exposes MIG slices under ``nvidia.com/gpu``
     (GFD then reports a product such as ``A100-SXM4-40GB-MIG-1g.5gb``); such a pool serves only
-    jobs that list that product, so slices are never taken for whole GPUs.
+    jobs that name that product (in ``gpuProducts`` or a ``nvidia.com/gpu.product``
+    nodeSelector), so slices are never taken for whole GPUs.
     """
 
     name: ClassVar[str] = "GPUProduct"
@@ -201,15 +202,19 @@ class GPUProduct:
 
     def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
         allowed = job.products
-        if pool.slices and (allowed is None or pool.product not in allowed):
+        pins = job.selector_pins(GPU_PRODUCT_LABEL)
+        named = (allowed is not None and pool.product in allowed) or (
+            pins is not None and pool.product in pins
+        )
+        if pool.slices and not named:
             return Status(
                 Code.UNRESOLVABLE,
                 f"{pool.product} nodes use the MIG single strategy: their nvidia.com/gpu are "
-                "MIG slices, not whole GPUs",
+                "MIG slices, not whole GPUs (name the product in gpuProducts or a "
+                "nvidia.com/gpu.product nodeSelector to use them)",
             )
         if allowed is not None and pool.product not in allowed:
             return Status(Code.UNRESOLVABLE, f"{pool.product} is not in gpuProducts")
-        pins = job.selector_pins(GPU_PRODUCT_LABEL)
         if pins is not None and pool.product not in pins:
             return Status(Code.UNRESOLVABLE, f"nodeSelector excludes {pool.product}")
         return SUCCESS
