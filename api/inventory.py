@@ -50,13 +50,18 @@ class Toleration(_Frozen):
     """A pod toleration (``spec.tolerations[]``), Kubernetes semantics.
 
     An empty ``key`` with operator ``Exists`` tolerates every taint; an empty ``effect``
-    matches every effect.
+    matches every effect. ``toleration_seconds`` (``tolerationSeconds``): how long a pod stays
+    bound after a matching ``NoExecute`` taint appears; it does not change what the toleration
+    tolerates when scheduling, so placement only carries it.
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     key: str = ""
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str = ""
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
 
     def tolerates(self, taint: Taint) -> bool:
         """Whether this toleration matches ``taint`` (k8s.io/api/core/v1 ToleratesTaint)."""

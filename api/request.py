@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpufed.api.inventory import Toleration
 from gpufed.api.labels import GPU_RESOURCE
@@ -23,11 +23,28 @@ class _Frozen(BaseModel):
 
 
 class LabelSelectorRequirement(_Frozen):
-    """One ``matchExpressions`` entry of a Kubernetes label selector."""
+    """One ``matchExpressions`` entry of a Kubernetes label selector.
 
-    key: str
+    As the API server validates it: ``In`` / ``NotIn`` need at least one value, ``Exists`` /
+    ``DoesNotExist`` take none.
+    """
+
+    key: str = Field(min_length=1)
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(
+                f"values: operator {self.operator} needs at least one value (key {self.key!r})"
+            )
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(
+                f"values: operator {self.operator} takes no values (key {self.key!r}); "
+                "use In to match values"
+            )
+        return self
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Kubernetes semantics (``NotIn`` matches when the key is absent)."""
@@ -63,7 +80,7 @@ class PodSet(_Frozen):
     pod template (``spec.nodeSelector``, ``spec.tolerations``).
     """
 
-    name: str = "main"
+    name: str = Field(default="main", min_length=1)
     count: int = Field(ge=1)
     requests: dict[str, int] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -111,8 +128,8 @@ class PlacementRequest(_Frozen):
     ``submitted_at``: seconds since the epoch (queue order after priority).
     """
 
-    job: str
-    uid: str
+    job: str = Field(min_length=1)
+    uid: str = Field(min_length=1)
     pod_sets: tuple[PodSet, ...] = Field(min_length=1)
     gpu_products: tuple[str, ...] = ()
     cluster_selector: LabelSelector | None = None

@@ -161,21 +161,31 @@ def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
     ``submitted_at``: seconds since the epoch (queue order after priority). Raises
     :class:`InvalidJobError` naming the field.
     """
+    if not job.metadata.uid:
+        raise InvalidJobError("metadata.uid", "the GPUJob has no uid (read it from the API server)")
     template = job.spec.template
     pod_sets = derive_pod_sets(template)
     placement = job.spec.placement
     selector = None
     if placement.cluster_selector is not None:
+        expressions = []
+        for i, e in enumerate(placement.cluster_selector.match_expressions):
+            try:
+                expressions.append(
+                    LabelSelectorRequirement(key=e.key, operator=e.operator, values=tuple(e.values))
+                )
+            except ValidationError as exc:
+                raise InvalidJobError(
+                    f"spec.placement.clusterSelector.matchExpressions[{i}]",
+                    exc.errors()[0]["msg"].removeprefix("Value error, "),
+                ) from exc
         selector = LabelSelector(
             match_labels=placement.cluster_selector.match_labels,
-            match_expressions=tuple(
-                LabelSelectorRequirement(key=e.key, operator=e.operator, values=tuple(e.values))
-                for e in placement.cluster_selector.match_expressions
-            ),
+            match_expressions=tuple(expressions),
         )
     return PlacementRequest(
         job=job.key,
-        uid=job.metadata.uid or "",
+        uid=job.metadata.uid,
         pod_sets=pod_sets,
         gpu_products=tuple(placement.gpu_products),
         cluster_selector=selector,

@@ -32,6 +32,7 @@ from gpufed.api.decision import (
     PodSetAssignment,
     RejectionCode,
 )
+from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.fit import Plan
 from gpufed.placement.plugins import (
@@ -44,7 +45,7 @@ from gpufed.placement.plugins import (
 )
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
-from gpufed.placement.shape import JobShape
+from gpufed.placement.shape import JobShape, PodSetShape
 from gpufed.placement.snapshot import ClusterState, FleetSnapshot, NodeState, PoolState
 
 #: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
@@ -159,13 +160,14 @@ def place(
         ordered.append((-ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
+    # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
-    best: tuple[float, str, Plan] | None = None
-    scored: dict[str, tuple[float, Plan]] = {}
-    for neg, name, _, c, pool, known in ordered:
+    best: tuple[float, str, Any, Plan] | None = None
+    scored: dict[str, tuple[float, Plan, Any]] = {}
+    for neg, name, pkey, c, pool, known in ordered:
         if best is not None and not explain:
             ub = -neg
-            if ub < best[0] or (ub == best[0] and name >= best[1]):
+            if ub < best[0] or (ub == best[0] and (name, pkey) >= (best[1], best[2])):
                 break
         if known is None:
             held = hold.get(name) if hold else None
@@ -187,10 +189,14 @@ def place(
         else:
             result, total = known, -neg
         prev = scored.get(name)
-        if prev is None or total > prev[0]:
-            scored[name] = (total, result)
-        if best is None or total > best[0] or (total == best[0] and name < best[1]):
-            best = (total, name, result)
+        if prev is None or total > prev[0] or (total == prev[0] and pkey < prev[2]):
+            scored[name] = (total, result, pkey)
+        if (
+            best is None
+            or total > best[0]
+            or (total == best[0] and (name, pkey) < (best[1], best[2]))
+        ):
+            best = (total, name, pkey, result)
     # 5. decision
     if best is not None:
         if explain:
@@ -200,7 +206,8 @@ def place(
                 all_failures.pop(name, None)
         else:
             all_failures = {}
-        return _placed(job, policy, now, best, scored, all_failures, explain, plugins, snapshot)
+        winner = (best[0], best[1], best[3])
+        return _placed(job, policy, now, winner, scored, all_failures, explain, plugins, snapshot)
     all_failures = dict(static.failures)
     all_failures.update(failures)
     return _not_placed(job, policy, now, all_failures, snapshot, plugins)
@@ -232,7 +239,10 @@ def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy)
     that level whose nodes could hold it when drained and that has the most free GPUs now (an
     HGX node is its own domain); otherwise the nodes with the most free GPUs, as many as the
     job needs when they are empty. The member where those nodes have the most free GPUs wins
-    (ties by name). A job without GPU pods holds its whole member.
+    (ties by name). A job without GPU pods holds its whole member. "Could hold it when
+    drained" reads each node's allocatable and labels: only nodes the pods' nodeSelector
+    allows count, and a job that no drained node could take (None) holds nothing, since
+    holding would then block later jobs forever.
     """
     job = JobShape.of(request)
     static = _static(job, snapshot, plugins_for(policy))
@@ -241,7 +251,9 @@ def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy)
         if never_reason(job, c, pool) is not None:
             continue
         if pool is None:
-            found: tuple[int, frozenset[str]] | None = (0, frozenset())
+            found: tuple[int, frozenset[str]] | None = (
+                (0, frozenset()) if _drained_fits_other(job, c) else None
+            )
         else:
             found = _nodes_to_hold(job, pool)
         if found is None:
@@ -274,29 +286,61 @@ def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]]
                 best = (g.free, g.key, sorted(g.nodes))
                 break
         return (best[0], frozenset(best[2])) if best is not None else None
-    chosen: list[str] = []
+    chosen: list[NodeState] = []
     free = 0
     slots = 0
-    big = job.max_gpus
+    big = job.gpu_sets[0]  # the largest pods
     for f in range(len(pool.buckets) - 1, -1, -1):
         for entry in pool.buckets[f]:
             n = entry[2]
-            if n.gpu_alloc < big:
+            k = _drained_slots(big, n)
+            if k <= 0:
                 continue
-            chosen.append(n.name)
+            chosen.append(n)
             free += f
-            slots += n.gpu_alloc // big
-            if slots >= job.gpu_pods:
-                return free, frozenset(chosen)
+            slots += k
+            if slots >= job.gpu_pods and _drained_fits(job, chosen):
+                return free, frozenset(x.name for x in chosen)
     return None
+
+
+def _drained_slots(s: PodSetShape, n: NodeState) -> int:
+    """Pods of ``s`` that node ``n`` holds once empty: its allocatable GPUs and other
+    resources, if it offers capacity and its labels match the pod set's nodeSelector."""
+    if not n.offers:
+        return 0
+    labels = n.inv.labels
+    if any(labels.get(k) != v for k, v in s.selector):
+        return 0
+    alloc = n.inv.allocatable
+    k = n.gpu_alloc // s.gpus if s.gpus else 10**9
+    for r, a in s.other:
+        k = min(k, alloc.get(r, 0) // a)
+    return k
 
 
 def _drained_fits(job: JobShape, nodes: list[NodeState]) -> bool:
     """Whether ``nodes``, once empty, hold every GPU pod of ``job`` (allocatable only)."""
     for s in job.gpu_sets:
-        if sum(n.gpu_alloc // s.gpus for n in nodes if n.offers) < s.count:
+        if sum(_drained_slots(s, n) for n in nodes) < s.count:
             return False
     return sum(n.gpu_alloc for n in nodes if n.offers) >= job.demand
+
+
+def _drained_fits_other(job: JobShape, c: ClusterState) -> bool:
+    """Whether member ``c``, once empty, holds every pod of a job without GPU pods (nodes
+    whose taints the pods tolerate and whose labels match their nodeSelector)."""
+    for s in job.other_sets:
+        slots = 0
+        for n in c.nodes.values():
+            if n.inv.taints and not tolerates_all(s.tolerations, n.inv.taints):
+                continue
+            slots += _drained_slots(s, n)
+            if slots >= s.count:
+                break
+        else:
+            return False
+    return True
 
 
 def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
@@ -374,7 +418,7 @@ def _placed(
     policy: Policy,
     now: float,
     best: tuple[float, str, Plan],
-    scored: dict[str, tuple[float, Plan]],
+    scored: dict[str, tuple[float, Plan, Any]],
     failures: dict[str, Failure],
     explained: bool,
     plugins: Plugins,

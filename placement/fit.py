@@ -370,7 +370,12 @@ def _no_room_reason(job: JobShape, pool: PoolState) -> str:
     shape = " + ".join(f"{s.count}x{s.gpus} GPUs" for s in job.gpu_sets)
     first = job.attempts[0]
     if first.level is not None and all(a.level is not None for a in job.attempts):
-        lv = job.attempts[-1].level or "nvlink"
+        # the level that binds: a Required one (a single pod is tried only as one NVLink
+        # domain, but a Required rack or block still limits which nodes it may use)
+        lv = next(
+            (x for x in ("nvlink", "rack", "block") if x in job.required),
+            job.attempts[-1].level or "nvlink",
+        )
         best = max(pool.max_group_free(lv), pool.max_free if lv == "nvlink" else 0)
         what = {"nvlink": "NVLink domain", "rack": "rack", "block": "block"}[lv]
         return (

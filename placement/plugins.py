@@ -193,7 +193,8 @@ class GPUProduct:
 
     A node with ``nvidia.com/mig.strategy=single`` exposes MIG slices under ``nvidia.com/gpu``
     (GFD then reports a product such as ``A100-SXM4-40GB-MIG-1g.5gb``); such a pool serves only
-    jobs that list that product, so slices are never taken for whole GPUs.
+    jobs that name that product (in ``gpuProducts`` or a ``nvidia.com/gpu.product``
+    nodeSelector), so slices are never taken for whole GPUs.
     """
 
     name: ClassVar[str] = "GPUProduct"
@@ -201,15 +202,19 @@ class GPUProduct:
 
     def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
         allowed = job.products
-        if pool.slices and (allowed is None or pool.product not in allowed):
+        pins = job.selector_pins(GPU_PRODUCT_LABEL)
+        named = (allowed is not None and pool.product in allowed) or (
+            pins is not None and pool.product in pins
+        )
+        if pool.slices and not named:
             return Status(
                 Code.UNRESOLVABLE,
                 f"{pool.product} nodes use the MIG single strategy: their nvidia.com/gpu are "
-                "MIG slices, not whole GPUs",
+                "MIG slices, not whole GPUs (name the product in gpuProducts or a "
+                "nvidia.com/gpu.product nodeSelector to use them)",
             )
         if allowed is not None and pool.product not in allowed:
             return Status(Code.UNRESOLVABLE, f"{pool.product} is not in gpuProducts")
-        pins = job.selector_pins(GPU_PRODUCT_LABEL)
         if pins is not None and pool.product not in pins:
             return Status(Code.UNRESOLVABLE, f"nodeSelector excludes {pool.product}")
         return SUCCESS
@@ -420,9 +425,15 @@ def never_reason(job: JobShape, cluster: ClusterState, pool: PoolState | None) -
                     f"pod set {s.name} needs {s.count} pods of {s.gpus} GPUs "
                     f"({_per_pod(s.other)}); all {pool.product} nodes together hold {slots}"
                 )
-        if job.gpu_pods > 1 and not pool.slices:
+        if len(job.gpu_sets) > 1:
+            why = _never_together(job, pool)
+            if why:
+                return why
+        if not pool.slices:
             for level in ("nvlink", "rack", "block"):
-                if level in job.required:
+                # one pod always sits in one NVLink domain, but only a labelled node is in a
+                # rack or block
+                if level in job.required and (job.gpu_pods > 1 or level != "nvlink"):
                     why = _never_grouped(job, pool, level)
                     if why:
                         return why
@@ -434,6 +445,30 @@ def never_reason(job: JobShape, cluster: ClusterState, pool: PoolState | None) -
         if slots < s.count:
             return (
                 f"pod set {s.name}: no nodes could ever hold {s.count} pods of {_per_pod(s.other)}"
+            )
+    return None
+
+
+def _never_together(job: JobShape, pool: PoolState) -> str | None:
+    """Several GPU pod sets that each fit the pool alone but not all at once (totals of GPUs
+    and of every other resource they request, over every node's allocatable)."""
+    names = " + ".join(s.name for s in job.gpu_sets)
+    have = sum(cnt * dict(shape).get(GPU_RESOURCE, 0) for shape, cnt in pool.alloc_shapes.items())
+    if have < job.demand:
+        return (
+            f"pod sets {names} need {job.demand} GPUs together; all {pool.product} nodes "
+            f"together have {have}"
+        )
+    need: dict[str, int] = {}
+    for s in job.gpu_sets:
+        for r, a in s.other:
+            need[r] = need.get(r, 0) + a * s.count
+    for r, amount in sorted(need.items()):
+        have = sum(cnt * dict(shape).get(r, 0) for shape, cnt in pool.alloc_shapes.items())
+        if have < amount:
+            return (
+                f"pod sets {names} need {r}={amount} together; all {pool.product} nodes "
+                f"together have {have}"
             )
     return None
 
@@ -483,6 +518,11 @@ def _never_grouped_scan(job: JobShape, pool: PoolState, level: str) -> str | Non
             return None
     what = {"nvlink": "NVLink domain", "rack": "rack", "block": "block"}[level]
     shape = " + ".join(f"{s.count}x{s.gpus}" for s in job.gpu_sets)
+    if not groups:
+        return (
+            f"{level} is Required but no {pool.product} node carries a {level} label, so no "
+            f"{what} could ever hold {shape} GPUs"
+        )
     return (
         f"{level} is Required but no {pool.product} {what} could ever hold {shape} GPUs "
         f"(largest {what}: {largest} GPUs)"

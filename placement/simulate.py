@@ -98,21 +98,47 @@ class TraceJob:
 def read_trace(path: str | Path) -> list[TraceJob]:
     """Read a trace CSV (header required; DESIGN.md §6), in file order.
 
-    Raises :class:`TraceError` naming line and column for a missing column, a non-number, a
-    GPU count that is not a multiple of ``gpus_per_pod``, or an unknown topology.
+    Raises :class:`TraceError` naming line and column for a missing column, a non-number (or
+    a NaN / infinite one), a GPU count that is not a multiple of ``gpus_per_pod``, an unknown
+    topology or a repeated ``job_id``; and naming the file when it cannot be read, is not
+    UTF-8 text or holds no jobs.
     """
     where = str(path)
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        cols = set(reader.fieldnames or ())
-        missing = [c for c in ("job_id", "submit_s", "gpus", "duration_s") if c not in cols]
-        if missing:
-            raise TraceError(
-                f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
-                "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
-                "queue,priority)"
-            )
-        return [_row(where, reader.line_num, row) for row in reader]
+    jobs: list[TraceJob] = []
+    seen: dict[str, int] = {}
+    line = 0
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            cols = set(reader.fieldnames or ())
+            missing = [c for c in ("job_id", "submit_s", "gpus", "duration_s") if c not in cols]
+            if missing:
+                raise TraceError(
+                    f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
+                    "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
+                    "queue,priority)"
+                )
+            for row in reader:
+                line = reader.line_num
+                job = _row(where, line, row)
+                first = seen.setdefault(job.job_id, line)
+                if first != line:
+                    raise TraceError(
+                        f"{where} line {line}: job_id: {job.job_id!r} repeats line {first}; "
+                        "every job needs its own id"
+                    )
+                jobs.append(job)
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{where}: not a UTF-8 CSV file ({exc.reason} at byte {exc.start})"
+        ) from None
+    except csv.Error as exc:
+        raise TraceError(f"{where} line {line + 1}: not valid CSV ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{where}: cannot read the trace file: {exc.strerror or exc}") from None
+    if not jobs:
+        raise TraceError(f"{where}: no jobs (the trace has a header but no rows)")
+    return jobs
 
 
 def _number(where: str, line: int, row: Mapping[str, str], col: str, kind: type) -> Any:
@@ -123,6 +149,8 @@ def _number(where: str, line: int, row: Mapping[str, str], col: str, kind: type)
         raise TraceError(
             f"{where} line {line}: {col}: {raw!r} is not {'an integer' if kind is int else 'a number'}"
         ) from None
+    if not math.isfinite(value):
+        raise TraceError(f"{where} line {line}: {col}: {raw!r} is not a finite number")
     if value < 0:
         raise TraceError(f"{where} line {line}: {col}: {raw!r} is negative")
     return value
@@ -132,11 +160,13 @@ def _row(where: str, line: int, row: Mapping[str, str]) -> TraceJob:
     gpus = _number(where, line, row, "gpus", int)
     if gpus < 1:
         raise TraceError(f"{where} line {line}: gpus: must be at least 1")
-    per_pod = (
-        _number(where, line, row, "gpus_per_pod", int)
-        if (row.get("gpus_per_pod") or "").strip()
-        else min(gpus, 8)
-    )
+    explicit = bool((row.get("gpus_per_pod") or "").strip())
+    per_pod = _number(where, line, row, "gpus_per_pod", int) if explicit else min(gpus, 8)
+    if not explicit and gpus % per_pod:
+        raise TraceError(
+            f"{where} line {line}: gpus: {gpus} is not a multiple of the default gpus_per_pod "
+            f"min(gpus, 8) = {per_pod}; add a gpus_per_pod column that divides it"
+        )
     if per_pod < 1 or gpus % per_pod:
         raise TraceError(
             f"{where} line {line}: gpus_per_pod: {per_pod} does not divide gpus {gpus}"
@@ -411,13 +441,17 @@ def _run_gpufed(sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule) -
 
 
 def _eligible_pools(sim: _Sim, run: _Run, cluster: str) -> list[PoolState]:
-    """Pools of ``cluster`` with a node shaped to hold one pod of the job (allocatable)."""
+    """Pools of ``cluster`` with a node shaped to hold one pod of the job (allocatable).
+
+    Pools whose nodes carry a scheduling taint are never eligible: trace pods carry no
+    tolerations, so the member's kube-scheduler would not bind them there.
+    """
     c = sim.snapshot.cluster(cluster)
     g = run.job.gpus_per_pod
     want = run.job.gpu_product
     out = []
     for pool in c.pools_sorted():
-        if pool.slices or (want is not None and pool.product != want):
+        if pool.slices or pool.taints or (want is not None and pool.product != want):
             continue
         if any(dict(shape).get(GPU_RESOURCE, 0) >= g for shape in pool.alloc_shapes):
             out.append(pool)

@@ -638,12 +638,21 @@ class FleetSnapshot:
 
     # --- members ----------------------------------------------------------------------------
     def set_member(self, state: MemberClusterState) -> None:
-        """Add or replace one member's whole state (metadata, health, inventory)."""
+        """Add or replace one member's whole state (metadata, health, inventory).
+
+        Raises ``ValueError`` (and keeps the member's previous state) when the inventory names
+        another cluster or lists a node twice.
+        """
         if state.inventory.cluster != state.name:
             raise ValueError(
                 f"inventory.cluster {state.inventory.cluster!r} does not match member name "
                 f"{state.name!r}"
             )
+        seen: set[str] = set()
+        for inv in state.inventory.nodes:
+            if inv.name in seen:
+                raise ValueError(f"member {state.name!r}: node {inv.name!r} appears twice")
+            seen.add(inv.name)
         old = self._clusters.get(state.name)
         if old is not None:
             self._drop_cluster(old)

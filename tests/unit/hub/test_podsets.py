@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpufed.api.inventory import Taint
 from gpufed.hub.podsets import InvalidJobError, derive_pod_sets, placement_request
 from tests.unit.hub.builders import (
     batch_job,
@@ -129,3 +130,36 @@ def test_placement_request_carries_spec_placement() -> None:
     assert req.priority == 100
     assert req.workload_kind == "JobSet.jobset.x-k8s.io"
     assert req.submitted_at == 12.5
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        {"key": "region", "operator": "In", "values": []},
+        {"key": "region", "operator": "Exists", "values": ["eu"]},
+    ],
+)
+def test_a_malformed_cluster_selector_expression_names_its_field(
+    expression: dict[str, object],
+) -> None:
+    job = gpujob(
+        jobset(("w", 1, 1, 8)), placement={"clusterSelector": {"matchExpressions": [expression]}}
+    )
+    with pytest.raises(InvalidJobError) as err:
+        placement_request(job, submitted_at=0.0)
+    assert err.value.field == "spec.placement.clusterSelector.matchExpressions[0]"
+    assert "values" in err.value.message
+
+
+def test_tolerations_with_toleration_seconds_are_accepted_and_still_tolerate() -> None:
+    # the usual NoExecute toleration of a pod template (Kubernetes adds such ones by default)
+    tol = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    }
+    (ps,) = derive_pod_sets(batch_job(8, tolerations=[tol]))
+    [t] = ps.tolerations
+    assert t.toleration_seconds == 300
+    assert t.tolerates(Taint(key="node.kubernetes.io/unreachable", effect="NoExecute"))

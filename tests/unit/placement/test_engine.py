@@ -324,3 +324,93 @@ def test_pod_sets_of_one_job_share_the_member() -> None:
         "main": {"b-n000": 1},
         "helper": {"b-n001": 1},
     }
+
+
+def test_gpu_pod_sets_that_only_fit_apart_are_rejected_not_queued_forever() -> None:
+    # each pod set fits the member's 16 GPUs alone (2 x 8, 1 x 8), together they need 24
+    s = FleetSnapshot([hgx_cluster("a", nodes=2)])
+    both = job(
+        gpus=8, pods=2, extra_sets=[PodSet(name="ps", count=1, requests={"nvidia.com/gpu": 8})]
+    )
+    d = place(both, s, POLICY, 0)
+    assert d.outcome == Outcome.REJECTED
+    assert "need 24 GPUs together" in d.message
+    assert "have 16" in d.message
+
+
+def test_single_pod_with_a_required_rack_on_nodes_without_rack_labels_is_rejected() -> None:
+    s = FleetSnapshot([hgx_cluster("a", nodes=2)])  # no rack labels
+    d = place(job(gpus=8, rack="Required"), s, POLICY, 0)
+    assert d.outcome == Outcome.REJECTED
+    assert "rack" in d.message
+    # with rack labels it is placed
+    s = FleetSnapshot([hgx_cluster("a", nodes=2, rack_size=2)])
+    assert place(job(gpus=8, rack="Required"), s, POLICY, 0).placed
+
+
+def test_single_pod_with_a_required_rack_names_the_rack_when_labelled_nodes_are_full() -> None:
+    unlabelled = node("a-free", free=8)
+    labelled = node("a-busy", free=0, rack="r1")
+    s = FleetSnapshot([member("a", [unlabelled, labelled])])
+    d = place(job(gpus=8, rack="Required"), s, POLICY, 0)
+    assert d.outcome == Outcome.UNSCHEDULABLE
+    assert "no rack of" in d.message, d.message
+
+
+@pytest.mark.parametrize(
+    ("expression", "field"),
+    [
+        ({"key": "region", "operator": "In", "values": []}, "values"),
+        ({"key": "region", "operator": "NotIn"}, "values"),
+        ({"key": "region", "operator": "Exists", "values": ["eu"]}, "values"),
+        ({"key": "region", "operator": "DoesNotExist", "values": ["eu"]}, "values"),
+        ({"key": "", "operator": "Exists"}, "key"),
+    ],
+)
+def test_malformed_cluster_selector_expressions_fail_validation(
+    expression: dict[str, object], field: str
+) -> None:
+    payload = {
+        "job": "ns/j",
+        "uid": "u",
+        "pod_sets": [{"count": 1}],
+        "cluster_selector": {"matchExpressions": [expression]},
+    }
+    with pytest.raises(ValidationError, match=field):
+        PlacementRequest.model_validate(payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"job": "ns/j", "uid": "", "pod_sets": [{"count": 1}]}, "uid"),
+        ({"job": "", "uid": "u", "pod_sets": [{"count": 1}]}, "job"),
+        ({"job": "ns/j", "uid": "u", "pod_sets": [{"name": "", "count": 1}]}, "pod_sets.0.name"),
+    ],
+)
+def test_empty_job_uid_and_pod_set_names_fail_validation(
+    payload: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        PlacementRequest.model_validate(payload)
+    locs = {".".join(str(p) for p in e["loc"]) for e in err.value.errors()}
+    assert field in locs, locs
+
+
+def test_equal_scores_in_two_pools_of_one_member_tie_the_same_way_whatever_ran_before() -> None:
+    # H100 pool: 3 x 1 GPU on a node with 6 free; H200 pool: on the idle node; both score the
+    # same. The winner must not depend on which plans earlier calls left in the memo: ties go
+    # by member name, then pool (product, MIG mode, taints)
+    nodes = [
+        node("a1", free=6),
+        node("a2", free=6),
+        node("b1", free=0, product="NVIDIA-H200"),
+        node("b2", free=8, product="NVIDIA-H200"),
+    ]
+    req = job(gpus=1, pods=3, nvlink="None")
+    fresh = explain(req, FleetSnapshot([member("m", nodes)]), POLICY, 0)
+    s = FleetSnapshot([member("m", nodes)])
+    answers = [place(req, s, POLICY, 0), explain(req, s, POLICY, 0), place(req, s, POLICY, 0)]
+    for d in [fresh, *answers]:
+        assert d.gpu_product == H100
+        assert gpus_on(d) == {"a1": 3}

@@ -249,6 +249,13 @@ CASES = [
         nodes={"mig-n0": 7},
     ),
     Case(
+        "MIG single strategy: a nodeSelector naming the MIG product also gets slices",
+        [member("mig", [mig_single_node("mig-n0")]), hgx_cluster("whole", free=[8])],
+        job(gpus=2, node_selector={"nvidia.com/gpu.product": MIG_1G5}),
+        cluster="mig",
+        nodes={"mig-n0": 2},
+    ),
+    Case(
         "MIG mixed: only the whole GPUs left count as GPUs",
         [member("mixed", [mig_mixed_node("mixed-n0")])],
         job(gpus=8),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from placement_builders import hgx_cluster, job
+from placement_builders import hgx_cluster, job, member, node
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.request import PlacementRequest
@@ -131,3 +131,41 @@ def test_identical_failing_jobs_are_answered_without_placing_again() -> None:
     assert loop.calls == 1
     assert [d.uid for _, d in result.decisions] == [f"uid-j{i}" for i in range(5)]
     assert all(d.outcome == Outcome.UNSCHEDULABLE for _, d in result.decisions)
+
+
+def test_a_starving_job_no_node_could_ever_take_holds_nothing() -> None:
+    # nodeSelector that no node matches: draining cannot help, so holding would only block
+    # every later job on the held nodes (or, for a job without GPUs, the whole member) forever
+    s = FleetSnapshot([hgx_cluster("a", nodes=2)])
+    loop = Loop(s)
+    rule = BackfillRule(starvation_s=600)
+    for stuck in (
+        job("stuck-gpu", gpus=8, node_selector={"zone": "nowhere"}, submitted_at=0),
+        job("stuck-cpu", requests={"cpu": 1000}, node_selector={"zone": "nowhere"}),
+    ):
+        assert hold_for(stuck, s, POLICY) is None
+        small = job("small", gpus=8, submitted_at=10)
+        result = schedule_pass([stuck, small], 5000.0, loop.attempt, loop.hold_for, rule)
+        assert result.holds == {}
+        assert [r.job for r, _ in result.placed] == ["ns/small"]
+
+
+def test_a_starving_job_holds_only_nodes_its_node_selector_allows() -> None:
+    other = node("a-n000", free=6)
+    mine = node("a-n001", free=4, labels={"zone": "z1"})
+    s = FleetSnapshot([member("a", [other, mine])])
+    big = job("big", gpus=8, node_selector={"zone": "z1"}, submitted_at=0)
+    hold = hold_for(big, s, POLICY)
+    assert hold is not None
+    assert hold.nodes == frozenset({"a-n001"})
+
+
+def test_a_starving_job_spanning_nodes_holds_enough_nodes_its_selector_allows() -> None:
+    nodes = [
+        node(f"a-n{i}", free=6 - i, labels={"zone": "z1" if i % 2 else "z2"}) for i in range(6)
+    ]
+    s = FleetSnapshot([member("a", nodes)])
+    big = job("big", gpus=8, pods=2, nvlink="None", node_selector={"zone": "z1"})
+    hold = hold_for(big, s, POLICY)
+    assert hold is not None
+    assert hold.nodes == frozenset({"a-n1", "a-n3"})

@@ -105,12 +105,34 @@ job_id,submit_s,gpus,duration_s,gpus_per_pod,topology,gpu_product,priority
         ("job_id,submit_s,gpus,duration_s\n1,0,1,60\n2,0,1,-5\n", "line 3: duration_s"),
         ("job_id,submit_s,gpus,duration_s,gpus_per_pod\n1,0,12,60,8\n", "does not divide"),
         ("job_id,submit_s,gpus,duration_s,topology\n1,0,1,60,always\n", "topology: 'always'"),
+        ("job_id,submit_s,gpus,duration_s\n", "no jobs"),
+        ("", "missing column"),
+        (
+            "job_id,submit_s,gpus,duration_s\n7,0,1,60\n7,5,1,60\n",
+            "line 3: job_id: '7' repeats line 2",
+        ),
+        (
+            "job_id,submit_s,gpus,duration_s\n1,nan,1,60\n",
+            "line 2: submit_s: 'nan' is not a finite",
+        ),
+        (
+            "job_id,submit_s,gpus,duration_s\n1,0,1,inf\n",
+            "line 2: duration_s: 'inf' is not a finite",
+        ),
+        ("job_id,submit_s,gpus,duration_s\n1,0,12,60\n", "gpus_per_pod column"),
     ],
 )
 def test_bad_trace_rows_name_line_and_column(tmp_path: Path, body: str, message: str) -> None:
     p = tmp_path / "t.csv"
     p.write_text(body)
     with pytest.raises(TraceError, match=message):
+        read_trace(p)
+
+
+def test_a_trace_that_is_not_text_is_a_trace_error(tmp_path: Path) -> None:
+    p = tmp_path / "t.csv"
+    p.write_bytes(b"\xff\xfe\x00job_id")
+    with pytest.raises(TraceError, match="not a UTF-8 CSV"):
         read_trace(p)
 
 
@@ -155,6 +177,34 @@ def test_cluster_sum_strands_a_whole_node_job_where_gpus_are_scattered() -> None
     assert ours.stranded == 0
     assert ours.wait_mean_s == 0.0
     assert ours.placed == ours.jobs == 5
+
+
+def test_baselines_never_send_jobs_to_nodes_whose_taints_they_do_not_tolerate() -> None:
+    # kube-scheduler in the member would never bind the trace's pods (no tolerations) to the
+    # tainted inference nodes, so the GPU-blind baselines must not count them as eligible
+    spec = FleetSpec.loads(
+        """clusters:
+  - name: a-inference
+    nodePools:
+      - name: h100
+        nodes: 4
+        gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}
+        nvlink: node
+        taints: [{key: dedicated, value: inference, effect: NoSchedule}]
+  - name: b-training
+    nodePools:
+      - name: h100
+        nodes: 1
+        gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}
+        nvlink: node
+"""
+    )
+    jobs = [tj(str(i), i, 8, 100) for i in range(3)]
+    for policy in ("cluster-sum", "round-robin", "gpufed"):
+        result = simulate(fleet_members(spec), jobs, policy)  # type: ignore[arg-type]
+        assert result.placed == 3, policy
+        # one node runs them one after the other
+        assert result.wait_p95_s >= 100, policy
 
 
 def test_round_robin_takes_members_in_turn() -> None:
@@ -237,6 +287,23 @@ def test_simulate_cli_reports_bad_input_and_exits_2(tmp_path: Path) -> None:
         app, ["simulate", "--fleet", str(SIM_FLEET), "--trace", str(t), "--policy", "x"]
     )
     assert out.exit_code != 0
+    for body, message in (
+        ("job_id,submit_s,gpus,duration_s\n", "no jobs"),
+        (b"\xff\xfe", "not a UTF-8 CSV"),
+    ):
+        if isinstance(body, bytes):
+            t.write_bytes(body)
+        else:
+            t.write_text(body)
+        out = CliRunner().invoke(app, ["simulate", "--fleet", str(SIM_FLEET), "--trace", str(t)])
+        assert out.exit_code == 2
+        assert message in out.output
+        assert "Traceback" not in out.output
+    out = CliRunner().invoke(
+        app, ["simulate", "--fleet", str(SIM_FLEET), "--trace", str(tmp_path / "nope.csv")]
+    )
+    assert out.exit_code == 2
+    assert "nope.csv" in out.output
 
 
 def test_bench_placement_prints_the_documented_json_line() -> None:

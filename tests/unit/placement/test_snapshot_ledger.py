@@ -177,3 +177,21 @@ def test_summary_matches_the_inventory_summary_rules() -> None:
 def test_unknown_member_is_named_in_the_error() -> None:
     with pytest.raises(KeyError, match="'nope' is not in the snapshot"):
         FleetSnapshot().upsert_node("nope", node("x"))
+
+
+def test_a_member_state_with_a_node_twice_is_refused_and_the_previous_state_kept() -> None:
+    s = FleetSnapshot([hgx_cluster("a", nodes=2)])
+    s.reserve(place(job("x", gpus=8), s, POLICY, 0), now=0)
+    before = s.member("a")
+    bad = before.model_copy(
+        update={
+            "inventory": before.inventory.model_copy(
+                update={"nodes": (node("a-n000"), node("a-n000", free=0))}
+            )
+        }
+    )
+    with pytest.raises(ValueError, match="'a-n000' appears twice"):
+        s.set_member(bad)
+    assert s.member("a") == before
+    assert s.verify_indexes() == []
+    assert place(job("y", gpus=8), s, POLICY, 0).placed
