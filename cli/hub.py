@@ -113,6 +113,13 @@ def run(
     max_unacked: Annotated[int, typer.Option(help="work items in flight per member")] = 64,
     reservation_ttl: Annotated[float, typer.Option(help="reservation TTL, seconds")] = 600.0,
     allocation: Annotated[str, typer.Option(help="binpack or spread")] = "binpack",
+    explain_members: Annotated[
+        int,
+        typer.Option(
+            help="record every member's score or rejection for placed jobs on fleets of at "
+            "most this many members (0: winner only)"
+        ),
+    ] = 16,
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -150,6 +157,7 @@ def run(
         "max_unacked_per_cluster": max_unacked,
         "reservation_ttl_s": reservation_ttl,
         "allocation": allocation,
+        "explain_members": explain_members,
     }
     if hub_id:
         values["hub_id"] = hub_id

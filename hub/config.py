@@ -56,6 +56,10 @@ class HubConfig(BaseModel):
     - ``reservation_ttl_s``: a reservation whose pods never show up expires after this.
     - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
     - ``allocation``: placement policy, ``binpack`` or ``spread``.
+    - ``explain_members``: with at most this many members, a placed job's decision records
+      every member's score or rejection (what ``gpufed explain`` shows later); on larger
+      fleets only the winner is recorded, since placement stops evaluating members once the
+      winner is certain (0 turns full explanations of placed jobs off).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -82,6 +86,7 @@ class HubConfig(BaseModel):
     reservation_ttl_s: float = Field(default=600.0, gt=0)
     allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS
     allocation: Literal["binpack", "spread"] = "binpack"
+    explain_members: int = Field(default=16, ge=0)
     inventory_flush_s: float = Field(default=2.0, gt=0)
     status_interval_s: float = Field(default=2.0, gt=0)
 

@@ -752,10 +752,12 @@ class Controller:
             return
         requests = [j.request for j in waiting if j.request is not None]
         reservations: dict[str, Reservation] = {}
+        # Small fleets: record every member's score or rejection for `gpufed explain`.
+        explain = len(self.snapshot.cluster_names) <= self.config.explain_members
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
-            decision = place(req, self.snapshot, self.policy, now, hold=hold)
+            decision = place(req, self.snapshot, self.policy, now, hold=hold, explain=explain)
             self.metrics.placement_seconds.observe(time.perf_counter() - t0)
             if decision.outcome == Outcome.PLACED:
                 reservations[req.uid] = self.snapshot.reserve(

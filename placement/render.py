@@ -49,5 +49,8 @@ def render_explanation(decision: Decision) -> str:
             code = "never" if r.code == "UnschedulableAndUnresolvable" else "now"
             lines.append(f"  {r.cluster:<{w_c}}  {r.plugin:<{w_p}}  {code:<5}  {r.reason}")
     if not decision.explained:
-        lines.append("(members not evaluated once the winner was certain; explain to see all)")
+        lines.append(
+            "(other members were not evaluated once the winner was certain; the hub records "
+            "them for fleets up to `gpufed hub --explain-members` members)"
+        )
     return "\n".join(lines)

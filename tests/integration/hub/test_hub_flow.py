@@ -135,6 +135,35 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         await agent.close()
 
 
+async def test_a_placed_job_on_a_small_fleet_records_why_every_other_member_lost(
+    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
+) -> None:
+    """`gpufed explain` of a placed job names each losing member and why (fleets of at most
+    `--explain-members` members), not just the winner."""
+    t1 = await hub_api.register_member("m1")
+    t2 = await hub_api.register_member("m2")
+    cfg = hub_config(tmp_path, hub_kubeconfig, etcd_endpoint, prefix)
+    async with running_hub(cfg) as hub:
+        agents = []
+        for name, token, nodes in (("m1", t1, 2), ("m2", t2, 1)):
+            agent = FakeAgent(hub.grpc_port, name, token, tmp_path / "tls" / "ca.crt")
+            await agent.connect(nodes=hgx_nodes(f"{name}-hgx", nodes))
+            await agent.next("welcome")
+            assert (await agent.next("desired_set")).final
+            agents.append(agent)
+
+        await hub_api.create_job("wide", gpu_job(8, pods=2))
+        obj = await wait_for(
+            lambda: _status_where(hub_api, "wide", lambda s: s.get("phase") == "Placed"),
+            "phase Placed",
+        )
+        placement = obj["status"]["placement"]
+        assert placement["cluster"] == "m1"
+        assert [r["cluster"] for r in placement.get("rejections", [])] == ["m2"]
+        for agent in agents:
+            await agent.close()
+
+
 async def test_a_restarted_hub_resumes_without_creating_work_twice(
     tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
 ) -> None:
