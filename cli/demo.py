@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -445,9 +447,15 @@ def print_how_to_look_around(info: SandboxInfo, examples: list[Example]) -> None
     kubectl_cmd = str(kubectl) if kubectl.exists() else "kubectl"
     sd = f" --state-dir {info.state_dir}"
     rejected = next((ex.key for ex in examples if ex.expect.unplaced), examples[0].key)
+    # `make demo` runs .venv/bin/gpufed; a user's shell may not have it on PATH yet.
+    venv_bin = Path(sys.executable).parent
+    activate = venv_bin / "activate"
+    on_path = shutil.which("gpufed") == str(venv_bin / "gpufed")
+    path_hint = "" if on_path or not activate.exists() else f"  source {activate}\n"
     console.print(
         "\nThe sandbox keeps running. Look around:\n"
-        f"  export KUBECONFIG={info.kubeconfig}    # contexts: {', '.join(info.clusters)}\n"
+        + path_hint
+        + f"  export KUBECONFIG={info.kubeconfig}    # contexts: {', '.join(info.clusters)}\n"
         "  gpufed get jobs -A                    # GPUJobs on the hub\n"
         "  gpufed get clusters                   # members: Ready, GPUs free/total, NVLink block\n"
         f"  gpufed explain {rejected:<22} # why it went where it went, member by member\n"
