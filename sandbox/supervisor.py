@@ -330,12 +330,14 @@ class Supervisor:
         proc = self._process(name)
         if proc is not None:
             log.info("component.stopping", component=name, pid=proc.pid, signal=sig.name)
+            family = _family(proc)
             _signal_group(proc.pid, sig)
             gone = _wait_gone(proc, grace_s)
             if not gone:
                 _signal_group(proc.pid, signal.SIGKILL)
                 _wait_gone(proc, 10.0)
             _reap(proc.pid)
+            _wait_family_gone(family, 10.0)
             with contextlib.suppress(KeyError):
                 self._wait_ports_free(self.spec(name).ports)
         self._pid_path(name).unlink(missing_ok=True)
@@ -351,6 +353,7 @@ class Supervisor:
         """Stop several components at once: SIGTERM to all, then wait (SIGKILL after
         ``grace_s``), then wait for their ports to be free."""
         procs = {n: p for n in names if (p := self._process(n)) is not None}
+        families = [child for proc in procs.values() for child in _family(proc)]
         for n, proc in procs.items():
             log.info("component.stopping", component=n, pid=proc.pid, signal="SIGTERM")
             _signal_group(proc.pid, signal.SIGTERM)
@@ -360,6 +363,7 @@ class Supervisor:
                 _signal_group(proc.pid, signal.SIGKILL)
                 _wait_gone(proc, 10.0)
             _reap(proc.pid)
+        _wait_family_gone(families, 10.0)
         for n in names:
             self._pid_path(n).unlink(missing_ok=True)
         # Only processes that ran held their ports (one that failed to bind never did).
@@ -431,6 +435,23 @@ def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def _family(proc: psutil.Process) -> list[psutil.Process]:
+    """The processes a component forked (recursively), captured before it is signalled."""
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _wait_family_gone(family: Sequence[psutil.Process], timeout: float) -> None:
+    # killpg queues the signal for every member at once, but each member dies when it is
+    # next scheduled: wait for all of them (a zombie counts as gone; init reaps it), so a
+    # restarted component never meets its predecessor's children still holding ports.
+    deadline = time.monotonic() + timeout
+    for member in family:
+        _wait_gone(member, max(0.0, deadline - time.monotonic()))
 
 
 def _reap(pid: int) -> None:
