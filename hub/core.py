@@ -496,6 +496,10 @@ class Controller:
             return
         m.spec = None
         m.token = None
+        if m.meta.cluster_uid:
+            # A re-joined member may live in another (rebuilt) Kubernetes cluster.
+            m.meta = m.meta.model_copy(update={"cluster_uid": ""})
+            m.meta_dirty = True
         if m.session is not None:
             m.session.close("PERMISSION_DENIED", f"MemberCluster {name} was deleted on the hub")
         if name in self.snapshot.cluster_names:
@@ -968,6 +972,28 @@ class Controller:
                 "UNAVAILABLE", f"hub {self.config.hub_id} stopped leading: {self.stop_reason}"
             )
         m = self._member(cluster)
+        uid = hello.cluster_uid
+        if uid and m.meta.cluster_uid and uid != m.meta.cluster_uid:
+            # A valid token in an agent pointed at the wrong cluster (kubeconfig, context):
+            # it would report that cluster's nodes as this member's, find this member's jobs
+            # missing and delete the other cluster's gpufed objects as orphans.
+            log.warning(
+                "agent.refused",
+                cluster=cluster,
+                reason="another Kubernetes cluster",
+                joined_uid=m.meta.cluster_uid,
+                agent_uid=uid,
+            )
+            raise StreamClosedError(
+                "PERMISSION_DENIED",
+                f"member {cluster} joined from the Kubernetes cluster whose kube-system "
+                f"Namespace UID is {m.meta.cluster_uid}; this agent talks to {uid}: check its "
+                "--kubeconfig/--context (to move the member to a rebuilt cluster, delete and "
+                "re-join its MemberCluster)",
+            )
+        if uid and not m.meta.cluster_uid:
+            m.meta = m.meta.model_copy(update={"cluster_uid": uid})
+            m.meta_dirty = True
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
         s = AgentSession(
@@ -1591,6 +1617,7 @@ class Controller:
             last_heartbeat_time=st.rfc3339(heartbeat) if heartbeat else None,
             agent_version=m.meta.agent_version or None,
             lost_time=st.rfc3339(m.meta.lost_at) if m.meta.lost_at else None,
+            cluster_uid=m.meta.cluster_uid or None,
         )
 
     async def _write_member_status(self, name: str, payload: Any) -> None:

@@ -140,3 +140,37 @@ async def test_a_handshake_that_outlives_the_controller_is_refused() -> None:
         await asyncio.wait_for(drain(), 5)
     assert ctx.code == grpc.StatusCode.UNAVAILABLE, ctx.details
     assert "m1" not in old.members or old.members["m1"].session is None
+
+
+def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_replaces_nothing() -> None:
+    # A valid token in an agent whose kubeconfig points at another member used to replace the
+    # real agent's stream, report the other cluster's nodes, fail this member's running jobs
+    # (Missing) and delete the other cluster's gpufed Jobs as orphans.
+    ctrl = controller()
+    first = hello()
+    first.cluster_uid = "uid-of-us-east"
+    real = ctrl.open_session("m1", first)
+    assert ctrl.members["m1"].meta.cluster_uid == "uid-of-us-east", "recorded at first join"
+    wrong = hello()
+    wrong.cluster_uid = "uid-of-eu"
+    with pytest.raises(StreamClosedError) as err:
+        ctrl.open_session("m1", wrong)
+    assert err.value.code == "PERMISSION_DENIED"
+    assert "uid-of-us-east" in err.value.reason
+    assert "uid-of-eu" in err.value.reason
+    assert ctrl.members["m1"].session is real
+    assert real.closed is None
+    # An agent that cannot tell (an older one, or no access to kube-system) is let in.
+    assert ctrl.open_session("m1", hello()) is not real
+
+
+def test_deleting_the_member_forgets_its_cluster_identity() -> None:
+    ctrl = controller()
+    first = hello()
+    first.cluster_uid = "old"
+    ctrl.open_session("m1", first)
+    ctrl._member_gone("m1")
+    rebuilt = hello()
+    rebuilt.cluster_uid = "new"
+    ctrl.open_session("m1", rebuilt)
+    assert ctrl.members["m1"].meta.cluster_uid == "new"
