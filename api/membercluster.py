@@ -68,6 +68,9 @@ class MemberClusterStatus(CRDModel):
     schedulable nodes, taints ignored (DESIGN.md §3); reserved = promised to dispatched jobs
     whose pods are not bound yet. ``largestFreeNVLinkBlock``: the most free whole GPUs inside
     one NVLink domain. ``gpuSummary``: ``product=free/total`` pairs for the printer column.
+    ``clusterUID``: the UID of the member's ``kube-system`` Namespace, recorded from the first
+    agent that joined; an agent talking to another Kubernetes cluster is refused (delete and
+    re-join the MemberCluster to move the member to a rebuilt cluster).
     """
 
     conditions: list[StatusCondition] = Field(
@@ -84,6 +87,7 @@ class MemberClusterStatus(CRDModel):
     last_heartbeat_time: DateTime | None = None
     agent_version: str | None = None
     lost_time: DateTime | None = None
+    cluster_uid: str | None = Field(default=None, alias="clusterUID")
 
     def ready(self) -> bool | None:
         """The Ready condition as a bool (None when the hub has not judged yet)."""

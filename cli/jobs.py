@@ -16,11 +16,13 @@ namespace from ``-n`` or the context). ``--json`` prints one JSON document for s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -62,9 +64,14 @@ class _Kube:
 
         path = str(kubeconfig) if kubeconfig else None
         loader: Any = config  # the sync client's config loaders are untyped
-        self.api = client.ApiClient(
-            loader.new_client_from_config(config_file=path, context=context).configuration
-        )
+        try:
+            configuration = loader.new_client_from_config(
+                config_file=path, context=context
+            ).configuration
+        except (config.ConfigException, OSError) as exc:
+            _fail(f"kubeconfig {path or '(default)'}: {exc}")
+        self.server = str(configuration.host)
+        self.api = client.ApiClient(configuration)
         #: dict in, dict out (custom objects); typed loosely on purpose
         self.custom: Any = client.CustomObjectsApi(self.api)
         try:
@@ -76,9 +83,54 @@ class _Kube:
             self.namespace = "default"
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _reachable(kube: _Kube) -> Iterator[None]:
+    """Turn "the hub API server cannot be reached" into one error line."""
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except (HTTPError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        _fail(f"cannot reach the hub API server {kube.server}: {reason}")
+
+
+@contextlib.contextmanager
+def _api_errors(plural: str) -> Iterator[None]:
+    """An API error listing ``plural`` as one error line (404: the CRDs are not installed)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        hint = " (are the CRDs installed? gpufed hub install)" if exc.status == 404 else ""
+        _fail(f"listing {plural}.{GROUP}: {_api_message(exc)}{hint}")
+
+
+def _read_documents(file: Path) -> list[dict[str, Any]]:
+    """The YAML documents of ``file`` ('-': stdin); each must be a mapping."""
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        _fail(f"{file}: not YAML: {exc}")
+    if not docs:
+        _fail(f"{file}: no objects (expected a GPUJob, Job, JobSet or PyTorchJob)")
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            _fail(
+                f"{file} document {i + 1}: not a Kubernetes object (a mapping with apiVersion, "
+                f"kind, metadata), got a {type(doc).__name__}"
+            )
+    return docs
 
 
 # --- submit ------------------------------------------------------------------------------------
@@ -92,6 +144,8 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     """
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     meta = obj.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise ValueError("metadata: must be a mapping (name, namespace, annotations ...)")
     if (api_version, kind) == (API_VERSION, "GPUJob"):
         out = dict(obj)
         out["metadata"] = {**meta, "namespace": meta.get("namespace") or namespace}
@@ -105,6 +159,13 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     if not name:
         raise ValueError("metadata.name: required to name the GPUJob")
     ann = meta.get("annotations") or {}
+    if not isinstance(ann, dict):
+        raise ValueError("metadata.annotations: must be a mapping of strings")
+    for key, value in ann.items():
+        if not isinstance(value, str):
+            raise ValueError(
+                f"metadata.annotations[{key}]: {value!r} must be a string (quote it in YAML)"
+            )
     placement: dict[str, Any] = {}
     if products := ann.get(GPU_PRODUCTS_ANNOTATION):
         placement["gpuProducts"] = [p.strip() for p in products.split(",") if p.strip()]
@@ -147,12 +208,7 @@ def submit(
     """Submit GPUJobs (or plain Job/JobSet/PyTorchJob objects, wrapped) to the hub."""
     from kubernetes.client.exceptions import ApiException
 
-    text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as exc:
-        _fail(f"{file}: not YAML: {exc}")
-        return
+    docs = _read_documents(file)
     kube = _Kube(kubeconfig, context)
     ns = namespace or kube.namespace
     for i, doc in enumerate(docs):
@@ -160,12 +216,12 @@ def submit(
             job = wrap(doc, ns)
         except ValueError as exc:
             _fail(f"{file} document {i + 1}: {exc}")
-            return
         meta = job["metadata"]
         try:
-            kube.custom.create_namespaced_custom_object(
-                GROUP, VERSION, meta["namespace"], "gpujobs", job
-            )
+            with _reachable(kube):
+                kube.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, meta["namespace"], "gpujobs", job
+                )
         except ApiException as exc:
             _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}")
         typer.echo(f"gpujob.{GROUP}/{meta['name']} created (namespace {meta['namespace']})")
@@ -230,12 +286,13 @@ def get_jobs(
 ) -> None:
     """List GPUJobs: phase, GPUs, cluster, age."""
     kube = _Kube(kubeconfig, context)
-    if all_namespaces:
-        resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "gpujobs")
-    else:
-        resp = kube.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace or kube.namespace, "gpujobs"
-        )
+    with _reachable(kube), _api_errors("gpujobs"):
+        if all_namespaces:
+            resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "gpujobs")
+        else:
+            resp = kube.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace or kube.namespace, "gpujobs"
+            )
     rows = job_rows(resp.get("items", []))
     if as_json:
         typer.echo(json.dumps(rows))
@@ -287,7 +344,8 @@ def get_clusters(
 ) -> None:
     """List member clusters: Ready, GPUs free/total per product, largest free NVLink block."""
     kube = _Kube(kubeconfig, context)
-    resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
+    with _reachable(kube), _api_errors("memberclusters"):
+        resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
     rows = cluster_rows(resp.get("items", []))
     if as_json:
         typer.echo(json.dumps(rows))
@@ -358,10 +416,10 @@ def explain(
     ns, _, name = job.rpartition("/")
     ns = ns or namespace or kube.namespace
     try:
-        raw = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
+        with _reachable(kube):
+            raw = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
     except ApiException as exc:
         _fail(f"{ns}/{name}: {_api_message(exc)}")
-        return
     if as_json:
         status = raw.get("status") or {}
         typer.echo(

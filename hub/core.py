@@ -88,7 +88,7 @@ from gpufed.hub.store import (
     Store,
     StoreUnavailableError,
 )
-from gpufed.hub.writer import CoalescingWriter, ObjectGoneError
+from gpufed.hub.writer import CoalescingWriter, ObjectGoneError, RefusedWriteError
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
@@ -110,6 +110,8 @@ _DESIRED_PART_BYTES = 1024 * 1024
 #: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
 _CYCLE_DEBOUNCE_S = 0.005
 _TICK_S = 0.5
+#: Status codes of a write the API server refuses for its content: retrying cannot help.
+_REFUSED = frozenset({400, 403, 422})
 
 
 @dataclass
@@ -494,6 +496,10 @@ class Controller:
             return
         m.spec = None
         m.token = None
+        if m.meta.cluster_uid:
+            # A re-joined member may live in another (rebuilt) Kubernetes cluster.
+            m.meta = m.meta.model_copy(update={"cluster_uid": ""})
+            m.meta_dirty = True
         if m.session is not None:
             m.session.close("PERMISSION_DENIED", f"MemberCluster {name} was deleted on the hub")
         if name in self.snapshot.cluster_names:
@@ -554,6 +560,12 @@ class Controller:
         except (InvalidJobError, ManifestError) as exc:
             job.request = None
             job.error, job.error_field = exc.message, exc.field
+        except Exception as exc:
+            # A rule without a message of its own is still this job's problem only: one
+            # GPUJob must never stop the leader for every other job.
+            log.exception("hub.job.intake_error", job=obj.key, error=str(exc))
+            job.request = None
+            job.error, job.error_field = f"the hub cannot read this job: {exc}", "spec"
         self.jobs[uid] = job
         if job.error is not None and not job.terminal and job.record is None:
             message = f"{job.error_field}: {job.error}"
@@ -952,8 +964,38 @@ class Controller:
         await asyncio.gather(*(one(m) for m in self.members.values() if m.spec is not None))
 
     def open_session(self, cluster: str, hello: pb.Hello) -> AgentSession:
-        """Accept a stream from ``cluster``'s agent: Welcome, desired set, pending deletes."""
+        """Accept a stream from ``cluster``'s agent: Welcome, desired set, pending deletes.
+
+        Raises :class:`StreamClosedError` (UNAVAILABLE) once this controller stopped: its
+        term is over, and a stream bound to it would feed a leader that no longer exists.
+        """
+        if self._stopped.is_set():
+            raise StreamClosedError(
+                "UNAVAILABLE", f"hub {self.config.hub_id} stopped leading: {self.stop_reason}"
+            )
         m = self._member(cluster)
+        uid = hello.cluster_uid
+        if uid and m.meta.cluster_uid and uid != m.meta.cluster_uid:
+            # A valid token in an agent pointed at the wrong cluster (kubeconfig, context):
+            # it would report that cluster's nodes as this member's, find this member's jobs
+            # missing and delete the other cluster's gpufed objects as orphans.
+            log.warning(
+                "agent.refused",
+                cluster=cluster,
+                reason="another Kubernetes cluster",
+                joined_uid=m.meta.cluster_uid,
+                agent_uid=uid,
+            )
+            raise StreamClosedError(
+                "PERMISSION_DENIED",
+                f"member {cluster} joined from the Kubernetes cluster whose kube-system "
+                f"Namespace UID is {m.meta.cluster_uid}; this agent talks to {uid}: check its "
+                "--kubeconfig/--context (to move the member to a rebuilt cluster, delete and "
+                "re-join its MemberCluster)",
+            )
+        if uid and not m.meta.cluster_uid:
+            m.meta = m.meta.model_copy(update={"cluster_uid": uid})
+            m.meta_dirty = True
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
         s = AgentSession(
@@ -1024,6 +1066,10 @@ class Controller:
 
     async def handle(self, s: AgentSession, msg: pb.AgentMessage) -> None:
         """One message from an agent stream. Raises :class:`StreamClosedError` to close it."""
+        if self._stopped.is_set():
+            raise StreamClosedError(
+                "UNAVAILABLE", f"hub {self.config.hub_id} stopped leading: {self.stop_reason}"
+            )
         m = self.members.get(s.cluster)
         if m is None or m.session is not s:
             raise StreamClosedError("ABORTED", "this stream was replaced by a newer one")
@@ -1487,10 +1533,13 @@ class Controller:
         try:
             await self.kube.patch_job_status(ns, name, payload)
         except Exception as exc:
-            if getattr(exc, "status", None) == 404:
+            code = getattr(exc, "status", None)
+            if code == 404:
                 self.metrics.status_writes.labels("job", "gone").inc()
                 raise ObjectGoneError() from exc
             self.metrics.status_writes.labels("job", "error").inc()
+            if code in _REFUSED:
+                raise RefusedWriteError(f"{ns}/{name}: {getattr(exc, 'body', exc)}") from exc
             raise
         self.metrics.status_writes.labels("job", "ok").inc()
 
@@ -1570,15 +1619,19 @@ class Controller:
             last_heartbeat_time=st.rfc3339(heartbeat) if heartbeat else None,
             agent_version=m.meta.agent_version or None,
             lost_time=st.rfc3339(m.meta.lost_at) if m.meta.lost_at else None,
+            cluster_uid=m.meta.cluster_uid or None,
         )
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
         try:
             await self.kube.patch_member_status(name, payload)
         except Exception as exc:
-            if getattr(exc, "status", None) == 404:
+            code = getattr(exc, "status", None)
+            if code == 404:
                 raise ObjectGoneError() from exc
             self.metrics.status_writes.labels("member", "error").inc()
+            if code in _REFUSED:
+                raise RefusedWriteError(f"{name}: {getattr(exc, 'body', exc)}") from exc
             raise
         self.metrics.status_writes.labels("member", "ok").inc()
 

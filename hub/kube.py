@@ -33,6 +33,7 @@ from gpufed.sync.retry import kube_retry
 log = structlog.get_logger("gpufed.hub.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 class GoneError(Exception):
@@ -182,7 +183,13 @@ class KubeAPI:
     # --- MemberClusters ---------------------------------------------------------------------
 
     async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` of one MemberCluster."""
+        """Replace ``status`` of one MemberCluster (a JSON patch ``add /status``).
+
+        Not a merge patch: the status holds maps keyed by GPU product (``gpusReserved`` …),
+        and a merge patch never removes a key the new status no longer has (reserved GPUs
+        would stay shown after their reservation ended).
+        """
+        patch = [{"op": "add", "path": "/status", "value": status}]
         async for attempt in kube_retry():
             with attempt:
                 await self.custom.patch_cluster_custom_object_status(
@@ -190,8 +197,8 @@ class KubeAPI:
                     VERSION,
                     "memberclusters",
                     name,
-                    {"status": status},
-                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                    patch,
+                    _content_type=JSON_PATCH,  # type: ignore[call-arg]
                 )
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:

@@ -87,6 +87,7 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
             requests = pod_requests(spec, field=f"{path}.spec")
         except QuantityError as exc:
             raise InvalidJobError(f"{path}.spec", str(exc)) from exc
+        _check_int64(requests, count, ref)
         try:
             pod_sets.append(
                 PodSet(
@@ -105,7 +106,30 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
             raise InvalidJobError(f"{path}.spec.tolerations", f"{loc}: {err['msg']}") from exc
     if not pod_sets:
         raise InvalidJobError("spec.template", "the workload runs no pods (every count is 0)")
+    if sum(ps.gpus for ps in pod_sets) > INT64_MAX:
+        raise InvalidJobError("spec.template", f"asks for more than {INT64_MAX} GPUs in all")
     return tuple(pod_sets)
+
+
+#: Largest amount Kubernetes (and ``GPUJob.status.gpus``, an int64) can hold.
+INT64_MAX = 2**63 - 1
+
+
+def _check_int64(requests: Mapping[str, int], count: int, ref: PodTemplateRef) -> None:
+    """Refuse amounts no API server can hold (a status naming them could never be written)."""
+    for resource, amount in requests.items():
+        if amount > INT64_MAX:
+            raise InvalidJobError(
+                f"{ref.path}.spec",
+                f"{resource}: {amount} per pod is larger than Kubernetes can hold ({INT64_MAX})",
+            )
+        if amount * count > INT64_MAX:
+            field = "parallelism" if ref.kind == "Job.batch" else "replicas"
+            raise InvalidJobError(
+                f"{ref.replica_path}.{field}",
+                f"{count} pods x {amount} {resource} is larger than Kubernetes can hold "
+                f"({INT64_MAX})",
+            )
 
 
 def _int(value: Any, field: str, default: int) -> int:
@@ -183,6 +207,25 @@ def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
             match_labels=placement.cluster_selector.match_labels,
             match_expressions=tuple(expressions),
         )
+    try:
+        return _request(job, pod_sets, selector, submitted_at)
+    except ValidationError as exc:
+        # Every rule above should have named its field; this keeps a missed one from ever
+        # escaping as anything but an invalid job.
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise InvalidJobError("spec", f"{loc}: {err['msg']}") from exc
+
+
+def _request(
+    job: GPUJob,
+    pod_sets: tuple[PodSet, ...],
+    selector: LabelSelector | None,
+    submitted_at: float,
+) -> PlacementRequest:
+    assert job.metadata.uid is not None
+    placement = job.spec.placement
+    template = job.spec.template
     return PlacementRequest(
         job=job.key,
         uid=job.metadata.uid,

@@ -89,3 +89,6 @@ class MemberMeta(_Record):
     updated_at: float = 0.0
     #: wall seconds when the hub declared the member lost (kept until the agent reconnects)
     lost_at: float | None = None
+    #: UID of the member's kube-system Namespace, from the first agent that connected ("":
+    #: not known yet); a stream from an agent of another Kubernetes cluster is refused
+    cluster_uid: str = ""

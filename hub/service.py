@@ -122,7 +122,15 @@ class AgentService(pb_grpc.AgentServiceServicer):
                 f"(this hub speaks {PROTOCOL_VERSION})",
             )
             return
-        session = ctrl.open_session(cluster, hello)
+        if self._controller() is not ctrl:
+            # The term that authenticated this stream ended during the handshake.
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the hub stopped leading; retry")
+            return
+        try:
+            session = ctrl.open_session(cluster, hello)
+        except StreamClosedError as exc:
+            await _abort(context, _CODES.get(exc.code, grpc.StatusCode.ABORTED), exc.reason)
+            return
         reader = asyncio.create_task(self._read(ctrl, session, request_iterator))
         try:
             while True:

@@ -169,11 +169,13 @@ def decided(
         timings = (status.timings or Timings()).model_copy(update={"placement_ms": placement_ms})
         update.update(phase="Placed", cluster=decision.cluster, message=msg, timings=timings)
     elif decision.outcome == Outcome.REJECTED:
-        msg = f"no member cluster can ever hold this job: {decision.message}"
+        msg = "no member cluster can ever hold this job: " + decision.message.removeprefix(
+            "rejected: "
+        )
         conds = set_condition(conds, "Placed", "False", reason="Rejected", message=msg, now=now)
         update.update(phase="Failed", cluster=None, message=msg)
     else:
-        msg = f"waiting: {decision.message}"
+        msg = f"waiting: {decision.message.removeprefix('waiting: ')}"
         conds = set_condition(
             conds, "Placed", "False", reason="Unschedulable", message=msg, now=now
         )

@@ -8,7 +8,8 @@ of the interval before its next write, so the steps of one transition that arriv
 together (placed, dispatched, running) become fewer writes, while an update after a quiet
 spell (a job finishing) is written at once. Failures are logged and the value is retried after
 a short pause (the write function itself retries transient API errors through
-:func:`gpufed.sync.retry.kube_retry`). An ``urgent`` submit (a job reaching a terminal phase)
+:func:`gpufed.sync.retry.kube_retry`); a value the API server refuses as such
+(:class:`RefusedWriteError`) is logged and not retried. An ``urgent`` submit (a job reaching a terminal phase)
 goes ahead of the queue and is not held back by the interval.
 """
 
@@ -29,6 +30,12 @@ WriteFn = Callable[[str, Any], Awaitable[None]]
 
 class ObjectGoneError(Exception):
     """Raised by a write function when the object no longer exists: drop the key."""
+
+
+class RefusedWriteError(Exception):
+    """Raised by a write function when the API server refuses the value itself (400, 403,
+    422): writing the same value again cannot succeed, so it is not retried (a new value
+    is written as usual)."""
 
 
 class CoalescingWriter:
@@ -133,6 +140,9 @@ class CoalescingWriter:
                     self._last_write[key] = loop.time()
             except ObjectGoneError:
                 self.forget(key)
+            except RefusedWriteError as exc:
+                log.error("hub.write.refused", writer=self.name, key=key, error=str(exc))
+                self._written[key] = value
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

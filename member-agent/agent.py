@@ -90,11 +90,29 @@ class Agent:
             status=self.status,
             served_kinds=self.served_kinds,
             metrics=self.metrics,
+            cluster_uid=self.cluster_uid,
         )
         self.work.set_ack(self.hub.send_ack)
         self.status.set_send(self.hub.send_status)
         self.health_port: int | None = None
         self._served: list[str] = []
+        self._cluster_uid = ""
+
+    async def cluster_uid(self) -> str:
+        """Which Kubernetes cluster this agent talks to: the UID of its ``kube-system``
+        Namespace (as Karmada and OCM identify clusters). The hub records it at the first
+        join and refuses an agent of the same member name talking to another cluster. ""
+        when it cannot be read (the hub then cannot check)."""
+        if not self._cluster_uid:
+            try:
+                ns = await self.api.get_namespace("kube-system")
+            except Exception as exc:
+                log.warning(
+                    "agent.cluster_uid.failed", error=(str(exc).splitlines() or [repr(exc)])[0]
+                )
+                return ""
+            self._cluster_uid = str(((ns or {}).get("metadata") or {}).get("uid") or "")
+        return self._cluster_uid
 
     async def served_kinds(self) -> list[str]:
         """Workload kinds (``Kind.group``) the member serves, by API discovery; refreshed on

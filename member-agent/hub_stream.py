@@ -101,6 +101,7 @@ class HubStream:
         served_kinds: Callable[[], Awaitable[list[str]]],
         metrics: AgentMetrics,
         instance: str | None = None,
+        cluster_uid: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -108,6 +109,7 @@ class HubStream:
         self.work = work
         self.status = status
         self._served_kinds = served_kinds
+        self._cluster_uid = cluster_uid
         self.metrics = metrics
         self.instance = instance or uuid.uuid4().hex
         self.log = log.bind(cluster=config.cluster)
@@ -182,6 +184,7 @@ class HubStream:
         """One stream: returns after a healthy welcomed session ended; raises otherwise."""
         token = self.config.read_token()
         served = await self._served_kinds()
+        cluster_uid = await self._cluster_uid() if self._cluster_uid is not None else ""
         started = time.monotonic()
         welcomed = False
         channel = self._channel()
@@ -198,6 +201,7 @@ class HubStream:
                         protocol_version=pb.PROTOCOL_VERSION_CURRENT,
                         served_kinds=served,
                         agent_instance=self.instance,
+                        cluster_uid=cluster_uid,
                     )
                 )
             )

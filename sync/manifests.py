@@ -146,10 +146,24 @@ def template_objects(template: Mapping[str, Any]) -> list[tuple[str, Mapping[str
         if not isinstance(items, list) or not items:
             raise ManifestError("spec.template.items", "a List template needs a non-empty list")
         out: list[tuple[str, Mapping[str, Any]]] = []
+        seen: dict[tuple[str, str, str], str] = {}
         for i, item in enumerate(items):
             path = f"spec.template.items[{i}]"
             if not isinstance(item, Mapping):
                 raise ManifestError(path, "every item must be a Kubernetes object (a mapping)")
+            name = _name_of(item, default="")
+            if name:
+                # Same group, kind and name: one object in the member (the second would
+                # overwrite the first, and their pod sets would share a name).
+                group = str(item.get("apiVersion", "")).rpartition("/")[0]
+                key = (group, str(item.get("kind", "")), name)
+                if key in seen:
+                    raise ManifestError(
+                        f"{path}.metadata.name",
+                        f"{name!r} is also the name of {seen[key]} of the same kind; "
+                        "give each object of a List its own name",
+                    )
+                seen[key] = path
             out.append((path, item))
         return out
     return [("spec.template", template)]
@@ -196,10 +210,17 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
         if not isinstance(rjobs, list) or not rjobs:
             raise ManifestError(f"{path}.spec.replicatedJobs", "a JobSet needs replicatedJobs")
         out = []
+        names: set[str] = set()
         for i, rj in enumerate(rjobs):
             rpath = f"{path}.spec.replicatedJobs[{i}]"
-            if not isinstance(rj, Mapping) or not isinstance(rj.get("name"), str):
+            if not isinstance(rj, Mapping) or not isinstance(rj.get("name"), str) or not rj["name"]:
                 raise ManifestError(f"{rpath}.name", "every replicated job needs a name")
+            if rj["name"] in names:
+                raise ManifestError(
+                    f"{rpath}.name",
+                    f"{rj['name']!r} names an earlier replicated job too; names must be unique",
+                )
+            names.add(rj["name"])
             job = _mapping(rj, "template", rpath)
             job_spec = _mapping(job, "spec", f"{rpath}.template")
             tpl = _mapping(job_spec, "template", f"{rpath}.template.spec")
@@ -216,11 +237,19 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
                 f"{path}.spec.pytorchReplicaSpecs", "a PyTorchJob needs pytorchReplicaSpecs"
             )
         out = []
+        roles: dict[str, str] = {}
         for role in sorted(specs):
             rpath = f"{path}.spec.pytorchReplicaSpecs.{role}"
             rs = specs[role]
             if not isinstance(rs, Mapping):
                 raise ManifestError(rpath, "must be a replica spec (replicas, template)")
+            if str(role).lower() in roles:
+                raise ManifestError(
+                    rpath,
+                    f"replica type {role!r} is the same as {roles[str(role).lower()]!r} "
+                    "(replica types are case-insensitive); use Master and Worker",
+                )
+            roles[str(role).lower()] = str(role)
             tpl = _mapping(rs, "template", rpath)
             out.append(PodTemplateRef(str(role).lower(), f"{rpath}.template", tpl, kind, rs, rpath))
         return out
@@ -256,10 +285,10 @@ def workload_pod_templates(template: Mapping[str, Any]) -> list[PodTemplateRef]:
     ]
 
 
-def _name_of(obj: Mapping[str, Any]) -> str:
+def _name_of(obj: Mapping[str, Any], default: str = "unnamed") -> str:
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
-    return str(name) if name else "unnamed"
+    return str(name) if name else default
 
 
 # --- preparation ---------------------------------------------------------------------------------

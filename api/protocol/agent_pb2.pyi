@@ -113,6 +113,7 @@ class Hello(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     SERVED_KINDS_FIELD_NUMBER: _builtins.int
     AGENT_INSTANCE_FIELD_NUMBER: _builtins.int
+    CLUSTER_UID_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """member cluster name; must match the token's identity"""
     agent_version: _builtins.str
@@ -121,6 +122,8 @@ class Hello(_message.Message):
     """ProtocolVersion"""
     agent_instance: _builtins.str
     """random id of this agent process (restarts are visible)"""
+    cluster_uid: _builtins.str
+    """UID of the member's kube-system Namespace: which"""
     @_builtins.property
     def served_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """workload kinds the member serves, "Kind.group" (Job.batch)"""
@@ -133,10 +136,11 @@ class Hello(_message.Message):
         protocol_version: _builtins.int = ...,
         served_kinds: _abc.Iterable[_builtins.str] | None = ...,
         agent_instance: _builtins.str = ...,
+        cluster_uid: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance", b"agent_instance", "agent_version", b"agent_version", "cluster", b"cluster", "protocol_version", b"protocol_version", "served_kinds", b"served_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance", b"agent_instance", "agent_version", b"agent_version", "cluster", b"cluster", "cluster_uid", b"cluster_uid", "protocol_version", b"protocol_version", "served_kinds", b"served_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,6 +14,7 @@ import pytest
 from gpufed.agent.agent import Agent
 from gpufed.agent.config import AgentConfig
 from gpufed.agent.kube import MemberApi
+from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.hub.conftest import (  # noqa: F401 - fixtures used by name
     etcd_endpoint,
     hub_api,
@@ -42,6 +43,7 @@ async def test_gpujob_runs_in_the_member_through_the_real_hub_and_agent(
     etcd_endpoint: str,  # noqa: F811
     prefix: str,  # noqa: F811
     member: Member,
+    sandbox: SandboxInfo,
     tmp_path: Path,
 ) -> None:
     token = await hub_api.register_member(member.name)
@@ -59,7 +61,8 @@ async def test_gpujob_runs_in_the_member_through_the_real_hub_and_agent(
             health_port=-1,
         )
         api = await MemberApi.connect(kubeconfig=str(member.kubeconfig))
-        agent_task = asyncio.create_task(Agent(agent_cfg, api).run())
+        agent = Agent(agent_cfg, api)
+        agent_task = asyncio.create_task(agent.run())
         try:
 
             async def member_ready() -> bool:
@@ -88,6 +91,36 @@ async def test_gpujob_runs_in_the_member_through_the_real_hub_and_agent(
             copy = await member_job(admin, "team-a", "e2e-train")
             assert copy is not None
             assert copy["metadata"]["labels"]["gpufed.io/job-uid"]
+
+            # An agent with alpha's token but beta's kubeconfig (a wrong --context) is
+            # refused: it used to replace alpha's stream, report beta's nodes as alpha's, fail
+            # alpha's jobs as Missing and delete beta's gpufed objects as orphans.
+            wrong_api = await MemberApi.connect(kubeconfig=str(sandbox.clusters["beta"].kubeconfig))
+            wrong = Agent(
+                agent_cfg.model_copy(
+                    update={
+                        "kubeconfig": sandbox.clusters["beta"].kubeconfig,
+                        "reconnect_max_s": 0.5,
+                    }
+                ),
+                wrong_api,
+            )
+            wrong_task = asyncio.create_task(wrong.run())
+            try:
+                failed = wrong.metrics.hub_connects.labels(result="failed")
+
+                async def refused() -> bool:
+                    return failed._value.get() >= 2  # refused, retried, refused again
+
+                await wait_for(refused, "the wrong-cluster agent to be refused", limit_s=60)
+                assert not wrong.hub.welcomed.is_set()
+                assert agent.hub.sessions == 1, "alpha's own stream was never replaced"
+                assert (await hub_api.job("e2e-train") or {})["status"]["phase"] == "Succeeded"
+                assert await member_ready()
+            finally:
+                wrong_task.cancel()
+                await asyncio.gather(wrong_task, return_exceptions=True)
+                await wrong_api.close()
 
             await hub_api.delete_job("e2e-train")
 

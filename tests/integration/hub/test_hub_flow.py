@@ -77,6 +77,10 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         assert obj["status"]["gpus"] == 16
         assert obj["status"]["placement"]["outcome"] == "Placed"
         assert FINALIZER in obj["metadata"]["finalizers"]
+        await wait_for(
+            lambda: _reserved_is(hub_api, "m1", {"NVIDIA-H100-80GB-HBM3": 16}),
+            "MemberCluster m1 shows the 16 reserved GPUs",
+        )
 
         # 2. ack -> Dispatched; member status -> Running -> Succeeded, conditions in order
         await agent.ack(item)
@@ -106,6 +110,11 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         assert status["completionTime"] == "2026-01-01T00:05:00Z"
         assert status["timings"]["placementMs"] >= 0
         assert status["timings"]["dispatchMs"] >= 0
+        # The finished job's reservation is released: the product leaves gpusReserved (a
+        # merge patch of the status used to keep the old key forever).
+        await wait_for(
+            lambda: _reserved_is(hub_api, "m1", {}), "MemberCluster m1 shows nothing reserved"
+        )
 
         # 3. terminal phases are final: a later report does not move it
         await agent.report(item, "Running", active=1)
@@ -290,3 +299,8 @@ async def _gone(api: HubAPI, name: str) -> bool:
 
 async def _store_of(prefix: str, endpoint: str) -> Store:
     return await Store.connect([endpoint], prefix=prefix, hub_id="reader")
+
+
+async def _reserved_is(hub_api: HubAPI, member: str, want: dict[str, int]) -> bool:
+    status = (await hub_api.member(member)).get("status") or {}
+    return bool(status.get("gpusReserved", {}) == want)

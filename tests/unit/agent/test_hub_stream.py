@@ -42,6 +42,9 @@ class Rig:
         async def served() -> list[str]:
             return ["Job.batch"]
 
+        async def cluster_uid() -> str:
+            return "kube-system-uid-1"
+
         self.stream = HubStream(
             self.config,
             inventory=self.inventory,
@@ -50,6 +53,7 @@ class Rig:
             status=self.status,
             served_kinds=served,
             metrics=AgentMetrics(),
+            cluster_uid=cluster_uid,
         )
         self.work.set_ack(self.stream.send_ack)
         self.status.set_send(self.stream.send_status)
@@ -103,6 +107,7 @@ async def test_hello_then_snapshot_with_served_kinds(peer: HubPeer, running: Rig
     assert view.hello is not None
     assert (view.hello.cluster, view.hello.protocol_version) == ("m1", 1)
     assert view.hello.agent_instance == running.stream.instance
+    assert view.hello.cluster_uid == "kube-system-uid-1", "which Kubernetes cluster it talks to"
     assert sorted(view.nodes) == ["n0", "n1", "n2"]
     assert view.served_kinds == ["Job.batch"]
     await peer.wait_for(lambda: view.heartbeats >= 2, what="heartbeats")

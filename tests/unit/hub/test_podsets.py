@@ -163,3 +163,56 @@ def test_tolerations_with_toleration_seconds_are_accepted_and_still_tolerate() -
     [t] = ps.tolerations
     assert t.toleration_seconds == 300
     assert t.tolerates(Taint(key="node.kubernetes.io/unreachable", effect="NoExecute"))
+
+
+# --- review: templates that used to crash the hub's intake (a ValidationError escaped) -----------
+
+
+def _pytorch_master_twice() -> dict[str, object]:
+    """A PyTorchJob whose replica types ``Master`` and ``master`` differ only in case."""
+    ptj = pytorchjob(gpus=1)
+    specs = ptj["spec"]["pytorchReplicaSpecs"]
+    specs["master"] = specs.pop("Worker")
+    return ptj
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        # two workloads of one kind and name in a List: the second would overwrite the first
+        (
+            manifest_list(batch_job(1, name="j"), batch_job(1, name="j")),
+            "spec.template.items[1].metadata.name",
+        ),
+        # replica types that differ only in case are one pod set
+        (
+            _pytorch_master_twice(),
+            "spec.template.spec.pytorchReplicaSpecs.master",
+        ),
+        # replicated jobs need distinct, non-empty names
+        (jobset(("w", 1, 1, 1), ("w", 1, 1, 1)), "spec.template.spec.replicatedJobs[1].name"),
+        (jobset(("", 1, 1, 1)), "spec.template.spec.replicatedJobs[0].name"),
+    ],
+)
+def test_templates_whose_pod_sets_collide_are_invalid_naming_the_field(
+    template: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidJobError) as err:
+        placement_request(gpujob(template), submitted_at=0.0)
+    assert err.value.field == field
+
+
+def test_a_gpu_count_beyond_int64_is_invalid_not_a_status_the_api_server_refuses() -> None:
+    # 10^20 GPUs: status.gpus (an int64 in the CRD) could never be written; the job stayed
+    # without any status while the hub retried the write every second.
+    huge = batch_job(1)
+    huge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": 10**20
+    }
+    with pytest.raises(InvalidJobError, match=r"nvidia\.com/gpu") as err:
+        placement_request(gpujob(huge), submitted_at=0.0)
+    assert err.value.field == "spec.template.spec.template.spec"
+    many = batch_job(8, parallelism=2**62, completions=2**62)
+    with pytest.raises(InvalidJobError) as err:
+        placement_request(gpujob(many), submitted_at=0.0)
+    assert err.value.field == "spec.template.spec.parallelism"

@@ -204,3 +204,23 @@ def test_restoring_a_placement_leaves_written_and_terminal_statuses_alone() -> N
     assert st.resumed(running, cluster="m1", gpus=8, now=T1) == running
     done = st.workload(running, report("Succeeded", succeeded=1), now=T1)
     assert st.resumed(done, cluster="m2", gpus=8, now=T1) == done
+
+
+def test_placements_own_waiting_and_rejected_prefixes_are_not_doubled() -> None:
+    # placement's messages already start with "waiting: " / "rejected: "; the status said
+    # "waiting: waiting: no member can hold ..." and "... ever hold this job: rejected: ...".
+    s = st.decided(
+        GPUJobStatus(),
+        unschedulable("waiting: no member can hold 1 pod x 1 GPU (1 GPU) now"),
+        gpus=1,
+        placement_ms=None,
+        now=T0,
+    )
+    assert s.message == "waiting: no member can hold 1 pod x 1 GPU (1 GPU) now"
+    rejected = unschedulable("rejected: no member of the fleet could ever hold 1 pod").model_copy(
+        update={"outcome": Outcome.REJECTED}
+    )
+    s = st.decided(GPUJobStatus(), rejected, gpus=1, placement_ms=None, now=T0)
+    assert s.message == (
+        "no member cluster can ever hold this job: no member of the fleet could ever hold 1 pod"
+    )

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from gpufed.cli.jobs import cluster_rows, explain_text, job_rows, wrap
 from gpufed.hub.certs import generate
-from gpufed.hub.writer import CoalescingWriter, ObjectGoneError
+from gpufed.hub.writer import CoalescingWriter, ObjectGoneError, RefusedWriteError
 from tests.unit.hub.builders import batch_job
 
 
@@ -238,3 +238,25 @@ async def test_an_urgent_value_goes_ahead_of_the_queue_and_past_the_interval() -
         assert writes[-1] == ("a", "Succeeded")
     finally:
         await w.stop()
+
+
+async def test_a_value_the_api_server_refuses_is_not_retried_but_a_new_value_is_written() -> None:
+    # A status the CRD schema refuses (422) was retried every second, forever.
+    calls: list[Any] = []
+
+    async def write(key: str, value: Any) -> None:
+        calls.append(value)
+        if value == "invalid":
+            raise RefusedWriteError("422 Unprocessable Entity")
+
+    w = CoalescingWriter("t", write)
+    w.start()
+    w.submit("a", "invalid")
+    await asyncio.wait_for(w.drained(), 0.5)  # no pause-and-retry
+    w.submit("a", "invalid")
+    await w.drained()
+    w.submit("a", "fixed")
+    await w.drained()
+    await w.stop()
+    assert calls == ["invalid", "fixed"]
+    assert w.last_written("a") == "fixed"
