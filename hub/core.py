@@ -995,7 +995,7 @@ class Controller:
             )
         if uid and not m.meta.cluster_uid:
             m.meta = m.meta.model_copy(update={"cluster_uid": uid})
-            m.meta_dirty = True
+            self._spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
         s = AgentSession(
@@ -1117,8 +1117,18 @@ class Controller:
             self._set_health(m, "Ready")
         if m.lost:
             m.meta = m.meta.model_copy(update={"lost_at": None})
-            m.meta_dirty = True
+            # Written through, not left to the next flush: a hub that crashed within that
+            # flush would start again believing the member lost.
+            self._spawn(self._persist_meta(m))
             log.info("member.returned", cluster=m.name)
+
+    async def _persist_meta(self, m: MemberState) -> None:
+        m.meta_dirty = False
+        try:
+            await self.store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
+        except BaseException:
+            m.meta_dirty = True  # the flush loop tries again
+            raise
 
     def _resync(self, s: AgentSession, reason: str) -> None:
         s.awaiting_snapshot = True

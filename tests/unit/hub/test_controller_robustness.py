@@ -35,8 +35,28 @@ class QuietKube:
         return None
 
 
-def controller() -> Controller:
-    return Controller(HubConfig(insecure=True), store=None, kube=QuietKube(), metrics=HubMetrics())  # type: ignore[arg-type]
+class MetaStore:
+    """Records member meta writes (the only store call these tests make)."""
+
+    def __init__(self) -> None:
+        self.metas: list[tuple[str, Any]] = []
+
+    async def put_member_meta(self, cluster: str, meta: Any) -> None:
+        self.metas.append((cluster, meta))
+
+
+def controller(store: MetaStore | None = None) -> Controller:
+    return Controller(
+        HubConfig(insecure=True),
+        store=store or MetaStore(),  # type: ignore[arg-type]
+        kube=QuietKube(),  # type: ignore[arg-type]
+        metrics=HubMetrics(),
+    )
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 def job_obj(uid: str = "u1") -> dict[str, Any]:
@@ -142,15 +162,20 @@ async def test_a_handshake_that_outlives_the_controller_is_refused() -> None:
     assert "m1" not in old.members or old.members["m1"].session is None
 
 
-def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_replaces_nothing() -> None:
+async def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_replaces_nothing() -> (
+    None
+):
     # A valid token in an agent whose kubeconfig points at another member used to replace the
     # real agent's stream, report the other cluster's nodes, fail this member's running jobs
     # (Missing) and delete the other cluster's gpufed Jobs as orphans.
-    ctrl = controller()
+    store = MetaStore()
+    ctrl = controller(store)
     first = hello()
     first.cluster_uid = "uid-of-us-east"
     real = ctrl.open_session("m1", first)
     assert ctrl.members["m1"].meta.cluster_uid == "uid-of-us-east", "recorded at first join"
+    await settle()
+    assert [meta.cluster_uid for _, meta in store.metas] == ["uid-of-us-east"], "and stored"
     wrong = hello()
     wrong.cluster_uid = "uid-of-eu"
     with pytest.raises(StreamClosedError) as err:
@@ -164,7 +189,7 @@ def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_replaces_
     assert ctrl.open_session("m1", hello()) is not real
 
 
-def test_deleting_the_member_forgets_its_cluster_identity() -> None:
+async def test_deleting_the_member_forgets_its_cluster_identity() -> None:
     ctrl = controller()
     first = hello()
     first.cluster_uid = "old"
@@ -174,3 +199,18 @@ def test_deleting_the_member_forgets_its_cluster_identity() -> None:
     rebuilt.cluster_uid = "new"
     ctrl.open_session("m1", rebuilt)
     assert ctrl.members["m1"].meta.cluster_uid == "new"
+
+
+async def test_a_returned_member_is_unmarked_in_the_store_at_once_not_at_the_next_flush() -> None:
+    # The e2e hub-outage drill caught a hub killed within the 2 s flush after a lost member
+    # came back: restarted, it read the old lost mark and showed the member as lost again.
+    store = MetaStore()
+    ctrl = controller(store)
+    m = core.MemberState("m1")
+    m.meta = m.meta.model_copy(update={"lost_at": 1_000.0})
+    m.health = "Lost"
+    ctrl.members["m1"] = m
+    ctrl._heard(m)
+    await settle()
+    assert [(c, meta.lost_at) for c, meta in store.metas] == [("m1", None)]
+    assert not m.meta_dirty
