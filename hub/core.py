@@ -192,6 +192,8 @@ class MemberState:
     queued: set[str] = field(default_factory=set)
     dirty_nodes: set[str] = field(default_factory=set)
     removed_nodes: set[str] = field(default_factory=set)
+    #: serialises node writes, so a settle waits for a flush already in flight
+    nodes_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     meta_dirty: bool = False
     status_dirty: bool = True
 
@@ -1198,8 +1200,28 @@ class Controller:
             self.snapshot.release(res.job_uid)
             log.info("hub.reservation.settled", job=res.job, cluster=res.cluster)
         if settled:
-            self._spawn(self.store.delete_reservations(r.job_uid for r in settled))
+            self._spawn(self._settle({r.cluster for r in settled}, [r.job_uid for r in settled]))
         self.kick()
+
+    async def _settle(self, clusters: set[str], job_uids: list[str]) -> None:
+        """Drop settled reservations from etcd, after the inventory that covers their pods.
+
+        A hub that restarts in between must find those GPUs used in the stored inventory or in
+        the stored ledger, never in neither (it would place onto them again until the agent's
+        next snapshot: the e2e burst drill saw a node booked twice over).
+        """
+        for name in sorted(clusters):
+            if (m := self.members.get(name)) is not None:
+                await self._flush_nodes(m)
+        await self.store.delete_reservations(job_uids)
+
+    async def _flush_nodes(self, m: MemberState) -> None:
+        async with m.nodes_lock:  # a caller also waits for a write another caller started
+            if m.dirty_nodes or m.removed_nodes:
+                upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
+                removed = list(m.removed_nodes)
+                m.dirty_nodes, m.removed_nodes = set(), set()
+                await self.store.write_nodes(m.name, upserts, removed)
 
     # --- work ---------------------------------------------------------------------------------
 
@@ -1506,11 +1528,7 @@ class Controller:
         while True:
             await asyncio.sleep(min(self.config.inventory_flush_s, self.config.status_interval_s))
             for m in list(self.members.values()):
-                if m.dirty_nodes or m.removed_nodes:
-                    upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
-                    removed = list(m.removed_nodes)
-                    m.dirty_nodes, m.removed_nodes = set(), set()
-                    await self.store.write_nodes(m.name, upserts, removed)
+                await self._flush_nodes(m)
                 if m.meta_dirty:
                     m.meta_dirty = False
                     await self.store.put_member_meta(m.name, m.meta)

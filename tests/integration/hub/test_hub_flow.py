@@ -13,6 +13,7 @@ import pytest
 
 from gpufed.api.labels import FINALIZER, JOB_UID_LABEL, ORIGIN_LABEL
 from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.protocol.codec import node_to_pb
 from gpufed.hub.store import Store
 from tests.integration.hub.harness import (
     FakeAgent,
@@ -304,3 +305,42 @@ async def _store_of(prefix: str, endpoint: str) -> Store:
 async def _reserved_is(hub_api: HubAPI, member: str, want: dict[str, int]) -> bool:
     status = (await hub_api.member(member)).get("status") or {}
     return bool(status.get("gpusReserved", {}) == want)
+
+
+async def test_a_settled_reservation_leaves_etcd_only_after_the_inventory_that_covers_it(
+    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
+) -> None:
+    # The e2e burst drill: a hub killed just after a reservation settled restarted from a
+    # stored inventory older than the bound pods and an empty ledger, and booked the node twice.
+    token = await hub_api.register_member("m1")
+    ca = tmp_path / "tls" / "ca.crt"
+    # No periodic flush during the test: only the settle itself may write the inventory.
+    cfg = hub_config(tmp_path, hub_kubeconfig, etcd_endpoint, prefix, inventory_flush_s=3600)
+    async with running_hub(cfg) as hub:
+        agent = FakeAgent(hub.grpc_port, "m1", token, ca)
+        (node,) = hgx_nodes("m1-hgx", 1)
+        await agent.connect(nodes=[node])
+        await hub_api.create_job("a", gpu_job(8))
+        item = await agent.next("work_item")
+        await agent.ack(item)
+        assert hub.store is not None
+        store = hub.store
+        assert (await store.load()).reservations.keys() == {item.job_uid}
+        bound = node.model_copy(
+            update={
+                "requested": {"nvidia.com/gpu": 8},
+                "job_requests": {item.job_uid: {"nvidia.com/gpu": 8}},
+            }
+        )
+        await agent.send(
+            pb.AgentMessage(inventory_delta=pb.InventoryDelta(seq=2, upserts=[node_to_pb(bound)]))
+        )
+
+        async def settled() -> bool:
+            return not (await store.load()).reservations
+
+        await wait_for(settled, "the reservation settled and deleted")
+        stored = (await store.load()).nodes.get("m1", {}).get("m1-hgx-0")
+        assert stored is not None, "the inventory that covers the pods was never written"
+        assert stored.requested.get("nvidia.com/gpu") == 8, "the GPUs are used in etcd somewhere"
+        await agent.close()
