@@ -1115,14 +1115,14 @@ class Controller:
     def _heard(self, m: MemberState) -> None:
         m.last_heard = self._mono()
         m.last_heard_wall = self._wall()
-        if m.health != "Ready":
-            self._set_health(m, "Ready")
-        if m.lost:
+        if m.lost:  # before the health change, whose status write must not show lostTime
             m.meta = m.meta.model_copy(update={"lost_at": None})
             # Written through, not left to the next flush: a hub that crashed within that
             # flush would start again believing the member lost.
             self._spawn(self._persist_meta(m))
             log.info("member.returned", cluster=m.name)
+        if m.health != "Ready":
+            self._set_health(m, "Ready")
 
     async def _persist_meta(self, m: MemberState) -> None:
         m.meta_dirty = False

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gpufed.api.membercluster import MemberClusterSpec, SecretKeyRef
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.hub import core
 from gpufed.hub.config import HubConfig
@@ -206,7 +207,9 @@ async def test_a_returned_member_is_unmarked_in_the_store_at_once_not_at_the_nex
     # came back: restarted, it read the old lost mark and showed the member as lost again.
     store = MetaStore()
     ctrl = controller(store)
-    m = core.MemberState("m1")
+    written: list[dict[str, Any]] = []
+    ctrl.member_status.submit = lambda name, payload, **kw: written.append(payload)  # type: ignore[method-assign]
+    m = core.MemberState("m1", spec=MemberClusterSpec(join_token_ref=SecretKeyRef(name="t")))
     m.meta = m.meta.model_copy(update={"lost_at": 1_000.0})
     m.health = "Lost"
     ctrl.members["m1"] = m
@@ -214,3 +217,9 @@ async def test_a_returned_member_is_unmarked_in_the_store_at_once_not_at_the_nex
     await settle()
     assert [(c, meta.lost_at) for c, meta in store.metas] == [("m1", None)]
     assert not m.meta_dirty
+    # The status written at the return says Ready and carries no lostTime (it used to until
+    # the next periodic write, and a hub killed before that left it on the MemberCluster).
+    assert written, "the return writes the member status at once"
+    assert written[-1].get("lostTime") is None
+    ready = next(c for c in written[-1]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
