@@ -1530,8 +1530,7 @@ class Controller:
             for m in list(self.members.values()):
                 await self._flush_nodes(m)
                 if m.meta_dirty:
-                    m.meta_dirty = False
-                    await self.store.put_member_meta(m.name, m.meta)
+                    await self._persist_meta(m)
             now = self._mono()
             if now - last_status >= self.config.status_interval_s:
                 last_status = now
