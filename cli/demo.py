@@ -445,6 +445,7 @@ def print_table(examples: list[Example], result: RunResult, rows: list[dict[str,
 def print_how_to_look_around(info: SandboxInfo, examples: list[Example]) -> None:
     kubectl = info.bin_dir / "kubectl"
     kubectl_cmd = str(kubectl) if kubectl.exists() else "kubectl"
+    have_kubectl = kubectl.exists() or shutil.which("kubectl") is not None
     sd = f" --state-dir {info.state_dir}"
     rejected = next((ex.key for ex in examples if ex.expect.unplaced), examples[0].key)
     # `make demo` runs .venv/bin/gpufed; a user's shell may not have it on PATH yet.
@@ -462,7 +463,7 @@ def print_how_to_look_around(info: SandboxInfo, examples: list[Example]) -> None
         f"  {kubectl_cmd} get gpujobs -A; {kubectl_cmd} get memberclusters\n"
         + (
             ""
-            if kubectl.exists()
+            if have_kubectl
             else "      (kubectl is optional: `gpufed local build --with-kubectl` builds one)\n"
         )
         + f"  {kubectl_cmd} --context eu-nvl72 get jobs,pods -A   # the member copies\n"
@@ -477,8 +478,11 @@ def print_how_to_look_around(info: SandboxInfo, examples: list[Example]) -> None
 
 
 def _sandbox_for_demo(
-    sandbox: Sandbox, fleet: Path, options: Any, progress: Progress
+    sandbox: Sandbox, fleet: Path | None, options: Any, progress: Progress
 ) -> SandboxInfo:
+    """The running sandbox of ``sandbox.state_dir``, or a new one with ``fleet`` (default: the
+    example fleet). Raises :class:`SandboxError` when the running one cannot serve: no hub, or
+    another fleet than the ``--fleet`` the user named."""
     if sandbox.running_components():
         info = sandbox.info()
         if info.control_plane is None:
@@ -486,16 +490,28 @@ def _sandbox_for_demo(
                 f"the sandbox running in {sandbox.state_dir} has no hub or agents (started with "
                 "--clusters-only): stop it with `gpufed local down` or use another --state-dir"
             )
+        if fleet is not None and fleet.resolve() != Path(info.fleet_file).resolve():
+            raise SandboxError(
+                f"the sandbox running in {sandbox.state_dir} has the fleet {info.fleet_file}, "
+                f"not {fleet}: stop it with `gpufed local down` first, or pass another "
+                "--state-dir to run a second sandbox"
+            )
         progress(f"reusing the sandbox running in {sandbox.state_dir} ({info.fleet_file})")
         sandbox.wait_control_plane(60)
         return info
-    info = sandbox.up(fleet, control_plane=options)
+    info = sandbox.up(fleet or EXAMPLE_FLEET, control_plane=options)
     progress(f"sandbox up in {info.up_seconds:.1f}s: hub and {len(info.members)} agents running")
     return info
 
 
 def demo(
-    fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", "-f", help="Fleet spec to bring up."),
+    fleet: Path | None = typer.Option(
+        None,
+        "--fleet",
+        "-f",
+        show_default=False,
+        help="Fleet spec to bring up (default manifests/fleets/example.yaml).",
+    ),
     jobs: Path = typer.Option(
         EXAMPLE_JOBS, "--jobs", help="Directory of GPUJob YAML files (*.yaml) to submit."
     ),

@@ -1,4 +1,4 @@
-"""``gpufed submit``, ``gpufed get jobs|clusters`` and ``gpufed explain``: users' view of the hub.
+"""``gpufed submit|get|explain|delete``: users' view of the hub.
 
 All talk to the hub cluster's API server only (never to members), with kubectl's kubeconfig
 resolution (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``; ``--context``; the
@@ -12,6 +12,10 @@ namespace from ``-n`` or the context). ``--json`` prints one JSON document for s
 - ``get clusters``: Ready, whole GPUs total/free per product on Ready schedulable nodes, the
   largest free NVLink block, heartbeat (from MemberCluster status, DESIGN.md §3 meanings).
 - ``explain JOB``: where the job went and why, or why it still waits, member by member.
+- ``delete JOB``: delete the GPUJob; waits until the hub removed the member objects and let the
+  GPUJob go (``--no-wait`` returns at once).
+
+``submit`` creates with strict field validation: a misspelt field is an error, not dropped.
 """
 
 from __future__ import annotations
@@ -97,7 +101,10 @@ def _reachable(kube: _Kube) -> Iterator[None]:
         yield
     except (HTTPError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        _fail(f"cannot reach the hub API server {kube.server}: {reason}")
+        _fail(
+            f"cannot reach the hub API server {kube.server}: {reason} (a local sandbox: is it "
+            "up? `gpufed local status`; otherwise check --kubeconfig/--context)"
+        )
 
 
 @contextlib.contextmanager
@@ -219,12 +226,20 @@ def submit(
         meta = job["metadata"]
         try:
             with _reachable(kube):
+                # Strict: a misspelt field (spec.placment) is refused, not silently dropped
+                # (the job would run without the constraint the user meant).
                 kube.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, meta["namespace"], "gpujobs", job
+                    GROUP, VERSION, meta["namespace"], "gpujobs", job, field_validation="Strict"
                 )
         except ApiException as exc:
             _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}")
         typer.echo(f"gpujob.{GROUP}/{meta['name']} created (namespace {meta['namespace']})")
+
+
+def _not_found_hint(exc: Any) -> str:
+    if getattr(exc, "status", None) != 404:
+        return ""
+    return " (list them with `gpufed get jobs -A`; name another namespace as NAMESPACE/NAME or -n)"
 
 
 def _api_message(exc: Any) -> str:
@@ -298,7 +313,8 @@ def get_jobs(
         typer.echo(json.dumps(rows))
         return
     if not rows:
-        typer.echo("No GPUJobs.")
+        where = "" if all_namespaces else f" in namespace {namespace or kube.namespace} (-A: all)"
+        typer.echo(f"No GPUJobs{where}.")
         return
     table = [["NAMESPACE", "NAME", "PHASE", "GPUS", "CLUSTER", "AGE"]]
     for r in rows:
@@ -419,7 +435,7 @@ def explain(
         with _reachable(kube):
             raw = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
     except ApiException as exc:
-        _fail(f"{ns}/{name}: {_api_message(exc)}")
+        _fail(f"{ns}/{name}: {_api_message(exc)}{_not_found_hint(exc)}")
     if as_json:
         status = raw.get("status") or {}
         typer.echo(
@@ -438,3 +454,50 @@ def explain(
         )
         return
     typer.echo(explain_text(raw))
+
+
+def delete(
+    job: Annotated[str, typer.Argument(help="GPUJob name (or namespace/name)")],
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    namespace: Namespace = None,
+    wait: Annotated[
+        bool, typer.Option(help="Wait until the hub removed the member objects and the GPUJob.")
+    ] = True,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 120.0,
+) -> None:
+    """Delete a GPUJob: the hub deletes its objects in the member, then lets the GPUJob go.
+
+    The GPUJob carries the finalizer ``gpufed.io/member-cleanup``; it disappears once the agent
+    confirmed the member objects are gone (or the member was declared lost).
+    """
+    import time
+
+    from kubernetes.client.exceptions import ApiException
+
+    kube = _Kube(kubeconfig, context)
+    ns, _, name = job.rpartition("/")
+    ns = ns or namespace or kube.namespace
+    try:
+        with _reachable(kube):
+            kube.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
+    except ApiException as exc:
+        _fail(f"{ns}/{name}: {_api_message(exc)}{_not_found_hint(exc)}")
+    typer.echo(f"gpujob.{GROUP}/{name} deleting (namespace {ns})")
+    if not wait:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with _reachable(kube):
+                kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                typer.echo(f"gpujob.{GROUP}/{name} deleted")
+                return
+            _fail(f"{ns}/{name}: {_api_message(exc)}")
+        time.sleep(0.5)
+    _fail(
+        f"{ns}/{name} still exists after {timeout_s:.0f} s: the hub waits for the member to "
+        f"confirm its objects are gone (`gpufed explain {ns}/{name}`; is the hub running?)"
+    )

@@ -23,6 +23,7 @@ app.add_typer(hub.app, name="hub")
 app.command("submit")(jobs.submit)
 app.add_typer(jobs.get_app, name="get")
 app.command("explain")(jobs.explain)
+app.command("delete")(jobs.delete)
 app.add_typer(agent.app, name="agent")
 
 

@@ -555,8 +555,15 @@ def _not_placed(
     else:
         outcome = Outcome.REJECTED
         first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster))
+        # Which filters turned the members away: a product or selector mismatch on every
+        # member must not read like a capacity problem of one of them.
+        by_plugin: dict[str, int] = {}
+        for r in rejections:
+            by_plugin[r.plugin] = by_plugin.get(r.plugin, 0) + 1
+        tally = ", ".join(f"{p} {n}" for p, n in sorted(by_plugin.items()))
         message = (
-            f"rejected: no member of the fleet could ever hold {shape}; "
+            f"rejected: no member of the fleet could ever hold {shape} "
+            f"(all {len(rejections)} members rejected: {tally}); "
             f"{first.cluster}: {first.reason}"
         )
     return Decision.model_construct(

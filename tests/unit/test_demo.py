@@ -130,3 +130,37 @@ def test_rows_carry_exactly_the_documented_keys() -> None:
         "dispatch_ms": 40.0,
     }
     assert (rows[1]["cluster"], rows[1]["domain"]) == (None, None)
+
+
+class RunningSandbox:
+    """A sandbox already running the example fleet with hub and agents (what the demo reuses)."""
+
+    state_dir = Path("/tmp/state")
+
+    def __init__(self, fleet_file: Path) -> None:
+        self.fleet_file = fleet_file
+        self.waited = False
+
+    def running_components(self) -> list[str]:
+        return ["hub"]
+
+    def info(self) -> Any:
+        return type("Info", (), {"control_plane": object(), "fleet_file": self.fleet_file})()
+
+    def wait_control_plane(self, timeout_s: float) -> None:
+        self.waited = True
+
+
+def test_demo_refuses_a_named_fleet_the_running_sandbox_does_not_have(tmp_path: Path) -> None:
+    # From a new user's report: --fleet was silently ignored while a sandbox ran.
+    from gpufed.cli.demo import EXAMPLE_FLEET, _sandbox_for_demo
+    from gpufed.sandbox.runtime import SandboxError
+
+    sb = RunningSandbox(EXAMPLE_FLEET)
+    other = tmp_path / "other.yaml"
+    with pytest.raises(SandboxError, match=r"has the fleet .*example\.yaml, not .*other\.yaml"):
+        _sandbox_for_demo(sb, other, None, print)  # type: ignore[arg-type]
+    assert not sb.waited
+    # no --fleet, or the very fleet it runs: reused
+    assert _sandbox_for_demo(sb, None, None, print).fleet_file == EXAMPLE_FLEET  # type: ignore[arg-type]
+    assert _sandbox_for_demo(sb, EXAMPLE_FLEET, None, print).fleet_file == EXAMPLE_FLEET  # type: ignore[arg-type]

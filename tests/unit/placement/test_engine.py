@@ -414,3 +414,14 @@ def test_equal_scores_in_two_pools_of_one_member_tie_the_same_way_whatever_ran_b
     for d in [fresh, *answers]:
         assert d.gpu_product == H100
         assert gpus_on(d) == {"a1": 3}
+
+
+def test_a_rejection_headline_says_which_filters_turned_every_member_away() -> None:
+    # From a user's report: a short product name ("GB200") matched no member, and the headline
+    # read like a capacity problem of the first member alone.
+    s = FleetSnapshot([hgx_cluster("a"), hgx_cluster("b"), hgx_cluster("c")])
+    d = place(job(gpus=4, pods=2, products=["GB200"]), s, POLICY, 0)
+    assert d.outcome == Outcome.REJECTED
+    plugins = {r.plugin for r in d.rejections}
+    assert len(plugins) == 1
+    assert f"(all 3 members rejected: {plugins.pop()} 3)" in d.message
