@@ -232,6 +232,8 @@ class Controller:
         self.work: dict[tuple[str, str], WorkState] = {}
         self.members: dict[str, MemberState] = {}
         self._orphan_records: dict[str, tuple[JobRecord, int]] = {}
+        #: workload reports that came before this term's GPUJob list (latest per job uid)
+        self._early_reports: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self._kick = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -392,7 +394,7 @@ class Controller:
                 self.members_synced.set()
             else:
                 self._orphans_after_list()
-                self.jobs_synced.set()
+                self._jobs_listed()
             log.info("hub.intake.listed", resource=plural, objects=len(items), rv=rv)
             backoff = 0.2
             while True:
@@ -532,6 +534,24 @@ class Controller:
         else:
             job.obj = obj
         self._reconcile_soon(job)
+
+    def _jobs_listed(self) -> None:
+        """The first GPUJob list of this term is in: apply the workload reports that waited."""
+        first = not self.jobs_synced.is_set()
+        self.jobs_synced.set()
+        if not first:
+            return
+        early, self._early_reports = self._early_reports, {}
+        for s, report in early.values():
+            m = self.members.get(s.cluster)
+            if m is None or m.session is not s:
+                continue  # a newer stream of that member reports again
+            try:
+                self._on_workload(s, report)
+            except RefusedError as exc:
+                log.warning("agent.report_refused", cluster=s.cluster, reason=str(exc))
+        if early:
+            log.info("hub.early_reports_applied", reports=len(early))
 
     def _new_job(self, uid: str, obj: GPUJob) -> JobState:
         status = obj.status or GPUJobStatus()
@@ -1411,6 +1431,12 @@ class Controller:
             s.unacked.pop(report.job_uid, None)
             self._pump(s.cluster)
         job = self.jobs.get(report.job_uid)
+        if job is None and not self.jobs_synced.is_set():
+            # Agents reconnect to a new leader before its GPUJob list is in, and send each
+            # status once: keep the latest and apply it after the list (dropping it left a
+            # job that finished during a failover Running forever).
+            self._early_reports[report.job_uid] = (s, report)
+            return
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
         before = job.status.phase

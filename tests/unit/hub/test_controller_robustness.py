@@ -223,3 +223,34 @@ async def test_a_returned_member_is_unmarked_in_the_store_at_once_not_at_the_nex
     assert written[-1].get("lostTime") is None
     ready = next(c for c in written[-1]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
+
+
+async def test_a_status_sent_before_the_new_leaders_job_list_is_applied_after_it() -> None:
+    # From the crash-consistency review: after a long etcd outage the agents reconnected to the
+    # new leader and sent their jobs' final status before its GPUJob list was in; the hub
+    # dropped them and 16 finished jobs stayed Running for good (an agent sends a status once).
+    from gpufed.api.work import WorkloadStatus
+    from gpufed.hub.records import JobRecord, WorkRecord
+    from gpufed.hub.store import Loaded
+
+    ctrl = controller()
+    ctrl._restore(
+        Loaded(
+            jobs={"u1": JobRecord(uid="u1", job="team-a/j", cluster="m1", gpus=8)},
+            job_revisions={"u1": 5},
+            work={
+                ("m1", "u1"): (
+                    WorkRecord(job_uid="u1", job="team-a/j", namespace="team-a", op="Apply"),
+                    7,
+                )
+            },
+        )
+    )
+    ctrl._member("m1").spec = MemberClusterSpec(join_token_ref=SecretKeyRef(name="t"))
+    session = ctrl.open_session("m1", hello())
+    ctrl._on_workload(session, WorkloadStatus(job_uid="u1", revision=7, phase="Succeeded"))
+    assert "u1" not in ctrl.jobs  # the list is not in yet
+    ctrl._on_job_event(WatchEvent("ADDED", job_obj("u1")))
+    ctrl._jobs_listed()
+    assert ctrl.jobs["u1"].status.phase == "Succeeded"
+    assert ctrl.jobs["u1"].status.cluster == "m1"
