@@ -21,6 +21,7 @@ Phases:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -557,9 +558,7 @@ def _not_placed(
         first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster))
         # Which filters turned the members away: a product or selector mismatch on every
         # member must not read like a capacity problem of one of them.
-        by_plugin: dict[str, int] = {}
-        for r in rejections:
-            by_plugin[r.plugin] = by_plugin.get(r.plugin, 0) + 1
+        by_plugin = collections.Counter(r.plugin for r in rejections)
         tally = ", ".join(f"{p} {n}" for p, n in sorted(by_plugin.items()))
         message = (
             f"rejected: no member of the fleet could ever hold {shape} "

@@ -270,11 +270,8 @@ async def apply_object(
         return await _create_only(client, obj, ref, job_uid=job_uid, may_create=may_create)
     async for attempt in kube_retry():
         with attempt:
-            if not may_create:
-                existing = await client.get(ref)
-                if existing is None:
-                    return Outcome.MISSING
-                _check_owner(existing, ref, job_uid)
+            if not may_create and not await _exists_as_ours(client, ref, job_uid):
+                return Outcome.MISSING
             await client.apply(obj, field_manager=FIELD_MANAGER, force=True)
             return Outcome.APPLIED
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
@@ -286,11 +283,8 @@ async def _create_only(
     async for attempt in kube_retry():
         with attempt:
             if not may_create:
-                existing = await client.get(ref)
-                if existing is None:
-                    return Outcome.MISSING
-                _check_owner(existing, ref, job_uid)
-                return Outcome.ADOPTED
+                ours = await _exists_as_ours(client, ref, job_uid)
+                return Outcome.ADOPTED if ours else Outcome.MISSING
             # Create first: one request in the common case (a new job). 409 means it exists
             # (created by this agent before, or by someone else): read it, then adopt it or
             # report its owner.
@@ -306,6 +300,16 @@ async def _create_only(
                 return Outcome.ADOPTED
             return Outcome.CREATED
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
+
+
+async def _exists_as_ours(client: ObjectClient, ref: ObjectRef, job_uid: str) -> bool:
+    """True when ``ref`` exists with this job's UID label, False when it is gone; raises
+    :class:`OwnedElsewhereError` when another job (or nobody) owns it."""
+    existing = await client.get(ref)
+    if existing is None:
+        return False
+    _check_owner(existing, ref, job_uid)
+    return True
 
 
 def _check_owner(existing: Mapping[str, Any], ref: ObjectRef, job_uid: str) -> None:
