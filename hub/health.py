@@ -1,6 +1,6 @@
 """Member health from the hub's own receive times (DESIGN.md §7 item 5), as pure functions.
 
-Called by the leader's health tick (:mod:`gpufed.hub.core`) once a second with the monotonic
+Called by the leader's health tick (:mod:`gpufed.hub.members`) once a second with the monotonic
 clock; unit tests call it with made-up times. Member clocks are never read.
 
 - A member is ``Ready`` while the hub heard from its agent within ``lease_s``;
@@ -20,7 +20,7 @@ from typing import Literal
 MemberHealth = Literal["Ready", "NotReady", "Lost"]
 
 
-def classify(
+def health_at(
     *,
     now: float,
     last_heard: float | None,

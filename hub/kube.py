@@ -1,10 +1,11 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
-Used by the leader (:mod:`gpufed.hub.core`) for intake (list+watch of GPUJobs and
-MemberClusters), status writes, finalizers, Events and join-token Secrets. Objects cross this edge as plain dicts (the JSON
-form); callers validate them into :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster`
-models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
-retry policy); 409 and other 4xx surface to the caller.
+Implements :class:`gpufed.hub.ports.HubAPI` for the leader's components: intake (list+watch
+of GPUJobs and MemberClusters), status writes, finalizers, Events and join-token Secrets.
+Objects cross this edge as plain dicts (the JSON form); callers validate them into
+:mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
+retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
+other 4xx surface to the caller.
 
 Config resolution is kubectl's: ``--kubeconfig`` (else ``$KUBECONFIG``, else
 ``~/.kube/config``) and ``--context``; in a pod without a kubeconfig, the in-cluster service
@@ -17,7 +18,6 @@ import base64
 import binascii
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,24 +28,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.client.rest import RESTResponse
 
 from gpufed.api.labels import GROUP, VERSION
+from gpufed.hub.ports import WatchEvent
 from gpufed.sync.retry import kube_retry
 
 log = structlog.get_logger("gpufed.hub.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-
-
-class GoneError(Exception):
-    """A watch's resourceVersion is too old (HTTP 410): list again."""
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One change of a watched object: ``type`` is ADDED, MODIFIED or DELETED."""
-
-    type: str
-    obj: dict[str, Any]
 
 
 class _DictWatch(watch.Watch):
@@ -99,7 +88,8 @@ class KubeAPI:
     ) -> AsyncIterator[WatchEvent | str]:
         """Changes since ``resource_version``; yields events and, for bookmarks, the new
         resourceVersion as a ``str``. Ends when the server closes the watch (about
-        ``timeout_s``); raises :class:`GoneError` on 410 (the caller lists again)."""
+        ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
+        caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
         w = _DictWatch()
         try:
             stream = w.stream(
@@ -118,31 +108,29 @@ class KubeAPI:
                     yield str(raw["metadata"]["resourceVersion"])
                 elif etype in ("ADDED", "MODIFIED", "DELETED"):
                     yield WatchEvent(etype, raw)
-        except ApiException as exc:
-            if exc.status == 410:
-                raise GoneError(str(exc.reason)) from exc
-            raise
         finally:
             await w.close()
 
     # --- GPUJobs ----------------------------------------------------------------------------
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields)."""
-        async for attempt in kube_retry():
-            with attempt:
-                # The reply (the whole object) is not needed: the watch brings it anyway.
-                resp: Any = await self.custom.patch_namespaced_custom_object_status(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    "gpujobs",
-                    name,
-                    {"status": status},
-                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-                    _preload_content=False,
-                )
-                await _check_and_release(resp)
+        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields).
+
+        One attempt: status writes go through :class:`gpufed.hub.writer.CoalescingWriter`,
+        which is their one retry layer (it writes the latest value again after a failure).
+        """
+        # The reply (the whole object) is not needed: the watch brings it anyway.
+        resp: Any = await self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+        )
+        await _check_and_release(resp)
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
@@ -187,19 +175,18 @@ class KubeAPI:
 
         Not a merge patch: the status holds maps keyed by GPU product (``gpusReserved`` …),
         and a merge patch never removes a key the new status no longer has (reserved GPUs
-        would stay shown after their reservation ended).
+        would stay shown after their reservation ended). One attempt, as for
+        :meth:`patch_job_status`.
         """
         patch = [{"op": "add", "path": "/status", "value": status}]
-        async for attempt in kube_retry():
-            with attempt:
-                await self.custom.patch_cluster_custom_object_status(
-                    GROUP,
-                    VERSION,
-                    "memberclusters",
-                    name,
-                    patch,
-                    _content_type=JSON_PATCH,  # type: ignore[call-arg]
-                )
+        await self.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            "memberclusters",
+            name,
+            patch,
+            _content_type=JSON_PATCH,  # type: ignore[call-arg]
+        )
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value of ``data[key]`` of a Secret; None when the Secret or key is absent."""

@@ -11,10 +11,12 @@ Served by the hub process (:mod:`gpufed.hub.app`) on ``--listen``, with TLS unle
 3. **Hello first**, within ``hello_timeout_s``, naming exactly that cluster (else
    ``PERMISSION_DENIED``) with a protocol version this hub speaks (else
    ``FAILED_PRECONDITION``).
-4. Messages are handled in order by :meth:`Controller.handle`. A malformed, out-of-order or
-   foreign message closes only this stream, with the reason in the status details; an
-   oversized one is refused by gRPC itself (``RESOURCE_EXHAUSTED``). Nothing stored is
-   touched by a bad message.
+4. Messages are handled in order: each marks the member heard (:meth:`Controller.heard`),
+   is decoded by its session (:meth:`AgentSession.receive`: protobuf becomes
+   :mod:`gpufed.api` models here, at the edge) and routed by :meth:`Controller.handle`. A
+   malformed, out-of-order or foreign message closes only this stream, with the reason in the
+   status details; an oversized one is refused by gRPC itself (``RESOURCE_EXHAUSTED``).
+   Nothing stored is touched by a bad message.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import structlog
 
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
-from gpufed.hub.core import PROTOCOL_VERSION, Controller
-from gpufed.hub.sessions import AgentSession, StreamClosedError
+from gpufed.api.protocol.codec import hello_from_pb
+from gpufed.hub.core import Controller
+from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession, StreamClosedError
 
 log = structlog.get_logger("gpufed.hub.service")
 
@@ -105,7 +108,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
                 context, grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a Hello"
             )
             return
-        hello = first.hello
+        hello = hello_from_pb(first.hello)
         if hello.cluster != cluster:
             log.warning("agent.refused", peer=peer, token_cluster=cluster, hello=hello.cluster)
             await _abort(
@@ -127,7 +130,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "the hub stopped leading; retry")
             return
         try:
-            session = ctrl.open_session(cluster, hello)
+            session = ctrl.open_session(hello)
         except StreamClosedError as exc:
             await _abort(context, _CODES.get(exc.code, grpc.StatusCode.ABORTED), exc.reason)
             return
@@ -156,7 +159,10 @@ class AgentService(pb_grpc.AgentServiceServicer):
     ) -> None:
         try:
             async for msg in request_iterator:
-                await ctrl.handle(session, msg)
+                ctrl.heard(session)
+                event = session.receive(msg)
+                if event is not None:
+                    await ctrl.handle(session, event)
                 if session.closed is not None:
                     return
         except StreamClosedError as exc:

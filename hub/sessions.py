@@ -1,8 +1,13 @@
-"""One agent stream: its outbound queue, unacknowledged work, and the inventory sequence rules.
+"""One agent stream: the hub's protobuf edge, its outbound queue, unacknowledged work, and the
+inventory sequence rules.
 
-Created by the leader (:mod:`gpufed.hub.core`) for each accepted stream; the gRPC servicer
-(:mod:`gpufed.hub.service`) drains :attr:`AgentSession.outbox`. No gRPC here: closing a stream
-is expressed with :class:`StreamClosedError` codes that the servicer maps to gRPC status codes.
+Created by the leader (:meth:`gpufed.hub.core.Controller.open_session`) for each accepted
+stream; the gRPC servicer (:mod:`gpufed.hub.service`) drains :attr:`AgentSession.outbox` and
+passes every incoming message through :meth:`AgentSession.receive`. Together with the servicer
+this is the only hub code that touches protobuf (an import-linter contract): the hub's logic
+sends :class:`gpufed.api.work.WorkItem` models through the ``send_*`` methods and receives
+:data:`gpufed.api.stream.AgentEvent` models. No gRPC here: closing a stream is expressed with
+:class:`StreamClosedError` codes that the servicer maps to gRPC status codes.
 
 Inventory rules (api/protocol/agent.proto):
 
@@ -17,12 +22,30 @@ Inventory rules (api/protocol/agent.proto):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import structlog
+
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
-from gpufed.api.protocol.codec import ProtocolError, node_from_pb
+from gpufed.api.protocol.codec import (
+    ProtocolError,
+    node_from_pb,
+    work_ack_from_pb,
+    work_item_to_pb,
+    workload_status_from_pb,
+)
+from gpufed.api.stream import AgentEvent, InventoryDelta, InventorySnapshot, ResyncRequest
+from gpufed.api.work import WorkItem
+
+log = structlog.get_logger("gpufed.hub.sessions")
+
+#: The protocol version this hub speaks (Hello and Welcome carry it).
+PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
+#: Budget of one DesiredSet part (agents' gRPC clients accept 4 MiB by default).
+DESIRED_PART_BYTES = 1024 * 1024
 
 CloseCode = Literal["INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAVAILABLE", "ABORTED"]
 
@@ -79,12 +102,79 @@ class AgentSession:
             self.closed = StreamClosedError(code, reason)
             self.outbox.put_nowait(None)
 
-    # --- inventory -----------------------------------------------------------------------------
+    # --- hub -> agent ---------------------------------------------------------------------------
 
-    def snapshot_part(
-        self, msg: pb.InventorySnapshot
-    ) -> tuple[int, list[NodeInventory], list[str]] | None:
-        """Take one snapshot part; returns ``(seq, nodes, served kinds)`` once it is complete.
+    def welcome(self, *, hub_id: str, heartbeat_interval_s: float, max_message_bytes: int) -> None:
+        """Queue the Welcome (the first message of every accepted stream)."""
+        self.send(
+            pb.HubMessage(
+                welcome=pb.Welcome(
+                    cluster=self.cluster,
+                    hub_id=hub_id,
+                    protocol_version=PROTOCOL_VERSION,
+                    heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
+                    max_message_bytes=max_message_bytes,
+                )
+            )
+        )
+
+    def send_desired_set(self, items: Sequence[WorkItem]) -> None:
+        """Queue the full desired set, in parts below :data:`DESIRED_PART_BYTES` (at least one
+        part, so an empty set still tells the agent that nothing is wanted)."""
+        for part in _parts([work_item_to_pb(i) for i in items]):
+            self.send(pb.HubMessage(desired_set=part))
+
+    def send_work(self, item: WorkItem) -> None:
+        """Queue one work item."""
+        self.send(pb.HubMessage(work_item=work_item_to_pb(item)))
+
+    def request_resync(self, reason: str) -> None:
+        """Ask the agent for a full inventory snapshot; deltas are ignored until it arrives."""
+        self.awaiting_snapshot = True
+        self.send(pb.HubMessage(resync_request=pb.ResyncRequest(reason=reason)))
+        log.info("agent.resync", cluster=self.cluster, reason=reason)
+
+    # --- agent -> hub ---------------------------------------------------------------------------
+
+    def receive(self, msg: pb.AgentMessage) -> AgentEvent | None:
+        """Decode one message after the Hello into the model the hub's logic handles.
+
+        Returns None for what the stream handles itself: a heartbeat (one naming an inventory
+        seq the hub never received asks for a resync), a snapshot part before the last, a
+        delta ignored until the next snapshot or out of sequence (a resync is requested).
+        Raises :class:`StreamClosedError` (INVALID_ARGUMENT) for a malformed or out-of-order
+        message; nothing is applied then.
+        """
+        kind = msg.WhichOneof("body")
+        if kind == "heartbeat":
+            if not self.awaiting_snapshot and msg.heartbeat.inventory_seq > (
+                self.inventory_seq or 0
+            ):
+                self.request_resync("heartbeat names an inventory seq the hub never received")
+            return None
+        if kind == "inventory_snapshot":
+            return self._snapshot_part(msg.inventory_snapshot)
+        if kind == "inventory_delta":
+            return self._delta(msg.inventory_delta)
+        if kind == "work_ack":
+            try:
+                return work_ack_from_pb(msg.work_ack)
+            except ProtocolError as exc:
+                raise StreamClosedError("INVALID_ARGUMENT", str(exc)) from exc
+        if kind == "workload_status":
+            try:
+                return workload_status_from_pb(msg.workload_status)
+            except ProtocolError as exc:
+                raise StreamClosedError("INVALID_ARGUMENT", str(exc)) from exc
+        if kind == "resync_request":
+            return ResyncRequest(reason=msg.resync_request.reason)
+        if kind == "hello":
+            raise StreamClosedError("INVALID_ARGUMENT", "Hello may only be the first message")
+        raise StreamClosedError("INVALID_ARGUMENT", "empty message (no body set)")
+
+    def _snapshot_part(self, msg: pb.InventorySnapshot) -> InventorySnapshot | None:
+        """Take one snapshot part; returns the snapshot once it is complete (its served kinds
+        default to the Hello's).
 
         Raises :class:`StreamClosedError` (INVALID_ARGUMENT) for a part out of order or a node that
         does not decode; nothing is applied then.
@@ -121,11 +211,13 @@ class AgentSession:
         self._snap_seq, self._snap_nodes, self._snap_kinds = None, [], []
         self.inventory_seq = msg.seq
         self.awaiting_snapshot = False
-        return msg.seq, nodes, kinds
+        return InventorySnapshot(
+            seq=msg.seq, nodes=tuple(nodes), served_kinds=tuple(kinds or self.served_kinds)
+        )
 
-    def delta(self, msg: pb.InventoryDelta) -> tuple[list[NodeInventory], list[str]] | str | None:
-        """Take one delta: ``(upserts, removed)`` to apply, a resync reason (str) when a delta
-        is missing, or None when deltas are ignored until the next snapshot.
+    def _delta(self, msg: pb.InventoryDelta) -> InventoryDelta | None:
+        """Take one delta: the changes to apply, or None when deltas are ignored until the next
+        snapshot (a delta out of sequence asks for one first).
 
         Raises :class:`StreamClosedError` (INVALID_ARGUMENT) for a node that does not decode.
         """
@@ -133,15 +225,30 @@ class AgentSession:
             return None
         assert self.inventory_seq is not None
         if msg.seq != self.inventory_seq + 1:
-            reason = (
+            self.request_resync(
                 f"inventory delta seq {msg.seq} does not follow {self.inventory_seq}; "
                 "send a full snapshot"
             )
-            self.awaiting_snapshot = True
-            return reason
+            return None
         try:
-            upserts = [node_from_pb(n) for n in msg.upserts]
+            upserts = tuple(node_from_pb(n) for n in msg.upserts)
         except ProtocolError as exc:
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory delta: {exc}") from exc
         self.inventory_seq = msg.seq
-        return upserts, list(msg.removed)
+        return InventoryDelta(seq=msg.seq, upserts=upserts, removed=tuple(msg.removed))
+
+
+def _parts(items: list[pb.WorkItem]) -> list[pb.DesiredSet]:
+    """Split a desired set into parts below the per-message budget (at least one part)."""
+    parts: list[pb.DesiredSet] = []
+    current: list[pb.WorkItem] = []
+    size = 0
+    for item in items:
+        n = item.ByteSize()
+        if current and size + n > DESIRED_PART_BYTES:
+            parts.append(pb.DesiredSet(items=current, part=len(parts), final=False))
+            current, size = [], 0
+        current.append(item)
+        size += n
+    parts.append(pb.DesiredSet(items=current, part=len(parts), final=True))
+    return parts

@@ -1,6 +1,7 @@
 """The hub's etcd state: the only module that talks to etcd (through ``aetcd``).
 
-Called by the leader session (:mod:`gpufed.hub.leader`, :mod:`gpufed.hub.core`). Everything
+Called by leader election (:mod:`gpufed.hub.leader`) and the components of a leader term
+(through :class:`gpufed.hub.ports.StateStore`). Everything
 lives under one key prefix (default ``/gpufed/hub/``); values are JSON of the models in
 :mod:`gpufed.hub.records` (and :class:`gpufed.api.decision.Reservation`, kept as JSON text):
 
@@ -37,20 +38,20 @@ import aetcd
 import structlog
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_delay,
     wait_random_exponential,
 )
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.sync.retry import is_retryable
 
 log = structlog.get_logger("gpufed.hub.store")
 
 T = TypeVar("T")
 #: etcd's default ``--max-txn-ops`` is 128; stay below it with room for the guard ops.
 _MAX_OPS = 100
-_TRANSIENT = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError)
 
 
 class StoreError(RuntimeError):
@@ -125,17 +126,22 @@ class Store:
         return (self.prefix + "/".join(parts)).encode()
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """The one retry layer for etcd: transient errors (the verdict of
+        :func:`gpufed.sync.retry.verdict_of`) retry for about 10 s, then
+        :class:`StoreUnavailableError`."""
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_TRANSIENT),
+                retry=retry_if_exception(is_retryable),
                 wait=wait_random_exponential(multiplier=0.1, max=2.0),
                 stop=stop_after_delay(10),
                 reraise=True,
             ):
                 with attempt:
                     return await fn()
-        except _TRANSIENT as exc:
-            raise StoreUnavailableError(f"etcd at {self.prefix!r}: {exc}") from exc
+        except Exception as exc:
+            if is_retryable(exc):
+                raise StoreUnavailableError(f"etcd at {self.prefix!r}: {exc}") from exc
+            raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- health -------------------------------------------------------------------------------
@@ -195,12 +201,12 @@ class Store:
 
     # --- guarded transactions -----------------------------------------------------------------
 
-    def _guard(self) -> list[Any]:
+    def _leader_compare(self) -> list[Any]:
         tx = self._client.transactions
         return [tx.value(self._leader_key) == self.hub_id.encode()]
 
     async def _txn(self, ops: list[Any], extra: Iterable[Any] = ()) -> tuple[bool, list[Any]]:
-        compare = self._guard() + list(extra)
+        compare = self._leader_compare() + list(extra)
         ok, responses = await self._call(
             lambda: self._client.transaction(compare=compare, success=ops, failure=[])
         )

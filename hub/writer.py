@@ -1,16 +1,18 @@
 """Coalescing writes to the hub API server: the latest desired value per object wins.
 
-The leader (:mod:`gpufed.hub.core`) submits a new desired status whenever something changes;
+The leader's status mirror (:mod:`gpufed.hub.mirror`) submits a new desired status whenever something changes;
 a few workers write them. Writes for one key are serial and in order; a burst of updates to
 one key becomes one write of the latest value; a value equal to the last one written is
 skipped. With ``min_interval_s``, a key written less than that long ago waits out the rest
 of the interval before its next write, so the steps of one transition that arrive close
 together (placed, dispatched, running) become fewer writes, while an update after a quiet
-spell (a job finishing) is written at once. Failures are logged and the value is retried after
-a short pause (the write function itself retries transient API errors through
-:func:`gpufed.sync.retry.kube_retry`); a value the API server refuses as such
-(:class:`RefusedWriteError`) is logged and not retried. An ``urgent`` submit (a job reaching a terminal phase)
-goes ahead of the queue and is not held back by the interval.
+spell (a job finishing) is written at once. This writer is the write path's one retry layer
+(the write function makes one attempt): a failure is sorted by
+:func:`gpufed.sync.retry.verdict_of` — the object is gone (GONE): its key is dropped; the API
+server refuses the value itself (REFUSED: 400, 403, 422): logged and not retried, since writing
+the same value again cannot succeed (a new value is written as usual); anything else: logged,
+and the latest value written again after a short pause. An ``urgent`` submit (a job reaching a
+terminal phase) goes ahead of the queue and is not held back by the interval.
 """
 
 from __future__ import annotations
@@ -23,19 +25,11 @@ from typing import Any
 
 import structlog
 
+from gpufed.sync.retry import Verdict, verdict_of
+
 log = structlog.get_logger("gpufed.hub.writer")
 
 WriteFn = Callable[[str, Any], Awaitable[None]]
-
-
-class ObjectGoneError(Exception):
-    """Raised by a write function when the object no longer exists: drop the key."""
-
-
-class RefusedWriteError(Exception):
-    """Raised by a write function when the API server refuses the value itself (400, 403,
-    422): writing the same value again cannot succeed, so it is not retried (a new value
-    is written as usual)."""
 
 
 class CoalescingWriter:
@@ -138,17 +132,20 @@ class CoalescingWriter:
                     await self._write(key, value)
                     self._written[key] = value
                     self._last_write[key] = loop.time()
-            except ObjectGoneError:
-                self.forget(key)
-            except RefusedWriteError as exc:
-                log.error("hub.write.refused", writer=self.name, key=key, error=str(exc))
-                self._written[key] = value
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("hub.write.failed", writer=self.name, key=key, error=str(exc))
-                await asyncio.sleep(1.0)
-                self._written.pop(key, None)
+                verdict = verdict_of(exc)
+                if verdict is Verdict.GONE:
+                    self.forget(key)
+                elif verdict is Verdict.REFUSED:
+                    error = str(getattr(exc, "body", None) or exc)
+                    log.error("hub.write.refused", writer=self.name, key=key, error=error)
+                    self._written[key] = value
+                else:
+                    log.warning("hub.write.failed", writer=self.name, key=key, error=str(exc))
+                    await asyncio.sleep(1.0)
+                    self._written.pop(key, None)
             finally:
                 self._busy.discard(key)
             urgent = key in self._urgent

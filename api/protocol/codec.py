@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gpufed.api.inventory import NodeInventory, Taint
 from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.stream import AgentHello
 from gpufed.api.work import (
     AckResult,
     Condition,
@@ -37,6 +38,21 @@ _ACK_TO_PB: dict[AckResult, Any] = {
     "Failed": pb.WorkAck.FAILED,
 }
 _ACK_FROM_PB = {v: k for k, v in _ACK_TO_PB.items()}
+
+
+# --- hello ---------------------------------------------------------------------------------------
+
+
+def hello_from_pb(msg: pb.Hello) -> AgentHello:
+    """Decode a Hello (every field is a plain string or number: nothing to refuse)."""
+    return AgentHello(
+        cluster=msg.cluster,
+        protocol_version=msg.protocol_version,
+        agent_version=msg.agent_version,
+        agent_instance=msg.agent_instance,
+        served_kinds=tuple(msg.served_kinds),
+        cluster_uid=msg.cluster_uid,
+    )
 
 
 # --- inventory -----------------------------------------------------------------------------------

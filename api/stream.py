@@ -1,0 +1,66 @@
+"""What an agent stream carries besides work: the hello and the member's inventory, as models.
+
+The hub's transport edge (:mod:`gpufed.hub.sessions`) decodes the protocol messages of
+``api/protocol/agent.proto`` into these models after applying the stream's sequence rules
+(snapshot parts in order, deltas exactly ``seq + 1``); the hub's logic receives only these,
+:class:`gpufed.api.work.WorkAck` and :class:`gpufed.api.work.WorkloadStatus`, and never a
+protobuf message.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.api.work import WorkAck, WorkloadStatus
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentHello(_Model):
+    """The first message of a stream: who the agent is.
+
+    ``cluster``: the member's name (must match the join token's); ``cluster_uid``: UID of the
+    member's kube-system Namespace, i.e. which Kubernetes cluster the agent talks to (``""``:
+    unknown, an older agent or no access); ``served_kinds``: workload kinds as ``Kind.group``;
+    ``agent_instance``: a random id per agent process (restarts are visible).
+    """
+
+    cluster: str
+    protocol_version: int = 0
+    agent_version: str = ""
+    agent_instance: str = ""
+    served_kinds: tuple[str, ...] = ()
+    cluster_uid: str = ""
+
+
+class InventorySnapshot(_Model):
+    """A complete inventory (every part received, in order): replaces the stored one.
+
+    ``served_kinds`` is empty when the snapshot did not say (the Hello's then apply).
+    """
+
+    seq: int
+    nodes: tuple[NodeInventory, ...]
+    served_kinds: tuple[str, ...] = ()
+
+
+class InventoryDelta(_Model):
+    """Changes since the previous inventory message (``seq`` = previous + 1): nodes added or
+    changed, and the names of nodes removed."""
+
+    seq: int
+    upserts: tuple[NodeInventory, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+class ResyncRequest(_Model):
+    """The agent asks for the full desired set again (``reason`` for the log)."""
+
+    reason: str = ""
+
+
+#: Everything the hub's logic receives from an agent stream after the Hello.
+AgentEvent = InventorySnapshot | InventoryDelta | WorkAck | WorkloadStatus | ResyncRequest

@@ -1,0 +1,240 @@
+"""Intake: list+watch of GPUJobs and MemberClusters on the hub cluster, GPUJob validation, and
+the reconcile that routes each job to deletion or the queue.
+
+Each resource is listed, then watched from the list's resourceVersion (bookmarks move it on);
+a watch the server ends resumes from the last resourceVersion seen, a 410 lists again, and
+objects missing from a re-list were deleted while unwatched. Transient errors back off
+(:class:`gpufed.sync.retry.Backoff`); anything else ends the term.
+
+A new GPUJob is validated once (pod sets, allowed kinds, own namespace: :mod:`gpufed.hub.podsets`,
+:mod:`gpufed.sync.manifests`); an invalid one gets phase Failed, condition ``Valid=False``
+naming the field and a Warning Event. Any unexpected error while reading one job marks only
+that job invalid: one GPUJob must never stop the leader for every other job. A valid job gets
+the finalizer, then waits in the queue (:mod:`gpufed.hub.scheduling`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from gpufed.api.gpujob import GPUJob, GPUJobStatus
+from gpufed.api.labels import FINALIZER
+from gpufed.hub import status as st
+from gpufed.hub.config import HubConfig
+from gpufed.hub.deletion import Deletion
+from gpufed.hub.members import Members
+from gpufed.hub.mirror import Mirror
+from gpufed.hub.podsets import InvalidJobError, placement_request
+from gpufed.hub.ports import HubAPI, WatchEvent
+from gpufed.hub.reports import Reports
+from gpufed.hub.scheduling import Scheduler
+from gpufed.hub.state import HubState, JobState
+from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.sync.retry import Backoff, Verdict, verdict_of
+
+log = structlog.get_logger("gpufed.hub.intake")
+
+GPUJOBS = "gpujobs"
+MEMBERCLUSTERS = "memberclusters"
+
+
+class Intake:
+    """List+watch and GPUJob intake of one leader term (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: HubConfig,
+        kube: HubAPI,
+        state: HubState,
+        members: Members,
+        deletion: Deletion,
+        reports: Reports,
+        scheduler: Scheduler,
+        mirror: Mirror,
+        *,
+        spawn: Callable[[Awaitable[Any]], None],
+        mono: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._kube = kube
+        self._state = state
+        self._members = members
+        self._deletion = deletion
+        self._reports = reports
+        self._scheduler = scheduler
+        self._mirror = mirror
+        self._spawn = spawn
+        self._mono = mono
+        self._wall = wall
+        self._reconciling: set[str] = set()
+        #: set once the first MemberCluster / GPUJob list of this term is in
+        self.members_synced = asyncio.Event()
+        self.jobs_synced = asyncio.Event()
+
+    # --- list + watch --------------------------------------------------------------------------------
+
+    async def list_watch(self, plural: str) -> None:
+        """List, then watch ``plural`` (``gpujobs`` or ``memberclusters``) forever."""
+        backoff = Backoff(base=0.2, cap=10.0)
+        while True:
+            try:
+                items, rv = await self._kube.list_objects(plural)
+            except Exception as exc:
+                if verdict_of(exc) is not Verdict.RETRY:
+                    raise
+                log.warning("hub.intake.list_failed", resource=plural, error=str(exc))
+                await asyncio.sleep(backoff.next())
+                continue
+            self._listed(plural, items)
+            log.info("hub.intake.listed", resource=plural, objects=len(items), rv=rv)
+            backoff.reset()
+            while True:
+                try:
+                    async for ev in self._kube.watch_objects(plural, rv):
+                        if isinstance(ev, str):
+                            rv = ev
+                            continue
+                        rv = str(ev.obj.get("metadata", {}).get("resourceVersion", rv))
+                        self._on_event(plural, ev)
+                    backoff.reset()
+                except Exception as exc:
+                    verdict = verdict_of(exc)
+                    if verdict is Verdict.GONE:
+                        log.info("hub.intake.relist", resource=plural, reason="410 Gone")
+                        break
+                    if verdict is not Verdict.RETRY:
+                        raise
+                    log.warning("hub.intake.watch_failed", resource=plural, error=str(exc))
+                    await asyncio.sleep(backoff.next())
+
+    def _on_event(self, plural: str, ev: WatchEvent) -> None:
+        if plural == MEMBERCLUSTERS:
+            self._members.on_event(ev.type, ev.obj)
+        else:
+            self.on_job_event(ev)
+
+    def _listed(self, plural: str, items: list[dict[str, Any]]) -> None:
+        """After a (re)list: objects we knew that are gone were deleted while unwatched; the
+        rest arrive as ADDED."""
+        if plural == GPUJOBS:
+            present = {str(o.get("metadata", {}).get("uid")) for o in items}
+            for uid in [u for u in self._state.jobs if u not in present]:
+                self._deletion.job_gone(uid)
+        else:
+            self._members.listed({str(o.get("metadata", {}).get("name")) for o in items})
+        for obj in items:
+            self._on_event(plural, WatchEvent("ADDED", obj))
+        if plural == MEMBERCLUSTERS:
+            self.members_synced.set()
+        else:
+            self._deletion.sweep_orphans()
+            first = not self.jobs_synced.is_set()
+            self.jobs_synced.set()
+            if first:
+                self._reports.replay_early()
+
+    # --- GPUJobs -------------------------------------------------------------------------------------
+
+    def on_job_event(self, ev: WatchEvent) -> None:
+        """A GPUJob watch event (ADDED, MODIFIED, DELETED)."""
+        meta = ev.obj.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        if ev.type == "DELETED":
+            self._deletion.job_gone(uid)
+            return
+        try:
+            obj = GPUJob.model_validate(ev.obj)
+        except ValidationError as exc:
+            log.warning(
+                "hub.job.unreadable",
+                job=f"{meta.get('namespace')}/{meta.get('name')}",
+                error=str(exc.errors()[0]),
+            )
+            return
+        job = self._state.jobs.get(uid)
+        if job is None:
+            job = self._new_job(uid, obj)
+        else:
+            job.obj = obj
+        self._reconcile_soon(job)
+
+    def _new_job(self, uid: str, obj: GPUJob) -> JobState:
+        status = obj.status or GPUJobStatus()
+        job = JobState(uid=uid, obj=obj, status=status, seen_mono=self._mono())
+        adopted = self._deletion.adopt(uid)
+        if adopted is not None:
+            job.record, job.record_rev = adopted
+            placed = job.record.cluster
+            if placed is not None and job.status.cluster != placed and not job.terminal:
+                # Placed by an earlier hub that stopped before writing the status: say so again.
+                log.info("hub.job.placement_restored", job=obj.key, cluster=placed)
+                self._mirror.set_status(
+                    job,
+                    st.resumed(
+                        job.status, cluster=placed, gpus=job.record.gpus, now=self._mirror.now()
+                    ),
+                )
+        created = obj.metadata.creation_timestamp
+        submitted = st.parse_rfc3339(created) if created else self._wall()
+        try:
+            job.request = placement_request(obj, submitted_at=submitted)
+            prepare_manifests(
+                obj.spec.template,
+                job_uid=uid,
+                job_name=obj.metadata.name,
+                namespace=obj.metadata.namespace or "default",
+                origin=self._config.origin,
+                allowed_kinds=self._config.allowed_kinds,
+            )
+        except (InvalidJobError, ManifestError) as exc:
+            job.request = None
+            job.error, job.error_field = exc.message, exc.field
+        except Exception as exc:
+            log.exception("hub.job.intake_error", job=obj.key, error=str(exc))
+            job.request = None
+            job.error, job.error_field = f"the hub cannot read this job: {exc}", "spec"
+        self._state.jobs[uid] = job
+        if job.error is not None and not job.terminal and job.record is None:
+            message = f"{job.error_field}: {job.error}"
+            self._mirror.set_status(
+                job,
+                st.invalid(
+                    job.status,
+                    field=job.error_field or "",
+                    message=message,
+                    now=self._mirror.now(),
+                ),
+            )
+            self._mirror.event(job, "Warning", "InvalidSpec", message)
+            log.info("hub.job.invalid", job=job.key, field=job.error_field, error=job.error)
+        return job
+
+    def _reconcile_soon(self, job: JobState) -> None:
+        if job.uid not in self._reconciling:
+            self._reconciling.add(job.uid)
+            self._spawn(self._reconcile(job.uid))
+
+    async def _reconcile(self, uid: str) -> None:
+        async with self._state.lock(uid):
+            self._reconciling.discard(uid)
+            job = self._state.jobs.get(uid)
+            if job is None:
+                return
+            if job.deleting:
+                await self._deletion.finalize(job)
+                return
+            if job.wants_placement:
+                self._scheduler.want(uid)
+            needs_finalizer = job.record is not None or (
+                job.request is not None and not job.terminal
+            )
+            if needs_finalizer and FINALIZER not in job.obj.metadata.finalizers:
+                # Off the placement path: a job deleted before its finalizer landed is cleaned
+                # up from its etcd record (DELETED event, or the orphan sweep after a restart).
+                self._spawn(self._deletion.add_finalizer(uid))

@@ -1,0 +1,124 @@
+"""The MemberCluster status the hub writes, and the member metrics that come with it.
+
+Pure over one member's state (:class:`gpufed.hub.state.MemberState`), its reservations and the
+conditions last written; :mod:`gpufed.hub.members` calls it whenever the member's health or
+inventory changes and every ``status_interval_s``, and hands the result to
+:mod:`gpufed.hub.mirror`. ``lastHeartbeatTime`` advances in steps of at least
+``heartbeat_interval_s`` (10 s minimum): the printer column shows its age, and a write per
+message would load the hub API server for nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpufed.api.decision import Reservation
+from gpufed.api.gpujob import StatusCondition
+from gpufed.api.inventory import ClusterHealth, summarize
+from gpufed.api.labels import GPU_RESOURCE
+from gpufed.api.membercluster import READY_CONDITION, MemberClusterStatus
+from gpufed.hub import status as st
+from gpufed.hub.config import HubConfig
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.state import MemberState
+
+
+def health_of(m: MemberState, config: HubConfig) -> ClusterHealth:
+    """The member's health as placement sees it (not ready: a reason and a message)."""
+    if m.health == "Ready":
+        return ClusterHealth(ready=True)
+    if m.health == "Lost":
+        return ClusterHealth(
+            ready=False,
+            reason="ClusterLost",
+            message=f"no message from the agent for more than {config.member_lost_s:.0f}"
+            " s: the member was declared lost and its jobs handled",
+        )
+    return ClusterHealth(
+        ready=False,
+        reason="LeaseExpired",
+        message=f"no message from the agent for more than {config.member_lease_s:.0f} s",
+    )
+
+
+def reserved_gpus(m: MemberState, reservations: Iterable[Reservation]) -> dict[str, int]:
+    """Whole GPUs reserved on the member, per GPU product (``unknown`` for unknown nodes)."""
+    reserved: dict[str, int] = {}
+    for res in reservations:
+        if res.cluster != m.name:
+            continue
+        for node, amounts in res.nodes.items():
+            inv = m.nodes.get(node)
+            product = (inv.gpu_product if inv else None) or "unknown"
+            gpus = amounts.get(GPU_RESOURCE, 0)
+            if gpus:
+                reserved[product] = reserved.get(product, 0) + gpus
+    return reserved
+
+
+def member_status(
+    m: MemberState,
+    config: HubConfig,
+    *,
+    reservations: Iterable[Reservation],
+    previous_conditions: list[StatusCondition] | None,
+    metrics: HubMetrics,
+    now: str,
+) -> MemberClusterStatus:
+    """The MemberCluster status the hub would write now; sets ``gpufed_cluster_ready`` and
+    ``gpufed_cluster_gpus`` for the member. ``previous_conditions``: those last written by
+    this term (None: none yet, so the conditions read from the MemberCluster apply)."""
+    metrics.cluster_ready.labels(m.name).set(1 if m.health == "Ready" else 0)
+    step = max(10.0, config.heartbeat_interval_s)
+    if m.last_heard_wall is not None and (
+        m.heartbeat_shown is None or m.last_heard_wall - m.heartbeat_shown >= step
+    ):
+        m.heartbeat_shown = m.last_heard_wall
+    heartbeat = m.heartbeat_shown
+    summary = summarize(m.nodes.values())
+    reserved = reserved_gpus(m, reservations)
+    health = health_of(m, config)
+    if health.ready:
+        cond = (
+            ("True", "AgentConnected", "")
+            if m.session is not None
+            else (
+                "True",
+                "WithinLease",
+                "no agent stream since this hub started leading; within the member lease",
+            )
+        )
+    else:
+        cond = ("False", health.reason, health.message)
+    conditions = st.set_condition(
+        previous_conditions if previous_conditions is not None else m.conditions_seen,
+        READY_CONDITION,
+        cond[0],
+        reason=cond[1],
+        message=cond[2],
+        now=now,
+    )
+    for product in set(summary.gpus_total) | set(reserved):
+        for state, value in (
+            ("total", summary.gpus_total.get(product, 0)),
+            ("free", summary.gpus_free.get(product, 0)),
+            ("reserved", reserved.get(product, 0)),
+        ):
+            metrics.cluster_gpus.labels(m.name, product, state).set(value)
+    gpu_summary = ", ".join(
+        f"{p}={summary.gpus_free.get(p, 0)}/{t}" for p, t in sorted(summary.gpus_total.items())
+    )
+    return MemberClusterStatus(
+        conditions=conditions,
+        gpus_total=summary.gpus_total,
+        gpus_free=summary.gpus_free,
+        gpus_reserved=reserved,
+        largest_free_nvlink_block=summary.largest_free_nvlink_block,
+        gpu_summary=gpu_summary or "none",
+        nodes=len(m.nodes),
+        served_kinds=list(m.meta.served_kinds),
+        last_heartbeat_time=st.rfc3339(heartbeat) if heartbeat else None,
+        agent_version=m.meta.agent_version or None,
+        lost_time=st.rfc3339(m.meta.lost_at) if m.meta.lost_at else None,
+        cluster_uid=m.meta.cluster_uid or None,
+    )

@@ -1,0 +1,427 @@
+"""Members: MemberClusters on the hub, their agents' identity and join tokens, their inventory,
+health (lease, lost) and the jobs of a lost member.
+
+- **Registry**: MemberCluster watch events set labels and taints in the fleet snapshot; a
+  deleted MemberCluster closes its stream and leaves placement. An agent authenticates with
+  its member's join token; the member's Kubernetes identity (kube-system Namespace UID) binds
+  at its first join, and a stream from an agent that talks to another cluster is refused.
+- **Inventory**: a complete snapshot replaces the member's nodes, a delta patches them; the
+  fleet snapshot follows at once, etcd at the next flush (or before a settled reservation is
+  dropped, see :mod:`gpufed.hub.reservations`).
+- **Health** from the hub's own receive times (pure rules in :mod:`gpufed.hub.health`):
+  NotReady members are left out of placement; after the member-lost timeout their jobs become
+  Lost or, with ``reschedule: OnClusterLoss``, are placed again while the old copy is fenced
+  (docs/design.md §7 item 5).
+
+The MemberCluster status the hub writes is computed in :mod:`gpufed.hub.member_status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from gpufed.api.inventory import ClusterHealth, ClusterInventory, MemberClusterState, Taint
+from gpufed.api.membercluster import MemberCluster
+from gpufed.api.stream import AgentHello, InventoryDelta, InventorySnapshot
+from gpufed.hub import status as st
+from gpufed.hub.config import HubConfig
+from gpufed.hub.deletion import Deletion
+from gpufed.hub.dispatch import Dispatch
+from gpufed.hub.health import MemberHealth, health_at, silence
+from gpufed.hub.member_status import health_of, member_status
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.mirror import Mirror
+from gpufed.hub.ports import HubAPI, StateStore
+from gpufed.hub.records import JobRecord, MemberMeta
+from gpufed.hub.reservations import Reservations
+from gpufed.hub.scheduling import Scheduler
+from gpufed.hub.sessions import StreamClosedError
+from gpufed.hub.state import HubState, MemberState
+from gpufed.placement import FleetSnapshot
+
+log = structlog.get_logger("gpufed.hub.members")
+
+
+class Members:
+    """Member registry, inventory and health of one leader term (module docstring)."""
+
+    def __init__(
+        self,
+        config: HubConfig,
+        store: StateStore,
+        kube: HubAPI,
+        state: HubState,
+        snapshot: FleetSnapshot,
+        reservations: Reservations,
+        dispatch: Dispatch,
+        deletion: Deletion,
+        scheduler: Scheduler,
+        mirror: Mirror,
+        metrics: HubMetrics,
+        *,
+        spawn: Callable[[Awaitable[Any]], None],
+        started: float,
+        mono: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._kube = kube
+        self._state = state
+        self._snapshot = snapshot
+        self._reservations = reservations
+        self._dispatch = dispatch
+        self._deletion = deletion
+        self._scheduler = scheduler
+        self._mirror = mirror
+        self._metrics = metrics
+        self._spawn = spawn
+        self._started = started
+        self._mono = mono
+        self._wall = wall
+        self._tokens_loaded_at = -1e9
+
+    def restore(self, meta: dict[str, MemberMeta], nodes: dict[str, dict[str, Any]]) -> None:
+        """Load the previous leader's member facts and inventories."""
+        for name in set(meta) | set(nodes):
+            m = self._state.member(name)
+            m.meta = meta.get(name, MemberMeta())
+            m.nodes = dict(nodes.get(name, {}))
+            if m.lost:
+                m.health = "Lost"
+
+    # --- MemberClusters ----------------------------------------------------------------------------
+
+    def on_event(self, type_: str, obj: dict[str, Any]) -> None:
+        """A MemberCluster watch event (ADDED, MODIFIED, DELETED)."""
+        name = str(obj.get("metadata", {}).get("name", ""))
+        if type_ == "DELETED":
+            self.gone(name)
+            return
+        try:
+            mc = MemberCluster.model_validate(obj)
+        except ValidationError as exc:
+            log.warning("hub.member.invalid", cluster=name, error=str(exc.errors()[0]))
+            return
+        m = self._state.member(name)
+        if m.spec is None or m.spec.join_token_ref != mc.spec.join_token_ref:
+            m.token = None
+        m.spec = mc.spec
+        if mc.status is not None:
+            m.conditions_seen = list(mc.status.conditions)
+        labels = dict(mc.spec.labels)
+        taints = tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in mc.spec.taints)
+        if name in self._snapshot.cluster_names:
+            self._snapshot.set_metadata(name, labels=labels, taints=taints)
+        else:
+            self._snapshot.set_member(self._member_state(m))
+        m.status_dirty = True
+        self._scheduler.kick()
+
+    def listed(self, names: set[str]) -> None:
+        """After a (re)list: members we knew that are gone were deleted while unwatched."""
+        for m in list(self._state.members.values()):
+            if m.spec is not None and m.name not in names:
+                self.gone(m.name)
+
+    def gone(self, name: str) -> None:
+        """The MemberCluster was deleted: close its stream, leave placement."""
+        m = self._state.members.get(name)
+        if m is None:
+            return
+        m.spec = None
+        m.token = None
+        if m.meta.cluster_uid:
+            # A re-joined member may live in another (rebuilt) Kubernetes cluster.
+            m.meta = m.meta.model_copy(update={"cluster_uid": ""})
+            m.meta_dirty = True
+        if m.session is not None:
+            m.session.close("PERMISSION_DENIED", f"MemberCluster {name} was deleted on the hub")
+        if name in self._snapshot.cluster_names:
+            self._snapshot.remove_member(name)
+        self._mirror.forget_member(name)
+        log.info("hub.member.removed", cluster=name)
+
+    def _member_state(self, m: MemberState) -> MemberClusterState:
+        spec = m.spec
+        return MemberClusterState(
+            name=m.name,
+            labels=dict(spec.labels) if spec else {},
+            taints=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in spec.taints)
+            if spec
+            else (),
+            health=self._health(m),
+            inventory=ClusterInventory(
+                cluster=m.name,
+                nodes=tuple(m.nodes[n] for n in sorted(m.nodes)),
+                served_kinds=frozenset(m.meta.served_kinds),
+                agent_version=m.meta.agent_version,
+            ),
+        )
+
+    def _health(self, m: MemberState) -> ClusterHealth:
+        return health_of(m, self._config)
+
+    # --- agents ----------------------------------------------------------------------------------
+
+    async def authenticate(self, token: str, synced: asyncio.Event) -> str | None:
+        """The member cluster whose join token is ``token`` (None when no member has it).
+
+        Waits (30 s at most) for the first MemberCluster list; re-reads the join-token Secrets
+        at most every 2 s when the token is unknown.
+        """
+        await asyncio.wait_for(synced.wait(), 30)
+        for attempt in range(2):
+            for m in self._state.members.values():
+                if m.spec is not None and m.token and hmac.compare_digest(m.token, token):
+                    return m.name
+            if attempt == 0 and self._mono() - self._tokens_loaded_at > 2.0:
+                await self._load_tokens()
+        return None
+
+    async def _load_tokens(self) -> None:
+        self._tokens_loaded_at = self._mono()
+
+        async def one(m: MemberState) -> None:
+            assert m.spec is not None
+            ref = m.spec.join_token_ref
+            m.token = await self._kube.read_secret_key(
+                ref.namespace or self._config.token_namespace, ref.name, ref.key
+            )
+
+        await asyncio.gather(*(one(m) for m in self._state.registered_members()))
+
+    def admit(self, hello: AgentHello) -> MemberState:
+        """Check a new stream's Kubernetes identity against the member's and close the stream
+        it replaces. Raises :class:`StreamClosedError` (PERMISSION_DENIED) for an agent that
+        talks to another Kubernetes cluster than the one the member joined from."""
+        cluster = hello.cluster
+        m = self._state.member(cluster)
+        uid = hello.cluster_uid
+        if uid and m.meta.cluster_uid and uid != m.meta.cluster_uid:
+            # A valid token in an agent pointed at the wrong cluster (kubeconfig, context):
+            # it would report that cluster's nodes as this member's, find this member's jobs
+            # missing and delete the other cluster's gpufed objects as orphans.
+            log.warning(
+                "agent.refused",
+                cluster=cluster,
+                reason="another Kubernetes cluster",
+                joined_uid=m.meta.cluster_uid,
+                agent_uid=uid,
+            )
+            raise StreamClosedError(
+                "PERMISSION_DENIED",
+                f"member {cluster} joined from the Kubernetes cluster whose kube-system "
+                f"Namespace UID is {m.meta.cluster_uid}; this agent talks to {uid}: check its "
+                "--kubeconfig/--context (to move the member to a rebuilt cluster, delete and "
+                "re-join its MemberCluster)",
+            )
+        if uid and not m.meta.cluster_uid:
+            m.meta = m.meta.model_copy(update={"cluster_uid": uid})
+            self._spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
+        if m.session is not None:
+            m.session.close("ABORTED", "replaced by a newer stream from the same member")
+        return m
+
+    def note_agent_version(self, m: MemberState, version: str) -> None:
+        """Record the connected agent's version (written at the next flush)."""
+        if m.meta.agent_version != version:
+            m.meta = m.meta.model_copy(update={"agent_version": version})
+            m.meta_dirty = True
+
+    def heard(self, m: MemberState) -> None:
+        """The member's agent sent a message now: it is Ready (and no longer lost)."""
+        m.last_heard = self._mono()
+        m.last_heard_wall = self._wall()
+        if m.lost:  # before the health change, whose status write must not show lostTime
+            m.meta = m.meta.model_copy(update={"lost_at": None})
+            # Written through, not left to the next flush: a hub that crashed within that
+            # flush would start again believing the member lost.
+            self._spawn(self._persist_meta(m))
+            log.info("member.returned", cluster=m.name)
+        if m.health != "Ready":
+            self._set_health(m, "Ready")
+
+    async def _persist_meta(self, m: MemberState) -> None:
+        m.meta_dirty = False
+        try:
+            await self._store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
+        except BaseException:
+            m.meta_dirty = True  # the flush loop tries again
+            raise
+
+    # --- inventory -------------------------------------------------------------------------------
+
+    def on_snapshot(self, m: MemberState, snap: InventorySnapshot) -> None:
+        """A complete inventory snapshot replaces the member's nodes."""
+        nodes = list(snap.nodes)
+        new = {n.name: n for n in nodes}
+        removed = set(m.nodes) - set(new)
+        changed = [n for n in nodes if m.nodes.get(n.name) != n]
+        m.nodes = new
+        m.dirty_nodes |= {n.name for n in changed}
+        m.dirty_nodes -= removed
+        m.removed_nodes |= removed
+        served = tuple(sorted(set(snap.served_kinds))) or m.meta.served_kinds
+        if served != m.meta.served_kinds:
+            m.meta = m.meta.model_copy(update={"served_kinds": served})
+            m.meta_dirty = True
+        if m.spec is not None:
+            if m.name not in self._snapshot.cluster_names or len(changed) > len(new) // 2:
+                self._snapshot.set_member(self._member_state(m))
+            else:
+                for name in removed:
+                    self._snapshot.remove_node(m.name, name)
+                for n in changed:
+                    self._snapshot.upsert_node(m.name, n)
+                self._snapshot.set_metadata(m.name, served_kinds=frozenset(served))
+            self._inventory_changed(m)
+        log.info("agent.inventory.snapshot", cluster=m.name, seq=snap.seq, nodes=len(nodes))
+
+    def on_delta(self, m: MemberState, delta: InventoryDelta) -> None:
+        """An inventory delta patches the member's nodes."""
+        for n in delta.upserts:
+            m.nodes[n.name] = n
+            m.dirty_nodes.add(n.name)
+            m.removed_nodes.discard(n.name)
+        for name in delta.removed:
+            if m.nodes.pop(name, None) is not None:
+                m.removed_nodes.add(name)
+                m.dirty_nodes.discard(name)
+        if m.spec is None or m.name not in self._snapshot.cluster_names:
+            return
+        for name in delta.removed:
+            self._snapshot.remove_node(m.name, name)
+        for n in delta.upserts:
+            self._snapshot.upsert_node(m.name, n)
+        self._inventory_changed(m)
+
+    def _inventory_changed(self, m: MemberState) -> None:
+        m.status_dirty = True
+        self._reservations.settle(self.flush_nodes)
+        self._scheduler.kick()
+
+    async def flush_nodes(self, name: str) -> None:
+        """Write the member's changed nodes to etcd (waits for a write already in flight)."""
+        m = self._state.members.get(name)
+        if m is None:
+            return
+        async with m.nodes_lock:
+            if m.dirty_nodes or m.removed_nodes:
+                upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
+                removed = list(m.removed_nodes)
+                m.dirty_nodes, m.removed_nodes = set(), set()
+                await self._store.write_nodes(m.name, upserts, removed)
+
+    # --- timers ----------------------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Re-classify every member's health now (the term's tick)."""
+        now = self._mono()
+        for m in list(self._state.members.values()):
+            if m.spec is None:
+                continue
+            h = health_at(
+                now=now,
+                last_heard=m.last_heard,
+                hub_start=self._started,
+                lease_s=self._config.member_lease_s,
+                lost_s=self._config.member_lost_s,
+                marked_lost=m.lost,
+            )
+            if h != m.health:
+                self._set_health(m, h)
+                if h == "Lost" and not m.lost:
+                    await self._declare_lost(m)
+
+    def _set_health(self, m: MemberState, health: MemberHealth) -> None:
+        was, m.health = m.health, health
+        if m.name in self._snapshot.cluster_names:
+            self._snapshot.set_health(m.name, self._health(m))
+        m.status_dirty = True
+        self.write_status(m)
+        quiet = silence(now=self._mono(), last_heard=m.last_heard, hub_start=self._started)
+        if health == "Ready":
+            log.info("member.ready", cluster=m.name, was=was)
+            self._scheduler.kick()
+            self._dispatch.pump(m.name)
+        elif health == "NotReady":
+            log.warning("member.not_ready", cluster=m.name, silent_s=round(quiet, 1))
+        else:
+            log.warning("member.lost", cluster=m.name, silent_s=round(quiet, 1))
+
+    async def _declare_lost(self, m: MemberState) -> None:
+        """The member-lost timeout passed: its jobs become Lost or are placed again."""
+        m.meta = m.meta.model_copy(update={"lost_at": self._wall()})
+        await self._store.put_member_meta(m.name, m.meta)
+        lost_for = silence(now=self._mono(), last_heard=m.last_heard, hub_start=self._started)
+        for cluster, uid in [k for k in self._state.work if k[0] == m.name]:
+            async with self._state.lock(uid):
+                ws = self._state.work.get((cluster, uid))
+                job = self._state.jobs.get(uid)
+                if ws is None or job is None or job.placed_cluster != cluster:
+                    continue
+                if job.deleting:
+                    await self._deletion.finalize(job)
+                    continue
+                if job.terminal:
+                    continue
+                self._reservations.release(uid, "the member was lost")
+                resched = job.obj.spec.placement.reschedule == "OnClusterLoss"
+                if resched and job.record is not None and job.record_rev is not None:
+                    requeued: JobRecord = job.record.model_copy(update={"cluster": None})
+                    job.record_rev = await self._store.put_job(
+                        requeued, expect_revision=job.record_rev
+                    )
+                    job.record = requeued
+                    await self._dispatch.ensure_delete(cluster, uid, fenced=True)
+                    job.last_unschedulable = None
+                    self._scheduler.want(uid)
+                self._mirror.set_status(
+                    job,
+                    st.cluster_lost(
+                        job.status,
+                        cluster=cluster,
+                        rescheduled=resched,
+                        lost_for_s=lost_for,
+                        now=self._mirror.now(),
+                    ),
+                )
+                self._mirror.event(job, "Warning", "ClusterLost", job.status.message)
+                log.warning("job.lost", job=job.key, cluster=cluster, rescheduled=resched)
+        self._scheduler.kick()
+
+    async def flush(self) -> None:
+        """Persist changed inventories and member facts (the term's flush loop)."""
+        for m in list(self._state.members.values()):
+            await self.flush_nodes(m.name)
+            if m.meta_dirty:
+                await self._persist_meta(m)
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def write_status(self, m: MemberState) -> None:
+        """Write the member's MemberCluster status soon (no-op once it is gone)."""
+        if m.spec is None:
+            return
+        m.status_dirty = False
+        status = member_status(
+            m,
+            self._config,
+            reservations=self._reservations.of_cluster(m.name),
+            previous_conditions=self._mirror.last_member_conditions(m.name),
+            metrics=self._metrics,
+            now=self._mirror.now(),
+        )
+        self._mirror.member_status(m.name, status)
+
+    def write_all_statuses(self) -> None:
+        """Refresh every registered member's status (and the metrics that come with it)."""
+        for m in self._state.registered_members():
+            self.write_status(m)

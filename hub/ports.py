@@ -1,0 +1,139 @@
+"""The two ports of a leader term — its etcd store and the hub cluster's API server — as
+Protocols.
+
+:class:`gpufed.hub.store.Store` and :class:`gpufed.hub.kube.KubeAPI` implement them; the
+components of :mod:`gpufed.hub.core` depend only on these, so unit tests run a controller over
+typed in-memory fakes (``tests/unit/hub/fakes.py``) instead of patching private attributes.
+Errors: the store raises :class:`gpufed.hub.store.NotLeaderError` (step down),
+:class:`~gpufed.hub.store.StoreUnavailableError` (etcd gone past its retry budget) and
+:class:`~gpufed.hub.store.ConflictError` (a guarded record changed); the API raises the
+Kubernetes client's ``ApiException``, which :func:`gpufed.sync.retry.verdict_of` sorts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.store import Loaded
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change of a watched object: ``type`` is ADDED, MODIFIED or DELETED."""
+
+    type: str
+    obj: dict[str, Any]
+
+
+class StateStore(Protocol):
+    """The hub's etcd state (key layout: :mod:`gpufed.hub.store`); every write is guarded by
+    this replica's leadership."""
+
+    async def load(self) -> Loaded:
+        """Everything a new leader takes over."""
+        ...
+
+    async def place(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        reservation_json: str,
+        *,
+        expect_job_revision: int | None,
+    ) -> tuple[int, int]:
+        """Job record, work item and reservation in ONE transaction; returns (work revision,
+        job record revision)."""
+        ...
+
+    async def put_job(self, job: JobRecord, *, expect_revision: int) -> int:
+        """Update a job record unchanged since ``expect_revision``; returns its revision."""
+        ...
+
+    async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
+        """One job record and its revision."""
+        ...
+
+    async def forget_job(self, job_uid: str) -> None:
+        """Delete a job record."""
+        ...
+
+    async def put_work(self, cluster: str, record: WorkRecord) -> int:
+        """Write a work item; returns its new revision."""
+        ...
+
+    async def get_work(self, cluster: str, job_uid: str) -> tuple[WorkRecord, int] | None:
+        """One work item and its revision."""
+        ...
+
+    async def put_ack(self, cluster: str, job_uid: str, ack: AckRecord) -> None:
+        """Write the member's latest ack for a job."""
+        ...
+
+    async def forget_work(self, cluster: str, job_uid: str) -> None:
+        """Delete a work item and its ack."""
+        ...
+
+    async def put_reservations(self, entries: dict[str, str]) -> None:
+        """Write reservation ledger entries (job uid -> JSON)."""
+        ...
+
+    async def delete_reservations(self, job_uids: Iterable[str]) -> None:
+        """Delete reservation ledger entries."""
+        ...
+
+    async def put_member_meta(self, cluster: str, meta: MemberMeta) -> None:
+        """Write a member's facts besides nodes."""
+        ...
+
+    async def write_nodes(
+        self, cluster: str, upserts: Iterable[NodeInventory], removed: Iterable[str]
+    ) -> None:
+        """Persist changed and removed nodes of one member."""
+        ...
+
+
+class HubAPI(Protocol):
+    """The hub cluster's API server, as the leader uses it (objects are plain dicts)."""
+
+    async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a gpufed resource and the list's resourceVersion."""
+        ...
+
+    def watch_objects(
+        self, plural: str, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes since ``resource_version`` (a ``str`` for a bookmark's resourceVersion);
+        ``ApiException`` 410 when it is too old."""
+        ...
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch a GPUJob's status (one attempt: the caller's writer retries)."""
+        ...
+
+    async def set_job_finalizers(
+        self, namespace: str, name: str, finalizers: list[str], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace a GPUJob's finalizers at ``resource_version`` (409 when it changed)."""
+        ...
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One GPUJob, or None."""
+        ...
+
+    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
+        """Replace a MemberCluster's status (one attempt: the caller's writer retries)."""
+        ...
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """One decoded key of a Secret, or None when the Secret or key is absent."""
+        ...
+
+    async def emit_event(
+        self, involved: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        """Create an Event about ``involved`` (best effort, never raises)."""
+        ...

@@ -1,0 +1,297 @@
+"""Scheduling: the cycle that places waiting GPUJobs, and the commit of each placement.
+
+A cycle (:meth:`Scheduler.cycle`) runs soon after anything that may let a job fit changes
+(a job arrives, an inventory or a member's health changes, a reservation ends: :meth:`kick`);
+a burst of changes becomes one cycle. Its phases read, then decide, then act:
+
+1. expire reservations whose pods never showed up;
+2. read the queue: the jobs that still want placement;
+3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: order by priority
+   and submit time, backfill holds) calls the pure ``place()`` on the long-lived
+   :class:`~gpufed.placement.FleetSnapshot`; a ``Placed`` decision is reserved at once as a
+   tentative reservation, so later jobs of the same pass see its GPUs taken;
+4. act: each placed job is committed (:meth:`Scheduler._commit`): its job record, work item
+   and reservation are written in ONE etcd transaction (:meth:`gpufed.hub.store.Store.place`)
+   before anything is sent, then it is dispatched; the others get their "not placed" status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from gpufed.api.decision import Decision, Outcome, Reservation
+from gpufed.api.labels import HOSTNAME_LABEL
+from gpufed.api.request import PlacementRequest
+from gpufed.hub import status as st
+from gpufed.hub.config import HubConfig
+from gpufed.hub.dispatch import Dispatch
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.mirror import Mirror
+from gpufed.hub.ports import StateStore
+from gpufed.hub.records import JobRecord, WorkRecord
+from gpufed.hub.reservations import Reservations
+from gpufed.hub.state import HubState, JobState, WorkState
+from gpufed.hub.store import ConflictError
+from gpufed.placement import (
+    BackfillRule,
+    FleetSnapshot,
+    Hold,
+    Policy,
+    hold_for,
+    place,
+    schedule_pass,
+)
+from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
+
+log = structlog.get_logger("gpufed.hub.scheduling")
+
+#: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
+CYCLE_DEBOUNCE_S = 0.005
+
+
+class Scheduler:
+    """The scheduling loop of one leader term (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: HubConfig,
+        store: StateStore,
+        state: HubState,
+        snapshot: FleetSnapshot,
+        reservations: Reservations,
+        dispatch: Dispatch,
+        mirror: Mirror,
+        metrics: HubMetrics,
+        *,
+        mono: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._state = state
+        self._snapshot = snapshot
+        self._reservations = reservations
+        self._dispatch = dispatch
+        self._mirror = mirror
+        self._metrics = metrics
+        self._mono = mono
+        self._wall = wall
+        self._policy = Policy(
+            allocation=config.allocation,
+            reservation_ttl_s=config.reservation_ttl_s,
+        )
+        self._backfill = BackfillRule()
+        self._kick = asyncio.Event()
+        #: jobs that may want placement (checked again each cycle)
+        self._waiting: set[str] = set()
+
+    def kick(self) -> None:
+        """Ask for a scheduling cycle soon."""
+        self._kick.set()
+
+    def want(self, uid: str) -> None:
+        """Job ``uid`` may want placement: consider it in the next cycle (and kick)."""
+        self._waiting.add(uid)
+        self.kick()
+
+    async def run(self) -> None:
+        """Run a cycle after every kick, forever."""
+        while True:
+            await self._kick.wait()
+            await asyncio.sleep(CYCLE_DEBOUNCE_S)
+            self._kick.clear()
+            await self.cycle()
+
+    async def cycle(self) -> None:
+        """One scheduling pass over every waiting job (numbered phases: module docstring)."""
+        now = self._wall()
+        # 1. drop reservations whose pods never showed up
+        await self._reservations.expire(now)
+        # 2. the queue
+        waiting = []
+        for uid in list(self._waiting):
+            job = self._state.jobs.get(uid)
+            if job is not None and job.wants_placement:
+                waiting.append(job)
+            else:
+                self._waiting.discard(uid)
+        self._metrics.queue_depth.set(len(waiting))
+        if not waiting:
+            return
+        requests = [j.request for j in waiting if j.request is not None]
+        reservations: dict[str, Reservation] = {}
+        # Small fleets: record every member's score or rejection for `gpufed explain`.
+        explain = len(self._snapshot.cluster_names) <= self._config.explain_members
+
+        def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
+            t0 = time.perf_counter()
+            decision = place(req, self._snapshot, self._policy, now, hold=hold, explain=explain)
+            self._metrics.placement_seconds.observe(time.perf_counter() - t0)
+            if decision.outcome == Outcome.PLACED:
+                reservations[req.uid] = self._reservations.reserve(decision, now)
+            return decision
+
+        # 3. decide: placement's queue pass (order, backfill holds, place + tentative reserve)
+        result = schedule_pass(
+            requests,
+            now,
+            attempt,
+            lambda r: hold_for(r, self._snapshot, self._policy),
+            self._backfill,
+        )
+        # 4. act: commit placed jobs (etcd first, then dispatch); report the rest
+        commits = []
+        for req, decision in result.decisions:
+            self._metrics.decisions.labels(decision.outcome.value).inc()
+            job = self._state.jobs.get(req.uid)
+            if decision.outcome == Outcome.PLACED:
+                commits.append(self._commit(req.uid, decision, reservations[req.uid]))
+            elif job is not None:
+                self._not_placed(job, decision)
+        if commits:
+            await asyncio.gather(*commits)
+
+    def _not_placed(self, job: JobState, decision: Decision) -> None:
+        if decision.outcome == Outcome.REJECTED and not self._state.fleet_complete():
+            waiting = self._state.awaiting_inventory()
+            decision = decision.model_copy(
+                update={
+                    "outcome": Outcome.UNSCHEDULABLE,
+                    "message": f"{decision.message} (waiting for member inventories: "
+                    f"{', '.join(waiting) or 'no member cluster registered yet'})",
+                }
+            )
+        sig = (decision.outcome, decision.message, decision.rejections)
+        if sig == job.last_unschedulable:
+            return
+        job.last_unschedulable = sig
+        assert job.request is not None
+        self._mirror.set_status(
+            job,
+            st.decided(
+                job.status,
+                decision,
+                gpus=job.request.gpus,
+                placement_ms=None,
+                now=self._mirror.now(),
+            ),
+        )
+        if decision.outcome == Outcome.REJECTED:
+            self._mirror.event(job, "Warning", "Rejected", decision.message)
+            log.info("placement.rejected", job=job.key, reason=decision.message)
+        else:
+            self._mirror.event(job, "Normal", "Unschedulable", decision.message)
+            log.info("placement.unschedulable", job=job.key, reason=decision.message)
+
+    def _pinning(self, decision: Decision) -> dict[str, PodSetPinning]:
+        """Where each pod set goes: nodes, their hostnames, the NVLink domains."""
+        assert decision.cluster is not None
+        member = self._state.members.get(decision.cluster)
+        known = member.nodes if member is not None else {}
+        return {
+            ps.name: PodSetPinning(
+                nodes=tuple(sorted(ps.nodes)),
+                hostnames={
+                    n: known[n].labels.get(HOSTNAME_LABEL, n) for n in ps.nodes if n in known
+                },
+                nvlink_domains=decision.nvlink_domains,
+            )
+            for ps in decision.pod_sets
+        }
+
+    async def _commit(self, uid: str, decision: Decision, res: Reservation) -> None:
+        """Write the placement (one etcd transaction), then dispatch and report it."""
+        async with self._state.lock(uid):
+            job = self._state.jobs.get(uid)
+            if job is None or not job.wants_placement or decision.cluster is None:
+                self._reservations.discard(uid, "the job no longer wants placement")
+                return
+            cluster = decision.cluster
+            ns = job.obj.metadata.namespace or "default"
+            try:
+                manifests = prepare_manifests(
+                    job.obj.spec.template,
+                    job_uid=uid,
+                    job_name=job.obj.metadata.name,
+                    namespace=ns,
+                    origin=self._config.origin,
+                    pinning=self._pinning(decision),
+                    allowed_kinds=self._config.allowed_kinds,
+                )
+            except ManifestError as exc:  # pragma: no cover - validated at intake
+                self._reservations.discard(uid, "its manifests are invalid")
+                self._mirror.set_status(
+                    job,
+                    st.invalid(
+                        job.status, field=exc.field, message=str(exc), now=self._mirror.now()
+                    ),
+                )
+                return
+            assert job.request is not None
+            attempt_no = (job.record.attempt + 1) if job.record is not None else 1
+            now = self._wall()
+            record = JobRecord(
+                uid=uid,
+                job=job.key,
+                cluster=cluster,
+                attempt=attempt_no,
+                placed_at=now,
+                gpus=job.request.gpus,
+            )
+            work = WorkRecord(
+                job_uid=uid,
+                job=job.key,
+                namespace=ns,
+                op="Apply",
+                manifests=tuple(manifests),
+                created_at=now,
+            )
+            expect = job.record_rev if job.record is not None else None
+            try:
+                rev, job_rev = await self._store.place(
+                    record, work, res.model_dump_json(), expect_job_revision=expect
+                )
+            except ConflictError:
+                got = await self._store.get_job(uid)
+                if got is None or got[0].cluster != cluster or got[0].attempt != attempt_no:
+                    # Someone else placed it: adopt what etcd says.
+                    self._reservations.discard(uid, "placed by another leader")
+                    if got is not None:
+                        job.record, job.record_rev = got
+                    log.warning("placement.conflict", job=job.key)
+                    return
+                stored = await self._store.get_work(cluster, uid)
+                assert stored is not None
+                rev, job_rev = stored[1], got[1]  # our own write committed; the reply was lost
+            self._reservations.confirm(uid)
+            job.record, job.record_rev = record, job_rev
+            self._state.work[(cluster, uid)] = WorkState(cluster, work, rev)
+            job.decided_mono = self._mono()
+            placement_s = job.decided_mono - job.seen_mono
+            if attempt_no == 1:
+                self._metrics.placement_latency_seconds.observe(placement_s)
+            self._mirror.set_status(
+                job,
+                st.decided(
+                    job.status,
+                    decision,
+                    gpus=job.request.gpus,
+                    placement_ms=round(placement_s * 1000, 3) if attempt_no == 1 else None,
+                    now=self._mirror.now(),
+                ),
+            )
+            log.info(
+                "placement.decided",
+                job=job.key,
+                cluster=cluster,
+                domains=list(decision.nvlink_domains[:8]),
+                score=decision.score,
+                revision=rev,
+                attempt=attempt_no,
+            )
+            self._mirror.event(job, "Normal", "Placed", f"placed on {cluster}: {decision.message}")
+            self._dispatch.enqueue(cluster, uid)
