@@ -1,4 +1,4 @@
-"""Fleet spec (DESIGN.md §5): member clusters described as pools of GPU nodes.
+"""Fleet spec (docs/design.md §5): member clusters described as pools of GPU nodes.
 
 The sandbox turns a fleet into kwok nodes carrying the labels and capacities that NVIDIA GPU
 Feature Discovery (GFD) and the NVIDIA device plugin publish; the placement simulator reads the
@@ -778,7 +778,7 @@ def _issues_from(exc: ValidationError) -> list[FleetIssue]:
         msg = err["msg"].removeprefix("Value error, ")
         if kind == "extra_forbidden":
             msg = (
-                "unknown field; fields are camelCase as in DESIGN.md §5 (nodePools, memoryMiB, "
+                "unknown field; fields are camelCase (docs/design.md §5: nodePools, memoryMiB, "
                 "nodesPerDomain, rackSize, racksPerBlock); check the spelling"
             )
         elif kind == "missing":

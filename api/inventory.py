@@ -5,7 +5,7 @@ hub keeps the last good :class:`ClusterInventory` per member and wraps it in a
 :class:`MemberClusterState` (labels, taints, health) for placement. Resource amounts are
 canonical integers (:mod:`gpufed.api.resources`).
 
-Vocabulary (DESIGN.md §3): *free* = max(0, allocatable - requested) per node and resource;
+Vocabulary (docs/design.md §3): *free* = max(0, allocatable - requested) per node and resource;
 *requested* sums every pod bound to the node that has not finished (Terminating pods still hold
 their resources). Summaries for people count whole GPUs (``nvidia.com/gpu``) on Ready,
 schedulable nodes and ignore taints; a node with the MIG ``single`` strategy exposes MIG slices
@@ -175,7 +175,7 @@ class MemberClusterState(_Frozen):
 
 
 class GPUSummary(_Frozen):
-    """Per-product summary for people (DESIGN.md §3): whole GPUs on Ready, schedulable nodes.
+    """Per-product summary for people (docs/design.md §3): whole GPUs on Ready, schedulable nodes.
 
     ``gpus_total`` / ``gpus_free``: GPU product -> whole GPUs; taints are ignored.
     ``largest_free_nvlink_block``: the most free whole GPUs inside one NVLink domain (8 for an
@@ -222,7 +222,7 @@ def nvlink_domain_id(node_name: str, labels: Mapping[str, str], clique_label: st
 
 @dataclass(frozen=True, slots=True)
 class TopologyLabels:
-    """Node label keys of the topology levels (configurable; DESIGN.md §3): the rack and block
+    """Node label keys of the topology levels (configurable; docs/design.md §3): the rack and block
     network levels, and the multi-node NVLink domain (GFD's ``nvidia.com/gpu.clique``)."""
 
     rack: str = DEFAULT_RACK_LABEL

@@ -32,7 +32,7 @@ SIM_DURATION_ANNOTATION: Final = "gpufed.io/sim-duration"
 #: Sandbox pod lifecycle: with a duration, fail with this exit code (> 0) instead of succeeding.
 SIM_EXIT_CODE_ANNOTATION: Final = "gpufed.io/sim-exit-code"
 
-#: Placement fields on a plain Job/JobSet/PyTorchJob that `gpufed submit` wraps (DESIGN.md §4).
+#: Placement fields on a plain Job/JobSet/PyTorchJob that `gpufed submit` wraps (docs/design.md §4).
 GPU_PRODUCTS_ANNOTATION: Final = "gpufed.io/gpu-products"  # comma-separated GFD products
 NVLINK_ANNOTATION: Final = "gpufed.io/nvlink"  # Required | Preferred | None
 PRIORITY_ANNOTATION: Final = "gpufed.io/priority"  # integer

@@ -1,4 +1,4 @@
-"""The ``MemberCluster`` custom resource (cluster-scoped, ``gpufed.io/v1alpha1``): DESIGN.md §4.
+"""The cluster-scoped ``MemberCluster`` custom resource (``gpufed.io/v1alpha1``): docs/design.md §4.
 
 An administrator creates one per member cluster: its labels and taints (what placement's
 cluster selector and tolerations see) and a reference to the Secret on the hub that holds its
@@ -65,7 +65,7 @@ class MemberClusterStatus(CRDModel):
     ``conditions``: ``Ready`` from the hub's own receive times (``False`` with reason
     ``LeaseExpired`` after the lease, ``ClusterLost`` after the member-lost timeout).
     ``gpusTotal`` / ``gpusFree`` / ``gpusReserved``: GPU product -> whole GPUs on Ready,
-    schedulable nodes, taints ignored (DESIGN.md §3); reserved = promised to dispatched jobs
+    schedulable nodes, taints ignored (docs/design.md §3); reserved = promised to dispatched jobs
     whose pods are not bound yet. ``largestFreeNVLinkBlock``: the most free whole GPUs inside
     one NVLink domain. ``gpuSummary``: ``product=free/total`` pairs for the printer column.
     ``clusterUID``: the UID of the member's ``kube-system`` Namespace, recorded from the first

@@ -7,10 +7,10 @@ namespace from ``-n`` or the context). ``--json`` prints one JSON document for s
 - ``submit -f FILE``: each YAML document is a GPUJob, or a plain batch/v1 Job, JobSet or
   PyTorchJob that is wrapped into a GPUJob of the same name, with ``spec.placement`` read from
   the annotations ``gpufed.io/gpu-products`` (comma-separated), ``gpufed.io/nvlink`` and
-  ``gpufed.io/priority`` (DESIGN.md §4).
+  ``gpufed.io/priority`` (docs/design.md §4).
 - ``get jobs``: name, namespace, phase, cluster, GPUs (JSON adds message and timings).
 - ``get clusters``: Ready, whole GPUs total/free per product on Ready schedulable nodes, the
-  largest free NVLink block, heartbeat (from MemberCluster status, DESIGN.md §3 meanings).
+  largest free NVLink block, heartbeat (from MemberCluster status, docs/design.md §3 meanings).
 - ``explain JOB``: where the job went and why, or why it still waits, member by member.
 - ``delete JOB``: delete the GPUJob; waits until the hub removed the member objects and let the
   GPUJob go (``--no-wait`` returns at once).
@@ -332,7 +332,7 @@ def get_jobs(
 
 
 def cluster_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``get clusters --json``: one object per MemberCluster (DESIGN.md §3 summary meanings)."""
+    """``get clusters --json``: one object per MemberCluster (summaries: docs/design.md §3)."""
     out = []
     for raw in items:
         mc = MemberCluster.model_validate(raw)

@@ -130,7 +130,7 @@ Heartbeat = typer.Option(10.0, "--heartbeat-interval", help="Hub: agent heartbea
 
 @app.command()
 def up(
-    fleet: Path = typer.Option(..., "--fleet", "-f", help="Fleet spec (YAML, DESIGN.md §5)."),
+    fleet: Path = typer.Option(..., "--fleet", "-f", help="Fleet spec (YAML, docs/design.md §5)."),
     state_dir: Path | None = StateDir,
     timeout: float = typer.Option(240.0, help="Seconds to wait for the API servers."),
     clusters_only: bool = ClustersOnly,

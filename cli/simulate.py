@@ -20,8 +20,8 @@ from gpufed.placement.simulate import (
 
 
 def simulate_command(
-    fleet: Path = typer.Option(..., "--fleet", help="Fleet spec YAML (DESIGN.md §5)."),
-    trace: Path = typer.Option(..., "--trace", help="Trace CSV (DESIGN.md §6)."),
+    fleet: Path = typer.Option(..., "--fleet", help="Fleet spec YAML (docs/design.md §5)."),
+    trace: Path = typer.Option(..., "--trace", help="Trace CSV (docs/design.md §6)."),
     policy: str = typer.Option(
         "gpufed", "--policy", help=f"Placement policy: {', '.join(POLICIES)}."
     ),

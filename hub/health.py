@@ -1,4 +1,4 @@
-"""Member health from the hub's own receive times (DESIGN.md §7 item 5), as pure functions.
+"""Member health from the hub's own receive times (docs/design.md §7 item 5), as pure functions.
 
 Called by the leader's health tick (:mod:`gpufed.hub.members`) once a second with the monotonic
 clock; unit tests call it with made-up times. Member clocks are never read.
@@ -9,7 +9,7 @@ clock; unit tests call it with made-up times. Member clocks are never read.
 
 Every timer counts from ``max(last message, hub_start)``: ``hub_start`` is when this replica
 became leader, so a hub that was down itself never mistakes its own outage for every member's
-(DESIGN.md §7 item 5). A member already declared lost stays lost (the mark is kept in etcd)
+(docs/design.md §7 item 5). A member already declared lost stays lost (the mark is kept in etcd)
 until its agent connects again.
 """
 

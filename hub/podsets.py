@@ -1,4 +1,4 @@
-"""Pod sets and the placement request of a GPUJob, derived from its template (DESIGN.md §4).
+"""Pod sets and the placement request of a GPUJob, derived from its template (docs/design.md §4).
 
 Called by the hub's intake for every new GPUJob. Which pods a workload runs at once:
 

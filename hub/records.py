@@ -2,7 +2,7 @@
 
 Written and read only through :mod:`gpufed.hub.store`; the key layout is documented there and
 in docs/hub.md. Times are seconds since the epoch (wall clock of the hub that wrote them);
-timers that decide anything restart from the hub's own start instead (DESIGN.md §7 item 5).
+timers that decide anything restart from the hub's own start instead (docs/design.md §7 item 5).
 """
 
 from __future__ import annotations

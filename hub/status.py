@@ -5,7 +5,7 @@ placement decision, an ack, a workload status report, a lost member. Each functi
 current status and returns the next one; none of them does I/O, so the rules are unit-tested
 directly:
 
-- **terminal phases are final** (DESIGN.md §7 item 2): once ``Succeeded``, ``Failed`` or
+- **terminal phases are final** (docs/design.md §7 item 2): once ``Succeeded``, ``Failed`` or
   ``Lost`` is written, no later event changes the phase, the conditions or the counts;
 - conditions: the hub's own (:data:`HUB_CONDITIONS`, in that order) first, then the member
   workload's conditions **in the member's order**; a condition's ``lastTransitionTime`` only

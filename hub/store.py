@@ -22,7 +22,7 @@ Every write is a transaction guarded by ``value(leader) == <this hub's id>``, so
 that lost leadership (its lease expired while it was paused or cut off) cannot write
 anything: the write raises :class:`NotLeaderError`. Placement writes the job record, the work
 item and the reservation in one transaction that also requires the job record to be absent
-(or unchanged since read), so a job is placed at most once (DESIGN.md §7 items 1 and 4).
+(or unchanged since read), so a job is placed at most once (docs/design.md §7 items 1 and 4).
 
 Transient etcd errors (unavailable, timeouts) are retried here, once, with jittered backoff
 (tenacity); callers do not retry around these methods.

@@ -212,7 +212,7 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
     per-node maps go from resource name to a Kubernetes quantity string, except
     ``nvidia.com/gpu`` and MIG resources as integers; ``free`` = max(0, allocatable -
     requested) per allocatable resource; the summary maps GPU product to whole GPUs on Ready,
-    schedulable nodes, taints ignored (DESIGN.md §3).
+    schedulable nodes, taints ignored (docs/design.md §3).
     """
     node_list = list(nodes)
     summary = summarize(node_list)

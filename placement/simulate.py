@@ -1,6 +1,6 @@
 """Trace-driven simulator behind ``gpufed simulate``: the same ``place()`` in simulated time.
 
-Replays a job trace (DESIGN.md §6) against a fleet spec (DESIGN.md §5) until every job has
+Replays a job trace (docs/design.md §6) against a fleet spec (docs/design.md §5) until every job has
 finished, or until the horizon (default: 30 simulated days after the last arrival). Policies:
 
 * ``gpufed``: the hub's loop: one queue in :func:`~gpufed.placement.queue.order_key` order,
@@ -96,7 +96,7 @@ class TraceJob:
 
 
 def read_trace(path: str | Path) -> list[TraceJob]:
-    """Read a trace CSV (header required; DESIGN.md §6), in file order.
+    """Read a trace CSV (header required; docs/design.md §6), in file order.
 
     Raises :class:`TraceError` naming line and column for a missing column, a non-number (or
     a NaN / infinite one), a GPU count that is not a multiple of ``gpus_per_pod``, an unknown
@@ -240,7 +240,7 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        """The JSON object of DESIGN/issue: fixed keys in a fixed order."""
+        """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
         return {
             "policy": self.policy,
             "jobs": self.jobs,

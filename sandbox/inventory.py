@@ -3,7 +3,7 @@
 Used by ``gpufed local up``/``status`` and ``gpufed demo`` to show what the member API servers
 actually hold: nodes, whole GPUs by product, MIG instances by profile, NVLink domains. The
 conversion of a Node into :class:`gpufed.api.inventory.NodeInventory` follows the vocabulary of
-DESIGN.md §3 (summaries count whole GPUs on Ready, schedulable nodes).
+docs/design.md §3 (summaries count whole GPUs on Ready, schedulable nodes).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class ClusterGPUs(BaseModel):
     schedulable nodes; ``mig_total``: MIG resource (``nvidia.com/mig-1g.10gb``) -> instances
     allocatable; ``nvlink_domains``: domain size in whole GPUs -> number of domains
     (``{8: 8}`` = eight 8-GPU HGX nodes, ``{72: 2}`` = two NVL72 cliques);
-    ``largest_free_nvlink_block``: DESIGN.md §3; ``taints``: distinct node taints.
+    ``largest_free_nvlink_block``: docs/design.md §3; ``taints``: distinct node taints.
     """
 
     cluster: str

@@ -10,7 +10,7 @@ that the agent implements over the member's API server; this module talks to no 
 so its logic is unit-tested with an in-memory client. Every API call here goes through
 :func:`gpufed.sync.retry.kube_retry` (the one retry layer); callers must not retry around it.
 
-Defense in depth (DESIGN.md §4): the hub already confines a GPUJob to its namespace and to the
+Defense in depth (docs/design.md §4): the hub already confines a GPUJob to its namespace and to the
 allow-listed kinds; :func:`check_manifests` refuses anything else again on the member side.
 """
 

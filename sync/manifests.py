@@ -6,7 +6,7 @@ plain dicts (the JSON form of Kubernetes objects); no client, no I/O. The target
 not part of the manifests: the agent creates it when absent, labelled ``gpufed.io/managed``
 (several jobs share it, so deleting one job never deletes it).
 
-What preparation does, object by object (DESIGN.md §4, STYLE.md habit 10):
+What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
 
 1. **Tenant confinement.** Only kinds on the allow-list pass (``Kind.group``, default
    :data:`DEFAULT_ALLOWED_KINDS`); every object goes to the GPUJob's own namespace (a different

@@ -1,5 +1,5 @@
 """Delete on the hub: the member's Job and pods go, the GPUs come back in the hub's inventory,
-and only then the GPUJob is gone (DESIGN.md §7 item 3)."""
+and only then the GPUJob is gone (docs/design.md §7 item 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Process restarts (DESIGN.md §7 item 4): nothing is created twice, nothing is forgotten.
+"""Process restarts (docs/design.md §7 item 4): nothing is created twice, nothing is forgotten.
 
 * an agent killed and restarted: the member's objects are adopted, not re-created; the hub's
   inventory is resynced with what changed meanwhile; a job that finished meanwhile is reported;

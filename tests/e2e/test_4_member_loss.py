@@ -1,4 +1,4 @@
-"""A member whose agent stops (DESIGN.md §7 item 5, docs/hub.md "Members: membership, health,
+"""A member whose agent stops (docs/design.md §7 item 5, docs/hub.md "Members: membership, health,
 loss"), with the session's timers: member lease 5 s, member-lost timeout 30 s.
 
 1. within its lease the member turns NotReady (``LeaseExpired``): its jobs are untouched and

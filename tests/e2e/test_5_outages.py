@@ -2,7 +2,7 @@
 
 * The hub down for longer than the member lease, then restarted: it counts every member's
   silence from its own start, so no member is declared lost and no job is touched; a job that
-  finished meanwhile is reported once the agents are back (DESIGN.md §7 item 5).
+  finished meanwhile is reported once the agents are back (docs/design.md §7 item 5).
 * etcd (the sandbox's one etcd: every API server and the hub's state) killed and started
   again: the hub stops leading while etcd is gone and resumes afterwards without losing or
   duplicating anything.

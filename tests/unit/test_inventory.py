@@ -1,4 +1,4 @@
-"""Inventory semantics of DESIGN.md §3 (gpufed.api.inventory)."""
+"""Inventory semantics of docs/design.md §3 (gpufed.api.inventory)."""
 
 from __future__ import annotations
 
