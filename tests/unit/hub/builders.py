@@ -115,3 +115,34 @@ def gpujob(
     if status is not None:
         obj["status"] = status
     return GPUJob.model_validate(obj)
+
+
+def gpujob_obj(
+    name: str = "j", uid: str = "u1", *, rv: str = "1", template: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A GPUJob as the hub API serves it, already carrying the hub's finalizer (so a reconcile
+    asks nothing of the API)."""
+    return {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "GPUJob",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": uid,
+            "resourceVersion": rv,
+            "generation": 1,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": ["gpufed.io/member-cleanup"],
+        },
+        "spec": {"template": template if template is not None else batch_job(8)},
+    }
+
+
+def membercluster_obj(name: str = "m1", *, token_secret: str = "t") -> dict[str, Any]:
+    """A MemberCluster whose join token is in Secret ``gpufed-system/<token_secret>``."""
+    return {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": name, "uid": f"mc-{name}", "resourceVersion": "1"},
+        "spec": {"joinTokenRef": {"name": token_secret}},
+    }

@@ -6,6 +6,8 @@
 - A stream whose handshake straddles the end of a controller's term is refused: it used to be
   bound to the dead controller, whose heartbeats the new leader never saw, so the whole fleet
   was declared lost while every agent ran.
+
+Every test drives a real Controller over the typed fakes of tests/unit/hub/fakes.py.
 """
 
 from __future__ import annotations
@@ -17,41 +19,31 @@ from typing import Any
 import grpc
 import pytest
 
-from gpufed.api.membercluster import MemberClusterSpec, SecretKeyRef
 from gpufed.api.protocol import agent_pb2 as pb
-from gpufed.hub import core
+from gpufed.api.stream import AgentHello
+from gpufed.api.work import WorkloadStatus
+from gpufed.hub import intake
 from gpufed.hub.config import HubConfig
-from gpufed.hub.core import PROTOCOL_VERSION, Controller
-from gpufed.hub.kube import WatchEvent
+from gpufed.hub.core import Controller
 from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.ports import WatchEvent
+from gpufed.hub.records import JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.service import AgentService
-from gpufed.hub.sessions import StreamClosedError
-from tests.unit.hub.builders import batch_job
+from gpufed.hub.sessions import PROTOCOL_VERSION, StreamClosedError
+from gpufed.hub.store import Loaded
+from tests.unit.hub.builders import gpujob_obj, membercluster_obj
+from tests.unit.hub.fakes import FakeClock, FakeHubAPI, FakeStore
 
 
-class QuietKube:
-    """Events are dropped; nothing else is called by these tests."""
-
-    async def emit_event(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class MetaStore:
-    """Records member meta writes (the only store call these tests make)."""
-
-    def __init__(self) -> None:
-        self.metas: list[tuple[str, Any]] = []
-
-    async def put_member_meta(self, cluster: str, meta: Any) -> None:
-        self.metas.append((cluster, meta))
-
-
-def controller(store: MetaStore | None = None) -> Controller:
+def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -> Controller:
+    clock = FakeClock()
     return Controller(
         HubConfig(insecure=True),
-        store=store or MetaStore(),  # type: ignore[arg-type]
-        kube=QuietKube(),  # type: ignore[arg-type]
+        store=store or FakeStore(),
+        kube=kube or FakeHubAPI(),
         metrics=HubMetrics(),
+        mono=clock.mono,
+        wall=clock.wall,
     )
 
 
@@ -60,20 +52,18 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def job_obj(uid: str = "u1") -> dict[str, Any]:
-    return {
-        "apiVersion": "gpufed.io/v1alpha1",
-        "kind": "GPUJob",
-        "metadata": {
-            "name": "j",
-            "namespace": "team-a",
-            "uid": uid,
-            "resourceVersion": "1",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "finalizers": ["gpufed.io/member-cleanup"],
-        },
-        "spec": {"template": batch_job(8)},
-    }
+async def listed(ctrl: Controller, plural: str) -> asyncio.Task[None]:
+    """Run the controller's list+watch of ``plural`` until the first list is in."""
+    task = asyncio.create_task(ctrl.intake.list_watch(plural))
+    synced = ctrl.intake.members_synced if plural == "memberclusters" else ctrl.intake.jobs_synced
+    await asyncio.wait_for(synced.wait(), 5)
+    return task
+
+
+async def stopped(*tasks: asyncio.Task[Any]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_an_unexpected_validation_error_marks_the_job_invalid_not_the_hub_down(
@@ -82,31 +72,37 @@ async def test_an_unexpected_validation_error_marks_the_job_invalid_not_the_hub_
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a rule nobody wrote a message for")
 
-    monkeypatch.setattr(core, "placement_request", broken)
+    monkeypatch.setattr(intake, "placement_request", broken)
     ctrl = controller()
-    ctrl._on_job_event(WatchEvent("ADDED", job_obj()))  # must not raise
-    job = ctrl.jobs["u1"]
+    ctrl.intake.on_job_event(WatchEvent("ADDED", gpujob_obj()))  # must not raise
+    job = ctrl.state.jobs["u1"]
     assert job.request is None
     assert job.status.phase == "Failed"
     valid = next(c for c in job.status.conditions if c.type == "Valid")
     assert valid.status == "False"
     assert "a rule nobody wrote a message for" in valid.message
-    assert not ctrl._stopped.is_set()
+    await settle()
+    assert not ctrl.stopped
 
 
-def hello(cluster: str = "m1") -> pb.Hello:
-    return pb.Hello(cluster=cluster, protocol_version=PROTOCOL_VERSION, agent_version="t")
+def hello(cluster: str = "m1", cluster_uid: str = "") -> AgentHello:
+    return AgentHello(
+        cluster=cluster,
+        protocol_version=PROTOCOL_VERSION,
+        agent_version="t",
+        cluster_uid=cluster_uid,
+    )
 
 
 async def test_a_stopped_controller_accepts_no_stream_and_no_message() -> None:
     ctrl = controller()
-    live = ctrl.open_session("m1", hello())
+    live = ctrl.open_session(hello())
     ctrl.stop("leadership lost")
     with pytest.raises(StreamClosedError) as err:
-        ctrl.open_session("m2", hello("m2"))
+        ctrl.open_session(hello("m2"))
     assert err.value.code == "UNAVAILABLE"
     with pytest.raises(StreamClosedError) as err:
-        await ctrl.handle(live, pb.AgentMessage(heartbeat=pb.Heartbeat()))
+        ctrl.heard(live)  # the first step of every message
     assert err.value.code == "UNAVAILABLE"
 
 
@@ -131,22 +127,19 @@ class FakeContext:
 
 
 async def test_a_handshake_that_outlives_the_controller_is_refused() -> None:
-    old, new = controller(), controller()
-    old.members_synced.set()
+    kube = FakeHubAPI(
+        objects={"memberclusters": [membercluster_obj("m1", token_secret="t")], "gpujobs": []},
+        secrets={("gpufed-system", "t", "token"): "t1"},
+    )
+    old, new = controller(kube=kube), controller()
+    watch = await listed(old, "memberclusters")
     current: list[Controller | None] = [old]
-    hello_sent = asyncio.Event()
-
-    async def authenticate(token: str) -> str:
-        return "m1"
-
-    old.authenticate = authenticate  # type: ignore[method-assign]
 
     async def agent() -> AsyncIterator[pb.AgentMessage]:
         # The old term ends while the agent is still saying Hello.
         old.stop("internal error")
         current[0] = new
-        hello_sent.set()
-        yield pb.AgentMessage(hello=hello())
+        yield pb.AgentMessage(hello=pb.Hello(cluster="m1", protocol_version=PROTOCOL_VERSION))
         await asyncio.Event().wait()
 
     service = AgentService(lambda: current[0])
@@ -159,8 +152,9 @@ async def test_a_handshake_that_outlives_the_controller_is_refused() -> None:
     with pytest.raises(AbortedError):
         # Before the fix the stream was served by the old controller forever.
         await asyncio.wait_for(drain(), 5)
+    await stopped(watch)
     assert ctx.code == grpc.StatusCode.UNAVAILABLE, ctx.details
-    assert "m1" not in old.members or old.members["m1"].session is None
+    assert "m1" not in old.state.members or old.state.members["m1"].session is None
 
 
 async def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_replaces_nothing() -> (
@@ -169,56 +163,52 @@ async def test_an_agent_talking_to_another_kubernetes_cluster_is_refused_and_rep
     # A valid token in an agent whose kubeconfig points at another member used to replace the
     # real agent's stream, report the other cluster's nodes, fail this member's running jobs
     # (Missing) and delete the other cluster's gpufed Jobs as orphans.
-    store = MetaStore()
+    store = FakeStore()
     ctrl = controller(store)
-    first = hello()
-    first.cluster_uid = "uid-of-us-east"
-    real = ctrl.open_session("m1", first)
-    assert ctrl.members["m1"].meta.cluster_uid == "uid-of-us-east", "recorded at first join"
+    real = ctrl.open_session(hello(cluster_uid="uid-of-us-east"))
+    assert ctrl.state.members["m1"].meta.cluster_uid == "uid-of-us-east", "recorded at first join"
     await settle()
     assert [meta.cluster_uid for _, meta in store.metas] == ["uid-of-us-east"], "and stored"
-    wrong = hello()
-    wrong.cluster_uid = "uid-of-eu"
     with pytest.raises(StreamClosedError) as err:
-        ctrl.open_session("m1", wrong)
+        ctrl.open_session(hello(cluster_uid="uid-of-eu"))
     assert err.value.code == "PERMISSION_DENIED"
     assert "uid-of-us-east" in err.value.reason
     assert "uid-of-eu" in err.value.reason
-    assert ctrl.members["m1"].session is real
+    assert ctrl.state.members["m1"].session is real
     assert real.closed is None
     # An agent that cannot tell (an older one, or no access to kube-system) is let in.
-    assert ctrl.open_session("m1", hello()) is not real
+    assert ctrl.open_session(hello()) is not real
 
 
 async def test_deleting_the_member_forgets_its_cluster_identity() -> None:
     ctrl = controller()
-    first = hello()
-    first.cluster_uid = "old"
-    ctrl.open_session("m1", first)
-    ctrl._member_gone("m1")
-    rebuilt = hello()
-    rebuilt.cluster_uid = "new"
-    ctrl.open_session("m1", rebuilt)
-    assert ctrl.members["m1"].meta.cluster_uid == "new"
+    ctrl.open_session(hello(cluster_uid="old"))
+    ctrl.members.gone("m1")
+    ctrl.open_session(hello(cluster_uid="new"))
+    assert ctrl.state.members["m1"].meta.cluster_uid == "new"
 
 
 async def test_a_returned_member_is_unmarked_in_the_store_at_once_not_at_the_next_flush() -> None:
     # The e2e hub-outage drill caught a hub killed within the 2 s flush after a lost member
     # came back: restarted, it read the old lost mark and showed the member as lost again.
-    store = MetaStore()
-    ctrl = controller(store)
-    written: list[dict[str, Any]] = []
-    ctrl.member_status.submit = lambda name, payload, **kw: written.append(payload)  # type: ignore[method-assign]
-    m = core.MemberState("m1", spec=MemberClusterSpec(join_token_ref=SecretKeyRef(name="t")))
-    m.meta = m.meta.model_copy(update={"lost_at": 1_000.0})
-    m.health = "Lost"
-    ctrl.members["m1"] = m
-    ctrl._heard(m)
+    store = FakeStore()
+    kube = FakeHubAPI(objects={"memberclusters": [membercluster_obj("m1")], "gpujobs": []})
+    ctrl = controller(store, kube)
+    ctrl.restore(Loaded(members={"m1": MemberMeta(lost_at=1_000.0)}))
+    watch = await listed(ctrl, "memberclusters")
+    m = ctrl.state.members["m1"]
+    assert m.health == "Lost"
+    ctrl.mirror.start()
+    ctrl.members.heard(m)
     await settle()
     assert [(c, meta.lost_at) for c, meta in store.metas] == [("m1", None)]
     assert not m.meta_dirty
+    await asyncio.wait_for(ctrl.mirror.members.drained(), 5)
+    await ctrl.mirror.stop()
+    await stopped(watch)
     # The status written at the return says Ready and carries no lostTime (it used to until
     # the next periodic write, and a hub killed before that left it on the MemberCluster).
+    written = [status for name, status in kube.member_statuses if name == "m1"]
     assert written, "the return writes the member status at once"
     assert written[-1].get("lostTime") is None
     ready = next(c for c in written[-1]["conditions"] if c["type"] == "Ready")
@@ -229,12 +219,11 @@ async def test_a_status_sent_before_the_new_leaders_job_list_is_applied_after_it
     # From the crash-consistency review: after a long etcd outage the agents reconnected to the
     # new leader and sent their jobs' final status before its GPUJob list was in; the hub
     # dropped them and 16 finished jobs stayed Running for good (an agent sends a status once).
-    from gpufed.api.work import WorkloadStatus
-    from gpufed.hub.records import JobRecord, WorkRecord
-    from gpufed.hub.store import Loaded
-
-    ctrl = controller()
-    ctrl._restore(
+    kube = FakeHubAPI(
+        objects={"memberclusters": [membercluster_obj("m1")], "gpujobs": [gpujob_obj("j", "u1")]}
+    )
+    ctrl = controller(kube=kube)
+    ctrl.restore(
         Loaded(
             jobs={"u1": JobRecord(uid="u1", job="team-a/j", cluster="m1", gpus=8)},
             job_revisions={"u1": 5},
@@ -246,11 +235,12 @@ async def test_a_status_sent_before_the_new_leaders_job_list_is_applied_after_it
             },
         )
     )
-    ctrl._member("m1").spec = MemberClusterSpec(join_token_ref=SecretKeyRef(name="t"))
-    session = ctrl.open_session("m1", hello())
-    ctrl._on_workload(session, WorkloadStatus(job_uid="u1", revision=7, phase="Succeeded"))
-    assert "u1" not in ctrl.jobs  # the list is not in yet
-    ctrl._on_job_event(WatchEvent("ADDED", job_obj("u1")))
-    ctrl._jobs_listed()
-    assert ctrl.jobs["u1"].status.phase == "Succeeded"
-    assert ctrl.jobs["u1"].status.cluster == "m1"
+    members = await listed(ctrl, "memberclusters")
+    session = ctrl.open_session(hello())
+    ctrl.heard(session)
+    await ctrl.handle(session, WorkloadStatus(job_uid="u1", revision=7, phase="Succeeded"))
+    assert "u1" not in ctrl.state.jobs  # the list is not in yet
+    jobs = await listed(ctrl, "gpujobs")
+    await stopped(members, jobs)
+    assert ctrl.state.jobs["u1"].status.phase == "Succeeded"
+    assert ctrl.state.jobs["u1"].status.cluster == "m1"

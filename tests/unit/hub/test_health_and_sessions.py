@@ -7,8 +7,9 @@ import pytest
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_to_pb
+from gpufed.api.stream import InventoryDelta, InventorySnapshot
 from gpufed.hub.config import HubConfig
-from gpufed.hub.health import classify
+from gpufed.hub.health import health_at
 from gpufed.hub.service import bearer_token
 from gpufed.hub.sessions import AgentSession, StreamClosedError
 
@@ -16,7 +17,7 @@ LEASE, LOST = 40.0, 600.0
 
 
 def health(now: float, last: float | None, start: float = 0.0, marked: bool = False) -> str:
-    return classify(
+    return health_at(
         now=now, last_heard=last, hub_start=start, lease_s=LEASE, lost_s=LOST, marked_lost=marked
     )
 
@@ -43,64 +44,93 @@ def nodes(*names: str) -> list[pb.Node]:
     return [node_to_pb(NodeInventory(name=n, nvlink_domain=f"node:{n}")) for n in names]
 
 
-def snap(seq: int, part: int, final: bool, *names: str) -> pb.InventorySnapshot:
-    return pb.InventorySnapshot(seq=seq, part=part, final=final, nodes=nodes(*names))
+def snap(seq: int, part: int, final: bool, *names: str) -> pb.AgentMessage:
+    return pb.AgentMessage(
+        inventory_snapshot=pb.InventorySnapshot(
+            seq=seq, part=part, final=final, nodes=nodes(*names)
+        )
+    )
+
+
+def delta(
+    seq: int, upserts: list[pb.Node] | None = None, removed: list[str] | None = None
+) -> pb.AgentMessage:
+    return pb.AgentMessage(
+        inventory_delta=pb.InventoryDelta(seq=seq, upserts=upserts or [], removed=removed or [])
+    )
+
+
+def resync_requests(s: AgentSession) -> list[str]:
+    """The ResyncRequest reasons queued on the session's outbox so far."""
+    reasons = []
+    while not s.outbox.empty():
+        msg = s.outbox.get_nowait()
+        if msg is not None and msg.WhichOneof("body") == "resync_request":
+            reasons.append(msg.resync_request.reason)
+    return reasons
 
 
 def test_a_snapshot_in_parts_is_applied_only_when_complete() -> None:
     s = AgentSession(cluster="m1")
-    assert s.snapshot_part(snap(7, 0, False, "a")) is None
-    assert s.snapshot_part(snap(7, 1, False, "b")) is None
-    done = s.snapshot_part(snap(7, 2, True, "c"))
-    assert done is not None
-    seq, got, _ = done
-    assert seq == 7
-    assert [n.name for n in got] == ["a", "b", "c"]
+    assert s.receive(snap(7, 0, False, "a")) is None
+    assert s.receive(snap(7, 1, False, "b")) is None
+    done = s.receive(snap(7, 2, True, "c"))
+    assert isinstance(done, InventorySnapshot)
+    assert done.seq == 7
+    assert [n.name for n in done.nodes] == ["a", "b", "c"]
     assert s.inventory_seq == 7
 
 
 @pytest.mark.parametrize(
     "second", [snap(7, 2, True, "x"), snap(8, 1, True, "x"), snap(7, 0, False, "x")]
 )
-def test_a_snapshot_part_out_of_order_closes_the_stream(second: pb.InventorySnapshot) -> None:
+def test_a_snapshot_part_out_of_order_closes_the_stream(second: pb.AgentMessage) -> None:
     s = AgentSession(cluster="m1")
-    s.snapshot_part(snap(7, 0, False, "a"))
-    if second.part == 0:
+    s.receive(snap(7, 0, False, "a"))
+    if second.inventory_snapshot.part == 0:
         # A new part 0 restarts the snapshot: allowed.
-        assert s.snapshot_part(second) is None
+        assert s.receive(second) is None
         return
     with pytest.raises(StreamClosedError, match="out of order") as err:
-        s.snapshot_part(second)
+        s.receive(second)
     assert err.value.code == "INVALID_ARGUMENT"
 
 
 def test_a_snapshot_naming_a_node_twice_is_refused() -> None:
     s = AgentSession(cluster="m1")
     with pytest.raises(StreamClosedError, match="twice"):
-        s.snapshot_part(snap(1, 0, True, "a", "a"))
+        s.receive(snap(1, 0, True, "a", "a"))
 
 
 def test_a_node_that_does_not_decode_closes_the_stream_with_the_field() -> None:
     bad = pb.Node(name="n1", mig_strategy="weird")
     s = AgentSession(cluster="m1")
     with pytest.raises(StreamClosedError, match="n1"):
-        s.snapshot_part(pb.InventorySnapshot(seq=1, part=0, final=True, nodes=[bad]))
+        s.receive(
+            pb.AgentMessage(
+                inventory_snapshot=pb.InventorySnapshot(seq=1, part=0, final=True, nodes=[bad])
+            )
+        )
 
 
 def test_deltas_must_follow_the_previous_seq_else_a_resync_is_asked() -> None:
     s = AgentSession(cluster="m1")
-    assert s.delta(pb.InventoryDelta(seq=1)) is None, "deltas before a snapshot are ignored"
-    s.snapshot_part(snap(10, 0, True, "a"))
-    got = s.delta(pb.InventoryDelta(seq=11, upserts=nodes("b"), removed=["a"]))
-    assert isinstance(got, tuple)
-    assert [n.name for n in got[0]] == ["b"]
-    assert got[1] == ["a"]
-    reason = s.delta(pb.InventoryDelta(seq=13))
-    assert isinstance(reason, str)
+    assert s.receive(delta(1)) is None, "deltas before a snapshot are ignored"
+    s.receive(snap(10, 0, True, "a"))
+    got = s.receive(delta(11, upserts=nodes("b"), removed=["a"]))
+    assert isinstance(got, InventoryDelta)
+    assert [n.name for n in got.upserts] == ["b"]
+    assert got.removed == ("a",)
+    assert resync_requests(s) == []
+    assert s.receive(delta(13)) is None
+    [reason] = resync_requests(s)
     assert "does not follow 11" in reason
-    assert s.delta(pb.InventoryDelta(seq=14)) is None, "ignored until the next snapshot"
-    s.snapshot_part(snap(20, 0, True, "a"))
-    assert s.delta(pb.InventoryDelta(seq=21)) == ([], [])
+    assert s.receive(delta(14)) is None, "ignored until the next snapshot"
+    assert resync_requests(s) == [], "asked once"
+    s.receive(snap(20, 0, True, "a"))
+    got = s.receive(delta(21))
+    assert isinstance(got, InventoryDelta)
+    assert (got.upserts, got.removed) == ((), ())
 
 
 def test_closing_a_session_ends_its_outbox_once() -> None:

@@ -9,9 +9,16 @@ from typing import Any
 
 from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
-from gpufed.hub.kube import GoneError, WatchEvent
 from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.ports import WatchEvent
 from tests.unit.hub.builders import batch_job
+from tests.unit.hub.fakes import FakeHubAPI, FakeStore
+
+
+class GoneStatusError(Exception):
+    """What the Kubernetes client raises for a watch whose resourceVersion is too old."""
+
+    status = 410
 
 
 def job_obj(name: str, uid: str, rv: str) -> dict[str, Any]:
@@ -31,10 +38,11 @@ def job_obj(name: str, uid: str, rv: str) -> dict[str, Any]:
     }
 
 
-class ScriptedKube:
+class ScriptedKube(FakeHubAPI):
     """Lists and watches from a script; records the resourceVersions watches started from."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.lists = [
             ([job_obj("a", "ua", "10"), job_obj("b", "ub", "11")], "11"),
             ([job_obj("b", "ub", "30")], "30"),  # after 410: a vanished while unwatched
@@ -50,14 +58,17 @@ class ScriptedKube:
             await asyncio.Event().wait()
         return self.lists.pop(0)
 
-    async def watch_objects(self, plural: str, rv: str) -> AsyncIterator[WatchEvent | str]:
+    async def watch_objects(
+        self, plural: str, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        rv = resource_version
         self.watch_from.append(rv)
         if len(self.watch_from) == 1:
             yield WatchEvent("ADDED", job_obj("c", "uc", "12"))
             yield "20"  # a bookmark
             return  # the server ended the watch: resume from the bookmark
         if len(self.watch_from) == 2:
-            raise GoneError("too old resource version: 20 (25)")
+            raise GoneStatusError("too old resource version: 20 (25)")
         self.done.set()
         await asyncio.Event().wait()
         yield "never"  # pragma: no cover
@@ -65,12 +76,13 @@ class ScriptedKube:
 
 async def test_watch_resumes_from_bookmarks_and_relists_on_410() -> None:
     kube = ScriptedKube()
-    ctrl = Controller(HubConfig(insecure=True), store=None, kube=kube, metrics=HubMetrics())  # type: ignore[arg-type]
-    task = asyncio.create_task(ctrl._list_watch("gpujobs"))
+    ctrl = Controller(HubConfig(insecure=True), store=FakeStore(), kube=kube, metrics=HubMetrics())
+    task = asyncio.create_task(ctrl.intake.list_watch("gpujobs"))
     await asyncio.wait_for(kube.done.wait(), 5)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert kube.watch_from == ["11", "20", "30"]
-    assert set(ctrl.jobs) == {"ub"}, "a and c vanished while unwatched: treated as deleted"
-    assert ctrl.jobs["ub"].obj.metadata.resource_version == "30"
-    assert ctrl.jobs_synced.is_set()
+    assert set(ctrl.state.jobs) == {"ub"}, "a and c vanished while unwatched: treated as deleted"
+    assert ctrl.state.jobs["ub"].obj.metadata.resource_version == "30"
+    assert ctrl.ready is False, "no MemberCluster list in this test"
+    assert ctrl.intake.jobs_synced.is_set()

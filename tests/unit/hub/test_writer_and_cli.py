@@ -12,8 +12,17 @@ from cryptography import x509
 
 from gpufed.cli.jobs import cluster_rows, explain_text, job_rows, wrap
 from gpufed.hub.certs import generate
-from gpufed.hub.writer import CoalescingWriter, ObjectGoneError, RefusedWriteError
+from gpufed.hub.writer import CoalescingWriter
 from tests.unit.hub.builders import batch_job
+
+
+class ApiStatusError(Exception):
+    """An API error as the Kubernetes client raises it: the writer reads only ``status``."""
+
+    def __init__(self, status: int, body: str = "") -> None:
+        super().__init__(body or str(status))
+        self.status = status
+        self.body = body
 
 
 async def test_a_burst_of_updates_to_one_key_becomes_the_latest_write() -> None:
@@ -44,7 +53,7 @@ async def test_a_value_equal_to_the_last_write_is_skipped_and_gone_keys_are_drop
     async def write(key: str, value: Any) -> None:
         calls.append(value)
         if value == "gone":
-            raise ObjectGoneError()
+            raise ApiStatusError(404)
 
     w = CoalescingWriter("t", write)
     w.start()
@@ -247,7 +256,7 @@ async def test_a_value_the_api_server_refuses_is_not_retried_but_a_new_value_is_
     async def write(key: str, value: Any) -> None:
         calls.append(value)
         if value == "invalid":
-            raise RefusedWriteError("422 Unprocessable Entity")
+            raise ApiStatusError(422, "422 Unprocessable Entity")
 
     w = CoalescingWriter("t", write)
     w.start()

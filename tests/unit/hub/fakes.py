@@ -1,0 +1,213 @@
+"""Typed in-memory fakes of a leader term's two ports (gpufed.hub.ports) and its clocks.
+
+``FakeStore`` keeps etcd's semantics that the hub relies on (one revision counter, the
+placement transaction's create-or-revision guard); ``FakeHubAPI`` serves lists and watches
+from memory and records every write. Both satisfy the Protocols under mypy, so tests build a
+real :class:`~gpufed.hub.core.Controller` over them and drive it through public methods only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.hub.ports import HubAPI, StateStore, WatchEvent
+from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.store import ConflictError, Loaded
+
+
+@dataclass
+class FakeClock:
+    """Monotonic and wall seconds that move only when a test says so."""
+
+    mono_s: float = 1_000.0
+    wall_s: float = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+    def mono(self) -> float:
+        return self.mono_s
+
+    def wall(self) -> float:
+        return self.wall_s
+
+    def advance(self, seconds: float) -> None:
+        self.mono_s += seconds
+        self.wall_s += seconds
+
+
+@dataclass
+class FakeStore:
+    """etcd as the hub uses it; ``calls`` names every write in order."""
+
+    revision: int = 0
+    jobs: dict[str, tuple[JobRecord, int]] = field(default_factory=dict)
+    work: dict[tuple[str, str], tuple[WorkRecord, int]] = field(default_factory=dict)
+    acks: dict[tuple[str, str], AckRecord] = field(default_factory=dict)
+    reservations: dict[str, str] = field(default_factory=dict)
+    metas: list[tuple[str, MemberMeta]] = field(default_factory=list)
+    nodes: dict[str, dict[str, NodeInventory]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    #: placements that fail with ConflictError before touching anything (job uids)
+    conflict_on_place: set[str] = field(default_factory=set)
+
+    def _next(self) -> int:
+        self.revision += 1
+        return self.revision
+
+    async def load(self) -> Loaded:
+        return Loaded(
+            jobs={u: r for u, (r, _) in self.jobs.items()},
+            job_revisions={u: rev for u, (_, rev) in self.jobs.items()},
+            work=dict(self.work),
+            acks=dict(self.acks),
+            reservations=dict(self.reservations),
+            members={c: m for c, m in self.metas},
+            nodes={c: dict(n) for c, n in self.nodes.items()},
+        )
+
+    async def place(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        reservation_json: str,
+        *,
+        expect_job_revision: int | None,
+    ) -> tuple[int, int]:
+        self.calls.append("place")
+        current = self.jobs.get(job.uid)
+        if job.uid in self.conflict_on_place or (
+            (current is not None)
+            if expect_job_revision is None
+            else (current is None or current[1] != expect_job_revision)
+        ):
+            raise ConflictError(f"job {job.uid} was placed by someone else")
+        assert job.cluster is not None
+        rev = self._next()
+        self.jobs[job.uid] = (job, rev)
+        self.work[(job.cluster, job.uid)] = (work, rev)
+        self.reservations[job.uid] = reservation_json
+        return rev, rev
+
+    async def put_job(self, job: JobRecord, *, expect_revision: int) -> int:
+        self.calls.append("put_job")
+        current = self.jobs.get(job.uid)
+        if current is None or current[1] != expect_revision:
+            raise ConflictError(f"job record {job.uid} changed")
+        rev = self._next()
+        self.jobs[job.uid] = (job, rev)
+        return rev
+
+    async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
+        return self.jobs.get(job_uid)
+
+    async def forget_job(self, job_uid: str) -> None:
+        self.calls.append("forget_job")
+        self.jobs.pop(job_uid, None)
+
+    async def put_work(self, cluster: str, record: WorkRecord) -> int:
+        self.calls.append("put_work")
+        rev = self._next()
+        self.work[(cluster, record.job_uid)] = (record, rev)
+        return rev
+
+    async def get_work(self, cluster: str, job_uid: str) -> tuple[WorkRecord, int] | None:
+        return self.work.get((cluster, job_uid))
+
+    async def put_ack(self, cluster: str, job_uid: str, ack: AckRecord) -> None:
+        self.calls.append("put_ack")
+        self.acks[(cluster, job_uid)] = ack
+
+    async def forget_work(self, cluster: str, job_uid: str) -> None:
+        self.calls.append("forget_work")
+        self.work.pop((cluster, job_uid), None)
+        self.acks.pop((cluster, job_uid), None)
+
+    async def put_reservations(self, entries: dict[str, str]) -> None:
+        self.calls.append("put_reservations")
+        self.reservations.update(entries)
+
+    async def delete_reservations(self, job_uids: Iterable[str]) -> None:
+        self.calls.append("delete_reservations")
+        for uid in job_uids:
+            self.reservations.pop(uid, None)
+
+    async def put_member_meta(self, cluster: str, meta: MemberMeta) -> None:
+        self.calls.append("put_member_meta")
+        self.metas.append((cluster, meta))
+
+    async def write_nodes(
+        self, cluster: str, upserts: Iterable[NodeInventory], removed: Iterable[str]
+    ) -> None:
+        self.calls.append("write_nodes")
+        stored = self.nodes.setdefault(cluster, {})
+        for n in upserts:
+            stored[n.name] = n
+        for name in removed:
+            stored.pop(name, None)
+
+
+@dataclass
+class FakeHubAPI:
+    """The hub API server in memory: ``objects[plural]`` are listed; ``watch_events[plural]``
+    feeds watches (a watch waits for more until cancelled); writes are recorded."""
+
+    objects: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {"gpujobs": [], "memberclusters": []}
+    )
+    watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    job_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    member_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    finalizer_writes: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    listed: dict[str, int] = field(default_factory=dict)
+
+    async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        self.listed[plural] = self.listed.get(plural, 0) + 1
+        return list(self.objects.get(plural, [])), "1"
+
+    async def watch_objects(
+        self, plural: str, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        queue = self.watch_events.setdefault(plural, asyncio.Queue())
+        while True:
+            yield await queue.get()
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.job_statuses.append((namespace, name, status))
+
+    async def set_job_finalizers(
+        self, namespace: str, name: str, finalizers: list[str], resource_version: str
+    ) -> dict[str, Any]:
+        self.finalizer_writes.append((namespace, name, finalizers))
+        for obj in self.objects.get("gpujobs", []):
+            meta = obj["metadata"]
+            if meta["namespace"] == namespace and meta["name"] == name:
+                meta["finalizers"] = list(finalizers)
+                return obj
+        raise LookupError(f"no GPUJob {namespace}/{name}")
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        for obj in self.objects.get("gpujobs", []):
+            meta = obj["metadata"]
+            if meta["namespace"] == namespace and meta["name"] == name:
+                return obj
+        return None
+
+    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
+        self.member_statuses.append((name, status))
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        return self.secrets.get((namespace, name, key))
+
+    async def emit_event(
+        self, involved: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        self.events.append((str(involved.get("name")), reason, message))
+
+
+def _typed(store: FakeStore, kube: FakeHubAPI) -> tuple[StateStore, HubAPI]:
+    """mypy checks here that the fakes satisfy the ports."""
+    return store, kube
