@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufed.api.gpujob import GPUJob
+from gpufed.api.inventory import NodeInventory
 
 
 def container(gpus: int = 0, *, cpu: str | None = None, name: str = "main") -> dict[str, Any]:
@@ -146,3 +147,17 @@ def membercluster_obj(name: str = "m1", *, token_secret: str = "t") -> dict[str,
         "metadata": {"name": name, "uid": f"mc-{name}", "resourceVersion": "1"},
         "spec": {"joinTokenRef": {"name": token_secret}},
     }
+
+
+def hgx_node(name: str, *, gpus: int = 8, requested: int = 0, job_uid: str = "") -> NodeInventory:
+    """An idle (or partly requested) 8-GPU H100 HGX node: its own NVLink domain."""
+    req = {"nvidia.com/gpu": requested} if requested else {}
+    return NodeInventory(
+        name=name,
+        labels={"kubernetes.io/hostname": name},
+        gpu_product="NVIDIA-H100-80GB-HBM3",
+        nvlink_domain=f"node:{name}",
+        allocatable={"nvidia.com/gpu": gpus, "cpu": 96_000, "memory": 2**40, "pods": 110},
+        requested=req,
+        job_requests={job_uid: req} if job_uid and req else {},
+    )

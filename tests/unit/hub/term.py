@@ -1,0 +1,83 @@
+"""A leader term over the typed fakes, with the steps tests take most: a member with nodes, a
+job in the queue, an agent stream."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.api.stream import AgentHello, InventorySnapshot
+from gpufed.hub.config import HubConfig
+from gpufed.hub.core import Controller
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.ports import WatchEvent
+from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession
+from tests.unit.hub.builders import batch_job, gpujob_obj, membercluster_obj
+from tests.unit.hub.fakes import FakeClock, FakeHubAPI, FakeStore
+
+
+async def settle() -> None:
+    """Let spawned background steps (reconciles, ack writes) run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@dataclass
+class Term:
+    """One Controller with its fakes; ``config`` overrides apply before it is built."""
+
+    config: HubConfig = field(default_factory=lambda: HubConfig(insecure=True))
+    clock: FakeClock = field(default_factory=FakeClock)
+    store: FakeStore = field(default_factory=FakeStore)
+    kube: FakeHubAPI = field(default_factory=FakeHubAPI)
+
+    def __post_init__(self) -> None:
+        self.ctrl = Controller(
+            self.config,
+            store=self.store,
+            kube=self.kube,
+            metrics=HubMetrics(),
+            mono=self.clock.mono,
+            wall=self.clock.wall,
+        )
+
+    def member(self, name: str, *nodes: NodeInventory) -> None:
+        """A MemberCluster ``name`` whose agent reported ``nodes``."""
+        self.ctrl.members.on_event("ADDED", membercluster_obj(name))
+        m = self.ctrl.state.member(name)
+        self.ctrl.members.on_snapshot(m, InventorySnapshot(seq=1, nodes=nodes))
+
+    async def submit(self, name: str, uid: str, gpus: int = 8, *, reschedule: str = "") -> None:
+        """A GPUJob of one pod with ``gpus`` GPUs, seen by intake and reconciled
+        (``reschedule``: its ``spec.placement.reschedule``, if set)."""
+        obj = gpujob_obj(name, uid, template=batch_job(gpus))
+        if reschedule:
+            obj["spec"]["placement"] = {"reschedule": reschedule}
+        self.kube.objects["gpujobs"].append(obj)
+        self.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+        await settle()
+
+    def connect(self, cluster: str) -> AgentSession:
+        """An agent stream from ``cluster`` (Hello accepted, desired set sent)."""
+        return self.ctrl.open_session(
+            AgentHello(cluster=cluster, protocol_version=PROTOCOL_VERSION, agent_version="t")
+        )
+
+
+def sent(s: AgentSession) -> list[tuple[str, str, int]]:
+    """Drain what the hub queued on a stream: (kind, job uid, revision) per work item, and
+    ("desired_set", uids joined by ',', part) per desired-set part."""
+    out: list[tuple[str, str, int]] = []
+    while not s.outbox.empty():
+        msg = s.outbox.get_nowait()
+        if msg is None:
+            break
+        kind = msg.WhichOneof("body")
+        if kind == "work_item":
+            op = "apply" if msg.work_item.op == msg.work_item.APPLY else "delete"
+            out.append((op, msg.work_item.job_uid, msg.work_item.revision))
+        elif kind == "desired_set":
+            uids = ",".join(i.job_uid for i in msg.desired_set.items)
+            out.append(("desired_set", uids, msg.desired_set.part))
+    return out
