@@ -3,7 +3,10 @@
 Called by the hub's scheduling loop (through the queue pass in :mod:`.queue`), by the simulator
 and by the benchmark. Pure: no I/O, no clock, no randomness, no logging; it reads the snapshot
 and writes only to the memo the snapshot carries (``snapshot.memo``, :mod:`.memo`: static filter
-results per fleet generation, plans and bounds per pool version), which changes no answer.
+results per fleet generation, plans and bounds per pool version), which changes no answer. The
+one exception: an index the snapshot builds on first demand (rack and block orderings, the NVLink
+slot index per pod size, :mod:`.index`) is built when a job first asks for it, with the contents
+an eager build would have.
 
 Phases:
 

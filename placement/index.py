@@ -14,6 +14,10 @@ simulator. Nothing here remembers answers for ``place()``: that is :mod:`.memo`.
 * per pool and pod size, the multi-node NVLink domains filed by how many pods of that size their
   nodes hold (``slot_index``; built per size on first use, then kept up to date).
 
+Those first-use builds happen when ``place()`` first asks (:meth:`PoolState.index`,
+:meth:`PoolState.best_domain`): the only writes ``place()`` makes to the snapshot, and they hold
+what an eager build would.
+
 Updating one node touches only that node's pool entry and its groups: O(log n). Every change to a
 pool bumps its :attr:`PoolState.version`; a change to which nodes it has bumps
 :attr:`PoolState.static_version`. Those counters are what the memo checks.
@@ -476,8 +480,11 @@ class PoolState:
         self.free += d
         for g in (node.domain, node.rack, node.block):
             if g is not None:
+                # inline, not count_offering(): this is the path every reservation takes
                 g.counts[old] -= 1
-                g.count_offering(new)
+                while len(g.counts) <= new:
+                    g.counts.append(0)
+                g.counts[new] += 1
                 if d:
                     self._group_move(g, g.free, d, 0)
 

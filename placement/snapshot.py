@@ -5,8 +5,9 @@ The hub keeps one :class:`FleetSnapshot`, feeds it every member's inventory (who
 :meth:`~FleetSnapshot.remove_node`, health with :meth:`~FleetSnapshot.set_health`) and the
 reservation ledger (:meth:`~FleetSnapshot.reserve`, :meth:`~FleetSnapshot.release`,
 :meth:`~FleetSnapshot.expire_reservations`), and hands it to ``place()``, which reads it and
-writes only to the separate memo it carries (:attr:`FleetSnapshot.memo`, :mod:`.memo`). The
-simulator and the benchmark drive it the same way.
+writes only to the separate memo it carries (:attr:`FleetSnapshot.memo`, :mod:`.memo`; the
+indexes built on first demand, see :mod:`.index`, are the one exception). The simulator and the
+benchmark drive it the same way.
 
 Free capacity seen by placement is ``max(0, allocatable - requested) - reserved`` per node and
 resource, clamped at 0, where ``reserved`` is the part of the ledger's entries for that node
