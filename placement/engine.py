@@ -2,7 +2,11 @@
 
 Called by the hub's scheduling loop (through the queue pass in :mod:`.queue`), by the simulator
 and by the benchmark. Pure: no I/O, no clock, no randomness, no logging; it reads the snapshot
-and only fills the snapshot's memo of static filter results, which changes no answer.
+and writes only to the memo the snapshot carries (``snapshot.memo``, :mod:`.memo`: static filter
+results per fleet generation, plans and bounds per pool version), which changes no answer. The
+one exception: an index the snapshot builds on first demand (rack and block orderings, the NVLink
+slot index per pod size, :mod:`.index`) is built when a job first asks for it, with the contents
+an eager build would have.
 
 Phases:
 
@@ -36,6 +40,9 @@ from gpufed.api.decision import (
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.fit import Plan
+from gpufed.placement.index import NodeState, PoolState
+from gpufed.placement.member import ClusterState
+from gpufed.placement.memo import PlacementMemo, PoolMemo
 from gpufed.placement.plugins import (
     Code,
     Plugins,
@@ -47,7 +54,7 @@ from gpufed.placement.plugins import (
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
 from gpufed.placement.shape import JobShape, PodSetShape
-from gpufed.placement.snapshot import ClusterState, FleetSnapshot, NodeState, PoolState
+from gpufed.placement.snapshot import FleetSnapshot
 
 #: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
 BACKFILL_PLUGIN: Final = "Backfill"
@@ -107,6 +114,7 @@ def place(
     job = JobShape.of(request)
     plugins = plugins_for(policy)
     # 2. static filters (memoised)
+    memo = snapshot.memo
     static = _static(job, snapshot, plugins)
     # 3. dynamic bound, memoised plans, ordering
     dyn = plugins.dynamic_pool_filters
@@ -123,12 +131,13 @@ def place(
             _keep(failures, name, (BACKFILL_PLUGIN, Status(Code.UNSCHEDULABLE, held.reason), pool))
             continue
         if pool is None:
-            ub = sum(sc.weight * sc.bound(job, None) for sc in scorers) / total_w
+            ub = sum(sc.weight * sc.bound(job, None, None) for sc in scorers) / total_w
             ordered.append((-ub, name, _NO_POOL, c, None, None))
             continue
+        pmemo = memo.pool(pool)
         if fkey is not None:
             if held is None:
-                hit = pool.recall(fkey)
+                hit = pmemo.recall(fkey)
                 if hit is not None:
                     if isinstance(hit, Plan):
                         total = _total(job, hit, scorers, total_w)
@@ -137,7 +146,7 @@ def place(
                         _keep(failures, name, hit)
                     continue
             # ResourceFit and the bound read only the pool: remembered whatever the holds
-            cached = pool.recall(rkey)
+            cached = pmemo.recall(rkey)
             if cached is not None:
                 if isinstance(cached, float):
                     ordered.append((-cached, name, pool.key, c, pool, None))
@@ -146,18 +155,18 @@ def place(
                 continue
         bad: Failure | None = None
         for f in dyn:
-            st = f.filter(job, c, pool)
+            st = f.filter(job, c, pool, pmemo)
             if not st.ok:
                 bad = (f.name, st, pool)
                 break
         if bad is not None:
             _keep(failures, name, bad)
             if fkey is not None:
-                pool.remember(rkey, bad)
+                pmemo.remember(rkey, bad)
             continue
-        ub = sum(sc.weight * sc.bound(job, pool) for sc in scorers if sc.weight) / total_w
+        ub = sum(sc.weight * sc.bound(job, pool, pmemo) for sc in scorers if sc.weight) / total_w
         if fkey is not None:
-            pool.remember(rkey, ub)
+            pmemo.remember(rkey, ub)
         ordered.append((-ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
@@ -174,18 +183,20 @@ def place(
             held = hold.get(name) if hold else None
             exclude = held.nodes if held is not None else frozenset()
             result = planner.plan(job, c, pool, exclude)
-            memo = pool if fkey is not None and not exclude else None
+            plan_memo = (
+                memo.pool(pool) if pool is not None and fkey is not None and not exclude else None
+            )
             if isinstance(result, Status):
                 if exclude and held is not None:
                     result = Status(
                         result.code, f"{result.reason}; {_n(len(exclude), 'node')} {held.reason}"
                     )
                 _keep(failures, name, (planner.name, result, pool))
-                if memo is not None:
-                    memo.remember(fkey, (planner.name, result, pool))
+                if plan_memo is not None:
+                    plan_memo.remember(fkey, (planner.name, result, pool))
                 continue
-            if memo is not None:
-                memo.remember(fkey, result)
+            if plan_memo is not None:
+                plan_memo.remember(fkey, result)
             total = _total(job, result, scorers, total_w)
         else:
             result, total = known, -neg
@@ -249,7 +260,7 @@ def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy)
     static = _static(job, snapshot, plugins_for(policy))
     best: tuple[int, str, frozenset[str]] | None = None
     for c, pool in static.candidates:
-        if never_reason(job, c, pool) is not None:
+        if never_reason(job, c, pool, _pool_memo(snapshot.memo, pool)) is not None:
             continue
         if pool is None:
             found: tuple[int, frozenset[str]] | None = (
@@ -351,12 +362,14 @@ def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
         into[cluster] = failure
 
 
+def _pool_memo(memo: PlacementMemo, pool: PoolState | None) -> PoolMemo | None:
+    return memo.pool(pool) if pool is not None else None
+
+
 def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static:
-    if snapshot.memo_generation != snapshot.generation:
-        snapshot.memo.clear()
-        snapshot.memo_generation = snapshot.generation
+    memo = snapshot.memo
     key = (job.static_key, id(plugins))
-    hit = snapshot.memo.get(key)
+    hit = memo.recall(snapshot.generation, key)
     if isinstance(hit, _Static):
         return hit
     candidates: list[Candidate] = []
@@ -379,7 +392,7 @@ def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static
         for pool in c.pools_sorted():
             pbad: Failure | None = None
             for pf in static_pool_filters:
-                st = pf.filter(job, c, pool)
+                st = pf.filter(job, c, pool, memo.pool(pool))
                 if not st.ok:
                     pbad = (pf.name, st, pool)
                     break
@@ -396,10 +409,8 @@ def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static
             )
         elif found:
             failures.pop(c.name, None)
-    if len(snapshot.memo) > 1024:
-        snapshot.memo.clear()
     result = _Static(candidates, failures)
-    snapshot.memo[key] = result
+    memo.remember(snapshot.generation, key, result)
     return result
 
 
@@ -484,7 +495,7 @@ def _rejections(
         plugin, st, _ = failures[cluster]
         code, reason = st.code, st.reason
         if code is Code.UNSCHEDULABLE:
-            never = _member_never(job, snapshot.cluster(cluster), plugins)
+            never = _member_never(job, snapshot.cluster(cluster), plugins, snapshot.memo)
             if never is not None:
                 code = Code.UNRESOLVABLE
                 if plugin in ("ResourceFit", "TopologyFit"):
@@ -499,7 +510,9 @@ def _rejections(
     return tuple(out)
 
 
-def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | None:
+def _member_never(
+    job: JobShape, c: ClusterState, plugins: Plugins, memo: PlacementMemo
+) -> str | None:
     """Why member ``c`` could never hold ``job`` whatever its health, load or holds (None if
     some pool of it could)."""
     if not c.nodes:
@@ -509,13 +522,16 @@ def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | Non
         if st.code is Code.UNRESOLVABLE:
             return st.reason
     if not job.gpu_sets:
-        return never_reason(job, c, None)
+        return never_reason(job, c, None, None)
     first: str | None = None
     for pool in c.pools_sorted():
+        pmemo = memo.pool(pool)
         bad = next(
             (
                 x
-                for x in (pf.filter(job, c, pool) for pf in plugins.pool_filters if pf.static)
+                for x in (
+                    pf.filter(job, c, pool, pmemo) for pf in plugins.pool_filters if pf.static
+                )
                 if not x.ok
             ),
             None,
@@ -523,7 +539,7 @@ def _member_never(job: JobShape, c: ClusterState, plugins: Plugins) -> str | Non
         if bad is not None:
             first = first or bad.reason
             continue
-        why = never_reason(job, c, pool)
+        why = never_reason(job, c, pool, pmemo)
         if why is None:
             return None
         first = first or why

@@ -22,8 +22,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from gpufed.api.inventory import tolerates_all
+from gpufed.placement.index import GroupState, NodeState, PoolState
+from gpufed.placement.member import ClusterState
 from gpufed.placement.shape import Attempt, JobShape, PodSetShape
-from gpufed.placement.snapshot import ClusterState, GroupState, NodeState, PoolState
 
 _Taken = dict[str, int]
 _TakenRes = dict[str, dict[str, int]]

@@ -34,9 +34,11 @@ from typing import ClassVar, Protocol
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.labels import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufed.placement.fit import Plan, plan
+from gpufed.placement.index import NodeState, PoolState
+from gpufed.placement.member import ClusterState
+from gpufed.placement.memo import PoolMemo
 from gpufed.placement.policy import Policy
 from gpufed.placement.shape import JobShape
-from gpufed.placement.snapshot import ClusterState, NodeState, PoolState
 
 
 class Code(StrEnum):
@@ -83,8 +85,11 @@ class PoolFilter(Protocol):
     name: ClassVar[str]
     static: ClassVar[bool]
 
-    def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
-        """``SUCCESS`` or why the pool cannot take the job."""
+    def filter(
+        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
+    ) -> Status:
+        """``SUCCESS`` or why the pool cannot take the job; ``memo`` is the pool's memo, for
+        values derived from the pool that later decisions may reuse."""
         ...
 
 
@@ -111,8 +116,9 @@ class Scorer(Protocol):
     name: ClassVar[str]
     weight: float
 
-    def bound(self, job: JobShape, pool: PoolState | None) -> float:
-        """Upper bound of :meth:`score` over every plan in ``pool`` (lets ``place`` stop early)."""
+    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
+        """Upper bound of :meth:`score` over every plan in ``pool`` (lets ``place`` stop early);
+        ``memo`` is the pool's memo (None: nothing remembered)."""
         ...
 
     def score(self, job: JobShape, plan: Plan) -> float:
@@ -200,7 +206,9 @@ class GPUProduct:
     name: ClassVar[str] = "GPUProduct"
     static: ClassVar[bool] = True
 
-    def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
+    def filter(
+        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
+    ) -> Status:
         allowed = job.products
         pins = job.selector_pins(GPU_PRODUCT_LABEL)
         named = (allowed is not None and pool.product in allowed) or (
@@ -226,7 +234,9 @@ class NodeTaints:
     name: ClassVar[str] = "NodeTaints"
     static: ClassVar[bool] = True
 
-    def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
+    def filter(
+        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
+    ) -> Status:
         if not pool.taints:
             return SUCCESS
         for s in job.gpu_sets:
@@ -250,7 +260,9 @@ class ResourceFit:
     name: ClassVar[str] = "ResourceFit"
     static: ClassVar[bool] = False
 
-    def filter(self, job: JobShape, cluster: ClusterState, pool: PoolState) -> Status:
+    def filter(
+        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
+    ) -> Status:
         if pool.free < job.demand:
             return Status(
                 Code.UNSCHEDULABLE,
@@ -258,7 +270,7 @@ class ResourceFit:
             )
         if job.grouped_only and len(job.gpu_sets) == 1 and not pool.slices:
             s = job.gpu_sets[0]
-            if pool.tightest_domain(s.gpus, s.count) is None:
+            if memo.tightest_domain(s.gpus, s.count) is None:
                 if s.count == 1:
                     return Status(
                         Code.UNSCHEDULABLE,
@@ -314,11 +326,15 @@ class NVLinkBestFit:
     def __init__(self, weight: float) -> None:
         self.weight = weight
 
-    def bound(self, job: JobShape, pool: PoolState | None) -> float:
+    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
         if pool is None or pool.slices or len(job.gpu_sets) != 1 or not job.grouped_only:
             return 100.0
         s = job.gpu_sets[0]
-        tight = pool.tightest_domain(s.gpus, s.count)
+        tight = (
+            memo.tightest_domain(s.gpus, s.count)
+            if memo is not None
+            else pool.tightest_domain(s.gpus, s.count)
+        )
         return 100.0 * job.demand / tight if tight else 0.0
 
     def score(self, job: JobShape, plan: Plan) -> float:
@@ -335,15 +351,18 @@ class ResourceAllocation:
         self.weight = weight
         self.mode = mode
 
-    def bound(self, job: JobShape, pool: PoolState | None) -> float:
+    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
+        return self._share(job, pool)
+
+    def score(self, job: JobShape, plan: Plan) -> float:
+        return self._share(job, plan.pool)
+
+    def _share(self, job: JobShape, pool: PoolState | None) -> float:
         if pool is None or pool.cap <= 0:
             return 50.0
         if self.mode == "spread":
             return 100.0 * (pool.free - job.demand) / pool.cap
         return 100.0 * (pool.cap - pool.free + job.demand) / pool.cap
-
-    def score(self, job: JobShape, plan: Plan) -> float:
-        return self.bound(job, plan.pool)
 
 
 class TopologyLocality:
@@ -356,7 +375,7 @@ class TopologyLocality:
     def __init__(self, weight: float) -> None:
         self.weight = weight
 
-    def bound(self, job: JobShape, pool: PoolState | None) -> float:
+    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
         return 100.0
 
     def score(self, job: JobShape, plan: Plan) -> float:
@@ -399,13 +418,16 @@ def _histogram(pool: PoolState) -> str:
 
 
 # --- could it ever fit? ------------------------------------------------------------------------------
-def never_reason(job: JobShape, cluster: ClusterState, pool: PoolState | None) -> str | None:
+def never_reason(
+    job: JobShape, cluster: ClusterState, pool: PoolState | None, memo: PoolMemo | None
+) -> str | None:
     """Why no state of this pool (or member) could ever hold the job, or None if one could.
+    ``memo``: the pool's memo (None: nothing remembered).
 
     Judged on allocatable alone (every node empty, Ready or not, node selectors and CPU-pod
     taints aside): pod sizes against node sizes, and with a Required NVLink / rack / block
     level, the pods against the largest such group. Reads the pool's distinct node shapes, so
-    it costs O(shapes); the grouped check is memoised per pool version.
+    it costs O(shapes); the grouped check is memoised while the pool's set of nodes is the same.
     """
     if pool is not None and job.gpu_sets:
         for s in job.gpu_sets:
@@ -434,7 +456,7 @@ def never_reason(job: JobShape, cluster: ClusterState, pool: PoolState | None) -
                 # one pod always sits in one NVLink domain, but only a labelled node is in a
                 # rack or block
                 if level in job.required and (job.gpu_pods > 1 or level != "nvlink"):
-                    why = _never_grouped(job, pool, level)
+                    why = _never_grouped(job, pool, memo, level)
                     if why:
                         return why
     for s in job.other_sets:
@@ -487,15 +509,15 @@ def _capacity(
     return k
 
 
-def _never_grouped(job: JobShape, pool: PoolState, level: str) -> str | None:
+def _never_grouped(job: JobShape, pool: PoolState, memo: PoolMemo | None, level: str) -> str | None:
+    if memo is None:
+        return _never_grouped_scan(job, pool, level)
     key = ("grouped", level, tuple((s.gpus, s.count) for s in job.gpu_sets))
-    hit = pool.static_cache.get(key)
-    if hit is not None and hit[0] == pool.static_version:
-        return hit[1]  # type: ignore[no-any-return]
-    if len(pool.static_cache) > 256:
-        pool.static_cache.clear()
+    found, hit = memo.recall_static(key)
+    if found:
+        return hit  # type: ignore[no-any-return]
     why = _never_grouped_scan(job, pool, level)
-    pool.static_cache[key] = (pool.static_version, why)
+    memo.remember_static(key, why)
     return why
 
 

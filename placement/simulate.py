@@ -55,10 +55,11 @@ from gpufed.api.request import NVLinkPolicy, PlacementRequest, PodSet, TopologyR
 from gpufed.api.resources import resource_list
 from gpufed.placement.engine import hold_for, place
 from gpufed.placement.fit import fill
+from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
 from gpufed.placement.shape import JobShape
-from gpufed.placement.snapshot import FleetSnapshot, NodeState, PoolState
+from gpufed.placement.snapshot import FleetSnapshot
 
 POLICIES = ("gpufed", "cluster-sum", "round-robin")
 PolicyName = Literal["gpufed", "cluster-sum", "round-robin"]
