@@ -163,13 +163,20 @@ class Reservation(_Frozen):
 
     @classmethod
     def from_decision(cls, decision: Decision, *, now: float, ttl_s: float) -> Reservation:
-        """The entry for a ``Placed`` decision; raises ``ValueError`` for any other outcome."""
+        """The entry for a ``Placed`` decision: the one place a reservation is built.
+
+        ``now``: seconds (the entry's ``created_at``); ``ttl_s`` > 0. Raises ``ValueError`` for
+        another outcome or a ``ttl_s`` <= 0. The decision came from ``place()``, so its fields
+        are valid already and are not validated again (this runs once per placement).
+        """
         if decision.outcome != Outcome.PLACED or decision.cluster is None:
             raise ValueError(
                 f"decision for {decision.job or decision.uid} is {decision.outcome.value}; "
                 "only a Placed decision can be reserved"
             )
-        return cls(
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s: {ttl_s} must be > 0")
+        return cls.model_construct(
             job_uid=decision.uid,
             job=decision.job,
             cluster=decision.cluster,

@@ -228,22 +228,7 @@ class FleetSnapshot:
         ``ValueError`` for a decision that is not ``Placed``. Reserving a job again replaces
         its previous entry.
         """
-        if decision.outcome.value != "Placed" or decision.cluster is None:
-            raise ValueError(
-                f"decision for {decision.job or decision.uid} is {decision.outcome.value}; "
-                "only a Placed decision can be reserved"
-            )
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s: {ttl_s} must be > 0")
-        # the decision came from place(): its fields are already valid
-        res = Reservation.model_construct(
-            job_uid=decision.uid,
-            job=decision.job,
-            cluster=decision.cluster,
-            nodes=decision.node_requests(),
-            created_at=now,
-            ttl_s=ttl_s,
-        )
+        res = Reservation.from_decision(decision, now=now, ttl_s=ttl_s)
         self.add_reservation(res)
         return res
 
