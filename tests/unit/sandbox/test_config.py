@@ -23,7 +23,7 @@ from gpufed.sandbox.runtime import Sandbox
 from gpufed.sandbox.scheduler import scheduler_configuration
 from gpufed.sandbox.state import ClusterEndpoint, SandboxError, default_state_dir, write_kubeconfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "fleets" / "small.yaml"
 
 

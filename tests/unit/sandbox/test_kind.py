@@ -10,7 +10,7 @@ from gpufed.api.fleet import FleetSpec
 from gpufed.sandbox.binaries import K8S_VERSION
 from gpufed.sandbox.kind import kind_bundle, kind_cluster_name, kind_config, stage_manifests
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "fleets" / "small.yaml"
 
 
