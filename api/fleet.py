@@ -22,8 +22,8 @@ Input is YAML with camelCase keys (``nodePools``, ``memoryMiB``, ``nodesPerDomai
 Invalid input raises :class:`FleetError`, whose message names every offending field (as a path
 such as ``clusters[2].nodePools[0].mig.profiles``) and says how to fix it.
 
-Facts (products, memory in MiB, families, MIG profiles and their sizes) come from
-``shared/notes/gpu-topology.md`` §§1-3 (GFD ``internal/lm/resource.go``, NVIDIA mig-parted).
+What is known about each GPU product (memory, family, MIG profiles) is the GPU catalogue,
+:mod:`gpufed.api.gpus`; quantities are canonicalised by :mod:`gpufed.api.resources`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +47,15 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from gpufed.api.gpus import (
+    GPU_FAMILIES,
+    KNOWN_GPUS,
+    GPUModel,
+    MigProfileShape,
+    compute_capability_of_family,
+    family_from_product,
+    mig_profile_memory_mib,
+)
 from gpufed.api.inventory import Taint
 from gpufed.api.labels import (
     DEFAULT_BLOCK_LABEL,
@@ -62,6 +70,7 @@ from gpufed.api.labels import (
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY_LABEL,
 )
+from gpufed.api.resources import QuantityError, canonical_quantity
 
 __all__ = [
     "HUB_CLUSTER_NAME",
@@ -77,6 +86,7 @@ __all__ = [
     "NVLinkDomains",
     "NodePoolSpec",
     "NodeSpec",
+    "canonical_quantity",
     "node_specs",
 ]
 
@@ -91,113 +101,6 @@ _PRODUCT_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
 _MAX_LABEL_VALUE = 63
-
-
-# --- GPU facts ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MigProfileShape:
-    """How much of one GPU a MIG profile takes.
-
-    ``compute_slices`` of the GPU's compute slices (7 on A100/H100/H200/B200/GB200),
-    ``memory_slices`` of its memory slices (8), and ``max_per_gpu`` instances when the whole GPU
-    uses only this profile (NVIDIA mig-parted ``all-<profile>`` configs).
-    """
-
-    compute_slices: int
-    memory_slices: int
-    max_per_gpu: int
-
-
-# The seven profile shapes of a 7-compute-slice, 8-memory-slice GPU, in the column order of
-# gpu-topology.md §2: 1g, 1g+me, 1g with double memory, 2g, 3g, 4g, 7g.
-_SEVEN_SLICE_SHAPES = (
-    MigProfileShape(1, 1, 7),
-    MigProfileShape(1, 1, 1),
-    MigProfileShape(1, 2, 4),
-    MigProfileShape(2, 2, 3),
-    MigProfileShape(3, 4, 2),
-    MigProfileShape(4, 4, 1),
-    MigProfileShape(7, 8, 1),
-)
-
-
-def _seven_slice_profiles(*names: str) -> dict[str, MigProfileShape]:
-    return dict(zip(names, _SEVEN_SLICE_SHAPES, strict=True))
-
-
-_A100_40_MIG = _seven_slice_profiles(
-    "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"
-)
-_80GB_MIG = _seven_slice_profiles(
-    "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"
-)
-_H200_MIG = _seven_slice_profiles(
-    "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"
-)
-_GB200_MIG = _seven_slice_profiles(
-    "1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"
-)
-_B200_MIG = _seven_slice_profiles(
-    "1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"
-)
-
-
-@dataclass(frozen=True)
-class GPUModel:
-    """What GFD reports for one GPU product, and the host it usually sits in.
-
-    ``memory_mib``: NVML total memory (label ``nvidia.com/gpu.memory``); ``family`` and
-    ``compute_capability``: labels ``nvidia.com/gpu.family``, ``gpu.compute.major/minor``;
-    ``cpu_arch``: ``kubernetes.io/arch`` of its nodes (Grace-based trays are arm64);
-    ``mig_profiles``: profile name -> shape, empty when the product has no MIG.
-    """
-
-    product: str
-    memory_mib: int
-    family: str
-    compute_capability: tuple[int, int]
-    cpu_arch: str = "amd64"
-    mig_profiles: Mapping[str, MigProfileShape] = field(default_factory=dict)
-    compute_slices: int = 7
-    memory_slices: int = 8
-
-
-#: GFD product label value -> facts (gpu-topology.md §3; MIG rows from §2).
-KNOWN_GPUS: Mapping[str, GPUModel] = {
-    m.product: m
-    for m in (
-        GPUModel("NVIDIA-H100-80GB-HBM3", 81559, "hopper", (9, 0), mig_profiles=_80GB_MIG),
-        GPUModel("NVIDIA-H100-PCIe", 81559, "hopper", (9, 0), mig_profiles=_80GB_MIG),
-        GPUModel("NVIDIA-H200", 143771, "hopper", (9, 0), mig_profiles=_H200_MIG),
-        GPUModel("NVIDIA-GB200", 189471, "blackwell", (10, 0), "arm64", _GB200_MIG),
-        GPUModel("NVIDIA-B200", 183359, "blackwell", (10, 0), mig_profiles=_B200_MIG),
-        GPUModel("NVIDIA-A100-SXM4-80GB", 81920, "ampere", (8, 0), mig_profiles=_80GB_MIG),
-        GPUModel("NVIDIA-A100-SXM4-40GB", 40960, "ampere", (8, 0), mig_profiles=_A100_40_MIG),
-        GPUModel("NVIDIA-L40S", 46068, "ada-lovelace", (8, 9)),
-        GPUModel("Tesla-T4", 15360, "turing", (7, 5)),
-    )
-}
-
-# GFD getArchFamily() values, for products outside the table.
-_FAMILIES = ("volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell")
-# Best-effort family from a product name outside the table (first match wins).
-_FAMILY_HINTS = (
-    (re.compile(r"G?B\d{3}"), "blackwell"),
-    (re.compile(r"G?H\d{3}"), "hopper"),
-    (re.compile(r"L\d{1,2}S?\b|L\d{1,2}$|RTX-\d000-Ada"), "ada-lovelace"),
-    (re.compile(r"A\d{1,3}"), "ampere"),
-    (re.compile(r"T4"), "turing"),
-    (re.compile(r"V100"), "volta"),
-)
-
-
-def _family_from_product(product: str) -> str | None:
-    for pattern, family in _FAMILY_HINTS:
-        if pattern.search(product):
-            return family
-    return None
 
 
 # --- errors -----------------------------------------------------------------------------------------
@@ -297,11 +200,11 @@ class GPUSpec(_Model):
                     f"({', '.join(KNOWN_GPUS)}); give the NVML total memory in MiB",
                 )
             )
-        if self.family is not None and self.family not in _FAMILIES:
+        if self.family is not None and self.family not in GPU_FAMILIES:
             issues.append(
                 FleetIssue(
                     "family",
-                    f"{self.family!r} is not a GFD family; use one of {', '.join(_FAMILIES)}",
+                    f"{self.family!r} is not a GFD family; use one of {', '.join(GPU_FAMILIES)}",
                 )
             )
         elif self.resolved_family is None:
@@ -309,7 +212,7 @@ class GPUSpec(_Model):
                 FleetIssue(
                     "family",
                     f"cannot derive the GPU family from {self.product!r}; set gpu.family "
-                    f"(one of {', '.join(_FAMILIES)})",
+                    f"(one of {', '.join(GPU_FAMILIES)})",
                 )
             )
         if issues:
@@ -336,7 +239,7 @@ class GPUSpec(_Model):
             return self.family
         if self.known is not None:
             return self.known.family
-        return _family_from_product(self.product)
+        return family_from_product(self.product)
 
 
 class NVLinkDomains(_Model):
@@ -468,7 +371,11 @@ class NodePoolSpec(_Model):
                 issues.append(FleetIssue(f"labels.{key}", f"{value!r} is not a label value"))
         for q_field in ("cpu", "memory"):
             q = getattr(self, q_field)
-            if q is not None and not _is_quantity(q):
+            if q is None:
+                continue
+            try:
+                canonical_quantity(q, field=q_field)
+            except QuantityError:
                 issues.append(
                     FleetIssue(q_field, f"{q!r} is not a Kubernetes quantity (e.g. '128', '2Ti')")
                 )
@@ -651,37 +558,6 @@ def _check_dns_label(v: str, what: str) -> str:
     return v
 
 
-def _is_quantity(q: str) -> bool:
-    return bool(re.fullmatch(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", q))
-
-
-_BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL = {"m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
-
-
-def canonical_quantity(q: str) -> str:
-    """A quantity in the form the API server prints back (``1024Gi`` -> ``1Ti``, ``2000m`` ->
-    ``2``, ``1.5Gi`` -> ``1536Mi``): the largest suffix of the same family (binary ``Ki..Ei``
-    or decimal ``m..E``) that keeps the number whole. Input must pass :func:`_is_quantity`."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", q)
-    if not m:
-        raise ValueError(f"{q!r} is not a quantity")
-    number, suffix = Decimal(m.group(1)), m.group(2)
-    if suffix in _BINARY and suffix:
-        value = number * 1024 ** _BINARY.index(suffix)
-        if value == value.to_integral_value():
-            n, e = int(value), 0
-            while e < len(_BINARY) - 1 and n and n % 1024 == 0:
-                n, e = n // 1024, e + 1
-            return f"{n}{_BINARY[e]}"
-        number, suffix = value, ""  # fractional bytes: fall back to decimal milli-units
-    milli = number * Decimal(1000) ** (_DECIMAL[suffix] + 1)
-    n, e = int(milli.to_integral_value(rounding="ROUND_CEILING")), -1
-    while e < 6 and n and n % 1000 == 0:
-        n, e = n // 1000, e + 1
-    return f"{n}{next(k for k, v in _DECIMAL.items() if v == e)}"
-
-
 def _mig_issues(mig: MigSpec, gpu: GPUSpec) -> list[FleetIssue]:
     model = gpu.known
     if model is None or not model.mig_profiles:
@@ -827,7 +703,7 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
     gpu = pool.gpu
     model = gpu.known
     family = gpu.resolved_family or "undefined"
-    major, minor = model.compute_capability if model else _compute_from_family(family)
+    major, minor = model.compute_capability if model else compute_capability_of_family(family)
     arch = model.cpu_arch if model else "amd64"
     # Canonical forms, so capacity/allocatable equal what the API server prints back.
     cpu = canonical_quantity(pool.cpu or str(16 * gpu.count))
@@ -868,7 +744,7 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
             {
                 GPU_PRODUCT_LABEL: f"{gpu.product}-MIG-{profile}",
                 GPU_COUNT_LABEL: str(devices),
-                GPU_MEMORY_LABEL: str(_profile_memory_mb(profile)),
+                GPU_MEMORY_LABEL: str(mig_profile_memory_mib(profile)),
             }
         )
         resources[GPU_RESOURCE] = str(devices)
@@ -909,24 +785,6 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
             capacity=dict(resources),
             allocatable=dict(resources),
         )
-
-
-def _compute_from_family(family: str) -> tuple[int, int]:
-    return {
-        "volta": (7, 0),
-        "turing": (7, 5),
-        "ampere": (8, 0),
-        "ada-lovelace": (8, 9),
-        "hopper": (9, 0),
-        "blackwell": (10, 0),
-    }.get(family, (0, 0))
-
-
-def _profile_memory_mb(profile: str) -> int:
-    # "1g.10gb" -> 10240: the MIG device memory GFD publishes under the single strategy
-    # (gpu-topology.md §2: 5120 for 1g.5gb).
-    m = re.search(r"\.(\d+)gb", profile)
-    return int(m.group(1)) * 1024 if m else 0
 
 
 def node_specs(cluster: ClusterSpec) -> list[NodeSpec]:

@@ -1,7 +1,8 @@
 """Kubernetes resource arithmetic: quantities, resource lists and a pod's effective request.
 
 Used by the agent (requested per node, from bound pods), by the hub (pod sets derived from a
-GPUJob template) and by the fleet spec. Placement only ever sees the integers produced here.
+GPUJob template) and by the fleet spec (node capacities as strings, :func:`canonical_quantity`).
+Placement only ever sees the integers produced here.
 
 Canonical units follow kube-scheduler's ``framework.Resource``: ``cpu`` in millicores, every
 other resource as a whole number of its base unit (``memory`` and ``ephemeral-storage`` in
@@ -10,12 +11,16 @@ A :data:`ResourceList` maps resource names to those integers.
 
 Quantity strings are parsed by the Kubernetes Python client's parser
 (``kubernetes.utils.quantity.parse_quantity``), so ``"8"``, ``8``, ``"3920m"``, ``"937500k"``
-and ``"1Ki"`` mean what they mean to the API server.
+and ``"1Ki"`` mean what they mean to the API server. This module is the one place that parses
+and formats quantities: :func:`parse_quantity` reads them, :func:`to_canonical` and
+:func:`canonical_quantity` normalise them (to an integer, or to the string the API server
+prints back), :func:`format_quantity` renders integers.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -29,6 +34,12 @@ CPU = "cpu"
 MEMORY = "memory"
 
 _NATIVE_PREFIXES = ("hugepages-",)
+# Suffix i multiplies by 1024**i (binary) or by 1000**(i - 1) (decimal, from milli).
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = ("m", "", "k", "M", "G", "T", "P", "E")
+# The plain form: digits, an optional fraction and an optional suffix. No sign, no exponent and
+# no "n"/"u": what a fleet file may give for a node's cpu or memory.
+_PLAIN_QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
 
 
@@ -93,6 +104,45 @@ def to_canonical(resource: str, value: str | int | float | Decimal, *, field: st
     return math.ceil(amount)
 
 
+def canonical_quantity(value: str, *, field: str = "quantity") -> str:
+    """A plain quantity string in the form the API server prints it back (``1024Gi`` -> ``1Ti``,
+    ``2000m`` -> ``2``, ``1.5Gi`` -> ``1536Mi``, ``1000M`` -> ``1G``): the largest suffix of the
+    input's family (binary ``Ki..Ei`` or decimal ``m..E``) that keeps the number whole. Binary
+    input that is not a whole number of bytes, and all decimal input, is rounded up to whole
+    milli-units first (``0.5`` -> ``500m``).
+
+    Raises :class:`QuantityError` naming ``field`` when ``value`` is not in the plain form
+    (digits, optional fraction, optional suffix: no sign, exponent, ``n`` or ``u``).
+    """
+    m = _PLAIN_QUANTITY.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise QuantityError(
+            f"{field}: {value!r} is not a plain Kubernetes quantity (digits with an optional "
+            "fraction and suffix, e.g. '128', '500m', '2Ti')"
+        )
+    amount = parse_quantity(value, field=field)
+    if m.group(1) in _BINARY_SUFFIXES[1:] and amount == amount.to_integral_value():
+        return _with_binary_suffix(int(amount))
+    return _with_decimal_suffix(math.ceil(amount * 1000))
+
+
+def _with_binary_suffix(amount: int) -> str:
+    """``amount`` (base units) with the largest binary suffix that keeps it whole."""
+    e = 0
+    while e < len(_BINARY_SUFFIXES) - 1 and amount and amount % 1024 == 0:
+        amount, e = amount // 1024, e + 1
+    return f"{amount}{_BINARY_SUFFIXES[e]}"
+
+
+def _with_decimal_suffix(milli: int) -> str:
+    """``milli`` (thousandths of the base unit) with the largest decimal suffix that keeps it
+    whole."""
+    e = 0
+    while e < len(_DECIMAL_SUFFIXES) - 1 and milli and milli % 1000 == 0:
+        milli, e = milli // 1000, e + 1
+    return f"{milli}{_DECIMAL_SUFFIXES[e]}"
+
+
 def resource_list(raw: Mapping[str, Any] | None, *, field: str = "resources") -> ResourceList:
     """Convert a Kubernetes ``ResourceList`` (name -> quantity) to canonical integers.
 
@@ -135,16 +185,7 @@ def format_quantity(resource: str, amount: int) -> str:
     if resource == CPU:
         return str(amount // 1000) if amount % 1000 == 0 else f"{amount}m"
     if resource in (MEMORY, "ephemeral-storage", "storage") or resource.startswith("hugepages-"):
-        for suffix, factor in (
-            ("Ei", 2**60),
-            ("Pi", 2**50),
-            ("Ti", 2**40),
-            ("Gi", 2**30),
-            ("Mi", 2**20),
-            ("Ki", 2**10),
-        ):
-            if amount and amount % factor == 0:
-                return f"{amount // factor}{suffix}"
+        return _with_binary_suffix(amount)
     return str(amount)
 
 

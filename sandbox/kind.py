@@ -1,10 +1,11 @@
 """kind provider: the sandbox topology as kind clusters (one per hub/member) with kwok nodes.
 
 Where a Docker engine runs, :class:`KindProvider` creates one kind cluster per sandbox cluster
-(``gpufed-hub``, ``gpufed-<member>``), configures each member's scheduler like the process
-sandbox (MostAllocated on ``nvidia.com/gpu``), installs kwok in-cluster (its release manifest,
-Stage CRD mode) with gpufed's stages, and creates the fleet's nodes as kwok nodes (selected by
-the ``kwok.x-k8s.io/node=fake`` annotation, so kind's own control-plane node stays real).
+(``gpufed-hub``, ``gpufed-<member>``), runs each member's scheduler with the process sandbox's
+configuration (:mod:`gpufed.sandbox.scheduler`: MostAllocated on ``nvidia.com/gpu``), installs
+kwok in-cluster (its release manifest, Stage CRD mode) with gpufed's stages, and creates the
+fleet's nodes as kwok nodes (selected by the ``kwok.x-k8s.io/node=fake`` annotation, so kind's
+own control-plane node stays real).
 
 The generated files are plain data (:func:`kind_bundle`) and unit-tested; bringing clusters up
 needs ``docker``, ``kind`` and ``kubectl`` on PATH. Without a Docker engine
@@ -24,7 +25,10 @@ import yaml
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, ClusterSpec, FleetSpec, node_specs
 from gpufed.sandbox.binaries import K8S_VERSION, KWOK_VERSION
-from gpufed.sandbox.runtime import KWOK_STAGES, SandboxError, node_manifest
+from gpufed.sandbox.components import KWOK_STAGES
+from gpufed.sandbox.nodes import node_manifest
+from gpufed.sandbox.scheduler import scheduler_configuration
+from gpufed.sandbox.state import SandboxError
 
 #: kind node image matching the process sandbox's Kubernetes pin.
 KIND_NODE_IMAGE = f"kindest/node:{K8S_VERSION}"
@@ -42,32 +46,9 @@ def kind_cluster_name(cluster: str) -> str:
 
 
 def scheduler_config() -> dict[str, Any]:
-    """kube-scheduler configuration inside a kind control plane (its own kubeconfig path)."""
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": "/etc/kubernetes/scheduler.conf"},
-        "profiles": [
-            {
-                "schedulerName": "default-scheduler",
-                "pluginConfig": [
-                    {
-                        "name": "NodeResourcesFit",
-                        "args": {
-                            "scoringStrategy": {
-                                "type": "MostAllocated",
-                                "resources": [
-                                    {"name": "nvidia.com/gpu", "weight": 5},
-                                    {"name": "cpu", "weight": 1},
-                                    {"name": "memory", "weight": 1},
-                                ],
-                            }
-                        },
-                    }
-                ],
-            }
-        ],
-    }
+    """The sandbox's kube-scheduler configuration (:mod:`gpufed.sandbox.scheduler`) with the
+    kubeconfig path of a kind control plane."""
+    return scheduler_configuration("/etc/kubernetes/scheduler.conf")
 
 
 def kind_config(

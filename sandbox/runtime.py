@@ -1,5 +1,6 @@
-"""The local sandbox: one etcd, a hub API server and, per member cluster, an API server,
-controller manager, scheduler and kwok, all as processes on 127.0.0.1.
+"""The local sandbox's lifecycle: bring up, wait for, report on and stop one etcd, a hub API
+server and, per member cluster, an API server, controller manager, scheduler and kwok, all as
+processes on 127.0.0.1 (and, on request, the hub and agents of :mod:`gpufed.sandbox.controlplane`).
 
 :class:`Sandbox` is the Python API behind ``gpufed local up|status|down`` and the test fixtures::
 
@@ -17,152 +18,64 @@ Every API server stores its objects in the one etcd under its own ``--etcd-prefi
     etcd/         etcd data
     clusters/<name>/  admin.kubeconfig, scheduler.yaml, kwok.yaml, kwok/ (KWOK_WORKDIR)
     components/ run/ logs/    see gpufed.sandbox.supervisor
+
+The parts it puts together, one module each: :mod:`~gpufed.sandbox.components` (the processes'
+command lines), :mod:`~gpufed.sandbox.scheduler` (the kube-scheduler configuration),
+:mod:`~gpufed.sandbox.nodes` (the fleet's Node objects), :mod:`~gpufed.sandbox.state`
+(``sandbox.json``, kubeconfigs, status records, :class:`SandboxError`; re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
 
 import structlog
-import yaml
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, Field
 from urllib3.exceptions import HTTPError
 
-from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, NodeSpec, node_specs
-from gpufed.sandbox import controlplane
+from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
+from gpufed.sandbox import components, controlplane
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
-from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneInfo, ControlPlaneOptions
+from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions
 from gpufed.sandbox.inventory import ClusterGPUs, cluster_gpus
-from gpufed.sandbox.kube import api_client, list_nodes_raw, node_is_ready
-from gpufed.sandbox.pki import Pki, create_pki
-from gpufed.sandbox.supervisor import (
-    ComponentError,
-    ComponentSpec,
-    ComponentStatus,
-    Probe,
-    Supervisor,
-    http_ok,
+from gpufed.sandbox.kube import list_nodes_raw, node_is_ready
+from gpufed.sandbox.nodes import create_nodes, node_manifest
+from gpufed.sandbox.pki import create_pki
+from gpufed.sandbox.state import (
+    HUB_ETCD_PREFIX,
+    ClusterEndpoint,
+    ClusterStatus,
+    SandboxError,
+    SandboxInfo,
+    SandboxStatus,
+    default_state_dir,
+    write_kubeconfig,
 )
+from gpufed.sandbox.supervisor import ComponentError, Supervisor, http_ok
+
+# The records and node_manifest are re-exported: the CLI, tests, the e2e harness and
+# scripts/bench_agent.py import them from here.
+__all__ = [
+    "HUB_ETCD_PREFIX",
+    "ClusterEndpoint",
+    "ClusterStatus",
+    "Progress",
+    "Sandbox",
+    "SandboxError",
+    "SandboxInfo",
+    "SandboxStatus",
+    "default_state_dir",
+    "node_manifest",
+]
 
 log = structlog.get_logger("gpufed.sandbox")
 
-#: etcd key prefix reserved for the hub process's own state in the sandbox's etcd.
-HUB_ETCD_PREFIX = "/gpufed/hub/"
-#: How long kwok's node Leases last in a member of up to :data:`NODES_PER_LEASE_STEP` nodes;
-#: kwok renews them every quarter of this (10 s, as the kubelet does).
-NODE_LEASE_SECONDS = 40
-NODES_PER_LEASE_STEP = 250
-
-
-def node_lease_seconds(nodes: int) -> int:
-    """Lease duration for a member with ``nodes`` kwok nodes: 40 s up to 250 nodes, then 40 s
-    more per 250 nodes, so lease renewals stay near 25 writes/s (2,000 nodes: 320 s, renewed
-    every 80 s). The controller manager's ``--node-monitor-grace-period`` is set to the same
-    value, so a stopped kwok turns its nodes NotReady after about that long."""
-    return NODE_LEASE_SECONDS * max(1, -(-nodes // NODES_PER_LEASE_STEP))
-
-
-KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
-
 Progress = Callable[[str], None]
-
-
-class SandboxError(RuntimeError):
-    """``up``/``down``/``status`` failed. The message is one paragraph naming the cause and,
-    when a process is involved, its log file; ``up`` has stopped whatever it started."""
-
-
-def default_state_dir() -> Path:
-    """``$GPUFED_STATE_DIR``, else ``$XDG_STATE_HOME/gpufed/sandbox``, else
-    ``~/.local/state/gpufed/sandbox``."""
-    if env := os.environ.get("GPUFED_STATE_DIR"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_STATE_HOME")
-    return (Path(base) if base else Path.home() / ".local" / "state") / "gpufed" / "sandbox"
-
-
-class ClusterEndpoint(BaseModel):
-    """How to reach one sandbox cluster. ``context``: its name in the sandbox kubeconfig;
-    ``kubeconfig``: a single-context admin kubeconfig for this cluster alone."""
-
-    name: str
-    role: Literal["hub", "member"]
-    context: str
-    server: str
-    etcd_prefix: str
-    kubeconfig: Path
-    nodes: int = 0
-
-
-class SandboxInfo(BaseModel):
-    """What a started sandbox offers (``<state>/sandbox.json``).
-
-    ``clusters``: ``hub`` first, then members in fleet order; ``etcd_url``: the shared etcd's
-    client URL; ``hub_etcd_prefix``: the key prefix reserved for the hub process;
-    ``up_seconds``: how long ``up`` took.
-    """
-
-    state_dir: Path
-    kubeconfig: Path
-    etcd_url: str
-    hub_etcd_prefix: str = HUB_ETCD_PREFIX
-    bin_dir: Path
-    fleet_file: Path
-    clusters: dict[str, ClusterEndpoint]
-    token: str
-    ca_file: Path
-    up_seconds: float | None = None
-    phase: Literal["starting", "running", "failed", "stopped"] = "starting"
-    #: The hub and agents (None: clusters only, ``up(..., control_plane=None)``).
-    control_plane: ControlPlaneInfo | None = None
-
-    @property
-    def hub(self) -> ClusterEndpoint:
-        return self.clusters[HUB_CLUSTER_NAME]
-
-    @property
-    def members(self) -> list[str]:
-        """Member cluster names in fleet order."""
-        return [n for n, c in self.clusters.items() if c.role == "member"]
-
-    def api_client(self, cluster: str, *, pool_size: int = 8) -> k8s.ApiClient:
-        """A Kubernetes client for ``cluster`` (``"hub"`` or a member name)."""
-        return api_client(self.kubeconfig, self.clusters[cluster].context, pool_size=pool_size)
-
-
-class ClusterStatus(BaseModel):
-    """One cluster in ``status``: ``reachable`` = ``/readyz`` answered; ``gpus``: read from its
-    Nodes (None when unreachable)."""
-
-    name: str
-    role: str
-    server: str
-    reachable: bool
-    gpus: ClusterGPUs | None = None
-
-
-class SandboxStatus(BaseModel):
-    """``gpufed local status``: ``running`` when every component runs; ``rss_bytes``: summed
-    resident memory of all components."""
-
-    state_dir: Path
-    exists: bool
-    running: bool = False
-    phase: str = "absent"
-    kubeconfig: Path | None = None
-    components: list[ComponentStatus] = Field(default_factory=list)
-    clusters: list[ClusterStatus] = Field(default_factory=list)
-    rss_bytes: int = 0
 
 
 # --- ports ----------------------------------------------------------------------------------------
@@ -342,9 +255,7 @@ class Sandbox:
     ) -> SandboxInfo:
         d = self.state_dir
         names = [HUB_CLUSTER_NAME, *fleet.names]
-        wanted = ["etcd", "etcd-peer"] + [f"apiserver/{n}" for n in names]
-        for m in fleet.names:
-            wanted += [f"controller-manager/{m}", f"scheduler/{m}"]
+        wanted = components.port_names(fleet)
         if control_plane is not None:
             wanted += controlplane.port_names(fleet)
         free = iter(_free_ports(len(wanted)))
@@ -367,9 +278,9 @@ class Sandbox:
                 nodes=0 if n == HUB_CLUSTER_NAME else fleet.cluster(n).node_count,
             )
             clusters[n] = ep
-            _write_kubeconfig(ep.kubeconfig, [ep], pki, current=n)
+            write_kubeconfig(ep.kubeconfig, [ep], pki, current=n)
         kubeconfig = d / "kubeconfig"
-        _write_kubeconfig(kubeconfig, list(clusters.values()), pki, current=HUB_CLUSTER_NAME)
+        write_kubeconfig(kubeconfig, list(clusters.values()), pki, current=HUB_CLUSTER_NAME)
         info = SandboxInfo(
             state_dir=d,
             kubeconfig=kubeconfig,
@@ -380,7 +291,9 @@ class Sandbox:
             token=pki.token,
             ca_file=pki.ca_crt,
         )
-        self._register(info, fleet, bins, pki, ports)
+        components.write_config_files(info)
+        for spec in components.cluster_components(info, bins, pki, ports):
+            self.supervisor.register(spec)
         if control_plane is not None:
             cp = controlplane.configure(
                 self.supervisor,
@@ -395,138 +308,6 @@ class Sandbox:
             info = info.model_copy(update={"control_plane": cp})
         self._write_info(info)
         return info
-
-    def _register(
-        self, info: SandboxInfo, fleet: FleetSpec, bins: BinDir, pki: Pki, ports: dict[str, int]
-    ) -> None:
-        d = self.state_dir
-        sup = self.supervisor
-        sup.register(
-            ComponentSpec(
-                name="etcd",
-                argv=[
-                    str(bins.etcd),
-                    "--name=sandbox",
-                    f"--data-dir={d / 'etcd'}",
-                    f"--listen-client-urls={info.etcd_url}",
-                    f"--advertise-client-urls={info.etcd_url}",
-                    f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
-                    f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
-                    f"--initial-cluster=sandbox=http://127.0.0.1:{ports['etcd-peer']}",
-                    "--unsafe-no-fsync=true",
-                    "--auto-compaction-retention=1",
-                    "--quota-backend-bytes=4294967296",
-                    "--log-level=warn",
-                ],
-                ports=[ports["etcd"], ports["etcd-peer"]],
-                probe=Probe(kind="http", url=f"{info.etcd_url}/health"),
-                start_timeout_s=60,
-            )
-        )
-        for ep in info.clusters.values():
-            port = ports[f"apiserver/{ep.name}"]
-            sup.register(
-                ComponentSpec(
-                    name=f"apiserver/{ep.name}",
-                    argv=[
-                        str(bins.kube_apiserver),
-                        f"--etcd-servers={info.etcd_url}",
-                        f"--etcd-prefix={ep.etcd_prefix}",
-                        "--bind-address=127.0.0.1",
-                        "--advertise-address=127.0.0.1",
-                        f"--secure-port={port}",
-                        f"--cert-dir={d / 'clusters' / ep.name / 'pki'}",
-                        f"--tls-cert-file={pki.serving_crt}",
-                        f"--tls-private-key-file={pki.serving_key}",
-                        "--service-cluster-ip-range=10.96.0.0/16",
-                        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                        f"--service-account-key-file={pki.sa_pub}",
-                        f"--service-account-signing-key-file={pki.sa_key}",
-                        f"--token-auth-file={pki.tokens_csv}",
-                        "--authorization-mode=RBAC",
-                        # ServiceAccount: no token controller runs (as in envtest).
-                        # TaintNodesByCondition would put node.kubernetes.io/not-ready on every
-                        # new Node for the controller manager to remove one by one (~30/s on 2
-                        # cores); kwok makes nodes Ready at once, and the node lifecycle
-                        # controller still taints nodes that turn NotReady later.
-                        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                        "--allow-privileged=true",
-                        "--enable-priority-and-fairness=false",
-                        "--profiling=false",
-                        "--endpoint-reconciler-type=none",
-                    ],
-                    ports=[port],
-                    probe=Probe(kind="http", url=f"{ep.server}/readyz"),
-                    start_timeout_s=240,
-                )
-            )
-        for m in info.members:
-            ep = info.clusters[m]
-            cdir = d / "clusters" / m
-            kcm_port, sched_port = ports[f"controller-manager/{m}"], ports[f"scheduler/{m}"]
-            lease_s = node_lease_seconds(ep.nodes)
-            sup.register(
-                ComponentSpec(
-                    name=f"controller-manager/{m}",
-                    argv=[
-                        str(bins.kube_controller_manager),
-                        f"--kubeconfig={ep.kubeconfig}",
-                        "--controllers=*",
-                        "--use-service-account-credentials=false",
-                        "--leader-elect=false",
-                        "--bind-address=127.0.0.1",
-                        f"--secure-port={kcm_port}",
-                        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                        "--node-monitor-period=5s",
-                        f"--node-monitor-grace-period={lease_s}s",
-                        "--kube-api-qps=300",
-                        "--kube-api-burst=600",
-                        "--profiling=false",
-                    ],
-                    ports=[kcm_port],
-                    probe=Probe(kind="http", url=f"https://127.0.0.1:{kcm_port}/healthz"),
-                    start_timeout_s=90,
-                )
-            )
-            sched_cfg = cdir / "scheduler.yaml"
-            sched_cfg.write_text(yaml.safe_dump(_scheduler_config(ep.kubeconfig), sort_keys=False))
-            sup.register(
-                ComponentSpec(
-                    name=f"scheduler/{m}",
-                    argv=[
-                        str(bins.kube_scheduler),
-                        f"--config={sched_cfg}",
-                        "--bind-address=127.0.0.1",
-                        f"--secure-port={sched_port}",
-                        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                        "--profiling=false",
-                    ],
-                    ports=[sched_port],
-                    probe=Probe(kind="http", url=f"https://127.0.0.1:{sched_port}/healthz"),
-                    start_timeout_s=90,
-                )
-            )
-            kwok_cfg = cdir / "kwok.yaml"
-            kwok_cfg.write_text(_kwok_configuration() + KWOK_STAGES.read_text())
-            (cdir / "kwok").mkdir(exist_ok=True)
-            sup.register(
-                ComponentSpec(
-                    name=f"kwok/{m}",
-                    argv=[
-                        str(bins.kwok),
-                        f"--kubeconfig={ep.kubeconfig}",
-                        f"--config={kwok_cfg}",
-                        "--manage-all-nodes=true",
-                        f"--node-lease-duration-seconds={lease_s}",
-                        "--cidr=10.0.0.0/16",
-                        "--node-ip=10.0.0.1",
-                    ],
-                    # KWOK_WORKDIR keeps ~/.kwok/kwok.yaml (always loaded when present) out.
-                    env={"KWOK_WORKDIR": str(cdir / "kwok")},
-                    probe=Probe(kind="process", settle_s=1.0),
-                    start_timeout_s=30,
-                )
-            )
 
     def _start(
         self,
@@ -561,7 +342,7 @@ class Sandbox:
         for cluster in fleet.clusters:
             specs = node_specs(cluster)
             total += len(specs)
-            _create_nodes(info.api_client(cluster.name, pool_size=16), specs)
+            create_nodes(info.api_client(cluster.name, pool_size=16), specs)
         say(f"  {f'{total} nodes created':<44} in {time.monotonic() - t0:5.1f}s")
         t0 = time.monotonic()
         limit = nodes_timeout_s if nodes_timeout_s is not None else 90 + 0.1 * total
@@ -721,146 +502,3 @@ class Sandbox:
         """GPU inventory of every member, read from its API server's Nodes."""
         info = self.info()
         return [cluster_gpus(m, list_nodes_raw(info.api_client(m))) for m in info.members]
-
-
-# --- helpers ----------------------------------------------------------------------------------------
-
-
-def _write_kubeconfig(
-    path: Path, clusters: list[ClusterEndpoint], pki: Pki, *, current: str
-) -> None:
-    import base64
-
-    ca = base64.b64encode(pki.ca_crt.read_bytes()).decode()
-    doc: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": c.name, "cluster": {"server": c.server, "certificate-authority-data": ca}}
-            for c in clusters
-        ],
-        "users": [{"name": "admin", "user": {"token": pki.token}}],
-        "contexts": [
-            {"name": c.context, "context": {"cluster": c.name, "user": "admin"}} for c in clusters
-        ],
-        "current-context": current,
-        "preferences": {},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    path.chmod(0o600)
-
-
-def _kwok_configuration() -> str:
-    """kwok options (the stages follow in the same file). kwok applies stages with 4 workers
-    by default, which makes 2,000 nodes take over a minute to turn Ready; 16 keeps the API
-    server busy instead."""
-    doc = {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {
-            "nodePlayStageParallelism": 16,
-            "podPlayStageParallelism": 16,
-            "nodeLeaseParallelism": 16,
-        },
-    }
-    return yaml.safe_dump(doc, sort_keys=False) + "---\n"
-
-
-def _scheduler_config(kubeconfig: Path) -> dict[str, Any]:
-    """kube-scheduler configuration: bin-pack GPUs (MostAllocated weighs nvidia.com/gpu), so
-    whole nodes and NVLink domains stay free for large jobs."""
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 100, "burst": 200},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [
-            {
-                "schedulerName": "default-scheduler",
-                "pluginConfig": [
-                    {
-                        "name": "NodeResourcesFit",
-                        "args": {
-                            "scoringStrategy": {
-                                "type": "MostAllocated",
-                                "resources": [
-                                    {"name": "nvidia.com/gpu", "weight": 5},
-                                    {"name": "cpu", "weight": 1},
-                                    {"name": "memory", "weight": 1},
-                                ],
-                            }
-                        },
-                    }
-                ],
-            }
-        ],
-    }
-
-
-def node_manifest(spec: NodeSpec) -> dict[str, Any]:
-    """A kwok-managed Node for ``spec``: labels, taints, and status capacity/allocatable set on
-    create (allowed for Nodes), which kwok's node-initialize stage keeps."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": spec.name,
-            "labels": dict(spec.labels),
-            "annotations": {
-                "kwok.x-k8s.io/node": "fake",
-                "node.alpha.kubernetes.io/ttl": "0",
-            },
-        },
-        "spec": {"taints": [t.model_dump() for t in spec.taints]},
-        "status": {
-            "capacity": dict(spec.capacity),
-            "allocatable": dict(spec.allocatable),
-            # Empty fields are filled in by kwok's node-initialize stage.
-            "nodeInfo": {
-                "architecture": spec.labels.get("kubernetes.io/arch", "amd64"),
-                "operatingSystem": "linux",
-                **dict.fromkeys(
-                    (
-                        "bootID",
-                        "containerRuntimeVersion",
-                        "kernelVersion",
-                        "kubeProxyVersion",
-                        "kubeletVersion",
-                        "machineID",
-                        "osImage",
-                        "systemUUID",
-                    ),
-                    "",
-                ),
-            },
-        },
-    }
-
-
-def _create_nodes(api: k8s.ApiClient, specs: list[NodeSpec]) -> None:
-    core = k8s.CoreV1Api(api)
-
-    def create(spec: NodeSpec) -> None:
-        for attempt in range(5):
-            try:
-                # A plain dict body is sent as JSON unchanged (status included, which the
-                # API server accepts on Node create).
-                body: Any = node_manifest(spec)
-                core.create_node(body, _request_timeout=30)
-                return
-            except ApiException as exc:
-                if exc.status == 409:
-                    return
-                if exc.status and exc.status < 500 and exc.status != 429:
-                    raise SandboxError(
-                        f"sandbox failed to start: the API server refused node {spec.name}: "
-                        f"{exc.status} {exc.reason}: {exc.body}"
-                    ) from None
-            except (HTTPError, OSError):
-                pass
-            time.sleep(0.5 * (attempt + 1))
-        raise SandboxError(f"sandbox failed to start: could not create node {spec.name}")
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(create, specs))

@@ -6,6 +6,7 @@ import pytest
 
 from gpufed.api.resources import (
     QuantityError,
+    canonical_quantity,
     container_requests,
     format_quantity,
     pod_requests,
@@ -87,3 +88,24 @@ def test_format_quantity_round_trips_common_values() -> None:
     assert format_quantity("cpu", 4000) == "4"
     assert format_quantity("memory", 2**31) == "2Gi"
     assert format_quantity("memory", 937_500_000) == "937500000"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1024Gi", "1Ti"),
+        ("937500k", "937500k"),
+        ("1000", "1k"),
+        ("0.0001Ki", "103m"),  # not a whole number of bytes: decimal milli-units, rounded up
+    ],
+)
+def test_canonical_quantity_keeps_the_suffix_family_as_the_api_server_does(
+    value: str, expected: str
+) -> None:
+    assert canonical_quantity(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1e3", "-1", "+1", ".5", "1K", "1n", "1 Gi", ""])
+def test_canonical_quantity_accepts_only_the_plain_form(value: str) -> None:
+    with pytest.raises(QuantityError, match=r"memory: .* is not a plain Kubernetes quantity"):
+        canonical_quantity(value, field="memory")

@@ -8,9 +8,16 @@ import yaml
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.sandbox.binaries import K8S_VERSION
-from gpufed.sandbox.kind import kind_bundle, kind_cluster_name, kind_config, stage_manifests
+from gpufed.sandbox.kind import (
+    kind_bundle,
+    kind_cluster_name,
+    kind_config,
+    scheduler_config,
+    stage_manifests,
+)
+from gpufed.sandbox.scheduler import scheduler_configuration
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "fleets" / "small.yaml"
 
 
@@ -62,3 +69,10 @@ def test_bundle_writes_configs_nodes_and_stages_per_cluster(tmp_path: Path) -> N
     assert {s["kind"] for s in stages} == {"Stage"}
     cfg = yaml.safe_load(alpha.kind_config.read_text())
     assert cfg["nodes"][0]["extraMounts"][0]["hostPath"] == str((tmp_path / "alpha").absolute())
+
+
+def test_kind_members_run_the_process_sandboxs_scheduler_configuration() -> None:
+    kind, process = scheduler_config(), scheduler_configuration("/x/admin.kubeconfig")
+    assert kind["clientConnection"].pop("kubeconfig") == "/etc/kubernetes/scheduler.conf"
+    assert process["clientConnection"].pop("kubeconfig") == "/x/admin.kubeconfig"
+    assert kind == process

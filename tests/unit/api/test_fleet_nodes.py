@@ -17,7 +17,7 @@ from gpufed.api.labels import (
     HOSTNAME_LABEL,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def cluster(cluster_name: str = "c", **pool: Any) -> ClusterSpec:

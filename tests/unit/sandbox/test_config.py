@@ -16,21 +16,14 @@ from gpufed.api.fleet import FleetSpec, node_specs
 from gpufed.api.labels import SIM_DURATION_ANNOTATION, SIM_EXIT_CODE_ANNOTATION
 from gpufed.cli.main import app
 from gpufed.sandbox.binaries import CORE_BINARIES, BinDir
+from gpufed.sandbox.components import KWOK_STAGES, kwok_configuration, node_lease_seconds
+from gpufed.sandbox.nodes import node_manifest
 from gpufed.sandbox.pki import create_pki
-from gpufed.sandbox.runtime import (
-    KWOK_STAGES,
-    ClusterEndpoint,
-    Sandbox,
-    SandboxError,
-    _kwok_configuration,
-    _scheduler_config,
-    _write_kubeconfig,
-    default_state_dir,
-    node_lease_seconds,
-    node_manifest,
-)
+from gpufed.sandbox.runtime import Sandbox
+from gpufed.sandbox.scheduler import scheduler_configuration
+from gpufed.sandbox.state import ClusterEndpoint, SandboxError, default_state_dir, write_kubeconfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "fleets" / "small.yaml"
 
 
@@ -58,7 +51,7 @@ def test_kubeconfig_has_one_context_per_cluster_and_hub_is_current(tmp_path: Pat
         for i, n in enumerate(["hub", "alpha", "beta"])
     ]
     path = tmp_path / "kubeconfig"
-    _write_kubeconfig(path, eps, pki, current="hub")
+    write_kubeconfig(path, eps, pki, current="hub")
     doc = yaml.safe_load(path.read_text())
     assert doc["current-context"] == "hub"
     assert [c["name"] for c in doc["contexts"]] == ["hub", "alpha", "beta"]
@@ -71,7 +64,7 @@ def test_kubeconfig_has_one_context_per_cluster_and_hub_is_current(tmp_path: Pat
 
 
 def test_scheduler_bin_packs_gpus() -> None:
-    cfg = _scheduler_config(Path("/x/admin.kubeconfig"))
+    cfg = scheduler_configuration(Path("/x/admin.kubeconfig"))
     assert cfg["clientConnection"]["kubeconfig"] == "/x/admin.kubeconfig"
     (plugin,) = cfg["profiles"][0]["pluginConfig"]
     strategy = plugin["args"]["scoringStrategy"]
@@ -80,7 +73,7 @@ def test_scheduler_bin_packs_gpus() -> None:
 
 
 def test_kwok_config_has_options_and_mutually_exclusive_finish_stages() -> None:
-    docs = list(yaml.safe_load_all(_kwok_configuration() + KWOK_STAGES.read_text()))
+    docs = list(yaml.safe_load_all(kwok_configuration() + KWOK_STAGES.read_text()))
     assert docs[0]["kind"] == "KwokConfiguration"
     stages = {d["metadata"]["name"]: d for d in docs[1:]}
     assert set(stages) == {

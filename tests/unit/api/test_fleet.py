@@ -9,7 +9,7 @@ import pytest
 
 from gpufed.api.fleet import FleetError, FleetSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def pool(**kw: Any) -> dict[str, Any]:
