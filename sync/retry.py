@@ -86,9 +86,16 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 def backoff_seconds(
     attempt: int, *, base: float = 0.2, cap: float = 10.0, rng: Callable[[], float] = random.random
 ) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-    ceiling: float = min(cap, base * float(2 ** max(0, attempt - 1)))
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**(attempt-1))].
+
+    ``attempt`` counts from 1; any count is fine (a loop that has failed for hours).
+    """
+    # The exponent stops growing long before a float overflows (2.0**1024 does).
+    ceiling: float = min(cap, base * 2.0 ** min(max(0, attempt - 1), _MAX_EXPONENT))
     return rng() * ceiling
+
+
+_MAX_EXPONENT = 64
 
 
 def _wait(retry_state: RetryCallState) -> float:

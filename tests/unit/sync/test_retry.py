@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpufed.sync.retry import Verdict, classify, kube_retry, retry_after_seconds
+from gpufed.sync.retry import (
+    Verdict,
+    backoff_seconds,
+    classify,
+    kube_retry,
+    retry_after_seconds,
+)
 
 
 class FakeApiError(Exception):
@@ -73,3 +79,10 @@ async def test_kube_retry_retries_503_then_succeeds_and_gives_up_on_403() -> Non
 
 async def _no_sleep(_: float) -> None:
     return None
+
+
+def test_backoff_survives_hours_of_failures() -> None:
+    # backoff_seconds(1025) raised OverflowError (2**1024 does not fit a float): the agent's
+    # informer, which counts failures in a row, crashed after about 1,000 of them.
+    assert backoff_seconds(1025, base=0.5, cap=10.0, rng=lambda: 1.0) == 10.0
+    assert backoff_seconds(10_000, base=0.5, cap=10.0, rng=lambda: 1.0) == 10.0
