@@ -41,7 +41,7 @@ from gpufed.sync.apply import (
     ref_of,
 )
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
-from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
+from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.agent.work")
 
@@ -281,10 +281,10 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            verdict = classify(exc)
+            verdict = verdict_of(exc)
             if status_of(exc) is None and verdict is Verdict.PERMANENT:
                 raise  # not an API error: a bug, handled by the worker
-            retryable = verdict is not Verdict.PERMANENT
+            retryable = not verdict.permanent
             message = api_error_message(exc)
             bound.warning(
                 "work.apply.failed", reason=message, status=status_of(exc), retryable=retryable
@@ -323,10 +323,11 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            if status_of(exc) is None and classify(exc) is Verdict.PERMANENT:
-                raise
+            verdict = verdict_of(exc)
+            if status_of(exc) is None and verdict is Verdict.PERMANENT:
+                raise  # not an API error: a bug, handled by the worker
             message = api_error_message(exc)
-            retryable = classify(exc) is not Verdict.PERMANENT
+            retryable = not verdict.permanent
             bound.warning("work.delete.failed", reason=message, retryable=retryable)
             self._send_ack(self._failed(item, message, retryable=retryable))
             return

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import JOB_UID_LABEL, MANAGED_NAMESPACE_LABEL
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
-from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
+from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 #: Field manager of every server-side apply gpufed makes (``metadata.managedFields[].manager``).
 FIELD_MANAGER = "gpufed"
@@ -291,7 +291,7 @@ async def _create_only(
             try:
                 await client.create(obj)
             except Exception as exc:
-                if classify(exc) is not Verdict.RECONCILE:
+                if verdict_of(exc) is not Verdict.RECONCILE:
                     raise
                 existing = await client.get(ref)
                 if existing is None:
