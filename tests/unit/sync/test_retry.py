@@ -176,22 +176,20 @@ async def test_kube_retry_retries_503_then_succeeds_and_gives_up_on_403() -> Non
                 raise FakeApiError(503, {"Retry-After": "0"})
     assert calls == 3
 
-    forbidden_calls = 0
-
-    async def forbidden() -> None:
-        nonlocal forbidden_calls
-        async for attempt in kube_retry(attempts=5, sleep=_no_sleep):
-            with attempt:
-                forbidden_calls += 1
-                raise FakeApiError(403)
-
-    with pytest.raises(FakeApiError):
-        await forbidden()
-    assert forbidden_calls == 1
+    assert await attempts_for(403) == 1
 
 
 @pytest.mark.parametrize("status", [404, 409, 410, 422])
 async def test_kube_retry_does_not_retry_what_retrying_cannot_fix(status: int) -> None:
+    assert await attempts_for(status) == 1
+
+
+async def test_kube_retry_gives_up_after_its_attempts() -> None:
+    assert await attempts_for(503) == 5
+
+
+async def attempts_for(status: int) -> int:
+    """How many calls kube_retry(attempts=5) makes when every call fails with ``status``."""
     calls = 0
 
     async def call() -> None:
@@ -203,7 +201,7 @@ async def test_kube_retry_does_not_retry_what_retrying_cannot_fix(status: int) -
 
     with pytest.raises(FakeApiError):
         await call()
-    assert calls == 1
+    return calls
 
 
 async def _no_sleep(_: float) -> None:
