@@ -34,15 +34,30 @@ WriteFn = Callable[[str, Any], Awaitable[None]]
 
 class CoalescingWriter:
     """``submit(key, value)``; ``workers`` tasks call ``write(key, value)``; a key is written
-    at most once per ``min_interval_s`` seconds unless urgent (module docstring)."""
+    at most once per ``min_interval_s`` seconds unless urgent (module docstring).
+
+    ``clock`` (seconds, monotonic; default the running loop's ``time()``) and ``sleep``
+    (default :func:`asyncio.sleep`) are the writer's only sources of time: the interval and
+    the pause after a failed write are measured and waited with them (tests pass fake time).
+    """
 
     def __init__(
-        self, name: str, write: WriteFn, *, workers: int = 4, min_interval_s: float = 0.0
+        self,
+        name: str,
+        write: WriteFn,
+        *,
+        workers: int = 4,
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.name = name
         self._write = write
         self._workers = workers
         self._min_interval_s = min_interval_s
+        self._clock = clock
+        self._sleep = sleep
+        self._timers: set[asyncio.Task[None]] = set()  # delayed re-queues (min_interval_s)
         self._last_write: dict[str, float] = {}
         self._desired: dict[str, Any] = {}
         self._written: dict[str, Any] = {}
@@ -63,12 +78,14 @@ class CoalescingWriter:
 
     async def stop(self) -> None:
         """Cancel the workers (pending values are dropped: the next leader rewrites them)."""
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._timers]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._timers.clear()
 
     def submit(self, key: str, value: Any, *, urgent: bool = False) -> None:
         """Desire ``value`` for ``key``; written soon unless equal to the last write. ``urgent``:
@@ -90,8 +107,18 @@ class CoalescingWriter:
         self._idle.clear()
         entry = (priority, next(self._seq), key)
         if delay > 0:
-            asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, entry)
+            timer = asyncio.create_task(self._put_later(delay, entry))
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
         else:
+            self._queue.put_nowait(entry)
+
+    async def _put_later(self, delay: float, entry: tuple[int, int, str]) -> None:
+        try:
+            await self._sleep(delay)
+        finally:
+            # Also when stop() cancels the wait: the entry stays queued (as a call_later did),
+            # so a writer started again writes the key; its worker re-checks the interval.
             self._queue.put_nowait(entry)
 
     def forget(self, key: str) -> None:
@@ -110,7 +137,7 @@ class CoalescingWriter:
         await self._idle.wait()
 
     async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
+        now = self._clock or asyncio.get_running_loop().time
         while True:
             priority, _, key = await self._queue.get()
             if self._queued.get(key) != priority:
@@ -119,7 +146,7 @@ class CoalescingWriter:
             if key not in self._desired:
                 self._maybe_idle()
                 continue
-            wait = self._last_write.get(key, -1e9) + self._min_interval_s - loop.time()
+            wait = self._last_write.get(key, -1e9) + self._min_interval_s - now()
             if wait > 0 and priority > 0:
                 # Written moments ago: come back when the interval is over (later submits of
                 # this key coalesce meanwhile); the worker moves on to other keys.
@@ -131,7 +158,7 @@ class CoalescingWriter:
                 if self._written.get(key) != value:
                     await self._write(key, value)
                     self._written[key] = value
-                    self._last_write[key] = loop.time()
+                    self._last_write[key] = now()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -144,7 +171,7 @@ class CoalescingWriter:
                     self._written[key] = value
                 else:
                     log.warning("hub.write.failed", writer=self.name, key=key, error=str(exc))
-                    await asyncio.sleep(1.0)
+                    await self._sleep(1.0)
                     self._written.pop(key, None)
             finally:
                 self._busy.discard(key)

@@ -102,6 +102,7 @@ class HubStream:
         metrics: AgentMetrics,
         instance: str | None = None,
         cluster_uid: Callable[[], Awaitable[str]] | None = None,
+        reconnect_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -119,6 +120,7 @@ class HubStream:
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
         self._resync = asyncio.Event()
         self.sessions = 0
+        self._reconnect_sleep = reconnect_sleep  # waits out the backoff before a reconnect
 
     # --- outbound helpers (used as callbacks by work manager and status reporter) ---------------
 
@@ -149,6 +151,7 @@ class HubStream:
                 wait=wait_random_exponential(multiplier=0.5, max=self.config.reconnect_max_s),
                 retry=retry_if_exception(lambda e: isinstance(e, Exception)),
                 before_sleep=self._before_sleep,
+                sleep=self._reconnect_sleep,
             )
             async for attempt in retrying:
                 with attempt:

@@ -14,15 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import structlog
 
 from gpufed.agent.kube import MemberApi
-from gpufed.sync.retry import Verdict, backoff_seconds, classify, status_of
+from gpufed.sync.retry import Backoff, Verdict, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.agent.informer")
+
+#: Backoff caps after a failed list or watch: temporary errors, and errors that retrying
+#: does not fix (they may heal when someone fixes RBAC or installs a CRD); the shortest wait.
+_RETRY_CAP_S = 10.0
+_SLOW_CAP_S = 60.0
+_MIN_WAIT_S = 0.5
 
 
 class Handler(Protocol):
@@ -42,7 +48,10 @@ class Informer:
 
     ``path``: the collection path (``/api/v1/pods``); selectors as in the Kubernetes API.
     ``synced`` is set once the first full list has been handed over. ``on_event`` is called
-    (resource name, event type) for metrics.
+    (resource name, event type) for metrics. After a failure the loop waits
+    ``sleep(seconds)`` (jittered exponential backoff from 0.5 s, capped at 10 s, or 60 s for
+    errors that retrying does not fix, such as 403 while RBAC is missing; never under 0.5 s);
+    ``rng`` is the jitter's source of [0, 1).
     """
 
     def __init__(
@@ -57,6 +66,8 @@ class Informer:
         page_size: int = 500,
         watch_timeout_s: tuple[int, int] = (300, 600),
         on_event: Callable[[str, str], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self.api = api
         self.path = path
@@ -70,6 +81,8 @@ class Informer:
         self.resource_version = ""
         self.relists = 0
         self._on_event = on_event
+        self._sleep = sleep
+        self._backoff = Backoff(base=0.5, cap=_RETRY_CAP_S, jitter=True, rng=rng)
 
     async def relist(self) -> None:
         """One full paginated list handed to the handler; sets :attr:`resource_version`."""
@@ -97,7 +110,7 @@ class Informer:
 
     async def run(self) -> None:
         """List, then watch forever; cancel to stop."""
-        failures = 0
+        self._backoff.reset()
         need_list = True
         while True:
             try:
@@ -105,7 +118,7 @@ class Informer:
                     await self.relist()
                     need_list = False
                 await self._watch_once()
-                failures = 0
+                self._backoff.reset()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -118,11 +131,9 @@ class Informer:
                     )
                     need_list = True
                     continue
-                failures += 1
-                verdict = classify(exc)
-                # A permanent error (403: RBAC missing) will not heal quickly: wait longer.
-                cap = 10.0 if verdict is Verdict.RETRY else 60.0
-                wait = max(0.5, backoff_seconds(failures, base=0.5, cap=cap))
+                # An error retrying does not fix (403: RBAC missing) heals slowly: wait longer.
+                cap = _RETRY_CAP_S if verdict_of(exc) is Verdict.RETRY else _SLOW_CAP_S
+                wait = max(_MIN_WAIT_S, self._backoff.next(cap=cap))
                 log.warning(
                     "informer.failed",
                     resource=self.name,
@@ -134,7 +145,7 @@ class Informer:
                 # resourceVersion still tells the server where to resume, so re-list only when
                 # there is none (410 above forces one otherwise).
                 need_list = need_list or not self.resource_version
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
 
     async def _watch_once(self) -> None:
         timeout = random.randint(*self.watch_timeout_s)

@@ -27,10 +27,10 @@ from gpufed.agent.metrics import AgentMetrics
 from gpufed.api.labels import JOB_UID_LABEL
 from gpufed.api.work import WorkAck, WorkItem
 from gpufed.sync.apply import (
+    ApplyResult,
     ManifestRefusedError,
     ObjectClient,
     ObjectRef,
-    Outcome,
     OwnedElsewhereError,
     api_error_message,
     apply_object,
@@ -41,7 +41,7 @@ from gpufed.sync.apply import (
     ref_of,
 )
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
-from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
+from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.agent.work")
 
@@ -245,14 +245,14 @@ class WorkManager:
             if ns_checked and not ran_before:
                 await ensure_namespace(self._client, item.namespace)
                 self._namespaces.add(item.namespace)
-            outcomes: list[Outcome] = []
+            results: list[ApplyResult] = []
             for obj in manifests:
                 ref = ref_of(obj)
                 # Workload objects of a job that ran before are never re-created, even if they
                 # vanish between the check above and this call.
                 may_create = not (ran_before and ref.kind_group in WORKLOAD_KINDS)
                 try:
-                    outcome = await apply_object(
+                    result = await apply_object(
                         self._client, obj, job_uid=item.job_uid, may_create=may_create
                     )
                 except Exception as exc:
@@ -262,11 +262,11 @@ class WorkManager:
                     # create it again, once.
                     ns_checked = True
                     await ensure_namespace(self._client, item.namespace)
-                    outcome = await apply_object(
+                    result = await apply_object(
                         self._client, obj, job_uid=item.job_uid, may_create=may_create
                     )
-                outcomes.append(outcome)
-                if outcome is Outcome.MISSING and ref == main:
+                results.append(result)
+                if result is ApplyResult.MISSING and ref == main:
                     bound.warning("work.apply.missing", object=str(ref))
                     self._status.track(
                         item.job_uid, revision=item.revision, main=main, missing=True
@@ -281,10 +281,10 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            verdict = classify(exc)
+            verdict = verdict_of(exc)
             if status_of(exc) is None and verdict is Verdict.PERMANENT:
                 raise  # not an API error: a bug, handled by the worker
-            retryable = verdict is not Verdict.PERMANENT
+            retryable = not verdict.permanent
             message = api_error_message(exc)
             bound.warning(
                 "work.apply.failed", reason=message, status=status_of(exc), retryable=retryable
@@ -296,7 +296,7 @@ class WorkManager:
         self._status.track(item.job_uid, revision=item.revision, main=main)
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(asyncio.get_running_loop().time() - start)
-        bound.info("work.applied", outcomes=[o.value for o in outcomes])
+        bound.info("work.applied", outcomes=[r.value for r in results])
         self._send_ack(WorkAck(job_uid=item.job_uid, revision=item.revision, result="Applied"))
 
     async def _get(self, ref: ObjectRef) -> dict[str, Any] | None:
@@ -323,10 +323,11 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            if status_of(exc) is None and classify(exc) is Verdict.PERMANENT:
-                raise
+            verdict = verdict_of(exc)
+            if status_of(exc) is None and verdict is Verdict.PERMANENT:
+                raise  # not an API error: a bug, handled by the worker
             message = api_error_message(exc)
-            retryable = classify(exc) is not Verdict.PERMANENT
+            retryable = not verdict.permanent
             bound.warning("work.delete.failed", reason=message, retryable=retryable)
             self._send_ack(self._failed(item, message, retryable=retryable))
             return

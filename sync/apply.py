@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import JOB_UID_LABEL, MANAGED_NAMESPACE_LABEL
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
-from gpufed.sync.retry import Verdict, classify, kube_retry, status_of
+from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 #: Field manager of every server-side apply gpufed makes (``metadata.managedFields[].manager``).
 FIELD_MANAGER = "gpufed"
@@ -128,8 +128,8 @@ class ObjectClient(Protocol):
         ...
 
 
-class Outcome(enum.Enum):
-    """What :func:`apply_object` did."""
+class ApplyResult(enum.Enum):
+    """What :func:`apply_object` did with one object."""
 
     CREATED = "created"
     APPLIED = "applied"  # server-side applied over an existing or new object
@@ -252,15 +252,15 @@ async def ensure_namespace(client: ObjectClient, name: str) -> bool:
 
 async def apply_object(
     client: ObjectClient, obj: Mapping[str, Any], *, job_uid: str, may_create: bool = True
-) -> Outcome:
+) -> ApplyResult:
     """Make ``obj`` exist in the member with the strategy of its kind.
 
     - create-only kinds: an existing object with this job's UID label is adopted untouched;
       a missing one is created, unless ``may_create`` is False (the job ran before: never
-      re-run it), which gives :attr:`Outcome.MISSING`;
+      re-run it), which gives :attr:`ApplyResult.MISSING`;
     - other kinds: server-side apply with field manager ``gpufed`` and ``force`` (the hub is
       the source of truth for the fields it sets); when ``may_create`` is False and the object
-      is gone, :attr:`Outcome.MISSING` as well.
+      is gone, :attr:`ApplyResult.MISSING` as well.
 
     Raises :class:`OwnedElsewhereError` when the name is taken by another job's object, and
     the API error when the member refuses the object (after retries for temporary errors).
@@ -271,34 +271,34 @@ async def apply_object(
     async for attempt in kube_retry():
         with attempt:
             if not may_create and not await _exists_as_ours(client, ref, job_uid):
-                return Outcome.MISSING
+                return ApplyResult.MISSING
             await client.apply(obj, field_manager=FIELD_MANAGER, force=True)
-            return Outcome.APPLIED
+            return ApplyResult.APPLIED
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
 
 
 async def _create_only(
     client: ObjectClient, obj: Mapping[str, Any], ref: ObjectRef, *, job_uid: str, may_create: bool
-) -> Outcome:
+) -> ApplyResult:
     async for attempt in kube_retry():
         with attempt:
             if not may_create:
                 ours = await _exists_as_ours(client, ref, job_uid)
-                return Outcome.ADOPTED if ours else Outcome.MISSING
+                return ApplyResult.ADOPTED if ours else ApplyResult.MISSING
             # Create first: one request in the common case (a new job). 409 means it exists
             # (created by this agent before, or by someone else): read it, then adopt it or
             # report its owner.
             try:
                 await client.create(obj)
             except Exception as exc:
-                if classify(exc) is not Verdict.RECONCILE:
+                if verdict_of(exc) is not Verdict.RECONCILE:
                     raise
                 existing = await client.get(ref)
                 if existing is None:
                     raise  # gone again meanwhile: report the conflict
                 _check_owner(existing, ref, job_uid)
-                return Outcome.ADOPTED
-            return Outcome.CREATED
+                return ApplyResult.ADOPTED
+            return ApplyResult.CREATED
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
 
 

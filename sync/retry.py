@@ -1,22 +1,37 @@
-"""One retry policy for calls to Kubernetes API servers, shared by hub and agent.
+"""The one error and retry vocabulary for Kubernetes and etcd errors, shared by hub and agent.
 
-:func:`classify` sorts an exception into what to do next; :func:`kube_retry` feeds that to
-tenacity. Callers retry in exactly one layer (this one), never around it as well.
+:func:`verdict_of` sorts an exception into a :class:`Verdict` (what to do next);
+:func:`kube_retry` feeds that to tenacity for single API calls, and :class:`Backoff` gives the
+delays of long-running list/watch loops. Callers retry in exactly one layer, never around it as
+well.
 
-- 5xx, 429 and connection errors/timeouts are *temporary*: retry with jittered exponential
-  backoff, honouring ``Retry-After`` when the server sends it.
-- 409 Conflict means *re-read and reconcile*: the caller's loop must fetch the object again and
-  recompute (retrying the same write would fail the same way), so it is not retried here.
-- Other 4xx are *permanent*: the request itself is wrong (bad manifest, forbidden, not found);
-  report it, do not retry.
+=====================================================  ==============  =========================
+error                                                  verdict         what the caller does
+=====================================================  ==============  =========================
+5xx, 429, status 0, connection errors and timeouts,    ``RETRY``       back off and try again
+aiohttp/urllib3 transport errors, aetcd
+``ConnectionFailedError`` / ``ConnectionTimeoutError``
+409 Conflict                                           ``RECONCILE``   re-read, recompute, write
+404 Not Found, 410 Gone                                ``GONE``        the object (or the watch's
+                                                                       resourceVersion) is gone
+400, 403, 422                                          ``REFUSED``     report; the same request
+                                                                       cannot succeed
+other 4xx; anything that is not an API or transport    ``PERMANENT``   report (a bug or broken
+error                                                                  input)
+=====================================================  ==============  =========================
+
+``GONE``, ``REFUSED`` and ``PERMANENT`` together are the errors that sending the same request
+again cannot fix (:attr:`Verdict.permanent`). Retries honour ``Retry-After`` when the server
+sends it.
 
 Exceptions are recognised by shape (an ``int`` ``status`` attribute, as on the ``ApiException``
-of both ``kubernetes`` and ``kubernetes_asyncio``), so this module imports neither client.
+of both ``kubernetes`` and ``kubernetes_asyncio`` and on aiohttp's response errors) and by the
+module and class name of transport errors, so this module imports no client (``aetcd``,
+``aiohttp``, ``urllib3``, ``kubernetes``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import random
 from collections.abc import Callable, Mapping
@@ -26,14 +41,29 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 
 class Verdict(enum.Enum):
-    """What to do after an error."""
+    """What to do after an error (module docstring: which errors give which verdict)."""
 
     RETRY = "retry"  # temporary: back off and try again
     RECONCILE = "reconcile"  # 409: re-read the object and recompute
-    PERMANENT = "permanent"  # the request is wrong: report, do not retry
+    GONE = "gone"  # 404/410: the object, or a watch's resourceVersion, no longer exists
+    REFUSED = "refused"  # 400/403/422: the content or the caller's rights are refused
+    PERMANENT = "permanent"  # other 4xx, or not an API error at all: a bug or broken input
+
+    @property
+    def permanent(self) -> bool:
+        """True for ``GONE``, ``REFUSED`` and ``PERMANENT``: the same request sent again
+        cannot succeed (``RETRY`` and ``RECONCILE`` may)."""
+        return self in _PERMANENT_VERDICTS
 
 
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_PERMANENT_VERDICTS = frozenset({Verdict.GONE, Verdict.REFUSED, Verdict.PERMANENT})
+_RETRY_STATUSES = frozenset({429})
+_GONE_STATUSES = frozenset({404, 410})
+_REFUSED_STATUSES = frozenset({400, 403, 422})
+#: Transport errors of clients this module does not import, by top-level module.
+_TRANSPORT_MODULES = frozenset({"aiohttp", "urllib3"})
+#: The transient errors of the etcd client (``aetcd``), by class name.
+_ETCD_TRANSIENT = frozenset({"ConnectionFailedError", "ConnectionTimeoutError"})
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -42,31 +72,42 @@ def status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
-def classify(exc: BaseException) -> Verdict:
-    """Sort an exception from a Kubernetes API call into a :class:`Verdict`.
+def verdict_of(exc: BaseException) -> Verdict:
+    """Sort an exception from a Kubernetes API or etcd call into a :class:`Verdict`.
 
     ``ApiException`` status 0 (the client's "no response" value) counts as a connection error.
+    Never raises.
     """
     status = status_of(exc)
     if status is not None and status != 0:
         if status == 409:
             return Verdict.RECONCILE
+        if status in _GONE_STATUSES:
+            return Verdict.GONE
+        if status in _REFUSED_STATUSES:
+            return Verdict.REFUSED
         if status in _RETRY_STATUSES or status >= 500:
             return Verdict.RETRY
         return Verdict.PERMANENT
-    if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError, OSError)):
+    if status == 0 or isinstance(exc, (ConnectionError, TimeoutError, OSError)):
         return Verdict.RETRY
     # aiohttp's client errors do not subclass OSError in every case; match by module.
-    if type(exc).__module__.startswith(("aiohttp", "urllib3")):
+    if _top_module(type(exc)) in _TRANSPORT_MODULES:
         return Verdict.RETRY
-    if status == 0:
+    if any(
+        _top_module(cls) == "aetcd" and cls.__name__ in _ETCD_TRANSIENT for cls in type(exc).__mro__
+    ):
         return Verdict.RETRY
     return Verdict.PERMANENT
 
 
+def _top_module(cls: type) -> str:
+    return cls.__module__.partition(".")[0]
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """True when :func:`classify` says :attr:`Verdict.RETRY`."""
-    return classify(exc) is Verdict.RETRY
+    """True when :func:`verdict_of` says :attr:`Verdict.RETRY`."""
+    return verdict_of(exc) is Verdict.RETRY
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
@@ -86,9 +127,66 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 def backoff_seconds(
     attempt: int, *, base: float = 0.2, cap: float = 10.0, rng: Callable[[], float] = random.random
 ) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-    ceiling: float = min(cap, base * float(2 ** max(0, attempt - 1)))
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**(attempt-1))].
+
+    ``attempt`` counts from 1; any count is fine (a loop that has failed for hours).
+    """
+    # The exponent stops growing long before a float overflows (2.0**1024 does).
+    ceiling: float = min(cap, base * 2.0 ** min(max(0, attempt - 1), _MAX_EXPONENT))
     return rng() * ceiling
+
+
+_MAX_EXPONENT = 64
+
+
+class Backoff:
+    """Exponential backoff for list/watch loops that retry forever: one instance per loop.
+
+    :meth:`next` returns the delay to wait now, in seconds, and advances: ``base``,
+    ``2 * base``, ``4 * base`` ... capped at ``cap``; with ``jitter``, uniform in [0, that]
+    (``rng`` gives [0, 1)). :meth:`reset` after a success starts again at ``base``. Pure: it
+    never sleeps, the loop does (so tests can use fake time). ``next(cap=...)`` caps one delay
+    differently (a loop that waits longer for errors that heal slowly).
+    """
+
+    def __init__(
+        self,
+        base: float = 0.2,
+        cap: float = 10.0,
+        *,
+        jitter: bool = False,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if base <= 0 or cap <= 0:
+            raise ValueError(f"backoff base and cap must be positive, got {base} and {cap}")
+        self.base = base
+        self.cap = cap
+        self.jitter = jitter
+        self._rng = rng
+        self._attempt = 0
+
+    @property
+    def attempt(self) -> int:
+        """How many :meth:`next` calls since construction or the last :meth:`reset`."""
+        return self._attempt
+
+    def next(self, *, cap: float | None = None) -> float:
+        """The delay to wait now (seconds); the following call returns the next step."""
+        self._attempt += 1
+        return backoff_seconds(
+            self._attempt,
+            base=self.base,
+            cap=self.cap if cap is None else cap,
+            rng=self._rng if self.jitter else _no_jitter,
+        )
+
+    def reset(self) -> None:
+        """Start again at ``base`` (after a success)."""
+        self._attempt = 0
+
+
+def _no_jitter() -> float:
+    return 1.0
 
 
 def _wait(retry_state: RetryCallState) -> float:

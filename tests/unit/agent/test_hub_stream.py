@@ -26,10 +26,32 @@ from .builders import gpu_job, gpu_pod, hgx_node
 from .fakes import MemoryCluster
 
 
+class ReconnectWaits:
+    """The stream's reconnect sleep: counts each wait (an awaitable event for tests) and
+    waits it out for real (the backoff is capped at 0.2 s in these tests)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, seconds: float) -> None:
+        async with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+        await asyncio.sleep(seconds)
+
+    async def until(self, count: int, *, within: float = 10.0) -> None:
+        """Return once the stream has waited to reconnect ``count`` times in all."""
+        async with asyncio.timeout(within):
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.count >= count)
+
+
 class Rig:
     """One in-memory agent (inventory + work) wired to a HubStream."""
 
     def __init__(self, hub: str, token_file: Path, **config: Any) -> None:
+        self.reconnect_waits = ReconnectWaits()
         self.config = AgentConfig(
             cluster="m1", hub=hub, token_file=token_file, reconnect_max_s=0.2, **config
         )
@@ -54,6 +76,7 @@ class Rig:
             served_kinds=served,
             metrics=AgentMetrics(),
             cluster_uid=cluster_uid,
+            reconnect_sleep=self.reconnect_waits,
         )
         self.work.set_ack(self.stream.send_ack)
         self.status.set_send(self.stream.send_status)
@@ -192,7 +215,7 @@ async def test_refused_token_is_retried_until_it_is_fixed(peer: HubPeer, tmp_pat
     rig = Rig(peer.address, bad)
     task = asyncio.create_task(rig.stream.run())
     try:
-        await asyncio.sleep(0.5)
+        await rig.reconnect_waits.until(2)  # refused twice, waiting to try again
         assert peer.view("m1").sessions == 0
         assert rig.stream.metrics.hub_connects.labels(result="failed")._value.get() >= 2
         bad.write_text("secret\n")  # rotated token: read again on the next attempt
@@ -206,8 +229,9 @@ async def test_hub_down_then_back_reconnects(peer: HubPeer, running: Rig) -> Non
     view = peer.view("m1")
     await peer.wait_for(lambda: view.snapshots, what="snapshot")
     port = peer.port
+    waits = running.reconnect_waits.count
     await peer.stop()
-    await asyncio.sleep(0.3)
+    await running.reconnect_waits.until(waits + 1)  # the session ended; waiting to reconnect
     assert not running.stream.welcomed.is_set()
     await peer.start(port)
     await peer.wait_for(

@@ -4,10 +4,9 @@ re-list on 410 Gone, pagination, and recovery from broken watches."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from gpufed.agent.informer import Informer
 
@@ -75,8 +74,27 @@ class Recorder:
             del self.objects[name]
 
 
-async def run_until_done(api: ScriptedApi, rec: Recorder) -> Informer:
-    informer = Informer(api, "/api/v1/nodes", rec, name="nodes")  # type: ignore[arg-type]
+class FakeSleep:
+    """Stands in for asyncio.sleep: records each wait and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+async def run_until_done(
+    api: ScriptedApi, rec: Recorder, sleep: FakeSleep | None = None, *, jitter: bool = True
+) -> Informer:
+    informer = Informer(
+        api,  # type: ignore[arg-type]
+        "/api/v1/nodes",
+        rec,
+        name="nodes",
+        sleep=sleep or FakeSleep(),
+        rng=random.random if jitter else lambda: 1.0,
+    )
     task = asyncio.create_task(informer.run())
     await asyncio.wait_for(api.done.wait(), 10)
     task.cancel()
@@ -119,16 +137,50 @@ async def test_410_gone_relists_and_drops_what_vanished() -> None:
     assert informer.resource_version == "200"
 
 
-async def test_broken_watch_resumes_from_its_version_without_relisting(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("gpufed.agent.informer.backoff_seconds", lambda *a, **k: 0.0)
+async def test_broken_watch_resumes_from_its_version_without_relisting() -> None:
     api = ScriptedApi(
         lists=[[[obj("a", 1)]]],
         watches=[ConnectionResetError("peer reset"), [{"type": "ADDED", "object": obj("b", 120)}]],
     )
     rec = Recorder()
-    await run_until_done(api, rec)
+    sleep = FakeSleep()
+    await run_until_done(api, rec, sleep)
     assert api.list_calls == 1
     assert api.watch_versions == ["100", "100", "120"]
     assert sorted(rec.objects) == ["a", "b"]
+    assert sleep.waits == [0.5]  # the shortest wait; the first backoff step is at most that
+
+
+async def test_failures_in_a_row_back_off_and_a_good_watch_starts_again_at_the_start() -> None:
+    reset = ConnectionResetError("peer reset")
+    api = ScriptedApi(
+        lists=[[[obj("a", 1)]]],
+        watches=[reset, reset, reset, reset, [], reset],
+    )
+    sleep = FakeSleep()
+    await run_until_done(api, Recorder(), sleep, jitter=False)
+    assert sleep.waits == [0.5, 1.0, 2.0, 4.0, 0.5]
+
+
+async def test_an_error_retrying_does_not_fix_backs_off_up_to_a_minute() -> None:
+    forbidden = FakeApiError(403, "nodes is forbidden")
+    api = ScriptedApi(lists=[[[obj("a", 1)]]], watches=[forbidden] * 12)
+    sleep = FakeSleep()
+    await run_until_done(api, Recorder(), sleep, jitter=False)
+    assert sleep.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0] + [60.0] * 5
+
+
+async def test_temporary_errors_back_off_up_to_ten_seconds() -> None:
+    api = ScriptedApi(lists=[[[obj("a", 1)]]], watches=[FakeApiError(503, "busy")] * 7)
+    sleep = FakeSleep()
+    await run_until_done(api, Recorder(), sleep, jitter=False)
+    assert sleep.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+async def test_jittered_waits_stay_between_the_shortest_wait_and_each_step() -> None:
+    reset = ConnectionResetError("peer reset")
+    api = ScriptedApi(lists=[[[obj("a", 1)]]], watches=[reset] * 6)
+    sleep = FakeSleep()
+    await run_until_done(api, Recorder(), sleep)
+    ceilings = [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
+    assert all(0.5 <= w <= c for w, c in zip(sleep.waits, ceilings, strict=True))

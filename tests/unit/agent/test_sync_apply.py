@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gpufed.sync.apply import (
+    ApplyResult,
     ApplyStrategy,
     ManifestRefusedError,
-    Outcome,
     OwnedElsewhereError,
     api_error_message,
     apply_object,
@@ -77,9 +77,9 @@ async def test_create_only_creates_then_adopts_without_updating() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
     job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, job, job_uid="uid-1") is Outcome.CREATED
+    assert await apply_object(api, job, job_uid="uid-1") is ApplyResult.CREATED
     changed = {**job, "spec": {"parallelism": 99}}
-    assert await apply_object(api, changed, job_uid="uid-1") is Outcome.ADOPTED
+    assert await apply_object(api, changed, job_uid="uid-1") is ApplyResult.ADOPTED
     assert api.objects[ref_of(job)]["spec"] == job["spec"]  # never updated
     # A new job costs one request; an existing one is found by the 409 and read once.
     assert [op for op, _ in api.calls] == ["create", "create", "get"]
@@ -89,10 +89,10 @@ async def test_a_job_that_ran_is_not_created_again() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
     job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, job, job_uid="uid-1", may_create=False) is Outcome.MISSING
+    assert await apply_object(api, job, job_uid="uid-1", may_create=False) is ApplyResult.MISSING
     assert not api.objects
     cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, cm, job_uid="uid-1", may_create=False) is Outcome.MISSING
+    assert await apply_object(api, cm, job_uid="uid-1", may_create=False) is ApplyResult.MISSING
 
 
 async def test_create_race_409_is_adopted_after_reread() -> None:
@@ -107,7 +107,7 @@ async def test_create_race_409_is_adopted_after_reread() -> None:
         return await real_create(obj)
 
     api.create = create_racing  # type: ignore[method-assign]
-    assert await apply_object(api, job, job_uid="uid-1") is Outcome.ADOPTED
+    assert await apply_object(api, job, job_uid="uid-1") is ApplyResult.ADOPTED
 
 
 async def test_name_taken_by_another_job_is_reported_not_overwritten() -> None:
@@ -127,8 +127,8 @@ async def test_server_side_apply_uses_field_manager_gpufed_and_force() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
     cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED
-    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED  # idempotent
+    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED
+    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED  # idempotent
     assert [op for op, _ in api.calls] == ["apply", "apply"]
 
 
@@ -137,7 +137,7 @@ async def test_temporary_errors_retry_and_rejections_do_not() -> None:
     api.namespaces["team-a"] = {}
     cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
     api.fail_next = [FakeApiError(503, "etcd leader changed"), FakeApiError(429, "slow down")]
-    assert await apply_object(api, cm, job_uid="uid-1") is Outcome.APPLIED
+    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED
     assert len(api.calls) == 3
     api.calls.clear()
     api.fail_next = [FakeApiError(422, 'ConfigMap "x" is invalid: data: Invalid value')]

@@ -20,7 +20,7 @@ from gpufed.hub.store import ConflictError, Loaded
 
 
 @dataclass
-class FakeClock:
+class TermClock:
     """Monotonic and wall seconds that move only when a test says so."""
 
     mono_s: float = 1_000.0

@@ -14,7 +14,7 @@ from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession
 from tests.unit.hub.builders import batch_job, gpujob_obj, membercluster_obj
-from tests.unit.hub.fakes import FakeClock, FakeHubAPI, FakeStore
+from tests.unit.hub.fakes import TermClock, FakeHubAPI, FakeStore
 
 
 async def settle() -> None:
@@ -28,7 +28,7 @@ class Term:
     """One Controller with its fakes; ``config`` overrides apply before it is built."""
 
     config: HubConfig = field(default_factory=lambda: HubConfig(insecure=True))
-    clock: FakeClock = field(default_factory=FakeClock)
+    clock: TermClock = field(default_factory=TermClock)
     store: FakeStore = field(default_factory=FakeStore)
     kube: FakeHubAPI = field(default_factory=FakeHubAPI)
 

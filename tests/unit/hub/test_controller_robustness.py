@@ -32,11 +32,11 @@ from gpufed.hub.service import AgentService
 from gpufed.hub.sessions import PROTOCOL_VERSION, StreamClosedError
 from gpufed.hub.store import Loaded
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj
-from tests.unit.hub.fakes import FakeClock, FakeHubAPI, FakeStore
+from tests.unit.hub.fakes import TermClock, FakeHubAPI, FakeStore
 
 
 def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -> Controller:
-    clock = FakeClock()
+    clock = TermClock()
     return Controller(
         HubConfig(insecure=True),
         store=store or FakeStore(),

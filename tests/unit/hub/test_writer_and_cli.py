@@ -13,6 +13,7 @@ from cryptography import x509
 from gpufed.cli.jobs import cluster_rows, explain_text, job_rows, wrap
 from gpufed.hub.certs import generate
 from gpufed.hub.writer import CoalescingWriter
+from tests.unit.fake_time import FakeClock
 from tests.unit.hub.builders import batch_job
 
 
@@ -203,11 +204,17 @@ def test_sandbox_certificates_verify_for_localhost(tmp_path: Path) -> None:
 
 async def test_updates_soon_after_a_write_wait_out_the_interval_and_coalesce() -> None:
     writes: list[tuple[str, Any]] = []
+    other_written = asyncio.Event()
 
     async def write(key: str, value: Any) -> None:
         writes.append((key, value))
+        if key == "other":
+            other_written.set()
 
-    w = CoalescingWriter("t", write, workers=1, min_interval_s=0.2)
+    clock = FakeClock()
+    w = CoalescingWriter(
+        "t", write, workers=1, min_interval_s=0.2, clock=clock.time, sleep=clock.sleep
+    )
     w.start()
     try:
         w.submit("job", "Placed")
@@ -215,36 +222,73 @@ async def test_updates_soon_after_a_write_wait_out_the_interval_and_coalesce() -
         w.submit("job", "Dispatched")  # within the interval: held back ...
         w.submit("job", "Running")  # ... and replaced by the latest value
         w.submit("other", "Placed")  # another key is not held up by it
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(other_written.wait(), 5)
+        await asyncio.wait_for(clock.until_sleeping(), 5)  # "job" waits for the interval
         assert writes == [("job", "Placed"), ("other", "Placed")]
-        await w.drained()
+        clock.advance(0.1)  # half the interval: still held back
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert writes == [("job", "Placed"), ("other", "Placed")]
+        clock.advance(0.1)
+        await asyncio.wait_for(w.drained(), 5)
         assert writes == [("job", "Placed"), ("other", "Placed"), ("job", "Running")]
+        assert clock.requested == [0.2]
     finally:
         await w.stop()
 
 
 async def test_an_urgent_value_goes_ahead_of_the_queue_and_past_the_interval() -> None:
     writes: list[tuple[str, Any]] = []
+    writing = asyncio.Event()
     gate = asyncio.Event()
 
     async def write(key: str, value: Any) -> None:
+        writing.set()
         await gate.wait()
         writes.append((key, value))
 
-    w = CoalescingWriter("t", write, workers=1, min_interval_s=10.0)
+    clock = FakeClock()
+    w = CoalescingWriter(
+        "t", write, workers=1, min_interval_s=10.0, clock=clock.time, sleep=clock.sleep
+    )
     w.start()
     try:
         for key in ("a", "b", "c"):
             w.submit(key, "Running")
-        await asyncio.sleep(0.01)  # the worker holds "a"
+        await asyncio.wait_for(writing.wait(), 5)  # the worker holds "a"
         w.submit("c", "Succeeded", urgent=True)  # queued as normal: moved ahead
         w.submit("d", "Failed", urgent=True)
         gate.set()
         await w.drained()
         assert writes == [("a", "Running"), ("c", "Succeeded"), ("d", "Failed"), ("b", "Running")]
-        w.submit("a", "Succeeded", urgent=True)  # written 10 s ago or less: not held back
-        await asyncio.wait_for(w.drained(), 1.0)
+        w.submit("a", "Succeeded", urgent=True)  # written 0 s ago: not held back
+        await asyncio.wait_for(w.drained(), 5)
         assert writes[-1] == ("a", "Succeeded")
+        assert clock.requested == []
+    finally:
+        await w.stop()
+
+
+async def test_a_failed_write_pauses_a_second_then_writes_the_value_again() -> None:
+    calls: list[Any] = []
+
+    async def write(key: str, value: Any) -> None:
+        calls.append(value)
+        if len(calls) == 1:
+            raise ConnectionError("hub API server unreachable")
+
+    clock = FakeClock()
+    w = CoalescingWriter("t", write, clock=clock.time, sleep=clock.sleep)
+    w.start()
+    try:
+        w.submit("a", "Running")
+        await asyncio.wait_for(clock.until_sleeping(), 5)
+        assert clock.requested == [1.0]
+        assert calls == ["Running"]
+        clock.advance(1.0)
+        await asyncio.wait_for(w.drained(), 5)
+        assert calls == ["Running", "Running"]
+        assert w.last_written("a") == "Running"
     finally:
         await w.stop()
 
@@ -258,10 +302,12 @@ async def test_a_value_the_api_server_refuses_is_not_retried_but_a_new_value_is_
         if value == "invalid":
             raise ApiStatusError(422, "422 Unprocessable Entity")
 
-    w = CoalescingWriter("t", write)
+    clock = FakeClock()
+    w = CoalescingWriter("t", write, clock=clock.time, sleep=clock.sleep)
     w.start()
     w.submit("a", "invalid")
-    await asyncio.wait_for(w.drained(), 0.5)  # no pause-and-retry
+    await asyncio.wait_for(w.drained(), 5)
+    assert clock.requested == []  # no pause-and-retry
     w.submit("a", "invalid")
     await w.drained()
     w.submit("a", "fixed")

@@ -1,0 +1,258 @@
+"""The one error and retry vocabulary (gpufed.sync.retry): which Kubernetes and etcd errors
+get which verdict, pinned by status code and by exception shape; kube_retry's policy; Backoff."""
+
+from __future__ import annotations
+
+import itertools
+
+import aetcd
+import aiohttp
+import pytest
+import urllib3
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpufed.sync.retry import (
+    Backoff,
+    Verdict,
+    backoff_seconds,
+    kube_retry,
+    retry_after_seconds,
+    verdict_of,
+)
+
+
+class FakeApiError(Exception):
+    """Shaped like kubernetes(_asyncio).client.ApiException: status + headers."""
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.headers = headers or {}
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict"),
+    [
+        (500, Verdict.RETRY),
+        (502, Verdict.RETRY),
+        (503, Verdict.RETRY),
+        (504, Verdict.RETRY),
+        (507, Verdict.RETRY),
+        (429, Verdict.RETRY),
+        (0, Verdict.RETRY),  # the client's "no response"
+        (409, Verdict.RECONCILE),
+        (404, Verdict.GONE),
+        (410, Verdict.GONE),  # a watch's resourceVersion is too old
+        (400, Verdict.REFUSED),
+        (403, Verdict.REFUSED),
+        (422, Verdict.REFUSED),
+        (401, Verdict.PERMANENT),
+        (405, Verdict.PERMANENT),
+        (413, Verdict.PERMANENT),
+        (415, Verdict.PERMANENT),
+    ],
+)
+def test_status_codes_map_to_verdicts(status: int, verdict: Verdict) -> None:
+    assert verdict_of(FakeApiError(status)) is verdict
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict"),
+    [(503, Verdict.RETRY), (409, Verdict.RECONCILE), (410, Verdict.GONE), (422, Verdict.REFUSED)],
+)
+def test_the_real_api_exception_is_recognised_by_its_status(status: int, verdict: Verdict) -> None:
+    assert verdict_of(ApiException(status=status, reason="x")) is verdict
+
+
+def test_a_boolean_status_is_not_an_http_status() -> None:
+    err = FakeApiError(0)
+    err.status = True  # a shape no client produces
+    assert verdict_of(err) is Verdict.PERMANENT
+
+
+def test_only_gone_refused_and_permanent_are_permanent() -> None:
+    assert {v for v in Verdict if v.permanent} == {
+        Verdict.GONE,
+        Verdict.REFUSED,
+        Verdict.PERMANENT,
+    }
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(),
+        ConnectionResetError("peer reset"),
+        TimeoutError(),
+        OSError("network is unreachable"),
+    ],
+)
+def test_connection_errors_and_timeouts_retry(exc: BaseException) -> None:
+    assert verdict_of(exc) is Verdict.RETRY
+
+
+@pytest.mark.parametrize("exc", [KeyError("x"), ValueError("bad manifest"), RuntimeError()])
+def test_bugs_and_broken_input_are_permanent(exc: BaseException) -> None:
+    assert verdict_of(exc) is Verdict.PERMANENT
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientPayloadError("truncated body"),
+        aiohttp.ServerTimeoutError(),
+        aiohttp.ClientConnectionError(),
+        urllib3.exceptions.ProtocolError("connection aborted"),
+        urllib3.exceptions.ReadTimeoutError(None, "/api", "read timed out"),  # type: ignore[arg-type]
+    ],
+)
+def test_transport_errors_of_aiohttp_and_urllib3_retry(exc: BaseException) -> None:
+    assert verdict_of(exc) is Verdict.RETRY
+
+
+def test_an_aiohttp_response_error_is_judged_by_its_status() -> None:
+    def response_error(status: int) -> aiohttp.ClientResponseError:
+        return aiohttp.ClientResponseError(None, (), status=status)  # type: ignore[arg-type]
+
+    assert verdict_of(response_error(503)) is Verdict.RETRY
+    assert verdict_of(response_error(404)) is Verdict.GONE
+    assert verdict_of(response_error(403)) is Verdict.REFUSED
+
+
+def test_transient_etcd_client_errors_retry() -> None:
+    assert verdict_of(aetcd.ConnectionFailedError()) is Verdict.RETRY
+    assert verdict_of(aetcd.ConnectionTimeoutError()) is Verdict.RETRY
+
+
+class ConnectionFailedError(Exception):
+    """An aetcd-shaped class of another package: the name alone does not make it etcd's."""
+
+
+def _etcd_shaped(name: str, *, base: type[Exception] = Exception) -> type[Exception]:
+    # As if defined in aetcd (the module is what verdict_of reads, not the import).
+    return type(name, (base,), {"__module__": "aetcd.exceptions"})
+
+
+def test_etcd_errors_are_matched_by_module_and_class_name() -> None:
+    assert verdict_of(_etcd_shaped("ConnectionFailedError")()) is Verdict.RETRY
+    assert verdict_of(_etcd_shaped("ConnectionTimeoutError")()) is Verdict.RETRY
+    # A subclass of a transient etcd error is transient too.
+    subclass = type("Flaky", (_etcd_shaped("ConnectionFailedError"),), {"__module__": __name__})
+    assert verdict_of(subclass()) is Verdict.RETRY
+    assert verdict_of(ConnectionFailedError()) is Verdict.PERMANENT
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        aetcd.PreconditionFailedError(),
+        aetcd.InvalidArgumentError(),
+        aetcd.exceptions.UnauthenticatedError(),
+        aetcd.InternalError(),
+    ],
+)
+def test_other_etcd_client_errors_are_permanent(exc: BaseException) -> None:
+    assert verdict_of(exc) is Verdict.PERMANENT
+
+
+# --- Retry-After and kube_retry ------------------------------------------------------------------
+
+
+def test_retry_after_header_is_read() -> None:
+    assert retry_after_seconds(FakeApiError(429, {"Retry-After": "3"})) == 3.0
+    assert retry_after_seconds(FakeApiError(429, {"retry-after": "soon"})) is None
+
+
+async def test_kube_retry_retries_503_then_succeeds_and_gives_up_on_403() -> None:
+    calls = 0
+    async for attempt in kube_retry(attempts=5, sleep=_no_sleep):
+        with attempt:
+            calls += 1
+            if calls < 3:
+                raise FakeApiError(503, {"Retry-After": "0"})
+    assert calls == 3
+
+    assert await attempts_for(403) == 1
+
+
+@pytest.mark.parametrize("status", [404, 409, 410, 422])
+async def test_kube_retry_does_not_retry_what_retrying_cannot_fix(status: int) -> None:
+    assert await attempts_for(status) == 1
+
+
+async def test_kube_retry_gives_up_after_its_attempts() -> None:
+    assert await attempts_for(503) == 5
+
+
+async def attempts_for(status: int) -> int:
+    """How many calls kube_retry(attempts=5) makes when every call fails with ``status``."""
+    calls = 0
+
+    async def call() -> None:
+        nonlocal calls
+        async for attempt in kube_retry(attempts=5, sleep=_no_sleep):
+            with attempt:
+                calls += 1
+                raise FakeApiError(status)
+
+    with pytest.raises(FakeApiError):
+        await call()
+    return calls
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+# --- backoff -------------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_base_up_to_the_cap() -> None:
+    b = Backoff(base=0.5, cap=3.0)
+    assert [b.next() for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert b.attempt == 6
+
+
+def test_backoff_defaults_are_those_of_kube_retry() -> None:
+    b = Backoff()
+    assert [b.next() for _ in range(8)] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
+
+
+def test_reset_starts_again_at_base() -> None:
+    b = Backoff(base=1.0, cap=60.0)
+    b.next()
+    b.next()
+    b.reset()
+    assert b.attempt == 0
+    assert b.next() == 1.0
+    assert b.attempt == 1
+
+
+def test_jitter_is_uniform_below_each_step() -> None:
+    draws = itertools.cycle([0.0, 0.5, 0.999])
+    b = Backoff(base=1.0, cap=4.0, jitter=True, rng=lambda: next(draws))
+    assert [b.next() for _ in range(4)] == [0.0, 1.0, 0.999 * 4.0, 0.0]
+
+
+def test_a_cap_given_to_next_caps_that_delay_only() -> None:
+    b = Backoff(base=1.0, cap=10.0)
+    assert [b.next(), b.next(), b.next(cap=1.5), b.next()] == [1.0, 2.0, 1.5, 8.0]
+
+
+def test_backoff_survives_hours_of_failures() -> None:
+    # Before: backoff_seconds(1025) raised OverflowError (2**1024 does not fit a float), which
+    # crashed a watch loop after about 1,000 consecutive failures.
+    b = Backoff(base=0.5, cap=10.0)
+    delays = [b.next() for _ in range(5_000)]
+    assert delays[-1] == 10.0
+    assert backoff_seconds(10_000, base=0.5, cap=10.0, rng=lambda: 1.0) == 10.0
+
+
+@pytest.mark.parametrize(("base", "cap"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0)])
+def test_backoff_refuses_a_base_or_cap_that_is_not_positive(base: float, cap: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Backoff(base, cap)
