@@ -14,7 +14,7 @@ from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession
 from tests.unit.hub.builders import batch_job, gpujob_obj, membercluster_obj
-from tests.unit.hub.fakes import TermClock, FakeHubAPI, FakeStore
+from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
 
 async def settle() -> None:

@@ -32,7 +32,7 @@ from gpufed.hub.service import AgentService
 from gpufed.hub.sessions import PROTOCOL_VERSION, StreamClosedError
 from gpufed.hub.store import Loaded
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj
-from tests.unit.hub.fakes import TermClock, FakeHubAPI, FakeStore
+from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
 
 def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -> Controller:
