@@ -128,7 +128,7 @@ async def test_bad_streams_are_closed_with_a_reason_and_others_carry_on(
         assert after.work[("m1", item.job_uid)] == before.work[("m1", item.job_uid)]
         assert after.acks[("m1", item.job_uid)] == before.acks[("m1", item.job_uid)]
         assert hub.controller is not None
-        assert sorted(hub.controller.members["m2"].nodes) == ["m2-hgx-0"], "the last good one"
+        assert sorted(hub.controller.state.members["m2"].nodes) == ["m2-hgx-0"], "the last good one"
 
         async def persisted() -> list[str] | None:
             names = sorted((await store.load()).nodes.get("m2", {}))

@@ -120,7 +120,8 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         # 3. terminal phases are final: a later report does not move it
         await agent.report(item, "Running", active=1)
         await agent.send(pb.AgentMessage(heartbeat=pb.Heartbeat(inventory_seq=1)))
-        await hub.controller.job_status.drained()  # type: ignore[union-attr]
+        assert hub.controller is not None
+        await hub.controller.mirror.jobs.drained()
         assert await hub_api.phase("llama") == "Succeeded"
 
         # 4. deletion: a Delete work item with a newer revision; the finalizer stays until
