@@ -22,7 +22,7 @@ The components, each in its own module (docs/design.md §9 walks a job through t
 
 Concurrency: one asyncio loop; every read-modify-write of one job runs under that job's lock,
 many jobs in parallel. A background task that finds another leader in etcd, loses etcd or
-hits a bug ends this controller (:class:`gpufed.hub.tasks.TermTasks`).
+hits a bug ends this controller (:class:`gpufed.hub.term.TermTasks`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import AgentSession, StreamClosedError
 from gpufed.hub.state import HubState, WorkState
 from gpufed.hub.store import Loaded
-from gpufed.hub.tasks import TermTasks
+from gpufed.hub.term import Term, TermTasks
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.core")
@@ -83,83 +83,59 @@ class Controller:
     ) -> None:
         self.config = config
         self.metrics = metrics
-        self._store = store
         self._mono = mono
         self._wall = wall
         self.started = mono()
         self._stopped = asyncio.Event()
         self.stop_reason = ""
-        self.tasks = TermTasks(self.stop)
-        spawn = self.tasks.spawn
-        clocks = {"mono": mono, "wall": wall}
         self.state = HubState()
         self.snapshot = FleetSnapshot()
-        self.mirror = Mirror(kube, metrics, spawn=spawn, wall=wall)
-        self.reservations = Reservations(
-            self.snapshot, store, ttl_s=config.reservation_ttl_s, spawn=spawn
+        term = Term(
+            config=config,
+            store=store,
+            kube=kube,
+            metrics=metrics,
+            state=self.state,
+            tasks=TermTasks(self.stop),
+            mono=mono,
+            wall=wall,
+            started=self.started,
         )
-        self.dispatch = Dispatch(config, store, self.state, metrics, mono=mono)
-        self.deletion = Deletion(
-            kube, store, self.state, self.dispatch, self.reservations, self.mirror, spawn=spawn
-        )
+        self._term = term
+        # Built in dependency order (docs/design.md §9): each takes the peers it calls.
+        self.mirror = Mirror(term)
+        self.reservations = Reservations(term, self.snapshot)
+        self.dispatch = Dispatch(term)
+        self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
         self.scheduler = Scheduler(
-            config,
-            store,
-            self.state,
-            self.snapshot,
-            self.reservations,
-            self.dispatch,
-            self.mirror,
-            metrics,
-            **clocks,
+            term, self.snapshot, self.reservations, self.dispatch, self.mirror
         )
         self.members = Members(
-            config,
-            store,
-            kube,
-            self.state,
+            term,
             self.snapshot,
             self.reservations,
             self.dispatch,
             self.deletion,
             self.scheduler,
             self.mirror,
-            metrics,
-            spawn=spawn,
-            started=self.started,
-            **clocks,
         )
         self.reports = Reports(
-            config,
-            store,
-            self.state,
+            term,
             self.dispatch,
             self.deletion,
             self.reservations,
             self.mirror,
-            metrics,
-            spawn=spawn,
             jobs_listed=lambda: self.intake.jobs_synced.is_set(),
-            **clocks,
         )
         self.intake = Intake(
-            config,
-            kube,
-            self.state,
-            self.members,
-            self.deletion,
-            self.reports,
-            self.scheduler,
-            self.mirror,
-            spawn=spawn,
-            **clocks,
+            term, self.members, self.deletion, self.reports, self.scheduler, self.mirror
         )
 
     # --- the term ------------------------------------------------------------------------------------
 
     async def load(self) -> None:
         """Read the previous leader's state from etcd; restart every timer from now."""
-        loaded = await self._store.load()
+        loaded = await self._term.store.load()
         self.restore(loaded)
         log.info(
             "hub.state.loaded",
@@ -190,7 +166,7 @@ class Controller:
             self._tick_loop(),
             self._flush_loop(),
         ]
-        tasks = [asyncio.create_task(self.tasks.supervise(c)) for c in loops]
+        tasks = [asyncio.create_task(self._term.tasks.supervise(c)) for c in loops]
         try:
             await self.reservations.persist_restarted()
             await self._stopped.wait()
@@ -211,7 +187,7 @@ class Controller:
                 m.session.close(
                     "UNAVAILABLE", f"hub {self.config.hub_id} stopped leading: {reason}"
                 )
-        self.tasks.cancel_all()
+        self._term.tasks.cancel_all()
         await self.mirror.stop()
 
     def stop(self, reason: str) -> None:

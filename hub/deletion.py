@@ -14,19 +14,16 @@ Called by intake (watch events), reports (Deleted acks) and members (lost member
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import structlog
 
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.labels import FINALIZER
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.mirror import Mirror
-from gpufed.hub.ports import HubAPI, StateStore
 from gpufed.hub.records import JobRecord
 from gpufed.hub.reservations import Reservations
-from gpufed.hub.state import HubState, JobState
+from gpufed.hub.state import JobState
+from gpufed.hub.term import Term
 from gpufed.sync.retry import Verdict, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.hub.deletion")
@@ -37,22 +34,15 @@ class Deletion:
 
     def __init__(
         self,
-        kube: HubAPI,
-        store: StateStore,
-        state: HubState,
+        term: Term,
         dispatch: Dispatch,
         reservations: Reservations,
         mirror: Mirror,
-        *,
-        spawn: Callable[[Awaitable[Any]], None],
     ) -> None:
-        self._kube = kube
-        self._store = store
-        self._state = state
+        self._term = term
         self._dispatch = dispatch
         self._reservations = reservations
         self._mirror = mirror
-        self._spawn = spawn
         #: job records in etcd whose GPUJob this term has not seen (yet): uid -> (record, rev)
         self._orphans: dict[str, tuple[JobRecord, int]] = {}
 
@@ -69,33 +59,33 @@ class Deletion:
 
     def job_gone(self, uid: str) -> None:
         """The GPUJob is gone from the hub API (DELETED, or missing from a re-list)."""
-        job = self._state.jobs.pop(uid, None)
+        job = self._term.state.jobs.pop(uid, None)
         self._mirror.forget_job(uid)
         if job is None:
             return
         log.info("hub.job.gone", job=job.key)
         if job.record is not None:
             self._orphans[uid] = (job.record, job.record_rev or 0)
-            self._spawn(self._cleanup_orphan(uid))
+            self._term.spawn(self._cleanup_orphan(uid))
         else:
             self._reservations.release(uid, "job deleted")
 
     def sweep_orphans(self) -> None:
         """After a GPUJob list: delete the member copies of records whose GPUJob is gone."""
         for uid in list(self._orphans):
-            if uid not in self._state.jobs:
-                self._spawn(self._cleanup_orphan(uid))
+            if uid not in self._term.state.jobs:
+                self._term.spawn(self._cleanup_orphan(uid))
 
     async def _cleanup_orphan(self, uid: str) -> None:
-        async with self._state.lock(uid):
+        async with self._term.state.lock(uid):
             rec = self._orphans.pop(uid, None)
-            if rec is None or uid in self._state.jobs:
+            if rec is None or uid in self._term.state.jobs:
                 return
             record, _ = rec
             log.info("hub.job.orphan_cleanup", job=record.job, cluster=record.cluster)
             if record.cluster is not None:
                 await self._dispatch.ensure_delete(record.cluster, uid)
-            await self._store.forget_job(uid)
+            await self._term.store.forget_job(uid)
             self._reservations.release(uid, "orphaned job record")
 
     # --- a GPUJob being deleted --------------------------------------------------------------------
@@ -106,18 +96,18 @@ class Deletion:
         rec = job.record
         if rec is None or rec.cluster is None:
             if rec is not None:
-                await self._store.forget_job(job.uid)
+                await self._term.store.forget_job(job.uid)
                 job.record = None
             self._reservations.release(job.uid, "job deleted")
             await self.drop_finalizer(job)
             return
         cluster = rec.cluster
-        m = self._state.members.get(cluster)
-        ws = self._state.work.get((cluster, job.uid))
+        m = self._term.state.members.get(cluster)
+        ws = self._term.state.work.get((cluster, job.uid))
         if ws is None or (m is not None and m.lost):
             if ws is not None:
                 await self._dispatch.ensure_delete(cluster, job.uid)
-            await self._store.forget_job(job.uid)
+            await self._term.store.forget_job(job.uid)
             job.record = None
             self._reservations.release(job.uid, "job deleted")
             await self.drop_finalizer(job)
@@ -126,7 +116,7 @@ class Deletion:
 
     async def copy_deleted(self, job: JobState) -> None:
         """The member acknowledged the Delete of a job being deleted: forget it, let it go."""
-        await self._store.forget_job(job.uid)
+        await self._term.store.forget_job(job.uid)
         job.record = None
         self._reservations.release(job.uid, "job deleted")
         await self.drop_finalizer(job)
@@ -135,7 +125,7 @@ class Deletion:
 
     async def add_finalizer(self, uid: str) -> None:
         """Add the finalizer to a GPUJob the hub may place (off the placement path)."""
-        job = self._state.jobs.get(uid)
+        job = self._term.state.jobs.get(uid)
         if job is None or job.deleting or FINALIZER in job.obj.metadata.finalizers:
             return
         try:
@@ -163,7 +153,7 @@ class Deletion:
                 return obj
             wanted = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
             try:
-                raw = await self._kube.set_job_finalizers(
+                raw = await self._term.kube.set_job_finalizers(
                     ns, name, wanted, obj.metadata.resource_version or ""
                 )
             except Exception as exc:
@@ -172,13 +162,13 @@ class Deletion:
                     return None
                 if verdict is not Verdict.RECONCILE:
                     raise
-                fresh = await self._kube.get_job(ns, name)
+                fresh = await self._term.kube.get_job(ns, name)
                 if fresh is None:
                     return None
                 obj = GPUJob.model_validate(fresh)
                 continue
             obj = GPUJob.model_validate(raw)
-            if job.uid in self._state.jobs:
+            if job.uid in self._term.state.jobs:
                 job.obj = obj
             log.info("hub.job.finalizer", job=job.key, added=add)
             return obj

@@ -16,15 +16,11 @@ Acks and workload reports come back through :mod:`gpufed.hub.reports`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
-from gpufed.hub.config import HubConfig
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import StateStore
 from gpufed.hub.sessions import AgentSession
-from gpufed.hub.state import HubState, MemberState
+from gpufed.hub.state import MemberState
+from gpufed.hub.term import Term
 
 log = structlog.get_logger("gpufed.hub.dispatch")
 
@@ -34,18 +30,9 @@ class Dispatch:
 
     def __init__(
         self,
-        config: HubConfig,
-        store: StateStore,
-        state: HubState,
-        metrics: HubMetrics,
-        *,
-        mono: Callable[[], float],
+        term: Term,
     ) -> None:
-        self._config = config
-        self._store = store
-        self._state = state
-        self._metrics = metrics
-        self._mono = mono
+        self._term = term
 
     # --- the stream opens --------------------------------------------------------------------------
 
@@ -59,8 +46,8 @@ class Dispatch:
     def send_desired_set(self, s: AgentSession) -> int:
         """Send the member's full desired set (Applies, oldest first), then queue its pending
         Deletes; returns how many items the set holds. Call once after :meth:`attach`."""
-        now = self._mono()
-        mine = self._state.work_of(s.cluster)
+        now = self._term.mono()
+        mine = self._term.state.work_of(s.cluster)
         items = []
         for ws in mine:
             if ws.record.op == "Apply":
@@ -78,7 +65,7 @@ class Dispatch:
         s.send_desired_set(
             [
                 ws.record.item(ws.revision, applied_before=ws.applied_before)
-                for ws in self._state.work_of(s.cluster)
+                for ws in self._term.state.work_of(s.cluster)
                 if ws.record.op == "Apply"
             ]
         )
@@ -87,7 +74,7 @@ class Dispatch:
 
     def enqueue(self, cluster: str, uid: str, *, send: bool = True) -> None:
         """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now."""
-        m = self._state.members.get(cluster)
+        m = self._term.state.members.get(cluster)
         if m is None:
             return
         if uid not in m.queued:
@@ -98,22 +85,22 @@ class Dispatch:
 
     def pump(self, cluster: str) -> None:
         """Send queued work to the member while fewer than the cap are unacknowledged."""
-        m = self._state.members.get(cluster)
+        m = self._term.state.members.get(cluster)
         if m is None or m.session is None or m.health == "Lost" or m.session.syncing:
             return
         s = m.session
-        cap = self._config.max_unacked_per_cluster
+        cap = self._term.config.max_unacked_per_cluster
         while m.outbox and len(s.unacked) < cap:
             uid = m.outbox.popleft()
             m.queued.discard(uid)
-            ws = self._state.work.get((cluster, uid))
+            ws = self._term.state.work.get((cluster, uid))
             if ws is None or ws.settled:
                 continue
             s.send_work(ws.record.item(ws.revision, applied_before=ws.applied_before))
             s.unacked[uid] = ws.revision
-            ws.sent_at = self._mono()
+            ws.sent_at = self._term.mono()
             ws.retry_at = None
-            self._metrics.work_sent.labels(ws.record.op).inc()
+            self._term.metrics.work_sent.labels(ws.record.op).inc()
             log.debug(
                 "dispatch.sent",
                 job=ws.record.job,
@@ -125,7 +112,7 @@ class Dispatch:
     def processed(self, s: AgentSession, uid: str) -> None:
         """The agent processed the job's current revision without an ack that settles it:
         stop re-sending it."""
-        ws = self._state.work.get((s.cluster, uid))
+        ws = self._term.state.work.get((s.cluster, uid))
         if ws is not None:
             ws.sent_at = None
             ws.retry_at = None
@@ -135,14 +122,14 @@ class Dispatch:
     def resend_due(self, now: float) -> None:
         """Queue again every unsettled item whose ack is overdue or whose retry is due
         (``now``: monotonic seconds; called by the term's tick)."""
-        for ws in self._state.work.values():
+        for ws in self._term.state.work.values():
             if ws.settled:
                 continue
             due = (ws.retry_at is not None and now >= ws.retry_at) or (
-                ws.sent_at is not None and now - ws.sent_at > self._config.resend_after_s
+                ws.sent_at is not None and now - ws.sent_at > self._term.config.resend_after_s
             )
             if due:
-                owner = self._state.members.get(ws.cluster)
+                owner = self._term.state.members.get(ws.cluster)
                 if owner is not None and owner.session is not None:
                     owner.session.unacked.pop(ws.record.job_uid, None)
                     ws.sent_at = None
@@ -155,13 +142,13 @@ class Dispatch:
         ``fenced``: the job was placed elsewhere after its member was lost; the Delete is left
         out of that member's desired set too. Call under the job's lock.
         """
-        ws = self._state.work.get((cluster, uid))
+        ws = self._term.state.work.get((cluster, uid))
         if ws is None or (ws.record.op == "Delete" and ws.record.fenced == fenced):
             if ws is not None:
                 self.enqueue(cluster, uid)
             return
         record = ws.record.model_copy(update={"op": "Delete", "manifests": (), "fenced": fenced})
-        ws.revision = await self._store.put_work(cluster, record)
+        ws.revision = await self._term.store.put_work(cluster, record)
         ws.record = record
         ws.sent_at = None
         ws.retry_at = None

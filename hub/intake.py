@@ -16,7 +16,6 @@ the finalizer, then waits in the queue (:mod:`gpufed.hub.scheduling`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -25,15 +24,15 @@ from pydantic import ValidationError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
 from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.members import Members
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.podsets import InvalidJobError, placement_request
-from gpufed.hub.ports import HubAPI, WatchEvent
+from gpufed.hub.ports import WatchEvent
 from gpufed.hub.reports import Reports
 from gpufed.hub.scheduling import Scheduler
-from gpufed.hub.state import HubState, JobState
+from gpufed.hub.state import JobState
+from gpufed.hub.term import Term
 from gpufed.sync.manifests import ManifestError, prepare_manifests
 from gpufed.sync.retry import Backoff, Verdict, verdict_of
 
@@ -48,30 +47,19 @@ class Intake:
 
     def __init__(
         self,
-        config: HubConfig,
-        kube: HubAPI,
-        state: HubState,
+        term: Term,
         members: Members,
         deletion: Deletion,
         reports: Reports,
         scheduler: Scheduler,
         mirror: Mirror,
-        *,
-        spawn: Callable[[Awaitable[Any]], None],
-        mono: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
-        self._config = config
-        self._kube = kube
-        self._state = state
+        self._term = term
         self._members = members
         self._deletion = deletion
         self._reports = reports
         self._scheduler = scheduler
         self._mirror = mirror
-        self._spawn = spawn
-        self._mono = mono
-        self._wall = wall
         self._reconciling: set[str] = set()
         #: set once the first MemberCluster / GPUJob list of this term is in
         self.members_synced = asyncio.Event()
@@ -84,7 +72,7 @@ class Intake:
         backoff = Backoff(base=0.2, cap=10.0)
         while True:
             try:
-                items, rv = await self._kube.list_objects(plural)
+                items, rv = await self._term.kube.list_objects(plural)
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY:
                     raise
@@ -96,7 +84,7 @@ class Intake:
             backoff.reset()
             while True:
                 try:
-                    async for ev in self._kube.watch_objects(plural, rv):
+                    async for ev in self._term.kube.watch_objects(plural, rv):
                         if isinstance(ev, str):
                             rv = ev
                             continue
@@ -124,7 +112,7 @@ class Intake:
         rest arrive as ADDED."""
         if plural == GPUJOBS:
             present = {str(o.get("metadata", {}).get("uid")) for o in items}
-            for uid in [u for u in self._state.jobs if u not in present]:
+            for uid in [u for u in self._term.state.jobs if u not in present]:
                 self._deletion.job_gone(uid)
         else:
             self._members.listed({str(o.get("metadata", {}).get("name")) for o in items})
@@ -157,7 +145,7 @@ class Intake:
                 error=str(exc.errors()[0]),
             )
             return
-        job = self._state.jobs.get(uid)
+        job = self._term.state.jobs.get(uid)
         if job is None:
             job = self._new_job(uid, obj)
         else:
@@ -166,7 +154,7 @@ class Intake:
 
     def _new_job(self, uid: str, obj: GPUJob) -> JobState:
         status = obj.status or GPUJobStatus()
-        job = JobState(uid=uid, obj=obj, status=status, seen_mono=self._mono())
+        job = JobState(uid=uid, obj=obj, status=status, seen_mono=self._term.mono())
         adopted = self._deletion.adopt(uid)
         if adopted is not None:
             job.record, job.record_rev = adopted
@@ -181,7 +169,7 @@ class Intake:
                     ),
                 )
         created = obj.metadata.creation_timestamp
-        submitted = st.parse_rfc3339(created) if created else self._wall()
+        submitted = st.parse_rfc3339(created) if created else self._term.wall()
         try:
             job.request = placement_request(obj, submitted_at=submitted)
             prepare_manifests(
@@ -189,8 +177,8 @@ class Intake:
                 job_uid=uid,
                 job_name=obj.metadata.name,
                 namespace=obj.metadata.namespace or "default",
-                origin=self._config.origin,
-                allowed_kinds=self._config.allowed_kinds,
+                origin=self._term.config.origin,
+                allowed_kinds=self._term.config.allowed_kinds,
             )
         except (InvalidJobError, ManifestError) as exc:
             job.request = None
@@ -199,7 +187,7 @@ class Intake:
             log.exception("hub.job.intake_error", job=obj.key, error=str(exc))
             job.request = None
             job.error, job.error_field = f"the hub cannot read this job: {exc}", "spec"
-        self._state.jobs[uid] = job
+        self._term.state.jobs[uid] = job
         if job.error is not None and not job.terminal and job.record is None:
             message = f"{job.error_field}: {job.error}"
             self._mirror.set_status(
@@ -218,12 +206,12 @@ class Intake:
     def _reconcile_soon(self, job: JobState) -> None:
         if job.uid not in self._reconciling:
             self._reconciling.add(job.uid)
-            self._spawn(self._reconcile(job.uid))
+            self._term.spawn(self._reconcile(job.uid))
 
     async def _reconcile(self, uid: str) -> None:
-        async with self._state.lock(uid):
+        async with self._term.state.lock(uid):
             self._reconciling.discard(uid)
-            job = self._state.jobs.get(uid)
+            job = self._term.state.jobs.get(uid)
             if job is None:
                 return
             if job.deleting:
@@ -237,4 +225,4 @@ class Intake:
             if needs_finalizer and FINALIZER not in job.obj.metadata.finalizers:
                 # Off the placement path: a job deleted before its finalizer landed is cleaned
                 # up from its etcd record (DELETED event, or the orphan sweep after a restart).
-                self._spawn(self._deletion.add_finalizer(uid))
+                self._term.spawn(self._deletion.add_finalizer(uid))

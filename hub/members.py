@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -30,19 +29,17 @@ from gpufed.api.inventory import ClusterHealth, ClusterInventory, MemberClusterS
 from gpufed.api.membercluster import MemberCluster
 from gpufed.api.stream import AgentHello, InventoryDelta, InventorySnapshot
 from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.health import MemberHealth, health_at, silence
 from gpufed.hub.member_status import health_of, member_status
-from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
-from gpufed.hub.ports import HubAPI, StateStore
 from gpufed.hub.records import JobRecord, MemberMeta
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import StreamClosedError
-from gpufed.hub.state import HubState, MemberState
+from gpufed.hub.state import MemberState
+from gpufed.hub.term import Term
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.members")
@@ -53,44 +50,27 @@ class Members:
 
     def __init__(
         self,
-        config: HubConfig,
-        store: StateStore,
-        kube: HubAPI,
-        state: HubState,
+        term: Term,
         snapshot: FleetSnapshot,
         reservations: Reservations,
         dispatch: Dispatch,
         deletion: Deletion,
         scheduler: Scheduler,
         mirror: Mirror,
-        metrics: HubMetrics,
-        *,
-        spawn: Callable[[Awaitable[Any]], None],
-        started: float,
-        mono: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
-        self._config = config
-        self._store = store
-        self._kube = kube
-        self._state = state
+        self._term = term
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
         self._deletion = deletion
         self._scheduler = scheduler
         self._mirror = mirror
-        self._metrics = metrics
-        self._spawn = spawn
-        self._started = started
-        self._mono = mono
-        self._wall = wall
         self._tokens_loaded_at = -1e9
 
     def restore(self, meta: dict[str, MemberMeta], nodes: dict[str, dict[str, Any]]) -> None:
         """Load the previous leader's member facts and inventories."""
         for name in set(meta) | set(nodes):
-            m = self._state.member(name)
+            m = self._term.state.member(name)
             m.meta = meta.get(name, MemberMeta())
             m.nodes = dict(nodes.get(name, {}))
             if m.lost:
@@ -109,7 +89,7 @@ class Members:
         except ValidationError as exc:
             log.warning("hub.member.invalid", cluster=name, error=str(exc.errors()[0]))
             return
-        m = self._state.member(name)
+        m = self._term.state.member(name)
         if m.spec is None or m.spec.join_token_ref != mc.spec.join_token_ref:
             m.token = None
         m.spec = mc.spec
@@ -126,13 +106,13 @@ class Members:
 
     def listed(self, names: set[str]) -> None:
         """After a (re)list: members we knew that are gone were deleted while unwatched."""
-        for m in list(self._state.members.values()):
+        for m in list(self._term.state.members.values()):
             if m.spec is not None and m.name not in names:
                 self.gone(m.name)
 
     def gone(self, name: str) -> None:
         """The MemberCluster was deleted: close its stream, leave placement."""
-        m = self._state.members.get(name)
+        m = self._term.state.members.get(name)
         if m is None:
             return
         m.spec = None
@@ -166,7 +146,7 @@ class Members:
         )
 
     def _health(self, m: MemberState) -> ClusterHealth:
-        return health_of(m, self._config)
+        return health_of(m, self._term.config)
 
     # --- agents ----------------------------------------------------------------------------------
 
@@ -178,31 +158,31 @@ class Members:
         """
         await asyncio.wait_for(synced.wait(), 30)
         for attempt in range(2):
-            for m in self._state.members.values():
+            for m in self._term.state.members.values():
                 if m.spec is not None and m.token and hmac.compare_digest(m.token, token):
                     return m.name
-            if attempt == 0 and self._mono() - self._tokens_loaded_at > 2.0:
+            if attempt == 0 and self._term.mono() - self._tokens_loaded_at > 2.0:
                 await self._load_tokens()
         return None
 
     async def _load_tokens(self) -> None:
-        self._tokens_loaded_at = self._mono()
+        self._tokens_loaded_at = self._term.mono()
 
         async def one(m: MemberState) -> None:
             assert m.spec is not None
             ref = m.spec.join_token_ref
-            m.token = await self._kube.read_secret_key(
-                ref.namespace or self._config.token_namespace, ref.name, ref.key
+            m.token = await self._term.kube.read_secret_key(
+                ref.namespace or self._term.config.token_namespace, ref.name, ref.key
             )
 
-        await asyncio.gather(*(one(m) for m in self._state.registered_members()))
+        await asyncio.gather(*(one(m) for m in self._term.state.registered_members()))
 
     def admit(self, hello: AgentHello) -> MemberState:
         """Check a new stream's Kubernetes identity against the member's and close the stream
         it replaces. Raises :class:`StreamClosedError` (PERMISSION_DENIED) for an agent that
         talks to another Kubernetes cluster than the one the member joined from."""
         cluster = hello.cluster
-        m = self._state.member(cluster)
+        m = self._term.state.member(cluster)
         uid = hello.cluster_uid
         if uid and m.meta.cluster_uid and uid != m.meta.cluster_uid:
             # A valid token in an agent pointed at the wrong cluster (kubeconfig, context):
@@ -224,7 +204,7 @@ class Members:
             )
         if uid and not m.meta.cluster_uid:
             m.meta = m.meta.model_copy(update={"cluster_uid": uid})
-            self._spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
+            self._term.spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
         return m
@@ -237,13 +217,13 @@ class Members:
 
     def heard(self, m: MemberState) -> None:
         """The member's agent sent a message now: it is Ready (and no longer lost)."""
-        m.last_heard = self._mono()
-        m.last_heard_wall = self._wall()
+        m.last_heard = self._term.mono()
+        m.last_heard_wall = self._term.wall()
         if m.lost:  # before the health change, whose status write must not show lostTime
             m.meta = m.meta.model_copy(update={"lost_at": None})
             # Written through, not left to the next flush: a hub that crashed within that
             # flush would start again believing the member lost.
-            self._spawn(self._persist_meta(m))
+            self._term.spawn(self._persist_meta(m))
             log.info("member.returned", cluster=m.name)
         if m.health != "Ready":
             self._set_health(m, "Ready")
@@ -251,7 +231,7 @@ class Members:
     async def _persist_meta(self, m: MemberState) -> None:
         m.meta_dirty = False
         try:
-            await self._store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
+            await self._term.store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
         except BaseException:
             m.meta_dirty = True  # the flush loop tries again
             raise
@@ -309,7 +289,7 @@ class Members:
 
     async def flush_nodes(self, name: str) -> None:
         """Write the member's changed nodes to etcd (waits for a write already in flight)."""
-        m = self._state.members.get(name)
+        m = self._term.state.members.get(name)
         if m is None:
             return
         async with m.nodes_lock:
@@ -317,22 +297,22 @@ class Members:
                 upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
                 removed = list(m.removed_nodes)
                 m.dirty_nodes, m.removed_nodes = set(), set()
-                await self._store.write_nodes(m.name, upserts, removed)
+                await self._term.store.write_nodes(m.name, upserts, removed)
 
     # --- timers ----------------------------------------------------------------------------------
 
     async def check_health(self) -> None:
         """Re-classify every member's health now (the term's tick)."""
-        now = self._mono()
-        for m in list(self._state.members.values()):
+        now = self._term.mono()
+        for m in list(self._term.state.members.values()):
             if m.spec is None:
                 continue
             h = health_at(
                 now=now,
                 last_heard=m.last_heard,
-                hub_start=self._started,
-                lease_s=self._config.member_lease_s,
-                lost_s=self._config.member_lost_s,
+                hub_start=self._term.started,
+                lease_s=self._term.config.member_lease_s,
+                lost_s=self._term.config.member_lost_s,
                 marked_lost=m.lost,
             )
             if h != m.health:
@@ -346,7 +326,9 @@ class Members:
             self._snapshot.set_health(m.name, self._health(m))
         m.status_dirty = True
         self.write_status(m)
-        quiet = silence(now=self._mono(), last_heard=m.last_heard, hub_start=self._started)
+        quiet = silence(
+            now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
+        )
         if health == "Ready":
             log.info("member.ready", cluster=m.name, was=was)
             self._scheduler.kick()
@@ -358,13 +340,15 @@ class Members:
 
     async def _declare_lost(self, m: MemberState) -> None:
         """The member-lost timeout passed: its jobs become Lost or are placed again."""
-        m.meta = m.meta.model_copy(update={"lost_at": self._wall()})
-        await self._store.put_member_meta(m.name, m.meta)
-        lost_for = silence(now=self._mono(), last_heard=m.last_heard, hub_start=self._started)
-        for cluster, uid in [k for k in self._state.work if k[0] == m.name]:
-            async with self._state.lock(uid):
-                ws = self._state.work.get((cluster, uid))
-                job = self._state.jobs.get(uid)
+        m.meta = m.meta.model_copy(update={"lost_at": self._term.wall()})
+        await self._term.store.put_member_meta(m.name, m.meta)
+        lost_for = silence(
+            now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
+        )
+        for cluster, uid in [k for k in self._term.state.work if k[0] == m.name]:
+            async with self._term.state.lock(uid):
+                ws = self._term.state.work.get((cluster, uid))
+                job = self._term.state.jobs.get(uid)
                 if ws is None or job is None or job.placed_cluster != cluster:
                     continue
                 if job.deleting:
@@ -376,7 +360,7 @@ class Members:
                 resched = job.obj.spec.placement.reschedule == "OnClusterLoss"
                 if resched and job.record is not None and job.record_rev is not None:
                     requeued: JobRecord = job.record.model_copy(update={"cluster": None})
-                    job.record_rev = await self._store.put_job(
+                    job.record_rev = await self._term.store.put_job(
                         requeued, expect_revision=job.record_rev
                     )
                     job.record = requeued
@@ -399,7 +383,7 @@ class Members:
 
     async def flush(self) -> None:
         """Persist changed inventories and member facts (the term's flush loop)."""
-        for m in list(self._state.members.values()):
+        for m in list(self._term.state.members.values()):
             await self.flush_nodes(m.name)
             if m.meta_dirty:
                 await self._persist_meta(m)
@@ -413,15 +397,15 @@ class Members:
         m.status_dirty = False
         status = member_status(
             m,
-            self._config,
+            self._term.config,
             reservations=self._reservations.of_cluster(m.name),
             previous_conditions=self._mirror.last_member_conditions(m.name),
-            metrics=self._metrics,
+            metrics=self._term.metrics,
             now=self._mirror.now(),
         )
         self._mirror.member_status(m.name, status)
 
     def write_all_statuses(self) -> None:
         """Refresh every registered member's status (and the metrics that come with it)."""
-        for m in self._state.registered_members():
+        for m in self._term.state.registered_members():
             self.write_status(m)

@@ -17,7 +17,6 @@ lag) while status writes go first (client-go rate-limits its events too).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,9 +24,8 @@ from pydantic import ValidationError
 from gpufed.api.gpujob import GPUJobStatus, StatusCondition
 from gpufed.api.membercluster import MemberClusterStatus
 from gpufed.hub import status as st
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import HubAPI
 from gpufed.hub.state import JobState
+from gpufed.hub.term import Term
 from gpufed.hub.writer import CoalescingWriter
 from gpufed.sync.retry import Verdict, verdict_of
 
@@ -40,16 +38,9 @@ class Mirror:
 
     def __init__(
         self,
-        kube: HubAPI,
-        metrics: HubMetrics,
-        *,
-        spawn: Callable[[Awaitable[Any]], None],
-        wall: Callable[[], float],
+        term: Term,
     ) -> None:
-        self._kube = kube
-        self._metrics = metrics
-        self._spawn = spawn
-        self._wall = wall
+        self._term = term
         self._event_slots = asyncio.Semaphore(2)
         self.jobs = CoalescingWriter(
             "job-status", self._write_job_status, workers=8, min_interval_s=0.25
@@ -68,7 +59,7 @@ class Mirror:
 
     def now(self) -> str:
         """The wall clock as an RFC 3339 status time."""
-        return st.rfc3339(self._wall())
+        return st.rfc3339(self._term.wall())
 
     # --- GPUJobs ---------------------------------------------------------------------------------
 
@@ -90,12 +81,12 @@ class Mirror:
     async def _write_job_status(self, uid: str, value: Any) -> None:
         ns, name, payload = value
         try:
-            await self._kube.patch_job_status(ns, name, payload)
+            await self._term.kube.patch_job_status(ns, name, payload)
         except Exception as exc:
             gone = verdict_of(exc) is Verdict.GONE
-            self._metrics.status_writes.labels("job", "gone" if gone else "error").inc()
+            self._term.metrics.status_writes.labels("job", "gone" if gone else "error").inc()
             raise
-        self._metrics.status_writes.labels("job", "ok").inc()
+        self._term.metrics.status_writes.labels("job", "ok").inc()
 
     def event(self, job: JobState, type_: str, reason: str, message: str) -> None:
         """Emit a core/v1 Event about the job (in the background, after status writes)."""
@@ -109,9 +100,11 @@ class Mirror:
 
         async def emit() -> None:
             async with self._event_slots:
-                await self._kube.emit_event(involved, type_=type_, reason=reason, message=message)
+                await self._term.kube.emit_event(
+                    involved, type_=type_, reason=reason, message=message
+                )
 
-        self._spawn(emit())
+        self._term.spawn(emit())
 
     # --- MemberClusters --------------------------------------------------------------------------
 
@@ -138,9 +131,9 @@ class Mirror:
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
         try:
-            await self._kube.patch_member_status(name, payload)
+            await self._term.kube.patch_member_status(name, payload)
         except Exception as exc:
             if verdict_of(exc) is not Verdict.GONE:
-                self._metrics.status_writes.labels("member", "error").inc()
+                self._term.metrics.status_writes.labels("member", "error").inc()
             raise
-        self._metrics.status_writes.labels("member", "ok").inc()
+        self._term.metrics.status_writes.labels("member", "ok").inc()

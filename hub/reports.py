@@ -17,23 +17,20 @@ Called by the controller's message routing (:meth:`gpufed.hub.core.Controller.ha
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import structlog
 
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
-from gpufed.hub.ports import StateStore
 from gpufed.hub.records import AckRecord
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.sessions import AgentSession, RefusedError
-from gpufed.hub.state import HubState, WorkState
+from gpufed.hub.state import WorkState
+from gpufed.hub.term import Term
 
 log = structlog.get_logger("gpufed.hub.reports")
 
@@ -46,32 +43,20 @@ class Reports:
 
     def __init__(
         self,
-        config: HubConfig,
-        store: StateStore,
-        state: HubState,
+        term: Term,
         dispatch: Dispatch,
         deletion: Deletion,
         reservations: Reservations,
         mirror: Mirror,
-        metrics: HubMetrics,
         *,
-        spawn: Callable[[Awaitable[Any]], None],
         jobs_listed: Callable[[], bool],
-        mono: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
-        self._config = config
-        self._store = store
-        self._state = state
+        self._term = term
         self._dispatch = dispatch
         self._deletion = deletion
         self._reservations = reservations
         self._mirror = mirror
-        self._metrics = metrics
-        self._spawn = spawn
         self._jobs_listed = jobs_listed
-        self._mono = mono
-        self._wall = wall
         #: workload reports that came before this term's GPUJob list (latest per job uid)
         self._early: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
 
@@ -84,15 +69,15 @@ class Reports:
         try:
             ws = self._ack_target(s.cluster, ack)
             if ws is not None:
-                self._spawn(self._persist_ack(s.cluster, ws, ack))
+                self._term.spawn(self._persist_ack(s.cluster, ws, ack))
         finally:
             self._dispatch.pump(s.cluster)
 
     def _ack_target(self, cluster: str, ack: WorkAck) -> WorkState | None:
         """The work item an ack answers; None for an unknown job or an old revision."""
-        ws = self._state.work.get((cluster, ack.job_uid))
+        ws = self._term.state.work.get((cluster, ack.job_uid))
         if ws is None:
-            other = self._state.work_elsewhere(ack.job_uid, cluster)
+            other = self._term.state.work_elsewhere(ack.job_uid, cluster)
             if other is not None:
                 raise RefusedError(
                     f"ack for job {ack.job_uid}, which is assigned to member {other}, not {cluster}"
@@ -112,8 +97,8 @@ class Reports:
 
     async def _persist_ack(self, cluster: str, ws: WorkState, ack: WorkAck) -> None:
         uid = ack.job_uid
-        async with self._state.lock(uid):
-            if self._state.work.get((cluster, uid)) is not ws or ack.revision != ws.revision:
+        async with self._term.state.lock(uid):
+            if self._term.state.work.get((cluster, uid)) is not ws or ack.revision != ws.revision:
                 return
             op = ws.record.op
             prev = ws.ack
@@ -122,18 +107,18 @@ class Reports:
                     revision=ack.revision,
                     result="Applied",
                     applied=True,
-                    applied_at=prev.applied_at if prev and prev.applied_at else self._wall(),
+                    applied_at=prev.applied_at if prev and prev.applied_at else self._term.wall(),
                 )
                 if prev == record:
                     return
-                await self._store.put_ack(cluster, uid, record)
+                await self._term.store.put_ack(cluster, uid, record)
                 ws.ack = record
                 self._dispatched(uid, cluster)
             elif ack.result == "Deleted" and op == "Delete":
-                await self._store.forget_work(cluster, uid)
-                del self._state.work[(cluster, uid)]
+                await self._term.store.forget_work(cluster, uid)
+                del self._term.state.work[(cluster, uid)]
                 log.info("work.deleted", job=ws.record.job, cluster=cluster)
-                job = self._state.jobs.get(uid)
+                job = self._term.state.jobs.get(uid)
                 if job is not None and job.deleting and job.placed_cluster == cluster:
                     await self._deletion.copy_deleted(job)
             elif ack.result == "Failed":
@@ -145,7 +130,7 @@ class Reports:
                     applied=prev.applied if prev else False,
                     applied_at=prev.applied_at if prev else None,
                 )
-                await self._store.put_ack(cluster, uid, record)
+                await self._term.store.put_ack(cluster, uid, record)
                 ws.ack = record
                 log.warning(
                     "work.failed",
@@ -156,7 +141,7 @@ class Reports:
                     error=ack.message,
                 )
                 if ack.retryable or op == "Delete":
-                    ws.retry_at = self._mono() + min(self._config.resend_after_s, 5.0)
+                    ws.retry_at = self._term.mono() + min(self._term.config.resend_after_s, 5.0)
                 else:
                     await self._member_refused(cluster, uid, ack.message)
             else:
@@ -169,13 +154,13 @@ class Reports:
                 )
 
     def _dispatched(self, uid: str, cluster: str) -> None:
-        job = self._state.jobs.get(uid)
+        job = self._term.state.jobs.get(uid)
         if job is None or job.placed_cluster != cluster:
             return
         dispatch_s = None
         if job.decided_mono is not None:
-            dispatch_s = self._mono() - job.decided_mono
-            self._metrics.dispatch_seconds.observe(dispatch_s)
+            dispatch_s = self._term.mono() - job.decided_mono
+            self._term.metrics.dispatch_seconds.observe(dispatch_s)
         self._mirror.set_status(
             job,
             st.dispatched(
@@ -187,7 +172,7 @@ class Reports:
         log.info("dispatch.acked", job=job.key, cluster=cluster, dispatch_s=dispatch_s)
 
     async def _member_refused(self, cluster: str, uid: str, message: str) -> None:
-        job = self._state.jobs.get(uid)
+        job = self._term.state.jobs.get(uid)
         if job is not None and job.placed_cluster == cluster:
             self._mirror.set_status(
                 job, st.member_refused(job.status, message=message, now=self._mirror.now())
@@ -202,9 +187,9 @@ class Reports:
     def on_workload(self, s: AgentSession, report: WorkloadStatus) -> None:
         """Mirror one workload status into its GPUJob; a report about a job assigned to
         another member raises :class:`RefusedError`."""
-        ws = self._state.work.get((s.cluster, report.job_uid))
+        ws = self._term.state.work.get((s.cluster, report.job_uid))
         if ws is None:
-            other = self._state.work_elsewhere(report.job_uid, s.cluster)
+            other = self._term.state.work_elsewhere(report.job_uid, s.cluster)
             if other is not None:
                 raise RefusedError(
                     f"workload status for job {report.job_uid}, which is assigned to member "
@@ -215,7 +200,7 @@ class Reports:
             # The agent processed this revision (a report without an ack: its objects were
             # Missing); stop re-sending it.
             self._dispatch.processed(s, report.job_uid)
-        job = self._state.jobs.get(report.job_uid)
+        job = self._term.state.jobs.get(report.job_uid)
         if job is None and not self._jobs_listed():
             # Dropping it left a job that finished during a failover Running forever.
             self._early[report.job_uid] = (s, report)
@@ -239,7 +224,7 @@ class Reports:
         streams still current; a newer stream of that member reports again)."""
         early, self._early = self._early, {}
         for s, report in early.values():
-            m = self._state.members.get(s.cluster)
+            m = self._term.state.members.get(s.cluster)
             if m is None or m.session is not s:
                 continue
             try:

@@ -24,12 +24,11 @@ Called by the scheduling cycle, dispatch, deletion and member handling of one le
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import structlog
 
 from gpufed.api.decision import Decision, Reservation
-from gpufed.hub.ports import StateStore
+from gpufed.hub.term import Term
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.reservations")
@@ -38,22 +37,17 @@ log = structlog.get_logger("gpufed.hub.reservations")
 class Reservations:
     """Reserve / confirm / discard / release / expire / settle (see the module docstring).
 
-    ``ttl_s``: seconds an entry lives without its pods showing up; ``spawn`` runs the etcd
-    deletes of :meth:`release` and :meth:`settle` in the background.
+    Entries live ``config.reservation_ttl_s`` seconds without their pods showing up; the etcd
+    deletes of :meth:`release` and :meth:`settle` run in the term's background tasks.
     """
 
     def __init__(
         self,
+        term: Term,
         snapshot: FleetSnapshot,
-        store: StateStore,
-        *,
-        ttl_s: float,
-        spawn: Callable[[Awaitable[Any]], None],
     ) -> None:
+        self._term = term
         self._snapshot = snapshot
-        self._store = store
-        self._ttl_s = ttl_s
-        self._spawn = spawn
         self._tentative: set[str] = set()
         self._restarted: dict[str, str] = {}
 
@@ -72,7 +66,7 @@ class Reservations:
     async def persist_restarted(self) -> None:
         """Write the entries whose timers :meth:`restore` restarted."""
         if self._restarted:
-            await self._store.put_reservations(self._restarted)
+            await self._term.store.put_reservations(self._restarted)
             self._restarted = {}
 
     # --- placement ----------------------------------------------------------------------------------
@@ -80,7 +74,7 @@ class Reservations:
     def reserve(self, decision: Decision, now: float) -> Reservation:
         """Deduct a ``Placed`` decision's resources at once, as a tentative entry; returns it
         (its JSON goes into the placement transaction). ``ValueError`` for another outcome."""
-        res = self._snapshot.reserve(decision, now, self._ttl_s)
+        res = self._snapshot.reserve(decision, now, self._term.config.reservation_ttl_s)
         self._tentative.add(res.job_uid)
         return res
 
@@ -107,7 +101,7 @@ class Reservations:
         res = self._snapshot.release(uid)
         if res is not None:
             log.debug("hub.reservation.released", job=res.job, cluster=res.cluster, reason=reason)
-            self._spawn(self._store.delete_reservations([uid]))
+            self._term.spawn(self._term.store.delete_reservations([uid]))
 
     async def expire(self, now: float) -> None:
         """Drop entries whose pods never showed up within the TTL (``now``: wall seconds)."""
@@ -115,7 +109,7 @@ class Reservations:
         if expired:
             for r in expired:
                 self._tentative.discard(r.job_uid)
-            await self._store.delete_reservations(r.job_uid for r in expired)
+            await self._term.store.delete_reservations(r.job_uid for r in expired)
             for r in expired:
                 log.info("hub.reservation.expired", job=r.job, cluster=r.cluster)
 
@@ -136,9 +130,9 @@ class Reservations:
         async def persist() -> None:
             for name in clusters:
                 await flush_nodes(name)
-            await self._store.delete_reservations(uids)
+            await self._term.store.delete_reservations(uids)
 
-        self._spawn(persist())
+        self._term.spawn(persist())
         return True
 
     # --- queries ----------------------------------------------------------------------------------

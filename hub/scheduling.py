@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import structlog
 
@@ -27,15 +27,13 @@ from gpufed.api.decision import Decision, Outcome, Reservation
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
-from gpufed.hub.ports import StateStore
 from gpufed.hub.records import JobRecord, WorkRecord
 from gpufed.hub.reservations import Reservations
-from gpufed.hub.state import HubState, JobState, WorkState
+from gpufed.hub.state import JobState, WorkState
 from gpufed.hub.store import ConflictError
+from gpufed.hub.term import Term
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
@@ -58,31 +56,20 @@ class Scheduler:
 
     def __init__(
         self,
-        config: HubConfig,
-        store: StateStore,
-        state: HubState,
+        term: Term,
         snapshot: FleetSnapshot,
         reservations: Reservations,
         dispatch: Dispatch,
         mirror: Mirror,
-        metrics: HubMetrics,
-        *,
-        mono: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
-        self._config = config
-        self._store = store
-        self._state = state
+        self._term = term
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
         self._mirror = mirror
-        self._metrics = metrics
-        self._mono = mono
-        self._wall = wall
         self._policy = Policy(
-            allocation=config.allocation,
-            reservation_ttl_s=config.reservation_ttl_s,
+            allocation=term.config.allocation,
+            reservation_ttl_s=term.config.reservation_ttl_s,
         )
         self._backfill = BackfillRule()
         self._kick = asyncio.Event()
@@ -108,29 +95,29 @@ class Scheduler:
 
     async def cycle(self) -> None:
         """One scheduling pass over every waiting job (numbered phases: module docstring)."""
-        now = self._wall()
+        now = self._term.wall()
         # 1. drop reservations whose pods never showed up
         await self._reservations.expire(now)
         # 2. the queue
         waiting = []
         for uid in list(self._waiting):
-            job = self._state.jobs.get(uid)
+            job = self._term.state.jobs.get(uid)
             if job is not None and job.wants_placement:
                 waiting.append(job)
             else:
                 self._waiting.discard(uid)
-        self._metrics.queue_depth.set(len(waiting))
+        self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
             return
         requests = [j.request for j in waiting if j.request is not None]
         reservations: dict[str, Reservation] = {}
         # Small fleets: record every member's score or rejection for `gpufed explain`.
-        explain = len(self._snapshot.cluster_names) <= self._config.explain_members
+        explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
             decision = place(req, self._snapshot, self._policy, now, hold=hold, explain=explain)
-            self._metrics.placement_seconds.observe(time.perf_counter() - t0)
+            self._term.metrics.placement_seconds.observe(time.perf_counter() - t0)
             if decision.outcome == Outcome.PLACED:
                 reservations[req.uid] = self._reservations.reserve(decision, now)
             return decision
@@ -146,8 +133,8 @@ class Scheduler:
         # 4. act: commit placed jobs (etcd first, then dispatch); report the rest
         commits = []
         for req, decision in result.decisions:
-            self._metrics.decisions.labels(decision.outcome.value).inc()
-            job = self._state.jobs.get(req.uid)
+            self._term.metrics.decisions.labels(decision.outcome.value).inc()
+            job = self._term.state.jobs.get(req.uid)
             if decision.outcome == Outcome.PLACED:
                 commits.append(self._commit(req.uid, decision, reservations[req.uid]))
             elif job is not None:
@@ -156,8 +143,8 @@ class Scheduler:
             await asyncio.gather(*commits)
 
     def _not_placed(self, job: JobState, decision: Decision) -> None:
-        if decision.outcome == Outcome.REJECTED and not self._state.fleet_complete():
-            waiting = self._state.awaiting_inventory()
+        if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
+            waiting = self._term.state.awaiting_inventory()
             decision = decision.model_copy(
                 update={
                     "outcome": Outcome.UNSCHEDULABLE,
@@ -169,17 +156,7 @@ class Scheduler:
         if sig == job.last_unschedulable:
             return
         job.last_unschedulable = sig
-        assert job.request is not None
-        self._mirror.set_status(
-            job,
-            st.decided(
-                job.status,
-                decision,
-                gpus=job.request.gpus,
-                placement_ms=None,
-                now=self._mirror.now(),
-            ),
-        )
+        self._show(job, decision, placement_ms=None)
         if decision.outcome == Outcome.REJECTED:
             self._mirror.event(job, "Warning", "Rejected", decision.message)
             log.info("placement.rejected", job=job.key, reason=decision.message)
@@ -187,10 +164,25 @@ class Scheduler:
             self._mirror.event(job, "Normal", "Unschedulable", decision.message)
             log.info("placement.unschedulable", job=job.key, reason=decision.message)
 
+    def _show(self, job: JobState, decision: Decision, *, placement_ms: float | None) -> None:
+        """Write the decision into the job's status (``placement_ms``: intake to decision, on
+        the first placement only)."""
+        assert job.request is not None
+        self._mirror.set_status(
+            job,
+            st.decided(
+                job.status,
+                decision,
+                gpus=job.request.gpus,
+                placement_ms=placement_ms,
+                now=self._mirror.now(),
+            ),
+        )
+
     def _pinning(self, decision: Decision) -> dict[str, PodSetPinning]:
         """Where each pod set goes: nodes, their hostnames, the NVLink domains."""
         assert decision.cluster is not None
-        member = self._state.members.get(decision.cluster)
+        member = self._term.state.members.get(decision.cluster)
         known = member.nodes if member is not None else {}
         return {
             ps.name: PodSetPinning(
@@ -205,8 +197,8 @@ class Scheduler:
 
     async def _commit(self, uid: str, decision: Decision, res: Reservation) -> None:
         """Write the placement (one etcd transaction), then dispatch and report it."""
-        async with self._state.lock(uid):
-            job = self._state.jobs.get(uid)
+        async with self._term.state.lock(uid):
+            job = self._term.state.jobs.get(uid)
             if job is None or not job.wants_placement or decision.cluster is None:
                 self._reservations.discard(uid, "the job no longer wants placement")
                 return
@@ -218,9 +210,9 @@ class Scheduler:
                     job_uid=uid,
                     job_name=job.obj.metadata.name,
                     namespace=ns,
-                    origin=self._config.origin,
+                    origin=self._term.config.origin,
                     pinning=self._pinning(decision),
-                    allowed_kinds=self._config.allowed_kinds,
+                    allowed_kinds=self._term.config.allowed_kinds,
                 )
             except ManifestError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")
@@ -233,7 +225,7 @@ class Scheduler:
                 return
             assert job.request is not None
             attempt_no = (job.record.attempt + 1) if job.record is not None else 1
-            now = self._wall()
+            now = self._term.wall()
             record = JobRecord(
                 uid=uid,
                 job=job.key,
@@ -252,11 +244,11 @@ class Scheduler:
             )
             expect = job.record_rev if job.record is not None else None
             try:
-                rev, job_rev = await self._store.place(
+                rev, job_rev = await self._term.store.place(
                     record, work, res.model_dump_json(), expect_job_revision=expect
                 )
             except ConflictError:
-                got = await self._store.get_job(uid)
+                got = await self._term.store.get_job(uid)
                 if got is None or got[0].cluster != cluster or got[0].attempt != attempt_no:
                     # Someone else placed it: adopt what etcd says.
                     self._reservations.discard(uid, "placed by another leader")
@@ -264,26 +256,18 @@ class Scheduler:
                         job.record, job.record_rev = got
                     log.warning("placement.conflict", job=job.key)
                     return
-                stored = await self._store.get_work(cluster, uid)
+                stored = await self._term.store.get_work(cluster, uid)
                 assert stored is not None
                 rev, job_rev = stored[1], got[1]  # our own write committed; the reply was lost
             self._reservations.confirm(uid)
             job.record, job.record_rev = record, job_rev
-            self._state.work[(cluster, uid)] = WorkState(cluster, work, rev)
-            job.decided_mono = self._mono()
+            self._term.state.work[(cluster, uid)] = WorkState(cluster, work, rev)
+            job.decided_mono = self._term.mono()
             placement_s = job.decided_mono - job.seen_mono
             if attempt_no == 1:
-                self._metrics.placement_latency_seconds.observe(placement_s)
-            self._mirror.set_status(
-                job,
-                st.decided(
-                    job.status,
-                    decision,
-                    gpus=job.request.gpus,
-                    placement_ms=round(placement_s * 1000, 3) if attempt_no == 1 else None,
-                    now=self._mirror.now(),
-                ),
-            )
+                self._term.metrics.placement_latency_seconds.observe(placement_s)
+            first = attempt_no == 1
+            self._show(job, decision, placement_ms=round(placement_s * 1000, 3) if first else None)
             log.info(
                 "placement.decided",
                 job=job.key,

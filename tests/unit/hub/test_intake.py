@@ -11,7 +11,7 @@ from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
-from tests.unit.hub.builders import batch_job
+from tests.unit.hub.builders import gpujob_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore
 
 
@@ -22,20 +22,7 @@ class GoneStatusError(Exception):
 
 
 def job_obj(name: str, uid: str, rv: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpufed.io/v1alpha1",
-        "kind": "GPUJob",
-        "metadata": {
-            "name": name,
-            "namespace": "team-a",
-            "uid": uid,
-            "resourceVersion": rv,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            # already has the finalizer: the reconcile asks nothing of the API
-            "finalizers": ["gpufed.io/member-cleanup"],
-        },
-        "spec": {"template": batch_job(8)},
-    }
+    return gpujob_obj(name, uid, rv=rv)
 
 
 class ScriptedKube(FakeHubAPI):

@@ -1,6 +1,9 @@
-"""The background tasks of one leader term, and the one rule for what ends the term.
+"""What every component of one leader term shares — configuration, the two ports, the state,
+metrics, clocks — and the term's background tasks, with the one rule for what ends the term.
 
-Every component of a :class:`gpufed.hub.core.Controller` starts its loops and its off-path
+:class:`Term` is built once by :class:`gpufed.hub.core.Controller` and handed to each
+component's constructor together with the peers that component calls (the arrows of
+docs/design.md §9). Every component of a :class:`gpufed.hub.core.Controller` starts its loops and its off-path
 work (an ack to persist, an Event to emit) through :meth:`TermTasks.spawn`; a task that fails
 ends the term, never silently: another leader in etcd (:class:`NotLeaderError`), etcd gone
 past the store's retry budget (:class:`StoreUnavailableError`) or a bug of ours stop the
@@ -11,10 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from gpufed.hub.config import HubConfig
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.ports import HubAPI, StateStore
+from gpufed.hub.state import HubState
 from gpufed.hub.store import NotLeaderError, StoreUnavailableError
 
 log = structlog.get_logger("gpufed.hub.core")
@@ -52,3 +60,28 @@ class TermTasks:
         """Cancel every background task still running (the term ended)."""
         for t in list(self._bg):
             t.cancel()
+
+
+@dataclass(frozen=True)
+class Term:
+    """The shared context of one leader term.
+
+    ``store``/``kube``: the two ports (:mod:`gpufed.hub.ports`); ``mono``/``wall``: the
+    monotonic and wall clocks (seconds) every timer and status time reads; ``started``:
+    ``mono()`` when the term began (member timers count from it); ``tasks``: where background
+    work runs (:meth:`spawn`).
+    """
+
+    config: HubConfig
+    store: StateStore
+    kube: HubAPI
+    metrics: HubMetrics
+    state: HubState
+    tasks: TermTasks
+    mono: Callable[[], float]
+    wall: Callable[[], float]
+    started: float
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background; its failure ends the term."""
+        self.tasks.spawn(coro)
