@@ -56,6 +56,14 @@ class InventoryDelta(_Model):
     removed: tuple[str, ...] = ()
 
 
+class Heartbeat(_Model):
+    """The agent is alive; ``member_api_error`` is empty while it reaches its member's API
+    server, else why it does not (the hub then shows the member NotReady with that reason)."""
+
+    inventory_seq: int = 0
+    member_api_error: str = ""
+
+
 class ResyncRequest(_Model):
     """The agent asks for the full desired set again (``reason`` for the log)."""
 
@@ -63,4 +71,6 @@ class ResyncRequest(_Model):
 
 
 #: Everything the hub's logic receives from an agent stream after the Hello.
-AgentEvent = InventorySnapshot | InventoryDelta | WorkAck | WorkloadStatus | ResyncRequest
+AgentEvent = (
+    Heartbeat | InventorySnapshot | InventoryDelta | WorkAck | WorkloadStatus | ResyncRequest
+)

@@ -111,6 +111,12 @@ def run(
     leader_lease: Annotated[int, typer.Option(help="leader lease TTL, seconds")] = 15,
     heartbeat_interval: Annotated[float, typer.Option(help="agent heartbeat, seconds")] = 10.0,
     max_unacked: Annotated[int, typer.Option(help="work items in flight per member")] = 64,
+    apply_retry_limit: Annotated[
+        int, typer.Option(help="retryable refusals of a job's Apply before it fails")
+    ] = 10,
+    apply_retry_max: Annotated[
+        float, typer.Option(help="longest wait between two retries of an Apply, seconds")
+    ] = 60.0,
     reservation_ttl: Annotated[float, typer.Option(help="reservation TTL, seconds")] = 600.0,
     allocation: Annotated[str, typer.Option(help="binpack or spread")] = "binpack",
     explain_members: Annotated[
@@ -155,6 +161,8 @@ def run(
         "leader_lease_s": leader_lease,
         "heartbeat_interval_s": heartbeat_interval,
         "max_unacked_per_cluster": max_unacked,
+        "apply_retry_limit": apply_retry_limit,
+        "apply_retry_max_s": apply_retry_max,
         "reservation_ttl_s": reservation_ttl,
         "allocation": allocation,
         "explain_members": explain_members,

@@ -52,6 +52,10 @@ class HubConfig(BaseModel):
     - ``heartbeat_interval_s``: what Welcome asks agents to send.
     - ``max_unacked_per_cluster``: work items in flight to one member before the hub waits
       for acks; ``resend_after_s``: an unacknowledged item is sent again after this.
+    - ``apply_retry_limit``: a job whose Apply the member refuses with a retryable error
+      (5xx, 429, a namespace being terminated, …) is sent again with backoff (5 s doubling
+      to ``apply_retry_max_s``) this many times, then Failed (reason ``MemberRejected``); its
+      status says "retrying in <member> …" meanwhile. Deletes are retried without limit.
     - ``max_message_bytes``: larger agent messages close that stream.
     - ``reservation_ttl_s``: a reservation whose pods never show up expires after this.
     - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
@@ -82,6 +86,8 @@ class HubConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     max_unacked_per_cluster: int = Field(default=64, ge=1)
     resend_after_s: float = Field(default=30.0, gt=0)
+    apply_retry_limit: int = Field(default=10, ge=1)
+    apply_retry_max_s: float = Field(default=60.0, gt=0)
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     reservation_ttl_s: float = Field(default=600.0, gt=0)
     allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS

@@ -37,6 +37,7 @@ import structlog
 from gpufed.api.stream import (
     AgentEvent,
     AgentHello,
+    Heartbeat,
     InventoryDelta,
     InventorySnapshot,
     ResyncRequest,
@@ -304,7 +305,9 @@ class Controller:
         m = self.state.members.get(s.cluster)
         if m is None or m.session is not s:
             raise StreamClosedError("ABORTED", "this stream was replaced by a newer one")
-        if isinstance(event, InventorySnapshot):
+        if isinstance(event, Heartbeat):
+            self.members.on_heartbeat(m, event)
+        elif isinstance(event, InventorySnapshot):
             self.members.on_snapshot(m, event)
         elif isinstance(event, InventoryDelta):
             self.members.on_delta(m, event)

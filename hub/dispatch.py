@@ -152,5 +152,6 @@ class Dispatch:
         ws.record = record
         ws.sent_at = None
         ws.retry_at = None
+        ws.failures = 0
         log.info("hub.work.delete", job=record.job, cluster=cluster, revision=ws.revision)
         self.enqueue(cluster, uid)

@@ -24,8 +24,19 @@ from gpufed.hub.state import MemberState
 
 
 def health_of(m: MemberState, config: HubConfig) -> ClusterHealth:
-    """The member's health as placement sees it (not ready: a reason and a message)."""
+    """The member's health as placement sees it (not ready: a reason and a message).
+
+    A member whose agent is connected but cannot reach its own API server is not ready either
+    (reason ``MemberAPIUnreachable``): work sent there would only be retried.
+    """
     if m.health == "Ready":
+        if m.member_api_error:
+            return ClusterHealth(
+                ready=False,
+                reason="MemberAPIUnreachable",
+                message="the agent is connected but cannot reach the member's API server: "
+                + m.member_api_error,
+            )
         return ClusterHealth(ready=True)
     if m.health == "Lost":
         return ClusterHealth(

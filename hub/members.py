@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from gpufed.api.inventory import ClusterHealth, ClusterInventory, MemberClusterState, Taint
 from gpufed.api.membercluster import MemberCluster
-from gpufed.api.stream import AgentHello, InventoryDelta, InventorySnapshot
+from gpufed.api.stream import AgentHello, Heartbeat, InventoryDelta, InventorySnapshot
 from gpufed.hub import status as st
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
@@ -105,9 +105,10 @@ class Members:
         self._scheduler.kick()
 
     def listed(self, names: set[str]) -> None:
-        """After a (re)list: members we knew that are gone were deleted while unwatched."""
+        """After a (re)list: members we knew that are gone were deleted while unwatched (also
+        those known only from etcd, whose MemberCluster was deleted while no hub ran)."""
         for m in list(self._term.state.members.values()):
-            if m.spec is not None and m.name not in names:
+            if m.name not in names and (m.spec is not None or self._has_work(m.name)):
                 self.gone(m.name)
 
     def gone(self, name: str) -> None:
@@ -127,6 +128,14 @@ class Members:
             self._snapshot.remove_member(name)
         self._mirror.forget_member(name)
         log.info("hub.member.removed", cluster=name)
+        if not m.lost and self._has_work(name):
+            # Its jobs follow the member-lost policy now, and deleting them completes (the
+            # finalizer of a job on a lost member is dropped without waiting for an ack).
+            self._set_health(m, "Lost")
+            self._term.spawn(self._declare_lost(m, deleted=True))
+
+    def _has_work(self, cluster: str) -> bool:
+        return any(c == cluster for c, _ in self._term.state.work)
 
     def _member_state(self, m: MemberState) -> MemberClusterState:
         spec = m.spec
@@ -236,6 +245,23 @@ class Members:
             m.meta_dirty = True  # the flush loop tries again
             raise
 
+    def on_heartbeat(self, m: MemberState, hb: Heartbeat) -> None:
+        """A heartbeat: the member turns NotReady while its agent reports that it cannot reach
+        the member's API server, and Ready again when it can."""
+        if hb.member_api_error == m.member_api_error:
+            return
+        was, m.member_api_error = m.member_api_error, hb.member_api_error
+        if m.name in self._snapshot.cluster_names:
+            self._snapshot.set_health(m.name, self._health(m))
+        m.status_dirty = True
+        self.write_status(m)
+        if m.member_api_error:
+            log.warning("member.api_unreachable", cluster=m.name, error=m.member_api_error)
+        else:
+            log.info("member.api_reachable", cluster=m.name, was=was)
+            self._scheduler.kick()
+            self._dispatch.pump(m.name)
+
     # --- inventory -------------------------------------------------------------------------------
 
     def on_snapshot(self, m: MemberState, snap: InventorySnapshot) -> None:
@@ -338,8 +364,9 @@ class Members:
         else:
             log.warning("member.lost", cluster=m.name, silent_s=round(quiet, 1))
 
-    async def _declare_lost(self, m: MemberState) -> None:
-        """The member-lost timeout passed: its jobs become Lost or are placed again."""
+    async def _declare_lost(self, m: MemberState, *, deleted: bool = False) -> None:
+        """The member-lost timeout passed (or, ``deleted``, its MemberCluster was deleted):
+        its jobs become Lost or are placed again."""
         m.meta = m.meta.model_copy(update={"lost_at": self._term.wall()})
         await self._term.store.put_member_meta(m.name, m.meta)
         lost_for = silence(
@@ -375,10 +402,13 @@ class Members:
                         rescheduled=resched,
                         lost_for_s=lost_for,
                         now=self._mirror.now(),
+                        deleted=deleted,
                     ),
                 )
                 self._mirror.event(job, "Warning", "ClusterLost", job.status.message)
-                log.warning("job.lost", job=job.key, cluster=cluster, rescheduled=resched)
+                log.warning(
+                    "job.lost", job=job.key, cluster=cluster, rescheduled=resched, deleted=deleted
+                )
         self._scheduler.kick()
 
     async def flush(self) -> None:

@@ -5,8 +5,10 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   (an ack for a job assigned to another member closes the stream) and persisted off it, so
   one slow etcd write does not hold up the agent's next messages: Applied is recorded (the
   job's objects exist: never re-create them) and the job turns dispatched; Deleted forgets the
-  work item (and lets a deleted GPUJob go); Failed is retried later when retryable, and
-  otherwise the member refused the job: it fails, and whatever part was accepted is deleted.
+  work item (and lets a deleted GPUJob go); Failed is retried later with backoff when
+  retryable (the job's status says "retrying in <member> …"; an Apply that keeps failing
+  gives up after ``apply_retry_limit`` attempts), and otherwise the member refused the job:
+  it fails, and whatever part was accepted is deleted.
 - A **workload status** becomes the GPUJob's status through the pure rules of
   :mod:`gpufed.hub.status` (terminal phases are final); a finished job's reservation is
   released. Agents reconnect to a new leader before its GPUJob list is in and send each status
@@ -141,7 +143,7 @@ class Reports:
                     error=ack.message,
                 )
                 if ack.retryable or op == "Delete":
-                    ws.retry_at = self._term.mono() + min(self._term.config.resend_after_s, 5.0)
+                    await self._retry_later(cluster, ws, ack.message)
                 else:
                     await self._member_refused(cluster, uid, ack.message)
             else:
@@ -152,6 +154,36 @@ class Reports:
                     op=op,
                     result=ack.result,
                 )
+
+    async def _retry_later(self, cluster: str, ws: WorkState, message: str) -> None:
+        """A retryable failure: send again after a backoff (5 s doubling to
+        ``apply_retry_max_s``), saying so in the job's status; an Apply that failed
+        ``apply_retry_limit`` times in a row fails the job (call under the job's lock)."""
+        cfg = self._term.config
+        uid = ws.record.job_uid
+        ws.failures += 1
+        if ws.record.op == "Apply" and ws.failures >= cfg.apply_retry_limit:
+            await self._member_refused(
+                cluster, uid, f"gave up after {ws.failures} attempts: {message}"
+            )
+            return
+        base = min(cfg.resend_after_s, 5.0)
+        delay = min(max(base, cfg.apply_retry_max_s), base * 2 ** min(ws.failures - 1, 16))
+        ws.retry_at = self._term.mono() + delay
+        job = self._term.state.jobs.get(uid)
+        if ws.record.op == "Apply" and job is not None and job.placed_cluster == cluster:
+            self._mirror.set_status(
+                job,
+                st.apply_retrying(
+                    job.status,
+                    cluster=cluster,
+                    message=message,
+                    attempt=ws.failures,
+                    limit=cfg.apply_retry_limit,
+                    retry_in_s=delay,
+                    now=self._mirror.now(),
+                ),
+            )
 
     def _dispatched(self, uid: str, cluster: str) -> None:
         job = self._term.state.jobs.get(uid)

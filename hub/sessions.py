@@ -37,7 +37,13 @@ from gpufed.api.protocol.codec import (
     work_item_to_pb,
     workload_status_from_pb,
 )
-from gpufed.api.stream import AgentEvent, InventoryDelta, InventorySnapshot, ResyncRequest
+from gpufed.api.stream import (
+    AgentEvent,
+    Heartbeat,
+    InventoryDelta,
+    InventorySnapshot,
+    ResyncRequest,
+)
 from gpufed.api.work import WorkItem
 
 log = structlog.get_logger("gpufed.hub.sessions")
@@ -139,19 +145,20 @@ class AgentSession:
     def receive(self, msg: pb.AgentMessage) -> AgentEvent | None:
         """Decode one message after the Hello into the model the hub's logic handles.
 
-        Returns None for what the stream handles itself: a heartbeat (one naming an inventory
-        seq the hub never received asks for a resync), a snapshot part before the last, a
+        A heartbeat naming an inventory seq the hub never received also asks for a resync.
+        Returns None for what the stream handles itself: a snapshot part before the last, a
         delta ignored until the next snapshot or out of sequence (a resync is requested).
         Raises :class:`StreamClosedError` (INVALID_ARGUMENT) for a malformed or out-of-order
         message; nothing is applied then.
         """
         kind = msg.WhichOneof("body")
         if kind == "heartbeat":
-            if not self.awaiting_snapshot and msg.heartbeat.inventory_seq > (
-                self.inventory_seq or 0
-            ):
+            hb = msg.heartbeat
+            if not self.awaiting_snapshot and hb.inventory_seq > (self.inventory_seq or 0):
                 self.request_resync("heartbeat names an inventory seq the hub never received")
-            return None
+            return Heartbeat(
+                inventory_seq=hb.inventory_seq, member_api_error=hb.member_api_error[:1024]
+            )
         if kind == "inventory_snapshot":
             return self._snapshot_part(msg.inventory_snapshot)
         if kind == "inventory_delta":

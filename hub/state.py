@@ -83,7 +83,8 @@ class WorkState:
 
     ``revision``: the etcd revision of the work record (the work item's revision);
     ``sent_at``: monotonic seconds of the last send (None: not in flight); ``retry_at``: when a
-    retryable failure may be sent again.
+    retryable failure may be sent again; ``failures``: retryable failures of this revision in
+    a row (kept in memory only: a new leader starts counting again).
     """
 
     cluster: str
@@ -92,6 +93,7 @@ class WorkState:
     ack: AckRecord | None = None
     sent_at: float | None = None
     retry_at: float | None = None
+    failures: int = 0
 
     @property
     def applied_before(self) -> bool:
@@ -138,6 +140,8 @@ class MemberState:
     nodes_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     meta_dirty: bool = False
     status_dirty: bool = True
+    #: what the agent's last heartbeat said about its member's API server ("": reachable)
+    member_api_error: str = ""
 
     @property
     def lost(self) -> bool:

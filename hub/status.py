@@ -224,6 +224,27 @@ def dispatched(status: GPUJobStatus, *, dispatch_ms: float | None, now: str) -> 
     return status.model_copy(update={"conditions": conds, "timings": timings})
 
 
+def apply_retrying(
+    status: GPUJobStatus,
+    *,
+    cluster: str,
+    message: str,
+    attempt: int,
+    limit: int,
+    retry_in_s: float,
+    now: str,
+) -> GPUJobStatus:
+    """The member refused the objects for now (a retryable error): condition
+    ``Dispatched=False`` with reason ``Retrying`` and the member's message; the phase stays."""
+    if is_terminal(status):
+        return status
+    msg = f"retrying in {cluster} in {retry_in_s:.0f} s (attempt {attempt} of {limit}): {message}"
+    conds = set_condition(
+        status.conditions, "Dispatched", "False", reason="Retrying", message=msg, now=now
+    )
+    return status.model_copy(update={"message": msg, "conditions": conds})
+
+
 def member_refused(status: GPUJobStatus, *, message: str, now: str) -> GPUJobStatus:
     """The member API refused the objects for good: phase Failed, ``Dispatched=False``."""
     if is_terminal(status):
@@ -290,25 +311,34 @@ def _workload_message(phase: JobPhase, ws: WorkloadStatus, cluster: str | None) 
 
 
 def cluster_lost(
-    status: GPUJobStatus, *, cluster: str, rescheduled: bool, lost_for_s: float, now: str
+    status: GPUJobStatus,
+    *,
+    cluster: str,
+    rescheduled: bool,
+    lost_for_s: float,
+    now: str,
+    deleted: bool = False,
 ) -> GPUJobStatus:
-    """The member running the job was declared lost.
+    """The member running the job was declared lost (``deleted``: its MemberCluster was
+    deleted on the hub; otherwise its agent was silent for ``lost_for_s`` seconds).
 
     ``rescheduled`` (``reschedule: OnClusterLoss``): back to Pending to be placed again.
     Otherwise phase Lost (terminal).
     """
     if is_terminal(status):
         return status
+    what = (
+        f"member {cluster} was deleted on the hub (MemberCluster removed)"
+        if deleted
+        else f"member {cluster} stopped reporting {lost_for_s:.0f} s ago"
+    )
     if rescheduled:
         msg = (
-            f"member {cluster} stopped reporting {lost_for_s:.0f} s ago; placing the job again "
-            "(reschedule: OnClusterLoss); the old copy is deleted when the member returns"
+            f"{what}; placing the job again (reschedule: OnClusterLoss); the old copy is "
+            "deleted when the member returns"
         )
     else:
-        msg = (
-            f"member {cluster} stopped reporting {lost_for_s:.0f} s ago; the job is Lost "
-            "(reschedule: Never)"
-        )
+        msg = f"{what}; the job is Lost (reschedule: Never)"
     conds = set_condition(
         status.conditions, "ClusterLost", "True", reason="ClusterLost", message=msg, now=now
     )

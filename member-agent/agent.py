@@ -91,6 +91,7 @@ class Agent:
             served_kinds=self.served_kinds,
             metrics=self.metrics,
             cluster_uid=self.cluster_uid,
+            member_api_error=lambda: self.node_informer.failing or self.pod_informer.failing,
         )
         self.work.set_ack(self.hub.send_ack)
         self.status.set_send(self.hub.send_status)

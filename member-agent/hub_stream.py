@@ -103,6 +103,7 @@ class HubStream:
         instance: str | None = None,
         cluster_uid: Callable[[], Awaitable[str]] | None = None,
         reconnect_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        member_api_error: Callable[[], str] = lambda: "",
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -121,6 +122,9 @@ class HubStream:
         self._resync = asyncio.Event()
         self.sessions = 0
         self._reconnect_sleep = reconnect_sleep  # waits out the backoff before a reconnect
+        #: why the member's API server cannot be read now ("" while it can); each heartbeat
+        #: carries it, so the hub shows the member NotReady instead of retrying work there
+        self._member_api_error = member_api_error
 
     # --- outbound helpers (used as callbacks by work manager and status reporter) ---------------
 
@@ -337,7 +341,13 @@ class HubStream:
     async def _heartbeats(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self._put(pb.AgentMessage(heartbeat=pb.Heartbeat(inventory_seq=self.seq)))
+            self._put(
+                pb.AgentMessage(
+                    heartbeat=pb.Heartbeat(
+                        inventory_seq=self.seq, member_api_error=self._member_api_error()
+                    )
+                )
+            )
 
     async def _inventory(self, max_bytes: int, served: list[str]) -> None:
         """Snapshot, then coalesced deltas; a resync request sends a fresh snapshot."""

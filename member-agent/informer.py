@@ -83,6 +83,8 @@ class Informer:
         self._on_event = on_event
         self._sleep = sleep
         self._backoff = Backoff(base=0.5, cap=_RETRY_CAP_S, jitter=True, rng=rng)
+        self._failing = ""
+        self._failures = 0
 
     async def relist(self) -> None:
         """One full paginated list handed to the handler; sets :attr:`resource_version`."""
@@ -108,6 +110,12 @@ class Informer:
             self._on_event(self.name, "RELIST")
         log.info("informer.listed", resource=self.name, objects=count, resource_version=rv)
 
+    @property
+    def failing(self) -> str:
+        """Why the member's API server cannot be read now: the last error once two lists or
+        watches in a row failed ("" while they work; one failure alone is not reported)."""
+        return self._failing if self._failures >= 2 else ""
+
     async def run(self) -> None:
         """List, then watch forever; cancel to stop."""
         self._backoff.reset()
@@ -117,8 +125,10 @@ class Informer:
                 if need_list:
                     await self.relist()
                     need_list = False
+                    self._failing, self._failures = "", 0
                 await self._watch_once()
                 self._backoff.reset()
+                self._failing, self._failures = "", 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -134,6 +144,8 @@ class Informer:
                 # An error retrying does not fix (403: RBAC missing) heals slowly: wait longer.
                 cap = _RETRY_CAP_S if verdict_of(exc) is Verdict.RETRY else _SLOW_CAP_S
                 wait = max(_MIN_WAIT_S, self._backoff.next(cap=cap))
+                self._failures += 1
+                self._failing = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:512]
                 log.warning(
                     "informer.failed",
                     resource=self.name,

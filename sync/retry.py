@@ -10,7 +10,9 @@ error                                                  verdict         what the 
 =====================================================  ==============  =========================
 5xx, 429, status 0, connection errors and timeouts,    ``RETRY``       back off and try again
 aiohttp/urllib3 transport errors, aetcd
-``ConnectionFailedError`` / ``ConnectionTimeoutError``
+``ConnectionFailedError`` / ``ConnectionTimeoutError``,
+403 with cause ``NamespaceTerminating`` (heals once
+the namespace is gone and is created again)
 409 Conflict                                           ``RECONCILE``   re-read, recompute, write
 404 Not Found, 410 Gone                                ``GONE``        the object (or the watch's
                                                                        resourceVersion) is gone
@@ -84,6 +86,8 @@ def verdict_of(exc: BaseException) -> Verdict:
             return Verdict.RECONCILE
         if status in _GONE_STATUSES:
             return Verdict.GONE
+        if status == 403 and _namespace_terminating(exc):
+            return Verdict.RETRY
         if status in _REFUSED_STATUSES:
             return Verdict.REFUSED
         if status in _RETRY_STATUSES or status >= 500:
@@ -99,6 +103,15 @@ def verdict_of(exc: BaseException) -> Verdict:
     ):
         return Verdict.RETRY
     return Verdict.PERMANENT
+
+
+def _namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused new content in a namespace that is being deleted (a Status whose
+    ``details.causes`` carry reason ``NamespaceTerminating``)."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body[:65536].decode("utf-8", errors="replace")
+    return isinstance(body, str) and "NamespaceTerminating" in body[:65536]
 
 
 def _top_module(cls: type) -> str:

@@ -442,16 +442,20 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INVENTORY_SEQ_FIELD_NUMBER: _builtins.int
+    MEMBER_API_ERROR_FIELD_NUMBER: _builtins.int
     inventory_seq: _builtins.int
     """last inventory seq the agent sent"""
+    member_api_error: _builtins.str
+    """"" while the agent reaches its member's API server;"""
     def __init__(
         self,
         *,
         inventory_seq: _builtins.int = ...,
+        member_api_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inventory_seq", b"inventory_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inventory_seq", b"inventory_seq", "member_api_error", b"member_api_error"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -184,3 +184,40 @@ async def test_jittered_waits_stay_between_the_shortest_wait_and_each_step() -> 
     await run_until_done(api, Recorder(), sleep)
     ceilings = [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
     assert all(0.5 <= w <= c for w, c in zip(sleep.waits, ceilings, strict=True))
+
+
+class FailingSeen(FakeSleep):
+    """Records, at each wait, what the informer says about reaching the API server."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.informer: Informer | None = None
+        self.failing: list[str] = []
+
+    async def __call__(self, seconds: float) -> None:
+        await super().__call__(seconds)
+        assert self.informer is not None
+        self.failing.append(self.informer.failing)
+
+
+async def test_the_member_api_counts_as_unreachable_after_two_failures_in_a_row_until_a_success() -> (
+    None
+):
+    reset = ConnectionResetError("peer reset")
+    api = ScriptedApi(lists=[[[obj("a", 1)]]], watches=[reset, reset, reset, [], reset])
+    sleep = FailingSeen()
+    informer = Informer(
+        api,  # type: ignore[arg-type]
+        "/api/v1/nodes",
+        Recorder(),
+        name="nodes",
+        sleep=sleep,
+        rng=lambda: 1.0,
+    )
+    sleep.informer = informer
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(api.done.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    # one failure is not reported; two and three are; a good watch clears it; one again is not
+    assert sleep.failing == ["", "peer reset", "peer reset", ""]

@@ -256,3 +256,21 @@ def test_backoff_survives_hours_of_failures() -> None:
 def test_backoff_refuses_a_base_or_cap_that_is_not_positive(base: float, cap: float) -> None:
     with pytest.raises(ValueError, match="positive"):
         Backoff(base, cap)
+
+
+def test_creating_in_a_namespace_being_terminated_retries_other_forbiddens_do_not() -> None:
+    # A job whose member namespace is still terminating (deleted moments ago) used to fail for
+    # good: 403 is REFUSED. The namespace goes away and is created again, so it heals.
+    body = (
+        '{"kind":"Status","apiVersion":"v1","status":"Failure","message":"jobs.batch \\"j\\" '
+        "is forbidden: unable to create new content in namespace team-a because it is being "
+        'terminated","reason":"Forbidden","details":{"name":"j","group":"batch","kind":"jobs",'
+        '"causes":[{"reason":"NamespaceTerminating","message":"namespace team-a is being '
+        'terminated","field":"metadata.namespace"}]},"code":403}'
+    )
+    terminating = ApiException(status=403, reason="Forbidden")
+    terminating.body = body
+    assert verdict_of(terminating) is Verdict.RETRY
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = '{"kind":"Status","reason":"Forbidden","code":403}'
+    assert verdict_of(forbidden) is Verdict.REFUSED
