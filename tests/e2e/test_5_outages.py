@@ -97,3 +97,26 @@ def test_etcd_restart_pauses_the_hub_which_resumes_without_losing_or_duplicating
     for uid in (before_uid, after_uid):
         assert sum(len(v) for v in e2e.copies(uid).values()) == 1
     assert sorted(j["metadata"]["name"] for j in hub.jobs()) == sorted([before, after])
+
+
+def test_a_member_whose_api_server_is_down_while_its_agent_runs_turns_not_ready_then_ready(
+    e2e: E2E,
+) -> None:
+    # Its agent kept the stream open, so the member stayed Ready and work sent there was
+    # retried every 5 s forever with nothing in the jobs' status.
+    hub = e2e.hub
+    member = sorted(e2e.members)[0]
+    wait_until(lambda: hub.member_ready(member), f"{member} Ready before the drill", 60)
+    e2e.kill(f"apiserver/{member}")
+    try:
+        status, reason = wait_until(
+            lambda: (c := hub.member_condition(member))[1] == "MemberAPIUnreachable" and c,
+            f"{member} NotReady with reason MemberAPIUnreachable",
+            60,
+        )
+        assert status == "False"
+        assert e2e.running(f"agent/{member}"), "the agent itself kept running"
+    finally:
+        e2e.start(f"apiserver/{member}")
+    wait_until(lambda: hub.member_ready(member), f"{member} Ready again", 90)
+    e2e.wait_healthy()
