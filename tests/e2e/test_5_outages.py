@@ -109,7 +109,7 @@ def test_a_member_whose_api_server_is_down_while_its_agent_runs_turns_not_ready_
     wait_until(lambda: hub.member_ready(member), f"{member} Ready before the drill", 60)
     e2e.kill(f"apiserver/{member}")
     try:
-        status, reason = wait_until(
+        status, _reason = wait_until(
             lambda: (c := hub.member_condition(member))[1] == "MemberAPIUnreachable" and c,
             f"{member} NotReady with reason MemberAPIUnreachable",
             60,
