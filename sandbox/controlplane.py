@@ -13,7 +13,7 @@ the sandbox imports nothing of the hub or the agent:
 4. component ``hub``: ``gpufed hub`` on the sandbox's etcd under ``/gpufed/hub/``, agent gRPC
    on ``127.0.0.1:<port>`` (TLS), ``/metrics`` etc. on ``127.0.0.1:<port>``, a fixed replica id
    (``sandbox-hub``) so a restarted hub takes its own stale leader key over at once;
-5. components ``agent/<member>``: ``gpufed agent`` with that member's admin kubeconfig, its
+5. components ``agent/<member>``: ``gpufed agent`` with its ServiceAccount kubeconfig, its
    token and the CA;
 6. :func:`wait_ready`: the hub answers ``/readyz`` (leading, lists done), every agent answers
    ``/readyz`` (inventory listed, stream welcomed) and every MemberCluster is Ready with all its

@@ -39,13 +39,13 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
-from gpufed.sandbox import components, controlplane
+from gpufed.sandbox import components, controlplane, identities
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions
 from gpufed.sandbox.inventory import ClusterGPUs, cluster_gpus
 from gpufed.sandbox.kube import list_nodes_raw, node_is_ready
 from gpufed.sandbox.nodes import create_nodes, node_manifest
-from gpufed.sandbox.pki import create_pki
+from gpufed.sandbox.pki import create_pki, load_pki
 from gpufed.sandbox.state import (
     HUB_ETCD_PREFIX,
     ClusterEndpoint,
@@ -301,7 +301,8 @@ class Sandbox:
                 fleet=fleet,
                 etcd_url=etcd_url,
                 hub_etcd_prefix=info.hub_etcd_prefix,
-                kubeconfigs={n: ep.kubeconfig for n, ep in clusters.items()},
+                # The hub and agents run as their ServiceAccounts (sandbox/identities.py).
+                kubeconfigs={n: identities.kubeconfig_path(d, n) for n in clusters},
                 ports=ports,
                 options=control_plane,
             )
@@ -398,7 +399,11 @@ class Sandbox:
         t0 = time.monotonic()
         hub_api = info.api_client(HUB_CLUSTER_NAME)
         controlplane.prepare_hub_cluster(self.state_dir, fleet, info.hub.kubeconfig, hub_api, cp)
-        say(f"  {'CRDs installed, members joined':<44} in {time.monotonic() - t0:5.1f}s")
+        self._install_identities(info)
+        say(
+            f"  {'CRDs installed, members joined, RBAC applied':<44} in "
+            f"{time.monotonic() - t0:5.1f}s"
+        )
         t0 = time.monotonic()
         self.supervisor.start_many(
             [controlplane.HUB_COMPONENT, *(a.component for a in cp.agents.values())]
@@ -407,6 +412,23 @@ class Sandbox:
         say(
             f"  {f'hub + {len(cp.agents)} agents, members Ready':<44} in {time.monotonic() - t0:5.1f}s"
         )
+
+    def _install_identities(self, info: SandboxInfo) -> None:
+        """The shipped RBAC and a ServiceAccount kubeconfig for the hub and every agent."""
+        pki = load_pki(self.state_dir / "pki")
+        for name, ep in info.clusters.items():
+            hub = name == HUB_CLUSTER_NAME
+            try:
+                identities.install(
+                    info.api_client(name),
+                    ep,
+                    pki,
+                    identities.kubeconfig_path(self.state_dir, name),
+                    component="hub" if hub else "agent",
+                    account=identities.HUB_ACCOUNT if hub else identities.AGENT_ACCOUNT,
+                )
+            except identities.IdentityError as exc:
+                raise SandboxError(f"sandbox failed to start: {exc}") from None
 
     def wait_control_plane(
         self, timeout_s: float = 120.0, *, info: SandboxInfo | None = None

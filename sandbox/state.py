@@ -118,10 +118,17 @@ class SandboxStatus(BaseModel):
 
 
 def write_kubeconfig(
-    path: Path, clusters: list[ClusterEndpoint], pki: Pki, *, current: str
+    path: Path,
+    clusters: list[ClusterEndpoint],
+    pki: Pki,
+    *,
+    current: str,
+    user: str = "admin",
+    token: str | None = None,
 ) -> None:
-    """Write a kubeconfig (mode 0600) with one cluster and context per endpoint, all as the
-    admin user of ``pki`` (its token; CA embedded), with ``current`` as current context."""
+    """Write a kubeconfig (mode 0600) with one cluster and context per endpoint, all as one
+    user (the admin of ``pki`` and its token, unless ``user``/``token`` say otherwise; CA
+    embedded), with ``current`` as current context."""
     ca = base64.b64encode(pki.ca_crt.read_bytes()).decode()
     doc: dict[str, Any] = {
         "apiVersion": "v1",
@@ -130,9 +137,9 @@ def write_kubeconfig(
             {"name": c.name, "cluster": {"server": c.server, "certificate-authority-data": ca}}
             for c in clusters
         ],
-        "users": [{"name": "admin", "user": {"token": pki.token}}],
+        "users": [{"name": user, "user": {"token": token or pki.token}}],
         "contexts": [
-            {"name": c.context, "context": {"cluster": c.name, "user": "admin"}} for c in clusters
+            {"name": c.context, "context": {"cluster": c.name, "user": user}} for c in clusters
         ],
         "current-context": current,
         "preferences": {},
