@@ -104,6 +104,7 @@ class Mirror:
         job = self._term.state.jobs.get(uid)
         rv = self._job_rv(uid, job)
         if rv is None:  # after a conflict: what does the API server hold now?
+            self._fence("job")  # a fenced term makes no request at all, reads included
             fresh = await self._term.kube.get_job(ns, name)
             if fresh is None:
                 return  # gone: its DELETED event forgets it
@@ -204,6 +205,7 @@ class Mirror:
     async def _write_member_status(self, name: str, payload: Any) -> None:
         rv = self._member_rvs.get(name)
         if rv is None:  # first write of the term, or the last one conflicted
+            self._fence("member")
             fresh = await self._term.kube.get_member(name)
             if fresh is None:
                 return  # gone: its DELETED event forgets it
@@ -218,6 +220,13 @@ class Mirror:
                 self._term.metrics.status_writes.labels("member", result).inc()
             raise
         self._term.metrics.status_writes.labels("member", "ok").inc()
+
+    def _fence(self, kind: str) -> None:
+        try:
+            self._term.check_fence()
+        except NotLeaderError:
+            self._term.metrics.status_writes.labels(kind, "fenced").inc()
+            raise
 
 
 def _result_of(exc: Exception) -> str:
