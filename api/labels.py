@@ -24,6 +24,9 @@ JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 JOB_ANNOTATION: Final = "gpufed.io/job"
 #: Namespaces that gpufed created in a member carry this label (value "true").
 MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
+#: Join-token Secrets on the hub carry this label (value "true"; `gpufed hub join` sets it): the
+#: hub list+watches only labelled Secrets of the token namespaces.
+JOIN_TOKEN_LABEL: Final = "gpufed.io/join-token"
 #: Finalizer on hub GPUJobs: removed once the member copy is gone or the member is lost.
 FINALIZER: Final = "gpufed.io/member-cleanup"
 

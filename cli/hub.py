@@ -26,7 +26,7 @@ import structlog
 import typer
 
 from gpufed.api.crdgen import all_crds
-from gpufed.api.labels import API_VERSION
+from gpufed.api.labels import API_VERSION, JOIN_TOKEN_LABEL
 from gpufed.hub import certs as hub_certs
 from gpufed.hub import log as hub_log
 from gpufed.hub.app import Hub
@@ -293,7 +293,11 @@ def join(
     core: Any = client.CoreV1Api(api)
     secret_name = f"gpufed-join-{cluster}"
     body = {
-        "metadata": {"name": secret_name, "labels": {"gpufed.io/member": cluster}},
+        # The hub watches only Secrets with JOIN_TOKEN_LABEL (hub/tokens.py).
+        "metadata": {
+            "name": secret_name,
+            "labels": {"gpufed.io/member": cluster, JOIN_TOKEN_LABEL: "true"},
+        },
         "type": "Opaque",
         "data": {"token": base64.b64encode(token.encode()).decode()},
     }

@@ -143,7 +143,13 @@ class Hub:
             while not stop.is_set():
                 if not await _first(self._elector.acquire(), stop.wait()):
                     break
-                ctrl = Controller(self.config, self.store, self._kube, self.metrics)
+                ctrl = Controller(
+                    self.config,
+                    self.store,
+                    self._kube,
+                    self.metrics,
+                    leading=self._elector.holds,
+                )
                 try:
                     await ctrl.load()
                 except Exception as exc:

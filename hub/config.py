@@ -64,6 +64,9 @@ class HubConfig(BaseModel):
       every member's score or rejection (what ``gpufed explain`` shows later); on larger
       fleets only the winner is recorded, since placement stops evaluating members once the
       winner is certain (0 turns full explanations of placed jobs off).
+    - ``status_resync_s``: how often the leader compares every GPUJob status the hub API
+      shows with the one it computed and writes the differences again (level-triggered:
+      a write that someone else overwrote is corrected within this long).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -95,6 +98,7 @@ class HubConfig(BaseModel):
     explain_members: int = Field(default=16, ge=0)
     inventory_flush_s: float = Field(default=2.0, gt=0)
     status_interval_s: float = Field(default=2.0, gt=0)
+    status_resync_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> HubConfig:

@@ -15,7 +15,8 @@ The components, each in its own module (docs/design.md §9 walks a job through t
 :mod:`~gpufed.hub.dispatch` the per-member work outbox, resends, desired set on (re)connect
 :mod:`~gpufed.hub.reports`  acks and workload status from members
 :mod:`~gpufed.hub.deletion` finalizers, member cleanup, orphaned job records
-:mod:`~gpufed.hub.members`  member registry, join tokens, inventory, health, lost members
+:mod:`~gpufed.hub.members`  member registry, inventory, health, lost members
+:mod:`~gpufed.hub.tokens`   join tokens (watched Secrets), the agents' credential check
 :mod:`~gpufed.hub.mirror`   GPUJob / MemberCluster status writes and Events
 :mod:`~gpufed.hub.state`    the job, work and member state they share
 ==========================  ==================================================================
@@ -58,6 +59,7 @@ from gpufed.hub.sessions import AgentSession, StreamClosedError
 from gpufed.hub.state import HubState, WorkState
 from gpufed.hub.store import Loaded
 from gpufed.hub.term import Term, TermTasks
+from gpufed.hub.tokens import Credentials, JoinTokens
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.core")
@@ -69,7 +71,10 @@ class Controller:
     """One leader term (see the module docstring).
 
     ``store``/``kube``: the term's two ports (:mod:`gpufed.hub.ports`); ``mono``/``wall``: the
-    monotonic and wall clocks every timer and status time reads (tests pass fake ones).
+    monotonic and wall clocks every timer and status time reads (tests pass fake ones);
+    ``leading``: True while the leader lease is known to be held
+    (:meth:`gpufed.hub.leader.LeaderElector.holds`); with the controller not stopped, it
+    fences every hub API write of the term (:meth:`gpufed.hub.term.Term.check_fence`).
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class Controller:
         *,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -101,10 +107,12 @@ class Controller:
             mono=mono,
             wall=wall,
             started=self.started,
+            leading=lambda: leading() and not self._stopped.is_set(),
         )
         self._term = term
         # Built in dependency order (docs/design.md §9): each takes the peers it calls.
         self.mirror = Mirror(term)
+        self.tokens = JoinTokens(term)
         self.reservations = Reservations(term, self.snapshot)
         self.dispatch = Dispatch(term)
         self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
@@ -119,6 +127,7 @@ class Controller:
             self.deletion,
             self.scheduler,
             self.mirror,
+            self.tokens,
         )
         self.reports = Reports(
             term,
@@ -160,12 +169,14 @@ class Controller:
         """Run until leadership must end (returns the reason) or the task is cancelled."""
         self.mirror.start()
         self.metrics.is_leader.set(1)
+        self.tokens.start()
         loops = [
             self.intake.list_watch(MEMBERCLUSTERS),
             self.intake.list_watch(GPUJOBS),
             self.scheduler.run(),
             self._tick_loop(),
             self._flush_loop(),
+            self._resync_loop(),
         ]
         tasks = [asyncio.create_task(self._term.tasks.supervise(c)) for c in loops]
         try:
@@ -230,6 +241,13 @@ class Controller:
                 last_status = now
                 self.members.write_all_statuses()
 
+    async def _resync_loop(self) -> None:
+        """Level-triggered status: every ``status_resync_s``, write again each GPUJob status
+        the hub API shows differently from what this term computed."""
+        while True:
+            await asyncio.sleep(self.config.status_resync_s)
+            self.mirror.resync_jobs()
+
     # --- agent streams -------------------------------------------------------------------------------
 
     def _refuse_if_stopped(self) -> None:
@@ -238,9 +256,23 @@ class Controller:
                 "UNAVAILABLE", f"hub {self.config.hub_id} stopped leading: {self.stop_reason}"
             )
 
-    async def authenticate(self, token: str) -> str | None:
-        """The member cluster whose join token is ``token`` (None when no member has it)."""
-        return await self.members.authenticate(token, self.intake.members_synced)
+    async def authenticate(self, creds: Credentials, timeout_s: float = 30.0) -> str | None:
+        """The member cluster these credentials belong to (None: nobody's). Waits, at most
+        ``timeout_s`` (then ``TimeoutError``), for the term's first MemberCluster list and
+        token Secret lists; then answers from memory (:mod:`gpufed.hub.tokens`)."""
+
+        async def synced() -> None:
+            await self.intake.members_synced.wait()
+            await self.tokens.synced()
+
+        await asyncio.wait_for(synced(), timeout_s)
+        return self.tokens.authenticate(creds)
+
+    def authenticated(self, creds: Credentials) -> str | None:
+        """As :meth:`authenticate`, without waiting: the check :mod:`gpufed.hub.service` repeats
+        right before :meth:`open_session`, so a token rotated during the handshake opens
+        nothing."""
+        return self.tokens.authenticate(creds)
 
     def open_session(self, hello: AgentHello) -> AgentSession:
         """Accept a stream from ``hello.cluster``'s agent: Welcome, desired set, pending deletes.

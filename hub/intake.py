@@ -1,10 +1,9 @@
 """Intake: list+watch of GPUJobs and MemberClusters on the hub cluster, GPUJob validation, and
 the reconcile that routes each job to deletion or the queue.
 
-Each resource is listed, then watched from the list's resourceVersion (bookmarks move it on);
-a watch the server ends resumes from the last resourceVersion seen, a 410 lists again, and
-objects missing from a re-list were deleted while unwatched. Transient errors back off
-(:class:`gpufed.sync.retry.Backoff`); anything else ends the term.
+Each resource is listed, then watched (:func:`gpufed.hub.listwatch.list_watch`); objects
+missing from a re-list were deleted while unwatched. Transient errors back off; anything else
+ends the term.
 
 A new GPUJob is validated once (pod sets, allowed kinds, own namespace: :mod:`gpufed.hub.podsets`,
 :mod:`gpufed.sync.manifests`); an invalid one gets phase Failed, condition ``Valid=False``
@@ -25,6 +24,7 @@ from gpufed.api.gpujob import GPUJob, GPUJobStatus
 from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
 from gpufed.hub.deletion import Deletion
+from gpufed.hub.listwatch import list_watch
 from gpufed.hub.members import Members
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.podsets import InvalidJobError, placement_request
@@ -34,7 +34,6 @@ from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
 from gpufed.sync.manifests import ManifestError, prepare_manifests
-from gpufed.sync.retry import Backoff, Verdict, verdict_of
 
 log = structlog.get_logger("gpufed.hub.intake")
 
@@ -68,38 +67,16 @@ class Intake:
     # --- list + watch --------------------------------------------------------------------------------
 
     async def list_watch(self, plural: str) -> None:
-        """List, then watch ``plural`` (``gpujobs`` or ``memberclusters``) forever."""
-        backoff = Backoff(base=0.2, cap=10.0)
-        while True:
-            try:
-                items, rv = await self._term.kube.list_objects(plural)
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RETRY:
-                    raise
-                log.warning("hub.intake.list_failed", resource=plural, error=str(exc))
-                await asyncio.sleep(backoff.next())
-                continue
-            self._listed(plural, items)
-            log.info("hub.intake.listed", resource=plural, objects=len(items), rv=rv)
-            backoff.reset()
-            while True:
-                try:
-                    async for ev in self._term.kube.watch_objects(plural, rv):
-                        if isinstance(ev, str):
-                            rv = ev
-                            continue
-                        rv = str(ev.obj.get("metadata", {}).get("resourceVersion", rv))
-                        self._on_event(plural, ev)
-                    backoff.reset()
-                except Exception as exc:
-                    verdict = verdict_of(exc)
-                    if verdict is Verdict.GONE:
-                        log.info("hub.intake.relist", resource=plural, reason="410 Gone")
-                        break
-                    if verdict is not Verdict.RETRY:
-                        raise
-                    log.warning("hub.intake.watch_failed", resource=plural, error=str(exc))
-                    await asyncio.sleep(backoff.next())
+        """List, then watch ``plural`` (``gpujobs`` or ``memberclusters``) forever
+        (:func:`gpufed.hub.listwatch.list_watch`)."""
+        kube = self._term.kube
+        await list_watch(
+            plural,
+            lambda: kube.list_objects(plural),
+            lambda rv: kube.watch_objects(plural, rv),
+            on_listed=lambda items: self._listed(plural, items),
+            on_event=lambda ev: self._on_event(plural, ev),
+        )
 
     def _on_event(self, plural: str, ev: WatchEvent) -> None:
         if plural == MEMBERCLUSTERS:

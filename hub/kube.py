@@ -1,7 +1,8 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Implements :class:`gpufed.hub.ports.HubAPI` for the leader's components: intake (list+watch
-of GPUJobs and MemberClusters), status writes, finalizers, Events and join-token Secrets.
+of GPUJobs and MemberClusters), status writes (with a resourceVersion precondition),
+finalizers, Events and the list+watch of join-token Secrets.
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
 :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
 retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
@@ -14,8 +15,7 @@ account.
 
 from __future__ import annotations
 
-import base64
-import binascii
+import json
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -83,54 +83,77 @@ class KubeAPI:
         items: list[dict[str, Any]] = resp.get("items", [])
         return items, str(resp["metadata"]["resourceVersion"])
 
-    async def watch_objects(
+    def watch_objects(
         self, plural: str, resource_version: str, *, timeout_s: int = 300
     ) -> AsyncIterator[WatchEvent | str]:
         """Changes since ``resource_version``; yields events and, for bookmarks, the new
         resourceVersion as a ``str``. Ends when the server closes the watch (about
         ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
         caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
-        w = _DictWatch()
-        try:
-            stream = w.stream(
-                self.custom.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                plural,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-            )
-            async for event in stream:
-                etype = event["type"]
-                raw = event["raw_object"]
-                if etype == "BOOKMARK":
-                    yield str(raw["metadata"]["resourceVersion"])
-                elif etype in ("ADDED", "MODIFIED", "DELETED"):
-                    yield WatchEvent(etype, raw)
-        finally:
-            await w.close()
+        return _watch(
+            self.custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            plural,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+        )
+
+    # --- join-token Secrets -----------------------------------------------------------------
+
+    async def list_secrets(
+        self, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The Secrets of ``namespace`` that match ``label_selector`` (JSON form, values still
+        base64) and the list's resourceVersion."""
+        async for attempt in kube_retry():
+            with attempt:
+                # Raw JSON: the typed V1Secret models would be turned back into dicts anyway.
+                resp: Any = await self.core.list_namespaced_secret(
+                    namespace, label_selector=label_selector, _preload_content=False
+                )
+                body = json.loads(await _check_and_read(resp))
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items, str(body["metadata"]["resourceVersion"])
+
+    def watch_secrets(
+        self, namespace: str, resource_version: str, label_selector: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes of the matching Secrets since ``resource_version`` (as
+        :meth:`watch_objects`; a Secret that loses the label arrives as DELETED)."""
+        return _watch(
+            self.core.list_namespaced_secret,
+            namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+        )
 
     # --- GPUJobs ----------------------------------------------------------------------------
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields).
+    async def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields) if the object is
+        still at ``resource_version``; returns its new resourceVersion.
 
+        Raises ``ApiException`` 409 when it changed meanwhile (the caller re-reads: a status
+        computed from an older view must not overwrite a newer one), 404 when it is gone.
         One attempt: status writes go through :class:`gpufed.hub.writer.CoalescingWriter`,
         which is their one retry layer (it writes the latest value again after a failure).
         """
-        # The reply (the whole object) is not needed: the watch brings it anyway.
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         resp: Any = await self.custom.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
             namespace,
             "gpujobs",
             name,
-            {"status": status},
+            body,
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
-        await _check_and_release(resp)
+        return _resource_version(await _check_and_read(resp))
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
@@ -170,47 +193,46 @@ class KubeAPI:
 
     # --- MemberClusters ---------------------------------------------------------------------
 
-    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
-        """Replace ``status`` of one MemberCluster (a JSON patch ``add /status``).
+    async def get_member(self, name: str) -> dict[str, Any] | None:
+        """One MemberCluster, or None when it does not exist."""
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+                        GROUP, VERSION, "memberclusters", name
+                    )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def patch_member_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace ``status`` of one MemberCluster (a JSON patch ``add /status``) if it is still
+        at ``resource_version``; returns its new resourceVersion (409 when it changed).
 
         Not a merge patch: the status holds maps keyed by GPU product (``gpusReserved`` …),
         and a merge patch never removes a key the new status no longer has (reserved GPUs
-        would stay shown after their reservation ended). One attempt, as for
-        :meth:`patch_job_status`.
+        would stay shown after their reservation ended). The precondition is the patch's
+        ``replace /metadata/resourceVersion``, which the API server checks like an update's.
+        One attempt, as for :meth:`patch_job_status`.
         """
-        patch = [{"op": "add", "path": "/status", "value": status}]
-        await self.custom.patch_cluster_custom_object_status(
+        patch = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        resp: Any = await self.custom.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
             "memberclusters",
             name,
             patch,
             _content_type=JSON_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
         )
-
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        """The decoded value of ``data[key]`` of a Secret; None when the Secret or key is absent."""
-        try:
-            async for attempt in kube_retry():
-                with attempt:
-                    secret = await self.core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                log.warning(
-                    "hub.token.unreadable",
-                    secret=f"{namespace}/{name}",
-                    status=exc.status,
-                )
-                return None
-            raise
-        data = secret.data or {}
-        if key not in data:
-            return None
-        try:
-            return base64.b64decode(data[key]).decode().strip()
-        except (binascii.Error, UnicodeDecodeError):
-            log.warning("hub.token.undecodable", secret=f"{namespace}/{name}", key=key)
-            return None
+        return _resource_version(await _check_and_read(resp))
 
     # --- Events -----------------------------------------------------------------------------
 
@@ -258,11 +280,39 @@ class KubeAPI:
 async def _check_and_release(resp: Any) -> None:
     """For calls made with ``_preload_content=False`` (the client then skips its own check):
     raise ``ApiException`` for a non-2xx reply, and give the connection back."""
+    await _check_and_read(resp)
+
+
+async def _check_and_read(resp: Any) -> bytes:
+    """As :func:`_check_and_release`, returning the reply's body."""
     try:
+        body: bytes = await resp.read()
         if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=RESTResponse(resp, await resp.read()))  # type: ignore[arg-type]
+            raise ApiException(http_resp=RESTResponse(resp, body))  # type: ignore[arg-type]
+        return body
     finally:
         resp.release()
+
+
+def _resource_version(body: bytes) -> str:
+    """``metadata.resourceVersion`` of an object's JSON."""
+    return str(json.loads(body)["metadata"]["resourceVersion"])
+
+
+async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEvent | str]:
+    """One watch of a list call, with bookmarks (see :meth:`KubeAPI.watch_objects`)."""
+    w = _DictWatch()
+    try:
+        stream = w.stream(func, *args, allow_watch_bookmarks=True, **kwargs)
+        async for event in stream:
+            etype = event["type"]
+            raw = event["raw_object"]
+            if etype == "BOOKMARK":
+                yield str(raw["metadata"]["resourceVersion"])
+            elif etype in ("ADDED", "MODIFIED", "DELETED"):
+                yield WatchEvent(etype, raw)
+    finally:
+        await w.close()
 
 
 def _default_kubeconfig() -> Path | None:

@@ -6,10 +6,18 @@ transaction that succeeds only when the key does not exist; it keeps the lease a
 ``ttl_s / 3``. A standby polls the key and takes over once the leader's lease has expired (the
 key vanishes with it) or the leader resigned.
 
-Safety does not rest on timing: every write of the leader is guarded by the value of the
+Safety does not rest on timing: every etcd write of the leader is guarded by the value of the
 leader key (:mod:`gpufed.hub.store`), so a paused or cut-off ex-leader cannot write after a
 standby took over. For liveness the leader also steps down by itself when it could not renew
 the lease for ``ttl_s`` (it cannot know whether the lease still exists).
+
+Writes to the hub API server cannot carry an etcd guard; they are fenced by
+:meth:`LeaderElector.holds`, the lease's **known-held deadline**: the time just before the
+grant or keep-alive that etcd last answered was sent, plus the TTL it answered. etcd expires a
+lease no earlier than TTL after it received that request, so while ``holds()`` is True no
+standby can have taken over; a replica that was paused or cut off finds it False as soon as it
+runs again, before :meth:`hold` notices anything (docs/design.md §10, "Fenced status
+writes").
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ class LeaderElector:
         self._clock = clock
         self._lease: aetcd.Lease | None = None
         self.is_leader = False
+        self._held_until = float("-inf")
 
     async def acquire(self) -> None:
         """Return once this replica is the leader (polls every ``min(1, ttl/3)`` seconds)."""
@@ -49,9 +58,14 @@ class LeaderElector:
         announced = False
         while True:
             try:
-                if self._lease is None or await self.store.refresh(self._lease) <= 0:
+                sent = self._clock()
+                left = await self.store.refresh(self._lease) if self._lease is not None else 0
+                if left <= 0:
+                    sent = self._clock()
                     self._lease = await self.store.grant_lease(self.ttl_s)
+                    left = self.ttl_s
                 if await self.store.try_acquire(self._lease):
+                    self._held_until = sent + left
                     self.is_leader = True
                     log.info("hub.leader.elected", hub=self.store.hub_id, ttl_s=self.ttl_s)
                     return
@@ -74,6 +88,7 @@ class LeaderElector:
         last_ok = self._clock()
         while True:
             await asyncio.sleep(interval)
+            sent = self._clock()
             try:
                 ttl = await self.store.refresh(self._lease)
             except (aetcd.ClientError, OSError, StoreError) as exc:
@@ -84,9 +99,16 @@ class LeaderElector:
             if ttl <= 0:
                 return self._lost("the leader lease expired")
             last_ok = self._clock()
+            self._held_until = sent + ttl
+
+    def holds(self) -> bool:
+        """True while this replica leads and its lease is known to be held now (the deadline of
+        the module docstring); no request. The fence of every hub API write."""
+        return self.is_leader and self._clock() < self._held_until
 
     def _lost(self, reason: str) -> str:
         self.is_leader = False
+        self._held_until = float("-inf")
         self._lease = None
         log.warning("hub.leader.lost", hub=self.store.hub_id, reason=reason)
         return reason
@@ -95,6 +117,7 @@ class LeaderElector:
         """Give up leadership now (revoke the lease) so a standby takes over at once."""
         lease, self._lease = self._lease, None
         was_leader, self.is_leader = self.is_leader, False
+        self._held_until = float("-inf")
         if lease is None:
             return
         with contextlib.suppress(aetcd.ClientError, OSError, StoreError):

@@ -1,10 +1,11 @@
 """Members: MemberClusters on the hub, their agents' identity and join tokens, their inventory,
 health (lease, lost) and the jobs of a lost member.
 
-- **Registry**: MemberCluster watch events set labels and taints in the fleet snapshot; a
-  deleted MemberCluster closes its stream and leaves placement. An agent authenticates with
-  its member's join token; the member's Kubernetes identity (kube-system Namespace UID) binds
-  at its first join, and a stream from an agent that talks to another cluster is refused.
+- **Registry**: MemberCluster watch events set labels and taints in the fleet snapshot and
+  tell :mod:`gpufed.hub.tokens` which join-token Secret each member uses; a deleted
+  MemberCluster closes its stream and leaves placement. The member's Kubernetes identity
+  (kube-system Namespace UID) binds at its first join, and a stream from an agent that talks
+  to another cluster is refused.
 - **Inventory**: a complete snapshot replaces the member's nodes, a delta patches them; the
   fleet snapshot follows at once, etcd at the next flush (or before a settled reservation is
   dropped, see :mod:`gpufed.hub.reservations`).
@@ -18,8 +19,6 @@ The MemberCluster status the hub writes is computed in :mod:`gpufed.hub.member_s
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 from typing import Any
 
 import structlog
@@ -40,6 +39,7 @@ from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import StreamClosedError
 from gpufed.hub.state import MemberState
 from gpufed.hub.term import Term
+from gpufed.hub.tokens import JoinTokens
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.members")
@@ -57,15 +57,16 @@ class Members:
         deletion: Deletion,
         scheduler: Scheduler,
         mirror: Mirror,
+        tokens: JoinTokens,
     ) -> None:
         self._term = term
+        self._tokens = tokens
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
         self._deletion = deletion
         self._scheduler = scheduler
         self._mirror = mirror
-        self._tokens_loaded_at = -1e9
 
     def restore(self, meta: dict[str, MemberMeta], nodes: dict[str, dict[str, Any]]) -> None:
         """Load the previous leader's member facts and inventories."""
@@ -90,9 +91,8 @@ class Members:
             log.warning("hub.member.invalid", cluster=name, error=str(exc.errors()[0]))
             return
         m = self._term.state.member(name)
-        if m.spec is None or m.spec.join_token_ref != mc.spec.join_token_ref:
-            m.token = None
         m.spec = mc.spec
+        self._tokens.member_changed(m)
         if mc.status is not None:
             m.conditions_seen = list(mc.status.conditions)
         labels = dict(mc.spec.labels)
@@ -117,13 +117,13 @@ class Members:
         if m is None:
             return
         m.spec = None
-        m.token = None
         if m.meta.cluster_uid:
             # A re-joined member may live in another (rebuilt) Kubernetes cluster.
             m.meta = m.meta.model_copy(update={"cluster_uid": ""})
             m.meta_dirty = True
         if m.session is not None:
             m.session.close("PERMISSION_DENIED", f"MemberCluster {name} was deleted on the hub")
+        self._tokens.member_gone(name)
         if name in self._snapshot.cluster_names:
             self._snapshot.remove_member(name)
         self._mirror.forget_member(name)
@@ -158,33 +158,6 @@ class Members:
         return health_of(m, self._term.config)
 
     # --- agents ----------------------------------------------------------------------------------
-
-    async def authenticate(self, token: str, synced: asyncio.Event) -> str | None:
-        """The member cluster whose join token is ``token`` (None when no member has it).
-
-        Waits (30 s at most) for the first MemberCluster list; re-reads the join-token Secrets
-        at most every 2 s when the token is unknown.
-        """
-        await asyncio.wait_for(synced.wait(), 30)
-        for attempt in range(2):
-            for m in self._term.state.members.values():
-                if m.spec is not None and m.token and hmac.compare_digest(m.token, token):
-                    return m.name
-            if attempt == 0 and self._term.mono() - self._tokens_loaded_at > 2.0:
-                await self._load_tokens()
-        return None
-
-    async def _load_tokens(self) -> None:
-        self._tokens_loaded_at = self._term.mono()
-
-        async def one(m: MemberState) -> None:
-            assert m.spec is not None
-            ref = m.spec.join_token_ref
-            m.token = await self._term.kube.read_secret_key(
-                ref.namespace or self._term.config.token_namespace, ref.name, ref.key
-            )
-
-        await asyncio.gather(*(one(m) for m in self._term.state.registered_members()))
 
     def admit(self, hello: AgentHello) -> MemberState:
         """Check a new stream's Kubernetes identity against the member's and close the stream

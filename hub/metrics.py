@@ -73,7 +73,15 @@ class HubMetrics:
         )
         self.status_writes = Counter(
             "gpufed_status_writes_total",
-            "Status writes to the hub API server, by kind and result.",
+            "Status writes to the hub API server, by kind and result (ok, error, gone, "
+            "conflict: the object changed since read, fenced: not written, not the leader).",
             ["kind", "result"],
+            registry=r,
+        )
+        self.status_corrections = Counter(
+            "gpufed_status_corrections_total",
+            "Statuses the leader found changed on the hub API server by someone else and "
+            "wrote again (the periodic status resync).",
+            ["kind"],
             registry=r,
         )

@@ -12,6 +12,17 @@ watch); a job reaching a terminal phase is written at once, ahead of the others.
 
 Events are for people, status is state: under load, Events wait for one of two slots (and may
 lag) while status writes go first (client-go rate-limits its events too).
+
+**Fenced writes** (docs/design.md §10). A replica that no longer leads writes nothing: every
+status write and Event is preceded by :meth:`gpufed.hub.term.Term.check_fence` (the leader
+lease is known to be held, no request), and every status write carries a resourceVersion
+precondition (the GPUJob as this term last saw it: the watch, or its own last write), so a
+write computed from an older view fails with 409 instead of overwriting a newer status; a
+conflict re-reads the object and writes again, behind the fence again. What a pause between
+the fence check and the API server's commit can still let through (a stale write onto an
+object nobody wrote since) is undone by :meth:`Mirror.resync_jobs`, which the term runs every
+``status_resync_s``: the leader compares each GPUJob status the hub API shows with the one it
+computed and writes the differences again (level-triggered, not only edge-triggered).
 """
 
 from __future__ import annotations
@@ -19,15 +30,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 
-from gpufed.api.gpujob import GPUJobStatus, StatusCondition
+from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.membercluster import MemberClusterStatus
 from gpufed.hub import status as st
 from gpufed.hub.state import JobState
+from gpufed.hub.store import NotLeaderError
 from gpufed.hub.term import Term
 from gpufed.hub.writer import CoalescingWriter
 from gpufed.sync.retry import Verdict, verdict_of
+
+log = structlog.get_logger("gpufed.hub.mirror")
 
 
 class Mirror:
@@ -46,6 +61,11 @@ class Mirror:
             "job-status", self._write_job_status, workers=8, min_interval_s=0.25
         )
         self.members = CoalescingWriter("member-status", self._write_member_status)
+        #: uid -> (resourceVersion our last status write returned, or None after a conflict;
+        #: the GPUJob object the watch had shown when we wrote)
+        self._job_rvs: dict[str, tuple[str | None, GPUJob | None]] = {}
+        #: MemberCluster -> resourceVersion our last status write returned
+        self._member_rvs: dict[str, str] = {}
 
     def start(self) -> None:
         """Start the writers' workers."""
@@ -77,16 +97,66 @@ class Mirror:
     def forget_job(self, uid: str) -> None:
         """The GPUJob is gone: drop what is pending for it."""
         self.jobs.forget(uid)
+        self._job_rvs.pop(uid, None)
 
     async def _write_job_status(self, uid: str, value: Any) -> None:
         ns, name, payload = value
+        job = self._term.state.jobs.get(uid)
+        rv = self._job_rv(uid, job)
+        if rv is None:  # after a conflict: what does the API server hold now?
+            self._fence("job")  # a fenced term makes no request at all, reads included
+            fresh = await self._term.kube.get_job(ns, name)
+            if fresh is None:
+                return  # gone: its DELETED event forgets it
+            rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
+        seen = job.obj if job is not None else None
         try:
-            await self._term.kube.patch_job_status(ns, name, payload)
+            self._term.check_fence()
+            new_rv = await self._term.kube.patch_job_status(ns, name, payload, rv)
         except Exception as exc:
-            gone = verdict_of(exc) is Verdict.GONE
-            self._term.metrics.status_writes.labels("job", "gone" if gone else "error").inc()
+            result = _result_of(exc)
+            if result == "conflict":
+                self._job_rvs[uid] = (None, seen)
+            self._term.metrics.status_writes.labels("job", result).inc()
             raise
+        self._job_rvs[uid] = (new_rv, seen)
         self._term.metrics.status_writes.labels("job", "ok").inc()
+
+    def _job_rv(self, uid: str, job: JobState | None) -> str | None:
+        """The resourceVersion the next status write of ``uid`` is conditioned on: the one our
+        last write returned, unless the watch brought a newer view of the GPUJob since (or
+        None: read it first, the last write conflicted)."""
+        mine = self._job_rvs.get(uid)
+        if job is not None and (mine is None or mine[1] is not job.obj):
+            return job.obj.metadata.resource_version or None
+        return mine[0] if mine is not None else None
+
+    def resync_jobs(self) -> int:
+        """Level-triggered correction: every job whose status, as the hub API shows it (the
+        GPUJob watch), differs from the one this term computed is written again. Skips jobs
+        with a write pending, and jobs the watch has shown nothing of since our last write
+        (the shown status predates it). Returns how many were corrected."""
+        corrected = 0
+        for uid, job in list(self._term.state.jobs.items()):
+            mine = self._job_rvs.get(uid)
+            if self.jobs.pending(uid) or (mine is not None and mine[1] is job.obj):
+                continue
+            shown = job.obj.status or GPUJobStatus()
+            if shown == job.status:
+                continue
+            payload = job.status.model_dump(by_alias=True, mode="json")
+            self.jobs.submit(
+                uid,
+                (job.obj.metadata.namespace, job.obj.metadata.name, payload),
+                urgent=st.is_terminal(job.status),
+                force=True,
+            )
+            self._term.metrics.status_corrections.labels("job").inc()
+            log.info(
+                "hub.status.corrected", job=job.key, shown=shown.phase, computed=job.status.phase
+            )
+            corrected += 1
+        return corrected
 
     def event(self, job: JobState, type_: str, reason: str, message: str) -> None:
         """Emit a core/v1 Event about the job (in the background, after status writes)."""
@@ -100,6 +170,8 @@ class Mirror:
 
         async def emit() -> None:
             async with self._event_slots:
+                if not self._term.leading():
+                    return  # fenced: an ex-leader's Events would mislead as much as its status
                 await self._term.kube.emit_event(
                     involved, type_=type_, reason=reason, message=message
                 )
@@ -128,12 +200,40 @@ class Mirror:
     def forget_member(self, name: str) -> None:
         """The MemberCluster is gone: drop what is pending for it."""
         self.members.forget(name)
+        self._member_rvs.pop(name, None)
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
+        rv = self._member_rvs.get(name)
+        if rv is None:  # first write of the term, or the last one conflicted
+            self._fence("member")
+            fresh = await self._term.kube.get_member(name)
+            if fresh is None:
+                return  # gone: its DELETED event forgets it
+            rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
         try:
-            await self._term.kube.patch_member_status(name, payload)
+            self._term.check_fence()
+            self._member_rvs[name] = await self._term.kube.patch_member_status(name, payload, rv)
         except Exception as exc:
-            if verdict_of(exc) is not Verdict.GONE:
-                self._term.metrics.status_writes.labels("member", "error").inc()
+            self._member_rvs.pop(name, None)
+            result = _result_of(exc)
+            if result != "gone":
+                self._term.metrics.status_writes.labels("member", result).inc()
             raise
         self._term.metrics.status_writes.labels("member", "ok").inc()
+
+    def _fence(self, kind: str) -> None:
+        try:
+            self._term.check_fence()
+        except NotLeaderError:
+            self._term.metrics.status_writes.labels(kind, "fenced").inc()
+            raise
+
+
+def _result_of(exc: Exception) -> str:
+    """The ``result`` label of a failed status write."""
+    if isinstance(exc, NotLeaderError):
+        return "fenced"
+    verdict = verdict_of(exc)
+    if verdict is Verdict.GONE:
+        return "gone"
+    return "conflict" if verdict is Verdict.RECONCILE else "error"

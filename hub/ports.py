@@ -110,8 +110,11 @@ class HubAPI(Protocol):
         ``ApiException`` 410 when it is too old."""
         ...
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch a GPUJob's status (one attempt: the caller's writer retries)."""
+    async def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Merge-patch a GPUJob's status if it is still at ``resource_version`` (409 when it
+        changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
         ...
 
     async def set_job_finalizers(
@@ -124,12 +127,28 @@ class HubAPI(Protocol):
         """One GPUJob, or None."""
         ...
 
-    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
-        """Replace a MemberCluster's status (one attempt: the caller's writer retries)."""
+    async def get_member(self, name: str) -> dict[str, Any] | None:
+        """One MemberCluster, or None."""
         ...
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        """One decoded key of a Secret, or None when the Secret or key is absent."""
+    async def patch_member_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace a MemberCluster's status if it is still at ``resource_version`` (409 when it
+        changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
+        ...
+
+    async def list_secrets(
+        self, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The Secrets of ``namespace`` matching ``label_selector`` (JSON form: ``data`` values
+        base64) and the list's resourceVersion."""
+        ...
+
+    def watch_secrets(
+        self, namespace: str, resource_version: str, label_selector: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes of those Secrets since ``resource_version`` (as :meth:`watch_objects`)."""
         ...
 
     async def emit_event(

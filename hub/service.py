@@ -7,7 +7,9 @@ Served by the hub process (:mod:`gpufed.hub.app`) on ``--listen``, with TLS unle
    backoff and reach the leader (behind a Service, ``/readyz`` routes them only to the leader).
 2. **Authentication.** ``authorization: Bearer <token>`` in the call metadata must be the join
    token of a MemberCluster (Secret referenced by ``spec.joinTokenRef``): the token is
-   exchanged for the cluster identity; otherwise ``UNAUTHENTICATED``.
+   exchanged for the cluster identity, in memory (:mod:`gpufed.hub.tokens`, no Kubernetes
+   request); otherwise ``UNAUTHENTICATED``. The check is repeated, without waiting, right
+   before the stream opens; a token rotated later closes the stream (``PERMISSION_DENIED``).
 3. **Hello first**, within ``hello_timeout_s``, naming exactly that cluster (else
    ``PERMISSION_DENIED``) with a protocol version this hub speaks (else
    ``FAILED_PRECONDITION``).
@@ -33,6 +35,7 @@ from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import hello_from_pb
 from gpufed.hub.core import Controller
 from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession, StreamClosedError
+from gpufed.hub.tokens import Credentials
 
 log = structlog.get_logger("gpufed.hub.service")
 
@@ -42,6 +45,14 @@ _CODES = {
     "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "ABORTED": grpc.StatusCode.ABORTED,
 }
+
+
+def credentials_of(
+    context: grpc.aio.ServicerContext[pb.AgentMessage, pb.HubMessage],
+) -> Credentials:
+    """What the agent presented on this call (the join token; client certificates, a later
+    issue, would come from ``context.auth_context()`` here)."""
+    return Credentials(bearer=bearer_token(context.invocation_metadata()))
 
 
 def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
@@ -74,8 +85,8 @@ class AgentService(pb_grpc.AgentServiceServicer):
         if ctrl is None or not ctrl.members_synced.is_set():
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "standby hub replica: not leading")
             return
-        token = bearer_token(context.invocation_metadata())
-        if token is None:
+        creds = credentials_of(context)
+        if creds.bearer is None:
             await _abort(
                 context,
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -83,11 +94,11 @@ class AgentService(pb_grpc.AgentServiceServicer):
             )
             return
         try:
-            cluster = await ctrl.authenticate(token)
-        except Exception as exc:  # the hub API is unreachable or the hub stops leading
+            cluster = await ctrl.authenticate(creds)
+        except Exception as exc:  # the term's first lists did not come in time
             log.warning("agent.auth.failed", peer=peer, error=repr(exc))
             await _abort(
-                context, grpc.StatusCode.UNAVAILABLE, f"cannot check the join token now: {exc}"
+                context, grpc.StatusCode.UNAVAILABLE, f"cannot check the join token now: {exc!r}"
             )
             return
         if cluster is None:
@@ -128,6 +139,11 @@ class AgentService(pb_grpc.AgentServiceServicer):
         if self._controller() is not ctrl:
             # The term that authenticated this stream ended during the handshake.
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "the hub stopped leading; retry")
+            return
+        if ctrl.authenticated(creds) != cluster:
+            # Rotated or revoked while we waited for the Hello. Checked again here, with no
+            # await before open_session, so no stream opens on a token that is no longer valid.
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "the join token changed")
             return
         try:
             session = ctrl.open_session(hello)

@@ -131,7 +131,6 @@ class MemberState:
     #: the lastHeartbeatTime written into the MemberCluster status (advances in steps)
     heartbeat_shown: float | None = None
     health: MemberHealth = "Ready"
-    token: str | None = None
     outbox: collections.deque[str] = field(default_factory=collections.deque)
     queued: set[str] = field(default_factory=set)
     dirty_nodes: set[str] = field(default_factory=set)

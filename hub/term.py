@@ -69,7 +69,8 @@ class Term:
     ``store``/``kube``: the two ports (:mod:`gpufed.hub.ports`); ``mono``/``wall``: the
     monotonic and wall clocks (seconds) every timer and status time reads; ``started``:
     ``mono()`` when the term began (member timers count from it); ``tasks``: where background
-    work runs (:meth:`spawn`).
+    work runs (:meth:`spawn`); ``leading``: True while this term may write to the hub API
+    (:meth:`check_fence`).
     """
 
     config: HubConfig
@@ -81,6 +82,14 @@ class Term:
     mono: Callable[[], float]
     wall: Callable[[], float]
     started: float
+    leading: Callable[[], bool]
+
+    def check_fence(self) -> None:
+        """Right before a write to the hub API: raise :class:`NotLeaderError` unless this term
+        still leads (the controller runs and the leader lease is known to be held: see
+        :meth:`gpufed.hub.leader.LeaderElector.holds`). Cheap: no request."""
+        if not self.leading():
+            raise NotLeaderError("not the leader any more: hub API writes are fenced")
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` in the background; its failure ends the term."""

@@ -10,8 +10,10 @@ spell (a job finishing) is written at once. This writer is the write path's one 
 (the write function makes one attempt): a failure is sorted by
 :func:`gpufed.sync.retry.verdict_of` — the object is gone (GONE): its key is dropped; the API
 server refuses the value itself (REFUSED: 400, 403, 422): logged and not retried, since writing
-the same value again cannot succeed (a new value is written as usual); anything else: logged,
-and the latest value written again after a short pause. An ``urgent`` submit (a job reaching a
+the same value again cannot succeed (a new value is written as usual); a conflict (RECONCILE,
+409: the write's resourceVersion precondition failed) is written again at once, the write
+function re-reading the object first; anything else: logged, and the latest value written
+again after a short pause. An ``urgent`` submit (a job reaching a
 terminal phase) goes ahead of the queue and is not held back by the interval.
 """
 
@@ -87,10 +89,13 @@ class CoalescingWriter:
         self._tasks = []
         self._timers.clear()
 
-    def submit(self, key: str, value: Any, *, urgent: bool = False) -> None:
+    def submit(self, key: str, value: Any, *, urgent: bool = False, force: bool = False) -> None:
         """Desire ``value`` for ``key``; written soon unless equal to the last write. ``urgent``:
-        ahead of every normal key, and not held back by ``min_interval_s``."""
+        ahead of every normal key, and not held back by ``min_interval_s``. ``force``: written
+        even if equal to the last write (someone else changed the object since)."""
         self._desired[key] = value
+        if force:
+            self._written.pop(key, None)
         if self._written.get(key) == value:
             return
         if key in self._busy:
@@ -127,6 +132,14 @@ class CoalescingWriter:
         self._written.pop(key, None)
         self._last_write.pop(key, None)
         self._urgent.discard(key)
+
+    def pending(self, key: str) -> bool:
+        """True while a value for ``key`` waits to be written or is being written."""
+        return (
+            key in self._busy
+            or key in self._queued
+            or (key in self._desired and self._desired[key] != self._written.get(key))
+        )
 
     def last_written(self, key: str) -> Any:
         """The value last written for ``key`` (None before the first write)."""
@@ -165,6 +178,11 @@ class CoalescingWriter:
                 verdict = verdict_of(exc)
                 if verdict is Verdict.GONE:
                     self.forget(key)
+                elif verdict is Verdict.RECONCILE:
+                    # 409: the object changed since the write function read it; it reads it
+                    # again on the next attempt, which follows at once.
+                    log.info("hub.write.conflict", writer=self.name, key=key)
+                    self._written.pop(key, None)
                 elif verdict is Verdict.REFUSED:
                     error = str(getattr(exc, "body", None) or exc)
                     log.error("hub.write.refused", writer=self.name, key=key, error=error)

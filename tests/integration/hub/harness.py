@@ -19,6 +19,7 @@ import grpc
 from kubernetes_asyncio import client, config
 
 from gpufed.api.inventory import NodeInventory
+from gpufed.api.labels import JOIN_TOKEN_LABEL
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import node_to_pb
@@ -154,7 +155,7 @@ class HubAPI:
         await self.core.create_namespaced_secret(
             TOKEN_NAMESPACE,
             {
-                "metadata": {"name": f"{name}-join"},
+                "metadata": {"name": f"{name}-join", "labels": {JOIN_TOKEN_LABEL: "true"}},
                 "data": {"token": base64.b64encode(token.encode()).decode()},
             },
         )
@@ -168,6 +169,16 @@ class HubAPI:
                 "metadata": {"name": name},
                 "spec": {"labels": labels or {}, "joinTokenRef": {"name": f"{name}-join"}},
             },
+        )
+        return token
+
+    async def rotate_token(self, name: str, token: str | None = None) -> str:
+        """Write a new token into member ``name``'s join Secret; returns it."""
+        token = token or uuid.uuid4().hex
+        await self.core.patch_namespaced_secret(
+            f"{name}-join",
+            TOKEN_NAMESPACE,
+            {"data": {"token": base64.b64encode(token.encode()).decode()}},
         )
         return token
 

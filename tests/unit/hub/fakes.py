@@ -9,6 +9,8 @@ real :class:`~gpufed.hub.core.Controller` over them and drive it through public 
 from __future__ import annotations
 
 import asyncio
+import base64
+import collections
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,20 +153,57 @@ class FakeStore:
 @dataclass
 class FakeHubAPI:
     """The hub API server in memory: ``objects[plural]`` are listed; ``watch_events[plural]``
-    feeds watches (a watch waits for more until cancelled); writes are recorded."""
+    feeds watches (a watch waits for more until cancelled); writes are recorded.
+
+    Status writes keep the API server's optimistic concurrency: every object has a
+    ``metadata.resourceVersion`` from one counter, a status patch at another one fails with
+    :class:`ApiConflictError` (409). ``secrets[namespace]`` are the labelled join-token Secrets
+    (JSON form); ``secret_events[namespace]`` feeds their watch; ``requests`` counts every
+    call by name (to pin that a path makes none)."""
 
     objects: dict[str, list[dict[str, Any]]] = field(
         default_factory=lambda: {"gpujobs": [], "memberclusters": []}
     )
     watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
-    secrets: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    secrets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    secret_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
+    #: namespaces whose Secret list fails with 403 (no Role there)
+    forbidden_namespaces: set[str] = field(default_factory=set)
     job_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     member_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     finalizer_writes: list[tuple[str, str, list[str]]] = field(default_factory=list)
     listed: dict[str, int] = field(default_factory=dict)
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
+    revision: int = 100
+
+    def bump(self, obj: dict[str, Any]) -> str:
+        """Give ``obj`` a new resourceVersion (as every write on the API server does)."""
+        self.revision += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.revision)
+        return str(self.revision)
+
+    def _find(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        for obj in self.objects.get(plural, []):
+            meta = obj["metadata"]
+            if meta["name"] == name and meta.get("namespace") == namespace:
+                return obj
+        return None
+
+    def _write_status(
+        self, plural: str, namespace: str | None, name: str, status: dict[str, Any], rv: str
+    ) -> str:
+        obj = self._find(plural, namespace, name)
+        if obj is None:
+            return rv  # objects a test did not list: recorded only
+        current = str(obj["metadata"].get("resourceVersion", ""))
+        if current and rv != current:
+            raise ApiConflictError(f"{plural} {name}: resourceVersion {rv} is not {current}")
+        obj["status"] = status
+        return self.bump(obj)
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        self.requests["list_objects"] += 1
         self.listed[plural] = self.listed.get(plural, 0) + 1
         return list(self.objects.get(plural, [])), "1"
 
@@ -175,37 +214,84 @@ class FakeHubAPI:
         while True:
             yield await queue.get()
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        self.requests["patch_job_status"] += 1
+        rv = self._write_status("gpujobs", namespace, name, status, resource_version)
         self.job_statuses.append((namespace, name, status))
+        return rv
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
     ) -> dict[str, Any]:
+        self.requests["set_job_finalizers"] += 1
         self.finalizer_writes.append((namespace, name, finalizers))
-        for obj in self.objects.get("gpujobs", []):
-            meta = obj["metadata"]
-            if meta["namespace"] == namespace and meta["name"] == name:
-                meta["finalizers"] = list(finalizers)
-                return obj
-        raise LookupError(f"no GPUJob {namespace}/{name}")
+        obj = self._find("gpujobs", namespace, name)
+        if obj is None:
+            raise LookupError(f"no GPUJob {namespace}/{name}")
+        obj["metadata"]["finalizers"] = list(finalizers)
+        self.bump(obj)
+        return obj
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        for obj in self.objects.get("gpujobs", []):
-            meta = obj["metadata"]
-            if meta["namespace"] == namespace and meta["name"] == name:
-                return obj
-        return None
+        self.requests["get_job"] += 1
+        return self._find("gpujobs", namespace, name)
 
-    async def patch_member_status(self, name: str, status: dict[str, Any]) -> None:
+    async def get_member(self, name: str) -> dict[str, Any] | None:
+        self.requests["get_member"] += 1
+        return self._find("memberclusters", None, name) or {
+            "metadata": {"name": name, "resourceVersion": "1"}
+        }
+
+    async def patch_member_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        self.requests["patch_member_status"] += 1
+        rv = self._write_status("memberclusters", None, name, status, resource_version)
         self.member_statuses.append((name, status))
+        return rv
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        return self.secrets.get((namespace, name, key))
+    async def list_secrets(
+        self, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        self.requests["list_secrets"] += 1
+        if namespace in self.forbidden_namespaces:
+            raise ApiForbiddenError(f"secrets is forbidden in namespace {namespace}")
+        return list(self.secrets.get(namespace, [])), "1"
+
+    async def watch_secrets(
+        self, namespace: str, resource_version: str, label_selector: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        queue = self.secret_events.setdefault(namespace, asyncio.Queue())
+        while True:
+            yield await queue.get()
 
     async def emit_event(
         self, involved: dict[str, Any], *, type_: str, reason: str, message: str
     ) -> None:
+        self.requests["emit_event"] += 1
         self.events.append((str(involved.get("name")), reason, message))
+
+
+class ApiConflictError(Exception):
+    """409, as the API server answers a write at a stale resourceVersion."""
+
+    status = 409
+
+
+class ApiForbiddenError(Exception):
+    """403, as the API server answers a request RBAC does not allow."""
+
+    status = 403
+
+
+def token_secret(name: str, token: str, *, key: str = "token") -> dict[str, Any]:
+    """A join-token Secret in JSON form (the value base64, as the API server returns it)."""
+    return {
+        "metadata": {"name": name, "labels": {"gpufed.io/join-token": "true"}},
+        "data": {key: base64.b64encode(token.encode()).decode()},
+    }
 
 
 def _typed(store: FakeStore, kube: FakeHubAPI) -> tuple[StateStore, HubAPI]:

@@ -32,7 +32,7 @@ from gpufed.hub.service import AgentService
 from gpufed.hub.sessions import PROTOCOL_VERSION, StreamClosedError
 from gpufed.hub.store import Loaded
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj
-from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
+from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock, token_secret
 
 
 def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -> Controller:
@@ -53,7 +53,9 @@ async def settle() -> None:
 
 
 async def listed(ctrl: Controller, plural: str) -> asyncio.Task[None]:
-    """Run the controller's list+watch of ``plural`` until the first list is in."""
+    """Run the controller's list+watch of ``plural`` (and of the token Secrets) until the first
+    list is in."""
+    ctrl.tokens.start()
     task = asyncio.create_task(ctrl.intake.list_watch(plural))
     synced = ctrl.intake.members_synced if plural == "memberclusters" else ctrl.intake.jobs_synced
     await asyncio.wait_for(synced.wait(), 5)
@@ -129,7 +131,7 @@ class FakeContext:
 async def test_a_handshake_that_outlives_the_controller_is_refused() -> None:
     kube = FakeHubAPI(
         objects={"memberclusters": [membercluster_obj("m1", token_secret="t")], "gpujobs": []},
-        secrets={("gpufed-system", "t", "token"): "t1"},
+        secrets={"gpufed-system": [token_secret("t", "t1")]},
     )
     old, new = controller(kube=kube), controller()
     watch = await listed(old, "memberclusters")

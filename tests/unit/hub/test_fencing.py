@@ -1,0 +1,204 @@
+"""Fenced writes (issue 10 item 8): a hub replica that no longer leads writes nothing to the hub
+API, a status computed from an older view never overwrites a newer one, and the leader corrects
+what it finds overwritten (level-triggered).
+
+- The fence: :meth:`gpufed.hub.term.Term.check_fence` before every status write and Event,
+  false once the leader lease is not known to be held (:meth:`LeaderElector.holds`).
+- The precondition: every status write carries the resourceVersion the term last saw; a 409
+  re-reads and writes again, behind the fence again.
+- The resync: :meth:`gpufed.hub.mirror.Mirror.resync_jobs`.
+
+Two Controllers over one FakeHubAPI play the ex-leader and the new leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufed.hub import status as st
+from gpufed.hub.config import HubConfig
+from gpufed.hub.core import Controller
+from gpufed.hub.leader import LeaderElector
+from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.ports import WatchEvent
+from gpufed.hub.state import JobState
+from tests.unit.hub.builders import gpujob_obj
+from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
+
+
+@dataclass
+class Lease:
+    """What the term's fence answers: ``held``, except that the next checks answer ``then``
+    (one per check, first to last)."""
+
+    held: bool
+    then: list[bool] = field(default_factory=list)
+
+    def __call__(self) -> bool:
+        return self.then.pop(0) if self.then else self.held
+
+
+def term(kube: FakeHubAPI, leading: Lease) -> Controller:
+    """A controller whose fence is ``leading``."""
+    clock = TermClock()
+    ctrl = Controller(
+        HubConfig(insecure=True),
+        store=FakeStore(),
+        kube=kube,
+        metrics=HubMetrics(),
+        mono=clock.mono,
+        wall=clock.wall,
+        leading=leading,
+    )
+    ctrl.mirror.start()
+    return ctrl
+
+
+def one_job(lease: Lease) -> tuple[FakeHubAPI, Controller, JobState]:
+    """One GPUJob on the hub API, seen by one term's watch."""
+    kube = FakeHubAPI()
+    kube.objects["gpujobs"].append(gpujob_obj())
+    ctrl = term(kube, lease)
+    return kube, ctrl, seen(ctrl, kube.objects["gpujobs"][0])
+
+
+def seen(ctrl: Controller, obj: dict[str, Any]) -> JobState:
+    """The GPUJob watch delivered ``obj`` (a copy, as a watch event is) to ``ctrl``."""
+    ctrl.intake.on_job_event(WatchEvent("MODIFIED", _copy(obj)))
+    return ctrl.state.jobs[obj["metadata"]["uid"]]
+
+
+def _copy(obj: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(obj)
+
+
+def shown(kube: FakeHubAPI) -> dict[str, Any]:
+    return dict(kube.objects["gpujobs"][0].get("status") or {})
+
+
+async def drained(*ctrls: Controller) -> None:
+    for _ in range(3):
+        for c in ctrls:
+            await asyncio.wait_for(c.mirror.jobs.drained(), 5)
+        await asyncio.sleep(0)
+
+
+def placed(job: JobState, cluster: str, ctrl: Controller) -> None:
+    ctrl.mirror.set_status(job, st.resumed(job.status, cluster=cluster, gpus=8, now="t"))
+
+
+async def test_a_replica_that_lost_its_lease_writes_no_status_and_no_event() -> None:
+    # The lease deadline passed (paused, or cut off from etcd).
+    kube, ctrl, job = one_job(Lease(held=False))
+
+    placed(job, "m1", ctrl)
+    ctrl.mirror.event(job, "Normal", "Placed", "on m1")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    assert kube.requests["patch_job_status"] == 0
+    assert kube.requests["emit_event"] == 0
+    assert ctrl.metrics.status_writes.labels("job", "fenced")._value.get() >= 1
+    await ctrl.mirror.stop()
+
+
+async def test_an_ex_leaders_pending_write_does_not_land_after_the_new_leader_wrote() -> None:
+    old_lease = Lease(held=True)
+    kube, old, old_job = one_job(old_lease)
+
+    # The ex-leader's lease is gone; the new leader writes what it computed from etcd.
+    old_lease.held = False
+    new = term(kube, Lease(held=True))
+    new_job = seen(new, kube.objects["gpujobs"][0])
+    placed(new_job, "m2", new)
+    await drained(new)
+    assert shown(kube)["cluster"] == "m2"
+
+    # The ex-leader wakes up with a queued status computed from its old view. Worst case:
+    # its fence check passed just before the pause, so the write goes out once; by the
+    # re-read after the 409 its lease deadline has passed.
+    old_lease.then = [True]
+    placed(old_job, "m1", old)
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+    assert shown(kube)["cluster"] == "m2"
+    assert old.metrics.status_writes.labels("job", "conflict")._value.get() == 1
+    await old.mirror.stop()
+    await new.mirror.stop()
+
+
+async def test_a_conflict_rereads_the_object_and_writes_the_latest_value() -> None:
+    kube, ctrl, job = one_job(Lease(held=True))
+    kube.bump(kube.objects["gpujobs"][0])  # a user changed a label; the watch did not tell yet
+
+    placed(job, "m1", ctrl)
+    await drained(ctrl)
+
+    assert shown(kube)["cluster"] == "m1"
+    assert kube.requests["get_job"] == 1
+    assert kube.requests["patch_job_status"] == 2
+
+
+async def test_the_leader_corrects_a_status_someone_else_overwrote() -> None:
+    kube, ctrl, job = one_job(Lease(held=True))
+    placed(job, "m2", ctrl)
+    await drained(ctrl)
+    seen(ctrl, kube.objects["gpujobs"][0])  # the watch shows our write
+
+    # A stale write lands (say, an ex-leader's pause came after its last check) ...
+    obj = kube.objects["gpujobs"][0]
+    obj["status"] = {**obj["status"], "cluster": "m1"}
+    kube.bump(obj)
+    seen(ctrl, obj)
+    assert ctrl.mirror.resync_jobs() == 1
+    await drained(ctrl)
+
+    assert shown(kube)["cluster"] == "m2"
+    seen(ctrl, kube.objects["gpujobs"][0])
+    assert ctrl.mirror.resync_jobs() == 0  # nothing left to correct
+
+
+async def test_resync_leaves_alone_a_status_the_watch_has_not_shown_yet() -> None:
+    kube, ctrl, job = one_job(Lease(held=True))
+    placed(job, "m1", ctrl)
+    await drained(ctrl)
+
+    # The watch still shows the status before our write: that is lag, not an overwrite.
+    assert ctrl.mirror.resync_jobs() == 0
+    assert kube.requests["patch_job_status"] == 1
+
+
+class LeaseStore:
+    """The part of Store the elector uses, answering like etcd."""
+
+    hub_id = "hub-a"
+
+    def __init__(self, clock: TermClock) -> None:
+        self.clock = clock
+        self.ttl_left = 3
+
+    async def grant_lease(self, ttl_s: int) -> object:
+        return object()
+
+    async def try_acquire(self, lease: object) -> bool:
+        return True
+
+    async def refresh(self, lease: object) -> int:
+        self.clock.advance(0.5)  # the round trip
+        return self.ttl_left
+
+
+async def test_the_lease_is_held_until_ttl_after_the_keepalive_was_sent() -> None:
+    clock = TermClock()
+    store = LeaseStore(clock)
+    elector = LeaderElector(store, ttl_s=3, clock=clock.mono)  # type: ignore[arg-type]
+    await elector.acquire()
+    assert elector.holds()
+    clock.advance(2.9)
+    assert elector.holds()
+    clock.advance(0.2)  # 3.1 s after the grant was sent: etcd may have expired the lease
+    assert not elector.holds()
