@@ -24,6 +24,9 @@ JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 JOB_ANNOTATION: Final = "gpufed.io/job"
 #: Namespaces that gpufed created in a member carry this label (value "true").
 MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
+#: Pod Security Admission's level label on a Namespace (``privileged``, ``baseline``,
+#: ``restricted``): read on the hub's namespaces, set on the member namespaces the agent creates.
+POD_SECURITY_ENFORCE_LABEL: Final = "pod-security.kubernetes.io/enforce"
 #: Finalizer on hub GPUJobs: removed once the member copy is gone or the member is lost.
 FINALIZER: Final = "gpufed.io/member-cleanup"
 

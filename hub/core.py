@@ -45,7 +45,7 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.intake import GPUJOBS, MEMBERCLUSTERS, Intake
+from gpufed.hub.intake import GPUJOBS, MEMBERCLUSTERS, NAMESPACES, Intake
 from gpufed.hub.members import Members
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
@@ -161,6 +161,7 @@ class Controller:
         self.metrics.is_leader.set(1)
         loops = [
             self.intake.list_watch(MEMBERCLUSTERS),
+            self.intake.list_watch(NAMESPACES),
             self.intake.list_watch(GPUJOBS),
             self.scheduler.run(),
             self._tick_loop(),

@@ -1,7 +1,7 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Implements :class:`gpufed.hub.ports.HubAPI` for the leader's components: intake (list+watch
-of GPUJobs and MemberClusters), status writes, finalizers, Events and join-token Secrets.
+of GPUJobs, MemberClusters and Namespaces), status writes, finalizers, Events and join-token Secrets.
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
 :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
 retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -34,6 +35,8 @@ from gpufed.sync.retry import kube_retry
 log = structlog.get_logger("gpufed.hub.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+#: The one core resource intake lists and watches besides the gpufed ones.
+NAMESPACES = "namespaces"
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -76,11 +79,15 @@ class KubeAPI:
     # --- list + watch -----------------------------------------------------------------------
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a gpufed resource (all namespaces) and the list resourceVersion."""
+        """Every object of a gpufed resource (all namespaces), or every Namespace when
+        ``plural`` is ``namespaces``, and the list resourceVersion."""
         async for attempt in kube_retry():
             with attempt:
-                resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
-        items: list[dict[str, Any]] = resp.get("items", [])
+                if plural == NAMESPACES:
+                    resp = await _json(await self.core.list_namespace(_preload_content=False))
+                else:
+                    resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        items: list[dict[str, Any]] = resp.get("items") or []
         return items, str(resp["metadata"]["resourceVersion"])
 
     async def watch_objects(
@@ -92,15 +99,23 @@ class KubeAPI:
         caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
         w = _DictWatch()
         try:
-            stream = w.stream(
-                self.custom.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                plural,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-            )
+            if plural == NAMESPACES:
+                stream = w.stream(
+                    self.core.list_namespace,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=timeout_s,
+                )
+            else:
+                stream = w.stream(
+                    self.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    plural,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=timeout_s,
+                )
             async for event in stream:
                 etype = event["type"]
                 raw = event["raw_object"]
@@ -162,6 +177,20 @@ class KubeAPI:
                     obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
                         GROUP, VERSION, namespace, "gpujobs", name
                     )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    # --- Namespaces -------------------------------------------------------------------------
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """One Namespace as JSON, or None when it does not exist."""
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    obj = await _json(await self.core.read_namespace(name, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -261,6 +290,19 @@ async def _check_and_release(resp: Any) -> None:
     try:
         if not 200 <= resp.status <= 299:
             raise ApiException(http_resp=RESTResponse(resp, await resp.read()))  # type: ignore[arg-type]
+    finally:
+        resp.release()
+
+
+async def _json(resp: Any) -> dict[str, Any]:
+    """The JSON body of a call made with ``_preload_content=False`` (plain dicts, without the
+    typed models' cost); ``ApiException`` for a non-2xx reply."""
+    try:
+        body = await resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=RESTResponse(resp, body))  # type: ignore[arg-type]
+        out: dict[str, Any] = json.loads(body)
+        return out
     finally:
         resp.release()
 

@@ -150,11 +150,12 @@ class FakeStore:
 
 @dataclass
 class FakeHubAPI:
-    """The hub API server in memory: ``objects[plural]`` are listed; ``watch_events[plural]``
-    feeds watches (a watch waits for more until cancelled); writes are recorded."""
+    """The hub API server in memory: ``objects[plural]`` are listed (``namespaces`` are also
+    read one by one); ``watch_events[plural]`` feeds watches (a watch waits for more until
+    cancelled); writes are recorded."""
 
     objects: dict[str, list[dict[str, Any]]] = field(
-        default_factory=lambda: {"gpujobs": [], "memberclusters": []}
+        default_factory=lambda: {"gpujobs": [], "memberclusters": [], "namespaces": []}
     )
     watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
     secrets: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -163,6 +164,8 @@ class FakeHubAPI:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     finalizer_writes: list[tuple[str, str, list[str]]] = field(default_factory=list)
     listed: dict[str, int] = field(default_factory=dict)
+    #: names of the Namespaces read one by one (intake's read for a namespace not seen yet)
+    namespace_reads: list[str] = field(default_factory=list)
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
         self.listed[plural] = self.listed.get(plural, 0) + 1
@@ -193,6 +196,13 @@ class FakeHubAPI:
         for obj in self.objects.get("gpujobs", []):
             meta = obj["metadata"]
             if meta["namespace"] == namespace and meta["name"] == name:
+                return obj
+        return None
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        self.namespace_reads.append(name)
+        for obj in self.objects.get("namespaces", []):
+            if obj["metadata"]["name"] == name:
                 return obj
         return None
 
