@@ -9,7 +9,7 @@ resumes where the previous leader stopped and creates nothing twice (docs/design
 The components, each in its own module (docs/design.md §9 walks a job through them):
 
 ==========================  ==================================================================
-:mod:`~gpufed.hub.intake`   list+watch of GPUJobs and MemberClusters, validation, reconcile
+:mod:`~gpufed.hub.intake`   list+watch of GPUJobs, MemberClusters, Namespaces; admission, reconcile
 :mod:`~gpufed.hub.scheduling`  the scheduling cycle and the placement commit (one etcd txn)
 :mod:`~gpufed.hub.reservations`  the one owner of reservations
 :mod:`~gpufed.hub.dispatch` the per-member work outbox, resends, desired set on (re)connect
