@@ -17,6 +17,8 @@ AckResult = Literal["Applied", "Deleted", "Failed"]
 #: Phase of a job's workload in the member. ``Missing``: the agent applied it once, the objects
 #: are gone, and it will not re-create them (a job that already ran is never re-run).
 WorkloadPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Missing"]
+#: A Pod Security Standard level (the ``pod-security.kubernetes.io/enforce`` label values).
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
 
 
 class _Model(BaseModel):
@@ -30,7 +32,10 @@ class WorkItem(_Model):
     agents ignore revisions older than the newest they have acknowledged. ``manifests`` are
     complete Kubernetes objects prepared by :mod:`gpufed.sync` (origin labels, job UID label,
     node pinning, namespace set). ``applied_before``: the agent acknowledged an Apply of this
-    job earlier; missing objects must then not be created again.
+    job earlier; missing objects must then not be created again. ``pod_security``: the Pod
+    Security level of the GPUJob's hub namespace, which the agent sets as the
+    ``pod-security.kubernetes.io/enforce`` label of a member namespace it creates ("" from a
+    hub that does not send it: no label).
     """
 
     job_uid: str
@@ -40,6 +45,7 @@ class WorkItem(_Model):
     namespace: str
     manifests: tuple[dict[str, Any], ...] = ()
     applied_before: bool = False
+    pod_security: PodSecurityLevel | Literal[""] = ""
 
     def manifests_json(self) -> list[bytes]:
         """Manifests as compact JSON bytes (the wire form)."""

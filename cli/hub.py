@@ -119,6 +119,24 @@ def run(
     ] = 60.0,
     reservation_ttl: Annotated[float, typer.Option(help="reservation TTL, seconds")] = 600.0,
     allocation: Annotated[str, typer.Option(help="binpack or spread")] = "binpack",
+    default_pod_security: Annotated[
+        str,
+        typer.Option(
+            help="Pod Security level (privileged, baseline, restricted) of hub namespaces "
+            "without the pod-security.kubernetes.io/enforce label"
+        ),
+    ] = "baseline",
+    reserved_namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--reserved-namespace",
+            help="hub namespace whose GPUJobs are refused, besides kube-system, kube-public, "
+            "kube-node-lease and the token namespace (repeat)",
+        ),
+    ] = None,
+    allow_exposed_services: Annotated[
+        bool, typer.Option(help="let GPUJobs create NodePort/LoadBalancer Services, externalIPs")
+    ] = False,
     explain_members: Annotated[
         int,
         typer.Option(
@@ -165,6 +183,9 @@ def run(
         "apply_retry_max_s": apply_retry_max,
         "reservation_ttl_s": reservation_ttl,
         "allocation": allocation,
+        "default_pod_security": default_pod_security,
+        "reserved_namespaces": frozenset(reserved_namespace or ()),
+        "allow_exposed_services": allow_exposed_services,
         "explain_members": explain_members,
     }
     if hub_id:

@@ -15,6 +15,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
+from gpufed.sync.podsecurity import Level
+
+#: Hub namespaces no GPUJob may use, besides ``token_namespace`` and ``reserved_namespaces``.
+SYSTEM_NAMESPACES: frozenset[str] = frozenset(
+    {"kube-system", "kube-public", "kube-node-lease", "gpufed-system"}
+)
 
 
 def default_hub_id() -> str:
@@ -59,6 +65,11 @@ class HubConfig(BaseModel):
     - ``max_message_bytes``: larger agent messages close that stream.
     - ``reservation_ttl_s``: a reservation whose pods never show up expires after this.
     - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
+    - ``default_pod_security``: the Pod Security level of a hub namespace without the
+      ``pod-security.kubernetes.io/enforce`` label (docs/hub.md, "Admission").
+    - ``reserved_namespaces``: hub namespaces whose GPUJobs are refused, besides
+      :data:`SYSTEM_NAMESPACES` and ``token_namespace`` (see :attr:`refused_namespaces`).
+    - ``allow_exposed_services``: NodePort/LoadBalancer Services and ``externalIPs`` pass.
     - ``allocation``: placement policy, ``binpack`` or ``spread``.
     - ``explain_members``: with at most this many members, a placed job's decision records
       every member's score or rejection (what ``gpufed explain`` shows later); on larger
@@ -94,11 +105,19 @@ class HubConfig(BaseModel):
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     reservation_ttl_s: float = Field(default=600.0, gt=0)
     allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS
+    default_pod_security: Level = "baseline"
+    reserved_namespaces: frozenset[str] = frozenset()
+    allow_exposed_services: bool = False
     allocation: Literal["binpack", "spread"] = "binpack"
     explain_members: int = Field(default=16, ge=0)
     inventory_flush_s: float = Field(default=2.0, gt=0)
     status_interval_s: float = Field(default=2.0, gt=0)
     status_resync_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def refused_namespaces(self) -> frozenset[str]:
+        """Every hub namespace whose GPUJobs intake refuses."""
+        return SYSTEM_NAMESPACES | self.reserved_namespaces | {self.token_namespace}
 
     @model_validator(mode="after")
     def _check(self) -> HubConfig:

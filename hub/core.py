@@ -9,7 +9,7 @@ resumes where the previous leader stopped and creates nothing twice (docs/design
 The components, each in its own module (docs/design.md §9 walks a job through them):
 
 ==========================  ==================================================================
-:mod:`~gpufed.hub.intake`   list+watch of GPUJobs and MemberClusters, validation, reconcile
+:mod:`~gpufed.hub.intake`   list+watch of GPUJobs, MemberClusters, Namespaces; admission, reconcile
 :mod:`~gpufed.hub.scheduling`  the scheduling cycle and the placement commit (one etcd txn)
 :mod:`~gpufed.hub.reservations`  the one owner of reservations
 :mod:`~gpufed.hub.dispatch` the per-member work outbox, resends, desired set on (re)connect
@@ -47,7 +47,7 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.intake import GPUJOBS, MEMBERCLUSTERS, Intake
+from gpufed.hub.intake import GPUJOBS, MEMBERCLUSTERS, NAMESPACES, Intake
 from gpufed.hub.members import Members
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
@@ -172,6 +172,7 @@ class Controller:
         self.tokens.start()
         loops = [
             self.intake.list_watch(MEMBERCLUSTERS),
+            self.intake.list_watch(NAMESPACES),
             self.intake.list_watch(GPUJOBS),
             self.scheduler.run(),
             self._tick_loop(),

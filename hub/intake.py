@@ -1,13 +1,16 @@
-"""Intake: list+watch of GPUJobs and MemberClusters on the hub cluster, GPUJob validation, and
-the reconcile that routes each job to deletion or the queue.
+"""Intake: list+watch of GPUJobs, MemberClusters and Namespaces on the hub cluster, GPUJob
+validation and admission, and the reconcile that routes each job to deletion or the queue.
 
 Each resource is listed, then watched (:func:`gpufed.hub.listwatch.list_watch`); objects
 missing from a re-list were deleted while unwatched. Transient errors back off; anything else
 ends the term.
 
 A new GPUJob is validated once (pod sets, allowed kinds, own namespace: :mod:`gpufed.hub.podsets`,
-:mod:`gpufed.sync.manifests`); an invalid one gets phase Failed, condition ``Valid=False``
-naming the field and a Warning Event. Any unexpected error while reading one job marks only
+:mod:`gpufed.sync.manifests`) and, unless it was placed already, admitted at its namespace's
+Pod Security level (:mod:`gpufed.hub.admission`, :mod:`gpufed.hub.namespaces`); a job in a
+namespace the Namespace watch has not shown yet waits for one read of that namespace. An
+invalid or refused job gets phase Failed, condition ``Valid=False`` naming the field and a
+Warning Event, and never reaches a member. Any unexpected error while reading one job marks only
 that job invalid: one GPUJob must never stop the leader for every other job. A valid job gets
 the finalizer, then waits in the queue (:mod:`gpufed.hub.scheduling`).
 """
@@ -23,10 +26,12 @@ from pydantic import ValidationError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
 from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
+from gpufed.hub.admission import AdmissionPolicy, admit
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.listwatch import list_watch
 from gpufed.hub.members import Members
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.namespaces import NamespaceLevels
 from gpufed.hub.podsets import InvalidJobError, placement_request
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.reports import Reports
@@ -34,11 +39,14 @@ from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
 from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.sync.podsecurity import Level
+from gpufed.sync.retry import Backoff
 
 log = structlog.get_logger("gpufed.hub.intake")
 
 GPUJOBS = "gpujobs"
 MEMBERCLUSTERS = "memberclusters"
+NAMESPACES = "namespaces"
 
 
 class Intake:
@@ -60,6 +68,13 @@ class Intake:
         self._scheduler = scheduler
         self._mirror = mirror
         self._reconciling: set[str] = set()
+        self.namespaces = NamespaceLevels(term.config.default_pod_security)
+        self._policy = AdmissionPolicy(
+            reserved_namespaces=term.config.refused_namespaces,
+            allow_exposed_services=term.config.allow_exposed_services,
+        )
+        #: namespace -> (job uid -> its latest object): new jobs waiting for the namespace's level
+        self._awaiting: dict[str, dict[str, GPUJob]] = {}
         #: set once the first MemberCluster / GPUJob list of this term is in
         self.members_synced = asyncio.Event()
         self.jobs_synced = asyncio.Event()
@@ -67,8 +82,8 @@ class Intake:
     # --- list + watch --------------------------------------------------------------------------------
 
     async def list_watch(self, plural: str) -> None:
-        """List, then watch ``plural`` (``gpujobs`` or ``memberclusters``) forever
-        (:func:`gpufed.hub.listwatch.list_watch`)."""
+        """List, then watch ``plural`` (``gpujobs``, ``memberclusters`` or ``namespaces``)
+        forever (:func:`gpufed.hub.listwatch.list_watch`)."""
         kube = self._term.kube
         await list_watch(
             plural,
@@ -81,6 +96,11 @@ class Intake:
     def _on_event(self, plural: str, ev: WatchEvent) -> None:
         if plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
+        elif plural == NAMESPACES:
+            name = self.namespaces.on_event(ev.type, ev.obj)
+            level = self.namespaces.level(name)
+            if level is not None and name in self._awaiting:
+                self._admit_waiting(name, level)
         else:
             self.on_job_event(ev)
 
@@ -91,13 +111,18 @@ class Intake:
             present = {str(o.get("metadata", {}).get("uid")) for o in items}
             for uid in [u for u in self._term.state.jobs if u not in present]:
                 self._deletion.job_gone(uid)
+            for waiting in self._awaiting.values():
+                for uid in [u for u in waiting if u not in present]:
+                    del waiting[uid]
+        elif plural == NAMESPACES:
+            self.namespaces.listed(str(o.get("metadata", {}).get("name")) for o in items)
         else:
             self._members.listed({str(o.get("metadata", {}).get("name")) for o in items})
         for obj in items:
             self._on_event(plural, WatchEvent("ADDED", obj))
         if plural == MEMBERCLUSTERS:
             self.members_synced.set()
-        else:
+        elif plural == GPUJOBS:
             self._deletion.sweep_orphans()
             first = not self.jobs_synced.is_set()
             self.jobs_synced.set()
@@ -111,6 +136,7 @@ class Intake:
         meta = ev.obj.get("metadata", {})
         uid = str(meta.get("uid", ""))
         if ev.type == "DELETED":
+            self._awaiting.get(str(meta.get("namespace", "")), {}).pop(uid, None)
             self._deletion.job_gone(uid)
             return
         try:
@@ -124,14 +150,54 @@ class Intake:
             return
         job = self._term.state.jobs.get(uid)
         if job is None:
-            job = self._new_job(uid, obj)
+            namespace = obj.metadata.namespace or "default"
+            level = self.namespaces.level(namespace)
+            if level is None:
+                self._await_namespace(namespace, uid, obj)
+                return
+            job = self._new_job(uid, obj, level)
         else:
             job.obj = obj
         self._reconcile_soon(job)
 
-    def _new_job(self, uid: str, obj: GPUJob) -> JobState:
+    # --- the namespace's Pod Security level ----------------------------------------------------------
+
+    def _await_namespace(self, namespace: str, uid: str, obj: GPUJob) -> None:
+        """Keep a new job until its namespace's level is known (one read per namespace)."""
+        waiting = self._awaiting.setdefault(namespace, {})
+        first = not waiting
+        waiting[uid] = obj
+        if first:
+            self._term.spawn(self._read_namespace(namespace))
+
+    async def _read_namespace(self, namespace: str) -> None:
+        backoff = Backoff(base=0.2, cap=10.0)
+        while self._awaiting.get(namespace):
+            try:
+                obj = await self._term.kube.get_namespace(namespace)
+            except Exception as exc:
+                # kube_retry already retried transient errors: say so and try again later
+                # (the jobs wait; a missing RBAC rule must not fail them).
+                log.warning("hub.namespace.unreadable", namespace=namespace, error=str(exc))
+                await asyncio.sleep(backoff.next())
+                continue
+            labels = obj.get("metadata", {}).get("labels") or {} if obj is not None else None
+            self._admit_waiting(namespace, self.namespaces.seen(namespace, labels))
+            return
+        self._awaiting.pop(namespace, None)
+
+    def _admit_waiting(self, namespace: str, level: Level) -> None:
+        for uid, obj in self._awaiting.pop(namespace, {}).items():
+            if uid not in self._term.state.jobs:
+                self._reconcile_soon(self._new_job(uid, obj, level))
+
+    # --- a new job -----------------------------------------------------------------------------------
+
+    def _new_job(self, uid: str, obj: GPUJob, level: Level) -> JobState:
         status = obj.status or GPUJobStatus()
-        job = JobState(uid=uid, obj=obj, status=status, seen_mono=self._term.mono())
+        job = JobState(
+            uid=uid, obj=obj, status=status, seen_mono=self._term.mono(), pod_security=level
+        )
         adopted = self._deletion.adopt(uid)
         if adopted is not None:
             job.record, job.record_rev = adopted
@@ -147,16 +213,26 @@ class Intake:
                 )
         created = obj.metadata.creation_timestamp
         submitted = st.parse_rfc3339(created) if created else self._term.wall()
+        namespace = obj.metadata.namespace or "default"
         try:
             job.request = placement_request(obj, submitted_at=submitted)
-            prepare_manifests(
+            prepared = prepare_manifests(
                 obj.spec.template,
                 job_uid=uid,
                 job_name=obj.metadata.name,
-                namespace=obj.metadata.namespace or "default",
+                namespace=namespace,
                 origin=self._term.config.origin,
                 allowed_kinds=self._term.config.allowed_kinds,
             )
+            if job.record is None and not job.terminal:
+                # Placed jobs are not admitted again: a policy change never fails a running job.
+                admit(
+                    obj.spec.template,
+                    prepared,
+                    namespace=namespace,
+                    level=level,
+                    policy=self._policy,
+                )
         except (InvalidJobError, ManifestError) as exc:
             job.request = None
             job.error, job.error_field = exc.message, exc.field

@@ -1,8 +1,8 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Implements :class:`gpufed.hub.ports.HubAPI` for the leader's components: intake (list+watch
-of GPUJobs and MemberClusters), status writes (with a resourceVersion precondition),
-finalizers, Events and the list+watch of join-token Secrets.
+of GPUJobs, MemberClusters and Namespaces), status writes (with a resourceVersion
+precondition), finalizers, Events and the list+watch of join-token Secrets.
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
 :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
 retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
@@ -34,6 +34,8 @@ from gpufed.sync.retry import kube_retry
 log = structlog.get_logger("gpufed.hub.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+#: The one core resource intake lists and watches besides the gpufed ones.
+NAMESPACES = "namespaces"
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -76,11 +78,15 @@ class KubeAPI:
     # --- list + watch -----------------------------------------------------------------------
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a gpufed resource (all namespaces) and the list resourceVersion."""
+        """Every object of a gpufed resource (all namespaces), or every Namespace when
+        ``plural`` is ``namespaces``, and the list resourceVersion."""
         async for attempt in kube_retry():
             with attempt:
-                resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
-        items: list[dict[str, Any]] = resp.get("items", [])
+                if plural == NAMESPACES:
+                    resp = await _json(await self.core.list_namespace(_preload_content=False))
+                else:
+                    resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        items: list[dict[str, Any]] = resp.get("items") or []
         return items, str(resp["metadata"]["resourceVersion"])
 
     def watch_objects(
@@ -90,6 +96,12 @@ class KubeAPI:
         resourceVersion as a ``str``. Ends when the server closes the watch (about
         ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
         caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
+        if plural == NAMESPACES:
+            return _watch(
+                self.core.list_namespace,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+            )
         return _watch(
             self.custom.list_cluster_custom_object,
             GROUP,
@@ -185,6 +197,20 @@ class KubeAPI:
                     obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
                         GROUP, VERSION, namespace, "gpujobs", name
                     )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    # --- Namespaces -------------------------------------------------------------------------
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """One Namespace as JSON, or None when it does not exist."""
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    obj = await _json(await self.core.read_namespace(name, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -313,6 +339,13 @@ async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEve
                 yield WatchEvent(etype, raw)
     finally:
         await w.close()
+
+
+async def _json(resp: Any) -> dict[str, Any]:
+    """The JSON body of a call made with ``_preload_content=False`` (plain dicts, without the
+    typed models' cost); ``ApiException`` for a non-2xx reply."""
+    out: dict[str, Any] = json.loads(await _check_and_read(resp))
+    return out
 
 
 def _default_kubeconfig() -> Path | None:

@@ -100,7 +100,8 @@ class HubAPI(Protocol):
     """The hub cluster's API server, as the leader uses it (objects are plain dicts)."""
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a gpufed resource and the list's resourceVersion."""
+        """Every object of a gpufed resource (``gpujobs``, ``memberclusters``) or of
+        ``namespaces``, and the list's resourceVersion."""
         ...
 
     def watch_objects(
@@ -129,6 +130,10 @@ class HubAPI(Protocol):
 
     async def get_member(self, name: str) -> dict[str, Any] | None:
         """One MemberCluster, or None."""
+        ...
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """One Namespace of the hub cluster, or None when it does not exist."""
         ...
 
     async def patch_member_status(

@@ -7,11 +7,11 @@ timers that decide anything restart from the hub's own start instead (docs/desig
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpufed.api.work import AckResult, WorkItem, WorkOp
+from gpufed.api.work import AckResult, PodSecurityLevel, WorkItem, WorkOp
 
 
 class _Record(BaseModel):
@@ -51,6 +51,7 @@ class WorkRecord(_Record):
     manifests: tuple[dict[str, Any], ...] = ()
     fenced: bool = False
     created_at: float = 0.0
+    pod_security: PodSecurityLevel | Literal[""] = ""
 
     def item(self, revision: int, *, applied_before: bool) -> WorkItem:
         """The protocol work item at ``revision``."""
@@ -62,6 +63,7 @@ class WorkRecord(_Record):
             namespace=self.namespace,
             manifests=self.manifests if self.op == "Apply" else (),
             applied_before=applied_before,
+            pod_security=self.pod_security,
         )
 
 

@@ -241,6 +241,7 @@ class Scheduler:
                 op="Apply",
                 manifests=tuple(manifests),
                 created_at=now,
+                pod_security=job.pod_security,
             )
             expect = job.record_rev if job.record is not None else None
             try:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
+from gpufed.api.work import PodSecurityLevel
 from gpufed.hub import status as st
 from gpufed.hub.health import MemberHealth
 from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
@@ -35,7 +36,9 @@ class JobState:
     why); ``record``/``record_rev``: its etcd job record and that key's revision (None: never
     placed); ``seen_mono``/``decided_mono``: monotonic seconds of intake and of the latest
     placement (for the latency metrics); ``last_unschedulable``: the last "not placed" answer
-    written, so an unchanged one is not written again.
+    written, so an unchanged one is not written again; ``pod_security``: the Pod Security level
+    of its hub namespace seen at intake (sent with its work, so the agent labels a member
+    namespace it creates alike).
     """
 
     uid: str
@@ -49,6 +52,7 @@ class JobState:
     record_rev: int | None = None
     decided_mono: float | None = None
     last_unschedulable: Any = None
+    pod_security: PodSecurityLevel | Literal[""] = ""
 
     @property
     def key(self) -> str:

@@ -243,7 +243,7 @@ class WorkManager:
                 return
             ns_checked = ran_before or item.namespace not in self._namespaces
             if ns_checked and not ran_before:
-                await ensure_namespace(self._client, item.namespace)
+                await ensure_namespace(self._client, item.namespace, item.pod_security)
                 self._namespaces.add(item.namespace)
             results: list[ApplyResult] = []
             for obj in manifests:
@@ -261,7 +261,7 @@ class WorkManager:
                     # The namespace this agent saw before is gone (deleted in the member):
                     # create it again, once.
                     ns_checked = True
-                    await ensure_namespace(self._client, item.namespace)
+                    await ensure_namespace(self._client, item.namespace, item.pod_security)
                     result = await apply_object(
                         self._client, obj, job_uid=item.job_uid, may_create=may_create
                     )

@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpufed.api.inventory import workload_kind
-from gpufed.api.labels import JOB_UID_LABEL, MANAGED_NAMESPACE_LABEL
+from gpufed.api.labels import (
+    JOB_UID_LABEL,
+    MANAGED_NAMESPACE_LABEL,
+    POD_SECURITY_ENFORCE_LABEL,
+)
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
@@ -224,12 +228,18 @@ def main_workload(manifests: Sequence[Mapping[str, Any]]) -> ObjectRef | None:
 # --- applying -------------------------------------------------------------------------------------
 
 
-async def ensure_namespace(client: ObjectClient, name: str) -> bool:
+async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = "") -> bool:
     """Create namespace ``name`` labelled ``gpufed.io/managed=true`` unless it exists.
 
-    Returns True when this call created it. An existing namespace is left as it is (gpufed
-    never relabels a namespace it did not create).
+    ``pod_security``: the Pod Security level of the job's hub namespace (``baseline`` …); when
+    given, the new namespace also carries it as ``pod-security.kubernetes.io/enforce``, so the
+    member's Pod Security Admission enforces what the hub checked. Returns True when this call
+    created it. An existing namespace is left as it is (gpufed never relabels a namespace it
+    did not create, nor one it created for an earlier job).
     """
+    labels = {MANAGED_NAMESPACE_LABEL: "true"}
+    if pod_security:
+        labels[POD_SECURITY_ENFORCE_LABEL] = pod_security
     async for attempt in kube_retry():
         with attempt:
             if await client.get_namespace(name) is not None:
@@ -239,7 +249,7 @@ async def ensure_namespace(client: ObjectClient, name: str) -> bool:
                     {
                         "apiVersion": "v1",
                         "kind": "Namespace",
-                        "metadata": {"name": name, "labels": {MANAGED_NAMESPACE_LABEL: "true"}},
+                        "metadata": {"name": name, "labels": dict(labels)},
                     }
                 )
             except Exception as exc:

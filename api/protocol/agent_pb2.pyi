@@ -768,6 +768,7 @@ class WorkItem(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     MANIFESTS_FIELD_NUMBER: _builtins.int
     APPLIED_BEFORE_FIELD_NUMBER: _builtins.int
+    POD_SECURITY_FIELD_NUMBER: _builtins.int
     job_uid: _builtins.str
     """GPUJob metadata.uid on the hub"""
     job: _builtins.str
@@ -780,6 +781,11 @@ class WorkItem(_message.Message):
     applied_before: _builtins.bool
     """The agent acknowledged APPLY of this job before: if its objects are now missing, they must
     not be created again (a job that already ran is never re-run); report phase Missing.
+    """
+    pod_security: _builtins.str
+    """Pod Security level of the GPUJob's hub namespace ("privileged", "baseline", "restricted";
+    "" from an older hub): a member namespace the agent creates gets it as its
+    pod-security.kubernetes.io/enforce label. An existing namespace is never relabelled.
     """
     @_builtins.property
     def manifests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
@@ -795,10 +801,11 @@ class WorkItem(_message.Message):
         namespace: _builtins.str = ...,
         manifests: _abc.Iterable[_builtins.bytes] | None = ...,
         applied_before: _builtins.bool = ...,
+        pod_security: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_before", b"applied_before", "job", b"job", "job_uid", b"job_uid", "manifests", b"manifests", "namespace", b"namespace", "op", b"op", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_before", b"applied_before", "job", b"job", "job_uid", b"job_uid", "manifests", b"manifests", "namespace", b"namespace", "op", b"op", "pod_security", b"pod_security", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -119,6 +119,7 @@ def work_item_to_pb(item: WorkItem) -> pb.WorkItem:
         namespace=item.namespace,
         manifests=item.manifests_json(),
         applied_before=item.applied_before,
+        pod_security=item.pod_security,
     )
 
 
@@ -141,6 +142,7 @@ def work_item_from_pb(msg: pb.WorkItem) -> WorkItem:
             namespace=msg.namespace,
             manifests=manifests,
             applied_before=msg.applied_before,
+            pod_security=msg.pod_security,  # type: ignore[arg-type]  # checked by the model
         )
     except ValidationError as exc:
         raise ProtocolError(f"work item {msg.job_uid!r}: {_first_error(exc)}") from exc

@@ -38,8 +38,15 @@ def test_kustomization_lists_every_file_and_objects_are_namespaced_in_gpufed_sys
         "ClusterRoleBinding",
         "Deployment",
     } <= kinds
+    cluster_scoped = (
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
     for d in docs(component):
-        if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if d["kind"] not in cluster_scoped:
             assert d["metadata"]["namespace"] == "gpufed-system", d["metadata"]["name"]
 
 
@@ -114,3 +121,19 @@ def test_hub_deployment_arguments_are_accepted_by_the_cli() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert f"--listen=0.0.0.0:{ports['grpc']}" in args
     assert f"--http-listen=0.0.0.0:{ports['http']}" in args
+
+
+def test_the_agents_admission_policy_guards_every_reserved_namespace_for_its_account() -> None:
+    [policy] = [d for d in docs("agent") if d["kind"] == "ValidatingAdmissionPolicy"]
+    [binding] = [d for d in docs("agent") if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert rule["resources"] == ["*/*"]
+    [who] = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpufed-system:gpufed-agent" in who["expression"]
+    reserved = next(v for v in policy["spec"]["variables"] if v["name"] == "reserved")
+    for ns in ("kube-system", "kube-public", "kube-node-lease", "gpufed-system"):
+        assert f"'{ns}'" in reserved["expression"]

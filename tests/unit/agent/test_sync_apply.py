@@ -154,6 +154,25 @@ async def test_namespace_is_created_labelled_managed_once() -> None:
     assert await ensure_namespace(api, "team-a") is False
 
 
+async def test_a_created_namespace_carries_the_pod_security_level_and_an_existing_one_is_left() -> (
+    None
+):
+    """The member's own Pod Security Admission enforces the level the hub checked; a namespace
+    the member's admins made is never relabelled."""
+    api = MemoryCluster()
+    assert await ensure_namespace(api, "team-a", "restricted") is True
+    assert api.namespaces["team-a"]["metadata"]["labels"] == {
+        "gpufed.io/managed": "true",
+        "pod-security.kubernetes.io/enforce": "restricted",
+    }
+    theirs = {"metadata": {"name": "team-b", "labels": {"owner": "admins"}}}
+    api.namespaces["team-b"] = theirs
+    assert await ensure_namespace(api, "team-b", "baseline") is False
+    assert api.namespaces["team-b"] == {
+        "metadata": {"name": "team-b", "labels": {"owner": "admins"}}
+    }
+
+
 async def test_delete_reports_whether_the_object_existed() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}

@@ -51,8 +51,13 @@ def test_work_item_round_trip_and_bad_json() -> None:
         op="Apply",
         namespace="team-a",
         manifests=({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llama"}},),
+        pod_security="restricted",
     )
     assert work_item_from_pb(work_item_to_pb(item)) == item
+    with pytest.raises(ProtocolError, match="pod_security"):
+        work_item_from_pb(
+            pb.WorkItem(job_uid="u", op=pb.WorkItem.APPLY, revision=1, pod_security="lax")
+        )
     broken = work_item_to_pb(item)
     broken.manifests[0] = b"{not json"
     with pytest.raises(ProtocolError, match="not JSON"):

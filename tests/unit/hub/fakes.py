@@ -152,8 +152,9 @@ class FakeStore:
 
 @dataclass
 class FakeHubAPI:
-    """The hub API server in memory: ``objects[plural]`` are listed; ``watch_events[plural]``
-    feeds watches (a watch waits for more until cancelled); writes are recorded.
+    """The hub API server in memory: ``objects[plural]`` are listed (``namespaces`` are also
+    read one by one); ``watch_events[plural]`` feeds watches (a watch waits for more until
+    cancelled); writes are recorded.
 
     Status writes keep the API server's optimistic concurrency: every object has a
     ``metadata.resourceVersion`` from one counter, a status patch at another one fails with
@@ -162,7 +163,7 @@ class FakeHubAPI:
     call by name (to pin that a path makes none)."""
 
     objects: dict[str, list[dict[str, Any]]] = field(
-        default_factory=lambda: {"gpujobs": [], "memberclusters": []}
+        default_factory=lambda: {"gpujobs": [], "memberclusters": [], "namespaces": []}
     )
     watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
     secrets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -201,6 +202,9 @@ class FakeHubAPI:
             raise ApiConflictError(f"{plural} {name}: resourceVersion {rv} is not {current}")
         obj["status"] = status
         return self.bump(obj)
+
+    #: names of the Namespaces read one by one (intake's read for a namespace not seen yet)
+    namespace_reads: list[str] = field(default_factory=list)
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
         self.requests["list_objects"] += 1
@@ -243,6 +247,11 @@ class FakeHubAPI:
         return self._find("memberclusters", None, name) or {
             "metadata": {"name": name, "resourceVersion": "1"}
         }
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        self.requests["get_namespace"] += 1
+        self.namespace_reads.append(name)
+        return self._find("namespaces", None, name)
 
     async def patch_member_status(
         self, name: str, status: dict[str, Any], resource_version: str

@@ -41,6 +41,8 @@ class Term:
             mono=self.clock.mono,
             wall=self.clock.wall,
         )
+        # The builders' namespace, as the Namespace watch shows it (no Pod Security label).
+        self.ctrl.intake.namespaces.seen("team-a", {})
 
     def member(self, name: str, *nodes: NodeInventory) -> None:
         """A MemberCluster ``name`` whose agent reported ``nodes``."""

@@ -37,7 +37,7 @@ from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock, token_secret
 
 def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -> Controller:
     clock = TermClock()
-    return Controller(
+    ctrl = Controller(
         HubConfig(insecure=True),
         store=store or FakeStore(),
         kube=kube or FakeHubAPI(),
@@ -45,6 +45,8 @@ def controller(store: FakeStore | None = None, kube: FakeHubAPI | None = None) -
         mono=clock.mono,
         wall=clock.wall,
     )
+    ctrl.intake.namespaces.seen("team-a", {})  # the builders' namespace, unlabelled
+    return ctrl
 
 
 async def settle() -> None:

@@ -53,6 +53,8 @@ def term(kube: FakeHubAPI, leading: Lease) -> Controller:
         wall=clock.wall,
         leading=leading,
     )
+    # The builders' namespace, as the Namespace watch shows it (no Pod Security label).
+    ctrl.intake.namespaces.seen("team-a", {})
     ctrl.mirror.start()
     return ctrl
 

@@ -1,0 +1,125 @@
+"""Admission of a GPUJob at intake: the hub's policy over a job's prepared manifests before it
+may be placed.
+
+Called by :mod:`gpufed.hub.intake` for every new job that was never placed, after
+:func:`gpufed.sync.manifests.prepare_manifests` (kinds, own namespace) succeeded. Pure: the
+caller passes the namespace's Pod Security level (:mod:`gpufed.hub.namespaces`) and the
+policy from :class:`gpufed.hub.config.HubConfig`. In order (the first refusal wins, naming the
+field):
+
+1. **Reserved namespaces** (``kube-system``, ``kube-public``, ``kube-node-lease``, the gpufed
+   namespace, plus the configured ones): a GPUJob there is refused (``metadata.namespace``).
+2. **Names, labels, annotations** a member's API server would certainly refuse
+   (:mod:`gpufed.sync.apivalidation`), on every object and pod template.
+3. **Exposed Services**: ``type: NodePort`` / ``LoadBalancer`` or ``externalIPs`` reach beyond
+   the member's cluster network; refused unless the hub allows them.
+4. **Pod Security Standards** (:mod:`gpufed.sync.podsecurity`): every pod template of every
+   workload, at the namespace's level.
+
+Already placed jobs are never admitted again (a running job is not failed by a later policy
+change): intake calls this only for jobs without a job record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpufed.api.inventory import workload_kind
+from gpufed.sync.apivalidation import metadata_errors, name_error
+from gpufed.sync.manifests import ManifestError, template_objects, workload_pod_templates
+from gpufed.sync.podsecurity import Level, check_pod_template
+
+#: Service types that open ports outside the member's cluster network.
+EXPOSED_SERVICE_TYPES: Final = frozenset({"NodePort", "LoadBalancer"})
+#: Violations named in one condition message (the rest are counted).
+_SHOWN: Final = 3
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """``reserved_namespaces``: hub namespaces whose GPUJobs are refused;
+    ``allow_exposed_services``: NodePort/LoadBalancer Services and ``externalIPs`` pass."""
+
+    reserved_namespaces: frozenset[str]
+    allow_exposed_services: bool = False
+
+
+def admit(
+    template: Mapping[str, Any],
+    prepared: Sequence[Mapping[str, Any]],
+    *,
+    namespace: str,
+    level: Level,
+    policy: AdmissionPolicy,
+) -> None:
+    """Refuse what the hub's policy refuses (steps 1-4 of the module docstring).
+
+    ``template``: the GPUJob's ``spec.template``; ``prepared``: what
+    :func:`~gpufed.sync.manifests.prepare_manifests` made of it (same objects, same order;
+    names defaulted), so names are checked as the member will see them. Raises
+    :class:`~gpufed.sync.manifests.ManifestError` with the field path and the rule.
+    """
+    # 1. reserved namespaces
+    if namespace in policy.reserved_namespaces:
+        raise ManifestError(
+            "metadata.namespace",
+            f"{namespace!r} is reserved (the control plane's or gpufed's own); submit GPUJobs "
+            "in a team's namespace",
+        )
+    paths = [path for path, _ in template_objects(template)]
+    for path, obj in zip(paths, prepared, strict=True):
+        kind = workload_kind(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+        meta = obj.get("metadata")
+        assert isinstance(meta, Mapping)  # prepare_manifests made it
+        # 2. what the member's API server refuses
+        why = name_error(kind, str(meta.get("name", "")))
+        if why is not None:
+            raise ManifestError(f"{path}.metadata.name", f"{meta.get('name')!r} {why}")
+        for field, why in metadata_errors(meta, f"{path}.metadata"):
+            raise ManifestError(field, why)
+        # 3. exposed Services
+        if kind == "Service" and not policy.allow_exposed_services:
+            _check_service(obj, path)
+    prepared_template: Mapping[str, Any] = (
+        {"apiVersion": "v1", "kind": "List", "items": list(prepared)}
+        if template.get("kind") == "List"
+        else prepared[0]
+    )
+    for ref in workload_pod_templates(prepared_template):
+        pod_meta = ref.template.get("metadata")
+        if isinstance(pod_meta, Mapping):
+            for field, why in metadata_errors(pod_meta, f"{ref.path}.metadata"):
+                raise ManifestError(field, why)
+        # 4. Pod Security Standards
+        violations = check_pod_template(ref.template, ref.path, level)
+        if violations:
+            first = violations[0]
+            more = "; ".join(f"{v.field} {v.message}" for v in violations[1:_SHOWN])
+            rest = len(violations) - _SHOWN
+            tail = (f"; also {more}" if more else "") + (f" (and {rest} more)" if rest > 0 else "")
+            raise ManifestError(
+                first.field,
+                f"{first.message}: violates PodSecurity {level!r} ({first.check}) of namespace "
+                f"{namespace!r}{tail}",
+            )
+
+
+def _check_service(obj: Mapping[str, Any], path: str) -> None:
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return
+    svc_type = spec.get("type")
+    if svc_type in EXPOSED_SERVICE_TYPES:
+        raise ManifestError(
+            f"{path}.spec.type",
+            f"{svc_type} Services open ports outside the member's cluster network and are not "
+            "allowed by this hub; use ClusterIP (or ask the operator for --allow-exposed-services)",
+        )
+    if spec.get("externalIPs"):
+        raise ManifestError(
+            f"{path}.spec.externalIPs",
+            "externalIPs are not allowed by this hub (ask the operator for "
+            "--allow-exposed-services)",
+        )
