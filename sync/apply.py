@@ -336,25 +336,30 @@ async def _apply_over(
     client: ObjectClient, obj: Mapping[str, Any], existing: Mapping[str, Any]
 ) -> bool:
     """Server-side apply ``obj`` over ``existing`` (an object of this job), conditional on its
-    ``resourceVersion``: False when the object changed since it was read (409)."""
+    ``resourceVersion``: False when the object changed since it was read (409) or was deleted
+    meanwhile (404: its namespace exists, the object was just read)."""
     body = copy.deepcopy(dict(obj))
     version = (existing.get("metadata") or {}).get("resourceVersion")
     if version:
         body.setdefault("metadata", {})["resourceVersion"] = version
     return await _unless_conflict(
-        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True)
+        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True), gone_too=True
     )
 
 
-async def _unless_conflict(write: Callable[[], Awaitable[object]]) -> bool:
+async def _unless_conflict(
+    write: Callable[[], Awaitable[object]], *, gone_too: bool = False
+) -> bool:
     """One write under the retry policy: True when done, False on 409 (the name exists, or
-    the object changed since it was read: the caller reads it again)."""
+    the object changed since it was read: the caller reads it again) and, with ``gone_too``,
+    on 404."""
     async for attempt in kube_retry():
         with attempt:
             try:
                 await write()
             except Exception as exc:
-                if verdict_of(exc) is Verdict.RECONCILE:
+                verdict = verdict_of(exc)
+                if verdict is Verdict.RECONCILE or (gone_too and status_of(exc) == 404):
                     return False
                 raise
             return True

@@ -30,7 +30,7 @@ from gpufed.sync.ownership import (
 )
 
 from .builders import admins_object, apply_item, config_map, delete_item, gpu_job, owned_by
-from .fakes import MemoryCluster, RecordingStatus
+from .fakes import FakeApiError, MemoryCluster, RecordingStatus
 
 MEMBER = "us-east"
 
@@ -261,3 +261,20 @@ async def test_created_objects_carry_both_ownership_labels() -> None:
     assert await apply_object(api, svc, owner=own("u1")) is ApplyResult.CREATED
     labels = api.objects[ref_of(svc)]["metadata"]["labels"]
     assert labels == owned_by("u1")
+
+
+async def test_an_own_object_deleted_between_read_and_apply_is_created_again() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {}
+    cm = check_manifests([config_map("u1")], namespace="team-a", owner=own("u1"))[0]
+    api.put(cm)
+    real_apply = api.apply
+
+    async def deleted_first(obj: Any, *, field_manager: str, force: bool) -> Any:
+        api.apply = real_apply  # type: ignore[method-assign]
+        del api.objects[ref_of(cm)]
+        raise FakeApiError(404, 'configmaps "train-config" not found')
+
+    api.apply = deleted_first  # type: ignore[method-assign]
+    assert await apply_object(api, cm, owner=own("u1")) is ApplyResult.CREATED
+    assert api.objects[ref_of(cm)]["metadata"]["labels"] == owned_by("u1")
