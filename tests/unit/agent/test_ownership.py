@@ -6,6 +6,7 @@ restart; existing namespaces are used as they are and never deleted."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,6 +44,23 @@ def with_meta(obj: dict[str, Any], **meta: Any) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out["metadata"].update(meta)
     return out
+
+
+def before_next_apply(
+    api: MemoryCluster, act: Callable[[], object], error: Exception | None = None
+) -> None:
+    """Run ``act`` on the member just before the next apply lands (then fail it with
+    ``error``, if given): a change between gpufed's read and its write."""
+    real_apply = api.apply
+
+    async def hooked(obj: Any, *, field_manager: str, force: bool) -> Any:
+        api.apply = real_apply  # type: ignore[method-assign]
+        act()
+        if error is not None:
+            raise error
+        return await real_apply(obj, field_manager=field_manager, force=force)
+
+    api.apply = hooked  # type: ignore[method-assign]
 
 
 class Harness:
@@ -165,14 +183,8 @@ async def test_an_object_replaced_between_read_and_apply_is_checked_again() -> N
     api.namespaces["team-a"] = {}
     cm = check_manifests([config_map("u1")], namespace="team-a", owner=own("u1"))[0]
     api.put(cm)
-    real_apply = api.apply
-
-    async def replaced_first(obj: Any, *, field_manager: str, force: bool) -> Any:
-        api.apply = real_apply  # type: ignore[method-assign]
-        api.put(admins_object("ConfigMap", "train-config"))  # deleted and re-made by admins
-        return await real_apply(obj, field_manager=field_manager, force=force)
-
-    api.apply = replaced_first  # type: ignore[method-assign]
+    # Deleted and re-made by the admins just before the apply lands.
+    before_next_apply(api, lambda: api.put(admins_object("ConfigMap", "train-config")))
     with pytest.raises(OwnershipConflictError, match="carries no gpufed ownership labels"):
         await apply_object(api, cm, owner=own("u1"), member=MEMBER)
     assert api.objects[ref_of(cm)]["data"] == {"theirs": "1"}
@@ -268,13 +280,10 @@ async def test_an_own_object_deleted_between_read_and_apply_is_created_again() -
     api.namespaces["team-a"] = {}
     cm = check_manifests([config_map("u1")], namespace="team-a", owner=own("u1"))[0]
     api.put(cm)
-    real_apply = api.apply
-
-    async def deleted_first(obj: Any, *, field_manager: str, force: bool) -> Any:
-        api.apply = real_apply  # type: ignore[method-assign]
-        del api.objects[ref_of(cm)]
-        raise FakeApiError(404, 'configmaps "train-config" not found')
-
-    api.apply = deleted_first  # type: ignore[method-assign]
+    before_next_apply(
+        api,
+        lambda: api.objects.pop(ref_of(cm)),
+        FakeApiError(404, 'configmaps "train-config" not found'),
+    )
     assert await apply_object(api, cm, owner=own("u1")) is ApplyResult.CREATED
     assert api.objects[ref_of(cm)]["metadata"]["labels"] == owned_by("u1")
