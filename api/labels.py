@@ -18,6 +18,9 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 # --- gpufed labels and annotations --------------------------------------------------------------
 #: On every object gpufed applies to a member (and on its pod templates): which hub owns it.
 ORIGIN_LABEL: Final = "gpufed.io/origin"
+#: The origin of a hub (``gpufed hub --origin``) and of an agent (``gpufed agent --origin``)
+#: started without the flag; an agent acts only on objects of the origin it was given.
+DEFAULT_ORIGIN: Final = "gpufed-hub"
 #: On every object gpufed applies to a member (and on its pod templates): the GPUJob's UID.
 JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 #: Full ``namespace/name`` of the hub GPUJob (annotation: may exceed 63 characters).

@@ -20,7 +20,12 @@ from gpufed.agent.config import AgentConfig
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import configure_logging
 from gpufed.api.inventory import TopologyLabels
-from gpufed.api.labels import DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, GPU_CLIQUE_LABEL
+from gpufed.api.labels import (
+    DEFAULT_BLOCK_LABEL,
+    DEFAULT_ORIGIN,
+    DEFAULT_RACK_LABEL,
+    GPU_CLIQUE_LABEL,
+)
 
 app = typer.Typer(
     help="The member agent: reports GPU inventory to the hub and applies its work.",
@@ -61,6 +66,11 @@ def agent(
         8081, "--health-port", help="Port of /healthz, /readyz, /metrics (-1: off)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    origin: str = typer.Option(
+        DEFAULT_ORIGIN,
+        "--origin",
+        help="The hub's --origin: only objects labelled with it are touched.",
+    ),
 ) -> None:
     """Run the agent (unless a sub-command such as `inventory` is given)."""
     if ctx.invoked_subcommand is not None:
@@ -87,6 +97,7 @@ def agent(
             coalesce_ms=coalesce_ms,
             health_port=health_port,
             log_level=log_level,
+            origin=origin,
         )
         config.read_token()  # fail now, with the file's name, rather than on first connect
         configure_logging(log_level)

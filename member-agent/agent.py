@@ -81,6 +81,8 @@ class Agent:
             status=self.status,
             allowed_kinds=config.allowed_kinds,
             metrics=self.metrics,
+            origin=config.origin,
+            member=config.cluster,
         )
         self.hub = HubStream(
             config,

@@ -11,7 +11,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpufed.api.labels import DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, GPU_CLIQUE_LABEL
+from gpufed.api.labels import (
+    DEFAULT_BLOCK_LABEL,
+    DEFAULT_ORIGIN,
+    DEFAULT_RACK_LABEL,
+    GPU_CLIQUE_LABEL,
+)
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -30,7 +35,8 @@ class AgentConfig(BaseModel):
     levels. ``coalesce_ms``: at most one inventory delta per node per this many milliseconds.
     ``health_host``/``health_port``: where ``/healthz``, ``/readyz`` and ``/metrics`` listen
     (port 0: a free port; -1: off). ``reconnect_max_s``: ceiling of the jittered reconnect
-    backoff.
+    backoff. ``origin``: the hub's ``--origin``; the agent creates, changes and deletes only
+    objects labelled with it (and refuses work items labelled with another).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +56,7 @@ class AgentConfig(BaseModel):
     health_host: str = "0.0.0.0"  # the probe endpoint serves the pod network
     health_port: int = Field(default=8081, ge=-1, le=65535)
     reconnect_max_s: float = Field(default=30.0, gt=0)
+    origin: str = Field(default=DEFAULT_ORIGIN, min_length=1)
     log_level: str = "info"
 
     @field_validator("cluster")

@@ -346,17 +346,16 @@ class MemberApi:
             content_type=_APPLY_PATCH,
         )
 
-    async def delete(self, ref: ObjectRef, *, propagation: str) -> bool:
+    async def delete(self, ref: ObjectRef, *, propagation: str, uid: str | None = None) -> bool:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation,
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            await self.request(
-                "DELETE",
-                await self._path(ref),
-                body={
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "propagationPolicy": propagation,
-                },
-            )
+            await self.request("DELETE", await self._path(ref), body=body)
         except ApiException as exc:
             if exc.status == 404:
                 return False

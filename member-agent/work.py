@@ -4,10 +4,15 @@ Owns what the agent does with :class:`gpufed.api.work.WorkItem` s: one serial wo
 (a newer revision replaces a queued older one; older revisions are ignored), the apply and
 delete flows over :mod:`gpufed.sync.apply`, the acknowledgement of each revision once the
 member API has accepted it, and the full reconcile after every (re)connect: the hub's
-:class:`DesiredSet` is compared with the objects labelled ``gpufed.io/job-uid`` in the member,
-existing objects are adopted, missing ones created (unless the job was applied before: a job
-that already ran is never re-run, its status becomes ``Missing``), and labelled objects of jobs
-the hub no longer wants are deleted.
+:class:`DesiredSet` is compared with the objects labelled with this hub's ``gpufed.io/origin``
+and a ``gpufed.io/job-uid`` in the member, existing objects are adopted, missing ones created
+(unless the job was applied before: a job that already ran is never re-run, its status becomes
+``Missing``), and labelled objects of jobs the hub no longer wants are deleted.
+
+Ownership (:mod:`gpufed.sync.ownership`): only objects carrying this hub's origin and the job's
+UID are adopted, changed or deleted; an object of the same name that is someone else's fails the
+work item with a message naming the object and this member, and is never touched. Namespaces
+are created when missing and never deleted.
 
 Driven by :mod:`gpufed.agent.hub_stream`; reports through two callbacks (acks, and status
 tracking via :class:`gpufed.agent.status.StatusReporter`). While the hub is unreachable nothing
@@ -24,23 +29,25 @@ from typing import Any, Protocol
 import structlog
 
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import JOB_UID_LABEL
+from gpufed.api.labels import DEFAULT_ORIGIN
 from gpufed.api.work import WorkAck, WorkItem
 from gpufed.sync.apply import (
     ApplyResult,
+    DeleteResult,
     ManifestRefusedError,
     ObjectClient,
     ObjectRef,
-    OwnedElsewhereError,
     api_error_message,
     apply_object,
     check_manifests,
-    delete_object,
+    delete_owned,
     ensure_namespace,
+    get_object,
     main_workload,
     ref_of,
 )
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
+from gpufed.sync.ownership import Owner, OwnershipConflictError, job_uid_of, origin_selector
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.agent.work")
@@ -75,12 +82,16 @@ class _Job:
     applied: bool = False  # this agent acknowledged an Apply of this job
     deleted: bool = False
     pending: WorkItem | None = None
-    orphan_refs: list[ObjectRef] | None = None  # queued orphan deletion (no hub job)
+    orphans: list[dict[str, Any]] | None = None  # queued orphan deletion (no hub job)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class WorkManager:
-    """Serial per-job processing of work items and desired sets (see module docstring)."""
+    """Serial per-job processing of work items and desired sets (see module docstring).
+
+    ``origin``: the hub's origin (``--origin``), the only one whose objects this agent touches;
+    ``member``: this member's name, for the messages of ownership conflicts.
+    """
 
     def __init__(
         self,
@@ -90,8 +101,12 @@ class WorkManager:
         status: StatusTracker,
         allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
         metrics: AgentMetrics | None = None,
+        origin: str = DEFAULT_ORIGIN,
+        member: str = "",
     ) -> None:
         self._client = client
+        self.origin = origin
+        self.member = member
         self._ack = ack
         self._status = status
         self.allowed_kinds = frozenset(allowed_kinds)
@@ -120,7 +135,7 @@ class WorkManager:
         work already under way finishes, its ack is lost and re-sent on reconcile."""
         for job in self._jobs.values():
             job.pending = None
-            job.orphan_refs = None
+            job.orphans = None
         if self._gc_task is not None:
             self._gc_task.cancel()
             self._gc_task = None
@@ -158,7 +173,7 @@ class WorkManager:
         """Forget idle jobs the hub no longer has (memory stays bounded by its desired set)."""
         for uid, job in list(self._jobs.items()):
             busy = job.task is not None and not job.task.done()
-            if uid not in keep and not busy and job.pending is None and job.orphan_refs is None:
+            if uid not in keep and not busy and job.pending is None and job.orphans is None:
                 del self._jobs[uid]
 
     async def idle(self) -> None:
@@ -185,7 +200,7 @@ class WorkManager:
             job.task = asyncio.create_task(self._drain(job), name=f"work:{job.uid}")
 
     async def _drain(self, job: _Job) -> None:
-        while job.pending is not None or job.orphan_refs is not None:
+        while job.pending is not None or job.orphans is not None:
             if job.pending is not None:
                 item, job.pending = job.pending, None
                 try:
@@ -203,9 +218,10 @@ class WorkManager:
                             retryable=True,
                         )
                     )
-            elif job.orphan_refs is not None:
-                refs, job.orphan_refs = job.orphan_refs, None
-                await self._delete_refs(job.uid, refs, reason="orphan")
+            elif job.orphans is not None:
+                orphans, job.orphans = job.orphans, None
+                owner = Owner(self.origin, job.uid)
+                await self._delete_owned(owner, [(ref_of(o), o) for o in orphans], reason="orphan")
 
     async def _process(self, job: _Job, item: WorkItem) -> None:
         if item.op == "Delete":
@@ -221,11 +237,12 @@ class WorkManager:
     async def _apply(self, job: _Job, item: WorkItem) -> None:
         bound = log.bind(job_uid=item.job_uid, job=item.job, revision=item.revision)
         start = asyncio.get_running_loop().time()
+        owner = Owner(self.origin, item.job_uid)
         try:
             manifests = check_manifests(
                 item.manifests,
                 namespace=item.namespace,
-                job_uid=item.job_uid,
+                owner=owner,
                 allowed_kinds=self.allowed_kinds,
             )
         except ManifestRefusedError as exc:
@@ -235,7 +252,7 @@ class WorkManager:
         main = main_workload(manifests)
         ran_before = item.applied_before or job.applied
         try:
-            if ran_before and main is not None and await self._get(main) is None:
+            if ran_before and main is not None and await get_object(self._client, main) is None:
                 # Applied once and gone now (deleted in the member, or the member was rebuilt):
                 # a job that already ran is never created again.
                 bound.warning("work.apply.missing", object=str(main))
@@ -253,7 +270,7 @@ class WorkManager:
                 may_create = not (ran_before and ref.kind_group in WORKLOAD_KINDS)
                 try:
                     result = await apply_object(
-                        self._client, obj, job_uid=item.job_uid, may_create=may_create
+                        self._client, obj, owner=owner, member=self.member, may_create=may_create
                     )
                 except Exception as exc:
                     if status_of(exc) != 404 or ns_checked:
@@ -263,7 +280,7 @@ class WorkManager:
                     ns_checked = True
                     await ensure_namespace(self._client, item.namespace, item.pod_security)
                     result = await apply_object(
-                        self._client, obj, job_uid=item.job_uid, may_create=may_create
+                        self._client, obj, owner=owner, member=self.member, may_create=may_create
                     )
                 results.append(result)
                 if result is ApplyResult.MISSING and ref == main:
@@ -272,9 +289,13 @@ class WorkManager:
                         item.job_uid, revision=item.revision, main=main, missing=True
                     )
                     return
-        except OwnedElsewhereError as exc:
-            bound.warning("work.apply.failed", reason=str(exc), retryable=True)
-            self._send_ack(self._failed(item, str(exc), retryable=True))
+        except OwnershipConflictError as exc:
+            # Someone else's object: left untouched, the job is told (the hub fails it unless
+            # the object is the terminating copy of an earlier job of this hub).
+            bound.warning(
+                "work.apply.conflict", object=exc.obj, holder=exc.holder.value, reason=str(exc)
+            )
+            self._send_ack(self._failed(item, str(exc), retryable=exc.retryable))
             return
         except LookupError as exc:  # KindNotServedError: the CRD is not installed in this member
             bound.warning("work.apply.failed", reason=str(exc), retryable=False)
@@ -299,25 +320,20 @@ class WorkManager:
         bound.info("work.applied", outcomes=[r.value for r in results])
         self._send_ack(WorkAck(job_uid=item.job_uid, revision=item.revision, result="Applied"))
 
-    async def _get(self, ref: ObjectRef) -> dict[str, Any] | None:
-        async for attempt in kube_retry():
-            with attempt:
-                return await self._client.get(ref)
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def _delete(self, job: _Job, item: WorkItem) -> None:
         bound = log.bind(job_uid=item.job_uid, job=item.job, revision=item.revision)
         self._status.untrack(item.job_uid)
-        refs = {ref_of(m) for m in item.manifests}
-        refs = {
-            r if r.namespace else ObjectRef(r.api_version, r.kind, item.namespace, r.name)
-            for r in refs
-        }
+        owner = Owner(self.origin, item.job_uid)
+        # Objects named by the item are read and checked before deletion; listed objects
+        # carry this job's labels already (checked again on the listed copy).
+        targets: dict[ObjectRef, dict[str, Any] | None] = {}
+        for r in map(ref_of, item.manifests):
+            targets[ObjectRef(r.api_version, r.kind, r.namespace or item.namespace, r.name)] = None
         try:
-            labelled = await self._list_labelled(f"{JOB_UID_LABEL}={item.job_uid}")
-            refs |= {ref_of(o) for o in labelled}
-            refs = {r for r in refs if r.kind_group in self.allowed_kinds and r.name}
-            await self._delete_refs(item.job_uid, sorted(refs, key=str), reason="hub")
+            for obj in await self._list_labelled(owner.selector):
+                targets[ref_of(obj)] = obj
+            refs = [r for r in targets if r.kind_group in self.allowed_kinds and r.name]
+            await self._delete_owned(owner, [(r, targets[r]) for r in refs], reason="hub")
         except LookupError as exc:
             bound.warning("work.delete.failed", reason=str(exc))
             self._send_ack(self._failed(item, str(exc), retryable=False))
@@ -336,16 +352,32 @@ class WorkManager:
         bound.info("work.deleted", objects=len(refs))
         self._send_ack(WorkAck(job_uid=item.job_uid, revision=item.revision, result="Deleted"))
 
-    async def _delete_refs(self, job_uid: str, refs: Iterable[ObjectRef], *, reason: str) -> None:
+    async def _delete_owned(
+        self,
+        owner: Owner,
+        targets: Iterable[tuple[ObjectRef, dict[str, Any] | None]],
+        *,
+        reason: str,
+    ) -> None:
+        """Delete each target that is ``owner``'s (``None``: read it first); others are kept."""
         # Workloads first: their pods stop before the ConfigMaps they mount disappear.
-        ordered = sorted(refs, key=lambda r: (r.kind_group not in WORKLOAD_KINDS, str(r)))
-        for ref in ordered:
+        ordered = sorted(targets, key=lambda t: (t[0].kind_group not in WORKLOAD_KINDS, str(t[0])))
+        for ref, existing in ordered:
             try:
-                existed = await delete_object(self._client, ref)
+                result = await delete_owned(self._client, ref, owner=owner, existing=existing)
             except LookupError:
                 continue  # kind not served any more: nothing of it can exist
-            if existed:
-                log.info("work.object.deleted", job_uid=job_uid, object=str(ref), reason=reason)
+            if result is DeleteResult.DELETED:
+                log.info(
+                    "work.object.deleted", job_uid=owner.job_uid, object=str(ref), reason=reason
+                )
+            elif result is DeleteResult.KEPT:
+                log.info(
+                    "work.object.kept",
+                    job_uid=owner.job_uid,
+                    object=str(ref),
+                    reason="not owned by this job",
+                )
 
     async def _list_labelled(self, selector: str) -> list[dict[str, Any]]:
         async for attempt in kube_retry():
@@ -357,24 +389,25 @@ class WorkManager:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _collect_orphans(self, desired: set[str]) -> None:
-        """Delete labelled objects of jobs the hub no longer wants (after a desired set)."""
+        """Delete objects of this hub's jobs that the hub no longer wants (after a desired set):
+        selected by this hub's origin and a job UID, never by the job UID alone."""
         try:
-            labelled = await self._list_labelled(JOB_UID_LABEL)
+            labelled = await self._list_labelled(origin_selector(self.origin))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("work.reconcile.list_failed", reason=api_error_message(exc))
             return
-        by_job: dict[str, list[ObjectRef]] = {}
+        by_job: dict[str, list[dict[str, Any]]] = {}
         for obj in labelled:
-            uid = ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, "")
+            uid = job_uid_of(obj)
             if uid and uid not in desired and uid not in self._session_uids:
-                by_job.setdefault(uid, []).append(ref_of(obj))
-        for uid, refs in sorted(by_job.items()):
-            log.info("work.orphan.found", job_uid=uid, objects=[str(r) for r in refs])
+                by_job.setdefault(uid, []).append(obj)
+        for uid, objs in sorted(by_job.items()):
+            log.info("work.orphan.found", job_uid=uid, objects=[str(ref_of(o)) for o in objs])
             job = self._jobs.setdefault(uid, _Job(uid=uid))
             self._status.untrack(uid)
-            job.orphan_refs = refs
+            job.orphans = objs
             self._kick(job)
         log.info("work.reconcile.finished", jobs=len(desired), orphan_jobs=len(by_job))
 

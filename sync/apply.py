@@ -4,6 +4,10 @@ Owns *how* a prepared manifest becomes an object in a member: which kinds are al
 which are applied with server-side apply (field manager ``gpufed``) and which are create-only
 because their spec is immutable once created (a ``batch/v1`` Job), how an existing object is
 adopted, how objects are deleted (background propagation) and how a namespace is created.
+Every write and every delete first checks ownership (:mod:`gpufed.sync.ownership`): only an
+object carrying this hub's origin and this job's UID is adopted, changed or deleted, and the
+write or delete is conditional on the object read (``resourceVersion`` / ``uid``
+preconditions), so an object replaced meanwhile is checked again, never overwritten.
 
 Called by the agent's work manager (``gpufed.agent.work``) through an :class:`ObjectClient`
 that the agent implements over the member's API server; this module talks to no API itself,
@@ -19,7 +23,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +34,7 @@ from gpufed.api.labels import (
     POD_SECURITY_ENFORCE_LABEL,
 )
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
+from gpufed.sync.ownership import Holder, Owner, check_owner, holder_of
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
 #: Field manager of every server-side apply gpufed makes (``metadata.managedFields[].manager``).
@@ -43,11 +48,16 @@ FIELD_MANAGER = "gpufed"
 CREATE_ONLY_KINDS: frozenset[str] = frozenset({"Job.batch"})
 
 
-class ApplyStrategy(enum.Enum):
-    """How one kind is written to a member."""
+#: How often one apply or delete re-reads an object that changed between the read and the
+#: conditional write (409); a member where it keeps changing gets a retryable failure.
+MAX_CONFLICTS = 3
 
-    SERVER_SIDE_APPLY = "ServerSideApply"  # PATCH application/apply-patch, force, manager gpufed
-    CREATE_ONLY = "CreateOnly"  # POST once; an existing object is adopted, never updated
+
+class ApplyStrategy(enum.Enum):
+    """How one kind is written to a member (both create a missing object with POST)."""
+
+    SERVER_SIDE_APPLY = "ServerSideApply"  # an existing own object: apply-patch, force, gpufed
+    CREATE_ONLY = "CreateOnly"  # POST once; an existing own object is adopted, never updated
 
 
 def strategy_for(kind: str) -> ApplyStrategy:
@@ -90,14 +100,6 @@ class ManifestRefusedError(ValueError):
     """A manifest the agent will not apply; the message names the field and the fix."""
 
 
-class OwnedElsewhereError(RuntimeError):
-    """An object with the wanted name exists but carries another job's UID label.
-
-    Usually the old copy of a deleted and re-created hub job that is still being deleted;
-    retrying later may succeed.
-    """
-
-
 class ObjectClient(Protocol):
     """What the apply strategies need from a member API server (the agent implements it).
 
@@ -119,8 +121,10 @@ class ObjectClient(Protocol):
         """Server-side apply (``PATCH`` with ``application/apply-patch+yaml``)."""
         ...
 
-    async def delete(self, ref: ObjectRef, *, propagation: str) -> bool:
-        """DELETE with ``propagationPolicy``; False when the object was already gone."""
+    async def delete(self, ref: ObjectRef, *, propagation: str, uid: str | None = None) -> bool:
+        """DELETE with ``propagationPolicy`` and, when ``uid`` is given, the precondition
+        ``preconditions.uid`` (409 when the object now has another UID); False when the object
+        was already gone."""
         ...
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
@@ -136,9 +140,17 @@ class ApplyResult(enum.Enum):
     """What :func:`apply_object` did with one object."""
 
     CREATED = "created"
-    APPLIED = "applied"  # server-side applied over an existing or new object
-    ADOPTED = "adopted"  # a create-only object already existed with this job's UID
+    APPLIED = "applied"  # server-side applied over an existing object of this job
+    ADOPTED = "adopted"  # a create-only object already existed as this job's
     MISSING = "missing"  # gone, and must not be created again (the job ran before)
+
+
+class DeleteResult(enum.Enum):
+    """What :func:`delete_owned` did with one object."""
+
+    DELETED = "deleted"
+    GONE = "gone"  # did not exist (any more)
+    KEPT = "kept"  # exists and is not this job's: never deleted
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -148,17 +160,18 @@ def check_manifests(
     manifests: Sequence[Mapping[str, Any]],
     *,
     namespace: str,
-    job_uid: str,
+    owner: Owner,
     allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
 ) -> list[dict[str, Any]]:
     """Validate the manifests of one work item and return copies ready to apply.
 
     Each manifest must have ``apiVersion``, ``kind`` and ``metadata.name``; its ``Kind.group``
     must be in ``allowed_kinds``; ``metadata.namespace`` must equal the work item's
-    ``namespace`` (it is filled in when absent); the ``gpufed.io/job-uid`` label must equal
-    ``job_uid`` (added when absent). Raises :class:`ManifestRefusedError` naming the manifest and the
-    field. The returned list puts supporting objects (ConfigMaps, Secrets, Services) before
-    workloads, otherwise keeping the given order.
+    ``namespace`` (it is filled in when absent); the ``gpufed.io/job-uid`` and
+    ``gpufed.io/origin`` labels must be ``owner``'s (added when absent: :attr:`Owner.labels`).
+    Raises :class:`ManifestRefusedError` naming the manifest and the field. The returned list
+    puts supporting objects (ConfigMaps, Secrets, Services) before workloads, otherwise keeping
+    the given order.
     """
     allowed = frozenset(allowed_kinds)
     if not namespace:
@@ -203,13 +216,15 @@ def check_manifests(
         labels = meta.setdefault("labels", {})
         if not isinstance(labels, dict):
             raise ManifestRefusedError(f"{where}.metadata.labels: expected a map of strings")
-        have = labels.get(JOB_UID_LABEL)
-        if have is not None and have != job_uid:
-            raise ManifestRefusedError(
-                f"{where}.metadata.labels[{JOB_UID_LABEL}]: {have!r} is not this job's UID "
-                f"{job_uid!r}"
-            )
-        labels[JOB_UID_LABEL] = job_uid
+        for key, want in owner.labels.items():
+            have = labels.get(key)
+            if have is not None and have != want:
+                what = "this job's UID" if key == JOB_UID_LABEL else "this agent's hub origin"
+                fix = "" if key == JOB_UID_LABEL else " (start the agent with the hub's --origin)"
+                raise ManifestRefusedError(
+                    f"{where}.metadata.labels[{key}]: {have!r} is not {what} {want!r}{fix}"
+                )
+            labels[key] = want
         out.append(obj)
     # Supporting objects first, so a Job never starts before the ConfigMap it mounts.
     return sorted(out, key=lambda o: ref_of(o).kind_group in WORKLOAD_KINDS)
@@ -234,8 +249,10 @@ async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = 
     ``pod_security``: the Pod Security level of the job's hub namespace (``baseline`` …); when
     given, the new namespace also carries it as ``pod-security.kubernetes.io/enforce``, so the
     member's Pod Security Admission enforces what the hub checked. Returns True when this call
-    created it. An existing namespace is left as it is (gpufed never relabels a namespace it
-    did not create, nor one it created for an earlier job).
+    created it. An existing namespace (perhaps made by the member's admins, with their own
+    quotas) is used as it is: never relabelled. gpufed never deletes a namespace, not even one
+    it created (it may hold others' objects by then); the agent's RBAC has no ``delete`` on
+    namespaces.
     """
     labels = {MANAGED_NAMESPACE_LABEL: "true"}
     if pod_security:
@@ -261,84 +278,146 @@ async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = 
 
 
 async def apply_object(
-    client: ObjectClient, obj: Mapping[str, Any], *, job_uid: str, may_create: bool = True
+    client: ObjectClient,
+    obj: Mapping[str, Any],
+    *,
+    owner: Owner,
+    member: str = "",
+    may_create: bool = True,
 ) -> ApplyResult:
-    """Make ``obj`` exist in the member with the strategy of its kind.
+    """Make ``obj`` exist in the member with the strategy of its kind, as ``owner``'s.
 
-    - create-only kinds: an existing object with this job's UID label is adopted untouched;
-      a missing one is created, unless ``may_create`` is False (the job ran before: never
-      re-run it), which gives :attr:`ApplyResult.MISSING`;
-    - other kinds: server-side apply with field manager ``gpufed`` and ``force`` (the hub is
-      the source of truth for the fields it sets); when ``may_create`` is False and the object
-      is gone, :attr:`ApplyResult.MISSING` as well.
+    A missing object is created (POST: one request for a new object), unless ``may_create``
+    is False (the job ran before: never re-run it), which gives :attr:`ApplyResult.MISSING`.
+    An existing object is read and must be ``owner``'s (origin and job UID labels); then a
+    create-only kind is adopted untouched and any other kind is server-side applied (field
+    manager ``gpufed``, ``force``: the hub is the source of truth for the fields it sets),
+    conditional on the ``resourceVersion`` read, so an object replaced meanwhile is read and
+    checked again (at most :data:`MAX_CONFLICTS` times).
 
-    Raises :class:`OwnedElsewhereError` when the name is taken by another job's object, and
-    the API error when the member refuses the object (after retries for temporary errors).
+    Raises :class:`gpufed.sync.ownership.OwnershipConflictError` (naming the object and
+    ``member``) when the object is not ``owner``'s — it is then left exactly as it is — and the
+    API error when the member refuses the object (after retries for temporary errors).
     """
     ref = ref_of(obj)
-    if strategy_for(ref.kind_group) is ApplyStrategy.CREATE_ONLY:
-        return await _create_only(client, obj, ref, job_uid=job_uid, may_create=may_create)
-    async for attempt in kube_retry():
-        with attempt:
-            if not may_create and not await _exists_as_ours(client, ref, job_uid):
-                return ApplyResult.MISSING
-            await client.apply(obj, field_manager=FIELD_MANAGER, force=True)
-            return ApplyResult.APPLIED
-    raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
-
-
-async def _create_only(
-    client: ObjectClient, obj: Mapping[str, Any], ref: ObjectRef, *, job_uid: str, may_create: bool
-) -> ApplyResult:
-    async for attempt in kube_retry():
-        with attempt:
+    create_only = strategy_for(ref.kind_group) is ApplyStrategy.CREATE_ONLY
+    existing = None if may_create else await get_object(client, ref)
+    for attempt in range(MAX_CONFLICTS):
+        if existing is None:
             if not may_create:
-                ours = await _exists_as_ours(client, ref, job_uid)
-                return ApplyResult.ADOPTED if ours else ApplyResult.MISSING
-            # Create first: one request in the common case (a new job). 409 means it exists
-            # (created by this agent before, or by someone else): read it, then adopt it or
-            # report its owner.
-            try:
-                await client.create(obj)
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RECONCILE:
-                    raise
-                existing = await client.get(ref)
-                if existing is None:
-                    raise  # gone again meanwhile: report the conflict
-                _check_owner(existing, ref, job_uid)
-                return ApplyResult.ADOPTED
-            return ApplyResult.CREATED
+                return ApplyResult.MISSING
+            created = await _create(client, obj)
+            if created:
+                return ApplyResult.CREATED
+            # 409: it exists (created by this agent before, or by someone else): read it,
+            # then adopt it or report its owner.
+            existing = await get_object(client, ref)
+            continue
+        check_owner(existing, str(ref), owner=owner, member=member)
+        if create_only:
+            return ApplyResult.ADOPTED
+        if await _apply_over(client, obj, existing):
+            return ApplyResult.APPLIED
+        if attempt + 1 < MAX_CONFLICTS:
+            existing = await get_object(client, ref)  # changed since read: check it again
+    raise _StillChangingError(f"{ref} kept changing while gpufed applied it; retry later")
+
+
+class _StillChangingError(RuntimeError):
+    """The object changed between every read and conditional write (a retryable 409)."""
+
+    status = 409
+
+
+async def get_object(client: ObjectClient, ref: ObjectRef) -> dict[str, Any] | None:
+    """The object, or None when it does not exist (retried for temporary errors)."""
+    async for attempt in kube_retry():
+        with attempt:
+            return await client.get(ref)
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
 
 
-async def _exists_as_ours(client: ObjectClient, ref: ObjectRef, job_uid: str) -> bool:
-    """True when ``ref`` exists with this job's UID label, False when it is gone; raises
-    :class:`OwnedElsewhereError` when another job (or nobody) owns it."""
-    existing = await client.get(ref)
-    if existing is None:
-        return False
-    _check_owner(existing, ref, job_uid)
-    return True
+async def _create(client: ObjectClient, obj: Mapping[str, Any]) -> bool:
+    """POST ``obj``: True when created, False when the name exists (409)."""
+    return await _unless_conflict(lambda: client.create(obj))
 
 
-def _check_owner(existing: Mapping[str, Any], ref: ObjectRef, job_uid: str) -> None:
-    labels = (existing.get("metadata") or {}).get("labels") or {}
-    owner = labels.get(JOB_UID_LABEL)
-    if owner != job_uid:
-        raise OwnedElsewhereError(
-            f"{ref} exists but belongs to "
-            + (f"job {owner}" if owner else "no gpufed job (no gpufed.io/job-uid label)")
-            + f", not {job_uid}; delete it or wait for its deletion to finish"
-        )
+async def _apply_over(
+    client: ObjectClient, obj: Mapping[str, Any], existing: Mapping[str, Any]
+) -> bool:
+    """Server-side apply ``obj`` over ``existing`` (an object of this job), conditional on its
+    ``resourceVersion``: False when the object changed since it was read (409) or was deleted
+    meanwhile (404: its namespace exists, the object was just read)."""
+    body = copy.deepcopy(dict(obj))
+    version = (existing.get("metadata") or {}).get("resourceVersion")
+    if version:
+        body.setdefault("metadata", {})["resourceVersion"] = version
+    return await _unless_conflict(
+        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True), gone_too=True
+    )
 
 
-async def delete_object(client: ObjectClient, ref: ObjectRef) -> bool:
-    """Delete one object with background propagation (dependents, e.g. a Job's pods, are
-    removed by the member's garbage collector). Returns False when it was already gone."""
+async def _unless_conflict(
+    write: Callable[[], Awaitable[object]], *, gone_too: bool = False
+) -> bool:
+    """One write under the retry policy: True when done, False on 409 (the name exists, or
+    the object changed since it was read: the caller reads it again) and, with ``gone_too``,
+    on 404."""
     async for attempt in kube_retry():
         with attempt:
-            return await client.delete(ref, propagation="Background")
+            try:
+                await write()
+            except Exception as exc:
+                verdict = verdict_of(exc)
+                if verdict is Verdict.RECONCILE or (gone_too and status_of(exc) == 404):
+                    return False
+                raise
+            return True
+    raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
+
+
+async def delete_owned(
+    client: ObjectClient,
+    ref: ObjectRef,
+    *,
+    owner: Owner,
+    existing: Mapping[str, Any] | None = None,
+) -> DeleteResult:
+    """Delete ``ref`` if, and only if, it is ``owner``'s; never anything else.
+
+    ``existing``: the object as just listed (saves the read); otherwise it is read first. The
+    delete uses background propagation (dependents, e.g. a Job's pods, are removed by the
+    member's garbage collector) and the precondition ``uid`` of the object checked, so an
+    object replaced after the check is read and checked again. Returns
+    :attr:`DeleteResult.KEPT` for an object that is not ``owner``'s (the caller logs it).
+    """
+    current = existing
+    for _ in range(MAX_CONFLICTS):
+        if current is None:
+            current = await get_object(client, ref)
+            if current is None:
+                return DeleteResult.GONE
+        if holder_of(current, owner) is not Holder.THIS_JOB:
+            return DeleteResult.KEPT
+        uid = (current.get("metadata") or {}).get("uid") or None
+        try:
+            existed = await delete_object(client, ref, uid=uid)
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.RECONCILE:
+                raise
+            current = None  # replaced since the check (another UID): check it again
+            continue
+        return DeleteResult.DELETED if existed else DeleteResult.GONE
+    raise _StillChangingError(f"{ref} kept being replaced while gpufed deleted it; retry later")
+
+
+async def delete_object(client: ObjectClient, ref: ObjectRef, *, uid: str | None = None) -> bool:
+    """Delete one object with background propagation, with the ``uid`` precondition when
+    given (409 when it does not hold). Returns False when it was already gone. Checks no
+    ownership: callers use :func:`delete_owned`."""
+    async for attempt in kube_retry():
+        with attempt:
+            return await client.delete(ref, propagation="Background", uid=uid)
     raise AssertionError("unreachable: kube_retry re-raises")  # pragma: no cover
 
 

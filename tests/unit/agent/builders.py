@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.api.labels import JOB_UID_LABEL
+from gpufed.api.labels import DEFAULT_ORIGIN, JOB_UID_LABEL, ORIGIN_LABEL
+from gpufed.api.work import WorkItem
 
 
 def hgx_node(
@@ -89,11 +90,17 @@ def gpu_pod(
     }
 
 
+def owned_by(uid: str, origin: str = DEFAULT_ORIGIN) -> dict[str, str]:
+    """The ownership labels of job ``uid`` of hub ``origin`` (as the hub prepares them)."""
+    return {ORIGIN_LABEL: origin, JOB_UID_LABEL: uid}
+
+
 def gpu_job(
     uid: str, name: str = "train", *, namespace: str | None = None, gpus: int = 8
 ) -> dict[str, Any]:
-    """A batch/v1 Job manifest as the hub prepares it (job UID label on it and its pods)."""
-    meta: dict[str, Any] = {"name": name, "labels": {JOB_UID_LABEL: uid}}
+    """A batch/v1 Job manifest as the hub prepares it (ownership labels on it, job UID label on
+    its pods)."""
+    meta: dict[str, Any] = {"name": name, "labels": owned_by(uid)}
     if namespace:
         meta["namespace"] = namespace
     return {
@@ -119,5 +126,39 @@ def gpu_job(
 
 
 def config_map(uid: str, name: str = "train-config", **kw: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": {JOB_UID_LABEL: uid}, **kw}
+    """A ConfigMap manifest of job ``uid`` as the hub prepares it."""
+    meta: dict[str, Any] = {"name": name, "labels": owned_by(uid), **kw}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
+
+
+def admins_object(kind: str, name: str, namespace: str = "team-a", **labels: str) -> dict[str, Any]:
+    """An object the member's admins made (no gpufed labels unless given): ``ConfigMap``,
+    ``Secret``, ``Service`` or ``Job``."""
+    api_version = "batch/v1" if kind == "Job" else "v1"
+    meta = {"name": name, "namespace": namespace, "labels": dict(labels)}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, "data": {"theirs": "1"}}
+
+
+def apply_item(uid: str, revision: int = 1, *manifests: dict[str, Any], **kw: Any) -> WorkItem:
+    """An Apply of job ``uid`` in team-a (default: one Job ``job-<uid>``)."""
+    return WorkItem(
+        job_uid=uid,
+        job=f"team-a/{uid}",
+        revision=revision,
+        op="Apply",
+        namespace="team-a",
+        manifests=manifests or (gpu_job(uid, f"job-{uid}"),),
+        **kw,
+    )
+
+
+def delete_item(uid: str, revision: int, *manifests: dict[str, Any]) -> WorkItem:
+    """A Delete of job ``uid`` in team-a, naming ``manifests`` (the hub names none)."""
+    return WorkItem(
+        job_uid=uid,
+        job=f"team-a/{uid}",
+        revision=revision,
+        op="Delete",
+        namespace="team-a",
+        manifests=manifests,
+    )

@@ -2,12 +2,15 @@
 
 :class:`MemoryCluster` behaves like an API server for the calls the apply strategies make
 (get, create with 409, server-side apply, delete with 404, namespaces, labelled lists) and can
-be told to fail the next calls with a given HTTP status.
+be told to fail the next calls with a given HTTP status. Like an API server it gives each
+object a ``uid`` and a ``resourceVersion`` and honours them as preconditions (an apply that
+names a stale ``resourceVersion``, a delete whose ``preconditions.uid`` differs: 409).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +42,16 @@ class MemoryCluster:
         self.fail_next: list[FakeApiError] = []  # raised by the next calls, in order
         self.refuse: dict[str, FakeApiError] = {}  # object name -> error on create/apply
         self.served: set[str] = {"Job.batch", "ConfigMap", "Secret", "Service"}
+        self._versions = itertools.count(1)
+
+    def _stamp(self, obj: Mapping[str, Any], *, uid: str | None = None) -> dict[str, Any]:
+        """A stored copy with server-set ``uid`` (kept when given) and a new resourceVersion."""
+        out = copy.deepcopy(dict(obj))
+        meta = out.setdefault("metadata", {})
+        n = next(self._versions)
+        meta["uid"] = uid or meta.get("uid") or f"uid-{n}"
+        meta["resourceVersion"] = str(n)
+        return out
 
     def _maybe_fail(self, op: str, what: str) -> None:
         self.calls.append((op, what))
@@ -49,9 +62,12 @@ class MemoryCluster:
         # apiVersion differences (v1 vs v2 of a group) are irrelevant here.
         return ObjectRef(ref.api_version, ref.kind, ref.namespace, ref.name)
 
-    def put(self, obj: Mapping[str, Any]) -> None:
-        """Seed an object as if it had been created earlier."""
-        self.objects[self._key(ref_of(obj))] = copy.deepcopy(dict(obj))
+    def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Seed an object as if it had been created earlier (by anyone); returns the stored
+        copy."""
+        stored = self._stamp(obj)
+        self.objects[self._key(ref_of(obj))] = stored
+        return copy.deepcopy(stored)
 
     async def get(self, ref: ObjectRef) -> dict[str, Any] | None:
         self._maybe_fail("get", str(ref))
@@ -67,8 +83,9 @@ class MemoryCluster:
             raise FakeApiError(404, f'namespaces "{ref.namespace}" not found')
         if self._key(ref) in self.objects:
             raise FakeApiError(409, f'{ref.kind} "{ref.name}" already exists')
-        self.objects[self._key(ref)] = copy.deepcopy(dict(obj))
-        return copy.deepcopy(dict(obj))
+        fresh = {**obj, "metadata": {**obj.get("metadata", {}), "uid": None}}
+        self.objects[self._key(ref)] = self._stamp(fresh)
+        return copy.deepcopy(self.objects[self._key(ref)])
 
     async def apply(
         self, obj: Mapping[str, Any], *, field_manager: str, force: bool
@@ -81,12 +98,20 @@ class MemoryCluster:
             raise self.refuse[ref.name]
         if ref.namespace not in self.namespaces:
             raise FakeApiError(404, f'namespaces "{ref.namespace}" not found')
-        self.objects[self._key(ref)] = copy.deepcopy(dict(obj))
-        return copy.deepcopy(dict(obj))
+        current = self.objects.get(self._key(ref))
+        want = (obj.get("metadata") or {}).get("resourceVersion")
+        if want and (current is None or current["metadata"]["resourceVersion"] != want):
+            raise FakeApiError(409, "the object has been modified; please apply to the latest")
+        uid = current["metadata"]["uid"] if current else None
+        self.objects[self._key(ref)] = self._stamp(obj, uid=uid)
+        return copy.deepcopy(self.objects[self._key(ref)])
 
-    async def delete(self, ref: ObjectRef, *, propagation: str) -> bool:
+    async def delete(self, ref: ObjectRef, *, propagation: str, uid: str | None = None) -> bool:
         self._maybe_fail("delete", str(ref))
         assert propagation == "Background"
+        current = self.objects.get(self._key(ref))
+        if current is not None and uid and current["metadata"].get("uid") != uid:
+            raise FakeApiError(409, f"Precondition failed: UID in precondition: {uid}")
         return self.objects.pop(self._key(ref), None) is not None
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
@@ -105,12 +130,15 @@ class MemoryCluster:
         self, kinds: Iterable[str], label_selector: str
     ) -> list[dict[str, Any]]:
         self._maybe_fail("list", label_selector)
-        key, _, value = label_selector.partition("=")
+        # Requirements ``key=value`` and ``key`` (exists), ANDed, as the API server reads them.
+        needs = [r.partition("=") for r in label_selector.split(",")]
         wanted = set(kinds) & self.served
         out = []
         for ref, obj in self.objects.items():
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if ref.kind_group in wanted and key in labels and (not value or labels[key] == value):
+            if ref.kind_group in wanted and all(
+                key in labels and (not eq or labels[key] == value) for key, eq, value in needs
+            ):
                 out.append(copy.deepcopy(obj))
         return out
 

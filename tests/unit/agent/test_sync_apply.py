@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpufed.api.labels import DEFAULT_ORIGIN
+from gpufed.api.labels import ORIGIN_LABEL as ORIGIN
 from gpufed.sync.apply import (
     ApplyResult,
     ApplyStrategy,
     ManifestRefusedError,
-    OwnedElsewhereError,
     api_error_message,
     apply_object,
     check_manifests,
@@ -19,9 +20,14 @@ from gpufed.sync.apply import (
     ref_of,
     strategy_for,
 )
+from gpufed.sync.ownership import Owner, OwnershipConflictError
 
 from .builders import config_map, gpu_job
 from .fakes import FakeApiError, MemoryCluster
+
+
+def own(uid: str) -> Owner:
+    return Owner(DEFAULT_ORIGIN, uid)
 
 
 def test_job_is_create_only_and_supporting_kinds_are_server_side_applied() -> None:
@@ -33,10 +39,13 @@ def test_job_is_create_only_and_supporting_kinds_are_server_side_applied() -> No
 def test_check_fills_namespace_and_label_and_orders_supporting_objects_first() -> None:
     job = gpu_job("uid-1")
     del job["metadata"]["labels"]
-    out = check_manifests([job, config_map("uid-1")], namespace="team-a", job_uid="uid-1")
+    out = check_manifests([job, config_map("uid-1")], namespace="team-a", owner=own("uid-1"))
     assert [o["kind"] for o in out] == ["ConfigMap", "Job"]
     assert out[1]["metadata"]["namespace"] == "team-a"
-    assert out[1]["metadata"]["labels"] == {"gpufed.io/job-uid": "uid-1"}
+    assert out[1]["metadata"]["labels"] == {
+        "gpufed.io/job-uid": "uid-1",
+        "gpufed.io/origin": DEFAULT_ORIGIN,
+    }
     assert "namespace" not in job["metadata"]  # the input is not modified
 
 
@@ -54,6 +63,10 @@ def test_check_fills_namespace_and_label_and_orders_supporting_objects_first() -
         ),
         ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}}, "not allowed"),
         (gpu_job("someone-else"), "is not this job's UID"),
+        (
+            {**gpu_job("uid-1"), "metadata": {"name": "x", "labels": {ORIGIN: "other-hub"}}},
+            "'other-hub' is not this agent's hub origin 'gpufed-hub' (start the agent with",
+        ),
         ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {}}, "metadata.name: missing"),
         ({"kind": "Job", "metadata": {"name": "x"}}, "apiVersion: missing"),
     ],
@@ -62,7 +75,7 @@ def test_manifests_outside_the_job_namespace_or_allow_list_are_refused(
     manifest: dict[str, object], fragment: str
 ) -> None:
     with pytest.raises(ManifestRefusedError, match="manifests\\[0\\]") as err:
-        check_manifests([manifest], namespace="team-a", job_uid="uid-1")
+        check_manifests([manifest], namespace="team-a", owner=own("uid-1"))
     assert fragment in str(err.value)
 
 
@@ -76,10 +89,10 @@ def test_main_workload_is_the_first_workload_kind() -> None:
 async def test_create_only_creates_then_adopts_without_updating() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, job, job_uid="uid-1") is ApplyResult.CREATED
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
+    assert await apply_object(api, job, owner=own("uid-1")) is ApplyResult.CREATED
     changed = {**job, "spec": {"parallelism": 99}}
-    assert await apply_object(api, changed, job_uid="uid-1") is ApplyResult.ADOPTED
+    assert await apply_object(api, changed, owner=own("uid-1")) is ApplyResult.ADOPTED
     assert api.objects[ref_of(job)]["spec"] == job["spec"]  # never updated
     # A new job costs one request; an existing one is found by the 409 and read once.
     assert [op for op, _ in api.calls] == ["create", "create", "get"]
@@ -88,17 +101,17 @@ async def test_create_only_creates_then_adopts_without_updating() -> None:
 async def test_a_job_that_ran_is_not_created_again() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, job, job_uid="uid-1", may_create=False) is ApplyResult.MISSING
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
+    assert await apply_object(api, job, owner=own("uid-1"), may_create=False) is ApplyResult.MISSING
     assert not api.objects
-    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, cm, job_uid="uid-1", may_create=False) is ApplyResult.MISSING
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
+    assert await apply_object(api, cm, owner=own("uid-1"), may_create=False) is ApplyResult.MISSING
 
 
 async def test_create_race_409_is_adopted_after_reread() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
 
     real_create = api.create
 
@@ -107,42 +120,50 @@ async def test_create_race_409_is_adopted_after_reread() -> None:
         return await real_create(obj)
 
     api.create = create_racing  # type: ignore[method-assign]
-    assert await apply_object(api, job, job_uid="uid-1") is ApplyResult.ADOPTED
+    assert await apply_object(api, job, owner=own("uid-1")) is ApplyResult.ADOPTED
 
 
 async def test_name_taken_by_another_job_is_reported_not_overwritten() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    api.put(check_manifests([gpu_job("old-uid")], namespace="team-a", job_uid="old-uid")[0])
-    job = check_manifests([gpu_job("new-uid")], namespace="team-a", job_uid="new-uid")[0]
-    with pytest.raises(OwnedElsewhereError, match="belongs to job old-uid"):
-        await apply_object(api, job, job_uid="new-uid")
-    cm = check_manifests([config_map("new-uid")], namespace="team-a", job_uid="new-uid")[0]
+    theirs = api.put(
+        check_manifests([gpu_job("old-uid")], namespace="team-a", owner=own("old-uid"))[0]
+    )
+    job = check_manifests([gpu_job("new-uid")], namespace="team-a", owner=own("new-uid"))[0]
+    with pytest.raises(OwnershipConflictError, match="belongs to job 'old-uid' of this hub") as err:
+        await apply_object(api, job, owner=own("new-uid"), member="us-east")
+    assert err.value.retryable is False  # a live job's object: retrying cannot help
+    assert api.objects[ref_of(job)] == theirs
+    cm = check_manifests([config_map("new-uid")], namespace="team-a", owner=own("new-uid"))[0]
     api.put({**cm, "metadata": {**cm["metadata"], "labels": {}}})
-    with pytest.raises(OwnedElsewhereError, match="no gpufed job"):
-        await apply_object(api, cm, job_uid="new-uid", may_create=False)
+    with pytest.raises(OwnershipConflictError, match="carries no gpufed ownership labels"):
+        await apply_object(api, cm, owner=own("new-uid"), may_create=False)
 
 
-async def test_server_side_apply_uses_field_manager_gpufed_and_force() -> None:
+async def test_server_side_apply_over_own_object_is_conditional_on_the_version_read() -> None:
+    """A new object costs one create; an existing one of this job is read, checked and applied
+    (field manager gpufed, force) with the resourceVersion read as precondition."""
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED
-    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED  # idempotent
-    assert [op for op, _ in api.calls] == ["apply", "apply"]
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
+    assert await apply_object(api, cm, owner=own("uid-1")) is ApplyResult.CREATED
+    uid = api.objects[ref_of(cm)]["metadata"]["uid"]
+    assert await apply_object(api, cm, owner=own("uid-1")) is ApplyResult.APPLIED  # idempotent
+    assert [op for op, _ in api.calls] == ["create", "create", "get", "apply"]
+    assert api.objects[ref_of(cm)]["metadata"]["uid"] == uid  # the same object, updated
 
 
 async def test_temporary_errors_retry_and_rejections_do_not() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    cm = check_manifests([config_map("uid-1")], namespace="team-a", job_uid="uid-1")[0]
+    cm = check_manifests([config_map("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
     api.fail_next = [FakeApiError(503, "etcd leader changed"), FakeApiError(429, "slow down")]
-    assert await apply_object(api, cm, job_uid="uid-1") is ApplyResult.APPLIED
+    assert await apply_object(api, cm, owner=own("uid-1")) is ApplyResult.CREATED
     assert len(api.calls) == 3
     api.calls.clear()
     api.fail_next = [FakeApiError(422, 'ConfigMap "x" is invalid: data: Invalid value')]
     with pytest.raises(FakeApiError) as err:
-        await apply_object(api, cm, job_uid="uid-1")
+        await apply_object(api, cm, owner=own("uid-1"))
     assert len(api.calls) == 1
     assert api_error_message(err.value) == 'ConfigMap "x" is invalid: data: Invalid value'
 
@@ -176,8 +197,8 @@ async def test_a_created_namespace_carries_the_pod_security_level_and_an_existin
 async def test_delete_reports_whether_the_object_existed() -> None:
     api = MemoryCluster()
     api.namespaces["team-a"] = {}
-    job = check_manifests([gpu_job("uid-1")], namespace="team-a", job_uid="uid-1")[0]
-    await apply_object(api, job, job_uid="uid-1")
+    job = check_manifests([gpu_job("uid-1")], namespace="team-a", owner=own("uid-1"))[0]
+    await apply_object(api, job, owner=own("uid-1"))
     assert await delete_object(api, ref_of(job)) is True
     assert await delete_object(api, ref_of(job)) is False
 

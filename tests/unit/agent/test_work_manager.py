@@ -3,34 +3,14 @@ stale revisions, refusals, deletes, and the reconcile after a reconnect."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from gpufed.agent.work import WorkManager
-from gpufed.api.work import WorkAck, WorkItem
+from gpufed.api.work import WorkAck
 from gpufed.sync.apply import ref_of
 
-from .builders import config_map, gpu_job
+from .builders import apply_item, config_map, delete_item, gpu_job
 from .fakes import FakeApiError, MemoryCluster, RecordingStatus
-
-
-def apply_item(uid: str, revision: int = 1, *manifests: dict[str, Any], **kw: Any) -> WorkItem:
-    return WorkItem(
-        job_uid=uid,
-        job=f"team-a/{uid}",
-        revision=revision,
-        op="Apply",
-        namespace="team-a",
-        manifests=manifests or (gpu_job(uid, f"job-{uid}"),),
-        **kw,
-    )
-
-
-def delete_item(uid: str, revision: int) -> WorkItem:
-    return WorkItem(
-        job_uid=uid, job=f"team-a/{uid}", revision=revision, op="Delete", namespace="team-a"
-    )
 
 
 class Harness:
@@ -166,15 +146,15 @@ async def test_a_job_applied_by_this_agent_is_not_recreated_after_it_vanished() 
     assert [a.revision for a in h.acks] == [1]
 
 
-async def test_object_of_another_job_with_the_same_name_fails_retryable() -> None:
+async def test_object_of_another_live_job_with_the_same_name_fails_for_good() -> None:
     h = Harness()
     h.work.submit(apply_item("old", 1, gpu_job("old", "train")))
     await h.work.idle()
     h.work.submit(apply_item("new", 1, gpu_job("new", "train")))
     await h.work.idle()
     ack = h.acks[-1]
-    assert (ack.job_uid, ack.result, ack.retryable) == ("new", "Failed", True)
-    assert "belongs to job old" in ack.message
+    assert (ack.job_uid, ack.result, ack.retryable) == ("new", "Failed", False)
+    assert "belongs to job 'old' of this hub" in ack.message
     owner = h.api.objects[
         ref_of({**gpu_job("old", "train"), "metadata": {"name": "train", "namespace": "team-a"}})
     ]

@@ -66,3 +66,36 @@ async def test_a_reconnect_gets_the_desired_set_first_without_deleted_jobs_then_
     assert s.closed is not None
     assert s.closed.code == "ABORTED", "the old stream is replaced"
     assert sent(again) == [("desired_set", "keep", 0), ("delete", "gone", delete_rev)]
+
+
+async def test_an_ownership_conflict_fails_the_job_with_the_agents_message_and_an_event() -> None:
+    """The agent answers an Apply whose object name is someone else's in the member with a
+    non-retryable Failed ack; the GPUJob turns Failed (MemberRejected) naming the object and
+    the member, an Event says the same, and the job's own objects there are deleted."""
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"))
+    s = t.connect("m1")
+    sent(s)
+    await placed(t, "u1")
+    [(_, uid, rev)] = sent(s)
+    message = (
+        "ConfigMap team-a/settings exists in member m1 and is not owned by this job "
+        f"(gpufed.io/job-uid={uid}, gpufed.io/origin=gpufed-hub; it carries no gpufed ownership "
+        "labels): rename it in the GPUJob or delete the member's object"
+    )
+    t.ctrl.heard(s)
+    await t.ctrl.handle(
+        s, WorkAck(job_uid=uid, revision=rev, result="Failed", message=message, retryable=False)
+    )
+    await settle()
+    status = t.ctrl.state.jobs[uid].status
+    assert status.phase == "Failed"
+    assert message in status.message
+    dispatched = next(c for c in status.conditions if c.type == "Dispatched")
+    assert (dispatched.status, dispatched.reason, dispatched.message) == (
+        "False",
+        "MemberRejected",
+        message,
+    )
+    assert ("job-u1", "MemberRejected", message) in t.kube.events
+    assert [op for op, u, _ in sent(s) if u == uid] == ["delete"]
