@@ -373,8 +373,11 @@ def prepare_manifests(
     for ref in workload_pod_templates(prepared_template):
         pod_template = ref.template
         assert isinstance(pod_template, dict)  # our own deep copy
-        pod_meta = pod_template.setdefault("metadata", {})
-        labels = pod_meta.setdefault("labels", {})
+        pod_meta = pod_template.get("metadata") or {}
+        labels = pod_meta.get("labels") or {} if isinstance(pod_meta, dict) else None
+        if not isinstance(labels, dict):
+            raise ManifestError(f"{ref.path}.metadata", "must be an object with a labels map")
+        pod_template["metadata"], pod_meta["labels"] = pod_meta, labels
         labels[ORIGIN_LABEL] = label_value(origin)
         labels[JOB_UID_LABEL] = label_value(job_uid)
         where = pinning.get(ref.pod_set)
