@@ -10,10 +10,21 @@ Vocabulary (docs/design.md §3): *free* = max(0, allocatable - requested) per no
 their resources). Summaries for people count whole GPUs (``nvidia.com/gpu``) on Ready,
 schedulable nodes and ignore taints; a node with the MIG ``single`` strategy exposes MIG slices
 under ``nvidia.com/gpu``, so it holds no whole GPUs.
+
+**What an agent may report** (checked by the hub where a report enters,
+:func:`gpufed.api.protocol.codec.node_from_pb` and :mod:`gpufed.hub.sessions`; a report past
+these is refused whole and the last good inventory kept): node names are DNS-1123 subdomains
+(at most 253 characters, as Kubernetes Node names); label and taint keys are qualified names
+and values label values; every amount is between 0 and 2^63 - 1, and an extended resource
+(``nvidia.com/gpu``, MIG slices) at most :data:`MAX_DEVICES_PER_NODE` per node; at most
+:data:`MAX_NODE_LABELS` labels, :data:`MAX_NODE_TAINTS` taints, :data:`MAX_NODE_RESOURCES`
+resource names per map, :data:`MAX_NODE_JOBS` jobs per node, :data:`MAX_NODES_PER_MEMBER`
+nodes per member.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +39,44 @@ from gpufed.api.labels import (
     GPU_RESOURCE,
     MIG_STRATEGY_LABEL,
 )
+
+#: Most nodes one member may report (GKE's largest supported cluster is 15,000 nodes).
+MAX_NODES_PER_MEMBER = 15_000
+#: Most of one extended resource a node may offer (an HGX node has 8 GPUs, 56 MIG slices).
+MAX_DEVICES_PER_NODE = 4096
+#: Most labels, taints, resource names (per map) and job entries on one reported node.
+MAX_NODE_LABELS = 1024
+MAX_NODE_TAINTS = 256
+MAX_NODE_RESOURCES = 256
+MAX_NODE_JOBS = 1024
+#: Largest amount of any resource (Kubernetes' int64).
+MAX_AMOUNT = 2**63 - 1
+
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def is_dns1123_subdomain(name: str) -> bool:
+    """Kubernetes object names such as Node names: lowercase alphanumerics, ``-`` and ``.``,
+    alphanumeric at both ends of each dot-separated part, 1 to 253 characters."""
+    return 0 < len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+
+
+def is_qualified_name(key: str) -> bool:
+    """Kubernetes label, taint and resource keys: ``[prefix/]name``, a DNS-1123 subdomain
+    prefix and a name of 1 to 63 characters (``nvidia.com/gpu.product``)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not is_dns1123_subdomain(prefix):
+        return False
+    return 0 < len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name) is not None
+
+
+def is_label_value(value: str) -> bool:
+    """Kubernetes label values: empty, or at most 63 characters of ``[A-Za-z0-9._-]``,
+    alphanumeric at both ends."""
+    return len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
+
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 MigStrategy = Literal["none", "single", "mixed"]

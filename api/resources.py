@@ -15,6 +15,21 @@ and ``"1Ki"`` mean what they mean to the API server. This module is the one plac
 and formats quantities: :func:`parse_quantity` reads them, :func:`to_canonical` and
 :func:`canonical_quantity` normalise them (to an integer, or to the string the API server
 prints back), :func:`format_quantity` renders integers.
+
+**Bounds, checked before any parsing or arithmetic** (a quantity is tenant input: a GPUJob
+template is stored by the hub API server without any quantity validation). Python's
+``Decimal`` and ``math.ceil`` turn ``"1e999999"`` into a million-digit integer (about 30 s of
+one CPU core), so :func:`parse_quantity` first refuses:
+
+- strings longer than :data:`MAX_QUANTITY_CHARS` (64; the longest exact form of any value
+  Kubernetes can hold, 19 integer digits, 9 fractional digits (nano) and a suffix, is 31);
+- strings outside the Kubernetes quantity grammar (``resource.Quantity``: a sign, digits with an
+  optional fraction, then a binary suffix ``Ki..Ei``, a decimal suffix ``n u m k M G T P E`` or a
+  decimal exponent ``e<int>``; so ``"1K"`` is refused as the API server refuses it);
+- a decimal exponent outside ``±``:data:`MAX_QUANTITY_EXPONENT` (64);
+- values above :data:`MAX_QUANTITY` = 2^63 - 1 base units, the largest amount Kubernetes holds
+  (``resource.Quantity`` caps binary-suffixed values there and its int64 accessors overflow
+  past it), checked on the digits and the exponent before the value is built.
 """
 
 from __future__ import annotations
@@ -41,6 +56,22 @@ _DECIMAL_SUFFIXES = ("m", "", "k", "M", "G", "T", "P", "E")
 # no "n"/"u": what a fleet file may give for a node's cpu or memory.
 _PLAIN_QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _NATIVE = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+
+#: Longest quantity string accepted (characters); see the module docstring.
+MAX_QUANTITY_CHARS = 64
+#: Largest decimal exponent (``e`` suffix, either sign) accepted.
+MAX_QUANTITY_EXPONENT = 64
+#: Largest quantity accepted, in base units (2^63 - 1, Kubernetes' int64).
+MAX_QUANTITY = 2**63 - 1
+# The Kubernetes grammar (k8s.io/apimachinery resource.Quantity): sign, number, suffix.
+_K8S_QUANTITY = re.compile(
+    r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+)
+# Decimal power of each suffix; binary suffixes by the power of ten just above 1024**i.
+_SUFFIX_POWER10 = {
+    "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+    "Ki": 4, "Mi": 7, "Gi": 10, "Ti": 13, "Pi": 16, "Ei": 19,
+}  # fmt: skip
 
 
 class QuantityError(ValueError):
@@ -71,18 +102,71 @@ def parse_quantity(value: str | int | float | Decimal, *, field: str = "quantity
     """
     if isinstance(value, bool):
         raise QuantityError(f"{field}: {value!r} is not a quantity (use a number such as 8 or '8')")
+    if isinstance(value, str):
+        _check_quantity_string(value, field)
+    elif isinstance(value, int) and value > MAX_QUANTITY:
+        raise QuantityError(f"{field}: {_show(value)} is larger than Kubernetes can hold")
+    elif (
+        isinstance(value, (float, Decimal))
+        and math.isfinite(value)
+        and abs(Decimal(value)) > MAX_QUANTITY
+    ):
+        raise QuantityError(f"{field}: {value!r} is larger than Kubernetes can hold")
     try:
         parsed: Decimal = _k8s_parse_quantity(value)  # type: ignore[no-untyped-call]
     except (ValueError, InvalidOperation, TypeError) as exc:
         raise QuantityError(
-            f"{field}: {value!r} is not a Kubernetes quantity "
+            f"{field}: {_show(value)} is not a Kubernetes quantity "
             "(examples: 8, '500m', '1Gi', '937500k')"
         ) from exc
     if not parsed.is_finite():
-        raise QuantityError(f"{field}: {value!r} is not a finite quantity")
+        raise QuantityError(f"{field}: {_show(value)} is not a finite quantity")
     if parsed < 0:
-        raise QuantityError(f"{field}: {value!r} is negative; quantities must be >= 0")
+        raise QuantityError(f"{field}: {_show(value)} is negative; quantities must be >= 0")
+    if parsed > MAX_QUANTITY:
+        raise QuantityError(
+            f"{field}: {_show(value)} is larger than Kubernetes can hold ({MAX_QUANTITY})"
+        )
     return parsed
+
+
+def _check_quantity_string(value: str, field: str) -> None:
+    """The bounds of the module docstring, on the string alone (no number is built)."""
+    if len(value) > MAX_QUANTITY_CHARS:
+        raise QuantityError(
+            f"{field}: {_show(value)} is {len(value)} characters long; a Kubernetes quantity "
+            f"needs at most {MAX_QUANTITY_CHARS} (examples: 8, '500m', '1Gi')"
+        )
+    m = _K8S_QUANTITY.fullmatch(value)
+    if m is None or not (m.group(2) or m.group(3)):
+        raise QuantityError(
+            f"{field}: {value!r} is not a Kubernetes quantity "
+            "(examples: 8, '500m', '1Gi', '937500k', '1e3')"
+        )
+    sign, whole, _, suffix = m.groups()
+    power = _SUFFIX_POWER10.get(suffix or "", 0)
+    if suffix and suffix not in _SUFFIX_POWER10:  # a decimal exponent, e<int>
+        exponent = int(suffix[1:])  # at most 62 digits: the string is short
+        if abs(exponent) > MAX_QUANTITY_EXPONENT:
+            raise QuantityError(
+                f"{field}: {value!r} has the exponent {exponent}; quantities allow exponents "
+                f"from -{MAX_QUANTITY_EXPONENT} to {MAX_QUANTITY_EXPONENT} (write '8', '500m')"
+            )
+        power = exponent
+    digits = len(whole.lstrip("0"))
+    if sign != "-" and digits and digits + power > 20:
+        # At least 10^(digits + power - 1) > 2^63 - 1 (about 9.2e18).
+        raise QuantityError(
+            f"{field}: {value!r} is larger than Kubernetes can hold ({MAX_QUANTITY})"
+        )
+
+
+def _show(value: object) -> str:
+    """``repr`` cut to 80 characters (never the whole of a huge input in a message)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:40]}…({len(text)} characters)"
 
 
 def to_canonical(resource: str, value: str | int | float | Decimal, *, field: str = "") -> int:

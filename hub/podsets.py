@@ -14,6 +14,11 @@ Called by the hub's intake for every new GPUJob. Which pods a workload runs at o
 Per-pod requests are the effective requests kube-scheduler computes
 (:func:`gpufed.api.resources.pod_requests`: limits fill missing requests, init containers count
 as their maximum, pod overhead is added). Errors name the GPUJob field.
+
+Bounded input (docs/design.md §4): the template's depth, value count and size are checked
+first (:func:`gpufed.api.bounds.measure`), every quantity before it is parsed
+(:mod:`gpufed.api.resources`), and pod counts (``parallelism``, ``completions``, ``replicas``)
+are int32 as in Kubernetes; a job past a limit is invalid, naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpufed.api.bounds import BoundsError, clip, measure
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.inventory import Toleration
 from gpufed.api.request import (
@@ -51,6 +57,8 @@ class InvalidJobError(ValueError):
     """
 
     def __init__(self, field: str, message: str) -> None:
+        # Messages may quote tenant input: clipped, so the status that carries them fits.
+        field, message = clip(field, 256), clip(message)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
@@ -59,9 +67,14 @@ class InvalidJobError(ValueError):
 def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
     """The pod sets of a GPUJob template (see the module doc for the rules).
 
-    Raises :class:`InvalidJobError` naming the field: no workload in the template, a negative or
-    non-integer count, a bad quantity, a malformed toleration.
+    Raises :class:`InvalidJobError` naming the field: a template past the structural limits
+    (:mod:`gpufed.api.bounds`), no workload in the template, a negative, non-integer or
+    larger than int32 count, a bad quantity, a malformed toleration.
     """
+    try:
+        measure(template, field="spec.template")
+    except BoundsError as exc:
+        raise InvalidJobError(exc.field, exc.message) from exc
     try:
         templates = workload_pod_templates(template)
     except ManifestError as exc:
@@ -113,6 +126,8 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
 
 #: Largest amount Kubernetes (and ``GPUJob.status.gpus``, an int64) can hold.
 INT64_MAX = 2**63 - 1
+#: Largest pod count field (``parallelism``, ``completions``, ``replicas`` are int32).
+INT32_MAX = 2**31 - 1
 
 
 def _check_int64(requests: Mapping[str, int], count: int, ref: PodTemplateRef) -> None:
@@ -138,7 +153,11 @@ def _int(value: Any, field: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobError(field, f"{value!r} is not an integer")
     if value < 0:
-        raise InvalidJobError(field, f"{value} is negative")
+        raise InvalidJobError(
+            field, f"{value} is negative" if value > -INT32_MAX else "is negative"
+        )
+    if value > INT32_MAX:
+        raise InvalidJobError(field, f"is larger than {INT32_MAX} (Kubernetes counts are int32)")
     return value
 
 

@@ -16,7 +16,12 @@ Inventory rules (api/protocol/agent.proto):
   replaced only when a complete, valid snapshot arrived;
 - a delta must carry exactly the previous ``seq + 1``; otherwise the hub sends a
   ``ResyncRequest`` and ignores deltas until the next complete snapshot;
-- deltas before the first snapshot of a stream are ignored (the agent sends a snapshot first).
+- deltas before the first snapshot of a stream are ignored (the agent sends a snapshot first);
+- bounded (docs/design.md §4): a snapshot has at most :data:`MAX_SNAPSHOT_PARTS` parts and
+  :data:`MAX_SNAPSHOT_BYTES` bytes in all, a member at most
+  :data:`gpufed.api.inventory.MAX_NODES_PER_MEMBER` nodes (counted over the snapshot and every
+  delta), a delta at most as many upserts and removals; past a limit the stream closes with
+  INVALID_ARGUMENT naming it, and the stored inventory stays the last good one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Literal
 
 import structlog
 
-from gpufed.api.inventory import NodeInventory
+from gpufed.api.inventory import MAX_NODES_PER_MEMBER, NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import (
     ProtocolError,
@@ -52,6 +57,12 @@ log = structlog.get_logger("gpufed.hub.sessions")
 PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
 #: Budget of one DesiredSet part (agents' gRPC clients accept 4 MiB by default).
 DESIRED_PART_BYTES = 1024 * 1024
+
+#: Most parts of one inventory snapshot, and their total encoded size (bytes).
+MAX_SNAPSHOT_PARTS = 1024
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+#: Most served kinds one agent may name (each at most 253 characters).
+MAX_SERVED_KINDS = 256
 
 CloseCode = Literal["INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAVAILABLE", "ABORTED"]
 
@@ -96,6 +107,9 @@ class AgentSession:
     _snap_next: int = 0
     _snap_nodes: list[NodeInventory] = field(default_factory=list)
     _snap_kinds: list[str] = field(default_factory=list)
+    _snap_bytes: int = 0
+    #: node names the hub holds for this stream (snapshot, then deltas): the per-member cap
+    _node_names: set[str] = field(default_factory=set)
 
     def send(self, msg: pb.HubMessage) -> None:
         """Queue one message for the agent (dropped once the stream is closing)."""
@@ -188,7 +202,7 @@ class AgentSession:
         """
         if msg.part == 0:
             self._snap_seq, self._snap_next = msg.seq, 0
-            self._snap_nodes, self._snap_kinds = [], []
+            self._snap_nodes, self._snap_kinds, self._snap_bytes = [], [], 0
         elif msg.seq != self._snap_seq or msg.part != self._snap_next:
             expected = (
                 "a part 0"
@@ -201,6 +215,17 @@ class AgentSession:
                 f"inventory snapshot seq {msg.seq} part {msg.part} is out of order "
                 f"(expected {expected})",
             )
+        self._snap_bytes += msg.ByteSize()
+        too_much = _snapshot_limit(
+            part=msg.part,
+            size=self._snap_bytes,
+            nodes=len(self._snap_nodes) + len(msg.nodes),
+            kinds=msg.served_kinds,
+            kinds_before=len(self._snap_kinds),
+        )
+        if too_much is not None:
+            self._snap_seq = None
+            raise StreamClosedError("INVALID_ARGUMENT", f"inventory snapshot: {too_much}")
         try:
             self._snap_nodes.extend(node_from_pb(n) for n in msg.nodes)
         except ProtocolError as exc:
@@ -216,6 +241,7 @@ class AgentSession:
             self._snap_seq = None
             raise StreamClosedError("INVALID_ARGUMENT", "inventory snapshot names a node twice")
         self._snap_seq, self._snap_nodes, self._snap_kinds = None, [], []
+        self._node_names = set(names)
         self.inventory_seq = msg.seq
         self.awaiting_snapshot = False
         return InventorySnapshot(
@@ -237,12 +263,40 @@ class AgentSession:
                 "send a full snapshot"
             )
             return None
+        if len(msg.upserts) > MAX_NODES_PER_MEMBER or len(msg.removed) > MAX_NODES_PER_MEMBER:
+            raise StreamClosedError(
+                "INVALID_ARGUMENT",
+                f"inventory delta: more than {MAX_NODES_PER_MEMBER} upserts or removals",
+            )
         try:
             upserts = tuple(node_from_pb(n) for n in msg.upserts)
         except ProtocolError as exc:
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory delta: {exc}") from exc
+        names = (self._node_names - set(msg.removed)) | {n.name for n in upserts}
+        if len(names) > MAX_NODES_PER_MEMBER:
+            raise StreamClosedError(
+                "INVALID_ARGUMENT",
+                f"inventory delta: the member would have {len(names)} nodes; at most "
+                f"{MAX_NODES_PER_MEMBER} are allowed",
+            )
+        self._node_names = names
         self.inventory_seq = msg.seq
         return InventoryDelta(seq=msg.seq, upserts=upserts, removed=tuple(msg.removed))
+
+
+def _snapshot_limit(
+    *, part: int, size: int, nodes: int, kinds: Sequence[str], kinds_before: int
+) -> str | None:
+    """Which snapshot bound (module docstring) a part crosses, or None."""
+    if part >= MAX_SNAPSHOT_PARTS:
+        return f"part {part}: at most {MAX_SNAPSHOT_PARTS} parts are allowed"
+    if size > MAX_SNAPSHOT_BYTES:
+        return f"more than {MAX_SNAPSHOT_BYTES} bytes in all parts"
+    if nodes > MAX_NODES_PER_MEMBER:
+        return f"more than {MAX_NODES_PER_MEMBER} nodes (the most one member may report)"
+    if kinds_before + len(kinds) > MAX_SERVED_KINDS or any(len(k) > 253 for k in kinds):
+        return f"more than {MAX_SERVED_KINDS} served kinds, or one longer than 253 characters"
+    return None
 
 
 def _parts(items: list[pb.WorkItem]) -> list[pb.DesiredSet]:

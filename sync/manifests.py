@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufed.api.bounds import BoundsError, clip, measure
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import (
     GPU_CLIQUE_LABEL,
@@ -85,6 +86,8 @@ class ManifestError(ValueError):
     """
 
     def __init__(self, field: str, message: str) -> None:
+        # Messages may quote tenant input: clipped, so the status that carries them fits.
+        field, message = clip(field, 256), clip(message)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
@@ -313,8 +316,13 @@ def prepare_manifests(
     :func:`workload_pod_templates` gives them). The input is not modified.
 
     Raises :class:`ManifestError` naming the field for a refused kind, a foreign namespace, a
-    cluster-scoped attempt or a List item without a name.
+    cluster-scoped attempt or a List item without a name, and for a template past the
+    structural limits of :mod:`gpufed.api.bounds` (checked first: the copies below recurse).
     """
+    try:
+        measure(template, field="spec.template")
+    except BoundsError as exc:
+        raise ManifestError(exc.field, exc.message) from exc
     allowed = frozenset(allowed_kinds)
     objects = template_objects(template)
     prepared: list[dict[str, Any]] = []
@@ -365,8 +373,11 @@ def prepare_manifests(
     for ref in workload_pod_templates(prepared_template):
         pod_template = ref.template
         assert isinstance(pod_template, dict)  # our own deep copy
-        pod_meta = pod_template.setdefault("metadata", {})
-        labels = pod_meta.setdefault("labels", {})
+        pod_meta = pod_template.get("metadata") or {}
+        labels = pod_meta.get("labels") or {} if isinstance(pod_meta, dict) else None
+        if not isinstance(labels, dict):
+            raise ManifestError(f"{ref.path}.metadata", "must be an object with a labels map")
+        pod_template["metadata"], pod_meta["labels"] = pod_meta, labels
         labels[ORIGIN_LABEL] = label_value(origin)
         labels[JOB_UID_LABEL] = label_value(job_uid)
         where = pinning.get(ref.pod_set)

@@ -3,7 +3,9 @@
 The one adapter for the agent transport: the hub's servicer and the agent's stream client call
 these functions at the edge and work with pydantic models everywhere else. Decoding validates:
 a malformed message raises :class:`ProtocolError` with the field named, so the caller can close
-that stream with a reason and keep everything already stored.
+that stream with a reason and keep everything already stored. A node is checked against the
+reporting rules of :mod:`gpufed.api.inventory` (names, label syntax, amounts, counts), and the
+counts before any map is copied out of the message.
 """
 
 from __future__ import annotations
@@ -13,8 +15,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufed.api.inventory import NodeInventory, Taint
+from gpufed.api.inventory import (
+    MAX_AMOUNT,
+    MAX_DEVICES_PER_NODE,
+    MAX_NODE_JOBS,
+    MAX_NODE_LABELS,
+    MAX_NODE_RESOURCES,
+    MAX_NODE_TAINTS,
+    NodeInventory,
+    Taint,
+    is_dns1123_subdomain,
+    is_label_value,
+    is_qualified_name,
+)
 from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.resources import is_extended_resource
 from gpufed.api.stream import AgentHello
 from gpufed.api.work import (
     AckResult,
@@ -81,7 +96,11 @@ def node_to_pb(node: NodeInventory) -> pb.Node:
 
 
 def node_from_pb(msg: pb.Node) -> NodeInventory:
-    """Decode and validate one node; raises :class:`ProtocolError` naming the node and field."""
+    """Decode and validate one node; raises :class:`ProtocolError` naming the node and field
+    (the reporting rules of :mod:`gpufed.api.inventory`)."""
+    problem = _node_problem(msg)
+    if problem is not None:
+        raise ProtocolError(f"node {_quote(msg.name)}: {problem}")
     try:
         return NodeInventory(
             name=msg.name,
@@ -104,6 +123,54 @@ def node_from_pb(msg: pb.Node) -> NodeInventory:
         )
     except ValidationError as exc:
         raise ProtocolError(f"node {msg.name!r}: {_first_error(exc)}") from exc
+
+
+def _node_problem(msg: pb.Node) -> str | None:
+    """What is wrong with a reported node, or None. Counts first: nothing is copied before."""
+    if not is_dns1123_subdomain(msg.name):
+        return "name must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.'; 1-253 characters)"
+    counts = (
+        ("labels", len(msg.labels), MAX_NODE_LABELS),
+        ("taints", len(msg.taints), MAX_NODE_TAINTS),
+        ("allocatable", len(msg.allocatable), MAX_NODE_RESOURCES),
+        ("requested", len(msg.requested), MAX_NODE_RESOURCES),
+        ("job_requests", len(msg.job_requests), MAX_NODE_JOBS),
+    )
+    for name, n, limit in counts:
+        if n > limit:
+            return f"{name}: {n} entries, at most {limit} allowed"
+    for key, value in msg.labels.items():
+        if not is_qualified_name(key):
+            return f"labels: key {_quote(key)} is not a qualified name ([prefix/]name)"
+        if not is_label_value(value):
+            return f"labels[{key}]: {_quote(value)} is not a valid label value"
+    for i, t in enumerate(msg.taints):
+        if not is_qualified_name(t.key) or not is_label_value(t.value):
+            return f"taints[{i}]: key {_quote(t.key)} or value {_quote(t.value)} is not valid"
+    for field, text in (("gpu_product", msg.gpu_product), ("rack", msg.rack), ("block", msg.block)):
+        if not is_label_value(text):
+            return f"{field}: {_quote(text)} is not a valid label value"
+    if len(msg.nvlink_domain) > 320 or len(msg.degraded) > 1024:
+        return "nvlink_domain (320) or degraded (1024) is longer than allowed"
+    maps = [("allocatable", msg.allocatable), ("requested", msg.requested)]
+    for uid, r in msg.job_requests.items():
+        if not 0 < len(uid) <= 128:
+            return f"job_requests: key {_quote(uid)} is not a job UID"
+        if len(r.amounts) > MAX_NODE_RESOURCES:
+            return f"job_requests[{uid}]: more than {MAX_NODE_RESOURCES} resources"
+        maps.append((f"job_requests[{uid}]", r.amounts))
+    for field, amounts in maps:
+        for resource, amount in amounts.items():
+            if not is_qualified_name(resource):
+                return f"{field}: {_quote(resource)} is not a resource name"
+            limit = MAX_DEVICES_PER_NODE if is_extended_resource(resource) else MAX_AMOUNT
+            if not 0 <= amount <= limit:
+                return f"{field}[{resource}]: {amount} is outside 0..{limit}"
+    return None
+
+
+def _quote(text: str) -> str:
+    return repr(text) if len(text) <= 64 else f"{text[:48]!r}…({len(text)} characters)"
 
 
 # --- work ----------------------------------------------------------------------------------------

@@ -119,6 +119,22 @@ async def test_bad_streams_are_closed_with_a_reason_and_others_carry_on(
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert "odd" in details
 
+        # An 8-GPU node reporting -1000 requested GPUs (it would show 1,008 free): closed, named.
+        m2 = FakeAgent(hub.grpc_port, "m2", t2, ca)
+        await m2.connect()
+        (negative,) = [node_to_pb(n) for n in hgx_nodes("m2-neg", 1)]
+        negative.requested["nvidia.com/gpu"] = -1000
+        await m2.send(
+            pb.AgentMessage(
+                inventory_snapshot=pb.InventorySnapshot(
+                    seq=10, part=0, final=True, nodes=[negative]
+                )
+            )
+        )
+        code, details = await closed_with(m2)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node 'm2-neg-0': requested[nvidia.com/gpu]: -1000 is outside" in details
+
         # The good stream carried on through all of it; nothing stored changed.
         await good.send(pb.AgentMessage(heartbeat=pb.Heartbeat(inventory_seq=1)))
         await hub_api.create_job("two", gpu_job(8))
