@@ -15,9 +15,11 @@ account.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,13 +41,40 @@ NAMESPACES = "namespaces"
 JSON_PATCH = "application/json-patch+json"
 
 
+#: The API server stores objects nested up to 10,000 levels deep (its JSON decoder's limit);
+#: Python's decoder recurses once per level and stops at the interpreter's recursion limit
+#: (1,000 by default), so one such GPUJob used to fail every list of the hub and end every
+#: leader term. Replies are decoded with this limit instead (about 3 MiB of C stack at most);
+#: intake then refuses the job for its depth (api/bounds.py) like any other bad job.
+DECODE_RECURSION_LIMIT = 12_000
+
+
+@contextlib.contextmanager
+def deep_decoding() -> Iterator[None]:
+    """Raise the recursion limit to :data:`DECODE_RECURSION_LIMIT` while a reply is decoded."""
+    old = sys.getrecursionlimit()
+    if old >= DECODE_RECURSION_LIMIT:
+        yield
+        return
+    sys.setrecursionlimit(DECODE_RECURSION_LIMIT)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 class _DictWatch(watch.Watch):
     """A watch whose events carry the objects as decoded from the stream, once: for custom
     objects the client would encode each one to JSON and decode it again (three passes per
-    event, and the hub sees every GPUJob status write come back)."""
+    event, and the hub sees every GPUJob status write come back). Events are decoded with
+    :func:`deep_decoding`."""
 
     def get_return_type(self, func: object) -> str:
         return ""
+
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        with deep_decoding():
+            return super().unmarshal_event(data, response_type)
 
 
 class KubeAPI:
@@ -85,7 +114,14 @@ class KubeAPI:
                 if plural == NAMESPACES:
                     resp = await _json(await self.core.list_namespace(_preload_content=False))
                 else:
-                    resp = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+                    resp = await _json(
+                        await self.custom.list_cluster_custom_object(
+                            GROUP,
+                            VERSION,
+                            plural,
+                            _preload_content=False,
+                        )
+                    )
         items: list[dict[str, Any]] = resp.get("items") or []
         return items, str(resp["metadata"]["resourceVersion"])
 
@@ -177,7 +213,8 @@ class KubeAPI:
         """
         body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
         async for attempt in kube_retry():
-            with attempt:
+            # the client decodes the reply inside the call: with deep_decoding
+            with attempt, deep_decoding():
                 obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
                     GROUP,
                     VERSION,
@@ -193,7 +230,7 @@ class KubeAPI:
         """One GPUJob, or None when it does not exist."""
         try:
             async for attempt in kube_retry():
-                with attempt:
+                with attempt, deep_decoding():  # the client decodes inside the call
                     obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
                         GROUP, VERSION, namespace, "gpujobs", name
                     )
@@ -322,7 +359,8 @@ async def _check_and_read(resp: Any) -> bytes:
 
 def _resource_version(body: bytes) -> str:
     """``metadata.resourceVersion`` of an object's JSON."""
-    return str(json.loads(body)["metadata"]["resourceVersion"])
+    with deep_decoding():
+        return str(json.loads(body)["metadata"]["resourceVersion"])
 
 
 async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEvent | str]:
@@ -344,7 +382,9 @@ async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEve
 async def _json(resp: Any) -> dict[str, Any]:
     """The JSON body of a call made with ``_preload_content=False`` (plain dicts, without the
     typed models' cost); ``ApiException`` for a non-2xx reply."""
-    out: dict[str, Any] = json.loads(await _check_and_read(resp))
+    body = await _check_and_read(resp)
+    with deep_decoding():
+        out: dict[str, Any] = json.loads(body)
     return out
 
 
