@@ -114,6 +114,7 @@ async def test_an_ex_leaders_pending_write_does_not_land_after_the_new_leader_wr
         ex = Controller(HubConfig(insecure=True), FakeStore(), kube, HubMetrics(), leading=Lease())
         try:
             ex.mirror.start()
+            ex.intake.namespaces.seen("team-a", {})  # as its Namespace watch had shown it
             ex.intake.on_job_event(WatchEvent("ADDED", copy.deepcopy(created)))
             job = ex.state.jobs[uid]
             ex.mirror.set_status(
