@@ -62,6 +62,8 @@ class Deletion:
         job = self._term.state.jobs.pop(uid, None)
         self._mirror.forget_job(uid)
         if job is None:
+            if uid in self._orphans:  # deleted before intake took it in (namespace unknown)
+                self._term.spawn(self._cleanup_orphan(uid))
             return
         log.info("hub.job.gone", job=job.key)
         if job.record is not None:
@@ -70,10 +72,12 @@ class Deletion:
         else:
             self._reservations.release(uid, "job deleted")
 
-    def sweep_orphans(self) -> None:
-        """After a GPUJob list: delete the member copies of records whose GPUJob is gone."""
+    def sweep_orphans(self, listed: set[str]) -> None:
+        """After a GPUJob list: delete the member copies of records whose GPUJob is not among
+        the ``listed`` UIDs. A listed job counts even before intake has taken it in (it may
+        wait for its namespace's Pod Security level): its copy is running, not orphaned."""
         for uid in list(self._orphans):
-            if uid not in self._term.state.jobs:
+            if uid not in listed and uid not in self._term.state.jobs:
                 self._term.spawn(self._cleanup_orphan(uid))
 
     async def _cleanup_orphan(self, uid: str) -> None:

@@ -107,8 +107,8 @@ class Intake:
     def _listed(self, plural: str, items: list[dict[str, Any]]) -> None:
         """After a (re)list: objects we knew that are gone were deleted while unwatched; the
         rest arrive as ADDED."""
+        present = {str(o.get("metadata", {}).get("uid")) for o in items}
         if plural == GPUJOBS:
-            present = {str(o.get("metadata", {}).get("uid")) for o in items}
             for uid in [u for u in self._term.state.jobs if u not in present]:
                 self._deletion.job_gone(uid)
             for waiting in self._awaiting.values():
@@ -123,7 +123,7 @@ class Intake:
         if plural == MEMBERCLUSTERS:
             self.members_synced.set()
         elif plural == GPUJOBS:
-            self._deletion.sweep_orphans()
+            self._deletion.sweep_orphans(present)
             first = not self.jobs_synced.is_set()
             self.jobs_synced.set()
             if first:

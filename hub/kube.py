@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -228,47 +228,29 @@ class KubeAPI:
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One GPUJob, or None when it does not exist."""
-        try:
-            async for attempt in kube_retry():
-                with attempt, deep_decoding():  # the client decodes inside the call
-                    obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                        GROUP, VERSION, namespace, "gpujobs", name
-                    )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return await _get_or_none(
+            lambda: self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpujobs", name
+            )
+        )
 
     # --- Namespaces -------------------------------------------------------------------------
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """One Namespace as JSON, or None when it does not exist."""
-        try:
-            async for attempt in kube_retry():
-                with attempt:
-                    obj = await _json(await self.core.read_namespace(name, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+
+        async def read() -> dict[str, Any]:
+            return await _json(await self.core.read_namespace(name, _preload_content=False))
+
+        return await _get_or_none(read)
 
     # --- MemberClusters ---------------------------------------------------------------------
 
     async def get_member(self, name: str) -> dict[str, Any] | None:
         """One MemberCluster, or None when it does not exist."""
-        try:
-            async for attempt in kube_retry():
-                with attempt:
-                    obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
-                        GROUP, VERSION, "memberclusters", name
-                    )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return await _get_or_none(
+            lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "memberclusters", name)
+        )
 
     async def patch_member_status(
         self, name: str, status: dict[str, Any], resource_version: str
@@ -344,6 +326,20 @@ async def _check_and_release(resp: Any) -> None:
     """For calls made with ``_preload_content=False`` (the client then skips its own check):
     raise ``ApiException`` for a non-2xx reply, and give the connection back."""
     await _check_and_read(resp)
+
+
+async def _get_or_none(read: Callable[[], Awaitable[Any]]) -> dict[str, Any] | None:
+    """``read()``'s object (transient errors retried through ``kube_retry``, the reply decoded
+    with :func:`deep_decoding`), or None when it does not exist (404)."""
+    try:
+        async for attempt in kube_retry():
+            with attempt, deep_decoding():
+                obj: dict[str, Any] = await read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
 
 
 async def _check_and_read(resp: Any) -> bytes:

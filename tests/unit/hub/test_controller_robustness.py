@@ -248,3 +248,48 @@ async def test_a_status_sent_before_the_new_leaders_job_list_is_applied_after_it
     await stopped(members, jobs)
     assert ctrl.state.jobs["u1"].status.phase == "Succeeded"
     assert ctrl.state.jobs["u1"].status.cluster == "m1"
+
+
+async def test_a_placed_job_listed_before_its_namespace_is_known_is_not_taken_for_an_orphan() -> (
+    None
+):
+    # Found by the etcd-restart drill under load: a new term whose GPUJob list came before its
+    # Namespace list held every job back (admission waits for the namespace's level), found
+    # their etcd records without a job, took them for orphans and deleted their running copies.
+    store = FakeStore()
+    kube = SlowNamespaces(objects={"memberclusters": [], "gpujobs": [gpujob_obj("j", "u1")]})
+    ctrl = controller(store, kube)
+    ctrl.restore(
+        Loaded(
+            jobs={"u1": JobRecord(uid="u1", job="team-a/j", cluster="m1", gpus=8)},
+            job_revisions={"u1": 5},
+            work={
+                ("m1", "u1"): (
+                    WorkRecord(job_uid="u1", job="team-a/j", namespace="team-a", op="Apply"),
+                    7,
+                )
+            },
+        )
+    )
+    ctrl.intake.namespaces.listed([])  # nothing known about team-a yet
+    jobs = await listed(ctrl, "gpujobs")
+    await settle()
+    assert ctrl.state.work[("m1", "u1")].record.op == "Apply", "the running copy is kept"
+    assert "put_work" not in store.calls
+    kube.answer.set()  # the namespace read answers: the job is taken in, its record adopted
+    await settle()
+    await stopped(jobs)
+    assert ctrl.state.jobs["u1"].placed_cluster == "m1"
+    assert ctrl.state.work[("m1", "u1")].record.op == "Apply"
+
+
+class SlowNamespaces(FakeHubAPI):
+    """A hub API whose Namespace reads answer only once ``answer`` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.answer = asyncio.Event()
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        await self.answer.wait()
+        return await super().get_namespace(name)
