@@ -4,8 +4,7 @@ token per process, one kubeconfig per process.
 :meth:`gpufed.sandbox.runtime.Sandbox.up` calls :func:`install` once the CRDs are installed
 and the members joined, before the hub and agents start: for the hub cluster it applies
 ``manifests/hub/{namespace,serviceaccount,rbac}.yaml``, for every member
-``manifests/agent/{namespace,serviceaccount,rbac,admission}.yaml`` (server-side apply, field manager
-``gpufed-sandbox``), asks the API server for a token of the ServiceAccount (TokenRequest,
+``manifests/agent/{namespace,serviceaccount,rbac,admission}.yaml`` (created by kind), asks the API server for a token of the ServiceAccount (TokenRequest,
 ``TOKEN_SECONDS``) and writes ``identities/<cluster>.kubeconfig`` with it. The processes use
 those kubeconfigs, never the admin one, so every test and drill exercises exactly the
 permissions an installation from ``manifests/`` grants (least privilege, proved: a missing rule
@@ -23,7 +22,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client as k8s
-from kubernetes import dynamic
+from kubernetes import utils
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.sandbox.pki import Pki
@@ -35,7 +34,6 @@ HUB_ACCOUNT = "gpufed-hub"
 AGENT_ACCOUNT = "gpufed-agent"
 #: Lifetime of a sandbox process token: long enough for a sandbox left running for weeks.
 TOKEN_SECONDS = 60 * 24 * 3600
-FIELD_MANAGER = "gpufed-sandbox"
 _FILES = {
     "hub": ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"),
     "agent": ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"),
@@ -89,18 +87,21 @@ def install(
     """Apply ``manifests/<component>/`` RBAC to the cluster ``api`` talks to, and write at
     ``path`` a kubeconfig (mode 0600) authenticating as ServiceAccount
     ``gpufed-system/<account>`` with a fresh token."""
-    dyn = dynamic.DynamicClient(api)  # type: ignore[no-untyped-call]
     for doc in documents(component):
         what = f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}"
         try:
-            resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-            resource.server_side_apply(
-                body=doc,
-                namespace=doc.get("metadata", {}).get("namespace"),
-                field_manager=FIELD_MANAGER,
-                force_conflicts=True,
-            )
-        except (ApiException, dynamic.exceptions.ResourceNotFoundError, KeyError) as exc:
+            # Typed creates by kind (a DynamicClient would first discover every API group:
+            # seconds per cluster). The clusters are new at every `up`; an object that exists
+            # already (409) is the one the manifest describes.
+            utils.create_from_dict(api, doc)  # type: ignore[no-untyped-call]
+        except utils.FailToCreateError as exc:
+            refused = [e for e in exc.api_exceptions if e.status != 409]
+            if refused:
+                raise IdentityError(
+                    f"cannot apply {what} of manifests/{component}/ to {endpoint.name}: "
+                    f"{refused[0].status} {refused[0].reason}: {refused[0].body}"
+                ) from exc
+        except (ApiException, ValueError, AttributeError) as exc:
             raise IdentityError(
                 f"cannot apply {what} of manifests/{component}/ to {endpoint.name}: {exc}"
             ) from exc
