@@ -107,7 +107,9 @@ class Intake:
     def _listed(self, plural: str, items: list[dict[str, Any]]) -> None:
         """After a (re)list: objects we knew that are gone were deleted while unwatched; the
         rest arrive as ADDED."""
-        present = {str(o.get("metadata", {}).get("uid")) for o in items}
+        present = (
+            {str(o.get("metadata", {}).get("uid")) for o in items} if plural == GPUJOBS else set()
+        )
         if plural == GPUJOBS:
             for uid in [u for u in self._term.state.jobs if u not in present]:
                 self._deletion.job_gone(uid)

@@ -33,6 +33,7 @@ from gpufed.hub.reservations import Reservations
 from gpufed.hub.sessions import AgentSession, RefusedError
 from gpufed.hub.state import WorkState
 from gpufed.hub.term import Term
+from gpufed.sync.retry import backoff_seconds
 
 log = structlog.get_logger("gpufed.hub.reports")
 
@@ -168,7 +169,9 @@ class Reports:
             )
             return
         base = min(cfg.resend_after_s, 5.0)
-        delay = min(max(base, cfg.apply_retry_max_s), base * 2 ** min(ws.failures - 1, 16))
+        delay = backoff_seconds(
+            ws.failures, base=base, cap=max(base, cfg.apply_retry_max_s), rng=lambda: 1.0
+        )
         ws.retry_at = self._term.mono() + delay
         job = self._term.state.jobs.get(uid)
         if ws.record.op == "Apply" and job is not None and job.placed_cluster == cluster:

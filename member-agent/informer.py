@@ -144,12 +144,13 @@ class Informer:
                 # An error retrying does not fix (403: RBAC missing) heals slowly: wait longer.
                 cap = _RETRY_CAP_S if verdict_of(exc) is Verdict.RETRY else _SLOW_CAP_S
                 wait = max(_MIN_WAIT_S, self._backoff.next(cap=cap))
+                error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._failures += 1
-                self._failing = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:512]
+                self._failing = error[:512]
                 log.warning(
                     "informer.failed",
                     resource=self.name,
-                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    error=error,
                     status=status,
                     retry_in_s=round(wait, 2),
                 )
