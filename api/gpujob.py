@@ -268,12 +268,16 @@ class GPUJobStatus(CRDModel):
     ``ClusterLost``) followed by the member workload's conditions in the member's order.
     ``active``/``succeeded``/``failed``/``ready``: pod counts from the member object;
     ``startTime``/``completionTime``: from the member object. ``gpus``: whole GPUs the job
-    asks for (all pod sets). Terminal phases (Succeeded, Failed, Lost) are final.
+    asks for (all pod sets). ``attempt``: the placement attempt ``cluster`` holds (1, then 2
+    after a re-placement; the hub's ``jobs/<uid>`` record counts the same), so a hub that
+    lost or restored its etcd state can tell which of its record and this status is newer
+    (docs/design.md §7 item 7). Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
     phase: JobPhase = "Pending"
     message: str = ""
     cluster: str | None = None
+    attempt: int | None = Field(default=None, ge=1)
     gpus: int | None = None
     placement: PlacementStatus | None = None
     conditions: list[StatusCondition] = Field(
