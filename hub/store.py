@@ -252,26 +252,9 @@ class Store:
         one transaction). Raises :class:`ConflictError` when the job record changed (someone
         placed it), :class:`NotLeaderError` when this replica is not the leader.
         """
-        assert job.cluster is not None
         tx = self._client.transactions
-        job_key = self._k("jobs", job.uid)
-        cond = (
-            tx.create(job_key) == 0
-            if expect_job_revision is None
-            else tx.mod(job_key) == expect_job_revision
-        )
-        ops = [
-            tx.put(job_key, job.model_dump_json().encode()),
-            tx.put(self._k("work", job.cluster, job.uid), work.model_dump_json().encode()),
-            tx.put(self._k("reservations", job.uid), reservation_json.encode()),
-        ]
-        ok, responses = await self._txn(ops, [cond])
-        if ok:
-            rev = _revision(responses)
-            return rev, rev
-        if await self.leader() != self.hub_id:
-            raise NotLeaderError(f"{self.hub_id} is not the leader any more")
-        raise ConflictError(f"job {job.job} ({job.uid}) was placed by someone else")
+        extra = [tx.put(self._k("reservations", job.uid), reservation_json.encode())]
+        return await self._record(job, work, extra, expect_job_revision, "placed")
 
     async def adopt(
         self,
@@ -290,6 +273,25 @@ class Store:
         """
         assert job.cluster is not None
         tx = self._client.transactions
+        extra = []
+        if ack is not None:
+            extra.append(
+                tx.put(self._k("acks", job.cluster, job.uid), ack.model_dump_json().encode())
+            )
+        return await self._record(job, work, extra, expect_job_revision, "recorded")
+
+    async def _record(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        extra: list[Any],
+        expect_job_revision: int | None,
+        verb: str,
+    ) -> tuple[int, int]:
+        """One transaction: the job record (absent, or at ``expect_job_revision``), its work
+        item and ``extra`` puts (see :meth:`place`)."""
+        assert job.cluster is not None
+        tx = self._client.transactions
         job_key = self._k("jobs", job.uid)
         cond = (
             tx.create(job_key) == 0
@@ -299,18 +301,15 @@ class Store:
         ops = [
             tx.put(job_key, job.model_dump_json().encode()),
             tx.put(self._k("work", job.cluster, job.uid), work.model_dump_json().encode()),
+            *extra,
         ]
-        if ack is not None:
-            ops.append(
-                tx.put(self._k("acks", job.cluster, job.uid), ack.model_dump_json().encode())
-            )
         ok, responses = await self._txn(ops, [cond])
         if ok:
             rev = _revision(responses)
             return rev, rev
         if await self.leader() != self.hub_id:
             raise NotLeaderError(f"{self.hub_id} is not the leader any more")
-        raise ConflictError(f"job {job.job} ({job.uid}) was recorded by someone else")
+        raise ConflictError(f"job {job.job} ({job.uid}) was {verb} by someone else")
 
     async def ensure_epoch(self, new_id: str) -> str:
         """The ``epoch`` key's value, writing ``new_id`` first when it is absent (a new or
