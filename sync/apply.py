@@ -360,8 +360,13 @@ async def _apply_over(
     if version:
         body.setdefault("metadata", {})["resourceVersion"] = version
     return await _unless_conflict(
-        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True), gone_too=True
+        lambda: client.apply(body, field_manager=EPOCH_FIELD_MANAGER, force=True), gone_too=True
     )
+
+
+#: The field manager of the epoch annotation alone (its own, so that apply never claims, or
+#: drops, a field the object's creation set).
+EPOCH_FIELD_MANAGER = "gpufed-epoch"
 
 
 def _epoch(obj: Mapping[str, Any]) -> str:
@@ -391,7 +396,7 @@ async def _restamp(
         },
     }
     return await _unless_conflict(
-        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True), gone_too=True
+        lambda: client.apply(body, field_manager=EPOCH_FIELD_MANAGER, force=True), gone_too=True
     )
 
 
