@@ -13,7 +13,9 @@ objects of a job the hub's desired set leaves out:
   (:func:`held_jobs`) so that the hub can claim it, and evicted only once it stayed unclaimed
   for the eviction grace period (``--eviction-grace-period``, default 60 min; Open Cluster
   Management's work agent guards AppliedManifestWork eviction the same way). A desired set or
-  work item that names the job claims it: the apply adopts the objects and re-stamps them.
+  work item that names the job claims it: the apply adopts the objects (server-side applied
+  kinds take the new epoch; a create-only batch Job is never patched, so the claim is also
+  remembered here, for this process and epoch).
 
 Explicit Delete work items never ask the guard: a GPUJob deleted on the hub is deleted at once.
 The held-since times live in memory (monotonic clock): an agent restart starts the grace period
@@ -106,6 +108,9 @@ class EpochGuard:
         self.epoch = ""
         #: job uid -> monotonic seconds when a desired set first left it out
         self._held_since: dict[str, float] = {}
+        #: jobs the hub of the current epoch named (desired set or work item), in this process:
+        #: a create-only object it adopted keeps its old annotation (it is never patched)
+        self._claimed: set[str] = set()
 
     def welcome(self, epoch: str) -> bool:
         """A hub welcomed this agent with ``epoch``; True when it differs from the last one seen
@@ -113,14 +118,16 @@ class EpochGuard:
         changed = bool(self.epoch) and epoch != self.epoch
         if changed:
             log.warning("work.hub_epoch.changed", previous=self.epoch, epoch=epoch)
+            self._claimed.clear()
         self.epoch = epoch
         return changed
 
     def may_delete(self, uid: str, objects: Iterable[Mapping[str, Any]]) -> bool:
         """Whether the undesired objects of job ``uid`` may be deleted now: all applied under the
-        current epoch, or held for the whole grace period. Otherwise the job is (still) held."""
+        current epoch (or claimed by this epoch's hub in this process), or held for the whole
+        grace period. Otherwise the job is (still) held."""
         epochs = {epoch_of(o) for o in objects}
-        if epochs == {self.epoch}:
+        if epochs == {self.epoch} or uid in self._claimed:
             self._held_since.pop(uid, None)
             return True
         since = self._held_since.setdefault(uid, self._clock())
@@ -138,12 +145,17 @@ class EpochGuard:
     def claimed(self, uid: str) -> None:
         """The hub named job ``uid`` again (desired set or work item): it is not held."""
         self._held_since.pop(uid, None)
+        self._claimed.add(uid)
 
     def keep_only(self, uids: Iterable[str]) -> None:
         """Forget held jobs whose objects are gone."""
         keep = set(uids)
         for uid in [u for u in self._held_since if u not in keep]:
             del self._held_since[uid]
+
+    def present(self, uids: Iterable[str]) -> None:
+        """Forget the claims of jobs that have no objects in the member any more."""
+        self._claimed &= set(uids)
 
     @property
     def held(self) -> list[str]:

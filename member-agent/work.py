@@ -438,6 +438,7 @@ class WorkManager:
             if uid and uid not in desired and uid not in self._session_uids:
                 by_job.setdefault(uid, []).append(obj)
         self.guard.keep_only(by_job)
+        self.guard.present(present)
         orphans = 0
         for uid, objs in sorted(by_job.items()):
             refs = [str(ref_of(o)) for o in objs]

@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import (
-    HUB_EPOCH_ANNOTATION,
     JOB_UID_LABEL,
     MANAGED_NAMESPACE_LABEL,
     POD_SECURITY_ENFORCE_LABEL,
@@ -291,9 +290,8 @@ async def apply_object(
     A missing object is created (POST: one request for a new object), unless ``may_create``
     is False (the job ran before: never re-run it), which gives :attr:`ApplyResult.MISSING`.
     An existing object is read and must be ``owner``'s (origin and job UID labels); then a
-    create-only kind is adopted untouched (but for its ``gpufed.io/hub-epoch`` annotation, set
-    to ``obj``'s by a server-side apply of that one field when they differ) and any other
-    kind is server-side applied (field
+    create-only kind is adopted untouched (even its ``gpufed.io/hub-epoch`` annotation: the
+    agent may not patch a batch Job) and any other kind is server-side applied (field
     manager ``gpufed``, ``force``: the hub is the source of truth for the fields it sets),
     conditional on the ``resourceVersion`` read, so an object replaced meanwhile is read and
     checked again (at most :data:`MAX_CONFLICTS` times).
@@ -318,11 +316,7 @@ async def apply_object(
             continue
         check_owner(existing, str(ref), owner=owner, member=member)
         if create_only:
-            if await _restamp(client, obj, existing):
-                return ApplyResult.ADOPTED
-            if attempt + 1 < MAX_CONFLICTS:
-                existing = await get_object(client, ref)
-            continue
+            return ApplyResult.ADOPTED
         if await _apply_over(client, obj, existing):
             return ApplyResult.APPLIED
         if attempt + 1 < MAX_CONFLICTS:
@@ -360,43 +354,7 @@ async def _apply_over(
     if version:
         body.setdefault("metadata", {})["resourceVersion"] = version
     return await _unless_conflict(
-        lambda: client.apply(body, field_manager=EPOCH_FIELD_MANAGER, force=True), gone_too=True
-    )
-
-
-#: The field manager of the epoch annotation alone (its own, so that apply never claims, or
-#: drops, a field the object's creation set).
-EPOCH_FIELD_MANAGER = "gpufed-epoch"
-
-
-def _epoch(obj: Mapping[str, Any]) -> str:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(HUB_EPOCH_ANNOTATION, ""))
-
-
-async def _restamp(
-    client: ObjectClient, obj: Mapping[str, Any], existing: Mapping[str, Any]
-) -> bool:
-    """Give an adopted create-only object ``obj``'s hub epoch annotation (docs/design.md §7
-    item 7): a server-side apply of that one annotation, conditional on the ``resourceVersion``
-    read, which leaves the (immutable) spec alone. True when done or not needed; False when
-    the object changed since it was read."""
-    want = _epoch(obj)
-    if not want or _epoch(existing) == want:
-        return True
-    meta = existing.get("metadata") or {}
-    body = {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "resourceVersion": meta.get("resourceVersion"),
-            "annotations": {HUB_EPOCH_ANNOTATION: want},
-        },
-    }
-    return await _unless_conflict(
-        lambda: client.apply(body, field_manager=EPOCH_FIELD_MANAGER, force=True), gone_too=True
+        lambda: client.apply(body, field_manager=FIELD_MANAGER, force=True), gone_too=True
     )
 
 

@@ -61,7 +61,7 @@ async def running(h: Harness, epoch: str = "epoch-1") -> dict[str, str]:
 async def test_applied_objects_carry_the_hub_epoch() -> None:
     h = Harness()
     await running(h)
-    assert {epoch_of(o) for o in h.api.objects.values()} == {"epoch-1"}
+    assert {epoch_of(o) for o in h.jobs().values()} == {"epoch-1"}
 
 
 async def test_an_empty_desired_set_of_the_same_epoch_still_deletes_at_once() -> None:
@@ -101,13 +101,15 @@ async def test_objects_without_an_epoch_are_held_too() -> None:
     assert h.work.guard.held == ["old"]
 
 
-async def test_a_desired_set_of_the_new_epoch_adopts_and_restamps_without_recreating() -> None:
+async def test_a_desired_set_of_the_new_epoch_adopts_without_recreating_or_patching() -> None:
     h = Harness()
     before = await running(h)
     # The new hub state counts revisions from 1 again: lower than what this agent saw.
     await h.reconcile("epoch-2", u1(2, applied_before=True), u2(3, applied_before=True))
     assert {n: o["metadata"]["uid"] for n, o in h.jobs().items()} == before
-    assert {epoch_of(o) for o in h.api.objects.values()} == {"epoch-2"}
+    # A batch Job is create-only: adopted untouched, its annotation still the old epoch's.
+    assert {epoch_of(o) for o in h.jobs().values()} == {"epoch-1"}
+    assert not [what for op, what in h.api.calls if op in ("apply", "patch") and "job-" in what]
     creates = [what for op, what in h.api.calls if op == "create" and "job-" in what]
     assert len(creates) == 2  # the two creates of the first epoch, none since
     assert {(a.job_uid, a.revision, a.result) for a in h.acks[-2:]} == {
@@ -115,7 +117,7 @@ async def test_a_desired_set_of_the_new_epoch_adopts_and_restamps_without_recrea
         ("u2", 3, "Applied"),
     }
     assert h.work.guard.held == []
-    # Now stamped with the current epoch: a later desired set without them deletes at once.
+    # Claimed under the current epoch: a later desired set without them deletes at once.
     await h.reconcile("epoch-2", u2(3, applied_before=True))
     assert set(h.jobs()) == {"job-u2"}
 
