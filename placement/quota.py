@@ -4,7 +4,7 @@ Owns the quota *rules* (docs/placement.md, "Queues and quotas"); the hub's sched
 the simulator call them, so a simulated result speaks for the hub (STYLE habit 15). No I/O, no
 clock. Fair share (decayed usage, queue order) is in :mod:`.fairshare`.
 
-- :func:`build_tree` turns GPUQueue specs into a :class:`QueueTree`. Broken queues (a cycle of
+- :func:`build_tree` (in :mod:`.queuetree`, re-exported here) turns GPUQueue specs into a :class:`QueueTree`. Broken queues (a cycle of
   parents, an unknown or broken parent, a namespace listed by two queues, a key listed twice,
   a spec that does not validate) are reported per queue in ``QueueTree.broken`` with a message
   naming the field; the rest of the tree keeps working.
@@ -41,212 +41,50 @@ cohort semantics, with an ancestor's nominal as an organisation-wide cap over it
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
-from gpufed.api.queue import ANY_GPU, GPUQueue, QueueQuota
+from gpufed.api.queue import ANY_GPU
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.plugins import Code, Status
+from gpufed.placement.queuetree import (
+    DEFAULT_QUEUE,
+    QueueChoice,
+    QueueNode,
+    QueueTree,
+    build_tree,
+    queue_of,
+)
+
+__all__ = [  # the tree's names live in .queuetree; quota is the one entry point
+    "DEFAULT_QUEUE",
+    "QUOTA_PLUGIN",
+    "UNLIMITED",
+    "Admission",
+    "JobQuota",
+    "KeyCache",
+    "QueueChoice",
+    "QueueNode",
+    "QueueTree",
+    "QuotaGate",
+    "QuotaUsage",
+    "admit",
+    "build_tree",
+    "demand_of",
+    "over_limit",
+    "queue_of",
+]
 
 #: The plugin name of the quota filter in decisions (``gpufed explain``).
 QUOTA_PLUGIN: Final = "Quota"
 #: Stands for "no limit" in the arithmetic; rendered as ``unlimited``.
 UNLIMITED: Final = 1 << 60
-#: The hub's default queue name (``--default-queue``).
-DEFAULT_QUEUE: Final = "default"
 
 
 def _text(amount: int) -> str:
     return "unlimited" if amount >= UNLIMITED else str(amount)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueNode:
-    """One queue of the tree.
-
-    ``quotas``: key -> entry (``*``, products, MIG resources); ``limited``: the queue lists at
-    least one quota (a leaf with none is unlimited). ``children``: names, sorted.
-    """
-
-    name: str
-    parent: str | None
-    namespaces: tuple[str, ...]
-    quotas: Mapping[str, QueueQuota]
-    weight: int
-    children: tuple[str, ...] = ()
-
-    def entry(self, key: str) -> QueueQuota | None:
-        """The entry ``key`` resolves to here: exact, else ``*`` for a whole-GPU product."""
-        hit = self.quotas.get(key)
-        if hit is None and not is_mig_resource(key):
-            hit = self.quotas.get(ANY_GPU)
-        return hit
-
-
-@dataclass(frozen=True)
-class QueueTree:
-    """The accepted queues, the broken ones with their message, and the namespace map.
-
-    ``nodes``: every queue that admits (broken ones are left out; the default queue is always
-    present, unlimited unless a GPUQueue of that name says otherwise). ``broken``: queue name
-    -> message naming the field (for its ``Active=False`` condition and its jobs' reason).
-    ``namespaces``: hub namespace -> queue name (a namespace two queues list maps to the first
-    of them by name, which is broken).
-    """
-
-    nodes: Mapping[str, QueueNode]
-    broken: Mapping[str, str]
-    namespaces: Mapping[str, str]
-    default_queue: str = DEFAULT_QUEUE
-
-    def path(self, queue: str) -> tuple[QueueNode, ...]:
-        """``queue`` and its ancestors, the queue first, the root last (empty if unknown)."""
-        out: list[QueueNode] = []
-        node = self.nodes.get(queue)
-        while node is not None:
-            out.append(node)
-            node = self.nodes.get(node.parent) if node.parent is not None else None
-        return tuple(out)
-
-    def known(self, queue: str) -> bool:
-        """True for an accepted or a broken queue."""
-        return queue in self.nodes or queue in self.broken
-
-    def unlimited(self, queue: str) -> bool:
-        """True when no queue on ``queue``'s path lists any quota (admission always passes)."""
-        p = self.path(queue)
-        return bool(p) and not any(n.quotas for n in p) and not any(n.children for n in p)
-
-
-def build_tree(
-    queues: Iterable[GPUQueue],
-    *,
-    invalid: Mapping[str, str] | None = None,
-    default_queue: str = DEFAULT_QUEUE,
-) -> QueueTree:
-    """Build the tree from validated GPUQueues; report each broken queue with its field.
-
-    ``invalid``: queue name -> message, for objects whose spec did not validate (the hub parses
-    them; such a queue is broken and so is every queue under it). Deterministic: the order of
-    ``queues`` does not matter. Raises nothing for bad specs.
-    """
-    broken: dict[str, str] = dict(invalid or {})
-    specs = {q.metadata.name: q.spec for q in queues if q.metadata.name not in broken}
-    # 1. keys listed twice
-    for name, spec in specs.items():
-        seen: dict[str, int] = {}
-        for i, qq in enumerate(spec.quotas):
-            if qq.gpu_product in seen:
-                broken[name] = (
-                    f"spec.quotas[{i}].gpuProduct: {qq.gpu_product} is listed twice (also "
-                    f"spec.quotas[{seen[qq.gpu_product]}]); list each key once"
-                )
-                break
-            seen[qq.gpu_product] = i
-    # 2. namespaces listed by two queues: every queue that lists one is broken
-    owners: dict[str, list[str]] = defaultdict(list)
-    for name in sorted(specs):
-        for ns in specs[name].namespaces:
-            owners[ns].append(name)
-    for ns, names in sorted(owners.items()):
-        if len(names) > 1:
-            for name in names:
-                others = ", ".join(n for n in names if n != name)
-                broken.setdefault(
-                    name,
-                    f"spec.namespaces: namespace {ns} is also listed by queue {others}; "
-                    "list each namespace in one queue",
-                )
-    # 3. parents: unknown, cycles, broken ancestors (iterative walk; no recursion)
-    for name in sorted(specs):
-        spec = specs[name]
-        if spec.parent is not None and spec.parent not in specs and spec.parent not in broken:
-            broken.setdefault(
-                name,
-                f"spec.parent: queue {spec.parent} does not exist; create it or remove spec.parent",
-            )
-    for name in sorted(specs):
-        chain = [name]
-        cur = specs[name].parent
-        while cur is not None and cur in specs and cur not in chain:
-            chain.append(cur)
-            cur = specs[cur].parent
-        if cur is not None and cur in chain:
-            cycle = [*chain[chain.index(cur) :], cur]
-            if name in cycle[:-1]:
-                broken.setdefault(
-                    name,
-                    f"spec.parent: cycle {' -> '.join(cycle)}; a queue may not be its own ancestor",
-                )
-    changed = True
-    while changed:
-        changed = False
-        for name in sorted(specs):
-            parent = specs[name].parent
-            if name not in broken and parent is not None and parent in broken:
-                broken[name] = (
-                    f"spec.parent: parent queue {parent} is not active ({broken[parent]})"
-                )
-                changed = True
-    # 4. nodes
-    good = {n: s for n, s in specs.items() if n not in broken}
-    children: dict[str, list[str]] = defaultdict(list)
-    for name, spec in good.items():
-        if spec.parent is not None:
-            children[spec.parent].append(name)
-    nodes = {
-        name: QueueNode(
-            name=name,
-            parent=spec.parent,
-            namespaces=tuple(spec.namespaces),
-            quotas={qq.gpu_product: qq for qq in spec.quotas},
-            weight=spec.fair_share.weight,
-            children=tuple(sorted(children.get(name, ()))),
-        )
-        for name, spec in good.items()
-    }
-    if default_queue not in nodes and default_queue not in broken:
-        nodes[default_queue] = QueueNode(default_queue, None, (), {}, 1)
-    return QueueTree(
-        nodes=nodes,
-        broken=broken,
-        namespaces={ns: names[0] for ns, names in owners.items()},
-        default_queue=default_queue,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class QueueChoice:
-    """The queue of a job, or why it has none (``error`` names ``spec.placement.queue``)."""
-
-    queue: str
-    error: str | None = None
-
-
-def queue_of(tree: QueueTree, namespace: str, explicit: str | None = None) -> QueueChoice:
-    """The queue of a job in hub namespace ``namespace``.
-
-    The queue that lists the namespace; else the default queue. An ``explicit``
-    ``spec.placement.queue`` must name that same queue (or the default queue, for a namespace
-    no queue lists); otherwise ``error`` says so, and the job waits with it.
-    """
-    listed = tree.namespaces.get(namespace)
-    home = listed if listed is not None else tree.default_queue
-    if explicit is None or explicit == home:
-        return QueueChoice(home)
-    if not tree.known(explicit):
-        return QueueChoice(
-            home,
-            f"spec.placement.queue: queue {explicit} does not exist; leave it unset "
-            f"(namespace {namespace} belongs to {home})",
-        )
-    return QueueChoice(
-        home,
-        f"spec.placement.queue: queue {explicit} does not list namespace {namespace}; leave "
-        f"it unset or name {home}",
-    )
 
 
 @dataclass
@@ -260,6 +98,8 @@ class QuotaUsage:
 
     _jobs: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
     _own: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    #: bumped on every change (caches of derived sums compare it)
+    version: int = 0
 
     def charge(self, job_uid: str, queue: str, key: str, gpus: int) -> None:
         """Record that ``job_uid`` of ``queue`` holds ``gpus`` of ``key`` (replacing any
@@ -291,12 +131,14 @@ class QuotaUsage:
         """Replace everything with ``(job_uid, queue, demand)`` rows (a uid twice: the last)."""
         self._jobs.clear()
         self._own.clear()
+        self.version += 1
         for uid, queue, demand in jobs:
             self.release(uid)
             self.charge_demand(uid, queue, demand)
 
     def _add(self, queue: str, key: str, delta: int) -> None:
         if delta:
+            self.version += 1
             own = self._own[queue]
             left = own.get(key, 0) + delta
             if left:
@@ -363,15 +205,43 @@ class Admission:
     reason: str = ""
 
 
+@dataclass
+class KeyCache:
+    """What :func:`admit` may keep between calls for one key: ``nominal`` and ``lenders`` per
+    queue (they depend on the tree only) and ``used`` per queue (valid while the ledger has
+    not changed behind the keeper; :class:`QuotaGate` drops the entries a charge changes)."""
+
+    nominal: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    lenders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
 class _View:
     """Nominal, used and reserved per queue for one key, over one ledger state."""
 
-    def __init__(self, tree: QueueTree, usage: QuotaUsage, key: str) -> None:
+    def __init__(
+        self, tree: QueueTree, usage: QuotaUsage, key: str, cache: KeyCache | None = None
+    ) -> None:
         self.tree = tree
         self.usage = usage
         self.key = key
-        self._nominal: dict[str, int] = {}
-        self._used: dict[str, int] = {}
+        cache = cache if cache is not None else KeyCache()
+        self._nominal = cache.nominal
+        self._used = cache.used
+        self._lenders = cache.lenders
+
+    def lenders(self, node: QueueNode) -> tuple[str, ...]:
+        """Children of ``node`` whose entry for the key has a lending limit."""
+        hit = self._lenders.get(node.name)
+        if hit is None:
+            hit = tuple(
+                c
+                for c in node.children
+                if (e := self.tree.nodes[c].entry(self.key)) is not None
+                and e.lending_limit is not None
+            )
+            self._lenders[node.name] = hit
+        return hit
 
     def nominal(self, name: str) -> int:
         hit = self._nominal.get(name)
@@ -418,8 +288,18 @@ class _View:
         return min(UNLIMITED, self.nominal(node.name) + borrow)
 
 
-def admit(tree: QueueTree, usage: QuotaUsage, queue: str, key: str, gpus: int) -> Admission:
+def admit(
+    tree: QueueTree,
+    usage: QuotaUsage,
+    queue: str,
+    key: str,
+    gpus: int,
+    *,
+    cache: KeyCache | None = None,
+) -> Admission:
     """Whether ``gpus`` more of concrete ``key`` fit ``queue`` and every ancestor (module doc).
+
+    ``cache``: sums for ``key`` kept between calls (:class:`KeyCache`, by :class:`QuotaGate`).
 
     A broken queue admits nothing (its message is the reason); an unknown queue neither.
     Example reason: ``team-a uses 60 of 64 NVIDIA-H100-80GB-HBM3; 8 more needed; nothing to
@@ -430,13 +310,13 @@ def admit(tree: QueueTree, usage: QuotaUsage, queue: str, key: str, gpus: int) -
     path = tree.path(queue)
     if not path:
         return Admission(False, reason=f"queue {queue} does not exist")
-    view = _View(tree, usage, key)
+    view = _View(tree, usage, key, cache)
     on_path = {n.name for n in path}
     for i, node in enumerate(path):
         cap = view.cap(node)
         if cap >= UNLIMITED:
             continue
-        held = sum(view.reserved(c) for c in node.children if c not in on_path)
+        held = sum(view.reserved(c) for c in view.lenders(node) if c not in on_path)
         load = view.used(node.name) + held
         if load + gpus <= cap:
             continue
@@ -482,6 +362,7 @@ class JobQuota:
     usage: QuotaUsage
     queue: str
     request: PlacementRequest
+    gate_cache: Callable[[str], KeyCache] | None = None
     _seen: dict[str | None, Status] = field(default_factory=dict)
 
     name = QUOTA_PLUGIN
@@ -492,7 +373,8 @@ class JobQuota:
         if hit is None:
             hit = Status(Code.SUCCESS)
             for key, amount in sorted(demand_of(self.request, product).items()):
-                a = admit(self.tree, self.usage, self.queue, key, amount)
+                cache = self.gate_cache(key) if self.gate_cache is not None else None
+                a = admit(self.tree, self.usage, self.queue, key, amount, cache=cache)
                 if not a.ok:
                     hit = Status(Code.UNSCHEDULABLE, a.reason)
                     break
@@ -510,6 +392,29 @@ class QuotaGate:
     tree: QueueTree
     usage: QuotaUsage = field(default_factory=QuotaUsage)
     enforce: bool = True
+    # key -> queue -> used, valid at ledger version _cached_at (only the gate's own charges
+    # and releases keep it: they drop the entries on the job's path)
+    _keys: dict[str, KeyCache] = field(default_factory=dict)
+    _cached_at: int = -1
+    _unlimited: dict[str, bool] = field(default_factory=dict)
+
+    def _cache(self, key: str) -> KeyCache:
+        if self._cached_at != self.usage.version:
+            for stale in self._keys.values():
+                stale.used.clear()
+            self._cached_at = self.usage.version
+        hit = self._keys.get(key)
+        if hit is None:
+            hit = self._keys[key] = KeyCache()
+        return hit
+
+    def _changed(self, queue: str, before: int) -> None:
+        if self._cached_at == before:
+            path = [n.name for n in self.tree.path(queue)] or [queue]
+            for kc in self._keys.values():
+                for name in path:
+                    kc.used.pop(name, None)
+            self._cached_at = self.usage.version
 
     def queue(self, request: PlacementRequest) -> str:
         """The queue a request is charged to (``request.queue``, else the default queue)."""
@@ -518,14 +423,51 @@ class QuotaGate:
     def for_request(self, request: PlacementRequest) -> JobQuota | None:
         """The filter ``place()`` runs for ``request``, or None when nothing limits it."""
         q = self.queue(request)
-        if not self.enforce or (q not in self.tree.broken and self.tree.unlimited(q)):
+        if not self.enforce:
             return None
-        return JobQuota(self.tree, self.usage, q, request)
+        free = self._unlimited.get(q)
+        if free is None:
+            free = self._unlimited[q] = q not in self.tree.broken and self.tree.unlimited(q)
+        if free:
+            return None
+        return JobQuota(self.tree, self.usage, q, request, self._cache)
 
     def charge(self, request: PlacementRequest, product: str | None) -> None:
         """Charge a placed ``request`` (on GPU ``product``) to its queue."""
-        self.usage.charge_demand(request.uid, self.queue(request), demand_of(request, product))
+        before, q = self.usage.version, self.queue(request)
+        prev = self.usage.queue_of_job(request.uid)
+        self.usage.charge_demand(request.uid, q, demand_of(request, product))
+        if prev is not None and prev != q:
+            self._changed(prev, before)
+            before = self._cached_at
+        self._changed(q, before)
 
     def release(self, job_uid: str) -> None:
         """Release a job that finished or lost its reservation."""
+        before, q = self.usage.version, self.usage.queue_of_job(job_uid)
         self.usage.release(job_uid)
+        if q is not None:
+            self._changed(q, before)
+
+
+def over_limit(tree: QueueTree, usage: QuotaUsage) -> list[str]:
+    """Every quota entry used above its limit now, as ``queue key: used > limit``.
+
+    The limit is ``nominal + borrowingLimit`` (``nominal`` at a root; no limit for a non-root
+    entry without ``borrowingLimit``). Under admission by :func:`admit` this stays empty; a
+    quota lowered below usage, or ``--quota-mode none`` in the simulator, shows here.
+    """
+    out: list[str] = []
+    for name in sorted(tree.nodes):
+        node = tree.nodes[name]
+        for key, e in sorted(node.quotas.items()):
+            if node.parent is None:
+                cap = e.nominal
+            elif e.borrowing_limit is None:
+                continue
+            else:
+                cap = e.nominal + e.borrowing_limit
+            used = _View(tree, usage, key).used(name)
+            if used > cap:
+                out.append(f"{name} {key}: {used} > {cap}")
+    return out

@@ -291,3 +291,23 @@ def test_enforce_off_accounts_only() -> None:
     assert gate.for_request(req) is None
     gate.charge(req, H100)
     assert gate.usage.own("t") == {H100: 8}
+
+
+def test_gate_cache_answers_as_a_fresh_admission() -> None:
+    """The gate's cached sums, kept across charges and releases, give the same answers as
+    admission over the ledger from scratch."""
+    tree = org_with_two_teams(16, org_nominal=24, borrowing=4)
+    gate = QuotaGate(tree)
+    teams = ["team-a", "team-b", "team-a", "team-b", "team-a"]
+    placed: list[str] = []
+    for i, team in enumerate(teams * 3):
+        req = _in_queue(job(f"j{i}", gpus=1 + i % 5), team)
+        jq = gate.for_request(req)
+        assert jq is not None
+        fresh = admit(tree, gate.usage, team, H100, req.gpus)
+        assert jq.status(H100).ok == fresh.ok
+        if fresh.ok:
+            gate.charge(req, H100)
+            placed.append(req.uid)
+        if i % 4 == 3 and placed:
+            gate.release(placed.pop(0))
