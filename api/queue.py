@@ -11,15 +11,19 @@ The admission rules (how a job's GPU product is matched against ``quotas``, borr
 tree, fair share) are pure and live in :mod:`gpufed.placement.quota` and
 :mod:`gpufed.placement.fairshare`; docs/placement.md, "Queues and quotas".
 
+:func:`load_queues` reads a YAML file of GPUQueue objects (``gpufed simulate --queues``).
+
 Who uses it: the hub (queue list+watch, admission, status), ``gpufed simulate --queues``,
 ``gpufed get queues``, and the CRD generator (:mod:`gpufed.api.crdgen`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Final
 
-from pydantic import Field
+import yaml
+from pydantic import Field, ValidationError
 
 from gpufed.api.gpujob import CRDModel, ObjectMeta, StatusCondition
 from gpufed.api.labels import API_VERSION
@@ -165,3 +169,55 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Fair-Share", "type": "string", "jsonPath": ".status.fairShare", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+
+class QueueFileError(ValueError):
+    """A queues file that cannot be read; the message names the file, document and field."""
+
+
+#: Most GPUQueue objects in one queues file.
+MAX_QUEUES_IN_FILE: Final = 10_000
+
+
+def load_queues(path: str | Path) -> list[GPUQueue]:
+    """GPUQueues from a YAML file: one or more documents, each a GPUQueue or a ``kind: List``
+    of them. Raises :class:`QueueFileError` naming the file, the document (from 0) and the
+    field for anything that does not validate, a wrong ``kind``, or a name used twice."""
+    where = str(path)
+    try:
+        docs = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise QueueFileError(f"{where}: cannot read the file: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise QueueFileError(f"{where}: not valid YAML ({exc})") from None
+    out: list[GPUQueue] = []
+    seen: set[str] = set()
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise QueueFileError(f"{where} document {i}: expected a GPUQueue object")
+        items = doc.get("items") if doc.get("kind") == "List" else [doc]
+        if not isinstance(items, list):
+            raise QueueFileError(f"{where} document {i}: items: expected a list of GPUQueues")
+        for j, obj in enumerate(items):
+            at = f"{where} document {i}" + (f" items[{j}]" if doc.get("kind") == "List" else "")
+            if not isinstance(obj, dict) or obj.get("kind") != KIND:
+                raise QueueFileError(f"{at}: kind: expected {KIND}")
+            try:
+                q = GPUQueue.model_validate(obj)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"])
+                raise QueueFileError(f"{at}: {loc}: {first['msg']}") from None
+            if not q.metadata.name:
+                raise QueueFileError(f"{at}: metadata.name: a GPUQueue needs a name")
+            if q.metadata.name in seen:
+                raise QueueFileError(f"{at}: metadata.name: {q.metadata.name} is used twice")
+            seen.add(q.metadata.name)
+            out.append(q)
+            if len(out) > MAX_QUEUES_IN_FILE:
+                raise QueueFileError(f"{where}: more than {MAX_QUEUES_IN_FILE} GPUQueues")
+    if not out:
+        raise QueueFileError(f"{where}: no GPUQueue objects")
+    return out
