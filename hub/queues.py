@@ -87,6 +87,8 @@ class Queues:
         self._invalid: dict[str, str] = {}
         #: conditions as last read or written (transition times survive a restart)
         self._conditions: dict[str, list[StatusCondition]] = {}
+        #: queue -> the status last computed (what the mirror writes)
+        self.shown: dict[str, GPUQueueStatus] = {}
         self._exported: set[tuple[str, str, str]] = set()
         self._exported_pending: set[str] = set()
         self.tree: QueueTree = build_tree([], default_queue=cfg.default_queue)
@@ -105,6 +107,7 @@ class Queues:
         name = str(meta.get("name", ""))
         if type_ == "DELETED":
             self._conditions.pop(name, None)
+            self.shown.pop(name, None)
             self._mirror.forget_queue(name)
             changed = self._specs.pop(name, None) is not None
             changed |= self._invalid.pop(name, None) is not None
@@ -226,6 +229,7 @@ class Queues:
         for i, name in enumerate(names):
             rows = usage_rows(self.tree, self.usage, name)
             status = self._status(name, rows, pending[name], admitted[name], shares, now)
+            self.shown[name] = status
             self._mirror.queue_status(name, status)
             if i < MAX_QUEUE_SERIES:
                 exported_pending.add(name)
