@@ -115,5 +115,6 @@ async def test_a_broken_queue_is_inactive_naming_the_field_and_its_jobs_wait(
             return message if "is not active" in message else None
 
         assert "queue team-a is not active: spec.parent" in await wait_for(waiting, "a waits")
-        assert hub.controller is not None and not hub.controller.stopped
+        assert hub.controller is not None
+        assert not hub.controller.stopped, "a broken queue ends nothing"
         await agent.close()
