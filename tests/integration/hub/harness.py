@@ -187,8 +187,12 @@ class HubAPI:
                 "gpufed.io",
                 "v1alpha1",
                 "gpuqueues",
-                {"apiVersion": "gpufed.io/v1alpha1", "kind": "GPUQueue",
-                 "metadata": {"name": name}, "spec": spec},
+                {
+                    "apiVersion": "gpufed.io/v1alpha1",
+                    "kind": "GPUQueue",
+                    "metadata": {"name": name},
+                    "spec": spec,
+                },
             )
             return obj
         obj = await self.custom.patch_cluster_custom_object(

@@ -80,8 +80,9 @@ async def test_quota_admission_status_and_a_restart_that_rebuilds_usage_once(
         assert second.job_uid != first.job_uid
         await wait_for(
             lambda: queue_status(
-                lambda s: [u["used"] for u in s.get("usage", [])] == [16]
-                and s.get("admittedJobs") == 2
+                lambda s: (
+                    [u["used"] for u in s.get("usage", [])] == [16] and s.get("admittedJobs") == 2
+                )
             ),
             "team-a: 16 of 16 used",
         )
