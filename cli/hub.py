@@ -144,6 +144,17 @@ def run(
             "most this many members (0: winner only)"
         ),
     ] = 16,
+    default_queue: Annotated[
+        str,
+        typer.Option(
+            help="GPUQueue of GPUJobs whose namespace no GPUQueue lists (no limit unless a "
+            "GPUQueue of that name sets one)"
+        ),
+    ] = "default",
+    fair_share_half_life: Annotated[
+        float,
+        typer.Option(help="half-life of the decayed GPU-seconds of fair sharing, seconds"),
+    ] = 86_400.0,
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -187,6 +198,8 @@ def run(
         "reserved_namespaces": frozenset(reserved_namespace or ()),
         "allow_exposed_services": allow_exposed_services,
         "explain_members": explain_members,
+        "default_queue": default_queue,
+        "fair_share_half_life_s": fair_share_half_life,
     }
     if hub_id:
         values["hub_id"] = hub_id

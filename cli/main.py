@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, bench, demo, hub, jobs, local, simulate
+from gpufed.cli import agent, bench, demo, hub, jobs, local, queues, simulate
 
 app = typer.Typer(
     name="gpufed",
@@ -21,6 +21,7 @@ app.add_typer(bench.app, name="bench")
 app.command("simulate")(simulate.simulate_command)
 app.add_typer(hub.app, name="hub")
 app.command("submit")(jobs.submit)
+jobs.get_app.command("queues")(queues.get_queues)
 app.add_typer(jobs.get_app, name="get")
 app.command("explain")(jobs.explain)
 app.command("delete")(jobs.delete)

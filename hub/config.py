@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
+from gpufed.placement.quota import DEFAULT_QUEUE
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 from gpufed.sync.podsecurity import Level
 
@@ -78,6 +80,11 @@ class HubConfig(BaseModel):
     - ``status_resync_s``: how often the leader compares every GPUJob status the hub API
       shows with the one it computed and writes the differences again (level-triggered:
       a write that someone else overwrote is corrected within this long).
+    - ``default_queue``: the GPUQueue of GPUJobs whose namespace no queue lists. Without a
+      GPUQueue of that name it has no limit (every job is admitted, as before queues existed);
+      create one to give those jobs a quota (docs/hub.md, "Queues and quotas").
+    - ``fair_share_half_life_s``: half-life of the decayed GPU-seconds that order queues in
+      fair sharing (:mod:`gpufed.placement.fairshare`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,6 +120,13 @@ class HubConfig(BaseModel):
     inventory_flush_s: float = Field(default=2.0, gt=0)
     status_interval_s: float = Field(default=2.0, gt=0)
     status_resync_s: float = Field(default=30.0, gt=0)
+    default_queue: str = Field(
+        default=DEFAULT_QUEUE,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
+    fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=10 * 365 * 86400)
 
     @property
     def refused_namespaces(self) -> frozenset[str]:

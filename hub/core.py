@@ -9,7 +9,8 @@ resumes where the previous leader stopped and creates nothing twice (docs/design
 The components, each in its own module (docs/design.md §9 walks a job through them):
 
 ==========================  ==================================================================
-:mod:`~gpufed.hub.intake`   list+watch of GPUJobs, MemberClusters, Namespaces; admission, reconcile
+:mod:`~gpufed.hub.intake`   list+watch of GPUJobs, MemberClusters, Namespaces, GPUQueues; admission, reconcile
+:mod:`~gpufed.hub.queues`   GPUQueues: the queue tree, the quota-usage ledger, fair share, queue status
 :mod:`~gpufed.hub.scheduling`  the scheduling cycle and the placement commit (one etcd txn)
 :mod:`~gpufed.hub.reservations`  the one owner of reservations
 :mod:`~gpufed.hub.dispatch` the per-member work outbox, resends, desired set on (re)connect
@@ -17,7 +18,7 @@ The components, each in its own module (docs/design.md §9 walks a job through t
 :mod:`~gpufed.hub.deletion` finalizers, member cleanup, orphaned job records
 :mod:`~gpufed.hub.members`  member registry, inventory, health, lost members
 :mod:`~gpufed.hub.tokens`   join tokens (watched Secrets), the agents' credential check
-:mod:`~gpufed.hub.mirror`   GPUJob / MemberCluster status writes and Events
+:mod:`~gpufed.hub.mirror`   GPUJob / MemberCluster / GPUQueue status writes and Events
 :mod:`~gpufed.hub.state`    the job, work and member state they share
 ==========================  ==================================================================
 
@@ -48,11 +49,12 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.intake import GPUJOBS, MEMBERCLUSTERS, NAMESPACES, Intake
+from gpufed.hub.intake import GPUJOBS, GPUQUEUES, MEMBERCLUSTERS, NAMESPACES, Intake
 from gpufed.hub.members import Members
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.ports import HubAPI, StateStore
+from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
 from gpufed.hub.reservations import Reservations
@@ -118,8 +120,9 @@ class Controller:
         self.reservations = Reservations(term, self.snapshot)
         self.dispatch = Dispatch(term)
         self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
+        self.queues = Queues(term, self.mirror, self.deletion)
         self.scheduler = Scheduler(
-            term, self.snapshot, self.reservations, self.dispatch, self.mirror
+            term, self.snapshot, self.reservations, self.dispatch, self.mirror, self.queues
         )
         self.members = Members(
             term,
@@ -148,6 +151,7 @@ class Controller:
             self.scheduler,
             self.mirror,
             self.rebuild,
+            self.queues,
         )
         #: the hub state epoch (set by :meth:`load`; "" until then)
         self.epoch = ""
@@ -187,6 +191,7 @@ class Controller:
         loops = [
             self.intake.list_watch(MEMBERCLUSTERS),
             self.intake.list_watch(NAMESPACES),
+            self.intake.list_watch(GPUQUEUES),
             self.intake.list_watch(GPUJOBS),
             self.scheduler.run(),
             self._tick_loop(),
@@ -246,7 +251,8 @@ class Controller:
             self.dispatch.resend_due(self._mono())
 
     async def _flush_loop(self) -> None:
-        """Persist changed inventories and member facts; refresh member status and metrics."""
+        """Persist changed inventories and member facts; refresh member and queue status and
+        metrics."""
         last_status = 0.0
         while True:
             await asyncio.sleep(min(self.config.inventory_flush_s, self.config.status_interval_s))
@@ -255,6 +261,8 @@ class Controller:
             if now - last_status >= self.config.status_interval_s:
                 last_status = now
                 self.members.write_all_statuses()
+                if self.queues.synced.is_set():
+                    self.queues.refresh()
 
     async def _resync_loop(self) -> None:
         """Level-triggered status: every ``status_resync_s``, write again each GPUJob status

@@ -57,6 +57,10 @@ class Deletion:
         """The GPUJob of an orphaned record was listed: hand the record back to it."""
         return self._orphans.pop(uid, None)
 
+    def orphan_records(self) -> list[JobRecord]:
+        """The job records whose GPUJob this term has not seen (yet): their copies may run."""
+        return [rec for rec, _ in self._orphans.values()]
+
     def job_gone(self, uid: str) -> None:
         """The GPUJob is gone from the hub API (DELETED, or missing from a re-list)."""
         job = self._term.state.jobs.pop(uid, None)

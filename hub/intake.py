@@ -1,9 +1,11 @@
-"""Intake: list+watch of GPUJobs, MemberClusters and Namespaces on the hub cluster, GPUJob
-validation and admission, and the reconcile that routes each job to deletion or the queue.
+"""Intake: list+watch of GPUJobs, MemberClusters, Namespaces and GPUQueues on the hub cluster,
+GPUJob validation and admission, and the reconcile that routes each job to deletion or the queue.
 
 Each resource is listed, then watched (:func:`gpufed.hub.listwatch.list_watch`); objects
 missing from a re-list were deleted while unwatched. Transient errors back off; anything else
-ends the term.
+ends the term, except for GPUQueues: a missing CRD or RBAC rule (404, 403) backs off too and
+places nothing meanwhile (:mod:`gpufed.hub.queues`), since placing without the quotas could
+exceed them. A GPUQueue change asks for a scheduling cycle.
 
 A new GPUJob is validated once (pod sets, allowed kinds, own namespace: :mod:`gpufed.hub.podsets`,
 :mod:`gpufed.sync.manifests`) and, unless it was placed already, admitted at its namespace's
@@ -34,6 +36,7 @@ from gpufed.hub.mirror import Mirror
 from gpufed.hub.namespaces import NamespaceLevels
 from gpufed.hub.podsets import InvalidJobError, placement_request
 from gpufed.hub.ports import WatchEvent
+from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
 from gpufed.hub.scheduling import Scheduler
@@ -41,13 +44,16 @@ from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
 from gpufed.sync.manifests import ManifestError, prepare_manifests
 from gpufed.sync.podsecurity import Level
-from gpufed.sync.retry import Backoff
+from gpufed.sync.retry import Backoff, Verdict
 
 log = structlog.get_logger("gpufed.hub.intake")
 
 GPUJOBS = "gpujobs"
 MEMBERCLUSTERS = "memberclusters"
 NAMESPACES = "namespaces"
+GPUQUEUES = "gpuqueues"
+#: GPUQueue list errors that back off instead of ending the term (no CRD, no RBAC rule).
+_QUEUE_ERRORS = frozenset({Verdict.RETRY, Verdict.REFUSED, Verdict.GONE})
 
 
 class Intake:
@@ -62,9 +68,11 @@ class Intake:
         scheduler: Scheduler,
         mirror: Mirror,
         rebuild: Rebuild,
+        queues: Queues,
     ) -> None:
         self._rebuild = rebuild
         self._term = term
+        self._queues = queues
         self._members = members
         self._deletion = deletion
         self._reports = reports
@@ -85,19 +93,25 @@ class Intake:
     # --- list + watch --------------------------------------------------------------------------------
 
     async def list_watch(self, plural: str) -> None:
-        """List, then watch ``plural`` (``gpujobs``, ``memberclusters`` or ``namespaces``)
-        forever (:func:`gpufed.hub.listwatch.list_watch`)."""
+        """List, then watch ``plural`` (``gpujobs``, ``memberclusters``, ``namespaces`` or
+        ``gpuqueues``) forever (:func:`gpufed.hub.listwatch.list_watch`)."""
         kube = self._term.kube
+        queues = plural == GPUQUEUES
         await list_watch(
             plural,
             lambda: kube.list_objects(plural),
             lambda rv: kube.watch_objects(plural, rv),
             on_listed=lambda items: self._listed(plural, items),
             on_event=lambda ev: self._on_event(plural, ev),
+            tolerate=_QUEUE_ERRORS if queues else frozenset({Verdict.RETRY}),
+            on_error=self._queues.list_failed if queues else None,
         )
 
     def _on_event(self, plural: str, ev: WatchEvent) -> None:
-        if plural == MEMBERCLUSTERS:
+        if plural == GPUQUEUES:
+            if self._queues.on_event(ev.type, ev.obj):
+                self._scheduler.kick()
+        elif plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
         elif plural == NAMESPACES:
             name = self.namespaces.on_event(ev.type, ev.obj)
@@ -110,6 +124,10 @@ class Intake:
     def _listed(self, plural: str, items: list[dict[str, Any]]) -> None:
         """After a (re)list: objects we knew that are gone were deleted while unwatched; the
         rest arrive as ADDED."""
+        if plural == GPUQUEUES:
+            self._queues.listed(items)
+            self._scheduler.kick()
+            return
         present = (
             {str(o.get("metadata", {}).get("uid")) for o in items} if plural == GPUJOBS else set()
         )

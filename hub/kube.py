@@ -264,6 +264,26 @@ class KubeAPI:
         ``replace /metadata/resourceVersion``, which the API server checks like an update's.
         One attempt, as for :meth:`patch_job_status`.
         """
+        return await self._replace_cluster_status("memberclusters", name, status, resource_version)
+
+    # --- GPUQueues --------------------------------------------------------------------------
+
+    async def get_queue(self, name: str) -> dict[str, Any] | None:
+        """One GPUQueue, or None when it does not exist."""
+        return await _get_or_none(
+            lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "gpuqueues", name)
+        )
+
+    async def patch_queue_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace ``status`` of one GPUQueue if it is still at ``resource_version`` (as
+        :meth:`patch_member_status`: ``usage`` rows of a key that is gone must go too)."""
+        return await self._replace_cluster_status("gpuqueues", name, status, resource_version)
+
+    async def _replace_cluster_status(
+        self, plural: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
         patch = [
             {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/status", "value": status},
@@ -271,7 +291,7 @@ class KubeAPI:
         resp: Any = await self.custom.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
-            "memberclusters",
+            plural,
             name,
             patch,
             _content_type=JSON_PATCH,  # type: ignore[call-arg]

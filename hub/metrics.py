@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+#: Most GPUQueues with per-queue series (bounded label cardinality: queues beyond it, by name,
+#: are not exported; their status still shows everything).
+MAX_QUEUE_SERIES = 200
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -97,5 +101,19 @@ class HubMetrics:
             "Statuses the leader found changed on the hub API server by someone else and "
             "wrote again (the periodic status resync).",
             ["kind"],
+            registry=r,
+        )
+        self.queue_gpus = Gauge(
+            "gpufed_queue_gpus",
+            "GPUs (MIG keys: slices) per GPUQueue and quota key; state is nominal, used "
+            "(reserved and running jobs of the queue and its descendants) or borrowed (used "
+            "above nominal). At most MAX_QUEUE_SERIES queues, first by name.",
+            ["queue", "gpu_product", "state"],
+            registry=r,
+        )
+        self.queue_pending_jobs = Gauge(
+            "gpufed_queue_pending_jobs",
+            "GPUJobs of a GPUQueue (its own) waiting to be placed.",
+            ["queue"],
             registry=r,
         )

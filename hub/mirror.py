@@ -1,9 +1,10 @@
-"""Status mirroring: what the hub writes back to its own API server (GPUJob and MemberCluster
-status, Events).
+"""Status mirroring: what the hub writes back to its own API server (GPUJob, MemberCluster and
+GPUQueue status, Events).
 
 Every component of a leader term reports through one :class:`Mirror`: :meth:`Mirror.set_status`
 for a GPUJob's new status (the pure rules that compute it are in :mod:`gpufed.hub.status`),
 :meth:`Mirror.member_status` for a MemberCluster's (computed by :mod:`gpufed.hub.members`),
+:meth:`Mirror.queue_status` for a GPUQueue's (computed by :mod:`gpufed.hub.queues`),
 :meth:`Mirror.event` for Events. Writes are coalesced per object by
 :class:`gpufed.hub.writer.CoalescingWriter`, which is also their one retry layer: a GPUJob's
 placed/dispatched/running steps usually come within a fraction of a second, and written at most
@@ -28,6 +29,7 @@ computed and writes the differences again (level-triggered, not only edge-trigge
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -35,6 +37,7 @@ from pydantic import ValidationError
 
 from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.membercluster import MemberClusterStatus
+from gpufed.api.queue import GPUQueueStatus
 from gpufed.hub import status as st
 from gpufed.hub.state import JobState
 from gpufed.hub.store import NotLeaderError
@@ -61,21 +64,28 @@ class Mirror:
             "job-status", self._write_job_status, workers=8, min_interval_s=0.25
         )
         self.members = CoalescingWriter("member-status", self._write_member_status)
+        self.queues = CoalescingWriter(
+            "queue-status", self._write_queue_status, min_interval_s=0.25
+        )
         #: uid -> (resourceVersion our last status write returned, or None after a conflict;
         #: the GPUJob object the watch had shown when we wrote)
         self._job_rvs: dict[str, tuple[str | None, GPUJob | None]] = {}
         #: MemberCluster -> resourceVersion our last status write returned
         self._member_rvs: dict[str, str] = {}
+        #: GPUQueue -> resourceVersion our last status write returned
+        self._queue_rvs: dict[str, str] = {}
 
     def start(self) -> None:
         """Start the writers' workers."""
         self.jobs.start()
         self.members.start()
+        self.queues.start()
 
     async def stop(self) -> None:
         """Stop the writers (pending values are dropped: the next leader rewrites them)."""
         await self.jobs.stop()
         await self.members.stop()
+        await self.queues.stop()
 
     def now(self) -> str:
         """The wall clock as an RFC 3339 status time."""
@@ -203,23 +213,56 @@ class Mirror:
         self._member_rvs.pop(name, None)
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
-        rv = self._member_rvs.get(name)
+        kube = self._term.kube
+        await self._write_cluster_status(
+            "member", name, payload, self._member_rvs, kube.get_member, kube.patch_member_status
+        )
+
+    # --- GPUQueues -------------------------------------------------------------------------------
+
+    def queue_status(self, name: str, status: GPUQueueStatus) -> None:
+        """Write a GPUQueue's status soon (skipped when equal to the last one written)."""
+        self.queues.submit(name, status.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+    def forget_queue(self, name: str) -> None:
+        """The GPUQueue is gone: drop what is pending for it."""
+        self.queues.forget(name)
+        self._queue_rvs.pop(name, None)
+
+    async def _write_queue_status(self, name: str, payload: Any) -> None:
+        kube = self._term.kube
+        await self._write_cluster_status(
+            "queue", name, payload, self._queue_rvs, kube.get_queue, kube.patch_queue_status
+        )
+
+    async def _write_cluster_status(
+        self,
+        kind: str,
+        name: str,
+        payload: Any,
+        rvs: dict[str, str],
+        read: Callable[[str], Awaitable[dict[str, Any] | None]],
+        patch: Callable[[str, dict[str, Any], str], Awaitable[str]],
+    ) -> None:
+        """One fenced status write of a cluster-scoped object at the resourceVersion our last
+        write returned (read first on the term's first write or after a conflict)."""
+        rv = rvs.get(name)
         if rv is None:  # first write of the term, or the last one conflicted
-            self._fence("member")
-            fresh = await self._term.kube.get_member(name)
+            self._fence(kind)
+            fresh = await read(name)
             if fresh is None:
                 return  # gone: its DELETED event forgets it
             rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
         try:
             self._term.check_fence()
-            self._member_rvs[name] = await self._term.kube.patch_member_status(name, payload, rv)
+            rvs[name] = await patch(name, payload, rv)
         except Exception as exc:
-            self._member_rvs.pop(name, None)
+            rvs.pop(name, None)
             result = _result_of(exc)
             if result != "gone":
-                self._term.metrics.status_writes.labels("member", result).inc()
+                self._term.metrics.status_writes.labels(kind, result).inc()
             raise
-        self._term.metrics.status_writes.labels("member", "ok").inc()
+        self._term.metrics.status_writes.labels(kind, "ok").inc()
 
     def _fence(self, kind: str) -> None:
         try:

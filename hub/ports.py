@@ -115,7 +115,7 @@ class HubAPI(Protocol):
     """The hub cluster's API server, as the leader uses it (objects are plain dicts)."""
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a gpufed resource (``gpujobs``, ``memberclusters``) or of
+        """Every object of a gpufed resource (``gpujobs``, ``memberclusters``, ``gpuqueues``) or of
         ``namespaces``, and the list's resourceVersion."""
         ...
 
@@ -155,6 +155,17 @@ class HubAPI(Protocol):
         self, name: str, status: dict[str, Any], resource_version: str
     ) -> str:
         """Replace a MemberCluster's status if it is still at ``resource_version`` (409 when it
+        changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
+        ...
+
+    async def get_queue(self, name: str) -> dict[str, Any] | None:
+        """One GPUQueue, or None."""
+        ...
+
+    async def patch_queue_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace a GPUQueue's status if it is still at ``resource_version`` (409 when it
         changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
         ...
 

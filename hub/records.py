@@ -26,6 +26,10 @@ class JobRecord(_Record):
     ``cluster``: where its current copy lives; ``None`` after the member was lost and the job
     waits to be placed again (``reschedule: OnClusterLoss``). ``attempt`` counts placements.
     ``placed_at``: wall seconds of the latest placement. ``gpus``: whole GPUs it asked for.
+    ``queue``: the GPUQueue that admitted the placement, and ``charged``: what it charges
+    there (concrete quota key -> GPUs or MIG slices, :func:`gpufed.placement.quota.demand_of`):
+    a new leader rebuilds quota usage from these records (:mod:`gpufed.hub.queues`). Records
+    written before queues existed have neither and charge nothing.
     """
 
     uid: str
@@ -34,6 +38,8 @@ class JobRecord(_Record):
     attempt: int = 1
     placed_at: float = 0.0
     gpus: int = 0
+    queue: str | None = None
+    charged: dict[str, int] = {}
 
 
 class WorkRecord(_Record):

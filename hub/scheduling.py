@@ -5,14 +5,20 @@ A cycle (:meth:`Scheduler.cycle`) runs soon after anything that may let a job fi
 a burst of changes becomes one cycle. Its phases read, then decide, then act:
 
 1. expire reservations whose pods never showed up;
-2. read the queue: the jobs that still want placement;
-3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: order by priority
-   and submit time, backfill holds) calls the pure ``place()`` on the long-lived
-   :class:`~gpufed.placement.FleetSnapshot`; a ``Placed`` decision is reserved at once as a
-   tentative reservation, so later jobs of the same pass see its GPUs taken;
-4. act: each placed job is committed (:meth:`Scheduler._commit`): its job record, work item
-   and reservation are written in ONE etcd transaction (:meth:`gpufed.hub.store.Store.place`)
-   before anything is sent, then it is dispatched; the others get their "not placed" status.
+2. read the queue: the jobs that still want placement, each in its GPUQueue
+   (:mod:`gpufed.hub.queues`; a ``spec.placement.queue`` naming another queue fails the job),
+   and the quota ledger rebuilt from the placements; no cycle places anything before the
+   term's first GPUQueue list;
+3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: fair-share order
+   between queues, then priority and submit time, backfill holds) calls the pure ``place()``
+   on the long-lived :class:`~gpufed.placement.FleetSnapshot` with the job's ``Quota`` filter;
+   a ``Placed`` decision is reserved at once as a tentative reservation and charged to its
+   queue, so later jobs of the same pass see its GPUs and its quota taken;
+4. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
+   queue and charge), work item and reservation are written in ONE etcd transaction
+   (:meth:`gpufed.hub.store.Store.place`) before anything is sent, then it is dispatched; the
+   others get their "not placed" status (a quota's refusal in its words);
+5. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.queues import Queues
 from gpufed.hub.records import JobRecord, WorkRecord
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.state import JobState, WorkState
@@ -43,6 +50,9 @@ from gpufed.placement import (
     place,
     schedule_pass,
 )
+from gpufed.placement.fairshare import fair_sorted
+from gpufed.placement.queue import queued_fit_key
+from gpufed.placement.quota import demand_of
 from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.scheduling")
@@ -61,8 +71,10 @@ class Scheduler:
         reservations: Reservations,
         dispatch: Dispatch,
         mirror: Mirror,
+        queues: Queues,
     ) -> None:
         self._term = term
+        self._queues = queues
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
@@ -98,37 +110,62 @@ class Scheduler:
         now = self._term.wall()
         # 1. drop reservations whose pods never showed up
         await self._reservations.expire(now)
-        # 2. the queue
+        queues = self._queues
+        if not queues.synced.is_set():
+            # Nothing is admitted before this term knows the quotas (the list kicks again).
+            return
+        # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
+        queues.rebuild_usage()
+        shares = queues.observe(now)
         waiting = []
         for uid in list(self._waiting):
             job = self._term.state.jobs.get(uid)
-            if job is not None and job.wants_placement:
+            if job is not None and job.wants_placement and self._enqueue(job):
                 waiting.append(job)
-            else:
+            elif job is None or not job.wants_placement:
                 self._waiting.discard(uid)
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
+            queues.publish(shares)
             return
-        requests = [j.request for j in waiting if j.request is not None]
+        gate = queues.gate()
+        requests = fair_sorted(
+            (j.request for j in waiting if j.request is not None), queues.tree, shares
+        )
         reservations: dict[str, Reservation] = {}
+        charges: dict[str, tuple[str, dict[str, int]]] = {}
         # Small fleets: record every member's score or rejection for `gpufed explain`.
         explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
-            decision = place(req, self._snapshot, self._policy, now, hold=hold, explain=explain)
+            decision = place(
+                req,
+                self._snapshot,
+                self._policy,
+                now,
+                hold=hold,
+                explain=explain,
+                quota=gate.for_request(req),
+            )
             self._term.metrics.placement_seconds.observe(time.perf_counter() - t0)
             if decision.outcome == Outcome.PLACED:
                 reservations[req.uid] = self._reservations.reserve(decision, now)
+                # charged now: later jobs of this pass see the quota taken
+                gate.charge(req, decision.gpu_product)
+                charges[req.uid] = (gate.queue(req), demand_of(req, decision.gpu_product))
             return decision
 
-        # 3. decide: placement's queue pass (order, backfill holds, place + tentative reserve)
+        # 3. decide: placement's queue pass (fair-share order, backfill holds, quota admission,
+        #    place + tentative reserve and charge)
         result = schedule_pass(
             requests,
             now,
             attempt,
             lambda r: hold_for(r, self._snapshot, self._policy),
             self._backfill,
+            presorted=True,
+            key_of=queued_fit_key,
         )
         # 4. act: commit placed jobs (etcd first, then dispatch); report the rest
         commits = []
@@ -136,11 +173,40 @@ class Scheduler:
             self._term.metrics.decisions.labels(decision.outcome.value).inc()
             job = self._term.state.jobs.get(req.uid)
             if decision.outcome == Outcome.PLACED:
-                commits.append(self._commit(req.uid, decision, reservations[req.uid]))
+                commits.append(
+                    self._commit(req.uid, decision, reservations[req.uid], charges[req.uid])
+                )
             elif job is not None:
                 self._not_placed(job, decision)
         if commits:
             await asyncio.gather(*commits)
+        # 5. the queues' status, from the placements etcd now holds
+        queues.rebuild_usage()
+        queues.publish(shares)
+
+    def _enqueue(self, job: JobState) -> bool:
+        """Put ``job``'s request in its GPUQueue; False (and the job Failed, naming the field)
+        when its ``spec.placement.queue`` names a queue that does not list its namespace."""
+        assert job.request is not None
+        choice = self._queues.queue_of(job)
+        if choice.error is not None:
+            job.request = None
+            job.error, job.error_field = choice.error, "spec.placement.queue"
+            self._mirror.set_status(
+                job,
+                st.invalid(
+                    job.status,
+                    field="spec.placement.queue",
+                    message=choice.error,
+                    now=self._mirror.now(),
+                ),
+            )
+            self._mirror.event(job, "Warning", "InvalidSpec", choice.error)
+            log.info("hub.job.invalid", job=job.key, field="spec.placement.queue")
+            return False
+        if job.request.queue != choice.queue:
+            job.request = job.request.model_copy(update={"queue": choice.queue})
+        return True
 
     def _not_placed(self, job: JobState, decision: Decision) -> None:
         if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
@@ -203,8 +269,15 @@ class Scheduler:
             for ps in decision.pod_sets
         }
 
-    async def _commit(self, uid: str, decision: Decision, res: Reservation) -> None:
-        """Write the placement (one etcd transaction), then dispatch and report it."""
+    async def _commit(
+        self,
+        uid: str,
+        decision: Decision,
+        res: Reservation,
+        charge: tuple[str, dict[str, int]],
+    ) -> None:
+        """Write the placement (one etcd transaction; the job record names the queue and what
+        it charges there: ``charge``), then dispatch and report it."""
         async with self._term.state.lock(uid):
             job = self._term.state.jobs.get(uid)
             if job is None or not job.wants_placement or decision.cluster is None:
@@ -241,6 +314,8 @@ class Scheduler:
                 attempt=attempt_no,
                 placed_at=now,
                 gpus=job.request.gpus,
+                queue=charge[0],
+                charged=charge[1],
             )
             work = WorkRecord(
                 job_uid=uid,

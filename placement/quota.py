@@ -471,3 +471,41 @@ def over_limit(tree: QueueTree, usage: QuotaUsage) -> list[str]:
             if used > cap:
                 out.append(f"{name} {key}: {used} > {cap}")
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One quota key of a queue as ``GPUQueue.status.usage`` shows it (GPUs or MIG slices):
+    ``nominal``, ``used`` (its subtree's reserved and running jobs) and ``borrowed`` (the part
+    of ``used`` above ``nominal``)."""
+
+    key: str
+    nominal: int
+    used: int
+    borrowed: int
+
+
+def usage_rows(tree: QueueTree, usage: QuotaUsage, queue: str) -> list[UsageRow]:
+    """The usage of ``queue`` per quota key, sorted by key: its own entries; for a grouping
+    queue (no entry of its own), the keys its descendants list (nominal: their sum). Keys
+    with no limit are left out (the default queue has no rows); so is a broken or unknown
+    queue. Same arithmetic as :func:`admit`."""
+    node = tree.nodes.get(queue)
+    if node is None:
+        return []
+    keys = set(node.quotas)
+    if not keys:
+        stack = list(node.children)
+        while stack:
+            child = tree.nodes[stack.pop()]
+            keys.update(child.quotas)
+            stack.extend(child.children)
+    out = []
+    for key in sorted(keys):
+        view = _View(tree, usage, key)
+        nominal = view.nominal(queue)
+        if nominal >= UNLIMITED:
+            continue
+        used = view.used(queue)
+        out.append(UsageRow(key, nominal, used, max(0, used - nominal)))
+    return out

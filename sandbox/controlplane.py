@@ -276,9 +276,10 @@ def prepare_hub_cluster(
 
 
 def wait_crds_established(api: k8s.ApiClient, timeout_s: float) -> None:
-    """Until the ``gpujobs`` and ``memberclusters`` CRDs are served (condition Established)."""
+    """Until the ``gpujobs``, ``memberclusters`` and ``gpuqueues`` CRDs are served (condition
+    Established)."""
     ext = k8s.ApiextensionsV1Api(api)
-    names = [f"gpujobs.{GROUP}", f"{MEMBERCLUSTERS}.{GROUP}"]
+    names = [f"gpujobs.{GROUP}", f"{MEMBERCLUSTERS}.{GROUP}", f"gpuqueues.{GROUP}"]
     deadline = time.monotonic() + timeout_s
     while names:
         name = names[0]

@@ -43,6 +43,7 @@ def hub_kubeconfig(sandbox: SandboxInfo) -> Path:
         try:
             custom.list_cluster_custom_object("gpufed.io", "v1alpha1", "gpujobs")
             custom.list_cluster_custom_object("gpufed.io", "v1alpha1", "memberclusters")
+            custom.list_cluster_custom_object("gpufed.io", "v1alpha1", "gpuqueues")
         except ApiException:
             return False
         return True

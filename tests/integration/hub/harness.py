@@ -106,6 +106,7 @@ class HubAPI:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.members: list[str] = []
+        self.queues: list[str] = []
 
     @classmethod
     async def connect(cls, kubeconfig: Path) -> HubAPI:
@@ -137,6 +138,11 @@ class HubAPI:
                     )
                 with contextlib.suppress(client.ApiException):
                     await self.delete_job(name, ns)
+        for name in self.queues:
+            with contextlib.suppress(client.ApiException):
+                await self.custom.delete_cluster_custom_object(
+                    "gpufed.io", "v1alpha1", "gpuqueues", name
+                )
         for name in self.members:
             with contextlib.suppress(client.ApiException):
                 await self.custom.delete_cluster_custom_object(
@@ -171,6 +177,39 @@ class HubAPI:
             },
         )
         return token
+
+    async def put_queue(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Create GPUQueue ``name`` with ``spec``, or replace the spec of the one there
+        (deleted after the test)."""
+        if name not in self.queues:
+            self.queues.append(name)
+            obj: dict[str, Any] = await self.custom.create_cluster_custom_object(
+                "gpufed.io",
+                "v1alpha1",
+                "gpuqueues",
+                {
+                    "apiVersion": "gpufed.io/v1alpha1",
+                    "kind": "GPUQueue",
+                    "metadata": {"name": name},
+                    "spec": spec,
+                },
+            )
+            return obj
+        obj = await self.custom.patch_cluster_custom_object(
+            "gpufed.io",
+            "v1alpha1",
+            "gpuqueues",
+            name,
+            [{"op": "replace", "path": "/spec", "value": spec}],
+            _content_type="application/json-patch+json",
+        )
+        return obj
+
+    async def queue(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_cluster_custom_object(
+            "gpufed.io", "v1alpha1", "gpuqueues", name
+        )
+        return obj
 
     async def rotate_token(self, name: str, token: str | None = None) -> str:
         """Write a new token into member ``name``'s join Secret; returns it."""

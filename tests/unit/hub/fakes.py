@@ -196,7 +196,12 @@ class FakeHubAPI:
     call by name (to pin that a path makes none)."""
 
     objects: dict[str, list[dict[str, Any]]] = field(
-        default_factory=lambda: {"gpujobs": [], "memberclusters": [], "namespaces": []}
+        default_factory=lambda: {
+            "gpujobs": [],
+            "memberclusters": [],
+            "namespaces": [],
+            "gpuqueues": [],
+        }
     )
     watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
     secrets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -205,6 +210,7 @@ class FakeHubAPI:
     forbidden_namespaces: set[str] = field(default_factory=set)
     job_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     member_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    queue_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     finalizer_writes: list[tuple[str, str, list[str]]] = field(default_factory=list)
     listed: dict[str, int] = field(default_factory=dict)
@@ -292,6 +298,18 @@ class FakeHubAPI:
         self.requests["patch_member_status"] += 1
         rv = self._write_status("memberclusters", None, name, status, resource_version)
         self.member_statuses.append((name, status))
+        return rv
+
+    async def get_queue(self, name: str) -> dict[str, Any] | None:
+        self.requests["get_queue"] += 1
+        return self._find("gpuqueues", None, name)
+
+    async def patch_queue_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        self.requests["patch_queue_status"] += 1
+        rv = self._write_status("gpuqueues", None, name, status, resource_version)
+        self.queue_statuses.append((name, status))
         return rv
 
     async def list_secrets(

@@ -43,6 +43,8 @@ class Term:
         )
         # The builders' namespace, as the Namespace watch shows it (no Pod Security label).
         self.ctrl.intake.namespaces.seen("team-a", {})
+        # No GPUQueues (the default queue, unlimited) until a test lists some.
+        self.ctrl.queues.listed(self.kube.objects["gpuqueues"])
 
     def member(self, name: str, *nodes: NodeInventory) -> None:
         """A MemberCluster ``name`` whose agent reported ``nodes``."""
