@@ -162,7 +162,7 @@ class Scheduler:
             requests,
             now,
             attempt,
-            lambda r: hold_for(r, self._snapshot, self._policy),
+            lambda r: hold_for(r, self._snapshot, self._policy, gate.for_request(r)),
             self._backfill,
             presorted=True,
             key_of=queued_fit_key,

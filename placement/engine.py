@@ -254,8 +254,17 @@ def explain(
     return place(request, snapshot, policy, now, explain=True)
 
 
-def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy) -> Hold | None:
+def hold_for(
+    request: PlacementRequest,
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    quota: JobQuota | None = None,
+) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
+
+    ``quota``: the job's ``Quota`` filter; pools of a product its queue cannot admit now are
+    never held (the job could not use them once drained, and holding them would only keep
+    other queues' jobs off them).
 
     Among pools that pass the static filters and could ever hold the job: for a job that must
     sit in one NVLink domain (one pod, or ``nvlink: Required``), rack or block, the group of
@@ -272,6 +281,8 @@ def hold_for(request: PlacementRequest, snapshot: FleetSnapshot, policy: Policy)
     best: tuple[int, str, frozenset[str]] | None = None
     for c, pool in static.candidates:
         if never_reason(job, c, pool, _pool_memo(snapshot.memo, pool)) is not None:
+            continue
+        if quota is not None and pool is not None and not quota.status(pool.product).ok:
             continue
         if pool is None:
             found: tuple[int, frozenset[str]] | None = (

@@ -47,7 +47,7 @@ from gpufed.api.inventory import (
     NodeInventory,
     node_from_labels,
 )
-from gpufed.api.labels import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.queue import GPUQueue
 from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
@@ -331,14 +331,8 @@ def _run_gpufed(
         return d
 
     def holds(req: PlacementRequest) -> Hold | None:
-        hold = hold_for(req, snapshot, policy)
-        quota = gate.for_request(req) if gate is not None else None
-        if hold is not None and hold.nodes and quota is not None:
-            # a job its quota blocks would hold nodes it cannot use: let others drain them
-            some = snapshot.node(hold.cluster, min(hold.nodes))
-            if not quota.status(some.labels.get(GPU_PRODUCT_LABEL)).ok:
-                return None
-        return hold
+        # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
+        return hold_for(req, snapshot, policy, gate.for_request(req) if gate is not None else None)
 
     def key_of(req: PlacementRequest) -> Any:
         key = sim.by_uid[req.uid].key

@@ -12,7 +12,7 @@ from quota_builders import A100, H100, gpu_queue, org_with_two_teams, quota
 from gpufed.api.decision import Decision
 from gpufed.api.queue import GPUQueueSpec
 from gpufed.api.request import PlacementRequest
-from gpufed.placement import Hold, Policy, place, schedule_pass
+from gpufed.placement import Hold, Policy, hold_for, place, schedule_pass
 from gpufed.placement.queue import queued_fit_key
 from gpufed.placement.quota import (
     QUOTA_PLUGIN,
@@ -263,6 +263,21 @@ def test_place_keeps_off_products_the_queue_cannot_admit() -> None:
     by_member = {r.cluster: r.reason for r in d2.rejections}
     assert by_member["h100s"].startswith("t uses 8 of 8 NVIDIA-H100-80GB-HBM3; 1 more needed")
     assert by_member["a100s"].startswith("t uses 0 of 0 NVIDIA-A100-SXM4-80GB")
+
+
+def test_a_starving_job_holds_only_nodes_of_a_product_its_queue_admits() -> None:
+    """Backfill holds (placement/queue.py) skip the pools its quota refuses: a team with H100
+    quota only never holds A100 nodes, which it could not use once drained."""
+    snap = fleet(hgx_cluster("a100s", 2, product=A100), hgx_cluster("h100s", 2))
+    tree = build_tree([gpu_queue("t", quota(H100, 64, borrowing=0))])
+    gate = QuotaGate(tree)
+    req = _in_queue(job("big", gpus=8), "t")
+    held = hold_for(req, snap, POLICY, gate.for_request(req))
+    assert held is not None and held.cluster == "h100s"
+    only_a100 = build_tree([gpu_queue("t", quota(A100, 0, borrowing=0), quota(H100, 0))])
+    gate = QuotaGate(only_a100)
+    assert hold_for(req, snap, POLICY, gate.for_request(req)) is None
+    assert hold_for(req, snap, POLICY) is not None  # without the quota it would hold
 
 
 def test_charges_inside_one_pass_are_seen_by_the_next_job() -> None:
