@@ -273,7 +273,8 @@ def test_a_starving_job_holds_only_nodes_of_a_product_its_queue_admits() -> None
     gate = QuotaGate(tree)
     req = _in_queue(job("big", gpus=8), "t")
     held = hold_for(req, snap, POLICY, gate.for_request(req))
-    assert held is not None and held.cluster == "h100s"
+    assert held is not None
+    assert held.cluster == "h100s"
     only_a100 = build_tree([gpu_queue("t", quota(A100, 0, borrowing=0), quota(H100, 0))])
     gate = QuotaGate(only_a100)
     assert hold_for(req, snap, POLICY, gate.for_request(req)) is None
