@@ -182,6 +182,7 @@ class Controller:
             )
         self.deletion.restore(loaded.jobs, loaded.job_revisions)
         self.reservations.restore(loaded.reservations, self._wall())
+        self.queues.restore_history(loaded.fair_share)
 
     async def run(self) -> str:
         """Run until leadership must end (returns the reason) or the task is cancelled."""
@@ -263,6 +264,7 @@ class Controller:
                 self.members.write_all_statuses()
                 if self.queues.synced.is_set():
                     self.queues.refresh()
+                    await self.queues.save_history()
 
     async def _resync_loop(self) -> None:
         """Level-triggered status: every ``status_resync_s``, write again each GPUJob status

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.store import Loaded
 
 
@@ -86,6 +86,10 @@ class StateStore(Protocol):
 
     async def put_ack(self, cluster: str, job_uid: str, ack: AckRecord) -> None:
         """Write the member's latest ack for a job."""
+        ...
+
+    async def put_fair_share(self, record: FairShareRecord) -> None:
+        """Replace the queues' decayed usage (key ``fairshare``)."""
         ...
 
     async def forget_work(self, cluster: str, job_uid: str) -> None:

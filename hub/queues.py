@@ -46,6 +46,7 @@ from gpufed.hub import status as st
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.records import FairShareRecord
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
 from gpufed.placement.fairshare import DecayedUsage
@@ -61,6 +62,9 @@ from gpufed.placement.quota import (
 )
 
 log = structlog.get_logger("gpufed.hub.queues")
+
+#: Seconds between writes of the queues' decayed usage to etcd (key ``fairshare``).
+FAIR_SHARE_SAVE_S: Final = 60.0
 
 #: Most GPUQueues the hub admits by; more are broken (bounded memory and cycle time).
 MAX_QUEUES: Final = 1000
@@ -94,6 +98,7 @@ class Queues:
         self.tree: QueueTree = build_tree([], default_queue=cfg.default_queue)
         self.usage = QuotaUsage()
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
+        self._saved_at: float | None = None
         #: set once the first GPUQueue list of this term is in
         self.synced = asyncio.Event()
         #: the last error of the GPUQueue list+watch ("" after a good list)
@@ -216,6 +221,23 @@ class Queues:
         per_queue = {q: float(sum(self.usage.own(q).values())) for q in self.tree.nodes}
         self.decayed.observe(now, per_queue)
         return self.decayed.shares(self.tree)
+
+    def restore_history(self, record: FairShareRecord | None) -> None:
+        """Start decayed usage from what the last leader saved (``Controller.load``); a queue
+        deleted meanwhile keeps a value nothing reads, dropped at the next save."""
+        if record is not None:
+            self.decayed.restore(record.values, record.at)
+
+    async def save_history(self) -> None:
+        """Write decayed usage to etcd, at most every :data:`FAIR_SHARE_SAVE_S` (the term's
+        flush loop); a new leader restores it, so fair share survives a restart."""
+        now = self._term.wall()
+        if self._saved_at is not None and now - self._saved_at < FAIR_SHARE_SAVE_S:
+            return
+        self.decayed.advance(now)
+        values = {q: v for q in self.tree.nodes if (v := self.decayed.value(q)) > 0}
+        await self._term.store.put_fair_share(FairShareRecord(values=values, at=now))
+        self._saved_at = now
 
     def refresh(self) -> None:
         """Between cycles (the term's status loop): ledger, fair share and status again, so a

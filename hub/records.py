@@ -89,6 +89,15 @@ class AckRecord(_Record):
     applied_at: float | None = None
 
 
+class FairShareRecord(_Record):
+    """The queues' decayed usage (key ``fairshare``): queue -> GPU-seconds of its own jobs,
+    decayed to ``at`` (wall seconds). Written by the leader at most every minute, so a new
+    leader's fair-share order starts from history, not from zero."""
+
+    values: dict[str, float] = {}
+    at: float = 0.0
+
+
 class MemberMeta(_Record):
     """Per-member facts besides nodes (key ``clusters/<name>/meta``)."""
 

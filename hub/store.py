@@ -46,7 +46,7 @@ from tenacity import (
 )
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.sync.retry import is_retryable
 
 log = structlog.get_logger("gpufed.hub.store")
@@ -86,6 +86,8 @@ class Loaded:
     nodes: dict[str, dict[str, NodeInventory]] = field(default_factory=dict)
     #: job uid -> mod_revision of its job record (for guarded updates)
     job_revisions: dict[str, int] = field(default_factory=dict)
+    #: the ``fairshare`` key (None: absent)
+    fair_share: FairShareRecord | None = None
     #: the ``epoch`` key's value (None: absent, a new or wiped state) and the etcd cluster ID
     epoch_id: str | None = None
     cluster_id: int = 0
@@ -335,6 +337,11 @@ class Store:
             raise NotLeaderError(f"{self.hub_id} is not the leader any more")
         raise ConflictError(f"job record {job.uid} changed since revision {expect_revision}")
 
+    async def put_fair_share(self, record: FairShareRecord) -> None:
+        """Replace the queues' decayed usage (key ``fairshare``)."""
+        tx = self._client.transactions
+        await self._guarded([tx.put(self._k("fairshare"), record.model_dump_json().encode())])
+
     async def put_work(self, cluster: str, record: WorkRecord) -> int:
         """Write (replace) one work item; returns its new revision."""
         tx = self._client.transactions
@@ -453,6 +460,8 @@ def _load_one(out: Loaded, parts: list[str], value: bytes, revision: int) -> Non
             out.members[cluster] = MemberMeta.model_validate_json(value)
         case ["epoch"]:
             out.epoch_id = value.decode()
+        case ["fairshare"]:
+            out.fair_share = FairShareRecord.model_validate_json(value)
         case ["clusters", cluster, "nodes", _node]:
             node = NodeInventory.model_validate_json(value)
             out.nodes.setdefault(cluster, {})[node.name] = node

@@ -8,7 +8,7 @@ import pytest
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.leader import LeaderElector
-from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.store import ConflictError, NotLeaderError, Store
 
 pytestmark = pytest.mark.integration
@@ -152,3 +152,11 @@ async def test_an_adopted_placement_holds_no_reservation(store: Store) -> None:
     assert loaded.jobs["u1"].cluster == "m1"
     assert loaded.acks[("m1", "u1")] == ack
     assert loaded.reservations == {}
+
+
+async def test_fair_share_history_is_written_by_the_leader_and_loaded_back(store: Store) -> None:
+    await lead(store)
+    assert (await store.load()).fair_share is None
+    record = FairShareRecord(values={"team-a": 28_800.5}, at=1_767_225_600.0)
+    await store.put_fair_share(record)
+    assert (await store.load()).fair_share == record

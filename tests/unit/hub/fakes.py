@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.ports import HubAPI, StateStore, WatchEvent
-from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.store import ConflictError, Loaded
 
 
@@ -55,6 +55,8 @@ class FakeStore:
     conflict_on_place: set[str] = field(default_factory=set)
     #: the ``epoch`` key (None: a new or wiped state)
     epoch_id: str | None = None
+    #: the ``fairshare`` key
+    fair_share: FairShareRecord | None = None
 
     def _next(self) -> int:
         self.revision += 1
@@ -70,6 +72,7 @@ class FakeStore:
             members={c: m for c, m in self.metas},
             nodes={c: dict(n) for c, n in self.nodes.items()},
             epoch_id=self.epoch_id,
+            fair_share=self.fair_share,
         )
 
     async def place(
@@ -153,6 +156,10 @@ class FakeStore:
     async def put_ack(self, cluster: str, job_uid: str, ack: AckRecord) -> None:
         self.calls.append("put_ack")
         self.acks[(cluster, job_uid)] = ack
+
+    async def put_fair_share(self, record: FairShareRecord) -> None:
+        self.calls.append("put_fair_share")
+        self.fair_share = record
 
     async def forget_work(self, cluster: str, job_uid: str) -> None:
         self.calls.append("forget_work")

@@ -272,6 +272,27 @@ async def test_the_queue_status_and_gauges_show_usage_pending_and_fair_share() -
     assert registry.get_sample_value("gpufed_queue_pending_jobs", {"queue": "team-a"}) is None
 
 
+async def test_fair_share_history_survives_a_new_leader_term() -> None:
+    # Decayed usage lived only in the term's memory: a new leader started every queue at 0.
+    store = FakeStore()
+    t = team_a_term(8, store=store)
+    await t.submit("a", "ua", gpus=8)
+    await t.ctrl.scheduler.cycle()
+    t.ctrl.queues.refresh()
+    t.clock.advance(3600)  # one hour of 8 GPUs
+    t.ctrl.queues.refresh()
+    await t.ctrl.queues.save_history()
+    assert store.fair_share is not None
+    saved = store.fair_share.values["team-a"]
+    assert 8 * 3600 * 0.97 < saved < 8 * 3600  # decays a little within the hour
+    t2 = Term(store=store, kube=t.kube)
+    await t2.ctrl.load()
+    t2.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    assert t2.ctrl.queues.decayed.value("team-a") == saved
+    await t2.ctrl.queues.save_history()  # saved again at once by the new term, not zeroed
+    assert store.fair_share.values["team-a"] > 0
+
+
 async def test_a_status_write_coming_back_through_the_watch_does_not_rebuild_the_tree() -> None:
     t = team_a_term(8)
     tree = t.ctrl.queues.tree
