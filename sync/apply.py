@@ -33,6 +33,7 @@ from gpufed.api.labels import (
     MANAGED_NAMESPACE_LABEL,
     POD_SECURITY_ENFORCE_LABEL,
 )
+from gpufed.sync.grants import RESERVED_NAMESPACES, grant_manifest
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
 from gpufed.sync.ownership import Holder, Owner, check_owner, holder_of
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
@@ -243,8 +244,11 @@ def main_workload(manifests: Sequence[Mapping[str, Any]]) -> ObjectRef | None:
 # --- applying -------------------------------------------------------------------------------------
 
 
-async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = "") -> bool:
-    """Create namespace ``name`` labelled ``gpufed.io/managed=true`` unless it exists.
+async def ensure_namespace(
+    client: ObjectClient, name: str, pod_security: str = "", *, origin: str
+) -> bool:
+    """Create namespace ``name`` labelled ``gpufed.io/managed=true`` unless it exists, and make
+    sure it holds the agent's workload grant for the hub ``origin``.
 
     ``pod_security``: the Pod Security level of the job's hub namespace (``baseline`` …); when
     given, the new namespace also carries it as ``pod-security.kubernetes.io/enforce``, so the
@@ -253,7 +257,22 @@ async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = 
     quotas) is used as it is: never relabelled. gpufed never deletes a namespace, not even one
     it created (it may hold others' objects by then); the agent's RBAC has no ``delete`` on
     namespaces.
+
+    The grant (:func:`gpufed.sync.grants.grant_manifest`: a RoleBinding of the ClusterRole
+    ``gpufed-agent-workload`` to the agent's ServiceAccount) is what lets the agent write the
+    job's objects there, in a namespace it created and in one that existed; it is created when
+    missing, in every namespace except the reserved ones (where the agent writes nothing). A
+    RoleBinding of the grant's name that exists already is left as it is (this agent's from
+    before, or someone else's). Raises the API error (after retries for temporary errors).
     """
+    created = await _ensure_namespace_exists(client, name, pod_security)
+    if name not in RESERVED_NAMESPACES:
+        # 409: it exists (this agent's from before, or someone else's: never changed).
+        await _create(client, grant_manifest(name, origin))
+    return created
+
+
+async def _ensure_namespace_exists(client: ObjectClient, name: str, pod_security: str) -> bool:
     labels = {MANAGED_NAMESPACE_LABEL: "true"}
     if pod_security:
         labels[POD_SECURITY_ENFORCE_LABEL] = pod_security
