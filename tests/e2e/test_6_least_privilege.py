@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.labels import DEFAULT_ORIGIN, ORIGIN_LABEL
 from gpufed.sandbox import identities
-from gpufed.sync.grants import GRANT_SELECTOR, WORKLOAD_ROLE
+from gpufed.sync.grants import GRANT_SELECTOR, WORKLOAD_ROLE, grant_manifest
 from tests.e2e.harness import DRILL_NS, E2E, batch_job, unique, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -58,6 +58,8 @@ def test_the_hub_and_every_agent_run_as_their_service_accounts(e2e: E2E) -> None
 def test_the_agent_identity_may_create_nothing_in_a_reserved_namespace(
     e2e: E2E, namespace: str
 ) -> None:
+    """No grant there, so RBAC refuses the job's kinds; and the one thing RBAC lets it create
+    anywhere, its own grant, is refused there by the admission policy."""
     member = sorted(e2e.members)[0]
     api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
     try:
@@ -65,23 +67,40 @@ def test_the_agent_identity_may_create_nothing_in_a_reserved_namespace(
             k8s.CoreV1Api(api).create_namespaced_config_map(
                 namespace, {"metadata": {"name": "gpufed-drill"}, "data": {"k": "v"}}
             )
+        assert err.value.status == 403
+        with pytest.raises(ApiException) as err:
+            k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                namespace, grant_manifest(namespace, DEFAULT_ORIGIN)
+            )
     finally:
         api.close()  # type: ignore[no-untyped-call]
     assert err.value.status == 403
     assert f"reserved namespace {namespace}" in str(err.value.body)
 
 
-def test_the_agent_identity_may_create_in_a_tenant_namespace(e2e: E2E) -> None:
+def test_the_agent_identity_may_create_in_a_tenant_namespace_once_granted(e2e: E2E) -> None:
+    """What the agent does for a job: create the namespace, its grant there, then the job's
+    objects (a ConfigMap before the grant is 403)."""
     member = sorted(e2e.members)[0]
     api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
     core = k8s.CoreV1Api(api)
+    cm = {"metadata": {"generateName": "drill-"}, "data": {"k": "v"}}
     try:
         # (409 when an earlier run made it; any other refusal fails the create below)
         with contextlib.suppress(ApiException):
             core.create_namespace({"metadata": {"name": "gpufed-drill"}})
-        core.create_namespaced_config_map(
-            "gpufed-drill", {"metadata": {"generateName": "drill-"}, "data": {"k": "v"}}
-        )
+        if (
+            not k8s.RbacAuthorizationV1Api(e2e.members[member].api)
+            .list_namespaced_role_binding("gpufed-drill", label_selector=GRANT_SELECTOR)
+            .items
+        ):
+            with pytest.raises(ApiException) as err:
+                core.create_namespaced_config_map("gpufed-drill", cm)
+            assert err.value.status == 403
+            k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                "gpufed-drill", grant_manifest("gpufed-drill", DEFAULT_ORIGIN)
+            )
+        core.create_namespaced_config_map("gpufed-drill", cm)
     finally:
         api.close()  # type: ignore[no-untyped-call]
 
