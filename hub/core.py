@@ -341,7 +341,7 @@ class Controller:
         if isinstance(event, Heartbeat):
             self.members.on_heartbeat(m, event)
         elif isinstance(event, InventorySnapshot):
-            self.members.on_snapshot(m, event)
+            await self.members.take_snapshot(m, event)
         elif isinstance(event, InventoryDelta):
             self.members.on_delta(m, event)
         elif isinstance(event, WorkAck):
