@@ -18,6 +18,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
 from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
@@ -25,6 +28,7 @@ from gpufed.hub.leader import LeaderElector
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.state import JobState
+from gpufed.hub.store import NotLeaderError
 from tests.unit.hub.builders import gpujob_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
@@ -204,3 +208,23 @@ async def test_the_lease_is_held_until_ttl_after_the_keepalive_was_sent() -> Non
     assert elector.holds()
     clock.advance(0.2)  # 3.1 s after the grant was sent: etcd may have expired the lease
     assert not elector.holds()
+
+
+async def test_a_replica_that_lost_its_lease_adds_and_drops_no_finalizer() -> None:
+    """The finalizer is a hub API write like a status: behind the fence. Dropping it after the
+    lease passed would let the API server delete a GPUJob whose member copy the new leader
+    still has to delete."""
+    lease = Lease(held=True)
+    kube, ctrl, job = one_job(lease)
+    assert FINALIZER in job.obj.metadata.finalizers
+    lease.held = False
+    with pytest.raises(NotLeaderError):
+        await ctrl.deletion.drop_finalizer(job)
+    job.obj.metadata.finalizers.remove(FINALIZER)
+    with pytest.raises(NotLeaderError):
+        await ctrl.deletion.add_finalizer(job.uid)
+    assert kube.requests["set_job_finalizers"] == 0
+    lease.held = True  # the same write from a leader goes out
+    await ctrl.deletion.add_finalizer(job.uid)
+    assert kube.finalizer_writes == [("team-a", job.obj.metadata.name, [FINALIZER])]
+    await ctrl.mirror.stop()
