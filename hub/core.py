@@ -243,11 +243,12 @@ class Controller:
                 self.members.write_all_statuses()
 
     async def _resync_loop(self) -> None:
-        """Level-triggered status: every ``status_resync_s``, write again each GPUJob status
-        the hub API shows differently from what this term computed."""
+        """Level-triggered status: every ``status_resync_s``, write again each GPUJob and
+        MemberCluster status the hub API shows differently from what this term computed."""
         while True:
             await asyncio.sleep(self.config.status_resync_s)
             self.mirror.resync_jobs()
+            self.mirror.resync_members()
 
     # --- agent streams -------------------------------------------------------------------------------
 

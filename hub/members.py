@@ -115,6 +115,7 @@ class Members:
         self._tokens.member_changed(m)
         if mc.status is not None:
             m.conditions_seen = list(mc.status.conditions)
+        self._mirror.member_seen(name, mc.status)
         labels = dict(mc.spec.labels)
         taints = tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in mc.spec.taints)
         if name in self._snapshot.cluster_names:

@@ -29,7 +29,7 @@ from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.state import JobState
 from gpufed.hub.store import NotLeaderError
-from tests.unit.hub.builders import gpujob_obj
+from tests.unit.hub.builders import gpujob_obj, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
 
@@ -227,4 +227,36 @@ async def test_a_replica_that_lost_its_lease_adds_and_drops_no_finalizer() -> No
     lease.held = True  # the same write from a leader goes out
     await ctrl.deletion.add_finalizer(job.uid)
     assert kube.finalizer_writes == [("team-a", job.obj.metadata.name, [FINALIZER])]
+    await ctrl.mirror.stop()
+
+
+async def test_a_member_status_someone_else_overwrote_is_corrected_by_the_resync() -> None:
+    """MemberCluster statuses are level-triggered too: the resync writes again what the watch
+    shows changed by someone else (an ex-leader), but not before the watch showed anything
+    since our write, and not while a write is pending."""
+    kube = FakeHubAPI()
+    kube.objects["memberclusters"].append(membercluster_obj("m1"))
+    ctrl = term(kube, Lease(held=True))
+    ctrl.members.on_event("ADDED", _copy(kube.objects["memberclusters"][0]))
+    ctrl.members.write_status(ctrl.state.member("m1"))
+    await asyncio.wait_for(ctrl.mirror.members.drained(), 5)
+    ours = copy.deepcopy(kube.objects["memberclusters"][0]["status"])
+    assert ctrl.mirror.resync_members() == 0, "the watch has shown nothing since our write"
+
+    # An ex-leader's stale write lands: Ready=False; the watch shows it.
+    mc = kube.objects["memberclusters"][0]
+    stale = copy.deepcopy(ours)
+    for c in stale["conditions"]:
+        c["status"] = "False" if c["type"] == "Ready" else c["status"]
+    mc["status"] = stale
+    kube.bump(mc)
+    ctrl.members.on_event("MODIFIED", _copy(mc))
+    assert ctrl.mirror.resync_members() == 1
+    assert ctrl.mirror.resync_members() == 0, "pending: not submitted twice"
+    await asyncio.wait_for(ctrl.mirror.members.drained(), 5)
+    assert mc["status"] == ours
+    assert ctrl.metrics.status_corrections.labels("member")._value.get() == 1
+    # Our write's echo: equal to what we wrote, nothing to correct.
+    ctrl.members.on_event("MODIFIED", _copy(mc))
+    assert ctrl.mirror.resync_members() == 0
     await ctrl.mirror.stop()
