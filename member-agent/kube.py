@@ -377,6 +377,26 @@ class MemberApi:
             "POST", "/api/v1/namespaces", query=[("fieldManager", "gpufed")], body=dict(obj)
         )
 
+    async def allowed(self, verb: str, resource: str, namespace: str) -> bool:
+        """A SelfSubjectAccessReview: may this client ``verb`` core ``resource`` in
+        ``namespace`` now (the authorizer's answer, RBAC cache included)."""
+        review = await self.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "resource": resource,
+                        "namespace": namespace,
+                    }
+                },
+            },
+        )
+        return bool((review.get("status") or {}).get("allowed"))
+
     async def list_labelled(
         self, kinds: Iterable[str], label_selector: str
     ) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import pytest
 from gpufed.api.labels import DEFAULT_ORIGIN
 from gpufed.api.labels import ORIGIN_LABEL as ORIGIN
 from gpufed.sync.apply import (
+    GRANT_WAIT_TRIES,
     ApplyResult,
     ApplyStrategy,
     ManifestRefusedError,
@@ -225,6 +226,27 @@ async def test_the_workload_grant_goes_to_new_and_existing_namespaces_never_rese
             "name": "gpufed-agent-workload",
         }
     assert grant_in(api, "kube-system") is None
+
+
+async def test_ensure_namespace_returns_once_the_authorizer_applies_the_new_grant() -> None:
+    """RBAC follows a new RoleBinding a moment later: a write made at once would be refused
+    (403), so ensure_namespace asks (SelfSubjectAccessReview) until it is allowed, on fake
+    time, and gives up after a bounded number of reviews."""
+    api = MemoryCluster()
+    api.not_allowed_yet = 3
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    await ensure_namespace(api, "team-a", origin="hub-x", sleep=sleep)
+    assert slept == [0.05, 0.1, 0.2]
+    assert [op for op, _ in api.calls].count("allowed") == 4
+    api.not_allowed_yet = 100  # never: the writes go ahead after the last review
+    slept.clear()
+    await ensure_namespace(api, "team-b", origin="hub-x", sleep=sleep)
+    assert len(slept) == GRANT_WAIT_TRIES
+    assert sum(slept) < 10
 
 
 async def test_a_rolebinding_of_the_grants_name_made_by_someone_else_is_left_as_it_is() -> None:
