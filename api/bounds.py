@@ -32,6 +32,8 @@ MAX_TEMPLATE_CHARS = 1536 * 1024
 #: Longest error message or field path the hub writes back (a condition message may hold
 #: 32,768 characters; an error quoting a huge input must still fit).
 MAX_ERROR_CHARS = 1024
+#: Jobs one agent may list as held in its Hello (``AgentHello.held_jobs``): more is refused.
+MAX_HELD_JOBS = 20_000
 
 
 class BoundsError(ValueError):

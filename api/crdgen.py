@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpufed.api import gpujob, membercluster
+from gpufed.api import gpujob, membercluster, queue
 from gpufed.api.labels import GROUP, VERSION
 
 _DROP = frozenset({"title", "uniqueItems", "discriminator", "examples"})
@@ -158,5 +158,13 @@ def all_crds() -> dict[str, dict[str, Any]]:
             scope="Cluster",
             short_names=["mc"],
             printer_columns=membercluster.PRINTER_COLUMNS,
+        ),
+        f"{GROUP}_{queue.PLURAL}.yaml": crd(
+            queue.GPUQueue,
+            kind=queue.KIND,
+            plural=queue.PLURAL,
+            scope="Cluster",
+            short_names=["gq"],
+            printer_columns=queue.PRINTER_COLUMNS,
         ),
     }

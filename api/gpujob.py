@@ -103,7 +103,9 @@ class Placement(CRDModel):
 
     ``gpuProducts``: allowed GPU Feature Discovery products (``nvidia.com/gpu.product``
     values), any when empty. ``clusterSelector``: over MemberCluster labels. ``priority``:
-    higher is placed first. ``queue``: scheduling queue name. ``reschedule``: what happens
+    higher is placed first. ``queue``: the GPUQueue (optional, no default: absent means the
+    queue that lists the job's namespace, else the hub's default queue); when set it must name
+    a queue that lists the job's namespace. ``reschedule``: what happens
     when the member running the job is lost (docs/design.md §7 item 5).
     """
 
@@ -115,7 +117,7 @@ class Placement(CRDModel):
     cluster_selector: ClusterSelector | None = None
     topology: Topology = Field(default_factory=Topology)
     priority: int = Field(default=0, ge=-1_000_000_000, le=1_000_000_000)
-    queue: str = Field(default="default", min_length=1, max_length=63)
+    queue: str | None = Field(default=None, min_length=1, max_length=63)
     reschedule: Reschedule = "Never"
 
 
@@ -268,12 +270,16 @@ class GPUJobStatus(CRDModel):
     ``ClusterLost``) followed by the member workload's conditions in the member's order.
     ``active``/``succeeded``/``failed``/``ready``: pod counts from the member object;
     ``startTime``/``completionTime``: from the member object. ``gpus``: whole GPUs the job
-    asks for (all pod sets). Terminal phases (Succeeded, Failed, Lost) are final.
+    asks for (all pod sets). ``attempt``: the placement attempt ``cluster`` holds (1, then 2
+    after a re-placement; the hub's ``jobs/<uid>`` record counts the same), so a hub that
+    lost or restored its etcd state can tell which of its record and this status is newer
+    (docs/design.md §7 item 7). Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
     phase: JobPhase = "Pending"
     message: str = ""
     cluster: str | None = None
+    attempt: int | None = Field(default=None, ge=1)
     gpus: int | None = None
     placement: PlacementStatus | None = None
     conditions: list[StatusCondition] = Field(

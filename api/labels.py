@@ -25,6 +25,11 @@ DEFAULT_ORIGIN: Final = "gpufed-hub"
 JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 #: Full ``namespace/name`` of the hub GPUJob (annotation: may exceed 63 characters).
 JOB_ANNOTATION: Final = "gpufed.io/job"
+#: On every object the agent applies to a member: the hub state epoch it was applied under
+#: (the hub's Welcome ``hub_epoch``). The agent's garbage collection deletes an object the hub
+#: no longer wants at once only when it carries the current epoch; objects of another (or no)
+#: epoch wait the eviction grace period (docs/design.md §7 item 7).
+HUB_EPOCH_ANNOTATION: Final = "gpufed.io/hub-epoch"
 #: Namespaces that gpufed created in a member carry this label (value "true").
 MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
 #: Join-token Secrets on the hub carry this label (value "true"; `gpufed hub join` sets it): the

@@ -125,7 +125,9 @@ class PlacementRequest(_Frozen):
     reservations). ``gpu_products``: allowed GFD products (``nvidia.com/gpu.product`` values);
     empty means any. ``cluster_selector``: over MemberCluster labels. ``workload_kind``:
     ``Kind.group`` of the workload (members that do not serve it are filtered out).
-    ``submitted_at``: seconds since the epoch (queue order after priority).
+    ``submitted_at``: seconds since the epoch (queue order after priority). ``queue``: the
+    GPUQueue the job belongs to (resolved by :func:`gpufed.placement.quota.queue_of`); None
+    means not resolved yet: the namespace's queue, else the default queue.
     """
 
     job: str = Field(min_length=1)
@@ -135,7 +137,7 @@ class PlacementRequest(_Frozen):
     cluster_selector: LabelSelector | None = None
     topology: TopologyRequest = TopologyRequest()
     priority: int = 0
-    queue: str = "default"
+    queue: str | None = None
     workload_kind: str = "Job.batch"
     submitted_at: float = 0.0
 

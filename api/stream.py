@@ -19,13 +19,29 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class HeldJob(_Model):
+    """A job whose objects exist in the member (the agent lists them in its Hello).
+
+    ``hub_epoch``: the ``gpufed.io/hub-epoch`` its objects carry ("" when unknown or mixed);
+    ``kind``/``name``/``namespace``: its main workload object in the member ("" when none).
+    """
+
+    job_uid: str
+    hub_epoch: str = ""
+    kind: str = ""
+    name: str = ""
+    namespace: str = ""
+
+
 class AgentHello(_Model):
     """The first message of a stream: who the agent is.
 
     ``cluster``: the member's name (must match the join token's); ``cluster_uid``: UID of the
     member's kube-system Namespace, i.e. which Kubernetes cluster the agent talks to (``""``:
     unknown, an older agent or no access); ``served_kinds``: workload kinds as ``Kind.group``;
-    ``agent_instance``: a random id per agent process (restarts are visible).
+    ``agent_instance``: a random id per agent process (restarts are visible);
+    ``held_jobs``: the jobs of this hub's origin whose objects exist in the member (at most
+    :data:`gpufed.api.bounds.MAX_HELD_JOBS`), from which a hub that lost its state rebuilds.
     """
 
     cluster: str
@@ -34,6 +50,7 @@ class AgentHello(_Model):
     agent_instance: str = ""
     served_kinds: tuple[str, ...] = ()
     cluster_uid: str = ""
+    held_jobs: tuple[HeldJob, ...] = ()
 
 
 class InventorySnapshot(_Model):

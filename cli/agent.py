@@ -71,6 +71,12 @@ def agent(
         "--origin",
         help="The hub's --origin: only objects labelled with it are touched.",
     ),
+    eviction_grace_s: float = typer.Option(
+        3600.0,
+        "--eviction-grace-period",
+        help="Seconds to keep objects of another hub state epoch that the hub's desired set "
+        "leaves out (the hub may claim them meanwhile) before deleting them.",
+    ),
 ) -> None:
     """Run the agent (unless a sub-command such as `inventory` is given)."""
     if ctx.invoked_subcommand is not None:
@@ -98,6 +104,7 @@ def agent(
             health_port=health_port,
             log_level=log_level,
             origin=origin,
+            eviction_grace_s=eviction_grace_s,
         )
         config.read_token()  # fail now, with the file's name, rather than on first connect
         configure_logging(log_level)

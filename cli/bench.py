@@ -26,10 +26,31 @@ def placement(
         min=1,
         help="Live reservations before the oldest is released (default: ~5% of the GPUs).",
     ),
+    queues: int = typer.Option(
+        0,
+        "--queues",
+        min=0,
+        max=10_000,
+        help="Also run with a tree of N queues admitting by quota; prints both runs side by "
+        "side (no_queues, with_queues) and the p99 ratio.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
+    if queues:
+        with_q = run_placement_bench(
+            clusters, nodes_per_cluster, decisions, seed, window=window, queues=queues
+        )
+        base = result
+        result = {
+            "no_queues": base,
+            "with_queues": with_q,
+            "p99_ratio": round(with_q["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
+            "cpu_p99_ratio": (
+                round(with_q["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
+            ),
+        }
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from gpufed.api.fleet import FleetError
+from gpufed.api.queue import QueueFileError, load_queues
 from gpufed.placement.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
@@ -37,9 +38,29 @@ def simulate_command(
         help="Baselines only: how pods pick nodes inside a member, spread (kube-scheduler "
         "default LeastAllocated) or pack.",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
+    queues: Path | None = typer.Option(
+        None,
+        "--queues",
+        help="GPUQueue objects (YAML, one or more documents): admit by quota, order by fair "
+        'share (docs/placement.md, "Queues and quotas").',
+    ),
+    quota_mode: str = typer.Option(
+        "enforce", "--quota-mode", help="With --queues: enforce, or none (only accounted)."
+    ),
+    queue_column: str = typer.Option(
+        "queue", "--queue-column", help="Trace column naming each job's queue."
+    ),
+    queue_prefix: str = typer.Option(
+        "", "--queue-prefix", help="Prefix of the queue column's values (vc: 4 -> vc4)."
+    ),
+    half_life: float = typer.Option(
+        86_400.0, "--half-life", min=1, help="Half-life of decayed usage, seconds (fair share)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines only."),
 ) -> None:
     """Replay TRACE on FLEET in simulated time until every job has finished."""
+    if quota_mode not in ("enforce", "none"):
+        raise typer.BadParameter("use enforce or none", param_hint="--quota-mode")
     if policy not in POLICIES:
         raise typer.BadParameter(
             f"{policy!r} is not one of {', '.join(POLICIES)}", param_hint="--policy"
@@ -48,15 +69,33 @@ def simulate_command(
         raise typer.BadParameter("use spread or pack", param_hint="--member-fit")
     try:
         members = load_fleet(fleet)
-        jobs = read_trace(trace)
-    except (FleetError, TraceError, OSError) as exc:
+        jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
+        queue_objs = load_queues(queues) if queues is not None else None
+    except (FleetError, TraceError, QueueFileError, OSError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
     t0 = time.perf_counter()
-    result = simulate(members, jobs, policy, horizon_s=horizon, member_fit=member_fit)  # type: ignore[arg-type]
+    try:
+        result = simulate(
+            members,
+            jobs,
+            policy,  # type: ignore[arg-type]
+            horizon_s=horizon,
+            member_fit=member_fit,  # type: ignore[arg-type]
+            queues=queue_objs,
+            quota_mode=quota_mode,  # type: ignore[arg-type]
+            half_life_s=half_life,
+        )
+    except ValueError as exc:
+        typer.echo(f"gpufed simulate: {exc}", err=True)
+        raise typer.Exit(2) from None
     result.runtime_s = time.perf_counter() - t0
     if as_json:
         typer.echo(json.dumps(result.as_json()))
         return
     for key, value in result.as_json().items():
+        if key == "queues":
+            for name, row in value.items():
+                typer.echo(f"{'queue ' + name:>30}: {json.dumps(row)}")
+            continue
         typer.echo(f"{key:>30}: {value}")

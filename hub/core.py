@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable
 
 import structlog
@@ -52,6 +53,7 @@ from gpufed.hub.members import Members
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.ports import HubAPI, StateStore
+from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.scheduling import Scheduler
@@ -137,9 +139,18 @@ class Controller:
             self.mirror,
             jobs_listed=lambda: self.intake.jobs_synced.is_set(),
         )
+        self.rebuild = Rebuild(term, self.scheduler, self.dispatch, self.mirror)
         self.intake = Intake(
-            term, self.members, self.deletion, self.reports, self.scheduler, self.mirror
+            term,
+            self.members,
+            self.deletion,
+            self.reports,
+            self.scheduler,
+            self.mirror,
+            self.rebuild,
         )
+        #: the hub state epoch (set by :meth:`load`; "" until then)
+        self.epoch = ""
 
     # --- the term ------------------------------------------------------------------------------------
 
@@ -147,8 +158,11 @@ class Controller:
         """Read the previous leader's state from etcd; restart every timer from now."""
         loaded = await self._term.store.load()
         self.restore(loaded)
+        self.epoch = loaded.epoch or await self._term.store.ensure_epoch(uuid.uuid4().hex)
         log.info(
             "hub.state.loaded",
+            epoch=self.epoch,
+            new_epoch=loaded.epoch is None,
             jobs=len(loaded.jobs),
             work=len(loaded.work),
             reservations=len(loaded.reservations),
@@ -298,6 +312,7 @@ class Controller:
             hub_id=self.config.hub_id,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             max_message_bytes=self.config.max_message_bytes,
+            hub_epoch=self.epoch,
         )
         # Desired set first: fenced and deleted jobs are absent, so the agent deletes them
         # before it gets anything else (docs/design.md §7 item 5).
@@ -311,6 +326,7 @@ class Controller:
             desired=desired,
         )
         s.syncing = False
+        self.rebuild.reported(m, self.intake.jobs_synced.is_set())
         self.dispatch.pump(hello.cluster)
         return s
 

@@ -34,6 +34,7 @@ from gpufed.hub.mirror import Mirror
 from gpufed.hub.namespaces import NamespaceLevels
 from gpufed.hub.podsets import InvalidJobError, placement_request
 from gpufed.hub.ports import WatchEvent
+from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState
@@ -60,7 +61,9 @@ class Intake:
         reports: Reports,
         scheduler: Scheduler,
         mirror: Mirror,
+        rebuild: Rebuild,
     ) -> None:
+        self._rebuild = rebuild
         self._term = term
         self._members = members
         self._deletion = deletion
@@ -130,6 +133,7 @@ class Intake:
             self.jobs_synced.set()
             if first:
                 self._reports.replay_early()
+                self._rebuild.check_unclaimed()
 
     # --- GPUJobs -------------------------------------------------------------------------------------
 
@@ -203,6 +207,10 @@ class Intake:
         adopted = self._deletion.adopt(uid)
         if adopted is not None:
             job.record, job.record_rev = adopted
+        # No record, or an older one than the status: a lost or restored etcd state
+        # (docs/design.md §7 item 7); the placement is adopted in the reconcile, never redone.
+        self._rebuild.claim(job)
+        if job.record is not None and job.claim is None:
             placed = job.record.cluster
             if placed is not None and job.status.cluster != placed and not job.terminal:
                 # Placed by an earlier hub that stopped before writing the status: say so again.
@@ -210,7 +218,11 @@ class Intake:
                 self._mirror.set_status(
                     job,
                     st.resumed(
-                        job.status, cluster=placed, gpus=job.record.gpus, now=self._mirror.now()
+                        job.status,
+                        cluster=placed,
+                        gpus=job.record.gpus,
+                        now=self._mirror.now(),
+                        attempt=job.record.attempt,
                     ),
                 )
         created = obj.metadata.creation_timestamp
@@ -226,7 +238,7 @@ class Intake:
                 origin=self._term.config.origin,
                 allowed_kinds=self._term.config.allowed_kinds,
             )
-            if job.record is None and not job.terminal:
+            if job.record is None and job.claim is None and not job.terminal:
                 # Placed jobs are not admitted again: a policy change never fails a running job.
                 admit(
                     obj.spec.template,
@@ -243,7 +255,7 @@ class Intake:
             job.request = None
             job.error, job.error_field = f"the hub cannot read this job: {exc}", "spec"
         self._term.state.jobs[uid] = job
-        if job.error is not None and not job.terminal and job.record is None:
+        if job.error is not None and not job.terminal and job.record is None and not job.claim:
             message = f"{job.error_field}: {job.error}"
             self._mirror.set_status(
                 job,
@@ -269,6 +281,8 @@ class Intake:
             job = self._term.state.jobs.get(uid)
             if job is None:
                 return
+            # First, so that a deleted job's member copy is cleaned up from the adopted record.
+            await self._rebuild.adopt(job)
             if job.deleting:
                 await self._deletion.finalize(job)
                 return

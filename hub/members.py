@@ -213,6 +213,7 @@ class Members:
             self._term.spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
+        m.held = {h.job_uid: h for h in hello.held_jobs}
         return m
 
     def note_agent_version(self, m: MemberState, version: str) -> None:

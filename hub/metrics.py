@@ -68,6 +68,20 @@ class HubMetrics:
             ["code"],
             registry=r,
         )
+        self.rebuild_adopted = Counter(
+            "gpufed_rebuild_adopted_jobs_total",
+            "Placements adopted from what survived a loss of etcd state, by source (status: "
+            "the GPUJob status; agent: the agent that holds the job).",
+            ["source"],
+            registry=r,
+        )
+        self.rebuild_unclaimed = Counter(
+            "gpufed_rebuild_unclaimed_held_jobs_total",
+            "Jobs an agent reported holding that have no GPUJob on the hub (left to the "
+            "agent's eviction grace period), by member.",
+            ["cluster"],
+            registry=r,
+        )
         self.work_sent = Counter(
             "gpufed_work_items_sent_total", "Work items sent to agents, by op.", ["op"], registry=r
         )

@@ -53,6 +53,21 @@ class StateStore(Protocol):
         """Update a job record unchanged since ``expect_revision``; returns its revision."""
         ...
 
+    async def adopt(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        ack: AckRecord | None,
+        *,
+        expect_job_revision: int | None,
+    ) -> tuple[int, int]:
+        """Record a placement rebuilt after a loss of state (no reservation); as ``place``."""
+        ...
+
+    async def ensure_epoch(self, new_id: str) -> str:
+        """The hub state epoch, writing ``new_id`` as its id when absent."""
+        ...
+
     async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
         """One job record and its revision."""
         ...

@@ -164,7 +164,14 @@ class Scheduler:
             self._mirror.event(job, "Normal", "Unschedulable", decision.message)
             log.info("placement.unschedulable", job=job.key, reason=decision.message)
 
-    def _show(self, job: JobState, decision: Decision, *, placement_ms: float | None) -> None:
+    def _show(
+        self,
+        job: JobState,
+        decision: Decision,
+        *,
+        placement_ms: float | None,
+        attempt: int | None = None,
+    ) -> None:
         """Write the decision into the job's status (``placement_ms``: intake to decision, on
         the first placement only)."""
         assert job.request is not None
@@ -176,10 +183,11 @@ class Scheduler:
                 gpus=job.request.gpus,
                 placement_ms=placement_ms,
                 now=self._mirror.now(),
+                attempt=attempt,
             ),
         )
 
-    def _pinning(self, decision: Decision) -> dict[str, PodSetPinning]:
+    def pinning(self, decision: Decision) -> dict[str, PodSetPinning]:
         """Where each pod set goes: nodes, their hostnames, the NVLink domains."""
         assert decision.cluster is not None
         member = self._term.state.members.get(decision.cluster)
@@ -211,7 +219,7 @@ class Scheduler:
                     job_name=job.obj.metadata.name,
                     namespace=ns,
                     origin=self._term.config.origin,
-                    pinning=self._pinning(decision),
+                    pinning=self.pinning(decision),
                     allowed_kinds=self._term.config.allowed_kinds,
                 )
             except ManifestError as exc:  # pragma: no cover - validated at intake
@@ -268,7 +276,12 @@ class Scheduler:
             if attempt_no == 1:
                 self._term.metrics.placement_latency_seconds.observe(placement_s)
             first = attempt_no == 1
-            self._show(job, decision, placement_ms=round(placement_s * 1000, 3) if first else None)
+            self._show(
+                job,
+                decision,
+                placement_ms=round(placement_s * 1000, 3) if first else None,
+                attempt=attempt_no,
+            )
             log.info(
                 "placement.decided",
                 job=job.key,

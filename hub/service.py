@@ -32,7 +32,7 @@ import structlog
 
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
-from gpufed.api.protocol.codec import hello_from_pb
+from gpufed.api.protocol.codec import ProtocolError, hello_from_pb
 from gpufed.hub.core import Controller
 from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession, StreamClosedError
 from gpufed.hub.tokens import Credentials
@@ -119,7 +119,11 @@ class AgentService(pb_grpc.AgentServiceServicer):
                 context, grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a Hello"
             )
             return
-        hello = hello_from_pb(first.hello)
+        try:
+            hello = hello_from_pb(first.hello)
+        except ProtocolError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
         if hello.cluster != cluster:
             log.warning("agent.refused", peer=peer, token_cluster=cluster, hello=hello.cluster)
             await _abort(

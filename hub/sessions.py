@@ -131,8 +131,16 @@ class AgentSession:
 
     # --- hub -> agent ---------------------------------------------------------------------------
 
-    def welcome(self, *, hub_id: str, heartbeat_interval_s: float, max_message_bytes: int) -> None:
-        """Queue the Welcome (the first message of every accepted stream)."""
+    def welcome(
+        self,
+        *,
+        hub_id: str,
+        heartbeat_interval_s: float,
+        max_message_bytes: int,
+        hub_epoch: str = "",
+    ) -> None:
+        """Queue the Welcome (the first message of every accepted stream); ``hub_epoch``: the
+        identity of the hub's etcd state (docs/design.md §10, ``epoch``)."""
         self.send(
             pb.HubMessage(
                 welcome=pb.Welcome(
@@ -141,6 +149,7 @@ class AgentSession:
                     protocol_version=PROTOCOL_VERSION,
                     heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
                     max_message_bytes=max_message_bytes,
+                    hub_epoch=hub_epoch,
                 )
             )
         )

@@ -21,6 +21,7 @@ from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
+from gpufed.api.stream import HeldJob
 from gpufed.api.work import PodSecurityLevel
 from gpufed.hub import status as st
 from gpufed.hub.health import MemberHealth
@@ -53,6 +54,9 @@ class JobState:
     decided_mono: float | None = None
     last_unschedulable: Any = None
     pod_security: PodSecurityLevel | Literal[""] = ""
+    #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.rebuild.Claim);
+    #: while set the job is never placed
+    claim: Any = None
 
     @property
     def key(self) -> str:
@@ -77,6 +81,7 @@ class JobState:
             self.request is not None
             and not self.terminal
             and not self.deleting
+            and self.claim is None
             and (self.record is None or self.record.cluster is None)
         )
 
@@ -147,6 +152,8 @@ class MemberState:
     status_dirty: bool = True
     #: what the agent's last heartbeat said about its member's API server ("": reachable)
     member_api_error: str = ""
+    #: job uid -> what the agent's latest Hello said it holds (at most MAX_HELD_JOBS)
+    held: dict[str, HeldJob] = field(default_factory=dict)
 
     @property
     def lost(self) -> bool:

@@ -153,10 +153,17 @@ def invalid(status: GPUJobStatus, *, field: str, message: str, now: str) -> GPUJ
 
 
 def decided(
-    status: GPUJobStatus, decision: Decision, *, gpus: int, placement_ms: float | None, now: str
+    status: GPUJobStatus,
+    decision: Decision,
+    *,
+    gpus: int,
+    placement_ms: float | None,
+    now: str,
+    attempt: int | None = None,
 ) -> GPUJobStatus:
-    """A placement decision: ``Placed`` (phase Placed, cluster set), ``Unschedulable`` (phase
-    Pending with the reason) or ``Rejected`` (phase Failed: no member could ever hold it)."""
+    """A placement decision: ``Placed`` (phase Placed, cluster set, ``attempt`` the placement
+    attempt of the job record), ``Unschedulable`` (phase Pending with the reason) or
+    ``Rejected`` (phase Failed: no member could ever hold it)."""
     if is_terminal(status):
         return status
     placement = placement_status(decision)
@@ -167,7 +174,9 @@ def decided(
         msg = f"placed on {decision.cluster}" + (f" ({domains})" if domains else "")
         conds = set_condition(conds, "Placed", "True", reason="Placed", message=msg, now=now)
         timings = (status.timings or Timings()).model_copy(update={"placement_ms": placement_ms})
-        update.update(phase="Placed", cluster=decision.cluster, message=msg, timings=timings)
+        update.update(
+            phase="Placed", cluster=decision.cluster, message=msg, timings=timings, attempt=attempt
+        )
     elif decision.outcome == Outcome.REJECTED:
         msg = "no member cluster can ever hold this job: " + decision.message.removeprefix(
             "rejected: "
@@ -184,7 +193,9 @@ def decided(
     return status.model_copy(update=update)
 
 
-def resumed(status: GPUJobStatus, *, cluster: str, gpus: int, now: str) -> GPUJobStatus:
+def resumed(
+    status: GPUJobStatus, *, cluster: str, gpus: int, now: str, attempt: int | None = None
+) -> GPUJobStatus:
     """A job placed on ``cluster`` (its ``jobs/<uid>`` record in etcd) by a hub that stopped
     before the status saying so was written: the record is the truth, so the status shows the
     placement again (phase at least ``Placed``). The decision's explanation is not stored in
@@ -202,6 +213,7 @@ def resumed(status: GPUJobStatus, *, cluster: str, gpus: int, now: str) -> GPUJo
             "gpus": gpus,
             "message": msg,
             "conditions": conds,
+            "attempt": attempt,
         }
     )
 

@@ -9,6 +9,8 @@ lives under one key prefix (default ``/gpufed/hub/``); values are JSON of the mo
 key (after the prefix)                 value
 =====================================  =========================================================
 ``leader``                             id of the leading hub replica; attached to its lease
+``epoch``                              random id of this etcd state, written once when absent;
+                                       with the etcd cluster ID it is the hub state epoch
 ``jobs/<uid>``                         :class:`JobRecord`: the job was placed (exactly-once guard)
 ``work/<cluster>/<uid>``               :class:`WorkRecord`: the work outbox; its ``mod_revision``
                                        is the work item's revision
@@ -84,6 +86,17 @@ class Loaded:
     nodes: dict[str, dict[str, NodeInventory]] = field(default_factory=dict)
     #: job uid -> mod_revision of its job record (for guarded updates)
     job_revisions: dict[str, int] = field(default_factory=dict)
+    #: the ``epoch`` key's value (None: absent, a new or wiped state) and the etcd cluster ID
+    epoch_id: str | None = None
+    cluster_id: int = 0
+
+    @property
+    def epoch(self) -> str | None:
+        """The hub state epoch, ``<epoch id>.<etcd cluster ID in hex>`` (None without an id):
+        a wiped prefix has no id, a snapshot restore has another cluster ID."""
+        if self.epoch_id is None:
+            return None
+        return f"{self.epoch_id}.{self.cluster_id:x}"
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -239,6 +252,44 @@ class Store:
         one transaction). Raises :class:`ConflictError` when the job record changed (someone
         placed it), :class:`NotLeaderError` when this replica is not the leader.
         """
+        tx = self._client.transactions
+        extra = [tx.put(self._k("reservations", job.uid), reservation_json.encode())]
+        return await self._record(job, work, extra, expect_job_revision, "placed")
+
+    async def adopt(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        ack: AckRecord | None,
+        *,
+        expect_job_revision: int | None,
+    ) -> tuple[int, int]:
+        """Record a placement rebuilt from what survived a loss of state (docs/design.md §7
+        item 7): job record, work item and (when the member holds it) its ack, in ONE
+        transaction, with no reservation (the member's inventory already counts the pods).
+
+        ``expect_job_revision`` as for :meth:`place`. Returns ``(work revision, job record
+        revision)``; :class:`ConflictError` when the job record changed, :class:`NotLeaderError`.
+        """
+        assert job.cluster is not None
+        tx = self._client.transactions
+        extra = []
+        if ack is not None:
+            extra.append(
+                tx.put(self._k("acks", job.cluster, job.uid), ack.model_dump_json().encode())
+            )
+        return await self._record(job, work, extra, expect_job_revision, "recorded")
+
+    async def _record(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        extra: list[Any],
+        expect_job_revision: int | None,
+        verb: str,
+    ) -> tuple[int, int]:
+        """One transaction: the job record (absent, or at ``expect_job_revision``), its work
+        item and ``extra`` puts (see :meth:`place`)."""
         assert job.cluster is not None
         tx = self._client.transactions
         job_key = self._k("jobs", job.uid)
@@ -250,7 +301,7 @@ class Store:
         ops = [
             tx.put(job_key, job.model_dump_json().encode()),
             tx.put(self._k("work", job.cluster, job.uid), work.model_dump_json().encode()),
-            tx.put(self._k("reservations", job.uid), reservation_json.encode()),
+            *extra,
         ]
         ok, responses = await self._txn(ops, [cond])
         if ok:
@@ -258,7 +309,18 @@ class Store:
             return rev, rev
         if await self.leader() != self.hub_id:
             raise NotLeaderError(f"{self.hub_id} is not the leader any more")
-        raise ConflictError(f"job {job.job} ({job.uid}) was placed by someone else")
+        raise ConflictError(f"job {job.job} ({job.uid}) was {verb} by someone else")
+
+    async def ensure_epoch(self, new_id: str) -> str:
+        """The ``epoch`` key's value, writing ``new_id`` first when it is absent (a new or
+        wiped state); returns the hub state epoch as :attr:`Loaded.epoch` spells it."""
+        tx = self._client.transactions
+        key = self._k("epoch")
+        await self._txn([tx.put(key, new_id.encode())], [tx.create(key) == 0])
+        got = await self._call(lambda: self._client.get(key))
+        if got is None:
+            raise StoreError(f"etcd key {key.decode()}: absent right after it was written")
+        return f"{got.value.decode()}.{int(got.header.cluster_id):x}"
 
     async def put_job(self, job: JobRecord, *, expect_revision: int) -> int:
         """Update a job record if unchanged since ``expect_revision``; returns its new revision."""
@@ -364,7 +426,8 @@ class Store:
         record is a bug to look at, not something to paper over.
         """
         rng = await self._call(lambda: self._client.get_prefix(self.prefix.encode()))
-        out = Loaded()
+        header = getattr(rng, "header", None)
+        out = Loaded(cluster_id=int(getattr(header, "cluster_id", 0) or 0))
         for kv in rng:
             key = kv.key.decode()[len(self.prefix) :]
             parts = key.split("/")
@@ -388,6 +451,8 @@ def _load_one(out: Loaded, parts: list[str], value: bytes, revision: int) -> Non
             out.reservations[uid] = value.decode()
         case ["clusters", cluster, "meta"]:
             out.members[cluster] = MemberMeta.model_validate_json(value)
+        case ["epoch"]:
+            out.epoch_id = value.decode()
         case ["clusters", cluster, "nodes", _node]:
             node = NodeInventory.model_validate_json(value)
             out.nodes.setdefault(cluster, {})[node.name] = node

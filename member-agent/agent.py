@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from gpufed.agent.config import AgentConfig
+from gpufed.agent.held import EpochGuard
 from gpufed.agent.hub_stream import HubStream
 from gpufed.agent.informer import Informer
 from gpufed.agent.inventory import (
@@ -83,6 +84,7 @@ class Agent:
             metrics=self.metrics,
             origin=config.origin,
             member=config.cluster,
+            guard=EpochGuard(config.eviction_grace_s),
         )
         self.hub = HubStream(
             config,

@@ -37,6 +37,9 @@ class AgentConfig(BaseModel):
     (port 0: a free port; -1: off). ``reconnect_max_s``: ceiling of the jittered reconnect
     backoff. ``origin``: the hub's ``--origin``; the agent creates, changes and deletes only
     objects labelled with it (and refuses work items labelled with another).
+    ``eviction_grace_s``: how long the objects of a job that the hub's desired set leaves out,
+    applied under another hub state epoch, are kept for the hub to claim before they are
+    deleted (``--eviction-grace-period``, seconds; docs/agent.md).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -57,6 +60,7 @@ class AgentConfig(BaseModel):
     health_port: int = Field(default=8081, ge=-1, le=65535)
     reconnect_max_s: float = Field(default=30.0, gt=0)
     origin: str = Field(default=DEFAULT_ORIGIN, min_length=1)
+    eviction_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
     log_level: str = "info"
 
     @field_validator("cluster")

@@ -39,6 +39,7 @@ from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import (
     ProtocolError,
+    held_job_to_pb,
     node_to_pb,
     work_ack_to_pb,
     work_item_from_pb,
@@ -197,6 +198,7 @@ class HubStream:
         token = self.config.read_token()
         served = await self._served_kinds()
         cluster_uid = await self._cluster_uid() if self._cluster_uid is not None else ""
+        held = await self.work.held_jobs()
         started = time.monotonic()
         welcomed = False
         channel = self._channel()
@@ -214,6 +216,7 @@ class HubStream:
                         served_kinds=served,
                         agent_instance=self.instance,
                         cluster_uid=cluster_uid,
+                        held_jobs=[held_job_to_pb(h) for h in held],
                     )
                 )
             )
@@ -232,7 +235,7 @@ class HubStream:
             heartbeat_s = (welcome.heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS) / 1000
             max_bytes = welcome.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
             self._outbox = asyncio.Queue()
-            self.work.connected()
+            self.work.connected(welcome.hub_epoch)
             self.metrics.hub_connected.set(1)
             self.metrics.hub_connects.labels(result="welcomed").inc()
             self.welcomed.set()
@@ -240,6 +243,8 @@ class HubStream:
                 "hub.connected",
                 hub=self.config.hub,
                 hub_id=welcome.hub_id,
+                hub_epoch=welcome.hub_epoch,
+                held_jobs=len(held),
                 protocol_version=welcome.protocol_version,
                 heartbeat_s=heartbeat_s,
                 max_message_bytes=max_bytes,

@@ -78,6 +78,12 @@ class AgentMetrics:
             ["result"],
             registry=r,
         )
+        self.held_jobs = Gauge(
+            "gpufed_agent_held_jobs",
+            "Jobs whose objects the last desired set left out but that were applied under "
+            "another hub state epoch: kept until claimed or the eviction grace period ends",
+            registry=r,
+        )
         self.apply_seconds = Histogram(
             "gpufed_agent_apply_duration_seconds",
             "Time to apply one work item revision in the member",

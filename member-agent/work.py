@@ -7,7 +7,10 @@ member API has accepted it, and the full reconcile after every (re)connect: the 
 :class:`DesiredSet` is compared with the objects labelled with this hub's ``gpufed.io/origin``
 and a ``gpufed.io/job-uid`` in the member, existing objects are adopted, missing ones created
 (unless the job was applied before: a job that already ran is never re-run, its status becomes
-``Missing``), and labelled objects of jobs the hub no longer wants are deleted.
+``Missing``), and labelled objects of jobs the hub no longer wants are deleted — at once only
+when they were applied under the hub's current state epoch; objects of another epoch are held
+for the eviction grace period (:mod:`gpufed.agent.held`), during which the hub may claim them.
+Every applied object carries the epoch (``gpufed.io/hub-epoch``).
 
 Ownership (:mod:`gpufed.sync.ownership`): only objects carrying this hub's origin and the job's
 UID are adopted, changed or deleted; an object of the same name that is someone else's fails the
@@ -28,8 +31,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from gpufed.agent.held import EpochGuard, held_jobs, stamp
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.api.labels import DEFAULT_ORIGIN
+from gpufed.api.stream import HeldJob
 from gpufed.api.work import WorkAck, WorkItem
 from gpufed.sync.apply import (
     ApplyResult,
@@ -90,7 +95,9 @@ class WorkManager:
     """Serial per-job processing of work items and desired sets (see module docstring).
 
     ``origin``: the hub's origin (``--origin``), the only one whose objects this agent touches;
-    ``member``: this member's name, for the messages of ownership conflicts.
+    ``member``: this member's name, for the messages of ownership conflicts; ``guard``: the
+    hub epoch and held jobs (:class:`gpufed.agent.held.EpochGuard`; its grace period is the
+    agent's ``--eviction-grace-period``).
     """
 
     def __init__(
@@ -103,8 +110,10 @@ class WorkManager:
         metrics: AgentMetrics | None = None,
         origin: str = DEFAULT_ORIGIN,
         member: str = "",
+        guard: EpochGuard | None = None,
     ) -> None:
         self._client = client
+        self.guard = guard or EpochGuard()
         self.origin = origin
         self.member = member
         self._ack = ack
@@ -118,6 +127,7 @@ class WorkManager:
         self._desired: dict[str, WorkItem] = {}
         self._session_uids: set[str] = set()
         self._gc_task: asyncio.Task[None] | None = None
+        self._evict_task: asyncio.Task[None] | None = None
 
     # --- input from the hub stream -------------------------------------------------------------
 
@@ -125,10 +135,27 @@ class WorkManager:
         """Where acks go (the current stream)."""
         self._ack = ack
 
-    def connected(self) -> None:
-        """A new session was welcomed: a desired set follows."""
+    def connected(self, hub_epoch: str = "") -> None:
+        """A new session was welcomed by a hub whose state epoch is ``hub_epoch``: a desired set
+        follows. Under a new epoch the revisions received before compare with nothing (a fresh
+        etcd counts from 1 again), so they are forgotten."""
         self._desired = {}
         self._session_uids = set()
+        if self.guard.welcome(hub_epoch):
+            for job in self._jobs.values():
+                job.revision = 0
+
+    async def held_jobs(self) -> list[HeldJob]:
+        """The jobs of this origin whose objects exist in the member (for the Hello); empty
+        when the member cannot be listed now (logged: the hub then rebuilds from GPUJob status
+        alone)."""
+        try:
+            return held_jobs(await self._list_labelled(origin_selector(self.origin)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("work.held.list_failed", reason=api_error_message(exc))
+            return []
 
     def disconnected(self) -> None:
         """The stream is gone: drop queued work (the hub re-sends it in its next desired set);
@@ -136,14 +163,16 @@ class WorkManager:
         for job in self._jobs.values():
             job.pending = None
             job.orphans = None
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-            self._gc_task = None
+        for task in (self._gc_task, self._evict_task):
+            if task is not None:
+                task.cancel()
+        self._gc_task = self._evict_task = None
 
     def submit(self, item: WorkItem) -> None:
         """Queue one work item on its job's worker (older revisions are ignored)."""
         job = self._jobs.setdefault(item.job_uid, _Job(uid=item.job_uid))
         self._session_uids.add(item.job_uid)
+        self.guard.claimed(item.job_uid)
         if item.revision < job.revision:
             log.info(
                 "work.item.stale",
@@ -249,6 +278,7 @@ class WorkManager:
             bound.warning("work.apply.refused", reason=str(exc))
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
+        manifests = [stamp(m, self.guard.epoch) for m in manifests]
         main = main_workload(manifests)
         ran_before = item.applied_before or job.applied
         try:
@@ -394,7 +424,9 @@ class WorkManager:
 
     async def _collect_orphans(self, desired: set[str]) -> None:
         """Delete objects of this hub's jobs that the hub no longer wants (after a desired set):
-        selected by this hub's origin and a job UID, never by the job UID alone."""
+        selected by this hub's origin and a job UID, never by the job UID alone; those of
+        another hub state epoch are held, and evicted after the grace period
+        (:mod:`gpufed.agent.held`)."""
         try:
             labelled = await self._list_labelled(origin_selector(self.origin))
         except asyncio.CancelledError:
@@ -403,17 +435,47 @@ class WorkManager:
             log.warning("work.reconcile.list_failed", reason=api_error_message(exc))
             return
         by_job: dict[str, list[dict[str, Any]]] = {}
+        present: set[str] = set()
         for obj in labelled:
             uid = job_uid_of(obj)
+            present.add(uid)
             if uid and uid not in desired and uid not in self._session_uids:
                 by_job.setdefault(uid, []).append(obj)
+        self.guard.keep_only(by_job)
+        self.guard.present(present)
+        orphans = 0
         for uid, objs in sorted(by_job.items()):
-            log.info("work.orphan.found", job_uid=uid, objects=[str(ref_of(o)) for o in objs])
+            refs = [str(ref_of(o)) for o in objs]
+            if not self.guard.may_delete(uid, objs):
+                log.warning(
+                    "work.orphan.held",
+                    job_uid=uid,
+                    objects=refs,
+                    epoch=self.guard.epoch,
+                    evict_in_s=round(self.guard.left_s(uid)),
+                )
+                continue
+            orphans += 1
+            log.info("work.orphan.found", job_uid=uid, objects=refs)
             job = self._jobs.setdefault(uid, _Job(uid=uid))
             self._status.untrack(uid)
             job.orphans = objs
             self._kick(job)
-        log.info("work.reconcile.finished", jobs=len(desired), orphan_jobs=len(by_job))
+        held = self.guard.held
+        if self._metrics is not None:
+            self._metrics.held_jobs.set(len(held))
+        log.info(
+            "work.reconcile.finished", jobs=len(desired), orphan_jobs=orphans, held_jobs=len(held)
+        )
+        if held and (self._evict_task is None or self._evict_task.done()):
+            wait = min(self.guard.left_s(uid) for uid in held)
+            self._evict_task = asyncio.create_task(self._evict_later(desired, wait))
+
+    async def _evict_later(self, desired: set[str], wait_s: float) -> None:
+        """Collect again once the first held job's grace period ends (this session only)."""
+        await asyncio.sleep(wait_s + 1.0)
+        self._evict_task = None
+        await self._collect_orphans(desired)
 
     @staticmethod
     def _failed(item: WorkItem, message: str, *, retryable: bool) -> WorkAck:

@@ -11,6 +11,12 @@ second over the whole loop (placing, reserving and releasing), the same p99 and 
 thread's CPU clock (``cpu_p99_ms``, ``cpu_decisions_per_s``: immune to other processes on a
 shared machine), outcomes, fleet and snapshot build times and peak RSS. Wall time uses
 ``time.perf_counter``; ``place()`` itself never reads a clock.
+
+``queues=N`` (``gpufed bench placement --queues N``): a tree of N queues, a root over N - 1
+teams (one team when N is 1), each team with a ``*`` quota of its equal part of the fleet's
+GPUs and a borrowing limit of the same size; the jobs go to the teams in turn, each decision
+runs the ``Quota`` filter (admission over the tree) and each placed job is charged to the
+ledger and released with its reservation: the cost of quota admission on top of ``place()``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from collections import deque
 from typing import Any
 
 from gpufed.api.decision import Outcome
+from gpufed.api.gpujob import ObjectMeta
+from gpufed.api.queue import GPUQueue, GPUQueueSpec, QueueQuota
 from gpufed.placement.engine import place
 from gpufed.placement.policy import Policy
+from gpufed.placement.quota import QuotaGate, build_tree
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.synthetic import synthetic_fleet, synthetic_jobs
 
@@ -52,8 +61,11 @@ def run_placement_bench(
     *,
     window: int | None = None,
     policy: Policy | None = None,
+    queues: int = 0,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the JSON-ready result (see the module docstring)."""
+    """Run the benchmark; returns the JSON-ready result (see the module docstring).
+
+    ``queues``: 0 for none, else the size of the queue tree (module docstring)."""
     policy = policy or Policy()
     t0 = time.perf_counter()
     members, shape = synthetic_fleet(clusters, nodes_per_cluster, seed)
@@ -62,6 +74,10 @@ def run_placement_bench(
     t2 = time.perf_counter()
     del members
     jobs = synthetic_jobs(decisions, seed, shape.products)
+    gate: QuotaGate | None = None
+    if queues > 0:
+        gate, teams = _queue_tree(queues, shape.gpus)
+        jobs = [j.model_copy(update={"queue": teams[i % len(teams)]}) for i, j in enumerate(jobs)]
     if window is None:
         # about 5% of the fleet's GPUs held by the benchmark's own jobs (10 GPUs a job on average)
         window = max(100, shape.gpus // 200)
@@ -79,7 +95,12 @@ def run_placement_bench(
     for i, req in enumerate(jobs):
         c = thread_time()
         a = perf()
-        d = place(req, snapshot, policy, float(i))
+        if gate is None:
+            d = place(req, snapshot, policy, float(i))
+        else:
+            d = place(req, snapshot, policy, float(i), quota=gate.for_request(req))
+            if d.outcome == Outcome.PLACED:
+                gate.charge(req, d.gpu_product)
         latencies.append(perf() - a)
         cpu.append(thread_time() - c)
         outcomes[d.outcome.value] += 1
@@ -87,7 +108,10 @@ def run_placement_bench(
             snapshot.reserve(d, float(i), policy.reservation_ttl_s)
             live.append(d.uid)
             if len(live) > window:
-                snapshot.release(live.popleft())
+                gone = live.popleft()
+                snapshot.release(gone)
+                if gate is not None:
+                    gate.release(gone)
     elapsed = perf() - start
     cpu_elapsed = thread_time() - cpu_start
     gc.unfreeze()
@@ -113,4 +137,25 @@ def run_placement_bench(
         "fleet_build_s": round(t1 - t0, 3),
         "snapshot_build_s": round(t2 - t1, 3),
         "seed": seed,
+        "queues": queues,
     }
+
+
+def _queue_tree(n: int, gpus: int) -> tuple[QuotaGate, list[str]]:
+    """A root over ``n - 1`` teams (or one root team), equal ``*`` quotas (module docstring)."""
+    teams = [f"team-{i}" for i in range(max(1, n - 1))]
+    share = max(1, gpus // len(teams))
+    objs = [
+        GPUQueue(
+            metadata=ObjectMeta(name=t),
+            spec=GPUQueueSpec(
+                parent="root" if n > 1 else None,
+                namespaces=[t],
+                quotas=[QueueQuota(gpu_product="*", nominal=share, borrowing_limit=share)],
+            ),
+        )
+        for t in teams
+    ]
+    if n > 1:
+        objs.append(GPUQueue(metadata=ObjectMeta(name="root"), spec=GPUQueueSpec()))
+    return QuotaGate(build_tree(objs)), teams

@@ -14,7 +14,8 @@ Phases:
 2. static filters (member health, workload kind, cluster selector, member taints, GPU product,
    node taints), memoised per job constraints and fleet generation: the members and pools
    that could take the job at all, pruned in bulk;
-3. dynamic bound (ResourceFit over each pool's free-GPU histogram) and an upper bound of each
+3. the ``Quota`` filter (pools of a product the job's queue cannot admit now, when a quota is
+   given: :mod:`.quota`); dynamic bound (ResourceFit over each pool's free-GPU histogram) and an upper bound of each
    candidate's score; candidates ordered by that bound, then member name;
 4. plan candidates in that order (TopologyFit), scoring each plan; stop as soon as no later
    candidate can beat the best (branch and bound; with ``explain`` every candidate is planned);
@@ -53,6 +54,7 @@ from gpufed.placement.plugins import (
 )
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
+from gpufed.placement.quota import QUOTA_PLUGIN, JobQuota
 from gpufed.placement.shape import JobShape, PodSetShape
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -66,9 +68,10 @@ _STAGE: Final = {
     "ClusterTaints": 3,
     "GPUProduct": 4,
     "NodeTaints": 5,
-    BACKFILL_PLUGIN: 6,
-    "ResourceFit": 7,
-    "TopologyFit": 8,
+    QUOTA_PLUGIN: 6,
+    BACKFILL_PLUGIN: 7,
+    "ResourceFit": 8,
+    "TopologyFit": 9,
 }
 _NO_POOL: Final = ("", False, ())
 _CODES: Final[dict[Code, RejectionCode]] = {
@@ -100,13 +103,16 @@ def place(
     *,
     explain: bool = False,
     hold: Mapping[str, Hold] | None = None,
+    quota: JobQuota | None = None,
 ) -> Decision:
     """Choose a member cluster (and nodes) for ``request``; see the module docstring.
 
     ``now``: seconds (wall or simulated), recorded as ``decided_at``. ``explain``: plan every
     candidate and record every rejection even when the job fits. ``hold``: nodes the backfill
     rule keeps for older jobs (member -> :class:`~gpufed.placement.queue.Hold`); this job
-    keeps off them (off the whole member when a hold names no nodes).
+    keeps off them (off the whole member when a hold names no nodes). ``quota``: the job's
+    ``Quota`` filter (:meth:`gpufed.placement.quota.QuotaGate.for_request`): pools of a GPU
+    product its queue cannot admit now are left out, ``Unschedulable`` with the quota's reason.
     Raises nothing for a job that does not fit; a malformed request fails earlier, when the
     :class:`PlacementRequest` is validated.
     """
@@ -126,6 +132,11 @@ def place(
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
         name = c.name
+        if quota is not None:
+            qst = quota.status(pool.product if pool is not None else None)
+            if not qst.ok:
+                _keep(failures, name, (QUOTA_PLUGIN, qst, pool))
+                continue
         held = hold.get(name) if hold else None
         if held is not None and not held.nodes:
             _keep(failures, name, (BACKFILL_PLUGIN, Status(Code.UNSCHEDULABLE, held.reason), pool))
@@ -358,7 +369,7 @@ def _drained_fits_other(job: JobShape, c: ClusterState) -> bool:
 def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
     """Keep, per member, the failure from the latest stage (its most telling reason)."""
     prev = into.get(cluster)
-    if prev is None or _STAGE.get(failure[0], 9) > _STAGE.get(prev[0], 9):
+    if prev is None or _STAGE.get(failure[0], 10) > _STAGE.get(prev[0], 10):
         into[cluster] = failure
 
 
@@ -563,7 +574,7 @@ def _not_placed(
         outcome = Outcome.UNSCHEDULABLE
         closest = min(
             (r for r in rejections if r.code == Code.UNSCHEDULABLE.value),
-            key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster),
+            key=lambda r: (-_STAGE.get(r.plugin, 10), r.cluster),
         )
         message = (
             f"waiting: no member can hold {shape} now; closest: {closest.cluster} "
@@ -571,7 +582,7 @@ def _not_placed(
         )
     else:
         outcome = Outcome.REJECTED
-        first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 9), r.cluster))
+        first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 10), r.cluster))
         # Which filters turned the members away: a product or selector mismatch on every
         # member must not read like a capacity problem of one of them.
         by_plugin = collections.Counter(r.plugin for r in rejections)

@@ -18,6 +18,9 @@ ResourceFit           pool      the pool's free GPUs (histogram by node) cannot 
 TopologyFit           pool      no nodes / NVLink domain / rack / block hold every pod at once
 ====================  ========  =====================================================================
 
+The ``Quota`` filter (:class:`gpufed.placement.quota.JobQuota`, given to ``place()`` per job)
+judges each pool after NodeTaints: the job's queue cannot admit its GPUs of the pool's product.
+
 Member filters and the first two pool filters are *static*: they read only the job's constraints
 and the member's metadata, so ``place()`` memoises their results per fleet generation and runs
 them once per job shape, not once per decision. Scores (0-100 each, weighted mean):

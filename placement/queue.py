@@ -85,6 +85,12 @@ def fit_key(request: PlacementRequest) -> Any:
     )
 
 
+def queued_fit_key(request: PlacementRequest) -> Any:
+    """:func:`fit_key` plus the job's queue: the ``key_of`` of a pass that admits by quota
+    (a failure for lack of quota in one queue says nothing about another queue)."""
+    return (request.queue, fit_key(request))
+
+
 @dataclass
 class PassResult:
     """What one pass decided: every attempted job's decision, and the members held."""

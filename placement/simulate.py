@@ -32,10 +32,9 @@ Pure apart from reading files (:func:`read_trace`, :func:`fleet_members`); the C
 
 from __future__ import annotations
 
-import csv
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,150 +47,27 @@ from gpufed.api.inventory import (
     NodeInventory,
     node_from_labels,
 )
-from gpufed.api.labels import (
-    GPU_RESOURCE,
-)
-from gpufed.api.request import NVLinkPolicy, PlacementRequest, PodSet, TopologyRequest
+from gpufed.api.labels import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.api.queue import GPUQueue
+from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
 from gpufed.placement.engine import hold_for, place
+from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.fit import fill
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
 from gpufed.placement.shape import JobShape
+from gpufed.placement.simquota import QueueSim
 from gpufed.placement.snapshot import FleetSnapshot
+from gpufed.placement.trace import TraceError, TraceJob, read_trace
+
+__all__ = ["TraceError", "TraceJob", "read_trace"]  # re-exported: the trace format's home is .trace
 
 POLICIES = ("gpufed", "cluster-sum", "round-robin")
 PolicyName = Literal["gpufed", "cluster-sum", "round-robin"]
 HORIZON_AFTER_LAST_ARRIVAL_S = 30 * 86400.0
-_TOPOLOGY: dict[str, NVLinkPolicy] = {
-    "required": "Required",
-    "preferred": "Preferred",
-    "none": "None",
-}
 _NEVER = math.inf
-
-
-class TraceError(ValueError):
-    """A trace row that cannot be read; the message names the file, line and column."""
-
-
-@dataclass(slots=True)
-class TraceJob:
-    """One trace row with defaults applied (``topology`` is ``Required|Preferred|None``)."""
-
-    job_id: str
-    submit_s: float
-    gpus: int
-    duration_s: float
-    gpus_per_pod: int
-    topology: NVLinkPolicy
-    gpu_product: str | None = None
-    queue: str = "default"
-    priority: int = 0
-
-    @property
-    def pods(self) -> int:
-        """Pods of the job (``gpus / gpus_per_pod``)."""
-        return self.gpus // self.gpus_per_pod
-
-
-def read_trace(path: str | Path) -> list[TraceJob]:
-    """Read a trace CSV (header required; docs/design.md §6), in file order.
-
-    Raises :class:`TraceError` naming line and column for a missing column, a non-number (or
-    a NaN / infinite one), a GPU count that is not a multiple of ``gpus_per_pod``, an unknown
-    topology or a repeated ``job_id``; and naming the file when it cannot be read, is not
-    UTF-8 text or holds no jobs.
-    """
-    where = str(path)
-    jobs: list[TraceJob] = []
-    seen: dict[str, int] = {}
-    line = 0
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            cols = set(reader.fieldnames or ())
-            missing = [c for c in ("job_id", "submit_s", "gpus", "duration_s") if c not in cols]
-            if missing:
-                raise TraceError(
-                    f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
-                    "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
-                    "queue,priority)"
-                )
-            for row in reader:
-                line = reader.line_num
-                job = _row(where, line, row)
-                first = seen.setdefault(job.job_id, line)
-                if first != line:
-                    raise TraceError(
-                        f"{where} line {line}: job_id: {job.job_id!r} repeats line {first}; "
-                        "every job needs its own id"
-                    )
-                jobs.append(job)
-    except UnicodeDecodeError as exc:
-        raise TraceError(
-            f"{where}: not a UTF-8 CSV file ({exc.reason} at byte {exc.start})"
-        ) from None
-    except csv.Error as exc:
-        raise TraceError(f"{where} line {line + 1}: not valid CSV ({exc})") from None
-    except OSError as exc:
-        raise TraceError(f"{where}: cannot read the trace file: {exc.strerror or exc}") from None
-    if not jobs:
-        raise TraceError(f"{where}: no jobs (the trace has a header but no rows)")
-    return jobs
-
-
-def _number(where: str, line: int, row: Mapping[str, str], col: str, kind: type) -> Any:
-    raw = (row.get(col) or "").strip()
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise TraceError(
-            f"{where} line {line}: {col}: {raw!r} is not {'an integer' if kind is int else 'a number'}"
-        ) from None
-    if not math.isfinite(value):
-        raise TraceError(f"{where} line {line}: {col}: {raw!r} is not a finite number")
-    if value < 0:
-        raise TraceError(f"{where} line {line}: {col}: {raw!r} is negative")
-    return value
-
-
-def _row(where: str, line: int, row: Mapping[str, str]) -> TraceJob:
-    gpus = _number(where, line, row, "gpus", int)
-    if gpus < 1:
-        raise TraceError(f"{where} line {line}: gpus: must be at least 1")
-    explicit = bool((row.get("gpus_per_pod") or "").strip())
-    per_pod = _number(where, line, row, "gpus_per_pod", int) if explicit else min(gpus, 8)
-    if not explicit and gpus % per_pod:
-        raise TraceError(
-            f"{where} line {line}: gpus: {gpus} is not a multiple of the default gpus_per_pod "
-            f"min(gpus, 8) = {per_pod}; add a gpus_per_pod column that divides it"
-        )
-    if per_pod < 1 or gpus % per_pod:
-        raise TraceError(
-            f"{where} line {line}: gpus_per_pod: {per_pod} does not divide gpus {gpus}"
-        )
-    raw_topo = (row.get("topology") or "").strip().lower()
-    if raw_topo and raw_topo not in _TOPOLOGY:
-        raise TraceError(
-            f"{where} line {line}: topology: {raw_topo!r} is not required, preferred or none"
-        )
-    default: NVLinkPolicy = "Required" if gpus == per_pod else "Preferred"
-    topology = _TOPOLOGY[raw_topo] if raw_topo else default
-    return TraceJob(
-        job_id=(row.get("job_id") or str(line)).strip(),
-        submit_s=_number(where, line, row, "submit_s", float),
-        gpus=gpus,
-        duration_s=_number(where, line, row, "duration_s", float),
-        gpus_per_pod=per_pod,
-        topology=topology,
-        gpu_product=(row.get("gpu_product") or "").strip() or None,
-        queue=(row.get("queue") or "").strip() or "default",
-        priority=(
-            _number(where, line, row, "priority", int) if (row.get("priority") or "").strip() else 0
-        ),
-    )
 
 
 def node_inventory(spec: NodeSpec) -> NodeInventory:
@@ -239,6 +115,8 @@ class SimResult:
     stranded: int
     runtime_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the keys ``--queues`` adds (:meth:`.simquota.QueueSim.metrics`), after the others
+    queue_metrics: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
@@ -254,6 +132,7 @@ class SimResult:
             "nvlink_required_single_domain": round(self.nvlink_required_single_domain, 4),
             "stranded": self.stranded,
             "runtime_s": round(self.runtime_s, 2),
+            **(self.queue_metrics or {}),
         }
 
 
@@ -352,6 +231,23 @@ class _Sim:
             extra={"end_s": t_end, "fleet_gpus": self.fleet_gpus},
         )
 
+    def per_queue(self, qs: QueueSim, end: float) -> dict[str, dict[str, Any]]:
+        """Per queue: jobs, mean wait of those started, GPU-hours run up to ``end``."""
+        rows: dict[str, dict[str, Any]] = {}
+        waits: dict[str, list[float]] = {}
+        for r in self.runs:
+            q = qs.queue(r.request)
+            row = rows.setdefault(q, {"jobs": 0, "wait_mean_s": 0.0, "gpu_hours": 0.0})
+            row["jobs"] += 1
+            if r.start < _NEVER:
+                waits.setdefault(q, []).append(r.start - r.job.submit_s)
+                row["gpu_hours"] += r.job.gpus * (min(r.end, end) - r.start) / 3600.0
+        for q, row in rows.items():
+            w = waits.get(q, [])
+            row["wait_mean_s"] = round(sum(w) / len(w), 1) if w else 0.0
+            row["gpu_hours"] = round(row["gpu_hours"], 1)
+        return rows
+
 
 def _pct(values: list[float], q: float) -> float:
     if not values:
@@ -368,22 +264,36 @@ def simulate(
     member_fit: Literal["spread", "pack"] = "spread",
     placement_policy: Policy | None = None,
     backfill: BackfillRule | None = None,
+    queues: Sequence[GPUQueue] | None = None,
+    quota_mode: Literal["enforce", "none"] = "enforce",
+    half_life_s: float = DEFAULT_HALF_LIFE_S,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
     ``horizon_s``: the run stops this many simulated seconds after the last arrival (default 30
-    days). Raises ``ValueError`` for an unknown policy.
+    days). ``queues``: GPUQueues (policy ``gpufed`` only): with ``quota_mode`` ``enforce`` jobs
+    are admitted by quota and ordered by fair share (decayed usage, ``half_life_s``), with
+    ``none`` only accounted (:mod:`.simquota`). Raises ``ValueError`` for an unknown policy or
+    quota mode, queues with a baseline policy, and broken queues (naming each).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    if quota_mode not in ("enforce", "none"):
+        raise ValueError(f"quota_mode: {quota_mode!r} is not enforce or none")
+    if queues and policy != "gpufed":
+        raise ValueError(f"queues: only the gpufed policy admits by queue, not {policy}")
     sim = _Sim(members, jobs)
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
     horizon = last_arrival + horizon_s
+    qs = QueueSim.of(queues, quota_mode == "enforce", half_life_s) if queues else None
     if policy == "gpufed":
-        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule())
+        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule(), qs)
     else:
         _run_baseline(sim, horizon, policy, member_fit)
-    return sim.result(policy, horizon)
+    result = sim.result(policy, horizon)
+    if qs is not None:
+        result.queue_metrics = qs.metrics(sim.per_queue(qs, result.extra["end_s"]))
+    return result
 
 
 def _drain(sim: _Sim, horizon: float) -> Iterable[tuple[float, list[str], list[str]]]:
@@ -399,33 +309,56 @@ def _drain(sim: _Sim, horizon: float) -> Iterable[tuple[float, list[str], list[s
         yield now, finished, arrived
 
 
-def _run_gpufed(sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule) -> None:
+def _run_gpufed(
+    sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule, qs: QueueSim | None = None
+) -> None:
     pending: dict[str, _Run] = {}
     snapshot = sim.snapshot
     now = 0.0
+    gate = qs.gate if qs is not None else None
 
     def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
-        d = place(req, snapshot, policy, now, hold=hold)
+        quota = gate.for_request(req) if gate is not None else None
+        d = place(req, snapshot, policy, now, hold=hold, quota=quota)
         if d.outcome == Outcome.PLACED:
             sim.start(pending.pop(req.uid), d, now)
+            if qs is not None:
+                qs.start(req, d.gpu_product)
         elif d.outcome == Outcome.REJECTED:
             pending.pop(req.uid, None)  # no member could ever hold it: never started
+            if qs is not None:
+                qs.drop(req)
         return d
 
     def holds(req: PlacementRequest) -> Hold | None:
-        return hold_for(req, snapshot, policy)
+        hold = hold_for(req, snapshot, policy)
+        quota = gate.for_request(req) if gate is not None else None
+        if hold is not None and hold.nodes and quota is not None:
+            # a job its quota blocks would hold nodes it cannot use: let others drain them
+            some = snapshot.node(hold.cluster, min(hold.nodes))
+            if not quota.status(some.labels.get(GPU_PRODUCT_LABEL)).ok:
+                return None
+        return hold
 
     def key_of(req: PlacementRequest) -> Any:
-        return sim.by_uid[req.uid].key
+        key = sim.by_uid[req.uid].key
+        return (req.queue, key) if gate is not None and gate.enforce else key
 
     for now, finished, arrived in _drain(sim, horizon):
+        if qs is not None:
+            qs.sample_until(now)
         for uid in finished:
             snapshot.release(uid)
+            if qs is not None:
+                qs.finish(sim.by_uid[uid].request)
         for uid in arrived:
             pending[uid] = sim.by_uid[uid]
+            if qs is not None:
+                qs.arrive(sim.by_uid[uid].request)
         if not pending:
             continue
-        queue = sorted((r.request for r in pending.values()), key=order_key)
+        requests = (r.request for r in pending.values())
+        queue = qs.order(now, requests) if qs is not None else sorted(requests, key=order_key)
         schedule_pass(
             queue,
             now,
@@ -436,6 +369,8 @@ def _run_gpufed(sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule) -
             record_skipped=False,
             key_of=key_of,
         )
+        if qs is not None:
+            qs.after_pass()
 
 
 # --- baselines -------------------------------------------------------------------------------------

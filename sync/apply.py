@@ -341,7 +341,8 @@ async def apply_object(
     A missing object is created (POST: one request for a new object), unless ``may_create``
     is False (the job ran before: never re-run it), which gives :attr:`ApplyResult.MISSING`.
     An existing object is read and must be ``owner``'s (origin and job UID labels); then a
-    create-only kind is adopted untouched and any other kind is server-side applied (field
+    create-only kind is adopted untouched (even its ``gpufed.io/hub-epoch`` annotation: the
+    agent may not patch a batch Job) and any other kind is server-side applied (field
     manager ``gpufed``, ``force``: the hub is the source of truth for the fields it sets),
     conditional on the ``resourceVersion`` read, so an object replaced meanwhile is read and
     checked again (at most :data:`MAX_CONFLICTS` times).

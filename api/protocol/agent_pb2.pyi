@@ -114,6 +114,7 @@ class Hello(_message.Message):
     SERVED_KINDS_FIELD_NUMBER: _builtins.int
     AGENT_INSTANCE_FIELD_NUMBER: _builtins.int
     CLUSTER_UID_FIELD_NUMBER: _builtins.int
+    HELD_JOBS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """member cluster name; must match the token's identity"""
     agent_version: _builtins.str
@@ -128,6 +129,14 @@ class Hello(_message.Message):
     def served_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """workload kinds the member serves, "Kind.group" (Job.batch)"""
 
+    @_builtins.property
+    def held_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldJob]:
+        """Kubernetes cluster the agent talks to ("" = unknown)
+        The jobs whose objects (this hub's origin, a job UID) exist in the member now, at most
+        gpufed.api.bounds.MAX_HELD_JOBS (more: the Hello is refused). A hub whose etcd state was
+        lost or replaced rebuilds its placements from them (docs/design.md §7 item 7).
+        """
+
     def __init__(
         self,
         *,
@@ -137,14 +146,55 @@ class Hello(_message.Message):
         served_kinds: _abc.Iterable[_builtins.str] | None = ...,
         agent_instance: _builtins.str = ...,
         cluster_uid: _builtins.str = ...,
+        held_jobs: _abc.Iterable[Global___HeldJob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance", b"agent_instance", "agent_version", b"agent_version", "cluster", b"cluster", "cluster_uid", b"cluster_uid", "protocol_version", b"protocol_version", "served_kinds", b"served_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_instance", b"agent_instance", "agent_version", b"agent_version", "cluster", b"cluster", "cluster_uid", b"cluster_uid", "held_jobs", b"held_jobs", "protocol_version", b"protocol_version", "served_kinds", b"served_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
+
+@_typing.final
+class HeldJob(_message.Message):
+    """One job the agent holds objects of (the list a Hello carries)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_UID_FIELD_NUMBER: _builtins.int
+    HUB_EPOCH_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    job_uid: _builtins.str
+    """gpufed.io/job-uid"""
+    hub_epoch: _builtins.str
+    """gpufed.io/hub-epoch of its objects ("" = unknown: an"""
+    kind: _builtins.str
+    """object applied before epochs, or several epochs)
+    Kind.group of its main workload object ("" = none)
+    """
+    name: _builtins.str
+    """that object's name"""
+    namespace: _builtins.str
+    """the member namespace of its objects"""
+    def __init__(
+        self,
+        *,
+        job_uid: _builtins.str = ...,
+        hub_epoch: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hub_epoch", b"hub_epoch", "job_uid", b"job_uid", "kind", b"kind", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldJob: _TypeAlias = HeldJob  # noqa: Y015
 
 @_typing.final
 class Taint(_message.Message):
@@ -714,6 +764,7 @@ class Welcome(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    HUB_EPOCH_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """the identity the hub bound this stream to"""
     hub_id: _builtins.str
@@ -723,6 +774,12 @@ class Welcome(_message.Message):
     """how often the agent should send Heartbeat"""
     max_message_bytes: _builtins.int
     """the hub refuses larger messages (split snapshots below it)"""
+    hub_epoch: _builtins.str
+    """Identity of the hub's etcd state (docs/design.md §10, key `epoch`): a random id written once
+    under the hub's prefix, with the etcd cluster ID. It changes when the state is lost or
+    restored from a backup; the agent stamps it on what it applies (gpufed.io/hub-epoch) and
+    garbage-collects at once only objects applied under the current epoch ("" = an older hub).
+    """
     def __init__(
         self,
         *,
@@ -731,10 +788,11 @@ class Welcome(_message.Message):
         protocol_version: _builtins.int = ...,
         heartbeat_interval_ms: _builtins.int = ...,
         max_message_bytes: _builtins.int = ...,
+        hub_epoch: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_epoch", b"hub_epoch", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpufed.api.bounds import MAX_HELD_JOBS
 from gpufed.api.inventory import (
     MAX_AMOUNT,
     MAX_DEVICES_PER_NODE,
@@ -31,7 +32,7 @@ from gpufed.api.inventory import (
 )
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.resources import is_extended_resource
-from gpufed.api.stream import AgentHello
+from gpufed.api.stream import AgentHello, HeldJob
 from gpufed.api.work import (
     AckResult,
     Condition,
@@ -60,7 +61,14 @@ _ACK_FROM_PB = {v: k for k, v in _ACK_TO_PB.items()}
 
 
 def hello_from_pb(msg: pb.Hello) -> AgentHello:
-    """Decode a Hello (every field is a plain string or number: nothing to refuse)."""
+    """Decode a Hello. :class:`ProtocolError` when it lists more than
+    :data:`~gpufed.api.bounds.MAX_HELD_JOBS` held jobs (the other fields are plain strings
+    and numbers: nothing to refuse)."""
+    if len(msg.held_jobs) > MAX_HELD_JOBS:
+        raise ProtocolError(
+            f"hello: {len(msg.held_jobs)} held jobs, more than {MAX_HELD_JOBS}: "
+            "an agent lists at most that many"
+        )
     return AgentHello(
         cluster=msg.cluster,
         protocol_version=msg.protocol_version,
@@ -68,6 +76,28 @@ def hello_from_pb(msg: pb.Hello) -> AgentHello:
         agent_instance=msg.agent_instance,
         served_kinds=tuple(msg.served_kinds),
         cluster_uid=msg.cluster_uid,
+        held_jobs=tuple(
+            HeldJob(
+                job_uid=h.job_uid,
+                hub_epoch=h.hub_epoch,
+                kind=h.kind,
+                name=h.name,
+                namespace=h.namespace,
+            )
+            for h in msg.held_jobs
+            if h.job_uid
+        ),
+    )
+
+
+def held_job_to_pb(job: HeldJob) -> pb.HeldJob:
+    """Encode one held job (the agent's Hello)."""
+    return pb.HeldJob(
+        job_uid=job.job_uid,
+        hub_epoch=job.hub_epoch,
+        kind=job.kind,
+        name=job.name,
+        namespace=job.namespace,
     )
 
 

@@ -3,13 +3,19 @@
 * an agent killed and restarted: the member's objects are adopted, not re-created; the hub's
   inventory is resynced with what changed meanwhile; a job that finished meanwhile is reported;
 * the hub killed after placing a job but before the member object exists, then restarted:
-  exactly one member object; and the same for a burst of jobs with the hub killed mid-way.
+  exactly one member object; and the same for a burst of jobs with the hub killed mid-way;
+* the hub's etcd state lost (docs/design.md §7 item 7): the hub rebuilds from the GPUJobs'
+  status and the agents' held jobs; running jobs keep their member objects and pods.
 """
 
 from __future__ import annotations
 
+import asyncio
+
+import aetcd
 import pytest
 
+from gpufed.hub.store import parse_endpoint
 from tests.e2e.harness import E2E, H100, batch_job, unique, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -103,3 +109,57 @@ def test_hub_killed_during_a_burst_places_and_creates_every_job_once(e2e: E2E) -
         assert sum(len(v) for v in copies.values()) == 1, (n, copies)
         st = hub.status(n)
         assert list(copies) == [st.get("cluster")], (n, st)
+
+
+def _wipe_hub_state(e2e: E2E) -> int:
+    """Delete every key under the hub's etcd prefix (the hub is stopped); the count deleted."""
+    cp = e2e.info.control_plane
+    assert cp is not None
+    host, port = parse_endpoint(e2e.info.etcd_url.split("://", 1)[-1])
+
+    async def wipe() -> int:
+        async with aetcd.Client(host=host, port=port) as etcd:
+            reply = await etcd.delete_prefix(cp.hub_etcd_prefix.encode())
+            return int(reply.deleted)
+
+    return asyncio.run(wipe())
+
+
+def test_hub_state_lost_keeps_running_jobs_and_recreates_nothing(e2e: E2E) -> None:
+    # Before the state epoch, the restarted hub sent every agent an empty desired set: each
+    # agent deleted every labelled object and the GPUJobs were placed and run again.
+    hub = e2e.hub
+    names = [unique("survivor-hgx"), unique("survivor-nvl")]
+    uids = {
+        names[0]: hub.submit(names[0], batch_job(8), placement={"gpuProducts": [H100]}),
+        names[1]: hub.submit(
+            names[1], batch_job(4, pods=2), placement={"topology": {"nvlink": "Required"}}
+        ),
+    }
+    before: dict[str, tuple[str, str, set[str]]] = {}
+    for n, job in uids.items():
+        uid = job["metadata"]["uid"]
+        cluster = hub.wait_phase(n, "Running")["cluster"]
+        member = e2e.members[cluster]
+        wait_until(lambda m=member, u=uid: len(m.pods_of(u, running=True)) > 0, "pods running")
+        (copy,) = member.jobs_of(uid)
+        before[n] = (cluster, copy.metadata.uid, {p.metadata.uid for p in member.pods_of(uid)})
+
+    e2e.kill("hub")
+    assert _wipe_hub_state(e2e) > 0
+    e2e.start("hub")
+    e2e.wait_healthy(120)
+
+    after = unique("after-wipe")
+    after_uid = hub.submit(after, batch_job(1, run_for="3s"))["metadata"]["uid"]
+    hub.wait_phase(after, "Succeeded", timeout_s=60)
+    for n, job in uids.items():
+        uid = job["metadata"]["uid"]
+        cluster, copy_uid, pods = before[n]
+        st = hub.status(n)
+        assert (st["phase"], st["cluster"]) == ("Running", cluster), (n, st)
+        copies = e2e.copies(uid)
+        assert list(copies) == [cluster], (n, copies)
+        assert [j.metadata.uid for j in copies[cluster]] == [copy_uid]  # never re-created
+        assert {p.metadata.uid for p in e2e.members[cluster].pods_of(uid)} == pods
+    assert sum(len(v) for v in e2e.copies(after_uid).values()) == 1

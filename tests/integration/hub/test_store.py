@@ -124,3 +124,31 @@ async def test_inventory_and_member_meta_round_trip(store: Store) -> None:
     loaded = await store.load()
     assert sorted(loaded.nodes["m1"]) == sorted(f"n{i}" for i in range(2, 150))
     assert loaded.members["m1"].lost_at == 5.0
+
+
+async def test_the_state_epoch_is_written_once_and_changes_when_the_prefix_is_wiped(
+    store: Store,
+) -> None:
+    await lead(store)
+    assert (await store.load()).epoch is None  # a new state
+    first = await store.ensure_epoch("aaa")
+    assert first.startswith("aaa.")
+    assert first != "aaa.0"
+    assert await store.ensure_epoch("bbb") == first  # written once
+    assert (await store.load()).epoch == first
+    await store._client.delete(store._k("epoch"))  # the hub's state is lost
+    assert (await store.load()).epoch is None
+    assert await store.ensure_epoch("ccc") != first
+
+
+async def test_an_adopted_placement_holds_no_reservation(store: Store) -> None:
+    await lead(store)
+    ack = AckRecord(revision=0, result="Applied", applied=True)
+    rev, job_rev = await store.adopt(job(), work(), ack, expect_job_revision=None)
+    assert rev == job_rev > 0
+    with pytest.raises(ConflictError):
+        await store.adopt(job(cluster="m2"), work(), None, expect_job_revision=None)
+    loaded = await store.load()
+    assert loaded.jobs["u1"].cluster == "m1"
+    assert loaded.acks[("m1", "u1")] == ack
+    assert loaded.reservations == {}

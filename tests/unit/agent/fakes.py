@@ -104,6 +104,16 @@ class MemoryCluster:
         if want and (current is None or current["metadata"]["resourceVersion"] != want):
             raise FakeApiError(409, "the object has been modified; please apply to the latest")
         uid = current["metadata"]["uid"] if current else None
+        if current is not None and set(obj) <= {"apiVersion", "kind", "metadata"}:
+            # A metadata-only apply (the epoch re-stamp of a Job): server-side apply merges
+            # the fields it names and leaves the rest (the immutable spec) alone.
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            merged = copy.deepcopy(current)
+            merged["metadata"]["annotations"] = {
+                **(merged["metadata"].get("annotations") or {}),
+                **annotations,
+            }
+            obj = merged
         self.objects[self._key(ref)] = self._stamp(obj, uid=uid)
         return copy.deepcopy(self.objects[self._key(ref)])
 

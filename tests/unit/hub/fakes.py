@@ -53,6 +53,8 @@ class FakeStore:
     calls: list[str] = field(default_factory=list)
     #: placements that fail with ConflictError before touching anything (job uids)
     conflict_on_place: set[str] = field(default_factory=set)
+    #: the ``epoch`` key (None: a new or wiped state)
+    epoch_id: str | None = None
 
     def _next(self) -> int:
         self.revision += 1
@@ -67,6 +69,7 @@ class FakeStore:
             reservations=dict(self.reservations),
             members={c: m for c, m in self.metas},
             nodes={c: dict(n) for c, n in self.nodes.items()},
+            epoch_id=self.epoch_id,
         )
 
     async def place(
@@ -91,6 +94,36 @@ class FakeStore:
         self.work[(job.cluster, job.uid)] = (work, rev)
         self.reservations[job.uid] = reservation_json
         return rev, rev
+
+    async def adopt(
+        self,
+        job: JobRecord,
+        work: WorkRecord,
+        ack: AckRecord | None,
+        *,
+        expect_job_revision: int | None,
+    ) -> tuple[int, int]:
+        self.calls.append("adopt")
+        current = self.jobs.get(job.uid)
+        if (
+            (current is not None)
+            if expect_job_revision is None
+            else (current is None or current[1] != expect_job_revision)
+        ):
+            raise ConflictError(f"job {job.uid} was recorded by someone else")
+        assert job.cluster is not None
+        rev = self._next()
+        self.jobs[job.uid] = (job, rev)
+        self.work[(job.cluster, job.uid)] = (work, rev)
+        if ack is not None:
+            self.acks[(job.cluster, job.uid)] = ack
+        return rev, rev
+
+    async def ensure_epoch(self, new_id: str) -> str:
+        self.calls.append("ensure_epoch")
+        if self.epoch_id is None:
+            self.epoch_id = new_id
+        return f"{self.epoch_id}.0"
 
     async def put_job(self, job: JobRecord, *, expect_revision: int) -> int:
         self.calls.append("put_job")

@@ -336,3 +336,42 @@ def test_bench_placement_prints_the_documented_json_line() -> None:
         assert key in result
     assert (result["clusters"], result["nodes"], result["decisions"]) == (3, 120, 60)
     assert result["placed"] + result["unschedulable"] + result["rejected"] == 60
+
+
+def test_queues_enforce_keeps_quota_and_none_only_accounts(tmp_path: Path) -> None:
+    """Two tenants on 16 GPUs, quota 8 each without borrowing: a burst of the first tenant
+    runs past its quota under none (quota_exceeded > 0) and within it under enforce, where
+    the other tenant's job waits for nobody."""
+    from gpufed.api.queue import load_queues
+    from gpufed.placement.trace import read_trace
+
+    trace = tmp_path / "t.csv"
+    rows = ["job_id,submit_s,gpus,duration_s,tenant"]
+    rows += [f"a{i},0,8,3600,1" for i in range(2)] + ["b0,10,8,600,2"]
+    trace.write_text("\n".join(rows) + "\n")
+    queues = tmp_path / "q.yaml"
+    queues.write_text(
+        "\n---\n".join(
+            "apiVersion: gpufed.io/v1alpha1\nkind: GPUQueue\n"
+            f"metadata: {{name: vc{i}}}\nspec:\n  namespaces: [vc{i}]\n"
+            '  quotas: [{gpuProduct: "*", nominal: 8}]\n'
+            for i in (1, 2)
+        )
+    )
+    members = fleet_members(hgx_fleet(m=2))
+    jobs = read_trace(trace, queue_column="tenant", queue_prefix="vc")
+    qs = load_queues(queues)
+    none = simulate(members, jobs, queues=qs, quota_mode="none").as_json()
+    enforce = simulate(members, jobs, queues=qs, quota_mode="enforce").as_json()
+    assert none["quota_exceeded"] > 0
+    assert enforce["quota_exceeded"] == 0
+    assert enforce["placed"] == 3
+    assert enforce["queues"]["vc2"]["wait_mean_s"] == 0.0
+    assert none["queues"]["vc2"]["wait_mean_s"] > 0
+    assert enforce["share_attainment_min"] > none["share_attainment_min"]
+    assert enforce["queues"]["vc1"] == {
+        "jobs": 2,
+        "wait_mean_s": 1800.0,
+        "gpu_hours": 16.0,
+        "nominal_gpus": 8,
+    }

@@ -1,0 +1,223 @@
+"""The cluster-scoped ``GPUQueue`` custom resource (``gpufed.io/v1alpha1``): docs/design.md §4.
+
+An administrator creates one per team or organisation: the hub namespaces whose GPUJobs belong
+to it (``spec.namespaces``), the queue above it (``spec.parent``: quotas nest, org -> team),
+fleet-wide quotas per GPU product (``spec.quotas``: summed over every member) and its weight in
+fair sharing (``spec.fairShare.weight``). The hub writes ``status``: the ``Active`` condition
+(True once it accepted the queue and admits by it; False naming the broken field otherwise), the
+usage per quota key, pending and admitted job counts and the current fair-share value.
+
+The admission rules (how a job's GPU product is matched against ``quotas``, borrowing in the
+tree, fair share) are pure and live in :mod:`gpufed.placement.quota` and
+:mod:`gpufed.placement.fairshare`; docs/placement.md, "Queues and quotas".
+
+:func:`load_queues` reads a YAML file of GPUQueue objects (``gpufed simulate --queues``).
+
+Who uses it: the hub (queue list+watch, admission, status), ``gpufed simulate --queues``,
+``gpufed get queues``, and the CRD generator (:mod:`gpufed.api.crdgen`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import yaml
+from pydantic import Field, ValidationError
+
+from gpufed.api.gpujob import CRDModel, ObjectMeta, StatusCondition
+from gpufed.api.labels import API_VERSION
+
+KIND: Final = "GPUQueue"
+PLURAL: Final = "gpuqueues"
+#: The condition type that says whether the hub admits by this queue.
+ACTIVE_CONDITION: Final = "Active"
+#: The quota key that matches any whole GPU (``nvidia.com/gpu``) of a product not listed by name.
+ANY_GPU: Final = "*"
+#: Largest quota amount (GPUs, or MIG slices) accepted in any field: far above any fleet.
+MAX_QUOTA: Final = 10_000_000
+#: Most quota entries per queue and namespaces per queue.
+MAX_QUOTAS: Final = 64
+MAX_NAMESPACES: Final = 256
+#: Largest fair-share weight.
+MAX_WEIGHT: Final = 1_000_000
+
+#: A queue name (a Kubernetes object name: DNS subdomain, at most 253 characters; kept to 63 so
+#: that it fits a label value).
+QueueName = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+#: A hub namespace name (RFC 1123 label).
+NamespaceName = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+#: A quota key: ``*``, a GFD ``nvidia.com/gpu.product`` value (a label value), or a MIG
+#: resource name (``nvidia.com/mig-1g.10gb``).
+QuotaKey = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^(\*|nvidia\.com/mig-[0-9a-z.]+|[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$",
+    ),
+]
+
+
+class QueueQuota(CRDModel):
+    """One ``spec.quotas[]`` entry: fleet-wide limits for one quota key.
+
+    ``gpuProduct``: a GFD product (``NVIDIA-H100-80GB-HBM3``), ``*`` (any whole GPU whose
+    product this queue does not list by name) or a MIG resource name
+    (``nvidia.com/mig-1g.10gb``). ``nominal``: GPUs (or MIG slices) the queue's subtree may
+    use, summed over every member. ``borrowingLimit``: how far above ``nominal`` it may go
+    with unused quota of its tree (absent: unlimited). ``lendingLimit``: how much of its
+    unused nominal others in the tree may borrow (absent: all of it). Counts, 0 to 10,000,000.
+    """
+
+    gpu_product: QuotaKey
+    nominal: int = Field(ge=0, le=MAX_QUOTA)
+    borrowing_limit: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+    lending_limit: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+
+
+class FairShare(CRDModel):
+    """``spec.fairShare``: ``weight`` (1 to 1,000,000; default 1): a queue with twice the
+    weight may use twice the decayed GPU-seconds before it goes behind a sibling."""
+
+    weight: int = Field(default=1, ge=1, le=MAX_WEIGHT)
+
+
+class GPUQueueSpec(CRDModel):
+    """``GPUQueue.spec``.
+
+    ``parent``: the queue above (optional; absent for a root). ``namespaces``: GPUJobs in
+    these hub namespaces belong to this queue (a namespace may be listed by one queue only).
+    ``quotas``: at most 64 entries, one per key; an empty list means no limit of its own.
+    ``fairShare``: the queue's weight among its siblings.
+    """
+
+    parent: QueueName | None = None
+    namespaces: list[NamespaceName] = Field(
+        default_factory=list,
+        max_length=MAX_NAMESPACES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    quotas: list[QueueQuota] = Field(
+        default_factory=list,
+        max_length=MAX_QUOTAS,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["gpuProduct"],
+        },
+    )
+    fair_share: FairShare = Field(default_factory=FairShare)
+
+
+class QueueUsage(CRDModel):
+    """One ``status.usage[]`` entry for a quota key of the queue.
+
+    ``nominal``: the queue's nominal for the key; ``used``: GPUs (or MIG slices) of the reserved
+    and running jobs of the queue and its descendants charged to the key; ``borrowed``: the part
+    of ``used`` above ``nominal``.
+    """
+
+    gpu_product: str = Field(max_length=128)
+    nominal: int = Field(ge=0)
+    used: int = Field(ge=0)
+    borrowed: int = Field(default=0, ge=0)
+
+
+class GPUQueueStatus(CRDModel):
+    """``GPUQueue.status``, written only by the hub.
+
+    ``conditions``: ``Active`` (True: accepted and admitting; False with the broken field in
+    the message, e.g. ``spec.parent: cycle team-a -> research -> team-a``). ``usage``: per
+    quota key. ``pendingJobs`` / ``admittedJobs``: the queue's own jobs waiting / reserved or
+    running. ``fairShare``: decayed usage (GPU-seconds) / weight, as a decimal string.
+    """
+
+    conditions: list[StatusCondition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    usage: list[QueueUsage] = Field(default_factory=list, max_length=MAX_QUOTAS + 16)
+    pending_jobs: int | None = Field(default=None, ge=0)
+    admitted_jobs: int | None = Field(default=None, ge=0)
+    fair_share: str | None = Field(default=None, max_length=32)
+
+
+class GPUQueue(CRDModel):
+    """A queue of GPU jobs with fleet-wide quotas (cluster-scoped)."""
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GPUQueueSpec = Field(default_factory=GPUQueueSpec)
+    status: GPUQueueStatus | None = None
+
+
+#: Printer columns of ``kubectl get gpuqueues``.
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Parent", "type": "string", "jsonPath": ".spec.parent"},
+    {
+        "name": "Active",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Active")].status',
+    },
+    {"name": "Pending", "type": "integer", "jsonPath": ".status.pendingJobs"},
+    {"name": "Admitted", "type": "integer", "jsonPath": ".status.admittedJobs"},
+    {"name": "Fair-Share", "type": "string", "jsonPath": ".status.fairShare", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+class QueueFileError(ValueError):
+    """A queues file that cannot be read; the message names the file, document and field."""
+
+
+#: Most GPUQueue objects in one queues file.
+MAX_QUEUES_IN_FILE: Final = 10_000
+
+
+def load_queues(path: str | Path) -> list[GPUQueue]:
+    """GPUQueues from a YAML file: one or more documents, each a GPUQueue or a ``kind: List``
+    of them. Raises :class:`QueueFileError` naming the file, the document (from 0) and the
+    field for anything that does not validate, a wrong ``kind``, or a name used twice."""
+    where = str(path)
+    try:
+        docs = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise QueueFileError(f"{where}: cannot read the file: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise QueueFileError(f"{where}: not valid YAML ({exc})") from None
+    out: list[GPUQueue] = []
+    seen: set[str] = set()
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise QueueFileError(f"{where} document {i}: expected a GPUQueue object")
+        items = doc.get("items") if doc.get("kind") == "List" else [doc]
+        if not isinstance(items, list):
+            raise QueueFileError(f"{where} document {i}: items: expected a list of GPUQueues")
+        for j, obj in enumerate(items):
+            at = f"{where} document {i}" + (f" items[{j}]" if doc.get("kind") == "List" else "")
+            if not isinstance(obj, dict) or obj.get("kind") != KIND:
+                raise QueueFileError(f"{at}: kind: expected {KIND}")
+            try:
+                q = GPUQueue.model_validate(obj)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"])
+                raise QueueFileError(f"{at}: {loc}: {first['msg']}") from None
+            if not q.metadata.name:
+                raise QueueFileError(f"{at}: metadata.name: a GPUQueue needs a name")
+            if q.metadata.name in seen:
+                raise QueueFileError(f"{at}: metadata.name: {q.metadata.name} is used twice")
+            seen.add(q.metadata.name)
+            out.append(q)
+            if len(out) > MAX_QUEUES_IN_FILE:
+                raise QueueFileError(f"{where}: more than {MAX_QUEUES_IN_FILE} GPUQueues")
+    if not out:
+        raise QueueFileError(f"{where}: no GPUQueue objects")
+    return out

@@ -1,0 +1,473 @@
+"""Queues and hierarchical quotas (pure): the queue tree, a job's queue, usage and admission.
+
+Owns the quota *rules* (docs/placement.md, "Queues and quotas"); the hub's scheduling cycle and
+the simulator call them, so a simulated result speaks for the hub (STYLE habit 15). No I/O, no
+clock. Fair share (decayed usage, queue order) is in :mod:`.fairshare`.
+
+- :func:`build_tree` (in :mod:`.queuetree`, re-exported here) turns GPUQueue specs into a :class:`QueueTree`. Broken queues (a cycle of
+  parents, an unknown or broken parent, a namespace listed by two queues, a key listed twice,
+  a spec that does not validate) are reported per queue in ``QueueTree.broken`` with a message
+  naming the field; the rest of the tree keeps working.
+- :func:`queue_of`: the queue of a job (its namespace's queue, an explicit
+  ``spec.placement.queue`` that lists the namespace, else the configured default queue).
+- :class:`QuotaUsage`: the one owner of quota usage, per queue and concrete key (GPUs of reserved
+  and running jobs), idempotent by job UID (``charge`` / ``release`` / ``rebuild``).
+- :func:`admit`: whether ``gpus`` more of one key fit a queue and every ancestor.
+- :class:`QuotaGate` / :class:`JobQuota`: what ``place()`` asks per candidate GPU product (the
+  ``Quota`` filter).
+
+**Keys.** A job on GPU product ``P`` charges the concrete key ``P`` for its whole GPUs
+(``nvidia.com/gpu``) and the resource name for each MIG resource it asks for
+(``nvidia.com/mig-1g.10gb``). At each queue the key resolves to an *entry*: the entry for ``P``
+if the queue lists it, else ``*`` (whole GPUs only, never MIG), else none. Each queue resolves on
+its own, so a team may list ``NVIDIA-H100-80GB-HBM3`` under an organisation that lists only ``*``.
+
+**Nominal** of queue ``n`` for key ``k``: its entry's ``nominal``; with no entry, the sum of its
+children's (a grouping queue: its subtree pools its children's quota); a leaf with no entry has
+0, or no limit at all when it lists no quotas (the default queue). **Used** ``U(n, k)``: GPUs
+charged, by ``n`` and its descendants, to concrete keys that resolve to the same entry at ``n``
+(for a grouping queue, its own plus its children's used). **Reserved** ``R(c, k) = max(0,
+nominal - lendingLimit - U)``: the unused part of ``c``'s nominal that others may not borrow.
+
+**Admission** of ``g`` GPUs of ``k`` at queue ``q``, whose path to the root is
+``q = a0, a1, …, an``: for every ``ai``, ``U(ai) + g + Σ R(c)`` over the children ``c`` of ``ai``
+off the path must be at most ``nominal(ai) + borrowingLimit(ai)``; the borrowing limit is
+unlimited when absent (a grouping queue's too), and 0 at the root (there is nothing above it to
+borrow from). So a queue goes above its nominal only with room its ancestors still have, i.e.
+unused quota of its siblings and of the rest of its tree, within their lending limits: Kueue's
+cohort semantics, with an ancestor's nominal as an organisation-wide cap over its teams.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
+from gpufed.api.queue import ANY_GPU
+from gpufed.api.request import PlacementRequest
+from gpufed.placement.plugins import Code, Status
+from gpufed.placement.queuetree import (
+    DEFAULT_QUEUE,
+    QueueChoice,
+    QueueNode,
+    QueueTree,
+    build_tree,
+    queue_of,
+)
+
+__all__ = [  # the tree's names live in .queuetree; quota is the one entry point
+    "DEFAULT_QUEUE",
+    "QUOTA_PLUGIN",
+    "UNLIMITED",
+    "Admission",
+    "JobQuota",
+    "KeyCache",
+    "QueueChoice",
+    "QueueNode",
+    "QueueTree",
+    "QuotaGate",
+    "QuotaUsage",
+    "admit",
+    "build_tree",
+    "demand_of",
+    "over_limit",
+    "queue_of",
+]
+
+#: The plugin name of the quota filter in decisions (``gpufed explain``).
+QUOTA_PLUGIN: Final = "Quota"
+#: Stands for "no limit" in the arithmetic; rendered as ``unlimited``.
+UNLIMITED: Final = 1 << 60
+
+
+def _text(amount: int) -> str:
+    return "unlimited" if amount >= UNLIMITED else str(amount)
+
+
+@dataclass
+class QuotaUsage:
+    """The quota usage ledger: per job UID, its queue and amounts per concrete key.
+
+    ``charge`` on reservation, ``release`` when the job finishes (or its reservation is dropped);
+    both are idempotent by job UID, so a ledger rebuilt from the hub's records (``rebuild``)
+    after a restart never doubles or loses a job. Amounts are GPUs (MIG keys: slices).
+    """
+
+    _jobs: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
+    _own: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    #: bumped on every change (caches of derived sums compare it)
+    version: int = 0
+
+    def charge(self, job_uid: str, queue: str, key: str, gpus: int) -> None:
+        """Record that ``job_uid`` of ``queue`` holds ``gpus`` of ``key`` (replacing any
+        earlier amount of that key; a different queue moves the whole job). ``gpus`` >= 0."""
+        if gpus < 0:
+            raise ValueError(f"gpus: {gpus} is negative")
+        prev = self._jobs.get(job_uid)
+        if prev is not None and prev[0] != queue:
+            self.release(job_uid)
+            prev = None
+        amounts = prev[1] if prev is not None else {}
+        self._add(queue, key, gpus - amounts.get(key, 0))
+        amounts[key] = gpus
+        self._jobs[job_uid] = (queue, amounts)
+
+    def charge_demand(self, job_uid: str, queue: str, demand: Mapping[str, int]) -> None:
+        """``charge`` every key of ``demand`` (see :func:`demand_of`)."""
+        for key, amount in demand.items():
+            self.charge(job_uid, queue, key, amount)
+
+    def release(self, job_uid: str) -> None:
+        """Forget ``job_uid`` (no-op when unknown)."""
+        prev = self._jobs.pop(job_uid, None)
+        if prev is not None:
+            for key, amount in prev[1].items():
+                self._add(prev[0], key, -amount)
+
+    def rebuild(self, jobs: Iterable[tuple[str, str, Mapping[str, int]]]) -> None:
+        """Replace everything with ``(job_uid, queue, demand)`` rows (a uid twice: the last)."""
+        self._jobs.clear()
+        self._own.clear()
+        self.version += 1
+        for uid, queue, demand in jobs:
+            self.release(uid)
+            self.charge_demand(uid, queue, demand)
+
+    def _add(self, queue: str, key: str, delta: int) -> None:
+        if delta:
+            self.version += 1
+            own = self._own[queue]
+            left = own.get(key, 0) + delta
+            if left:
+                own[key] = left
+            else:
+                own.pop(key, None)
+
+    def holds(self, job_uid: str) -> bool:
+        """True when ``job_uid`` is charged."""
+        return job_uid in self._jobs
+
+    def queue_of_job(self, job_uid: str) -> str | None:
+        """The queue ``job_uid`` is charged to (None when not charged)."""
+        prev = self._jobs.get(job_uid)
+        return prev[0] if prev is not None else None
+
+    def own(self, queue: str) -> Mapping[str, int]:
+        """Concrete key -> amount charged by ``queue``'s own jobs."""
+        return self._own.get(queue, {})
+
+    def jobs(self) -> int:
+        """Jobs charged."""
+        return len(self._jobs)
+
+    def subtree(self, tree: QueueTree, queue: str) -> dict[str, int]:
+        """Concrete key -> amount charged by ``queue`` and its descendants."""
+        out: dict[str, int] = {}
+        stack = [queue]
+        while stack:
+            name = stack.pop()
+            for key, amount in self.own(name).items():
+                out[key] = out.get(key, 0) + amount
+            node = tree.nodes.get(name)
+            if node is not None:
+                stack.extend(node.children)
+        return out
+
+
+def demand_of(request: PlacementRequest, product: str | None) -> dict[str, int]:
+    """Concrete key -> amount ``request`` charges when placed on GPU ``product``.
+
+    Whole GPUs under ``product`` (``nvidia.com/gpu`` on a pool of that product), MIG resources
+    under their resource names; a job with neither charges nothing.
+    """
+    out: dict[str, int] = {}
+    for ps in request.pod_sets:
+        for res, amount in ps.requests.items():
+            if amount <= 0:
+                continue
+            if res == GPU_RESOURCE and product is not None:
+                out[product] = out.get(product, 0) + amount * ps.count
+            elif is_mig_resource(res):
+                out[res] = out.get(res, 0) + amount * ps.count
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer of :func:`admit`: ``ok``; ``borrowed``: how much of the queue's usage would
+    be above its nominal with the job; ``reason``: why not (empty when ``ok``)."""
+
+    ok: bool
+    borrowed: int = 0
+    reason: str = ""
+
+
+@dataclass
+class KeyCache:
+    """What :func:`admit` may keep between calls for one key: ``nominal`` and ``lenders`` per
+    queue (they depend on the tree only) and ``used`` per queue (valid while the ledger has
+    not changed behind the keeper; :class:`QuotaGate` drops the entries a charge changes)."""
+
+    nominal: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    lenders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class _View:
+    """Nominal, used and reserved per queue for one key, over one ledger state."""
+
+    def __init__(
+        self, tree: QueueTree, usage: QuotaUsage, key: str, cache: KeyCache | None = None
+    ) -> None:
+        self.tree = tree
+        self.usage = usage
+        self.key = key
+        cache = cache if cache is not None else KeyCache()
+        self._nominal = cache.nominal
+        self._used = cache.used
+        self._lenders = cache.lenders
+
+    def lenders(self, node: QueueNode) -> tuple[str, ...]:
+        """Children of ``node`` whose entry for the key has a lending limit."""
+        hit = self._lenders.get(node.name)
+        if hit is None:
+            hit = tuple(
+                c
+                for c in node.children
+                if (e := self.tree.nodes[c].entry(self.key)) is not None
+                and e.lending_limit is not None
+            )
+            self._lenders[node.name] = hit
+        return hit
+
+    def nominal(self, name: str) -> int:
+        hit = self._nominal.get(name)
+        if hit is None:
+            node = self.tree.nodes[name]
+            e = node.entry(self.key)
+            if e is not None:
+                hit = e.nominal
+            elif node.children:
+                hit = min(UNLIMITED, sum(self.nominal(c) for c in node.children))
+            else:
+                hit = 0 if node.quotas else UNLIMITED
+            self._nominal[name] = hit
+        return hit
+
+    def used(self, name: str) -> int:
+        hit = self._used.get(name)
+        if hit is None:
+            node = self.tree.nodes[name]
+            e = node.entry(self.key)
+            if e is not None:
+                sub = self.usage.subtree(self.tree, name)
+                hit = sum(a for k, a in sub.items() if node.entry(k) is e)
+            else:
+                hit = self.usage.own(name).get(self.key, 0) + sum(
+                    self.used(c) for c in node.children
+                )
+            self._used[name] = hit
+        return hit
+
+    def reserved(self, name: str) -> int:
+        e = self.tree.nodes[name].entry(self.key)
+        if e is None or e.lending_limit is None:
+            return 0
+        return max(0, e.nominal - e.lending_limit - self.used(name))
+
+    def cap(self, node: QueueNode) -> int:
+        if node.parent is None:
+            return self.nominal(node.name)
+        e = node.entry(self.key)
+        borrow = e.borrowing_limit if e is not None and e.borrowing_limit is not None else None
+        if borrow is None:
+            return UNLIMITED
+        return min(UNLIMITED, self.nominal(node.name) + borrow)
+
+
+def admit(
+    tree: QueueTree,
+    usage: QuotaUsage,
+    queue: str,
+    key: str,
+    gpus: int,
+    *,
+    cache: KeyCache | None = None,
+) -> Admission:
+    """Whether ``gpus`` more of concrete ``key`` fit ``queue`` and every ancestor (module doc).
+
+    ``cache``: sums for ``key`` kept between calls (:class:`KeyCache`, by :class:`QuotaGate`).
+
+    A broken queue admits nothing (its message is the reason); an unknown queue neither.
+    Example reason: ``team-a uses 60 of 64 NVIDIA-H100-80GB-HBM3; 8 more needed; nothing to
+    borrow: research lends 0 (research uses 128 of 128)``.
+    """
+    if queue in tree.broken:
+        return Admission(False, reason=f"queue {queue} is not active: {tree.broken[queue]}")
+    path = tree.path(queue)
+    if not path:
+        return Admission(False, reason=f"queue {queue} does not exist")
+    view = _View(tree, usage, key, cache)
+    on_path = {n.name for n in path}
+    for i, node in enumerate(path):
+        cap = view.cap(node)
+        if cap >= UNLIMITED:
+            continue
+        held = sum(view.reserved(c) for c in view.lenders(node) if c not in on_path)
+        load = view.used(node.name) + held
+        if load + gpus <= cap:
+            continue
+        return Admission(False, reason=_refusal(view, path, i, gpus, cap, load, held))
+    q = path[0].name
+    borrowed = max(0, view.used(q) + gpus - view.nominal(q))
+    return Admission(True, borrowed=borrowed)
+
+
+def _refusal(
+    view: _View, path: tuple[QueueNode, ...], i: int, gpus: int, cap: int, load: int, held: int
+) -> str:
+    q = path[0]
+    e = q.entry(view.key)
+    label = e.gpu_product if e is not None and e.gpu_product != ANY_GPU else view.key
+    text = (
+        f"{q.name} uses {view.used(q.name)} of {_text(view.nominal(q.name))} {label}; "
+        f"{gpus} more needed"
+    )
+    if i == 0:
+        if q.parent is None:
+            return f"{text}; {q.name} has no parent queue to borrow from"
+        limit = e.borrowing_limit if e is not None else None
+        return f"{text}; borrowing limit {limit} of {q.name} reached ({_text(cap)} at most)"
+    a = path[i]
+    lends = max(0, cap - load)
+    extra = f", {held} kept by queues that lend less" if held else ""
+    detail = f"{a.name} uses {view.used(a.name)} of {_text(cap)}{extra}"
+    if lends == 0:
+        return f"{text}; nothing to borrow: {a.name} lends 0 ({detail})"
+    return f"{text}; only {lends} to borrow: {a.name} lends {lends} ({detail})"
+
+
+@dataclass(frozen=True)
+class JobQuota:
+    """The ``Quota`` filter for one job: which GPU products its queue can admit now.
+
+    Built by :meth:`QuotaGate.for_request`; ``place()`` calls :meth:`status` per candidate
+    pool (memoised per product within the job).
+    """
+
+    tree: QueueTree
+    usage: QuotaUsage
+    queue: str
+    request: PlacementRequest
+    gate_cache: Callable[[str], KeyCache] | None = None
+    _seen: dict[str | None, Status] = field(default_factory=dict)
+
+    name = QUOTA_PLUGIN
+
+    def status(self, product: str | None) -> Status:
+        """``SUCCESS``, or ``Unschedulable`` with the admission's reason, for ``product``."""
+        hit = self._seen.get(product)
+        if hit is None:
+            hit = Status(Code.SUCCESS)
+            for key, amount in sorted(demand_of(self.request, product).items()):
+                cache = self.gate_cache(key) if self.gate_cache is not None else None
+                a = admit(self.tree, self.usage, self.queue, key, amount, cache=cache)
+                if not a.ok:
+                    hit = Status(Code.UNSCHEDULABLE, a.reason)
+                    break
+            self._seen[product] = hit
+        return hit
+
+
+@dataclass
+class QuotaGate:
+    """Quota admission for a scheduling pass: the tree and the ledger, and the enforce switch.
+
+    ``enforce=False`` (the simulator's ``--quota-mode none``): usage is only accounted.
+    """
+
+    tree: QueueTree
+    usage: QuotaUsage = field(default_factory=QuotaUsage)
+    enforce: bool = True
+    # key -> queue -> used, valid at ledger version _cached_at (only the gate's own charges
+    # and releases keep it: they drop the entries on the job's path)
+    _keys: dict[str, KeyCache] = field(default_factory=dict)
+    _cached_at: int = -1
+    _unlimited: dict[str, bool] = field(default_factory=dict)
+
+    def _cache(self, key: str) -> KeyCache:
+        if self._cached_at != self.usage.version:
+            for stale in self._keys.values():
+                stale.used.clear()
+            self._cached_at = self.usage.version
+        hit = self._keys.get(key)
+        if hit is None:
+            hit = self._keys[key] = KeyCache()
+        return hit
+
+    def _changed(self, queue: str, before: int) -> None:
+        if self._cached_at == before:
+            path = [n.name for n in self.tree.path(queue)] or [queue]
+            for kc in self._keys.values():
+                for name in path:
+                    kc.used.pop(name, None)
+            self._cached_at = self.usage.version
+
+    def queue(self, request: PlacementRequest) -> str:
+        """The queue a request is charged to (``request.queue``, else the default queue)."""
+        return request.queue if request.queue is not None else self.tree.default_queue
+
+    def for_request(self, request: PlacementRequest) -> JobQuota | None:
+        """The filter ``place()`` runs for ``request``, or None when nothing limits it."""
+        q = self.queue(request)
+        if not self.enforce:
+            return None
+        free = self._unlimited.get(q)
+        if free is None:
+            free = self._unlimited[q] = q not in self.tree.broken and self.tree.unlimited(q)
+        if free:
+            return None
+        return JobQuota(self.tree, self.usage, q, request, self._cache)
+
+    def charge(self, request: PlacementRequest, product: str | None) -> None:
+        """Charge a placed ``request`` (on GPU ``product``) to its queue."""
+        before, q = self.usage.version, self.queue(request)
+        prev = self.usage.queue_of_job(request.uid)
+        self.usage.charge_demand(request.uid, q, demand_of(request, product))
+        if prev is not None and prev != q:
+            self._changed(prev, before)
+            before = self._cached_at
+        self._changed(q, before)
+
+    def release(self, job_uid: str) -> None:
+        """Release a job that finished or lost its reservation."""
+        before, q = self.usage.version, self.usage.queue_of_job(job_uid)
+        self.usage.release(job_uid)
+        if q is not None:
+            self._changed(q, before)
+
+
+def over_limit(tree: QueueTree, usage: QuotaUsage) -> list[str]:
+    """Every quota entry used above its limit now, as ``queue key: used > limit``.
+
+    The limit is ``nominal + borrowingLimit`` (``nominal`` at a root; no limit for a non-root
+    entry without ``borrowingLimit``). Under admission by :func:`admit` this stays empty; a
+    quota lowered below usage, or ``--quota-mode none`` in the simulator, shows here.
+    """
+    out: list[str] = []
+    for name in sorted(tree.nodes):
+        node = tree.nodes[name]
+        for key, e in sorted(node.quotas.items()):
+            if node.parent is None:
+                cap = e.nominal
+            elif e.borrowing_limit is None:
+                continue
+            else:
+                cap = e.nominal + e.borrowing_limit
+            used = _View(tree, usage, key).used(name)
+            if used > cap:
+                out.append(f"{name} {key}: {used} > {cap}")
+    return out
