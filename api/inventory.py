@@ -19,7 +19,7 @@ and values label values; every amount is between 0 and 2^63 - 1, and an extended
 (``nvidia.com/gpu``, MIG slices) at most :data:`MAX_DEVICES_PER_NODE` per node; at most
 :data:`MAX_NODE_LABELS` labels, :data:`MAX_NODE_TAINTS` taints, :data:`MAX_NODE_RESOURCES`
 resource names per map, :data:`MAX_NODE_JOBS` jobs per node, :data:`MAX_NODES_PER_MEMBER`
-nodes per member.
+nodes per member, :data:`MAX_NODES_PER_PART` nodes per message.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ from gpufed.api.labels import (
 
 #: Most nodes one member may report (GKE's largest supported cluster is 15,000 nodes).
 MAX_NODES_PER_MEMBER = 15_000
+#: Most nodes in one inventory message (a snapshot part, a delta's upserts): the hub decodes and
+#: checks one message in one turn of its event loop, about 0.1 ms per node (so ~3 ms a part);
+#: agents split by this count as well as by size. A 15,000-node member takes 469 parts.
+MAX_NODES_PER_PART = 32
 #: Most of one extended resource a node may offer (an HGX node has 8 GPUs, 56 MIG slices).
 MAX_DEVICES_PER_NODE = 4096
 #: Most labels, taints, resource names (per map) and job entries on one reported node.

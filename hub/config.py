@@ -77,8 +77,8 @@ class HubConfig(BaseModel):
       every member's score or rejection (what ``gpufed explain`` shows later); on larger
       fleets only the winner is recorded, since placement stops evaluating members once the
       winner is certain (0 turns full explanations of placed jobs off).
-    - ``status_resync_s``: how often the leader compares every GPUJob status the hub API
-      shows with the one it computed and writes the differences again (level-triggered:
+    - ``status_resync_s``: how often the leader compares every GPUJob and MemberCluster
+      status the hub API shows with the one it computed and writes the differences again (level-triggered:
       a write that someone else overwrote is corrected within this long).
     - ``default_queue``: the GPUQueue of GPUJobs whose namespace no queue lists. Without a
       GPUQueue of that name it has no limit (every job is admitted, as before queues existed);

@@ -267,11 +267,12 @@ class Controller:
                     await self.queues.save_history()
 
     async def _resync_loop(self) -> None:
-        """Level-triggered status: every ``status_resync_s``, write again each GPUJob status
-        the hub API shows differently from what this term computed."""
+        """Level-triggered status: every ``status_resync_s``, write again each GPUJob and
+        MemberCluster status the hub API shows differently from what this term computed."""
         while True:
             await asyncio.sleep(self.config.status_resync_s)
             self.mirror.resync_jobs()
+            self.mirror.resync_members()
 
     # --- agent streams -------------------------------------------------------------------------------
 
@@ -367,7 +368,7 @@ class Controller:
         if isinstance(event, Heartbeat):
             self.members.on_heartbeat(m, event)
         elif isinstance(event, InventorySnapshot):
-            self.members.on_snapshot(m, event)
+            await self.members.take_snapshot(m, event)
         elif isinstance(event, InventoryDelta):
             self.members.on_delta(m, event)
         elif isinstance(event, WorkAck):

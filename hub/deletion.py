@@ -152,7 +152,11 @@ class Deletion:
             log.info("hub.job.deleted", job=job.key)
 
     async def _patch_finalizers(self, job: JobState, *, add: bool) -> GPUJob | None:
-        """Add or remove our finalizer (optimistic concurrency, re-read on 409)."""
+        """Add or remove our finalizer (optimistic concurrency, re-read on 409), behind the
+        leader fence like every hub API write (:meth:`gpufed.hub.term.Term.check_fence`,
+        before the write and before a re-read): a replica that no longer leads drops no
+        finalizer, which would let the API server delete a GPUJob whose member copy the new
+        leader still has to clean up. Raises ``NotLeaderError`` then (the term ends)."""
         ns, name = job.obj.metadata.namespace or "default", job.obj.metadata.name
         obj = job.obj
         for _ in range(5):
@@ -160,6 +164,7 @@ class Deletion:
             if add == (FINALIZER in current):
                 return obj
             wanted = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
+            self._term.check_fence()
             try:
                 raw = await self._term.kube.set_job_finalizers(
                     ns, name, wanted, obj.metadata.resource_version or ""
@@ -170,6 +175,7 @@ class Deletion:
                     return None
                 if verdict is not Verdict.RECONCILE:
                     raise
+                self._term.check_fence()
                 fresh = await self._term.kube.get_job(ns, name)
                 if fresh is None:
                     return None

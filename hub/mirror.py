@@ -23,7 +23,8 @@ conflict re-reads the object and writes again, behind the fence again. What a pa
 the fence check and the API server's commit can still let through (a stale write onto an
 object nobody wrote since) is undone by :meth:`Mirror.resync_jobs`, which the term runs every
 ``status_resync_s``: the leader compares each GPUJob status the hub API shows with the one it
-computed and writes the differences again (level-triggered, not only edge-triggered).
+computed and writes the differences again (level-triggered, not only edge-triggered), and
+:meth:`Mirror.resync_members` does the same for MemberCluster statuses.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class Mirror:
         self._member_rvs: dict[str, str] = {}
         #: GPUQueue -> resourceVersion our last status write returned
         self._queue_rvs: dict[str, str] = {}
+        #: MemberCluster -> (how many views the watch gave, the status of the latest)
+        self._member_views: dict[str, tuple[int, MemberClusterStatus]] = {}
+        #: MemberCluster -> the watch's view count when our last status write landed
+        self._member_written_at: dict[str, int] = {}
 
     def start(self) -> None:
         """Start the writers' workers."""
@@ -211,6 +216,40 @@ class Mirror:
         """The MemberCluster is gone: drop what is pending for it."""
         self.members.forget(name)
         self._member_rvs.pop(name, None)
+        self._member_views.pop(name, None)
+        self._member_written_at.pop(name, None)
+
+    def member_seen(self, name: str, status: MemberClusterStatus | None) -> None:
+        """The MemberCluster watch showed ``name`` with ``status`` (for :meth:`resync_members`)."""
+        count = self._member_views.get(name, (0, None))[0] + 1
+        self._member_views[name] = (count, status or MemberClusterStatus())
+
+    def resync_members(self) -> int:
+        """Level-triggered correction, as :meth:`resync_jobs` does for GPUJobs: every
+        MemberCluster whose status, as the watch shows it, differs from the one this term last
+        wrote is written again. Skips members with a write pending, members this term has not
+        written yet, and members the watch has shown nothing of since our last write. Returns
+        how many were corrected."""
+        corrected = 0
+        for name, (view, shown) in list(self._member_views.items()):
+            mine = self.members.last_written(name)
+            if mine is None or self.members.pending(name):
+                continue
+            if self._member_written_at.get(name) == view:
+                continue
+            try:
+                computed = MemberClusterStatus.model_validate(mine)
+            except ValidationError:
+                continue
+            if shown == computed:
+                continue
+            self.members.submit(name, mine, force=True)
+            self._term.metrics.status_corrections.labels("member").inc()
+            log.info(
+                "hub.status.corrected", cluster=name, shown=_ready(shown), computed=_ready(computed)
+            )
+            corrected += 1
+        return corrected
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
         kube = self._term.kube
@@ -256,6 +295,8 @@ class Mirror:
         try:
             self._term.check_fence()
             rvs[name] = await patch(name, payload, rv)
+            if kind == "member":
+                self._member_written_at[name] = self._member_views.get(name, (0, None))[0]
         except Exception as exc:
             rvs.pop(name, None)
             result = _result_of(exc)
@@ -270,6 +311,11 @@ class Mirror:
         except NotLeaderError:
             self._term.metrics.status_writes.labels(kind, "fenced").inc()
             raise
+
+
+def _ready(status: MemberClusterStatus) -> str:
+    """The Ready condition's status of a MemberCluster status, for logs ("" without one)."""
+    return next((c.status for c in status.conditions if c.type == "Ready"), "")
 
 
 def _result_of(exc: Exception) -> str:

@@ -20,7 +20,9 @@ Inventory rules (api/protocol/agent.proto):
 - bounded (docs/design.md §4): a snapshot has at most :data:`MAX_SNAPSHOT_PARTS` parts and
   :data:`MAX_SNAPSHOT_BYTES` bytes in all, a member at most
   :data:`gpufed.api.inventory.MAX_NODES_PER_MEMBER` nodes (counted over the snapshot and every
-  delta), a delta at most as many upserts and removals; past a limit the stream closes with
+  delta), a snapshot part and a delta at most
+  :data:`gpufed.api.inventory.MAX_NODES_PER_PART` nodes (so one message is decoded in a few
+  ms), a delta at most ``MAX_NODES_PER_MEMBER`` removals; past a limit the stream closes with
   INVALID_ARGUMENT naming it, and the stored inventory stays the last good one.
 """
 
@@ -33,7 +35,7 @@ from typing import Literal
 
 import structlog
 
-from gpufed.api.inventory import MAX_NODES_PER_MEMBER, NodeInventory
+from gpufed.api.inventory import MAX_NODES_PER_MEMBER, MAX_NODES_PER_PART, NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import (
     ProtocolError,
@@ -63,6 +65,10 @@ MAX_SNAPSHOT_PARTS = 1024
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 #: Most served kinds one agent may name (each at most 253 characters).
 MAX_SERVED_KINDS = 256
+_PER_PART = (
+    f"at most {MAX_NODES_PER_PART} nodes per message are allowed (split into more parts or "
+    "deltas; agents older than this hub send larger ones: upgrade the agent)"
+)
 
 CloseCode = Literal["INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAVAILABLE", "ABORTED"]
 
@@ -106,6 +112,7 @@ class AgentSession:
     _snap_seq: int | None = None
     _snap_next: int = 0
     _snap_nodes: list[NodeInventory] = field(default_factory=list)
+    _snap_names: set[str] = field(default_factory=set)
     _snap_kinds: list[str] = field(default_factory=list)
     _snap_bytes: int = 0
     #: node names the hub holds for this stream (snapshot, then deltas): the per-member cap
@@ -212,6 +219,7 @@ class AgentSession:
         if msg.part == 0:
             self._snap_seq, self._snap_next = msg.seq, 0
             self._snap_nodes, self._snap_kinds, self._snap_bytes = [], [], 0
+            self._snap_names = set()
         elif msg.seq != self._snap_seq or msg.part != self._snap_next:
             expected = (
                 "a part 0"
@@ -227,6 +235,7 @@ class AgentSession:
         self._snap_bytes += msg.ByteSize()
         too_much = _snapshot_limit(
             part=msg.part,
+            part_nodes=len(msg.nodes),
             size=self._snap_bytes,
             nodes=len(self._snap_nodes) + len(msg.nodes),
             kinds=msg.served_kinds,
@@ -236,21 +245,24 @@ class AgentSession:
             self._snap_seq = None
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory snapshot: {too_much}")
         try:
-            self._snap_nodes.extend(node_from_pb(n) for n in msg.nodes)
+            decoded = [node_from_pb(n) for n in msg.nodes]
         except ProtocolError as exc:
             self._snap_seq = None
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory snapshot: {exc}") from exc
+        # Names are checked part by part, so the final part costs what any other part costs.
+        names = {n.name for n in decoded}
+        if len(names) != len(decoded) or not names.isdisjoint(self._snap_names):
+            self._snap_seq = None
+            raise StreamClosedError("INVALID_ARGUMENT", "inventory snapshot names a node twice")
+        self._snap_names |= names
+        self._snap_nodes.extend(decoded)
         self._snap_kinds.extend(msg.served_kinds)
         self._snap_next += 1
         if not msg.final:
             return None
         nodes, kinds = self._snap_nodes, self._snap_kinds
-        names = [n.name for n in nodes]
-        if len(set(names)) != len(names):
-            self._snap_seq = None
-            raise StreamClosedError("INVALID_ARGUMENT", "inventory snapshot names a node twice")
         self._snap_seq, self._snap_nodes, self._snap_kinds = None, [], []
-        self._node_names = set(names)
+        self._node_names, self._snap_names = self._snap_names, set()
         self.inventory_seq = msg.seq
         self.awaiting_snapshot = False
         return InventorySnapshot(
@@ -272,10 +284,15 @@ class AgentSession:
                 "send a full snapshot"
             )
             return None
-        if len(msg.upserts) > MAX_NODES_PER_MEMBER or len(msg.removed) > MAX_NODES_PER_MEMBER:
+        if len(msg.upserts) > MAX_NODES_PER_PART:
             raise StreamClosedError(
                 "INVALID_ARGUMENT",
-                f"inventory delta: more than {MAX_NODES_PER_MEMBER} upserts or removals",
+                f"inventory delta: {len(msg.upserts)} upserts; {_PER_PART}",
+            )
+        if len(msg.removed) > MAX_NODES_PER_MEMBER:
+            raise StreamClosedError(
+                "INVALID_ARGUMENT",
+                f"inventory delta: more than {MAX_NODES_PER_MEMBER} removals",
             )
         try:
             upserts = tuple(node_from_pb(n) for n in msg.upserts)
@@ -294,11 +311,13 @@ class AgentSession:
 
 
 def _snapshot_limit(
-    *, part: int, size: int, nodes: int, kinds: Sequence[str], kinds_before: int
+    *, part: int, part_nodes: int, size: int, nodes: int, kinds: Sequence[str], kinds_before: int
 ) -> str | None:
     """Which snapshot bound (module docstring) a part crosses, or None."""
     if part >= MAX_SNAPSHOT_PARTS:
         return f"part {part}: at most {MAX_SNAPSHOT_PARTS} parts are allowed"
+    if part_nodes > MAX_NODES_PER_PART:
+        return f"part {part}: {part_nodes} nodes; {_PER_PART}"
     if size > MAX_SNAPSHOT_BYTES:
         return f"more than {MAX_SNAPSHOT_BYTES} bytes in all parts"
     if nodes > MAX_NODES_PER_MEMBER:

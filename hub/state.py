@@ -146,6 +146,8 @@ class MemberState:
     removed_nodes: set[str] = field(default_factory=set)
     #: serialises node writes, so a settle waits for a flush already in flight
     nodes_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: serialises snapshot applications (each takes many turns of the event loop)
+    snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     meta_dirty: bool = False
     status_dirty: bool = True
     #: what the agent's last heartbeat said about its member's API server ("": reachable)

@@ -6,7 +6,7 @@ Owns the session protocol of ``api/protocol/agent.proto`` on the agent side:
    the bootstrap token as ``authorization: Bearer <token>`` call metadata;
 2. send ``Hello`` (cluster, version, served workload kinds, instance id) and wait for
    ``Welcome`` (heartbeat interval, largest message the hub accepts);
-3. send the full inventory snapshot, split into parts under that size, then coalesced
+3. send the full inventory snapshot, split into parts under that size and of at most ``MAX_NODES_PER_PART`` nodes, then coalesced
    deltas (at most one per ``coalesce_ms``; ``seq`` = previous + 1) and heartbeats;
 4. hand ``DesiredSet`` parts and ``WorkItem`` s to the work manager, answer
    ``ResyncRequest`` with a fresh snapshot; acks and workload status flow back.
@@ -34,6 +34,7 @@ from gpufed.agent.inventory import InventoryState
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.agent.status import StatusReporter
 from gpufed.agent.work import WorkManager
+from gpufed.api.inventory import MAX_NODES_PER_PART
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import (
@@ -69,8 +70,12 @@ class HubUnavailableError(ConnectionError):
     """The hub could not be reached, refused the stream, or ended it early."""
 
 
-def split_by_size(nodes: list[pb.Node], limit: int) -> list[list[pb.Node]]:
-    """Group encoded nodes into parts whose encoded size stays under ``limit`` bytes.
+def split_by_size(
+    nodes: list[pb.Node], limit: int, *, max_nodes: int = MAX_NODES_PER_PART
+) -> list[list[pb.Node]]:
+    """Group encoded nodes into parts whose encoded size stays under ``limit`` bytes and that
+    hold at most ``max_nodes`` nodes (the hub refuses larger messages: it decodes one message
+    in one turn of its event loop, :data:`gpufed.api.inventory.MAX_NODES_PER_PART`).
 
     Every part holds at least one node (a single node larger than the limit travels alone and
     the hub decides). An empty list gives one empty part (an empty cluster is a snapshot too).
@@ -80,7 +85,7 @@ def split_by_size(nodes: list[pb.Node], limit: int) -> list[list[pb.Node]]:
     size = 0
     for node in nodes:
         n = node.ByteSize() + 6  # field tag + length prefix
-        if parts[-1] and size + n > budget:
+        if parts[-1] and (size + n > budget or len(parts[-1]) >= max_nodes):
             parts.append([])
             size = 0
         parts[-1].append(node)
@@ -392,7 +397,7 @@ class HubStream:
                         part=i,
                         final=i == len(parts) - 1,
                         nodes=chunk,
-                        served_kinds=served,
+                        served_kinds=served if i == 0 else [],  # the hub counts every part's
                     )
                 )
             )

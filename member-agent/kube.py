@@ -25,6 +25,8 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpufed.sync.apply import ObjectRef, ref_of
+from gpufed.sync.grants import GRANT_SELECTOR, RBAC_API_VERSION, is_grant
+from gpufed.sync.manifests import WORKLOAD_KINDS
 
 __all__ = ["ApiException", "KindNotServedError", "MemberApi", "ResourceInfo"]
 
@@ -375,26 +377,81 @@ class MemberApi:
             "POST", "/api/v1/namespaces", query=[("fieldManager", "gpufed")], body=dict(obj)
         )
 
+    async def allowed(self, verb: str, resource: str, namespace: str) -> bool:
+        """A SelfSubjectAccessReview: may this client ``verb`` core ``resource`` in
+        ``namespace`` now (the authorizer's answer, RBAC cache included)."""
+        review = await self.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "resource": resource,
+                        "namespace": namespace,
+                    }
+                },
+            },
+        )
+        return bool((review.get("status") or {}).get("allowed"))
+
     async def list_labelled(
         self, kinds: Iterable[str], label_selector: str
     ) -> list[dict[str, Any]]:
-        """Objects of the given ``Kind.group`` s matching ``label_selector`` in all namespaces;
-        kinds the member does not serve are skipped."""
+        """Objects of the given ``Kind.group`` s matching ``label_selector``; kinds the member
+        does not serve are skipped.
+
+        The workload kinds (Jobs, JobSets, PyTorchJobs: the agent's ClusterRole reads them
+        everywhere, for status) are listed in all namespaces; every other kind (Secrets,
+        ConfigMaps, Services) only in the namespaces that hold an agent grant
+        (:meth:`granted_namespaces`), the only ones where the agent may read them and the only
+        ones where it can have created them.
+        """
         out: list[dict[str, Any]] = []
+        granted: list[str] | None = None
         for kind in sorted(kinds):
             info = await self.resource_for_kind_group(kind)
-            if info is not None and info.namespaced:
+            if info is None or not info.namespaced:
+                continue
+            if kind in WORKLOAD_KINDS:
                 out.extend(await self.list_all(info, label_selector=label_selector))
+                continue
+            if granted is None:
+                granted = await self.granted_namespaces()
+            for namespace in granted:
+                out.extend(
+                    await self.list_all(info, label_selector=label_selector, namespace=namespace)
+                )
         return out
 
+    async def granted_namespaces(self) -> list[str]:
+        """The namespaces holding a gpufed agent grant (a RoleBinding labelled
+        ``app.kubernetes.io/managed-by=gpufed-agent`` that binds ``gpufed-agent-workload`` to
+        the agent's ServiceAccount: :func:`gpufed.sync.grants.is_grant`), sorted; one
+        cluster-wide list of RoleBindings by label. Grants of every origin count: each gives
+        this agent's account the same rights, and the caller's selector picks the origin."""
+        info = ResourceInfo(RBAC_API_VERSION, "RoleBinding", "rolebindings", namespaced=True)
+        found = {
+            str((rb.get("metadata") or {}).get("namespace") or "")
+            for rb in await self.list_all(info, label_selector=GRANT_SELECTOR)
+            if is_grant(rb)
+        }
+        return sorted(found - {""})
+
     async def list_all(
-        self, info: ResourceInfo, *, label_selector: str | None = None
+        self,
+        info: ResourceInfo,
+        *,
+        label_selector: str | None = None,
+        namespace: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Every object of one resource in all namespaces (paginated), with ``apiVersion`` and
-        ``kind`` set."""
+        """Every object of one resource in ``namespace`` (all namespaces when None;
+        paginated), with ``apiVersion`` and ``kind`` set."""
         out: list[dict[str, Any]] = []
         async for items, _ in self.list_pages(
-            info.collection_path(), label_selector=label_selector
+            info.collection_path(namespace), label_selector=label_selector
         ):
             for item in items:  # list items of built-in kinds carry no apiVersion/kind
                 item.setdefault("apiVersion", info.group_version)

@@ -290,7 +290,9 @@ class WorkManager:
                 return
             ns_checked = ran_before or item.namespace not in self._namespaces
             if ns_checked and not ran_before:
-                await ensure_namespace(self._client, item.namespace, item.pod_security)
+                await ensure_namespace(
+                    self._client, item.namespace, item.pod_security, origin=self.origin
+                )
                 self._namespaces.add(item.namespace)
             results: list[ApplyResult] = []
             for obj in manifests:
@@ -308,7 +310,9 @@ class WorkManager:
                     # The namespace this agent saw before is gone (deleted in the member):
                     # create it again, once.
                     ns_checked = True
-                    await ensure_namespace(self._client, item.namespace, item.pod_security)
+                    await ensure_namespace(
+                        self._client, item.namespace, item.pod_security, origin=self.origin
+                    )
                     result = await apply_object(
                         self._client, obj, owner=owner, member=self.member, may_create=may_create
                     )

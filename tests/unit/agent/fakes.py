@@ -42,6 +42,7 @@ class MemoryCluster:
         self.fail_next: list[FakeApiError] = []  # raised by the next calls, in order
         self.refuse: dict[str, FakeApiError] = {}  # object name -> error on create/apply
         self.served: set[str] = {"Job.batch", "ConfigMap", "Secret", "Service"}
+        self.not_allowed_yet = 0  # reviews that answer "not allowed yet"
         self._versions = itertools.count(1)
 
     def _stamp(self, obj: Mapping[str, Any], *, uid: str | None = None) -> dict[str, Any]:
@@ -135,6 +136,15 @@ class MemoryCluster:
             raise FakeApiError(409, "exists")
         self.namespaces[name] = copy.deepcopy(dict(obj))
         return self.namespaces[name]
+
+    async def allowed(self, verb: str, resource: str, namespace: str) -> bool:
+        """What a SelfSubjectAccessReview answers: False for the next ``not_allowed_yet``
+        reviews (a grant the authorizer has not caught up with), then True."""
+        self._maybe_fail("allowed", f"{verb} {resource} {namespace}")
+        if self.not_allowed_yet:
+            self.not_allowed_yet -= 1
+            return False
+        return True
 
     async def list_labelled(
         self, kinds: Iterable[str], label_selector: str

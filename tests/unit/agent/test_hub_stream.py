@@ -17,9 +17,10 @@ from gpufed.agent.inventory import InventoryState
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.agent.status import StatusReporter
 from gpufed.agent.work import WorkManager
-from gpufed.api.inventory import NodeInventory
+from gpufed.api.inventory import MAX_NODES_PER_MEMBER, MAX_NODES_PER_PART, NodeInventory
 from gpufed.api.protocol.codec import node_to_pb
 from gpufed.api.work import WorkItem
+from gpufed.hub.sessions import MAX_SNAPSHOT_PARTS
 from tests.integration.agent.hub_peer import HubPeer
 
 from .builders import gpu_job, gpu_pod, hgx_node
@@ -122,6 +123,20 @@ def test_split_keeps_every_part_under_the_limit() -> None:
     assert [n for p in parts for n in p] == nodes
     assert all(sum(n.ByteSize() + 6 for n in p) <= 16 * 1024 for p in parts)
     assert split_by_size([], 1024) == [[]]
+
+
+def test_split_keeps_every_part_within_the_nodes_one_message_may_carry() -> None:
+    """A 15,000-node member under the hub's default 16 MiB messages: parts of at most
+    MAX_NODES_PER_PART nodes (the hub refuses more), fewer than the hub's part limit."""
+    nodes = [
+        node_to_pb(NodeInventory(name=f"n{i:05d}", nvlink_domain=f"node:n{i:05d}"))
+        for i in range(MAX_NODES_PER_MEMBER)
+    ]
+    parts = split_by_size(nodes, 16 * 1024 * 1024)
+    assert [len(p) for p in parts[:-1]] == [MAX_NODES_PER_PART] * (len(parts) - 1)
+    assert [n for p in parts for n in p] == nodes
+    assert len(parts) <= MAX_SNAPSHOT_PARTS
+    assert [len(p) for p in split_by_size(nodes[:5], 1 << 20, max_nodes=2)] == [2, 2, 1]
 
 
 async def test_hello_then_snapshot_with_served_kinds(peer: HubPeer, running: Rig) -> None:

@@ -11,6 +11,8 @@ import yaml
 from typer.main import get_command
 
 from gpufed.cli.agent import app as agent_app
+from gpufed.sync.grants import RESERVED_NAMESPACES, WORKLOAD_ROLE, grant_manifest
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests"
 
@@ -58,11 +60,19 @@ def test_rbac_has_no_wildcards_and_no_escalation(component: str) -> None:
         for rule in d["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(field, []), (d["metadata"]["name"], rule)
-            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+            assert not {"escalate", "impersonate"} & set(rule["verbs"])
+            if "bind" in rule["verbs"]:
+                # The one exception: the agent binds exactly its workload role (sync/grants.py).
+                assert (component, d["metadata"]["name"]) == ("agent", "gpufed-agent")
+                assert rule["verbs"] == ["bind"]
+                assert rule["resources"] == ["clusterroles"]
+                assert rule["resourceNames"] == [WORKLOAD_ROLE]
 
 
-def agent_rules() -> dict[tuple[str, str], set[str]]:
-    role = next(d for d in docs("agent") if d["kind"] == "ClusterRole")
+def agent_rules(name: str = "gpufed-agent") -> dict[tuple[str, str], set[str]]:
+    role = next(
+        d for d in docs("agent") if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name
+    )
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         for group in rule["apiGroups"]:
@@ -75,22 +85,70 @@ def test_agent_may_read_nodes_and_pods_but_not_change_them() -> None:
     rules = agent_rules()
     assert rules[("", "nodes")] == {"get", "list", "watch"}
     assert rules[("", "pods")] == {"get", "list", "watch"}
-    assert rules[("", "namespaces")] == {"get", "create"}  # creates, never deletes
+    assert rules[("", "namespaces")] == {"get", "list", "watch", "create"}  # never deletes
 
 
-def test_agent_manages_exactly_the_allowed_kinds() -> None:
+def test_the_cluster_wide_role_reads_workloads_and_touches_no_secret_anywhere() -> None:
+    """Cluster-wide, the agent reads what inventory and status watch in every namespace, and
+    writes only Namespaces and its grants; Secrets, ConfigMaps and Services are not in it."""
     rules = agent_rules()
-    managed = {k for k, verbs in rules.items() if "create" in verbs and k[1] != "namespaces"}
-    assert managed == {
+    for kind in (
         ("batch", "jobs"),
         ("jobset.x-k8s.io", "jobsets"),
         ("kubeflow.org", "pytorchjobs"),
-        ("", "configmaps"),
-        ("", "secrets"),
-        ("", "services"),
+    ):
+        assert rules[kind] == {"get", "list", "watch"}
+    assert rules[("rbac.authorization.k8s.io", "rolebindings")] == {"get", "list", "create"}
+    assert rules[("rbac.authorization.k8s.io", "clusterroles")] == {"bind"}
+    writes = {k for k, verbs in rules.items() if verbs - {"get", "list", "watch"}}
+    assert writes == {
+        ("", "namespaces"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("rbac.authorization.k8s.io", "clusterroles"),
     }
+    assert not {("", "secrets"), ("", "configmaps"), ("", "services")} & set(rules)
+    [binding] = [d for d in docs("agent") if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == "gpufed-agent"  # the workload role is never bound so
+
+
+def test_the_workload_role_manages_exactly_the_allowed_kinds() -> None:
+    rules = agent_rules(WORKLOAD_ROLE)
+    plural = {
+        "Job.batch": ("batch", "jobs"),
+        "JobSet.jobset.x-k8s.io": ("jobset.x-k8s.io", "jobsets"),
+    }
+    plural |= {"PyTorchJob.kubeflow.org": ("kubeflow.org", "pytorchjobs")}
+    plural |= {k: ("", k.lower() + "s") for k in ("ConfigMap", "Secret", "Service")}
+    assert set(rules) == {plural[k] for k in DEFAULT_ALLOWED_KINDS}
+    for verbs in rules.values():
+        assert {"get", "list", "watch", "create", "delete"} <= verbs
     assert "patch" not in rules[("batch", "jobs")]  # create-only
     assert "update" not in set().union(*rules.values())
+
+
+def test_the_grant_the_agent_writes_is_the_one_its_rbac_and_admission_allow() -> None:
+    grant = grant_manifest("team-a", "gpufed-hub")
+    assert grant["roleRef"]["name"] == WORKLOAD_ROLE
+    assert grant["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpufed-agent", "namespace": "gpufed-system"}
+    ]
+    [sa] = [d for d in docs("agent") if d["kind"] == "ServiceAccount"]
+    assert (sa["metadata"]["namespace"], sa["metadata"]["name"]) == (
+        "gpufed-system",
+        "gpufed-agent",
+    )
+    [policy] = [d for d in docs("agent") if d["kind"] == "ValidatingAdmissionPolicy"]
+    [rb_rule] = [v for v in policy["spec"]["validations"] if "rolebindings" in v["expression"]]
+    for needle in (
+        f"'{WORKLOAD_ROLE}'",
+        "'gpufed-agent'",
+        "'gpufed-system'",
+        "size(object.subjects) == 1",
+    ):
+        assert needle in rb_rule["expression"]
+    reserved = next(v for v in policy["spec"]["variables"] if v["name"] == "reserved")
+    for ns in RESERVED_NAMESPACES:
+        assert f"'{ns}'" in reserved["expression"]
 
 
 def test_agent_deployment_arguments_are_accepted_by_the_cli() -> None:

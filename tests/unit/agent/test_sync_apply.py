@@ -3,14 +3,18 @@ adoption, never re-creating a job that ran, deletion, and API error messages."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gpufed.api.labels import DEFAULT_ORIGIN
 from gpufed.api.labels import ORIGIN_LABEL as ORIGIN
 from gpufed.sync.apply import (
+    GRANT_WAIT_TRIES,
     ApplyResult,
     ApplyStrategy,
     ManifestRefusedError,
+    ObjectRef,
     api_error_message,
     apply_object,
     check_manifests,
@@ -20,6 +24,7 @@ from gpufed.sync.apply import (
     ref_of,
     strategy_for,
 )
+from gpufed.sync.grants import grant_name, is_grant
 from gpufed.sync.ownership import Owner, OwnershipConflictError
 
 from .builders import config_map, gpu_job
@@ -170,9 +175,9 @@ async def test_temporary_errors_retry_and_rejections_do_not() -> None:
 
 async def test_namespace_is_created_labelled_managed_once() -> None:
     api = MemoryCluster()
-    assert await ensure_namespace(api, "team-a") is True
+    assert await ensure_namespace(api, "team-a", origin="hub-x") is True
     assert api.namespaces["team-a"]["metadata"]["labels"] == {"gpufed.io/managed": "true"}
-    assert await ensure_namespace(api, "team-a") is False
+    assert await ensure_namespace(api, "team-a", origin="hub-x") is False
 
 
 async def test_a_created_namespace_carries_the_pod_security_level_and_an_existing_one_is_left() -> (
@@ -181,17 +186,83 @@ async def test_a_created_namespace_carries_the_pod_security_level_and_an_existin
     """The member's own Pod Security Admission enforces the level the hub checked; a namespace
     the member's admins made is never relabelled."""
     api = MemoryCluster()
-    assert await ensure_namespace(api, "team-a", "restricted") is True
+    assert await ensure_namespace(api, "team-a", "restricted", origin="hub-x") is True
     assert api.namespaces["team-a"]["metadata"]["labels"] == {
         "gpufed.io/managed": "true",
         "pod-security.kubernetes.io/enforce": "restricted",
     }
     theirs = {"metadata": {"name": "team-b", "labels": {"owner": "admins"}}}
     api.namespaces["team-b"] = theirs
-    assert await ensure_namespace(api, "team-b", "baseline") is False
+    assert await ensure_namespace(api, "team-b", "baseline", origin="hub-x") is False
     assert api.namespaces["team-b"] == {
         "metadata": {"name": "team-b", "labels": {"owner": "admins"}}
     }
+
+
+def grant_in(api: MemoryCluster, namespace: str) -> dict[str, Any] | None:
+    ref = ObjectRef("rbac.authorization.k8s.io/v1", "RoleBinding", namespace, grant_name("hub-x"))
+    return api.objects.get(ref)
+
+
+async def test_the_workload_grant_goes_to_new_and_existing_namespaces_never_reserved_ones() -> None:
+    """The agent may write a job's objects only where its grant binds the workload role: in a
+    namespace it creates and in one that already existed; never in a reserved namespace."""
+    api = MemoryCluster()
+    api.namespaces["team-b"] = {"metadata": {"name": "team-b"}}
+    api.namespaces["kube-system"] = {"metadata": {"name": "kube-system"}}
+    for ns in ("team-a", "team-b", "kube-system"):
+        await ensure_namespace(api, ns, origin="hub-x")
+    for ns in ("team-a", "team-b"):
+        grant = grant_in(api, ns)
+        assert grant is not None
+        assert is_grant(grant)
+        assert grant["metadata"]["labels"] == {
+            "gpufed.io/origin": "hub-x",
+            "app.kubernetes.io/managed-by": "gpufed-agent",
+        }
+        assert grant["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gpufed-agent-workload",
+        }
+    assert grant_in(api, "kube-system") is None
+
+
+async def test_ensure_namespace_returns_once_the_authorizer_applies_the_new_grant() -> None:
+    """RBAC follows a new RoleBinding a moment later: a write made at once would be refused
+    (403), so ensure_namespace asks (SelfSubjectAccessReview) until it is allowed, on fake
+    time, and gives up after a bounded number of reviews."""
+    api = MemoryCluster()
+    api.not_allowed_yet = 3
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    await ensure_namespace(api, "team-a", origin="hub-x", sleep=sleep)
+    assert slept == [0.05, 0.1, 0.2]
+    assert [op for op, _ in api.calls].count("allowed") == 4
+    api.not_allowed_yet = 100  # never: the writes go ahead after the last review
+    slept.clear()
+    await ensure_namespace(api, "team-b", origin="hub-x", sleep=sleep)
+    assert len(slept) == GRANT_WAIT_TRIES
+    assert sum(slept) < 10
+
+
+async def test_a_rolebinding_of_the_grants_name_made_by_someone_else_is_left_as_it_is() -> None:
+    api = MemoryCluster()
+    api.namespaces["team-a"] = {"metadata": {"name": "team-a"}}
+    theirs = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": grant_name("hub-x"), "namespace": "team-a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "User", "name": "alice"}],
+    }
+    stored = api.put(theirs)
+    await ensure_namespace(api, "team-a", origin="hub-x")
+    assert grant_in(api, "team-a") == stored
+    assert not is_grant(stored)
 
 
 async def test_delete_reports_whether_the_object_existed() -> None:

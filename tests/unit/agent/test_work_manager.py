@@ -23,6 +23,14 @@ class Harness:
     def job_names(self) -> set[str]:
         return {r.name for r in self.api.objects if r.kind == "Job"}
 
+    def grant_creates(self) -> int:
+        """POSTs of the agent's workload grant (a RoleBinding per namespace)."""
+        return sum(op == "create" and what.startswith("RoleBinding") for op, what in self.api.calls)
+
+    def object_creates(self) -> int:
+        """POSTs of a job's own objects."""
+        return [op for op, _ in self.api.calls].count("create") - self.grant_creates()
+
 
 async def test_apply_creates_namespace_and_objects_then_acks_the_revision() -> None:
     h = Harness()
@@ -43,7 +51,7 @@ async def test_same_revision_is_idempotent_and_older_revisions_are_ignored() -> 
     h.work.submit(apply_item("u1", 4))
     await h.work.idle()
     assert [a.revision for a in h.acks] == [5, 5]
-    assert [op for op, _ in h.api.calls].count("create") == 1
+    assert h.object_creates() == 1
 
 
 async def test_refused_manifest_is_acked_failed_not_retryable() -> None:
@@ -64,7 +72,7 @@ async def test_member_rejection_is_acked_with_the_api_message_once() -> None:
     (ack,) = h.acks
     assert (ack.result, ack.retryable) == ("Failed", False)
     assert ack.message == 'Job.batch "job-u1" is invalid: spec.template'
-    assert [op for op, _ in h.api.calls].count("create") == 1  # not retried
+    assert h.object_creates() == 1  # not retried
 
 
 async def test_unavailable_member_is_acked_failed_retryable_after_bounded_retries(
@@ -190,10 +198,12 @@ async def test_the_namespace_is_read_once_and_recreated_when_deleted_meanwhile()
     await h.work.idle()
     ops = [op for op, _ in h.api.calls]
     assert ops.count("get_namespace") == 1  # one read for three jobs in team-a
-    assert ops.count("create") == 3  # and one request per new Job
+    assert h.object_creates() == 3  # and one request per new Job
+    assert h.grant_creates() == 1  # and the namespace's workload grant, once
     del h.api.namespaces["team-a"]  # an operator deleted it in the member
     h.work.submit(apply_item("u4"))
     await h.work.idle()
     assert h.acks[-1] == WorkAck(job_uid="u4", revision=1, result="Applied")
     assert h.api.namespaces["team-a"]["metadata"]["labels"] == {"gpufed.io/managed": "true"}
     assert "job-u4" in h.job_names()
+    assert h.grant_creates() == 2  # the new namespace has its grant again

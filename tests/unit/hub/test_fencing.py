@@ -18,6 +18,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
 from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
@@ -25,7 +28,8 @@ from gpufed.hub.leader import LeaderElector
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.state import JobState
-from tests.unit.hub.builders import gpujob_obj
+from gpufed.hub.store import NotLeaderError
+from tests.unit.hub.builders import gpujob_obj, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
 
@@ -204,3 +208,55 @@ async def test_the_lease_is_held_until_ttl_after_the_keepalive_was_sent() -> Non
     assert elector.holds()
     clock.advance(0.2)  # 3.1 s after the grant was sent: etcd may have expired the lease
     assert not elector.holds()
+
+
+async def test_a_replica_that_lost_its_lease_adds_and_drops_no_finalizer() -> None:
+    """The finalizer is a hub API write like a status: behind the fence. Dropping it after the
+    lease passed would let the API server delete a GPUJob whose member copy the new leader
+    still has to delete."""
+    lease = Lease(held=True)
+    kube, ctrl, job = one_job(lease)
+    assert FINALIZER in job.obj.metadata.finalizers
+    lease.held = False
+    with pytest.raises(NotLeaderError):
+        await ctrl.deletion.drop_finalizer(job)
+    job.obj.metadata.finalizers.remove(FINALIZER)
+    with pytest.raises(NotLeaderError):
+        await ctrl.deletion.add_finalizer(job.uid)
+    assert kube.requests["set_job_finalizers"] == 0
+    lease.held = True  # the same write from a leader goes out
+    await ctrl.deletion.add_finalizer(job.uid)
+    assert kube.finalizer_writes == [("team-a", job.obj.metadata.name, [FINALIZER])]
+    await ctrl.mirror.stop()
+
+
+async def test_a_member_status_someone_else_overwrote_is_corrected_by_the_resync() -> None:
+    """MemberCluster statuses are level-triggered too: the resync writes again what the watch
+    shows changed by someone else (an ex-leader), but not before the watch showed anything
+    since our write, and not while a write is pending."""
+    kube = FakeHubAPI()
+    kube.objects["memberclusters"].append(membercluster_obj("m1"))
+    ctrl = term(kube, Lease(held=True))
+    ctrl.members.on_event("ADDED", _copy(kube.objects["memberclusters"][0]))
+    ctrl.members.write_status(ctrl.state.member("m1"))
+    await asyncio.wait_for(ctrl.mirror.members.drained(), 5)
+    ours = copy.deepcopy(kube.objects["memberclusters"][0]["status"])
+    assert ctrl.mirror.resync_members() == 0, "the watch has shown nothing since our write"
+
+    # An ex-leader's stale write lands: Ready=False; the watch shows it.
+    mc = kube.objects["memberclusters"][0]
+    stale = copy.deepcopy(ours)
+    for c in stale["conditions"]:
+        c["status"] = "False" if c["type"] == "Ready" else c["status"]
+    mc["status"] = stale
+    kube.bump(mc)
+    ctrl.members.on_event("MODIFIED", _copy(mc))
+    assert ctrl.mirror.resync_members() == 1
+    assert ctrl.mirror.resync_members() == 0, "pending: not submitted twice"
+    await asyncio.wait_for(ctrl.mirror.members.drained(), 5)
+    assert mc["status"] == ours
+    assert ctrl.metrics.status_corrections.labels("member")._value.get() == 1
+    # Our write's echo: equal to what we wrote, nothing to correct.
+    ctrl.members.on_event("MODIFIED", _copy(mc))
+    assert ctrl.mirror.resync_members() == 0
+    await ctrl.mirror.stop()

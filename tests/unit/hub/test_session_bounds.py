@@ -1,11 +1,12 @@
 """An agent stream is bounded: snapshot parts, total snapshot bytes, nodes per member (over the
-snapshot and every delta); past a limit the stream closes with INVALID_ARGUMENT naming it and
+snapshot and every delta), nodes per message; past a limit the stream closes with INVALID_ARGUMENT naming it and
 nothing is returned to apply, so the stored inventory stays the last good one."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpufed.api.inventory import MAX_NODES_PER_PART
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.stream import InventoryDelta, InventorySnapshot
 from gpufed.hub import sessions
@@ -68,3 +69,26 @@ def test_a_negative_gpu_report_closes_the_stream_and_returns_nothing_to_apply() 
     assert err.value.code == "INVALID_ARGUMENT"
     assert "node 'hgx-0': requested[nvidia.com/gpu]: -1000 is outside 0..4096" in err.value.reason
     assert s.inventory_seq is None
+
+
+def test_a_part_or_a_delta_of_more_nodes_than_one_message_may_carry_closes_the_stream() -> None:
+    """One message is decoded in one turn of the event loop, so it carries at most
+    MAX_NODES_PER_PART nodes; the refusal names the limit and the fix."""
+    names = [f"n{i}" for i in range(MAX_NODES_PER_PART + 1)]
+    s = AgentSession(cluster="m1")
+    assert s.receive(snap(1, 0, False, *names[:MAX_NODES_PER_PART])) is None
+    with pytest.raises(StreamClosedError) as err:
+        s.receive(snap(1, 1, True, *names))
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert (
+        f"part 1: {MAX_NODES_PER_PART + 1} nodes; at most {MAX_NODES_PER_PART} nodes per "
+        "message are allowed" in err.value.reason
+    )
+    assert "upgrade the agent" in err.value.reason
+    assert s.inventory_seq is None
+    s = AgentSession(cluster="m1")
+    assert isinstance(s.receive(snap(1, 0, True, "a")), InventorySnapshot)
+    with pytest.raises(StreamClosedError, match=f"{MAX_NODES_PER_PART + 1} upserts; at most"):
+        s.receive(delta(2, *names))
+    assert s.inventory_seq == 1, "the refused delta is not taken"
+    assert isinstance(s.receive(delta(2, *names[:MAX_NODES_PER_PART])), InventoryDelta)
