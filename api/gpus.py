@@ -32,6 +32,7 @@ __all__ = [
     "mig_profile_memory_mib",
     "resolve_gpu_name",
     "resolve_gpu_products",
+    "short_name",
 ]
 
 
@@ -259,3 +260,10 @@ def resolve_gpu_products(names: Sequence[str]) -> tuple[str, ...]:
             raise
         out.update(dict.fromkeys(products))
     return tuple(out)
+
+
+def short_name(product: str) -> str | None:
+    """The shortest documented short name that stands for ``product`` alone
+    (``NVIDIA-H100-80GB-HBM3`` -> ``H100-SXM``, ``NVIDIA-H200`` -> ``H200``), else None."""
+    names = [n for n, products in SHORT_NAMES.items() if products == (product,)]
+    return min(names, key=lambda n: (len(n), n)) if names else None
