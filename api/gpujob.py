@@ -25,6 +25,7 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Lost"})
 Reschedule = Literal["Never", "OnClusterLoss"]
 NVLink = Literal["Required", "Preferred", "None"]
 Level = Literal["Required", "Preferred"]
+Allocation = Literal["binpack", "spread"]
 PlacementOutcome = Literal["Placed", "Unschedulable", "Rejected"]
 
 KIND = "GPUJob"
@@ -101,8 +102,12 @@ class Topology(CRDModel):
 class Placement(CRDModel):
     """``spec.placement``: constraints on where the job may run (all optional).
 
-    ``gpuProducts``: allowed GPU Feature Discovery products (``nvidia.com/gpu.product``
-    values), any when empty. ``clusterSelector``: over MemberCluster labels. ``priority``:
+    ``gpuProducts``: allowed GPUs, any when empty: GPU Feature Discovery products
+    (``nvidia.com/gpu.product`` values) or short names (``H100`` = every H100 variant,
+    ``A100-80GB``; docs/placement.md "GPU names"), resolved by the hub at intake (the
+    spec keeps what was written; an unknown name fails the job with ``Valid=False`` and a
+    "did you mean"). ``allocation``: ``binpack`` or ``spread``, this job's choice over the hub's
+    ``--allocation`` (unset: the hub's). ``clusterSelector``: over MemberCluster labels. ``priority``:
     higher is placed first. ``queue``: the GPUQueue (optional, no default: absent means the
     queue that lists the job's namespace, else the hub's default queue); when set it must name
     a queue that lists the job's namespace. ``reschedule``: what happens
@@ -119,6 +124,7 @@ class Placement(CRDModel):
     priority: int = Field(default=0, ge=-1_000_000_000, le=1_000_000_000)
     queue: str | None = Field(default=None, min_length=1, max_length=63)
     reschedule: Reschedule = "Never"
+    allocation: Allocation | None = None
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).

@@ -1,7 +1,9 @@
 """The GPU catalogue: the GPU products gpufed knows and what NVIDIA GPU Feature Discovery (GFD)
 reports for each (memory, family, compute capability, MIG profiles and their sizes).
 
-The fleet spec (:mod:`gpufed.api.fleet`) reads it to fill in what a pool leaves out and to
+It also resolves the names people write (``H100``, ``A100-80GB``) into GFD product strings
+(:func:`resolve_gpu_products`), for ``spec.placement.gpuProducts`` (the hub's intake,
+``hub/podsets.py``). The fleet spec (:mod:`gpufed.api.fleet`) reads it to fill in what a pool leaves out and to
 check MIG layouts; :func:`gpufed.api.fleet.node_specs` turns it into node labels. A product
 outside :data:`KNOWN_GPUS` still works when the pool gives its memory; its family is then
 derived from the name (:func:`family_from_product`).
@@ -12,18 +14,25 @@ Facts (products, memory in MiB, families, MIG profiles and their sizes) come fro
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
+    "GFD_PREFIXES",
     "GPU_FAMILIES",
     "KNOWN_GPUS",
+    "SHORT_NAMES",
     "GPUModel",
     "MigProfileShape",
+    "UnknownGPUError",
     "compute_capability_of_family",
     "family_from_product",
     "mig_profile_memory_mib",
+    "resolve_gpu_name",
+    "resolve_gpu_products",
+    "short_name",
 ]
 
 
@@ -153,3 +162,108 @@ def mig_profile_memory_mib(profile: str) -> int:
     carries no size."""
     m = re.search(r"\.(\d+)gb", profile)
     return int(m.group(1)) * 1024 if m else 0
+
+
+# --- names people use ---------------------------------------------------------------------------
+
+#: Documented short names -> the catalogue products they stand for (docs/placement.md, "GPU
+#: names"). A name that covers several variants stands for all of them (``H100`` is the SXM and
+#: the PCIe part): placement then chooses among them by score, like any list of products.
+#: Besides these, every catalogue product is also known without its vendor prefix
+#: (``H100-80GB-HBM3``, ``A100-SXM4-80GB``, ``T4``).
+SHORT_NAMES: Mapping[str, tuple[str, ...]] = {
+    "H100": ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"),
+    "H100-80GB": ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"),
+    "H100-SXM": ("NVIDIA-H100-80GB-HBM3",),
+    "H100-PCIE": ("NVIDIA-H100-PCIe",),
+    "H200": ("NVIDIA-H200",),
+    "GB200": ("NVIDIA-GB200",),
+    "B200": ("NVIDIA-B200",),
+    "A100": ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-40GB"),
+    "A100-80GB": ("NVIDIA-A100-SXM4-80GB",),
+    "A100-40GB": ("NVIDIA-A100-SXM4-40GB",),
+    "L40S": ("NVIDIA-L40S",),
+    "T4": ("Tesla-T4",),
+}
+
+#: GFD product strings start with the vendor's marketing prefix (GFD ``getProductName``:
+#: NVML's name with spaces as dashes). A name of that form outside the catalogue is taken
+#: verbatim: the catalogue cannot list every product a member may run.
+GFD_PREFIXES = ("NVIDIA-", "Tesla-", "Quadro-")
+
+
+class UnknownGPUError(ValueError):
+    """A GPU name that is neither a GFD product string nor a known short name.
+
+    ``name``: what was given; ``suggestions``: the closest known names (difflib), best first.
+    """
+
+    def __init__(self, name: str, suggestions: tuple[str, ...]) -> None:
+        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else "no close match;"
+        super().__init__(
+            f"unknown GPU {name!r}: {hint} use a GPU Feature Discovery product "
+            "(nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3) or a short name ("
+            + ", ".join(SHORT_NAMES)
+            + "; `gpufed get gpus` lists the fleet's)"
+        )
+        self.name = name
+        self.suggestions = suggestions
+        #: position in the list given to :func:`resolve_gpu_products` (0 for a single name)
+        self.index = 0
+
+
+def _aliases() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for product in KNOWN_GPUS:
+        out[product.upper()] = (product,)
+        for prefix in GFD_PREFIXES:
+            if product.startswith(prefix):
+                out[product.removeprefix(prefix).upper()] = (product,)
+    out.update({short.upper(): products for short, products in SHORT_NAMES.items()})
+    return out
+
+
+_ALIASES = _aliases()
+# What "did you mean" offers: the short names and the full products, as people write them.
+_SPELLINGS = {name.upper(): name for name in (*SHORT_NAMES, *KNOWN_GPUS)}
+
+
+def resolve_gpu_name(name: str) -> tuple[str, ...]:
+    """The GFD products one GPU name stands for, in catalogue order.
+
+    Case is ignored. A catalogue product (``NVIDIA-H200``) or its name without the vendor
+    prefix (``H200``) gives that product; a short name of :data:`SHORT_NAMES` gives every
+    product it covers (``H100`` -> both H100 variants); any other name of GFD form (prefix
+    ``NVIDIA-``, ``Tesla-``, ``Quadro-``) is taken verbatim. Raises :class:`UnknownGPUError`
+    with up to three suggestions otherwise.
+    """
+    key = name.strip().upper()
+    found = _ALIASES.get(key)
+    if found is not None:
+        return found
+    if name.startswith(GFD_PREFIXES):
+        return (name,)
+    close = difflib.get_close_matches(key, list(_SPELLINGS), n=3, cutoff=0.6)
+    raise UnknownGPUError(name, tuple(_SPELLINGS[c] for c in close))
+
+
+def resolve_gpu_products(names: Sequence[str]) -> tuple[str, ...]:
+    """Every GFD product a list of GPU names stands for (:func:`resolve_gpu_name`), each once,
+    in the order given. Raises :class:`UnknownGPUError` for the first unknown name, with
+    ``index`` set to its position (for the field path ``gpuProducts[i]``)."""
+    out: dict[str, None] = {}
+    for i, name in enumerate(names):
+        try:
+            products = resolve_gpu_name(name)
+        except UnknownGPUError as exc:
+            exc.index = i
+            raise
+        out.update(dict.fromkeys(products))
+    return tuple(out)
+
+
+def short_name(product: str) -> str | None:
+    """The shortest documented short name that stands for ``product`` alone
+    (``NVIDIA-H100-80GB-HBM3`` -> ``H100-SXM``, ``NVIDIA-H200`` -> ``H200``), else None."""
+    names = [n for n, products in SHORT_NAMES.items() if products == (product,)]
+    return min(names, key=lambda n: (len(n), n)) if names else None

@@ -232,28 +232,39 @@ class GPUSummary(_Frozen):
 
     ``gpus_total`` / ``gpus_free``: GPU product -> whole GPUs; taints are ignored.
     ``largest_free_nvlink_block``: the most free whole GPUs inside one NVLink domain (8 for an
-    idle HGX node, 72 for an idle NVL72 clique).
+    idle HGX node, 72 for an idle NVL72 clique); ``largest_free_nvlink_block_by_product``: the
+    same per GPU product (a domain's GPUs counted under each node's product).
     """
 
     gpus_total: dict[str, int] = Field(default_factory=dict)
     gpus_free: dict[str, int] = Field(default_factory=dict)
     largest_free_nvlink_block: int = 0
+    largest_free_nvlink_block_by_product: dict[str, int] = Field(default_factory=dict)
 
 
 def summarize(nodes: Iterable[NodeInventory]) -> GPUSummary:
     """Build the :class:`GPUSummary` of a set of nodes (one cluster's, usually)."""
     total: dict[str, int] = {}
     free: dict[str, int] = {}
-    blocks: dict[str, int] = {}
+    blocks: dict[tuple[str, str], int] = {}
     for node in nodes:
         if not node.offers_capacity or node.whole_gpus_allocatable == 0:
             continue
         product = node.gpu_product or "unknown"
         total[product] = total.get(product, 0) + node.whole_gpus_allocatable
         free[product] = free.get(product, 0) + node.whole_gpus_free
-        blocks[node.nvlink_domain] = blocks.get(node.nvlink_domain, 0) + node.whole_gpus_free
+        key = (node.nvlink_domain, product)
+        blocks[key] = blocks.get(key, 0) + node.whole_gpus_free
+    domains: dict[str, int] = {}
+    by_product: dict[str, int] = {}
+    for (domain, product), n in blocks.items():
+        domains[domain] = domains.get(domain, 0) + n
+        by_product[product] = max(by_product.get(product, 0), n)
     return GPUSummary(
-        gpus_total=total, gpus_free=free, largest_free_nvlink_block=max(blocks.values(), default=0)
+        gpus_total=total,
+        gpus_free=free,
+        largest_free_nvlink_block=max(domains.values(), default=0),
+        largest_free_nvlink_block_by_product=by_product,
     )
 
 

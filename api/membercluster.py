@@ -67,7 +67,8 @@ class MemberClusterStatus(CRDModel):
     ``gpusTotal`` / ``gpusFree`` / ``gpusReserved``: GPU product -> whole GPUs on Ready,
     schedulable nodes, taints ignored (docs/design.md §3); reserved = promised to dispatched jobs
     whose pods are not bound yet. ``largestFreeNVLinkBlock``: the most free whole GPUs inside
-    one NVLink domain. ``gpuSummary``: ``product=free/total`` pairs for the printer column.
+    one NVLink domain; ``largestFreeNVLinkBlockByProduct``: the same per GPU product (what
+    ``gpufed get gpus`` shows). ``gpuSummary``: ``product=free/total`` pairs for the printer column.
     ``clusterUID``: the UID of the member's ``kube-system`` Namespace, recorded from the first
     agent that joined; an agent talking to another Kubernetes cluster is refused (delete and
     re-join the MemberCluster to move the member to a rebuilt cluster).
@@ -81,6 +82,9 @@ class MemberClusterStatus(CRDModel):
     gpus_free: dict[str, int] = Field(default_factory=dict)
     gpus_reserved: dict[str, int] = Field(default_factory=dict)
     largest_free_nvlink_block: int | None = Field(default=None, alias="largestFreeNVLinkBlock")
+    largest_free_nvlink_block_by_product: dict[str, int] = Field(
+        default_factory=dict, alias="largestFreeNVLinkBlockByProduct"
+    )
     gpu_summary: str | None = None
     nodes: int | None = None
     served_kinds: list[str] = Field(default_factory=list)

@@ -16,6 +16,7 @@ from gpufed.api.labels import GPU_RESOURCE
 
 NVLinkPolicy = Literal["Required", "Preferred", "None"]
 LevelPolicy = Literal["Required", "Preferred"]
+AllocationPolicy = Literal["binpack", "spread"]
 
 
 class _Frozen(BaseModel):
@@ -127,7 +128,8 @@ class PlacementRequest(_Frozen):
     ``Kind.group`` of the workload (members that do not serve it are filtered out).
     ``submitted_at``: seconds since the epoch (queue order after priority). ``queue``: the
     GPUQueue the job belongs to (resolved by :func:`gpufed.placement.quota.queue_of`); None
-    means not resolved yet: the namespace's queue, else the default queue.
+    means not resolved yet: the namespace's queue, else the default queue. ``allocation``:
+    ``binpack`` or ``spread`` for this job, over the policy's (None: the policy's).
     """
 
     job: str = Field(min_length=1)
@@ -138,6 +140,7 @@ class PlacementRequest(_Frozen):
     topology: TopologyRequest = TopologyRequest()
     priority: int = 0
     queue: str | None = None
+    allocation: AllocationPolicy | None = None
     workload_kind: str = "Job.batch"
     submitted_at: float = 0.0
 

@@ -1,7 +1,8 @@
 """``gpufed agent``: run the member agent, or print what it would report.
 
 ``gpufed agent --cluster NAME --hub ADDR --token-file F [--ca-file F] [--kubeconfig F]
-[--context C]`` runs the agent (in-cluster credentials unless a kubeconfig is given);
+[--context C]`` runs the agent (member credentials as kubectl finds them: ``--kubeconfig``,
+``$KUBECONFIG``, ``~/.kube/config``, else in-cluster; ``api/kubeconfig.py``);
 ``gpufed agent inventory --once --json --cluster NAME [--kubeconfig F] [--context C]`` prints
 the inventory the agent would send, for people asking "what does the hub see".
 """
@@ -32,7 +33,11 @@ app = typer.Typer(
     invoke_without_command=True,
 )
 
-_KUBECONFIG = typer.Option(None, "--kubeconfig", help="Member kubeconfig (default: in-cluster).")
+_KUBECONFIG = typer.Option(
+    None,
+    "--kubeconfig",
+    help="Member kubeconfig (default as kubectl: $KUBECONFIG, ~/.kube/config, in-cluster).",
+)
 _CONTEXT = typer.Option(None, "--context", help="Context in the kubeconfig.")
 _RACK = typer.Option(DEFAULT_RACK_LABEL, "--rack-label", help="Node label naming the rack.")
 _BLOCK = typer.Option(DEFAULT_BLOCK_LABEL, "--block-label", help="Node label naming the block.")

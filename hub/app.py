@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
+from gpufed.api.version import gpufed_version, protocol_version
 from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
 from gpufed.hub.etcd import EmbeddedEtcd
@@ -106,7 +107,14 @@ class Hub:
         self._server = server
 
         hhost, hport = _split(cfg.http_listen)
-        runner, self.http_port = await serve(make_app(self.metrics, self.readiness), hhost, hport)
+        about = {
+            "version": gpufed_version(),
+            "protocolVersion": protocol_version(),
+            "hubId": cfg.hub_id,
+        }
+        runner, self.http_port = await serve(
+            make_app(self.metrics, self.readiness, about), hhost, hport
+        )
         self._http = runner
         log.info(
             "hub.started",

@@ -1,14 +1,16 @@
-"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz`` and ``/version``.
 
 Served by the hub process (:mod:`gpufed.hub.app`) on ``--http-listen`` with aiohttp.
 ``/healthz`` answers 200 while the event loop runs (liveness). ``/readyz`` answers 200 only
 on the leader once its initial lists are done, 503 with the reason otherwise: a Kubernetes
-Service in front of several replicas then sends agents to the leader only.
+Service in front of several replicas then sends agents to the leader only. ``/version``
+answers JSON ``{"version": <gpufed distribution version>, "protocolVersion": <agent protocol
+version>, "hubId": <replica id>}`` on every replica (``gpufed version --hub-url``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,8 +18,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpufed.hub.metrics import HubMetrics
 
 
-def make_app(metrics: HubMetrics, readiness: Callable[[], tuple[bool, str]]) -> web.Application:
-    """The aiohttp application; ``readiness()`` returns (ready, reason)."""
+def make_app(
+    metrics: HubMetrics,
+    readiness: Callable[[], tuple[bool, str]],
+    version: Mapping[str, object] | None = None,
+) -> web.Application:
+    """The aiohttp application; ``readiness()`` returns (ready, reason); ``version``: the
+    body of ``/version`` (``version``, ``protocolVersion``, ``hubId``)."""
+    version_body = dict(version or {})
 
     async def metrics_handler(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -30,10 +38,14 @@ def make_app(metrics: HubMetrics, readiness: Callable[[], tuple[bool, str]]) -> 
         ready, reason = readiness()
         return web.Response(text=f"{reason}\n", status=200 if ready else 503)
 
+    async def version_handler(_: web.Request) -> web.Response:
+        return web.json_response(version_body)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/version", version_handler)
     return app
 
 

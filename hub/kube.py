@@ -8,16 +8,15 @@ Objects cross this edge as plain dicts (the JSON form); callers validate them in
 retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
 other 4xx surface to the caller.
 
-Config resolution is kubectl's: ``--kubeconfig`` (else ``$KUBECONFIG``, else
-``~/.kube/config``) and ``--context``; in a pod without a kubeconfig, the in-cluster service
-account.
+Config resolution is kubectl's (:func:`gpufed.api.kubeconfig.resolve_kubeconfig`, the one rule
+every gpufed command uses): ``--kubeconfig``, else ``$KUBECONFIG`` (the first file with the
+context), else ``~/.kube/config``, else in a pod the in-cluster service account; ``--context``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.client.rest import RESTResponse
 
+from gpufed.api.kubeconfig import resolve_kubeconfig
 from gpufed.api.labels import GROUP, VERSION
 from gpufed.hub.ports import WatchEvent
 from gpufed.sync.retry import kube_retry
@@ -89,14 +89,15 @@ class KubeAPI:
     async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
         """Load kubectl-style configuration and build the client (see module docstring)."""
         cfg = client.Configuration()
-        path = kubeconfig or _default_kubeconfig()
-        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        source = resolve_kubeconfig(kubeconfig, context)
+        if source.path is None:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
             await config.load_kube_config(
-                config_file=str(path) if path else None,
-                context=context,
+                config_file=str(source.path),
+                context=source.context,
                 client_configuration=cfg,
+                persist_config=False,
             )
         return cls(client.ApiClient(configuration=cfg))
 
@@ -402,11 +403,3 @@ async def _json(resp: Any) -> dict[str, Any]:
     with deep_decoding():
         out: dict[str, Any] = json.loads(body)
     return out
-
-
-def _default_kubeconfig() -> Path | None:
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        return Path(env.split(os.pathsep)[0])
-    home = Path.home() / ".kube" / "config"
-    return home if home.exists() else None

@@ -125,6 +125,7 @@ def member_status(
         gpus_free=summary.gpus_free,
         gpus_reserved=reserved,
         largest_free_nvlink_block=summary.largest_free_nvlink_block,
+        largest_free_nvlink_block_by_product=summary.largest_free_nvlink_block_by_product,
         gpu_summary=gpu_summary or "none",
         nodes=len(m.nodes),
         served_kinds=list(m.meta.served_kinds),

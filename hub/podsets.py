@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from gpufed.api.bounds import BoundsError, clip, measure
 from gpufed.api.gpujob import GPUJob
+from gpufed.api.gpus import UnknownGPUError, resolve_gpu_products
 from gpufed.api.inventory import Toleration
 from gpufed.api.request import (
     LabelSelector,
@@ -201,6 +202,9 @@ def main_workload_kind(template: Mapping[str, Any]) -> str:
 def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
     """The :class:`PlacementRequest` of a GPUJob: its pod sets plus ``spec.placement``.
 
+    ``gpuProducts`` may hold short names (``H100``): the request carries the GFD products they
+    stand for (:func:`gpufed.api.gpus.resolve_gpu_products`); the GPUJob spec is not rewritten.
+
     ``submitted_at``: seconds since the epoch (queue order after priority). Raises
     :class:`InvalidJobError` naming the field.
     """
@@ -245,11 +249,17 @@ def _request(
     assert job.metadata.uid is not None
     placement = job.spec.placement
     template = job.spec.template
+    try:
+        # The spec keeps the names the user wrote; placement and status use the products.
+        products = resolve_gpu_products(placement.gpu_products)
+    except UnknownGPUError as exc:
+        raise InvalidJobError(f"spec.placement.gpuProducts[{exc.index}]", str(exc)) from exc
     return PlacementRequest(
         job=job.key,
         uid=job.metadata.uid,
         pod_sets=pod_sets,
-        gpu_products=tuple(placement.gpu_products),
+        gpu_products=products,
+        allocation=placement.allocation,
         cluster_selector=selector,
         topology=TopologyRequest(
             nvlink=placement.topology.nvlink,

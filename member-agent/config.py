@@ -30,8 +30,9 @@ class AgentConfig(BaseModel):
     (read on every connect, so a rotated token is picked up); ``ca_file``: PEM bundle to verify
     the hub's TLS certificate (TLS on); ``tls``: TLS with the system roots when no
     ``ca_file`` is given (plaintext otherwise: only for loopback and sandboxes).
-    ``kubeconfig``/``context``: member credentials (in-cluster service account when both are
-    None). ``rack_label``/``block_label``/``clique_label``: node label keys of the topology
+    ``kubeconfig``/``context``: member credentials, resolved as kubectl does
+    (``$KUBECONFIG``, ``~/.kube/config``, else the in-cluster service account when
+    ``kubeconfig`` is None). ``rack_label``/``block_label``/``clique_label``: node label keys of the topology
     levels. ``coalesce_ms``: at most one inventory delta per node per this many milliseconds.
     ``health_host``/``health_port``: where ``/healthz``, ``/readyz`` and ``/metrics`` listen
     (port 0: a free port; -1: off). ``reconnect_max_s``: ceiling of the jittered reconnect

@@ -22,7 +22,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import grpc
@@ -45,6 +44,7 @@ from gpufed.api.protocol.codec import (
     work_item_from_pb,
     workload_status_to_pb,
 )
+from gpufed.api.version import gpufed_version
 from gpufed.api.work import WorkAck, WorkItem, WorkloadStatus
 
 log = structlog.get_logger("gpufed.agent.hub")
@@ -60,10 +60,8 @@ WELCOME_TIMEOUT_S = 30.0
 
 
 def agent_version() -> str:
-    try:
-        return version("gpufed")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0+unknown"
+    """This agent's version, as ``Hello.agent_version`` carries it."""
+    return gpufed_version()
 
 
 class HubUnavailableError(ConnectionError):

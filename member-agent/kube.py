@@ -14,7 +14,6 @@ are the client's ``ApiException`` (``status``, ``reason``, ``body``, ``headers``
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpufed.api.kubeconfig import resolve_kubeconfig
 from gpufed.sync.apply import ObjectRef, ref_of
 from gpufed.sync.grants import GRANT_SELECTOR, RBAC_API_VERSION, is_grant
 from gpufed.sync.manifests import WORKLOAD_KINDS
@@ -82,25 +82,22 @@ class MemberApi:
     async def connect(
         cls, *, kubeconfig: str | None = None, context: str | None = None
     ) -> MemberApi:
-        """Load credentials: the kubeconfig file/context when given, else the in-cluster
-        service account (``KUBERNETES_SERVICE_HOST`` and the mounted token).
+        """Load credentials as kubectl does (:func:`gpufed.api.kubeconfig.resolve_kubeconfig`):
+        ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else the in-cluster
+        service account (``KUBERNETES_SERVICE_HOST`` and the mounted token); ``context``.
 
-        Raises ``ValueError`` with the fix when neither is available.
+        Raises ``KubeconfigError`` (a ``ValueError``) with the fix when none is available.
         """
         cfg = k8s.Configuration()
-        if kubeconfig or context:
-            await k8s_config.load_kube_config(
-                config_file=kubeconfig,
-                context=context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        source = resolve_kubeconfig(kubeconfig, context)
+        if source.path is None:
             k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
-            raise ValueError(
-                "no member credentials: not running in a pod (KUBERNETES_SERVICE_HOST unset); "
-                "pass --kubeconfig FILE (and --context NAME) to run outside the cluster"
+            await k8s_config.load_kube_config(
+                config_file=str(source.path),
+                context=source.context,
+                client_configuration=cfg,
+                persist_config=False,
             )
         return cls(k8s.ApiClient(configuration=cfg), server=str(cfg.host))
 

@@ -127,7 +127,8 @@ def place(
     scorers = plugins.scorers
     total_w = plugins.total_weight
     fkey = ("plan", job.fit_key) if job.fit_key is not None else None
-    rkey = ("fit-bound", id(plugins), job.fit_key)
+    # the bound holds ResourceAllocation's score, which follows the job's own allocation
+    rkey = ("fit-bound", id(plugins), job.fit_key, request.allocation)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:

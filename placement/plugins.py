@@ -346,7 +346,9 @@ class NVLinkBestFit:
 
 class ResourceAllocation:
     """``binpack``: GPUs of the product used in the member after placement (percent);
-    ``spread``: the free part left. Jobs without whole GPUs score 50."""
+    ``spread``: the free part left. Jobs without whole GPUs score 50. The mode is the job's
+    own (``PlacementRequest.allocation``, from ``spec.placement.allocation``) when it sets one,
+    else the policy's (``mode``)."""
 
     name: ClassVar[str] = "ResourceAllocation"
 
@@ -363,7 +365,7 @@ class ResourceAllocation:
     def _share(self, job: JobShape, pool: PoolState | None) -> float:
         if pool is None or pool.cap <= 0:
             return 50.0
-        if self.mode == "spread":
+        if (job.request.allocation or self.mode) == "spread":
             return 100.0 * (pool.free - job.demand) / pool.cap
         return 100.0 * (pool.cap - pool.free + job.demand) / pool.cap
 

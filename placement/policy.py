@@ -45,7 +45,8 @@ class Policy(BaseModel):
 
     ``allocation``: ``binpack`` (default: prefer the member whose GPUs of the product are the
     most used, keeping emptier members whole for large jobs) or ``spread`` (prefer the emptiest
-    member; for inference replicas). ``reservation_ttl_s``: how long a reservation holds
+    member; for inference replicas), the default of jobs that do not choose
+    (``spec.placement.allocation`` overrides it per job). ``reservation_ttl_s``: how long a reservation holds
     capacity when the job's pods never show up in the member's inventory (seconds).
     """
 

@@ -127,17 +127,29 @@ class FleetSnapshot:
         total: dict[str, int] = {}
         free: dict[str, int] = {}
         blocks: dict[str, int] = {}
+        product_blocks: dict[tuple[str, str], int] = {}
+        by_product: dict[str, int] = {}
         best = 0
         for pool in c.pools.values():
             if pool.slices:
                 continue
-            total[pool.product] = total.get(pool.product, 0) + pool.cap
-            free[pool.product] = free.get(pool.product, 0) + pool.free
+            product = pool.product
+            total[product] = total.get(product, 0) + pool.cap
+            free[product] = free.get(product, 0) + pool.free
             best = max(best, pool.max_free)
+            by_product[product] = max(by_product.get(product, 0), pool.max_free)
             for key, g in pool.groups["nvlink"].items():
                 blocks[key] = blocks.get(key, 0) + g.free
+                product_blocks[key, product] = product_blocks.get((key, product), 0) + g.free
         best = max(best, max(blocks.values(), default=0))
-        return GPUSummary(gpus_total=total, gpus_free=free, largest_free_nvlink_block=best)
+        for (_, product), n in product_blocks.items():
+            by_product[product] = max(by_product[product], n)
+        return GPUSummary(
+            gpus_total=total,
+            gpus_free=free,
+            largest_free_nvlink_block=best,
+            largest_free_nvlink_block_by_product=by_product,
+        )
 
     # --- members ----------------------------------------------------------------------------
     def set_member(self, state: MemberClusterState) -> None:

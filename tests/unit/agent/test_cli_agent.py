@@ -64,9 +64,11 @@ def test_unreadable_or_empty_token_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_without_kubeconfig_outside_a_pod_the_fix_is_named(
-    token: Path, monkeypatch: pytest.MonkeyPatch
+    token: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
     code, out = run(
         "--cluster",
         "alpha",

@@ -206,6 +206,7 @@ def job(
     priority: int = 0,
     submitted_at: float = 0.0,
     kind: str = "Job.batch",
+    allocation: str | None = None,
 ) -> PlacementRequest:
     """A job of ``pods`` pods with ``gpus`` GPUs each (plus CPU/memory in proportion)."""
     req = {
@@ -234,6 +235,7 @@ def job(
         priority=priority,
         submitted_at=submitted_at,
         workload_kind=kind,
+        allocation=allocation,  # type: ignore[arg-type]
     )
 
 

@@ -1,0 +1,116 @@
+"""``gpufed get gpus``: the fleet by GPU product, as ``sky show-gpus`` shows it across clouds.
+
+Per GPU product (GFD ``nvidia.com/gpu.product``, with its short name from the GPU catalogue,
+``api/gpus.py``): whole GPUs in all, free now, per member ``free/total``, and the largest free
+NVLink block (the most free GPUs of that product inside one NVLink domain, and where). Read
+from the MemberCluster statuses on the hub cluster (docs/design.md §3 meanings), like
+``gpufed get clusters``. Free = reported free minus GPUs reserved for dispatched jobs whose
+pods are not bound yet; only Ready members count as free (placement skips the others).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from gpufed.api.gpus import short_name
+from gpufed.api.labels import GROUP, VERSION
+from gpufed.api.membercluster import MemberCluster
+from gpufed.cli import kube
+from gpufed.cli.jobs import _table as print_table  # the same column layout as get jobs|clusters
+
+__all__ = ["get_gpus", "gpu_rows"]
+
+
+def gpu_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``get gpus --json``: one object per GPU product, most GPUs first (ties by name).
+
+    Each: ``product``, ``shortName`` (None when none is documented), ``total``, ``free``,
+    ``reserved``, ``largestFreeNVLinkBlock`` and ``largestFreeNVLinkBlockMember``, and
+    ``members``: ``[{name, ready, total, free, reserved, largestFreeNVLinkBlock}]`` by name.
+    A status without the per-product block (an older hub) uses the member-wide one.
+    """
+    by_product: dict[str, list[dict[str, Any]]] = {}
+    for raw in items:
+        mc = MemberCluster.model_validate(raw)
+        s = mc.status
+        if s is None:
+            continue
+        ready = s.ready()
+        for product, total in s.gpus_total.items():
+            reserved = s.gpus_reserved.get(product, 0)
+            free = max(0, s.gpus_free.get(product, 0) - reserved) if ready else 0
+            block = s.largest_free_nvlink_block_by_product.get(
+                product, s.largest_free_nvlink_block or 0
+            )
+            by_product.setdefault(product, []).append(
+                {
+                    "name": mc.metadata.name,
+                    "ready": ready,
+                    "total": total,
+                    "free": free,
+                    "reserved": reserved,
+                    "largestFreeNVLinkBlock": min(block, free) if ready else 0,
+                }
+            )
+    rows = []
+    for product, members in by_product.items():
+        members.sort(key=lambda m: m["name"])
+        best = min(members, key=lambda m: (-m["largestFreeNVLinkBlock"], m["name"]))
+        rows.append(
+            {
+                "product": product,
+                "shortName": short_name(product),
+                "total": sum(m["total"] for m in members),
+                "free": sum(m["free"] for m in members),
+                "reserved": sum(m["reserved"] for m in members),
+                "largestFreeNVLinkBlock": best["largestFreeNVLinkBlock"],
+                "largestFreeNVLinkBlockMember": best["name"]
+                if best["largestFreeNVLinkBlock"]
+                else None,
+                "members": members,
+            }
+        )
+    rows.sort(key=lambda r: (-r["total"], r["product"]))
+    return rows
+
+
+def get_gpus(
+    kubeconfig: kube.Kubeconfig = None,
+    context: kube.Context = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """List the fleet's GPUs by product: total, free, per member, largest free NVLink block."""
+    from kubernetes import client
+
+    hub = kube.connect(kubeconfig, context)
+    custom: Any = client.CustomObjectsApi(hub.api)
+    resp = custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
+    rows = gpu_rows(resp.get("items", []))
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("No GPUs: no member cluster has reported whole GPUs (`gpufed get clusters`).")
+        return
+    table = [["GPU", "SHORT", "TOTAL", "FREE", "MEMBERS (FREE/TOTAL)", "LARGEST-FREE-BLOCK"]]
+    for r in rows:
+        members = ", ".join(
+            f"{m['name']}={m['free']}/{m['total']}" + ("" if m["ready"] else " (NotReady)")
+            for m in r["members"]
+        )
+        block = r["largestFreeNVLinkBlock"]
+        where = f" ({r['largestFreeNVLinkBlockMember']})" if block else ""
+        table.append(
+            [
+                r["product"],
+                r["shortName"] or "-",
+                str(r["total"]),
+                str(r["free"]),
+                members,
+                f"{block}{where}",
+            ]
+        )
+    print_table(table)
