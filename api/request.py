@@ -16,6 +16,8 @@ from gpufed.api.labels import GPU_RESOURCE
 
 NVLinkPolicy = Literal["Required", "Preferred", "None"]
 LevelPolicy = Literal["Required", "Preferred"]
+#: A PriorityClass's ``preemptionPolicy`` (Kubernetes' default: ``PreemptLowerPriority``).
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
 
 
 class _Frozen(BaseModel):
@@ -127,7 +129,11 @@ class PlacementRequest(_Frozen):
     ``Kind.group`` of the workload (members that do not serve it are filtered out).
     ``submitted_at``: seconds since the epoch (queue order after priority). ``queue``: the
     GPUQueue the job belongs to (resolved by :func:`gpufed.placement.quota.queue_of`); None
-    means not resolved yet: the namespace's queue, else the default queue.
+    means not resolved yet: the namespace's queue, else the default queue. ``priority``: the
+    value of the job's PriorityClass on the hub (higher is placed first; 0 without one) and
+    ``preemption_policy`` its ``preemptionPolicy`` (``Never``: the job may not preempt others).
+    ``checkpoint_interval_s``: seconds between the job's checkpoints
+    (``spec.checkpoint.intervalSeconds``), None when it declared none.
     """
 
     job: str = Field(min_length=1)
@@ -137,6 +143,8 @@ class PlacementRequest(_Frozen):
     cluster_selector: LabelSelector | None = None
     topology: TopologyRequest = TopologyRequest()
     priority: int = 0
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    checkpoint_interval_s: int | None = Field(default=None, ge=1)
     queue: str | None = None
     workload_kind: str = "Job.batch"
     submitted_at: float = 0.0
