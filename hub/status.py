@@ -317,6 +317,9 @@ def workload(status: GPUJobStatus, ws: WorkloadStatus, *, now: str) -> GPUJobSta
             "pod_issues": issues[:MAX_POD_ISSUES],
             "start_time": ws.start_time or status.start_time,
             "completion_time": ws.completion_time or status.completion_time,
+            # Checkpoints only move forward (canonical UTC strings of one format sort as times).
+            "last_checkpoint_time": max(ws.last_checkpoint_time, status.last_checkpoint_time or "")
+            or None,
         }
     )
 
