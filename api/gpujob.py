@@ -107,8 +107,13 @@ class Placement(CRDModel):
     ``A100-80GB``; docs/placement.md "GPU names"), resolved by the hub at intake (the
     spec keeps what was written; an unknown name fails the job with ``Valid=False`` and a
     "did you mean"). ``allocation``: ``binpack`` or ``spread``, this job's choice over the hub's
-    ``--allocation`` (unset: the hub's). ``clusterSelector``: over MemberCluster labels. ``priority``:
-    higher is placed first. ``queue``: the GPUQueue (optional, no default: absent means the
+    ``--allocation`` (unset: the hub's). ``clusterSelector``: over MemberCluster labels.
+    ``priorityClassName``: a ``scheduling.k8s.io/v1`` PriorityClass of the HUB cluster whose
+    ``value`` is the job's priority (higher is placed first) and whose ``preemptionPolicy``
+    says whether it may preempt; absent: the workload pod template's ``priorityClassName``,
+    else the global default class, else 0 (docs/design.md §4). ``priority``: deprecated free
+    integer, accepted only when no class is named and it is 0 or negative. ``queue``: the
+    GPUQueue (optional, no default: absent means the
     queue that lists the job's namespace, else the hub's default queue); when set it must name
     a queue that lists the job's namespace. ``reschedule``: what happens
     when the member running the job is lost (docs/design.md §7 item 5).
@@ -121,6 +126,12 @@ class Placement(CRDModel):
     )
     cluster_selector: ClusterSelector | None = None
     topology: Topology = Field(default_factory=Topology)
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
     priority: int = Field(default=0, ge=-1_000_000_000, le=1_000_000_000)
     queue: str | None = Field(default=None, min_length=1, max_length=63)
     reschedule: Reschedule = "Never"
@@ -141,6 +152,21 @@ TEMPLATE_RULES: list[JsonValue] = [
 ]
 
 
+#: Longest checkpoint interval a job may declare (seconds: 7 days).
+MAX_CHECKPOINT_INTERVAL_S = 7 * 24 * 3600
+
+
+class Checkpoint(CRDModel):
+    """``spec.checkpoint``: how often the job saves its progress.
+
+    ``intervalSeconds``: seconds between two checkpoints (1 to 604,800, i.e. 7 days). Used to
+    estimate the work a preemption would lose when the job has not reported a checkpoint
+    (annotation ``gpufed.io/last-checkpoint`` on its member Job or pods, RFC 3339).
+    """
+
+    interval_seconds: int = Field(ge=1, le=MAX_CHECKPOINT_INTERVAL_S)
+
+
 class GPUJobSpec(CRDModel):
     """``GPUJob.spec``.
 
@@ -148,7 +174,7 @@ class GPUJobSpec(CRDModel):
     Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, or
     ``apiVersion: v1, kind: List`` with ``items`` (a list of manifests). GPU needs are
     derived from it (pod sets, docs/design.md §4). ``placement`` constrains where it may run.
-    The spec is immutable once created: the job may already run in a member.
+    ``checkpoint`` (optional) declares how often it checkpoints. The spec is immutable once created: the job may already run in a member.
     """
 
     template: dict[str, Any] = Field(
@@ -173,6 +199,7 @@ class GPUJobSpec(CRDModel):
         }
     )
     placement: Placement = Field(default_factory=Placement)
+    checkpoint: Checkpoint | None = None
 
 
 # --- status --------------------------------------------------------------------------------------
@@ -279,7 +306,9 @@ class GPUJobStatus(CRDModel):
     asks for (all pod sets). ``attempt``: the placement attempt ``cluster`` holds (1, then 2
     after a re-placement; the hub's ``jobs/<uid>`` record counts the same), so a hub that
     lost or restored its etcd state can tell which of its record and this status is newer
-    (docs/design.md §7 item 7). Terminal phases (Succeeded, Failed, Lost) are final.
+    (docs/design.md §7 item 7). ``lastCheckpointTime``: the latest checkpoint the job
+    reported in its member (annotation ``gpufed.io/last-checkpoint``, forwarded by the agent).
+    Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
     phase: JobPhase = "Pending"
@@ -300,6 +329,7 @@ class GPUJobStatus(CRDModel):
     pod_issues: list[PodIssueStatus] = Field(default_factory=list, max_length=64)
     start_time: DateTime | None = None
     completion_time: DateTime | None = None
+    last_checkpoint_time: DateTime | None = None
     timings: Timings | None = None
     observed_generation: int | None = None
 

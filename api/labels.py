@@ -50,6 +50,10 @@ SIM_EXIT_CODE_ANNOTATION: Final = "gpufed.io/sim-exit-code"
 GPU_PRODUCTS_ANNOTATION: Final = "gpufed.io/gpu-products"  # comma-separated GFD products
 NVLINK_ANNOTATION: Final = "gpufed.io/nvlink"  # Required | Preferred | None
 PRIORITY_ANNOTATION: Final = "gpufed.io/priority"  # integer
+#: On a member Job or its pods, set by the running job: when it last saved a checkpoint
+#: (RFC 3339). The agent forwards it in WorkloadStatus; the hub shows it as
+#: ``GPUJob.status.lastCheckpointTime`` (preemption's cost of lost work).
+LAST_CHECKPOINT_ANNOTATION: Final = "gpufed.io/last-checkpoint"
 #: Demo examples: the phase each example is expected to end in (Succeeded, Failed, Pending …).
 EXPECT_ANNOTATION: Final = "gpufed.io/expect"
 

@@ -41,6 +41,8 @@ MAX_QUOTAS: Final = 64
 MAX_NAMESPACES: Final = 256
 #: Largest fair-share weight.
 MAX_WEIGHT: Final = 1_000_000
+#: Bounds of ``spec.maxPriority``: a PriorityClass value is an int32.
+MAX_PRIORITY: Final = 2**31 - 1
 
 #: A queue name (a Kubernetes object name: DNS subdomain, at most 253 characters; kept to 63 so
 #: that it fits a label value).
@@ -93,7 +95,9 @@ class GPUQueueSpec(CRDModel):
     ``parent``: the queue above (optional; absent for a root). ``namespaces``: GPUJobs in
     these hub namespaces belong to this queue (a namespace may be listed by one queue only).
     ``quotas``: at most 64 entries, one per key; an empty list means no limit of its own.
-    ``fairShare``: the queue's weight among its siblings.
+    ``fairShare``: the queue's weight among its siblings. ``maxPriority`` (optional): the
+    highest PriorityClass value its jobs may use (the lowest cap of the queue and its
+    ancestors applies); a job naming a class above it fails with ``Valid=False``.
     """
 
     parent: QueueName | None = None
@@ -111,6 +115,7 @@ class GPUQueueSpec(CRDModel):
         },
     )
     fair_share: FairShare = Field(default_factory=FairShare)
+    max_priority: int | None = Field(default=None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY)
 
 
 class QueueUsage(CRDModel):

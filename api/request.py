@@ -17,6 +17,8 @@ from gpufed.api.labels import GPU_RESOURCE
 NVLinkPolicy = Literal["Required", "Preferred", "None"]
 LevelPolicy = Literal["Required", "Preferred"]
 AllocationPolicy = Literal["binpack", "spread"]
+#: A PriorityClass's ``preemptionPolicy`` (Kubernetes' default: ``PreemptLowerPriority``).
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
 
 
 class _Frozen(BaseModel):
@@ -129,7 +131,11 @@ class PlacementRequest(_Frozen):
     ``submitted_at``: seconds since the epoch (queue order after priority). ``queue``: the
     GPUQueue the job belongs to (resolved by :func:`gpufed.placement.quota.queue_of`); None
     means not resolved yet: the namespace's queue, else the default queue. ``allocation``:
-    ``binpack`` or ``spread`` for this job, over the policy's (None: the policy's).
+    ``binpack`` or ``spread`` for this job, over the policy's (None: the policy's). ``priority``: the
+    value of the job's PriorityClass on the hub (higher is placed first; 0 without one) and
+    ``preemption_policy`` its ``preemptionPolicy`` (``Never``: the job may not preempt others).
+    ``checkpoint_interval_s``: seconds between the job's checkpoints
+    (``spec.checkpoint.intervalSeconds``), None when it declared none.
     """
 
     job: str = Field(min_length=1)
@@ -139,6 +145,8 @@ class PlacementRequest(_Frozen):
     cluster_selector: LabelSelector | None = None
     topology: TopologyRequest = TopologyRequest()
     priority: int = 0
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    checkpoint_interval_s: int | None = Field(default=None, ge=1)
     queue: str | None = None
     allocation: AllocationPolicy | None = None
     workload_kind: str = "Job.batch"

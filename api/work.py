@@ -94,7 +94,9 @@ class WorkloadStatus(_Model):
     Sources: ``conditions``, ``active``/``succeeded``/``failed``/``ready``, ``start_time``,
     ``completion_time`` from the member object's ``status`` (batch/v1 Job fields; JobSet and
     PyTorchJob map onto them); ``pod_issues`` from its pods; ``nodes`` from the pods'
-    ``spec.nodeName``. Times are RFC 3339 strings ("" when unknown).
+    ``spec.nodeName``; ``last_checkpoint_time``: the latest valid ``gpufed.io/last-checkpoint``
+    annotation of the object or its pods (:func:`gpufed.sync.status.last_checkpoint`). Times
+    are RFC 3339 strings ("" when unknown).
     """
 
     job_uid: str
@@ -111,3 +113,4 @@ class WorkloadStatus(_Model):
     completion_time: str = ""
     pod_issues: tuple[PodIssue, ...] = ()
     nodes: tuple[str, ...] = ()
+    last_checkpoint_time: str = Field(default="", max_length=64)

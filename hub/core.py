@@ -49,11 +49,19 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.config import HubConfig
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
-from gpufed.hub.intake import GPUJOBS, GPUQUEUES, MEMBERCLUSTERS, NAMESPACES, Intake
+from gpufed.hub.intake import (
+    GPUJOBS,
+    GPUQUEUES,
+    MEMBERCLUSTERS,
+    NAMESPACES,
+    PRIORITYCLASSES,
+    Intake,
+)
 from gpufed.hub.members import Members
 from gpufed.hub.metrics import HubMetrics
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.ports import HubAPI, StateStore
+from gpufed.hub.priorities import PriorityClasses
 from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
@@ -121,8 +129,15 @@ class Controller:
         self.dispatch = Dispatch(term)
         self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
         self.queues = Queues(term, self.mirror, self.deletion)
+        self.priorities = PriorityClasses()
         self.scheduler = Scheduler(
-            term, self.snapshot, self.reservations, self.dispatch, self.mirror, self.queues
+            term,
+            self.snapshot,
+            self.reservations,
+            self.dispatch,
+            self.mirror,
+            self.queues,
+            self.priorities,
         )
         self.members = Members(
             term,
@@ -152,6 +167,7 @@ class Controller:
             self.mirror,
             self.rebuild,
             self.queues,
+            self.priorities,
         )
         #: the hub state epoch (set by :meth:`load`; "" until then)
         self.epoch = ""
@@ -193,6 +209,7 @@ class Controller:
             self.intake.list_watch(MEMBERCLUSTERS),
             self.intake.list_watch(NAMESPACES),
             self.intake.list_watch(GPUQUEUES),
+            self.intake.list_watch(PRIORITYCLASSES),
             self.intake.list_watch(GPUJOBS),
             self.scheduler.run(),
             self._tick_loop(),

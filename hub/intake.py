@@ -1,14 +1,17 @@
-"""Intake: list+watch of GPUJobs, MemberClusters, Namespaces and GPUQueues on the hub cluster,
-GPUJob validation and admission, and the reconcile that routes each job to deletion or the queue.
+"""Intake: list+watch of GPUJobs, MemberClusters, Namespaces, GPUQueues and PriorityClasses on
+the hub cluster, GPUJob validation and admission, and the reconcile that routes each job to deletion or the queue.
 
 Each resource is listed, then watched (:func:`gpufed.hub.listwatch.list_watch`); objects
 missing from a re-list were deleted while unwatched. Transient errors back off; anything else
 ends the term, except for GPUQueues: a missing CRD or RBAC rule (404, 403) backs off too and
 places nothing meanwhile (:mod:`gpufed.hub.queues`), since placing without the quotas could
-exceed them. A GPUQueue change asks for a scheduling cycle.
+exceed them; the same for PriorityClasses (:mod:`gpufed.hub.priorities`: a 403 without the
+RBAC rule places nothing rather than placing at the wrong priorities). A GPUQueue or
+PriorityClass change asks for a scheduling cycle.
 
-A new GPUJob is validated once (pod sets, allowed kinds, own namespace: :mod:`gpufed.hub.podsets`,
-:mod:`gpufed.sync.manifests`) and, unless it was placed already, admitted at its namespace's
+A new GPUJob is validated once (pod sets, allowed kinds, own namespace, where its priority
+comes from: :mod:`gpufed.hub.podsets`, :mod:`gpufed.sync.manifests`,
+:mod:`gpufed.hub.priorities`) and, unless it was placed already, admitted at its namespace's
 Pod Security level (:mod:`gpufed.hub.admission`, :mod:`gpufed.hub.namespaces`); a job in a
 namespace the Namespace watch has not shown yet waits for one read of that namespace. An
 invalid or refused job gets phase Failed, condition ``Valid=False`` naming the field and a
@@ -36,6 +39,7 @@ from gpufed.hub.mirror import Mirror
 from gpufed.hub.namespaces import NamespaceLevels
 from gpufed.hub.podsets import InvalidJobError, placement_request
 from gpufed.hub.ports import WatchEvent
+from gpufed.hub.priorities import PriorityClasses, priority_source
 from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
@@ -52,7 +56,8 @@ GPUJOBS = "gpujobs"
 MEMBERCLUSTERS = "memberclusters"
 NAMESPACES = "namespaces"
 GPUQUEUES = "gpuqueues"
-#: GPUQueue list errors that back off instead of ending the term (no CRD, no RBAC rule).
+PRIORITYCLASSES = "priorityclasses"
+#: GPUQueue and PriorityClass list errors that back off instead of ending the term (no CRD, no RBAC rule).
 _QUEUE_ERRORS = frozenset({Verdict.RETRY, Verdict.REFUSED, Verdict.GONE})
 
 
@@ -69,8 +74,10 @@ class Intake:
         mirror: Mirror,
         rebuild: Rebuild,
         queues: Queues,
+        priorities: PriorityClasses,
     ) -> None:
         self._rebuild = rebuild
+        self._priorities = priorities
         self._term = term
         self._queues = queues
         self._members = members
@@ -93,23 +100,29 @@ class Intake:
     # --- list + watch --------------------------------------------------------------------------------
 
     async def list_watch(self, plural: str) -> None:
-        """List, then watch ``plural`` (``gpujobs``, ``memberclusters``, ``namespaces`` or
-        ``gpuqueues``) forever (:func:`gpufed.hub.listwatch.list_watch`)."""
+        """List, then watch ``plural`` (``gpujobs``, ``memberclusters``, ``namespaces``,
+        ``gpuqueues`` or ``priorityclasses``) forever (:func:`gpufed.hub.listwatch.list_watch`)."""
         kube = self._term.kube
-        queues = plural == GPUQUEUES
+        on_error = {
+            GPUQUEUES: self._queues.list_failed,
+            PRIORITYCLASSES: self._priorities.list_failed,
+        }.get(plural)
         await list_watch(
             plural,
             lambda: kube.list_objects(plural),
             lambda rv: kube.watch_objects(plural, rv),
             on_listed=lambda items: self._listed(plural, items),
             on_event=lambda ev: self._on_event(plural, ev),
-            tolerate=_QUEUE_ERRORS if queues else frozenset({Verdict.RETRY}),
-            on_error=self._queues.list_failed if queues else None,
+            tolerate=_QUEUE_ERRORS if on_error is not None else frozenset({Verdict.RETRY}),
+            on_error=on_error,
         )
 
     def _on_event(self, plural: str, ev: WatchEvent) -> None:
         if plural == GPUQUEUES:
             if self._queues.on_event(ev.type, ev.obj):
+                self._scheduler.kick()
+        elif plural == PRIORITYCLASSES:
+            if self._priorities.on_event(ev.type, ev.obj):
                 self._scheduler.kick()
         elif plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
@@ -126,6 +139,10 @@ class Intake:
         rest arrive as ADDED."""
         if plural == GPUQUEUES:
             self._queues.listed(items)
+            self._scheduler.kick()
+            return
+        if plural == PRIORITYCLASSES:
+            self._priorities.listed(items)
             self._scheduler.kick()
             return
         present = (
@@ -246,8 +263,19 @@ class Intake:
         created = obj.metadata.creation_timestamp
         submitted = st.parse_rfc3339(created) if created else self._term.wall()
         namespace = obj.metadata.namespace or "default"
+        was_placed = job.record is not None or job.claim is not None or job.terminal
         try:
             job.request = placement_request(obj, submitted_at=submitted)
+            job.priority = priority_source(obj, placed=was_placed)
+            if job.record is not None and job.record.priority is not None:
+                # Placed: it keeps the priority it was placed with.
+                job.request = job.request.model_copy(
+                    update={
+                        "priority": job.record.priority,
+                        "preemption_policy": job.record.preemption_policy
+                        or job.request.preemption_policy,
+                    }
+                )
             prepared = prepare_manifests(
                 obj.spec.template,
                 job_uid=uid,
@@ -256,7 +284,7 @@ class Intake:
                 origin=self._term.config.origin,
                 allowed_kinds=self._term.config.allowed_kinds,
             )
-            if job.record is None and job.claim is None and not job.terminal:
+            if not was_placed:
                 # Placed jobs are not admitted again: a policy change never fails a running job.
                 admit(
                     obj.spec.template,

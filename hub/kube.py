@@ -1,7 +1,7 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Implements :class:`gpufed.hub.ports.HubAPI` for the leader's components: intake (list+watch
-of GPUJobs, MemberClusters and Namespaces), status writes (with a resourceVersion
+of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), status writes (with a resourceVersion
 precondition), finalizers, Events and the list+watch of join-token Secrets.
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
 :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
@@ -36,8 +36,9 @@ from gpufed.sync.retry import kube_retry
 log = structlog.get_logger("gpufed.hub.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
-#: The one core resource intake lists and watches besides the gpufed ones.
+#: The core resources intake lists and watches besides the gpufed ones.
 NAMESPACES = "namespaces"
+PRIORITYCLASSES = "priorityclasses"
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -84,6 +85,7 @@ class KubeAPI:
         self._api = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
@@ -108,12 +110,17 @@ class KubeAPI:
     # --- list + watch -----------------------------------------------------------------------
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a gpufed resource (all namespaces), or every Namespace when
-        ``plural`` is ``namespaces``, and the list resourceVersion."""
+        """Every object of a gpufed resource (all namespaces), or every Namespace /
+        PriorityClass when ``plural`` is ``namespaces`` / ``priorityclasses``, and the list
+        resourceVersion."""
         async for attempt in kube_retry():
             with attempt:
                 if plural == NAMESPACES:
                     resp = await _json(await self.core.list_namespace(_preload_content=False))
+                elif plural == PRIORITYCLASSES:
+                    resp = await _json(
+                        await self.scheduling.list_priority_class(_preload_content=False)
+                    )
                 else:
                     resp = await _json(
                         await self.custom.list_cluster_custom_object(
@@ -133,9 +140,11 @@ class KubeAPI:
         resourceVersion as a ``str``. Ends when the server closes the watch (about
         ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
         caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
-        if plural == NAMESPACES:
+        if plural in (NAMESPACES, PRIORITYCLASSES):
             return _watch(
-                self.core.list_namespace,
+                self.core.list_namespace
+                if plural == NAMESPACES
+                else self.scheduling.list_priority_class,
                 resource_version=resource_version,
                 timeout_seconds=timeout_s,
             )

@@ -200,7 +200,9 @@ def main_workload_kind(template: Mapping[str, Any]) -> str:
 
 
 def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
-    """The :class:`PlacementRequest` of a GPUJob: its pod sets plus ``spec.placement``.
+    """The :class:`PlacementRequest` of a GPUJob: its pod sets plus ``spec.placement`` and
+    ``spec.checkpoint``. ``priority`` is the spec's integer here; the hub's scheduling replaces
+    it with the job's PriorityClass value (:mod:`gpufed.hub.priorities`).
 
     ``gpuProducts`` may hold short names (``H100``): the request carries the GFD products they
     stand for (:func:`gpufed.api.gpus.resolve_gpu_products`); the GPUJob spec is not rewritten.
@@ -267,6 +269,9 @@ def _request(
             block=placement.topology.block,
         ),
         priority=placement.priority,
+        checkpoint_interval_s=(
+            job.spec.checkpoint.interval_seconds if job.spec.checkpoint is not None else None
+        ),
         queue=placement.queue,
         workload_kind=main_workload_kind(template),
         submitted_at=submitted_at,

@@ -120,7 +120,8 @@ class HubAPI(Protocol):
 
     async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
         """Every object of a gpufed resource (``gpujobs``, ``memberclusters``, ``gpuqueues``) or of
-        ``namespaces``, and the list's resourceVersion."""
+        ``namespaces`` or ``priorityclasses`` (``scheduling.k8s.io/v1``, cluster-scoped), and
+        the list's resourceVersion."""
         ...
 
     def watch_objects(

@@ -178,6 +178,23 @@ class Queues:
             self.tree, job.obj.metadata.namespace or "default", job.obj.spec.placement.queue
         )
 
+    def max_priority(self, queue: str) -> int | None:
+        """The highest priority a job of ``queue`` may use: the lowest ``spec.maxPriority`` of
+        the queue and its ancestors (None: no cap; the default queue without a GPUQueue has
+        none)."""
+        cap: int | None = None
+        seen: set[str] = set()
+        name: str | None = queue
+        while name is not None and name not in seen:
+            seen.add(name)
+            q = self._specs.get(name)
+            if q is None:
+                break
+            if q.spec.max_priority is not None:
+                cap = q.spec.max_priority if cap is None else min(cap, q.spec.max_priority)
+            name = q.spec.parent
+        return cap
+
     # --- usage -----------------------------------------------------------------------------------
 
     def rebuild_usage(self) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpufed.api.request import PreemptionPolicy
 from gpufed.api.work import AckResult, PodSecurityLevel, WorkItem, WorkOp
 
 
@@ -29,7 +30,9 @@ class JobRecord(_Record):
     ``queue``: the GPUQueue that admitted the placement, and ``charged``: what it charges
     there (concrete quota key -> GPUs or MIG slices, :func:`gpufed.placement.quota.demand_of`):
     a new leader rebuilds quota usage from these records (:mod:`gpufed.hub.queues`). Records
-    written before queues existed have neither and charge nothing.
+    written before queues existed have neither and charge nothing. ``priority`` /
+    ``preemption_policy``: what the job was placed with (its PriorityClass then), which it
+    keeps while placed (None in records from before PriorityClasses: the spec's integer).
     """
 
     uid: str
@@ -40,6 +43,8 @@ class JobRecord(_Record):
     gpus: int = 0
     queue: str | None = None
     charged: dict[str, int] = {}
+    priority: int | None = None
+    preemption_policy: PreemptionPolicy | None = None
 
 
 class WorkRecord(_Record):

@@ -11,7 +11,11 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   it fails, and whatever part was accepted is deleted.
 - A **workload status** becomes the GPUJob's status through the pure rules of
   :mod:`gpufed.hub.status` (terminal phases are final); a finished job's reservation is
-  released. Agents reconnect to a new leader before its GPUJob list is in and send each status
+  released. Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
+  checked again with :func:`gpufed.sync.status.parse_checkpoint` on the hub's clock: a value
+  in the future or not RFC 3339 is ignored with ``agent.checkpoint_refused`` and
+  ``status.lastCheckpointTime`` keeps the last good one (it only moves forward). Agents
+  reconnect to a new leader before its GPUJob list is in and send each status
   once: those reports are kept (the latest per job) and applied after the list.
 
 Called by the controller's message routing (:meth:`gpufed.hub.core.Controller.handle`).
@@ -34,6 +38,7 @@ from gpufed.hub.sessions import AgentSession, RefusedError
 from gpufed.hub.state import WorkState
 from gpufed.hub.term import Term
 from gpufed.sync.retry import backoff_seconds
+from gpufed.sync.status import parse_checkpoint
 
 log = structlog.get_logger("gpufed.hub.reports")
 
@@ -242,6 +247,18 @@ class Reports:
             return
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
+        if report.last_checkpoint_time:
+            when, why = parse_checkpoint(report.last_checkpoint_time, now=self._term.wall())
+            if why:
+                # An agent's clock or a bug must not move the cost of preempting this job.
+                log.warning(
+                    "agent.checkpoint_refused",
+                    job=job.key,
+                    cluster=s.cluster,
+                    value=report.last_checkpoint_time,
+                    reason=why,
+                )
+            report = report.model_copy(update={"last_checkpoint_time": when})
         before = job.status.phase
         new = st.workload(job.status, report, now=self._mirror.now())
         self._mirror.set_status(job, new)

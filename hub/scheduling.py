@@ -6,9 +6,11 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 
 1. expire reservations whose pods never showed up;
 2. read the queue: the jobs that still want placement, each in its GPUQueue
-   (:mod:`gpufed.hub.queues`; a ``spec.placement.queue`` naming another queue fails the job),
-   and the quota ledger rebuilt from the placements; no cycle places anything before the
-   term's first GPUQueue list;
+   (:mod:`gpufed.hub.queues`; a ``spec.placement.queue`` naming another queue fails the job)
+   at its PriorityClass's value (:mod:`gpufed.hub.priorities`; a class that does not exist
+   keeps the job Pending, one above the queue's ``maxPriority`` fails it), and the quota
+   ledger rebuilt from the placements; no cycle places anything before the term's first
+   GPUQueue and PriorityClass lists;
 3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: fair-share order
    between queues, then priority and submit time, backfill holds) calls the pure ``place()``
    on the long-lived :class:`~gpufed.placement.FleetSnapshot` with the job's ``Quota`` filter;
@@ -35,6 +37,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.priorities import PriorityClasses
 from gpufed.hub.queues import Queues
 from gpufed.hub.records import JobRecord, WorkRecord
 from gpufed.hub.reservations import Reservations
@@ -72,9 +75,11 @@ class Scheduler:
         dispatch: Dispatch,
         mirror: Mirror,
         queues: Queues,
+        priorities: PriorityClasses,
     ) -> None:
         self._term = term
         self._queues = queues
+        self._priorities = priorities
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
@@ -111,8 +116,9 @@ class Scheduler:
         # 1. drop reservations whose pods never showed up
         await self._reservations.expire(now)
         queues = self._queues
-        if not queues.synced.is_set():
-            # Nothing is admitted before this term knows the quotas (the list kicks again).
+        if not queues.synced.is_set() or not self._priorities.synced.is_set():
+            # Nothing is admitted before this term knows the quotas and the PriorityClasses
+            # (each first list kicks again).
             return
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
         queues.rebuild_usage()
@@ -185,28 +191,56 @@ class Scheduler:
         queues.publish(shares)
 
     def _enqueue(self, job: JobState) -> bool:
-        """Put ``job``'s request in its GPUQueue; False (and the job Failed, naming the field)
-        when its ``spec.placement.queue`` names a queue that does not list its namespace."""
+        """Put ``job``'s request in its GPUQueue at its PriorityClass's priority; False when it
+        cannot go in this cycle: Failed (naming the field) when its ``spec.placement.queue``
+        names a queue that does not list its namespace or its class is above the queue's cap;
+        Pending (the message naming the class) while its PriorityClass does not exist."""
         assert job.request is not None
         choice = self._queues.queue_of(job)
         if choice.error is not None:
-            job.request = None
-            job.error, job.error_field = choice.error, "spec.placement.queue"
-            self._mirror.set_status(
-                job,
-                st.invalid(
-                    job.status,
-                    field="spec.placement.queue",
-                    message=choice.error,
-                    now=self._mirror.now(),
-                ),
-            )
-            self._mirror.event(job, "Warning", "InvalidSpec", choice.error)
-            log.info("hub.job.invalid", job=job.key, field="spec.placement.queue")
+            self._invalid(job, "spec.placement.queue", choice.error)
             return False
-        if job.request.queue != choice.queue:
-            job.request = job.request.model_copy(update={"queue": choice.queue})
+        res = self._priorities.resolve(
+            job.priority, queue=choice.queue, cap=self._queues.max_priority(choice.queue)
+        )
+        if res.error is not None:
+            self._invalid(job, res.error_field, res.error)
+            return False
+        if res.waiting is not None:
+            self._wait(job, "PriorityClassNotFound", res.waiting)
+            return False
+        update: dict[str, object] = {
+            "queue": choice.queue,
+            "priority": res.priority,
+            "preemption_policy": res.preemption_policy,
+        }
+        if any(getattr(job.request, k) != v for k, v in update.items()):
+            job.request = job.request.model_copy(update=update)
         return True
+
+    def _invalid(self, job: JobState, field: str, message: str) -> None:
+        """Fail ``job`` for good: ``Valid=False`` naming ``field``, a Warning Event."""
+        if not message.startswith(f"{field}: "):
+            message = f"{field}: {message}"
+        job.request = None
+        job.error, job.error_field = message, field
+        self._mirror.set_status(
+            job, st.invalid(job.status, field=field, message=message, now=self._mirror.now())
+        )
+        self._mirror.event(job, "Warning", "InvalidSpec", message)
+        log.info("hub.job.invalid", job=job.key, field=field)
+
+    def _wait(self, job: JobState, reason: str, message: str) -> None:
+        """``job`` waits for something other than capacity (written once per message)."""
+        sig = (reason, message)
+        if sig == job.last_unschedulable:
+            return
+        job.last_unschedulable = sig
+        self._mirror.set_status(
+            job, st.waiting(job.status, reason=reason, message=message, now=self._mirror.now())
+        )
+        self._mirror.event(job, "Normal", reason, message)
+        log.info("placement.waiting", job=job.key, reason=reason)
 
     def _not_placed(self, job: JobState, decision: Decision) -> None:
         if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
@@ -316,6 +350,8 @@ class Scheduler:
                 gpus=job.request.gpus,
                 queue=charge[0],
                 charged=charge[1],
+                priority=job.request.priority,
+                preemption_policy=job.request.preemption_policy,
             )
             work = WorkRecord(
                 job_uid=uid,

@@ -25,6 +25,7 @@ from gpufed.api.stream import HeldJob
 from gpufed.api.work import PodSecurityLevel
 from gpufed.hub import status as st
 from gpufed.hub.health import MemberHealth
+from gpufed.hub.priorities import PrioritySource
 from gpufed.hub.records import AckRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.hub.sessions import AgentSession
 
@@ -39,7 +40,8 @@ class JobState:
     placement (for the latency metrics); ``last_unschedulable``: the last "not placed" answer
     written, so an unchanged one is not written again; ``pod_security``: the Pod Security level
     of its hub namespace seen at intake (sent with its work, so the agent labels a member
-    namespace it creates alike).
+    namespace it creates alike); ``priority``: where its priority comes from (its
+    PriorityClass, resolved each cycle while it waits: :mod:`gpufed.hub.priorities`).
     """
 
     uid: str
@@ -54,6 +56,7 @@ class JobState:
     decided_mono: float | None = None
     last_unschedulable: Any = None
     pod_security: PodSecurityLevel | Literal[""] = ""
+    priority: PrioritySource = field(default_factory=PrioritySource)
     #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.rebuild.Claim);
     #: while set the job is never placed
     claim: Any = None

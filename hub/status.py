@@ -152,6 +152,19 @@ def invalid(status: GPUJobStatus, *, field: str, message: str, now: str) -> GPUJ
     )
 
 
+def waiting(status: GPUJobStatus, *, reason: str, message: str, now: str) -> GPUJobStatus:
+    """A job that waits for something other than capacity (its PriorityClass to exist): phase
+    Pending, ``Placed=False`` with ``reason``, ``message`` prefixed ``waiting:``."""
+    if is_terminal(status):
+        return status
+    msg = f"waiting: {message}"
+    conds = set_condition(status.conditions, "Valid", "True", reason="Valid", message="", now=now)
+    conds = set_condition(conds, "Placed", "False", reason=reason, message=msg, now=now)
+    return status.model_copy(
+        update={"phase": "Pending", "cluster": None, "message": msg, "conditions": conds}
+    )
+
+
 def decided(
     status: GPUJobStatus,
     decision: Decision,
@@ -304,6 +317,9 @@ def workload(status: GPUJobStatus, ws: WorkloadStatus, *, now: str) -> GPUJobSta
             "pod_issues": issues[:MAX_POD_ISSUES],
             "start_time": ws.start_time or status.start_time,
             "completion_time": ws.completion_time or status.completion_time,
+            # Checkpoints only move forward (canonical UTC strings of one format sort as times).
+            "last_checkpoint_time": max(ws.last_checkpoint_time, status.last_checkpoint_time or "")
+            or None,
         }
     )
 

@@ -4,13 +4,17 @@ Owns the status side of the agent: informers over the objects labelled ``gpufed.
 (one per workload kind the member serves, plus one over pods with that label), small caches of
 their status, and a sender that summarises each changed job with
 :func:`gpufed.sync.status.summarize_workload` and sends the summary only when it differs from
-the last one sent. Jobs are tracked by the work manager (:mod:`gpufed.agent.work`) once applied
+the last one sent. The summary carries the job's reported checkpoint time (the
+``gpufed.io/last-checkpoint`` annotation of its main object or pods,
+:func:`gpufed.sync.status.last_checkpoint`); a value that is not RFC 3339 or lies in the future
+is left out with one ``status.checkpoint_refused`` log line per new value. Jobs are tracked by the work manager (:mod:`gpufed.agent.work`) once applied
 and untracked when deleted; after every reconnect all tracked statuses are sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +24,10 @@ import structlog
 from gpufed.agent.informer import Informer
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import JOB_UID_LABEL
+from gpufed.api.labels import JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
 from gpufed.api.work import WorkloadStatus
 from gpufed.sync.apply import ObjectRef
-from gpufed.sync.status import summarize_workload
+from gpufed.sync.status import last_checkpoint, summarize_workload
 
 log = structlog.get_logger("gpufed.agent.status")
 
@@ -36,6 +40,7 @@ class _Tracked:
     main: ObjectRef | None
     missing: bool
     seen: bool = False  # the main object was observed at least once
+    refused: tuple[tuple[str, str, str], ...] = ()  # checkpoint values last logged as refused
 
 
 def _job_uid(obj: dict[str, Any]) -> str:
@@ -58,11 +63,13 @@ def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
         )
         if k in status
     }
+    checkpoint = (meta.get("annotations") or {}).get(LAST_CHECKPOINT_ANNOTATION)
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            "annotations": {} if checkpoint is None else {LAST_CHECKPOINT_ANNOTATION: checkpoint},
         },
         "spec": {"nodeName": (raw.get("spec") or {}).get("nodeName")},
         "status": keep_status,
@@ -151,6 +158,7 @@ class StatusReporter:
 
     ``send`` returns True when the status went out on a live stream (else it is sent again
     after the next reconnect). ``coalesce_s``: changes within this window go out together.
+    ``wall``: the wall clock (seconds since the epoch) a checkpoint time is checked against.
     """
 
     def __init__(
@@ -160,8 +168,10 @@ class StatusReporter:
         send: Callable[[WorkloadStatus], bool],
         coalesce_s: float = 0.1,
         metrics: AgentMetrics | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
+        self._wall = wall
         self._send = send
         self.coalesce_s = coalesce_s
         self._metrics = metrics
@@ -319,12 +329,30 @@ class StatusReporter:
             and kind in {k for k in self._informers if k != "Pod"}
         ):
             return None  # applied, not observed yet: wait for the watch
-        return summarize_workload(
+        pods = self._pods.get(uid, {}).values()
+        status = summarize_workload(
             job_uid=uid,
             revision=tracked.revision,
             kind=kind,
             name=name,
             obj=obj,
-            pods=self._pods.get(uid, {}).values(),
+            pods=pods,
             missing=missing,
         )
+        if missing:
+            return status
+        checkpoint = last_checkpoint(obj, pods, now=self._wall())
+        if checkpoint.refused != tracked.refused:
+            tracked.refused = checkpoint.refused
+            for where, value, why in checkpoint.refused:
+                log.warning(
+                    "status.checkpoint_refused",
+                    job_uid=uid,
+                    source=where,
+                    value=value,
+                    reason=why,
+                    annotation=LAST_CHECKPOINT_ANNOTATION,
+                )
+        if not checkpoint.time:
+            return status
+        return status.model_copy(update={"last_checkpoint_time": checkpoint.time})

@@ -4,7 +4,9 @@ Owns the mapping from the status of a member workload object (``batch/v1`` Job, 
 Kubeflow PyTorchJob, or any object with Kubernetes-style conditions) and its pods to the one
 summary the hub mirrors into ``GPUJob.status``: phase, the member's conditions in their order,
 active/succeeded/failed/ready counts, start and completion times, pod-level problems and the
-nodes the pods are bound to. Pure: takes plain dicts as the API server returns them (or the
+nodes the pods are bound to; and the rule for the job's reported checkpoint time
+(:func:`last_checkpoint`, :func:`parse_checkpoint`: the agent reads it, the hub checks it
+again). Pure: takes plain dicts as the API server returns them (or the
 agent's trimmed copies, which keep the same paths), so the agent calls it on every change and
 tests call it on fixtures.
 """
@@ -12,14 +14,23 @@ tests call it on fixtures.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
 
+from gpufed.api.labels import LAST_CHECKPOINT_ANNOTATION
 from gpufed.api.work import Condition, PodIssue, WorkloadPhase, WorkloadStatus
 
 #: Waiting reasons that are part of a normal start and are not reported as issues.
 _BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing", ""})
 #: At most this many pod issues per status (bounded message size; sorted by pod name).
 MAX_POD_ISSUES = 20
+
+#: A checkpoint time may be this far ahead of the reader's clock (seconds: clock skew between
+#: the trainer's node and the agent or hub); further ahead it is refused as in the future.
+CHECKPOINT_CLOCK_SKEW_S: Final = 60.0
+#: Longest annotation value parsed as a time (RFC 3339 with nanoseconds and an offset is 35).
+_MAX_TIME_CHARS: Final = 64
 
 # Terminal conditions per kind: condition type (status "True") -> phase. Order matters: the
 # first match wins, so Failed is checked before success for kinds that could show both.
@@ -252,3 +263,60 @@ def _pod_issues(pods: list[Mapping[str, Any]]) -> tuple[PodIssue, ...]:
         if len(issues) >= MAX_POD_ISSUES:
             break
     return tuple(issues)
+
+
+# --- the reported checkpoint ---------------------------------------------------------------------
+
+
+def parse_checkpoint(value: str, *, now: float) -> tuple[str, str]:
+    """A ``gpufed.io/last-checkpoint`` value -> (the time in canonical RFC 3339 UTC,
+    ``2026-01-02T03:04:05Z``, "" when refused; why it was refused, "" when accepted).
+
+    Refused: longer than 64 characters, not RFC 3339 with a time zone (``Z`` or an offset), or
+    more than :data:`CHECKPOINT_CLOCK_SKEW_S` after ``now`` (wall seconds). Never raises.
+    """
+    if len(value) > _MAX_TIME_CHARS:
+        return "", f"longer than {_MAX_TIME_CHARS} characters"
+    try:
+        when = datetime.fromisoformat(value.strip().replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        return "", "not an RFC 3339 time (e.g. 2026-01-02T03:04:05Z)"
+    if "T" not in value.upper() or when.tzinfo is None:
+        return "", "not an RFC 3339 time with a time zone (e.g. 2026-01-02T03:04:05Z)"
+    ts = when.timestamp()
+    if ts > now + CHECKPOINT_CLOCK_SKEW_S:
+        return "", f"{ts - now:.0f} s in the future"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), ""
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """The job's latest valid checkpoint time (``time``, canonical RFC 3339, "" for none) and
+    the values refused (``refused``: (where, value, why), at most 4)."""
+
+    time: str = ""
+    refused: tuple[tuple[str, str, str], ...] = ()
+
+
+def last_checkpoint(
+    obj: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], *, now: float
+) -> CheckpointReport:
+    """The latest ``gpufed.io/last-checkpoint`` (:data:`LAST_CHECKPOINT_ANNOTATION`) over the
+    main object ``obj`` and its ``pods``: each value through :func:`parse_checkpoint`; refused
+    values are returned for the caller to log, never raised."""
+    best = ""
+    refused: list[tuple[str, str, str]] = []
+    sources = [("object", obj)] if obj is not None else []
+    sources += [(f"pod {_meta(p).get('name', '')}", p) for p in pods]
+    for where, source in sources:
+        raw = (_meta(source).get("annotations") or {}).get(LAST_CHECKPOINT_ANNOTATION)
+        if raw is None:
+            continue
+        value = str(raw)
+        when, why = parse_checkpoint(value, now=now)
+        if why:
+            if len(refused) < 4:
+                refused.append((where, value[:_MAX_TIME_CHARS], why))
+        elif when > best:  # canonical UTC strings of one format sort as times
+            best = when
+    return CheckpointReport(time=best, refused=tuple(refused))

@@ -645,6 +645,7 @@ class WorkloadStatus(_message.Message):
     COMPLETION_TIME_FIELD_NUMBER: _builtins.int
     POD_ISSUES_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
+    LAST_CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
     job_uid: _builtins.str
     revision: _builtins.int
     kind: _builtins.str
@@ -661,6 +662,10 @@ class WorkloadStatus(_message.Message):
     """RFC 3339, "" when unknown"""
     completion_time: _builtins.str
     """RFC 3339, "" when unknown"""
+    last_checkpoint_time: _builtins.str
+    """The latest checkpoint the job reported: the annotation gpufed.io/last-checkpoint of its
+    main object or pods, RFC 3339 in UTC ("" = none reported, or none valid).
+    """
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]:
         """the member object's conditions, in order"""
@@ -688,10 +693,11 @@ class WorkloadStatus(_message.Message):
         completion_time: _builtins.str = ...,
         pod_issues: _abc.Iterable[Global___PodIssue] | None = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
+        last_checkpoint_time: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completion_time", b"completion_time", "conditions", b"conditions", "failed", b"failed", "job_uid", b"job_uid", "kind", b"kind", "name", b"name", "nodes", b"nodes", "phase", b"phase", "pod_issues", b"pod_issues", "ready", b"ready", "revision", b"revision", "start_time", b"start_time", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completion_time", b"completion_time", "conditions", b"conditions", "failed", b"failed", "job_uid", b"job_uid", "kind", b"kind", "last_checkpoint_time", b"last_checkpoint_time", "name", b"name", "nodes", b"nodes", "phase", b"phase", "pod_issues", b"pod_issues", "ready", b"ready", "revision", b"revision", "start_time", b"start_time", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

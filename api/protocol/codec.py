@@ -324,6 +324,7 @@ def workload_status_to_pb(status: WorkloadStatus) -> pb.WorkloadStatus:
             pb.PodIssue(pod=i.pod, reason=i.reason, message=i.message) for i in status.pod_issues
         ],
         nodes=list(status.nodes),
+        last_checkpoint_time=status.last_checkpoint_time,
     )
 
 
@@ -356,6 +357,7 @@ def workload_status_from_pb(msg: pb.WorkloadStatus) -> WorkloadStatus:
                 PodIssue(pod=i.pod, reason=i.reason, message=i.message) for i in msg.pod_issues
             ),
             nodes=tuple(msg.nodes),
+            last_checkpoint_time=msg.last_checkpoint_time,
         )
     except ValidationError as exc:
         raise ProtocolError(f"workload status {msg.job_uid!r}: {_first_error(exc)}") from exc

@@ -79,6 +79,7 @@ def test_status_round_trip_keeps_condition_order() -> None:
         ),
         failed=2,
         pod_issues=(PodIssue(pod="p", reason="Error", message="exit code 1"),),
+        last_checkpoint_time="2026-01-01T00:00:00Z",
     )
     assert workload_status_from_pb(workload_status_to_pb(status)) == status
     with pytest.raises(ProtocolError, match="phase"):

@@ -208,6 +208,7 @@ class FakeHubAPI:
             "memberclusters": [],
             "namespaces": [],
             "gpuqueues": [],
+            "priorityclasses": [],
         }
     )
     watch_events: dict[str, asyncio.Queue[WatchEvent]] = field(default_factory=dict)
