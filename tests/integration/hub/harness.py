@@ -351,14 +351,19 @@ class FakeAgent:
         nodes: list[NodeInventory] | None = None,
         seq: int = 1,
         first: pb.AgentMessage | None = None,
+        silent: bool = False,
     ) -> None:
         """Open the stream, send Hello (and a one-part snapshot when ``nodes`` is given);
-        ``first`` replaces the Hello with any other first message."""
+        ``first`` replaces the Hello with any other first message; ``silent``: send nothing
+        (a hub that refuses at once: a write racing its abort can make gRPC's client report
+        "Internal error from Core" instead of the hub's status)."""
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes())
         self._channel = grpc.aio.secure_channel(f"localhost:{self.port}", creds)
         stub = pb_grpc.AgentServiceStub(self._channel)
         self._call = stub.Connect(metadata=(("authorization", f"Bearer {self.token}"),))
         self._reader = asyncio.create_task(self._read())
+        if silent:
+            return
         if first is not None:
             await self.send(first)
             return
