@@ -1,0 +1,391 @@
+"""Victim search (pure): the cheapest running jobs to stop so a waiting job is placed.
+
+:func:`plan_preemption` is the entry point of preemption for the hub's scheduling cycle, the
+simulator (``--preemption on``) and the benchmark (``--preemption``); several preemptors of one
+pass go through :class:`~gpufed.placement.preemptcycle.PreemptionCycle`. The vocabulary
+(:class:`~gpufed.placement.preemption.Running`, ``Preemptor``, ``PreemptionPlan``, the cost
+and the guard rails) is in :mod:`.preemption`; docs/placement.md, "Preemption".
+
+**The rule.** For each member that has candidate victims, the cheapest set of running jobs
+whose removal lets ``place()`` place the preemptor *in that member* (the real ``place()`` on
+the snapshot with the victims' GPUs freed, :mod:`.whatif`: same NVLink domain / clique, nodes
+and topology rules); then the member and set with the least cost: the highest victim priority
+lowest first, then the least work lost, then the fewest victims, then member name and victim
+UIDs. Nothing is planned when the job would not fit even with every candidate gone, nor when
+it fits without preemption.
+
+**The search, per member** (bounded): candidates are the eligible jobs on nodes of a GPU
+product the job accepts; they are filed by the block the job must sit in (its NVLink domain
+for a one-pod or ``nvlink: Required`` job, else its rack / block when required, else the whole
+member); per block the cheapest victims are counted in until the block's free GPUs reach the
+job's demand, blocks are ordered by that estimate and at most ``max_blocks`` are tried; in each
+the greedy set grows until the what-if places the job, then every victim whose removal still
+lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
+pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
+(:attr:`~gpufed.placement.preemption.PreemptionPlan.whatifs` says how many ran).
+
+The snapshot is borrowed: each what-if changes it and puts it back before returning (not
+thread-safe, like ``place()``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpufed.api.decision import Decision, Outcome
+from gpufed.placement.engine import place
+from gpufed.placement.member import ClusterState
+from gpufed.placement.policy import Policy
+from gpufed.placement.preemption import (
+    NoPreemption,
+    PreemptionPlan,
+    PreemptionRules,
+    Preemptor,
+    QuotaView,
+    Running,
+    Victim,
+    preemptible,
+    work_lost_gpu_s,
+)
+from gpufed.placement.queue import Hold
+from gpufed.placement.quota import QueueTree, QuotaUsage, admit, demand_of, usage_rows
+from gpufed.placement.shape import JobShape
+from gpufed.placement.snapshot import FleetSnapshot
+from gpufed.placement.whatif import OnlyMember, freed
+
+
+def _cycle_back(p: Preemptor, run: Running, rules: PreemptionRules, now: float) -> bool:
+    """Whether ``run`` preempted ``p`` less than ``cooldown_s`` ago (it may not go back)."""
+    return any(e.by == run.uid and now - e.at < rules.cooldown_s for e in p.preempted)
+
+
+def _set_key(
+    cluster: str, victims: Sequence[Victim]
+) -> tuple[int, float, int, str, tuple[str, ...]]:
+    """Cost order of a plan: highest victim priority, work lost, victims, member, UIDs."""
+    return (
+        max(v.running.priority for v in victims),
+        round(sum(v.cost_gpu_s for v in victims), 6),
+        len(victims),
+        cluster,
+        tuple(sorted(v.running.uid for v in victims)),
+    )
+
+
+def _victim_key(v: Victim) -> tuple[int, float, str]:
+    return (v.running.priority, v.cost_gpu_s, v.running.uid)
+
+
+class _Search:
+    """One decision's search state: the inputs and the what-if budget."""
+
+    def __init__(
+        self,
+        p: Preemptor,
+        snapshot: FleetSnapshot,
+        policy: Policy,
+        rules: PreemptionRules,
+        now: float,
+        hold: Mapping[str, Hold] | None,
+        quota: QuotaView | None,
+        placed: Sequence[Decision],
+        gone: Sequence[Running],
+    ) -> None:
+        self.p = p
+        self.gone = list(gone)
+        self.job = JobShape.of(p.request)
+        self.snapshot = snapshot
+        self.policy = policy
+        self.rules = rules
+        self.now = now
+        self.hold = hold
+        self.quota = quota
+        self.placed = placed
+        self.whatifs = 0
+        self.names = snapshot.cluster_names
+        self._within: dict[tuple[str, str], bool] = {}
+
+    # --- eligibility ------------------------------------------------------------------------
+    def victim(self, run: Running, product: str | None) -> Victim | str:
+        """The run as a victim of this preemptor, or why it is not one."""
+        why = preemptible(run, self.rules, self.now)
+        if why is not None:
+            return why
+        if _cycle_back(self.p, run, self.rules, self.now):
+            return f"preempted {self.p.request.job} less than {self.rules.cooldown_s:.0f} s ago"
+        cost = work_lost_gpu_s(run, self.now)
+        if run.priority < self.p.request.priority:
+            return Victim(run, cost, "priority")
+        if self.rules.reclaim and product is not None and self._reclaims(run, product):
+            return Victim(run, cost, "reclaim")
+        return f"priority {run.priority} is not below {self.p.request.priority}"
+
+    def _reclaims(self, run: Running, product: str) -> bool:
+        """The preemptor's queue stays within its nominal of ``product`` with the job, and
+        ``run``'s queue is another one that borrows ``product``."""
+        if self.quota is None:
+            return False
+        tree, usage = self.quota.tree, self.quota.usage
+        mine = self.p.request.queue or tree.default_queue
+        theirs = run.queue or tree.default_queue
+        if theirs == mine:
+            return False
+        within = self._within.get((mine, product))
+        if within is None:
+            gpus = demand_of(self.p.request, product).get(product, 0)
+            row = _row(tree, usage, mine, product)
+            within = self._within[(mine, product)] = row is not None and row[1] + gpus <= row[0]
+        if not within:
+            return False
+        row = _row(tree, usage, theirs, product)
+        return row is not None and row[1] > row[0]
+
+    # --- what-if ----------------------------------------------------------------------------
+    def fits(self, cluster: str, victims: Sequence[Victim]) -> Decision | None:
+        """``place()`` in ``cluster`` with ``victims`` gone (and the cycle's earlier plans
+        applied); the decision when it places the job there."""
+        self.whatifs += 1
+        runs = [v.running for v in victims]
+        with freed(self.snapshot, self.gone + runs, self.placed, self.now):
+            d = place(
+                self.p.request,
+                self.snapshot,
+                self.policy,
+                self.now,
+                hold=OnlyMember(cluster, self.names, self.hold),
+            )
+        if d.outcome != Outcome.PLACED or d.cluster != cluster:
+            return None
+        if self.quota is not None and not self.admitted(d, runs):
+            return None
+        return d
+
+    def admitted(self, d: Decision, runs: Sequence[Running]) -> bool:
+        """Quota admission of the job once ``runs`` released their quota."""
+        assert self.quota is not None
+        tree = self.quota.tree
+        q = self.p.request.queue or tree.default_queue
+        if tree.unlimited(q) and q not in tree.broken:
+            return True
+        usage = copy.deepcopy(self.quota.usage)
+        for r in [*self.gone, *runs]:
+            usage.release(r.uid)
+        for key, amount in sorted(demand_of(self.p.request, d.gpu_product).items()):
+            if not admit(tree, usage, q, key, amount).ok:
+                return False
+        return True
+
+    @property
+    def spent(self) -> bool:
+        return self.whatifs >= self.rules.max_whatifs
+
+
+def _row(tree: QueueTree, usage: QuotaUsage, queue: str, product: str) -> tuple[int, int] | None:
+    """(nominal, used) of the quota entry ``product`` resolves to at ``queue``."""
+    node = tree.nodes.get(queue)
+    entry = node.entry(product) if node is not None else None
+    if entry is None:
+        return None
+    for r in usage_rows(tree, usage, queue):
+        if r.key == entry.gpu_product:
+            return (r.nominal, r.used)
+    return None
+
+
+def _level(job: JobShape) -> str | None:
+    """The block the job must sit in: nvlink / rack / block, or None (the whole member)."""
+    return next(
+        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
+        "nvlink" if job.gpu_pods == 1 else None,
+    )
+
+
+@dataclass
+class _Block:
+    key: str
+    free: int
+    cap: int
+    victims: dict[str, Victim] = field(default_factory=dict)
+    freed: dict[str, int] = field(default_factory=dict)  # victim uid -> GPUs freed in the block
+
+
+def _blocks(
+    s: _Search, c: ClusterState, runs: Iterable[Running], reasons: dict[str, str]
+) -> list[_Block]:
+    """Candidate victims of member ``c`` filed by block (module docstring)."""
+    level = _level(s.job)
+    products = s.job.products
+    blocks: dict[str, _Block] = {}
+    for run in runs:
+        for name, gpus in sorted(run.gpus.items()):
+            n = c.nodes.get(name)
+            if n is None or n.pool is None or n.pool.slices or gpus <= 0:
+                continue
+            if products is not None and n.pool.product not in products:
+                continue
+            v = s.victim(run, n.pool.product)
+            if isinstance(v, str):
+                reasons[run.uid] = v
+                break
+            if level is None:
+                key, free, cap = "", 0, 0
+            else:
+                g = getattr(n, level if level != "nvlink" else "domain")
+                if g is not None:
+                    key, free, cap = g.key, g.free, g.cap
+                elif level == "nvlink":
+                    key, free, cap = n.domain_id, n.gpu_free, n.gpu_alloc
+                else:
+                    continue  # a node without that label can never hold a job that needs it
+            b = blocks.get(key)
+            if b is None:
+                b = blocks[key] = _Block(key, free, cap)
+            b.victims[run.uid] = v
+            b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
+    if level is None and "" in blocks:
+        b = blocks[""]
+        pools = [p for p in c.pools.values() if not p.slices]
+        if products is not None:
+            pools = [p for p in pools if p.product in products]
+        b.free = sum(p.free for p in pools)
+        b.cap = sum(p.cap for p in pools)
+    return [b for b in blocks.values() if b.cap >= s.job.demand]
+
+
+def _greedy(b: _Block, demand: int) -> tuple[list[Victim], list[Victim]] | None:
+    """(the cheapest victims that bring the block's free GPUs to ``demand``, the rest in cost
+    order), or None when even all of them would not."""
+    order = sorted(b.victims.values(), key=_victim_key)
+    free = b.free
+    for i, v in enumerate(order):
+        free += b.freed[v.running.uid]
+        if free >= demand:
+            return order[: i + 1], order[i + 1 :]
+    return None
+
+
+def _search_block(
+    s: _Search, cluster: str, chosen: list[Victim], rest: list[Victim]
+) -> tuple[list[Victim], Decision] | None:
+    """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring)."""
+    d = s.fits(cluster, chosen)
+    while d is None and rest and not s.spent:
+        chosen.append(rest.pop(0))
+        d = s.fits(cluster, chosen)
+    if d is None:
+        return None
+    # prune, most expensive first: by monotonicity one pass leaves every victim necessary
+    for v in sorted(chosen, key=_victim_key, reverse=True):
+        if s.spent or len(chosen) == 1:
+            break
+        trial = [x for x in chosen if x is not v]
+        d2 = s.fits(cluster, trial)
+        if d2 is not None:
+            chosen, d = trial, d2
+    return chosen, d
+
+
+def plan_preemption(
+    preemptor: Preemptor,
+    running: Iterable[Running],
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    now: float,
+    *,
+    rules: PreemptionRules | None = None,
+    hold: Mapping[str, Hold] | None = None,
+    quota: QuotaView | None = None,
+    gone: Sequence[Running] = (),
+    placed: Sequence[Decision] = (),
+) -> PreemptionPlan | NoPreemption:
+    """The cheapest preemption that lets ``preemptor`` be placed, or why there is none.
+
+    ``running``: every running or placed job (victims-to-be; jobs of any priority, the rules
+    choose). ``now``: seconds, the clock of ``started_at`` and the events. ``hold``: the
+    backfill holds of the pass (the job keeps off them in the what-if too). ``quota``: for
+    reclaim and for admission once the victims are gone (None: no queues). ``gone``: the
+    victims already chosen this cycle (taken off the fleet, never chosen again); ``placed``:
+    the what-if decisions of earlier preemptors this cycle (their GPUs stay held). Call it for a job ``place()`` left
+    ``Unschedulable``; raises nothing for a job that cannot preempt (the answer says why).
+    """
+    rules = rules or PreemptionRules()
+    uid = preemptor.request.uid
+    if not preemptor.may_preempt:
+        return NoPreemption(uid, "its PriorityClass has preemptionPolicy Never")
+    s = _Search(preemptor, snapshot, policy, rules, now, hold, quota, placed, gone)
+    s.whatifs += 1
+    with freed(snapshot, gone, placed, now):
+        fits = place(preemptor.request, snapshot, policy, now, hold=hold)
+    if fits.outcome == Outcome.PLACED and (quota is None or s.admitted(fits, ())):
+        return NoPreemption(uid, f"fits without preemption ({fits.message})", whatifs=1)
+    skip = {r.uid for r in gone} | {uid}
+    by_member: dict[str, list[Running]] = {}
+    for run in running:
+        if run.uid not in skip:
+            by_member.setdefault(run.cluster, []).append(run)
+    best: tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim], Decision, str] | None
+    best = None
+    members: dict[str, str] = {}
+    for cluster in sorted(by_member):
+        if cluster not in snapshot.cluster_names:
+            continue
+        c = snapshot.cluster(cluster)
+        if not c.health.ready:
+            members[cluster] = "member is not Ready"
+            continue
+        reasons: dict[str, str] = {}
+        estimates = []
+        for b in _blocks(s, c, by_member[cluster], reasons):
+            g = _greedy(b, s.job.demand)
+            if g is not None:
+                estimates.append((_set_key(cluster, g[0]), b.key, g))
+        if not estimates:
+            members[cluster] = "no block of the job's GPUs frees enough with eligible victims" + (
+                f" ({len(reasons)} running jobs not eligible)" if reasons else ""
+            )
+            continue
+        estimates.sort(key=lambda e: (e[0], e[1]))
+        found = None
+        for _key, _bkey, (chosen, rest) in estimates[: rules.max_blocks]:
+            if s.spent:
+                break
+            r = _search_block(s, cluster, list(chosen), list(rest))
+            if r is not None:
+                k = _set_key(cluster, r[0])
+                if found is None or k < found[0]:
+                    found = (k, r[0], r[1])
+        if found is None:
+            members[cluster] = "the job does not fit even with the candidate victims gone"
+            continue
+        members[cluster] = f"{len(found[1])} victims, {found[0][1]:.0f} GPU-s lost"
+        if best is None or found[0] < best[0]:
+            best = (found[0], found[1], found[2], cluster)
+    if best is None:
+        reason = "no member can place the job by preempting lower-priority or borrowing jobs"
+        if s.spent:
+            reason += f" (stopped after {s.whatifs} what-if placements)"
+        return NoPreemption(uid, reason, members, s.whatifs)
+    key, victims, decision, cluster = best
+    victims = sorted(victims, key=_victim_key)
+    nodes = frozenset(n for v in victims for n in v.running.gpus)
+    cost = sum(v.cost_gpu_s for v in victims)
+    names = ", ".join(v.running.job or v.running.uid for v in victims)
+    reason = (
+        f"preempting {len(victims)} job(s) in {cluster} ({names}; priority at most {key[0]}, "
+        f"{cost / 3600:.2f} GPU-hours of work lost) frees "
+        + (", ".join(decision.nvlink_domains) or f"{len(nodes)} node(s)")
+        + f" for {preemptor.request.job} (priority {preemptor.request.priority})"
+    )
+    return PreemptionPlan(
+        preemptor=uid,
+        cluster=cluster,
+        victims=tuple(victims),
+        nodes=nodes,
+        domains=decision.nvlink_domains,
+        decision=decision,
+        cost_gpu_s=cost,
+        reason=reason,
+        whatifs=s.whatifs,
+    )
