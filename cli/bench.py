@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpufed.placement.bench import run_placement_bench
+from gpufed.placement.bench import run_placement_bench, run_preemption_bench
 
 app = typer.Typer(help="Benchmarks that print one JSON line.", no_args_is_help=True)
 
@@ -34,10 +34,28 @@ def placement(
         help="Also run with a tree of N queues admitting by quota; prints both runs side by "
         "side (no_queues, with_queues) and the p99 ratio.",
     ),
+    preemption: bool = typer.Option(
+        False,
+        "--preemption",
+        help="Also run a full fleet (every GPU running a low-priority job) and a stream of "
+        "higher-priority jobs, each decision place() then plan_preemption(); prints both "
+        "runs side by side (no_preemption, with_preemption) and the p99 ratio.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
+    if preemption:
+        with_p = run_preemption_bench(clusters, nodes_per_cluster, decisions, seed)
+        base = result
+        result = {
+            "no_preemption": base,
+            "with_preemption": with_p,
+            "p99_ratio": round(with_p["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
+            "cpu_p99_ratio": (
+                round(with_p["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
+            ),
+        }
     if queues:
         with_q = run_placement_bench(
             clusters, nodes_per_cluster, decisions, seed, window=window, queues=queues

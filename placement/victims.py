@@ -209,6 +209,8 @@ class _Block:
     cap: int
     victims: dict[str, Victim] = field(default_factory=dict)
     freed: dict[str, int] = field(default_factory=dict)  # victim uid -> GPUs freed in the block
+    #: node -> (its free GPUs, its victims' uids): to order a whole-member block by node
+    nodes: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
 
 
 def _blocks(
@@ -218,7 +220,10 @@ def _blocks(
     level = _level(s.job)
     products = s.job.products
     blocks: dict[str, _Block] = {}
+    prio = s.p.request.priority
     for run in runs:
+        if run.priority >= prio and s.quota is None:
+            continue  # cheap reject before any look-up: no reclaim without queues
         for name, gpus in sorted(run.gpus.items()):
             n = c.nodes.get(name)
             if n is None or n.pool is None or n.pool.slices or gpus <= 0:
@@ -244,6 +249,8 @@ def _blocks(
                 b = blocks[key] = _Block(key, free, cap)
             b.victims[run.uid] = v
             b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
+            if level is None:
+                b.nodes.setdefault(name, (n.gpu_free, []))[1].append(run.uid)
     if level is None and "" in blocks:
         b = blocks[""]
         pools = [p for p in c.pools.values() if not p.slices]
@@ -254,10 +261,42 @@ def _blocks(
     return [b for b in blocks.values() if b.cap >= s.job.demand]
 
 
-def _greedy(b: _Block, demand: int) -> tuple[list[Victim], list[Victim]] | None:
+def _by_node(b: _Block, pod_gpus: int) -> list[Victim]:
+    """A whole-member block's victims in node order: per node, the cheapest victims that free
+    one pod of the largest size there; nodes by the cost of that; then the rest. GPUs freed
+    across many half-used nodes hold no pod, so the cost order alone would take far too many."""
+    heads: list[tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim]]] = []
+    tail: list[Victim] = []
+    seen: set[str] = set()
+    for name, (free, uids) in sorted(b.nodes.items()):
+        vs = sorted((b.victims[u] for u in uids), key=_victim_key)
+        k = 0
+        while k < len(vs) and free < pod_gpus:
+            free += vs[k].running.gpus.get(name, 0)
+            k += 1
+        if free >= pod_gpus and k:
+            heads.append((_set_key(name, vs[:k]), vs[:k]))
+            tail += vs[k:]
+        else:
+            tail += vs
+    order: list[Victim] = []
+    for _, vs in sorted(heads, key=lambda h: h[0]):
+        for v in vs:
+            if v.running.uid not in seen:
+                seen.add(v.running.uid)
+                order.append(v)
+    for v in sorted(tail, key=_victim_key):
+        if v.running.uid not in seen:
+            seen.add(v.running.uid)
+            order.append(v)
+    return order
+
+
+def _greedy(b: _Block, demand: int, pod_gpus: int) -> tuple[list[Victim], list[Victim]] | None:
     """(the cheapest victims that bring the block's free GPUs to ``demand``, the rest in cost
-    order), or None when even all of them would not."""
-    order = sorted(b.victims.values(), key=_victim_key)
+    order), or None when even all of them would not. A whole-member block goes node by node
+    (:func:`_by_node`)."""
+    order = _by_node(b, pod_gpus) if b.nodes else sorted(b.victims.values(), key=_victim_key)
     free = b.free
     for i, v in enumerate(order):
         free += b.freed[v.running.uid]
@@ -267,20 +306,46 @@ def _greedy(b: _Block, demand: int) -> tuple[list[Victim], list[Victim]] | None:
 
 
 def _search_block(
-    s: _Search, cluster: str, chosen: list[Victim], rest: list[Victim]
+    s: _Search, cluster: str, b: _Block, chosen: list[Victim], rest: list[Victim]
 ) -> tuple[list[Victim], Decision] | None:
-    """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring)."""
-    d = s.fits(cluster, chosen)
-    while d is None and rest and not s.spent:
-        chosen.append(rest.pop(0))
-        d = s.fits(cluster, chosen)
+    """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring).
+
+    Growing doubles the number of victims added until the job fits, then bisects back to the
+    shortest prefix of the cost order that fits (freeing more never makes a job not fit), so
+    O(log victims) what-ifs; pruning skips the what-if for a victim without which the
+    block's free GPUs would fall below the job's demand (it cannot fit, the victim stays)."""
+    order = chosen + rest
+    lo = len(chosen)  # shorter prefixes cannot reach the demand's GPU count
+    d = s.fits(cluster, order[:lo])
     if d is None:
-        return None
+        fail, step, hit = lo, 1, None
+        while hit is None and fail < len(order) and not s.spent:
+            n = min(len(order), fail + step)
+            d = s.fits(cluster, order[:n])
+            if d is None:
+                fail, step = n, step * 2
+            else:
+                hit = n
+        if hit is None:
+            return None
+        while hit - fail > 1 and not s.spent:
+            mid = (fail + hit) // 2
+            d2 = s.fits(cluster, order[:mid])
+            if d2 is None:
+                fail = mid
+            else:
+                hit, d = mid, d2
+        lo = hit
+    assert d is not None
+    chosen = order[:lo]
     # prune, most expensive first: by monotonicity one pass leaves every victim necessary
+    inside = all(b.freed[v.running.uid] == v.running.gpu_count for v in chosen)
     for v in sorted(chosen, key=_victim_key, reverse=True):
         if s.spent or len(chosen) == 1:
             break
         trial = [x for x in chosen if x is not v]
+        if inside and b.free + sum(b.freed[x.running.uid] for x in trial) < s.job.demand:
+            continue
         d2 = s.fits(cluster, trial)
         if d2 is not None:
             chosen, d = trial, d2
@@ -289,7 +354,7 @@ def _search_block(
 
 def plan_preemption(
     preemptor: Preemptor,
-    running: Iterable[Running],
+    running: Iterable[Running] | Mapping[str, Sequence[Running]],
     snapshot: FleetSnapshot,
     policy: Policy,
     now: float,
@@ -303,7 +368,8 @@ def plan_preemption(
     """The cheapest preemption that lets ``preemptor`` be placed, or why there is none.
 
     ``running``: every running or placed job (victims-to-be; jobs of any priority, the rules
-    choose). ``now``: seconds, the clock of ``started_at`` and the events. ``hold``: the
+    choose), as one iterable or already grouped by member (member -> jobs; what a caller
+    deciding often keeps, since grouping is O(running jobs)). ``now``: seconds, the clock of ``started_at`` and the events. ``hold``: the
     backfill holds of the pass (the job keeps off them in the what-if too). ``quota``: for
     reclaim and for admission once the victims are gone (None: no queues). ``gone``: the
     victims already chosen this cycle (taken off the fleet, never chosen again); ``placed``:
@@ -321,10 +387,25 @@ def plan_preemption(
     if fits.outcome == Outcome.PLACED and (quota is None or s.admitted(fits, ())):
         return NoPreemption(uid, f"fits without preemption ({fits.message})", whatifs=1)
     skip = {r.uid for r in gone} | {uid}
-    by_member: dict[str, list[Running]] = {}
-    for run in running:
-        if run.uid not in skip:
-            by_member.setdefault(run.cluster, []).append(run)
+    by_member: Mapping[str, Sequence[Running]]
+    if isinstance(running, Mapping):
+        by_member = running  # kept by member by the caller: no O(running) pass per decision
+    else:
+        grouped: dict[str, list[Running]] = {}
+        for run in running:
+            grouped.setdefault(run.cluster, []).append(run)
+        by_member = grouped
+    products = s.job.products
+    # members that could never hold the job, whatever ran there (product, taints, selector,
+    # node shapes): the fleet-wide place() above already said so, at no extra cost
+    never = {
+        r.cluster: r.reason for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"
+    }
+    # members that could never hold the job, whatever ran there (product, taints, selector,
+    # node shapes): the fleet-wide place() above already said so, at no extra cost
+    never = {
+        r.cluster: r.reason for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"
+    }
     best: tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim], Decision, str] | None
     best = None
     members: dict[str, str] = {}
@@ -332,13 +413,20 @@ def plan_preemption(
         if cluster not in snapshot.cluster_names:
             continue
         c = snapshot.cluster(cluster)
+        if products is not None and not any(p.product in products for p in c.pools.values()):
+            continue
+        if cluster in never:
+            members[cluster] = f"could never hold the job: {never[cluster]}"
+            continue
         if not c.health.ready:
             members[cluster] = "member is not Ready"
             continue
         reasons: dict[str, str] = {}
         estimates = []
-        for b in _blocks(s, c, by_member[cluster], reasons):
-            g = _greedy(b, s.job.demand)
+        runs = (r for r in by_member[cluster] if r.uid not in skip)
+        blocks = {b.key: b for b in _blocks(s, c, runs, reasons)}
+        for b in blocks.values():
+            g = _greedy(b, s.job.demand, s.job.max_gpus)
             if g is not None:
                 estimates.append((_set_key(cluster, g[0]), b.key, g))
         if not estimates:
@@ -348,10 +436,10 @@ def plan_preemption(
             continue
         estimates.sort(key=lambda e: (e[0], e[1]))
         found = None
-        for _key, _bkey, (chosen, rest) in estimates[: rules.max_blocks]:
+        for _key, bkey, (chosen, rest) in estimates[: rules.max_blocks]:
             if s.spent:
                 break
-            r = _search_block(s, cluster, list(chosen), list(rest))
+            r = _search_block(s, cluster, blocks[bkey], list(chosen), list(rest))
             if r is not None:
                 k = _set_key(cluster, r[0])
                 if found is None or k < found[0]:
