@@ -116,3 +116,29 @@ def test_cli_prints_the_preemption_keys(tmp_path: Path) -> None:
         app, ["simulate", "--fleet", str(fleet), "--trace", str(t), "--preemption", "maybe"]
     )
     assert bad.exit_code == 2
+
+
+def test_bench_placement_with_preemption_prints_both_runs() -> None:
+    out = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "placement",
+            "--clusters",
+            "2",
+            "--nodes-per-cluster",
+            "30",
+            "--decisions",
+            "40",
+            "--preemption",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output.strip())
+    assert set(result) == {"no_preemption", "with_preemption", "p99_ratio", "cpu_p99_ratio"}
+    w = result["with_preemption"]
+    # a full fleet: jobs fit only where an earlier preemption freed more than its job used
+    assert w["preempted"] > w["placed"]
+    assert w["placed"] + w["preempted"] + w["not_placed"] == 40
+    assert w["victims"] >= w["preempted"]
