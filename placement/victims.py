@@ -113,7 +113,7 @@ class _Search:
         why = preemptible(run, self.rules, self.now)
         if why is not None:
             return why
-        if _cycle_back(self.p, run, self.rules, self.now):
+        if self.p.preempted and _cycle_back(self.p, run, self.rules, self.now):
             return f"preempted {self.p.request.job} less than {self.rules.cooldown_s:.0f} s ago"
         cost = work_lost_gpu_s(run, self.now)
         if run.priority < self.p.request.priority:
@@ -224,7 +224,7 @@ def _blocks(
     for run in runs:
         if run.priority >= prio and s.quota is None:
             continue  # cheap reject before any look-up: no reclaim without queues
-        for name, gpus in sorted(run.gpus.items()):
+        for name, gpus in run.gpus.items() if len(run.gpus) == 1 else sorted(run.gpus.items()):
             n = c.nodes.get(name)
             if n is None or n.pool is None or n.pool.slices or gpus <= 0:
                 continue
