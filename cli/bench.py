@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -44,36 +45,34 @@ def placement(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
+    if preemption and queues:
+        raise typer.BadParameter("use one of --preemption and --queues at a time")
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
     if preemption:
         with_p = run_preemption_bench(clusters, nodes_per_cluster, decisions, seed)
-        base = result
-        result = {
-            "no_preemption": base,
-            "with_preemption": with_p,
-            "p99_ratio": round(with_p["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
-            "cpu_p99_ratio": (
-                round(with_p["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
-            ),
-        }
+        result = _side_by_side("preemption", result, with_p)
     if queues:
         with_q = run_placement_bench(
             clusters, nodes_per_cluster, decisions, seed, window=window, queues=queues
         )
-        base = result
-        result = {
-            "no_queues": base,
-            "with_queues": with_q,
-            "p99_ratio": round(with_q["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
-            "cpu_p99_ratio": (
-                round(with_q["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
-            ),
-        }
+        result = _side_by_side("queues", result, with_q)
     if as_json:
         typer.echo(json.dumps(result))
         return
     for key, value in result.items():
         typer.echo(f"{key:>18}: {value}")
+
+
+def _side_by_side(what: str, base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``{no_<what>, with_<what>, p99_ratio, cpu_p99_ratio}`` of two runs."""
+    return {
+        f"no_{what}": base,
+        f"with_{what}": other,
+        "p99_ratio": round(other["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
+        "cpu_p99_ratio": (
+            round(other["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
+        ),
+    }
 
 
 @app.command("e2e")

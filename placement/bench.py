@@ -43,7 +43,7 @@ from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionPlan, PreemptionRules, Preemptor, Running
 from gpufed.placement.quota import QuotaGate, build_tree
 from gpufed.placement.snapshot import FleetSnapshot
-from gpufed.placement.synthetic import synthetic_fleet, synthetic_jobs
+from gpufed.placement.synthetic import FleetShape, synthetic_fleet, synthetic_jobs
 from gpufed.placement.victims import plan_preemption
 
 
@@ -59,6 +59,34 @@ def _percentile(sorted_values: list[float], q: float) -> float:
         return 0.0
     k = max(0, min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1))))
     return sorted_values[k]
+
+
+def _timings(
+    shape: FleetShape,
+    decisions: int,
+    latencies: list[float],
+    cpu: list[float],
+    elapsed: float,
+    cpu_elapsed: float,
+) -> dict[str, Any]:
+    """The keys every placement benchmark run reports, in order (seconds in, ms out)."""
+    latencies.sort()
+    cpu.sort()
+    return {
+        "clusters": shape.clusters,
+        "nodes": shape.nodes,
+        "gpus": shape.gpus,
+        "decisions": decisions,
+        "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 4),
+        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 4),
+        "decisions_per_s": round(decisions / elapsed, 1) if elapsed > 0 else 0.0,
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 4) if latencies else 0.0,
+        # the same on this thread's CPU clock: what a loaded, shared machine does not distort
+        "cpu_p99_ms": round(_percentile(cpu, 0.99) * 1e3, 4),
+        "cpu_decisions_per_s": round(decisions / cpu_elapsed, 1) if cpu_elapsed > 0 else 0.0,
+        "max_ms": round(latencies[-1] * 1e3, 4) if latencies else 0.0,
+    }
 
 
 def run_placement_bench(
@@ -123,22 +151,8 @@ def run_placement_bench(
     elapsed = perf() - start
     cpu_elapsed = thread_time() - cpu_start
     gc.unfreeze()
-    latencies.sort()
-    cpu.sort()
     return {
-        "clusters": shape.clusters,
-        "nodes": shape.nodes,
-        "gpus": shape.gpus,
-        "decisions": decisions,
-        "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 4),
-        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 4),
-        "decisions_per_s": round(decisions / elapsed, 1) if elapsed > 0 else 0.0,
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-        "mean_ms": round(statistics.fmean(latencies) * 1e3, 4) if latencies else 0.0,
-        # the same on this thread's CPU clock: what a loaded, shared machine does not distort
-        "cpu_p99_ms": round(_percentile(cpu, 0.99) * 1e3, 4),
-        "cpu_decisions_per_s": round(decisions / cpu_elapsed, 1) if cpu_elapsed > 0 else 0.0,
-        "max_ms": round(latencies[-1] * 1e3, 4) if latencies else 0.0,
+        **_timings(shape, decisions, latencies, cpu, elapsed, cpu_elapsed),
         "placed": outcomes[Outcome.PLACED.value],
         "unschedulable": outcomes[Outcome.UNSCHEDULABLE.value],
         "rejected": outcomes[Outcome.REJECTED.value],
@@ -271,26 +285,14 @@ def run_preemption_bench(
             outcomes["not_placed"] += 1
     elapsed, cpu_elapsed = perf() - start, thread_time() - cpu_start
     gc.unfreeze()
-    latencies.sort()
-    cpu.sort()
     whatifs.sort()
     return {
-        "clusters": shape.clusters,
-        "nodes": shape.nodes,
-        "gpus": shape.gpus,
-        "decisions": decisions,
-        "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 4),
-        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 4),
-        "decisions_per_s": round(decisions / elapsed, 1) if elapsed > 0 else 0.0,
-        "cpu_p99_ms": round(_percentile(cpu, 0.99) * 1e3, 4),
-        "cpu_decisions_per_s": round(decisions / cpu_elapsed, 1) if cpu_elapsed > 0 else 0.0,
-        "max_ms": round(latencies[-1] * 1e3, 4) if latencies else 0.0,
+        **_timings(shape, decisions, latencies, cpu, elapsed, cpu_elapsed),
         **outcomes,
         "victims": victims,
         "whatifs_p50": _percentile([float(w) for w in whatifs], 0.5),
         "whatifs_max": whatifs[-1] if whatifs else 0,
         "build_s": round(t1 - t0, 3),
-        "peak_rss_mib": round(peak_rss_mib(), 1),
         "seed": seed,
     }
 
