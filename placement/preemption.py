@@ -40,7 +40,8 @@ class PreemptionRules(BaseModel):
     preempted again. ``cooldown_s``: a job preempted less than this long ago may not preempt
     the job that preempted it (no cycles). ``reclaim``: a queue within its nominal may preempt
     other queues' borrowing jobs whatever their priority. ``max_blocks``: blocks (NVLink
-    domains, racks, blocks, members) searched per member; ``max_whatifs``: what-if
+    domains, racks, blocks, members) searched per decision, the cheapest by estimate over the
+    whole fleet; ``max_whatifs``: what-if
     placements per decision.
     """
 

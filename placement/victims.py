@@ -18,7 +18,8 @@ it fits without preemption.
 product the job accepts; they are filed by the block the job must sit in (its NVLink domain
 for a one-pod or ``nvlink: Required`` job, else its rack / block when required, else the whole
 member); per block the cheapest victims are counted in until the block's free GPUs reach the
-job's demand, blocks are ordered by that estimate and at most ``max_blocks`` are tried; in each
+job's demand, the blocks of the whole fleet are ordered by that estimate and the
+``max_blocks`` cheapest are tried; in each
 the greedy set grows until the what-if places the job, then every victim whose removal still
 lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
 pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
@@ -33,6 +34,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.placement.engine import place
@@ -409,6 +411,7 @@ def plan_preemption(
     best: tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim], Decision, str] | None
     best = None
     members: dict[str, str] = {}
+    everywhere: list[tuple[Any, str, str, tuple[list[Victim], list[Victim]], _Block]] = []
     for cluster in sorted(by_member):
         if cluster not in snapshot.cluster_names:
             continue
@@ -424,7 +427,10 @@ def plan_preemption(
         reasons: dict[str, str] = {}
         estimates = []
         runs = (r for r in by_member[cluster] if r.uid not in skip)
-        blocks = {b.key: b for b in _blocks(s, c, runs, reasons)}
+        # free GPUs as the cycle's earlier plans leave them (not nested in a what-if: freeing
+        # a victim twice would take its GPUs off twice)
+        with freed(snapshot, s.gone, placed, now):
+            blocks = {b.key: b for b in _blocks(s, c, runs, reasons)}
         for b in blocks.values():
             g = _greedy(b, s.job.demand, s.job.max_gpus)
             if g is not None:
@@ -434,22 +440,23 @@ def plan_preemption(
                 f" ({len(reasons)} running jobs not eligible)" if reasons else ""
             )
             continue
-        estimates.sort(key=lambda e: (e[0], e[1]))
-        found = None
-        for _key, bkey, (chosen, rest) in estimates[: rules.max_blocks]:
-            if s.spent:
-                break
-            r = _search_block(s, cluster, blocks[bkey], list(chosen), list(rest))
-            if r is not None:
-                k = _set_key(cluster, r[0])
-                if found is None or k < found[0]:
-                    found = (k, r[0], r[1])
-        if found is None:
-            members[cluster] = "the job does not fit even with the candidate victims gone"
+        for key, bkey, g in estimates:
+            everywhere.append((key, bkey, cluster, g, blocks[bkey]))
+        members[cluster] = "not searched: cheaper blocks elsewhere"
+    # the cheapest blocks of the whole fleet by their estimate, at most max_blocks of them
+    everywhere.sort(key=lambda e: (e[0], e[1]))
+    for _key, _bkey, cluster, (chosen, rest), block in everywhere[: rules.max_blocks]:
+        if s.spent:
+            break
+        r = _search_block(s, cluster, block, list(chosen), list(rest))
+        if r is None:
+            if not members[cluster].endswith("lost"):
+                members[cluster] = "the job does not fit even with the candidate victims gone"
             continue
-        members[cluster] = f"{len(found[1])} victims, {found[0][1]:.0f} GPU-s lost"
-        if best is None or found[0] < best[0]:
-            best = (found[0], found[1], found[2], cluster)
+        k = _set_key(cluster, r[0])
+        members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
+        if best is None or k < best[0]:
+            best = (k, r[0], r[1], cluster)
     if best is None:
         reason = "no member can place the job by preempting lower-priority or borrowing jobs"
         if s.spent:

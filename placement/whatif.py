@@ -86,14 +86,17 @@ def freed(
 ) -> Iterator[None]:
     """Within the block, ``victims`` are gone from ``snapshot`` and ``placed`` decisions are
     reserved (the GPUs freed for earlier preemptors of a cycle stay theirs); everything is put
-    back on exit. Victims in members or on nodes the snapshot lacks are skipped."""
+    back on exit. Victims in members or on nodes the snapshot lacks are skipped. Do not nest
+    two blocks over the same victims (the inner one would free them again)."""
     undo_nodes: list[tuple[str, NodeInventory]] = []
     undo_res: list[Reservation] = []
     reserved: list[str] = []
+    seen: set[str] = set()
     try:
         for v in victims:
-            if v.cluster not in snapshot.cluster_names:
-                continue
+            if v.uid in seen or v.cluster not in snapshot.cluster_names:
+                continue  # a victim named twice is freed once
+            seen.add(v.uid)
             res = snapshot.reservation(v.uid)
             if res is not None:
                 snapshot.release(v.uid)
