@@ -403,11 +403,6 @@ def plan_preemption(
     never = {
         r.cluster: r.reason for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"
     }
-    # members that could never hold the job, whatever ran there (product, taints, selector,
-    # node shapes): the fleet-wide place() above already said so, at no extra cost
-    never = {
-        r.cluster: r.reason for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"
-    }
     best: tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim], Decision, str] | None
     best = None
     members: dict[str, str] = {}
@@ -445,16 +440,19 @@ def plan_preemption(
         members[cluster] = "not searched: cheaper blocks elsewhere"
     # the cheapest blocks of the whole fleet by their estimate, at most max_blocks of them
     everywhere.sort(key=lambda e: (e[0], e[1]))
+    found: dict[str, tuple[int, float, int, str, tuple[str, ...]]] = {}
     for _key, _bkey, cluster, (chosen, rest), block in everywhere[: rules.max_blocks]:
         if s.spent:
             break
         r = _search_block(s, cluster, block, list(chosen), list(rest))
         if r is None:
-            if not members[cluster].endswith("lost"):
+            if cluster not in found:
                 members[cluster] = "the job does not fit even with the candidate victims gone"
             continue
         k = _set_key(cluster, r[0])
-        members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
+        if cluster not in found or k < found[cluster]:
+            found[cluster] = k
+            members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
         if best is None or k < best[0]:
             best = (k, r[0], r[1], cluster)
     if best is None:
