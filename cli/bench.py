@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from gpufed.placement.bench import run_placement_bench
+from gpufed.placement.bench import run_placement_bench, run_preemption_bench
 
 app = typer.Typer(help="Benchmarks that print one JSON line.", no_args_is_help=True)
 
@@ -34,28 +35,44 @@ def placement(
         help="Also run with a tree of N queues admitting by quota; prints both runs side by "
         "side (no_queues, with_queues) and the p99 ratio.",
     ),
+    preemption: bool = typer.Option(
+        False,
+        "--preemption",
+        help="Also run a full fleet (every GPU running a low-priority job) and a stream of "
+        "higher-priority jobs, each decision place() then plan_preemption(); prints both "
+        "runs side by side (no_preemption, with_preemption) and the p99 ratio.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
+    if preemption and queues:
+        raise typer.BadParameter("use one of --preemption and --queues at a time")
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
+    if preemption:
+        with_p = run_preemption_bench(clusters, nodes_per_cluster, decisions, seed)
+        result = _side_by_side("preemption", result, with_p)
     if queues:
         with_q = run_placement_bench(
             clusters, nodes_per_cluster, decisions, seed, window=window, queues=queues
         )
-        base = result
-        result = {
-            "no_queues": base,
-            "with_queues": with_q,
-            "p99_ratio": round(with_q["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
-            "cpu_p99_ratio": (
-                round(with_q["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
-            ),
-        }
+        result = _side_by_side("queues", result, with_q)
     if as_json:
         typer.echo(json.dumps(result))
         return
     for key, value in result.items():
         typer.echo(f"{key:>18}: {value}")
+
+
+def _side_by_side(what: str, base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``{no_<what>, with_<what>, p99_ratio, cpu_p99_ratio}`` of two runs."""
+    return {
+        f"no_{what}": base,
+        f"with_{what}": other,
+        "p99_ratio": round(other["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None,
+        "cpu_p99_ratio": (
+            round(other["cpu_p99_ms"] / base["cpu_p99_ms"], 3) if base["cpu_p99_ms"] else None
+        ),
+    }
 
 
 @app.command("e2e")

@@ -10,6 +10,8 @@ import typer
 
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import QueueFileError, load_queues
+from gpufed.placement.priomix import load_mix
+from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
 from gpufed.placement.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
@@ -56,6 +58,24 @@ def simulate_command(
     half_life: float = typer.Option(
         86_400.0, "--half-life", min=1, help="Half-life of decayed usage, seconds (fair share)."
     ),
+    preemption: str | None = typer.Option(
+        None,
+        "--preemption",
+        help="on: waiting jobs preempt lower-priority (or borrowing) running jobs; off: no "
+        "preemption. Either adds preemptions, gpu_hours_lost and wait_p95_s_by_priority.",
+    ),
+    victims: str = typer.Option(
+        "gpufed",
+        "--victims",
+        help=f"With --preemption on: the victim rule, {' or '.join(VICTIM_RULES)} (the "
+        "topology-blind baseline).",
+    ),
+    priority_mix: str | None = typer.Option(
+        None,
+        "--priority-mix",
+        help="builtin, or a JSON file: set each job's priority and checkpoint interval from "
+        'the trace (docs/placement.md, "Preemption").',
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only."),
 ) -> None:
     """Replay TRACE on FLEET in simulated time until every job has finished."""
@@ -67,11 +87,17 @@ def simulate_command(
         )
     if member_fit not in ("spread", "pack"):
         raise typer.BadParameter("use spread or pack", param_hint="--member-fit")
+    if preemption not in (None, "on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--preemption")
+    if victims not in VICTIM_RULES:
+        raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
     try:
         members = load_fleet(fleet)
         jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
         queue_objs = load_queues(queues) if queues is not None else None
-    except (FleetError, TraceError, QueueFileError, OSError) as exc:
+        if priority_mix is not None:
+            jobs = load_mix(priority_mix).apply(jobs)
+    except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
     t0 = time.perf_counter()
@@ -85,6 +111,11 @@ def simulate_command(
             queues=queue_objs,
             quota_mode=quota_mode,  # type: ignore[arg-type]
             half_life_s=half_life,
+            preemption=(
+                SimPreemption(on=preemption == "on", victims=victims)
+                if preemption is not None
+                else None
+            ),
         )
     except ValueError as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
@@ -94,8 +125,9 @@ def simulate_command(
         typer.echo(json.dumps(result.as_json()))
         return
     for key, value in result.as_json().items():
-        if key == "queues":
+        if key == "queues" or key == "wait_p95_s_by_priority":
             for name, row in value.items():
-                typer.echo(f"{'queue ' + name:>30}: {json.dumps(row)}")
+                label = ("queue " if key == "queues" else "wait p95 s, priority ") + name
+                typer.echo(f"{label:>30}: {json.dumps(row)}")
             continue
         typer.echo(f"{key:>30}: {value}")

@@ -50,6 +50,11 @@ class Ledger:
     def __contains__(self, job_uid: str) -> bool:
         return job_uid in self._entries
 
+    def get(self, job_uid: str) -> Reservation | None:
+        """A job's entry (None when there is none)."""
+        entry = self._entries.get(job_uid)
+        return entry.res if entry is not None else None
+
     # --- entries --------------------------------------------------------------------------------
     def add(self, res: Reservation) -> None:
         """File a new entry (the caller has released any previous one of the same job)."""

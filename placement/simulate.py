@@ -56,8 +56,10 @@ from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.fit import fill
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
+from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
 from gpufed.placement.shape import JobShape
+from gpufed.placement.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.simquota import QueueSim
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.trace import TraceError, TraceJob, read_trace
@@ -117,6 +119,8 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the keys ``--queues`` adds (:meth:`.simquota.QueueSim.metrics`), after the others
     queue_metrics: dict[str, Any] | None = None
+    #: the keys ``--preemption`` adds (:meth:`.simpreempt.SimPreemption.metrics`), last
+    preemption_metrics: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
@@ -133,6 +137,7 @@ class SimResult:
             "stranded": self.stranded,
             "runtime_s": round(self.runtime_s, 2),
             **(self.queue_metrics or {}),
+            **(self.preemption_metrics or {}),
         }
 
 
@@ -157,10 +162,20 @@ class _Run:
     job: TraceJob
     request: PlacementRequest
     key: Any
-    start: float = _NEVER
+    start: float = _NEVER  # the first start (waits are to it)
     end: float = _NEVER
     cluster: str | None = None
     single_domain: bool = True
+    # preemption: seconds of work left, when the current run began, earlier runs, events
+    remaining: float = 0.0
+    seg_start: float = _NEVER
+    segments: list[tuple[float, float]] = field(default_factory=list)
+    preempted: list[PreemptionEvent] = field(default_factory=list)
+
+    def ran(self, until: float) -> float:
+        """Seconds run before ``until``, every run counted (lost work included)."""
+        segs = [*self.segments, (self.seg_start, self.end)]
+        return sum(max(0.0, min(e, until) - s) for s, e in segs if s < until)
 
 
 class _Sim:
@@ -168,11 +183,12 @@ class _Sim:
 
     def __init__(self, members: list[MemberClusterState], jobs: list[TraceJob]) -> None:
         self.snapshot = FleetSnapshot(members)
-        self.runs = [_Run(j, r := request_of(j), fit_key(r)) for j in jobs]
+        self.runs = [_Run(j, r := request_of(j), fit_key(r), remaining=j.duration_s) for j in jobs]
         self.by_uid = {run.request.uid: run for run in self.runs}
         self.events: list[tuple[float, int, int, str]] = []  # (time, 0=finish/1=arrival, seq, uid)
         self.seq = 0
         self.stranded = 0
+        self.live: dict[str, _Run] = {}
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
         self.fleet_gpus = sum(
@@ -188,9 +204,11 @@ class _Sim:
 
     def start(self, run: _Run, decision: Decision, now: float) -> None:
         self.snapshot.reserve(decision, now, ttl_s=1e18)
-        run.start = now
-        run.end = now + run.job.duration_s
+        run.start = min(run.start, now)
+        run.seg_start = now
+        run.end = now + run.remaining
         run.cluster = decision.cluster
+        self.live[run.request.uid] = run
         if run.job.topology == "Required" and run.job.pods > 1 and decision.cluster:
             domains = {
                 self.snapshot.node(decision.cluster, n).nvlink_domain
@@ -210,9 +228,7 @@ class _Sim:
         # GPU-hours under every policy and would only dilute the difference
         t_last = max((r.job.submit_s for r in self.runs), default=t0)
         window_end = t_last if t_last > t0 else t_end
-        busy = sum(
-            r.job.gpus * (min(r.end, window_end) - r.start) for r in started if r.start < window_end
-        )
+        busy = sum(r.job.gpus * r.ran(window_end) for r in started)
         span = max(window_end - t0, 1e-9)
         nvl = [r for r in started if r.job.topology == "Required" and r.job.pods > 1]
         return SimResult(
@@ -231,6 +247,16 @@ class _Sim:
             extra={"end_s": t_end, "fleet_gpus": self.fleet_gpus},
         )
 
+    def by_priority(self) -> dict[str, float]:
+        """Priority (as a string) -> p95 wait of its started jobs, seconds; high first."""
+        waits: dict[int, list[float]] = {}
+        for r in self.runs:
+            if r.start < _NEVER:
+                waits.setdefault(r.request.priority, []).append(r.start - r.job.submit_s)
+        return {
+            str(p): round(_pct(sorted(w), 0.95), 1) for p, w in sorted(waits.items(), reverse=True)
+        }
+
     def per_queue(self, qs: QueueSim, end: float) -> dict[str, dict[str, Any]]:
         """Per queue: jobs, mean wait of those started, GPU-hours run up to ``end``."""
         rows: dict[str, dict[str, Any]] = {}
@@ -241,7 +267,7 @@ class _Sim:
             row["jobs"] += 1
             if r.start < _NEVER:
                 waits.setdefault(q, []).append(r.start - r.job.submit_s)
-                row["gpu_hours"] += r.job.gpus * (min(r.end, end) - r.start) / 3600.0
+                row["gpu_hours"] += r.job.gpus * r.ran(end) / 3600.0
         for q, row in rows.items():
             w = waits.get(q, [])
             row["wait_mean_s"] = round(sum(w) / len(w), 1) if w else 0.0
@@ -267,6 +293,7 @@ def simulate(
     queues: Sequence[GPUQueue] | None = None,
     quota_mode: Literal["enforce", "none"] = "enforce",
     half_life_s: float = DEFAULT_HALF_LIFE_S,
+    preemption: SimPreemption | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
@@ -275,6 +302,10 @@ def simulate(
     are admitted by quota and ordered by fair share (decayed usage, ``half_life_s``), with
     ``none`` only accounted (:mod:`.simquota`). Raises ``ValueError`` for an unknown policy or
     quota mode, queues with a baseline policy, and broken queues (naming each).
+    ``preemption``: None (the JSON keys stay as before), or on/off with its victim rule
+    (:class:`~gpufed.placement.simpreempt.SimPreemption`; policy ``gpufed`` only): waiting jobs
+    preempt after each pass, victims return to the queue and redo their lost work; the JSON
+    adds ``preemptions``, ``gpu_hours_lost``, ``wait_p95_s_by_priority``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
@@ -282,15 +313,23 @@ def simulate(
         raise ValueError(f"quota_mode: {quota_mode!r} is not enforce or none")
     if queues and policy != "gpufed":
         raise ValueError(f"queues: only the gpufed policy admits by queue, not {policy}")
+    if preemption is not None and preemption.on and policy != "gpufed":
+        raise ValueError(f"preemption: only the gpufed policy preempts, not {policy}")
     sim = _Sim(members, jobs)
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
     horizon = last_arrival + horizon_s
     qs = QueueSim.of(queues, quota_mode == "enforce", half_life_s) if queues else None
     if policy == "gpufed":
-        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule(), qs)
+        pre = preemption if preemption is not None and preemption.on else None
+        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule(), qs, pre)
     else:
         _run_baseline(sim, horizon, policy, member_fit)
     result = sim.result(policy, horizon)
+    if preemption is not None:
+        result.preemption_metrics = {
+            **preemption.metrics(),
+            "wait_p95_s_by_priority": sim.by_priority(),
+        }
     if qs is not None:
         result.queue_metrics = qs.metrics(sim.per_queue(qs, result.extra["end_s"]))
     return result
@@ -310,7 +349,12 @@ def _drain(sim: _Sim, horizon: float) -> Iterable[tuple[float, list[str], list[s
 
 
 def _run_gpufed(
-    sim: _Sim, horizon: float, policy: Policy, rule: BackfillRule, qs: QueueSim | None = None
+    sim: _Sim,
+    horizon: float,
+    policy: Policy,
+    rule: BackfillRule,
+    qs: QueueSim | None = None,
+    pre: SimPreemption | None = None,
 ) -> None:
     pending: dict[str, _Run] = {}
     snapshot = sim.snapshot
@@ -342,6 +386,9 @@ def _run_gpufed(
         if qs is not None:
             qs.sample_until(now)
         for uid in finished:
+            if sim.by_uid[uid].end != now:
+                continue  # the run was preempted: its finish is void
+            sim.live.pop(uid, None)
             snapshot.release(uid)
             if qs is not None:
                 qs.finish(sim.by_uid[uid].request)
@@ -363,6 +410,8 @@ def _run_gpufed(
             record_skipped=False,
             key_of=key_of,
         )
+        if pre is not None and pending:
+            preempt_after_pass(sim, pending, now, policy, qs, pre)
         if qs is not None:
             qs.after_pass()
 

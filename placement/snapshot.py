@@ -270,6 +270,10 @@ class FleetSnapshot:
         """Entries whose pods the member already reports in full (safe to release)."""
         return self._ledger.settled()
 
+    def reservation(self, job_uid: str) -> Reservation | None:
+        """One job's ledger entry, or None (O(1))."""
+        return self._ledger.get(job_uid)
+
     def reservations(self) -> list[Reservation]:
         """Every ledger entry, by job UID."""
         return self._ledger.all()

@@ -38,6 +38,8 @@ class TraceJob:
     gpu_product: str | None = None
     queue: str = "default"
     priority: int = 0
+    #: checkpoint interval, seconds (None: the job does not checkpoint)
+    checkpoint_s: float | None = None
 
     @property
     def pods(self) -> int:
@@ -72,7 +74,7 @@ def read_trace(
                 raise TraceError(
                     f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
                     "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
-                    "queue,priority)"
+                    "queue,priority,checkpoint_s)"
                 )
             for row in reader:
                 line = reader.line_num
@@ -149,4 +151,18 @@ def _row(
         priority=(
             _number(where, line, row, "priority", int) if (row.get("priority") or "").strip() else 0
         ),
+        checkpoint_s=_checkpoint(where, line, row),
     )
+
+
+def _checkpoint(where: str, line: int, row: Mapping[str, str]) -> float | None:
+    """The optional ``checkpoint_s`` column: an interval > 0, or empty for none."""
+    if not (row.get("checkpoint_s") or "").strip():
+        return None
+    value: float = _number(where, line, row, "checkpoint_s", float)
+    if value <= 0:
+        raise TraceError(
+            f"{where} line {line}: checkpoint_s: must be > 0 (leave it empty for a job that "
+            "does not checkpoint)"
+        )
+    return value
