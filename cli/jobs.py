@@ -68,7 +68,9 @@ class _Kube:
 
         try:
             hub = kube.connect(kubeconfig, context)
-        except (KubeconfigError, config.ConfigException, OSError) as exc:
+        except KubeconfigError as exc:  # its message names the kubeconfig and the fix
+            _fail(str(exc))
+        except (config.ConfigException, OSError) as exc:
             _fail(f"kubeconfig: {exc}")
         self.server = hub.server
         self.api = hub.api

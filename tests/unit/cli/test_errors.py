@@ -47,11 +47,21 @@ def test_a_missing_kubeconfig_is_one_line_with_the_fix(
     assert "no such file (fix: check the path)" in one_error_line(out)
 
 
-@pytest.mark.parametrize("args", [("hub", "install"), ("hub", "join", "m1"), ("get", "gpus")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("hub", "install"),
+        ("hub", "join", "m1"),
+        ("get", "gpus"),
+        ("get", "queues"),
+        ("get", "jobs"),
+    ],
+)
 def test_no_kubeconfig_anywhere_names_every_place_looked(args: tuple[str, ...]) -> None:
     code, out = run(*args)
     assert code == 1
     line = one_error_line(out)
+    assert line.startswith("error: no kubeconfig: ")  # said once, not "kubeconfig: no kubeconfig"
     assert "$KUBECONFIG unset" in line
     assert "fix: pass --kubeconfig" in line
 
