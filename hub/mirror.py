@@ -253,9 +253,10 @@ class Mirror:
 
     async def _write_member_status(self, name: str, payload: Any) -> None:
         kube = self._term.kube
-        await self._write_cluster_status(
+        if await self._write_cluster_status(
             "member", name, payload, self._member_rvs, kube.get_member, kube.patch_member_status
-        )
+        ):  # the watch's views so far predate this write
+            self._member_written_at[name] = self._member_views.get(name, (0, None))[0]
 
     # --- GPUQueues -------------------------------------------------------------------------------
 
@@ -282,21 +283,20 @@ class Mirror:
         rvs: dict[str, str],
         read: Callable[[str], Awaitable[dict[str, Any] | None]],
         patch: Callable[[str, dict[str, Any], str], Awaitable[str]],
-    ) -> None:
+    ) -> bool:
         """One fenced status write of a cluster-scoped object at the resourceVersion our last
-        write returned (read first on the term's first write or after a conflict)."""
+        write returned (read first on the term's first write or after a conflict). False when
+        the object is gone (nothing written); a failed write raises."""
         rv = rvs.get(name)
         if rv is None:  # first write of the term, or the last one conflicted
             self._fence(kind)
             fresh = await read(name)
             if fresh is None:
-                return  # gone: its DELETED event forgets it
+                return False  # gone: its DELETED event forgets it
             rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
         try:
             self._term.check_fence()
             rvs[name] = await patch(name, payload, rv)
-            if kind == "member":
-                self._member_written_at[name] = self._member_views.get(name, (0, None))[0]
         except Exception as exc:
             rvs.pop(name, None)
             result = _result_of(exc)
@@ -304,6 +304,7 @@ class Mirror:
                 self._term.metrics.status_writes.labels(kind, result).inc()
             raise
         self._term.metrics.status_writes.labels(kind, "ok").inc()
+        return True
 
     def _fence(self, kind: str) -> None:
         try:
