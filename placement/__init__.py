@@ -16,7 +16,8 @@ See docs/placement.md.
 
 from __future__ import annotations
 
-from gpufed.placement.engine import explain, hold_for, place
+from gpufed.placement.engine import explain, place
+from gpufed.placement.holds import hold_for
 from gpufed.placement.plugins import Code, Status, plugins_for
 from gpufed.placement.policy import Policy, ScoreWeights
 from gpufed.placement.preemptcycle import PreemptionCycle

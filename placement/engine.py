@@ -38,12 +38,11 @@ from gpufed.api.decision import (
     PodSetAssignment,
     RejectionCode,
 )
-from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.fit import Plan
-from gpufed.placement.index import NodeState, PoolState
+from gpufed.placement.index import PoolState
 from gpufed.placement.member import ClusterState
-from gpufed.placement.memo import PlacementMemo, PoolMemo
+from gpufed.placement.memo import PlacementMemo
 from gpufed.placement.plugins import (
     Code,
     Plugins,
@@ -55,7 +54,7 @@ from gpufed.placement.plugins import (
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
 from gpufed.placement.quota import QUOTA_PLUGIN, JobQuota
-from gpufed.placement.shape import JobShape, PodSetShape
+from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
 
 #: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
@@ -85,7 +84,7 @@ Candidate = tuple[ClusterState, PoolState | None]
 Failure = tuple[str, Status, PoolState | None]
 
 
-class _Static:
+class StaticCandidates:
     """Memoised result of the static filters for one job-constraint key."""
 
     __slots__ = ("candidates", "failures")
@@ -121,7 +120,7 @@ def place(
     plugins = plugins_for(policy)
     # 2. static filters (memoised)
     memo = snapshot.memo
-    static = _static(job, snapshot, plugins)
+    static = static_candidates(job, snapshot, plugins)
     # 3. dynamic bound, memoised plans, ordering
     dyn = plugins.dynamic_pool_filters
     scorers = plugins.scorers
@@ -255,129 +254,6 @@ def explain(
     return place(request, snapshot, policy, now, explain=True)
 
 
-def hold_for(
-    request: PlacementRequest,
-    snapshot: FleetSnapshot,
-    policy: Policy,
-    quota: JobQuota | None = None,
-) -> Hold | None:
-    """The nodes a starving job should hold (:mod:`.queue`), or None.
-
-    ``quota``: the job's ``Quota`` filter; pools of a product its queue cannot admit now are
-    never held (the job could not use them once drained, and holding them would only keep
-    other queues' jobs off them).
-
-    Among pools that pass the static filters and could ever hold the job: for a job that must
-    sit in one NVLink domain (one pod, or ``nvlink: Required``), rack or block, the group of
-    that level whose nodes could hold it when drained and that has the most free GPUs now (an
-    HGX node is its own domain); otherwise the nodes with the most free GPUs, as many as the
-    job needs when they are empty. The member where those nodes have the most free GPUs wins
-    (ties by name). A job without GPU pods holds its whole member. "Could hold it when
-    drained" reads each node's allocatable and labels: only nodes the pods' nodeSelector
-    allows count, and a job that no drained node could take (None) holds nothing, since
-    holding would then block later jobs forever.
-    """
-    job = JobShape.of(request)
-    static = _static(job, snapshot, plugins_for(policy))
-    best: tuple[int, str, frozenset[str]] | None = None
-    for c, pool in static.candidates:
-        if never_reason(job, c, pool, _pool_memo(snapshot.memo, pool)) is not None:
-            continue
-        if quota is not None and pool is not None and not quota.status(pool.product).ok:
-            continue
-        if pool is None:
-            found: tuple[int, frozenset[str]] | None = (
-                (0, frozenset()) if _drained_fits_other(job, c) else None
-            )
-        else:
-            found = _nodes_to_hold(job, pool)
-        if found is None:
-            continue
-        if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
-            best = (found[0], c.name, found[1])
-    if best is None:
-        return None
-    return Hold(best[1], best[2], f"held for {request.job}")
-
-
-def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]] | None:
-    """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``."""
-    level = next(
-        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
-        "nvlink" if job.gpu_pods == 1 else None,
-    )
-    if level is not None and not pool.slices:
-        best: tuple[int, str, list[str]] | None = None
-        if level == "nvlink" and pool.single_count:
-            for n in pool.iter_nodes_descending(1):
-                if n.domain is None and _drained_fits(job, [n]):
-                    best = (n.gpu_free, n.name, [n.name])
-                    break
-        groups = pool.groups[level]
-        for g in sorted(groups.values(), key=lambda g: (-g.free, g.key)):
-            if best is not None and g.free <= best[0]:
-                break
-            if _drained_fits(job, list(g.nodes.values())):
-                best = (g.free, g.key, sorted(g.nodes))
-                break
-        return (best[0], frozenset(best[2])) if best is not None else None
-    chosen: list[NodeState] = []
-    free = 0
-    slots = 0
-    big = job.gpu_sets[0]  # the largest pods
-    for f in range(len(pool.buckets) - 1, -1, -1):
-        for entry in pool.buckets[f]:
-            n = entry[2]
-            k = _drained_slots(big, n)
-            if k <= 0:
-                continue
-            chosen.append(n)
-            free += f
-            slots += k
-            if slots >= job.gpu_pods and _drained_fits(job, chosen):
-                return free, frozenset(x.name for x in chosen)
-    return None
-
-
-def _drained_slots(s: PodSetShape, n: NodeState) -> int:
-    """Pods of ``s`` that node ``n`` holds once empty: its allocatable GPUs and other
-    resources, if it offers capacity and its labels match the pod set's nodeSelector."""
-    if not n.offers:
-        return 0
-    labels = n.inv.labels
-    if any(labels.get(k) != v for k, v in s.selector):
-        return 0
-    alloc = n.inv.allocatable
-    k = n.gpu_alloc // s.gpus if s.gpus else 10**9
-    for r, a in s.other:
-        k = min(k, alloc.get(r, 0) // a)
-    return k
-
-
-def _drained_fits(job: JobShape, nodes: list[NodeState]) -> bool:
-    """Whether ``nodes``, once empty, hold every GPU pod of ``job`` (allocatable only)."""
-    for s in job.gpu_sets:
-        if sum(_drained_slots(s, n) for n in nodes) < s.count:
-            return False
-    return sum(n.gpu_alloc for n in nodes if n.offers) >= job.demand
-
-
-def _drained_fits_other(job: JobShape, c: ClusterState) -> bool:
-    """Whether member ``c``, once empty, holds every pod of a job without GPU pods (nodes
-    whose taints the pods tolerate and whose labels match their nodeSelector)."""
-    for s in job.other_sets:
-        slots = 0
-        for n in c.nodes.values():
-            if n.inv.taints and not tolerates_all(s.tolerations, n.inv.taints):
-                continue
-            slots += _drained_slots(s, n)
-            if slots >= s.count:
-                break
-        else:
-            return False
-    return True
-
-
 def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
     """Keep, per member, the failure from the latest stage (its most telling reason)."""
     prev = into.get(cluster)
@@ -385,15 +261,14 @@ def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
         into[cluster] = failure
 
 
-def _pool_memo(memo: PlacementMemo, pool: PoolState | None) -> PoolMemo | None:
-    return memo.pool(pool) if pool is not None else None
-
-
-def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static:
+def static_candidates(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> StaticCandidates:
+    """The members and pools that pass the static filters for ``job`` (and why the others do
+    not), memoised per job-constraint key and fleet generation (``place()`` and
+    :func:`gpufed.placement.holds.hold_for` share it)."""
     memo = snapshot.memo
     key = (job.static_key, id(plugins))
     hit = memo.recall(snapshot.generation, key)
-    if isinstance(hit, _Static):
+    if isinstance(hit, StaticCandidates):
         return hit
     candidates: list[Candidate] = []
     failures: dict[str, Failure] = {}
@@ -432,7 +307,7 @@ def _static(job: JobShape, snapshot: FleetSnapshot, plugins: Plugins) -> _Static
             )
         elif found:
             failures.pop(c.name, None)
-    result = _Static(candidates, failures)
+    result = StaticCandidates(candidates, failures)
     memo.remember(snapshot.generation, key, result)
     return result
 

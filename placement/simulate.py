@@ -51,9 +51,10 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.queue import GPUQueue
 from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
-from gpufed.placement.engine import hold_for, place
+from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.fit import fill
+from gpufed.placement.holds import hold_for
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
