@@ -50,18 +50,29 @@ JSON_PATCH = "application/json-patch+json"
 DECODE_RECURSION_LIMIT = 12_000
 
 
+#: How many :func:`deep_decoding` blocks are open now, and the limit to restore after the last.
+_deep = {"open": 0, "saved": 0}
+
+
 @contextlib.contextmanager
 def deep_decoding() -> Iterator[None]:
-    """Raise the recursion limit to :data:`DECODE_RECURSION_LIMIT` while a reply is decoded."""
-    old = sys.getrecursionlimit()
-    if old >= DECODE_RECURSION_LIMIT:
-        yield
-        return
-    sys.setrecursionlimit(DECODE_RECURSION_LIMIT)
+    """Raise the recursion limit to :data:`DECODE_RECURSION_LIMIT` while a reply is decoded.
+
+    The limit is process-wide and blocks overlap (coroutines await inside them): it is
+    restored only when the last open block ends, so one coroutine leaving never lowers it
+    under another one still decoding.
+    """
+    if _deep["open"] == 0:
+        _deep["saved"] = sys.getrecursionlimit()
+        if _deep["saved"] < DECODE_RECURSION_LIMIT:
+            sys.setrecursionlimit(DECODE_RECURSION_LIMIT)
+    _deep["open"] += 1
     try:
         yield
     finally:
-        sys.setrecursionlimit(old)
+        _deep["open"] -= 1
+        if _deep["open"] == 0 and _deep["saved"] < DECODE_RECURSION_LIMIT:
+            sys.setrecursionlimit(_deep["saved"])
 
 
 class _DictWatch(watch.Watch):
