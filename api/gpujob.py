@@ -308,6 +308,8 @@ class GPUJobStatus(CRDModel):
     lost or restored its etcd state can tell which of its record and this status is newer
     (docs/design.md §7 item 7). ``lastCheckpointTime``: the latest checkpoint the job
     reported in its member (annotation ``gpufed.io/last-checkpoint``, forwarded by the agent).
+    ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
+    for a higher-priority job; condition ``Preempted``); each returned it to Pending.
     Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
@@ -330,6 +332,7 @@ class GPUJobStatus(CRDModel):
     start_time: DateTime | None = None
     completion_time: DateTime | None = None
     last_checkpoint_time: DateTime | None = None
+    preemptions: int | None = Field(default=None, ge=0)
     timings: Timings | None = None
     observed_generation: int | None = None
 

@@ -40,6 +40,7 @@ from gpufed.hub.mirror import Mirror
 from gpufed.hub.priorities import PriorityClasses
 from gpufed.hub.queues import Queues
 from gpufed.hub.records import JobRecord, WorkRecord
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.state import JobState, WorkState
 from gpufed.hub.store import ConflictError
@@ -76,8 +77,10 @@ class Scheduler:
         mirror: Mirror,
         queues: Queues,
         priorities: PriorityClasses,
+        requeue: Requeue,
     ) -> None:
         self._term = term
+        self._requeue = requeue
         self._queues = queues
         self._priorities = priorities
         self._snapshot = snapshot
