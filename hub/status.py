@@ -38,6 +38,7 @@ from gpufed.api.gpujob import (
     PlacementStatus,
     PodIssueStatus,
     PodSetPlacement,
+    PreemptionStatus,
     StatusCondition,
     Timings,
     WorkloadRef,
@@ -171,6 +172,18 @@ def waiting(status: GPUJobStatus, *, reason: str, message: str, now: str) -> GPU
     return status.model_copy(
         update={"phase": "Pending", "cluster": None, "message": msg, "conditions": conds}
     )
+
+
+def preempting(
+    status: GPUJobStatus, preemption: PreemptionStatus, *, message: str, now: str
+) -> GPUJobStatus:
+    """The job preempts others to be placed: waiting (``Placed=False``, reason
+    ``Preempting``) with ``status.preemption`` naming its victims and the block freed (kept
+    once it is placed, for ``gpufed explain``)."""
+    if is_terminal(status):
+        return status
+    out = waiting(status, reason="Preempting", message=message, now=now)
+    return out.model_copy(update={"preemption": preemption})
 
 
 def decided(
