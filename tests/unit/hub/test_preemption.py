@@ -14,6 +14,7 @@ import pytest
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
+from gpufed.cli.jobs import explain_text
 from gpufed.hub.config import HubConfig
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.sessions import AgentSession
@@ -144,6 +145,11 @@ async def test_a_high_priority_job_frees_the_cheapest_node_and_runs_there() -> N
     assert hi.status.placement is not None
     assert [sorted(ps.nodes) for ps in hi.status.placement.pod_sets] == [["m1-n1"]]
     assert hi.status.preemption is not None, "kept for gpufed explain"
+    raw = {**t.kube.objects["gpujobs"][-1], "status": hi.status.model_dump(by_alias=True)}
+    text = explain_text(raw)
+    assert "preempted 2 job(s) in m1 to free node:m1-n1" in text
+    for v in f.n1:
+        assert f"team-a/{v}  priority {LOW}" in text
     for v in f.n1:  # nowhere to go: they wait, and do not preempt (equal priority)
         assert t.ctrl.state.jobs[v].status.phase == "Pending"
     assert t.store.calls.count("preempt") == 1
