@@ -223,3 +223,38 @@ async def test_a_hub_killed_between_the_commit_and_the_deletes_resumes_them() ->
     assert hi.status.phase == "Placed"
     assert store.jobs["uh"][0].cluster == "m1"
     assert all(t2.ctrl.state.jobs[v].status.phase == "Pending" for v in f.n1)
+
+
+async def test_a_queue_below_its_nominal_reclaims_from_a_borrowing_queue() -> None:
+    # team-b borrows team-a's unused 8 GPUs; team-a's job (same priority) reclaims them.
+    from tests.unit.hub.test_queues import gpuqueue
+
+    t = Term()
+    t.ctrl.intake.namespaces.seen("team-b", {})
+    t.kube.objects["gpuqueues"] += [
+        gpuqueue("org"),
+        gpuqueue("team-a", namespaces=("team-a",), nominal=8, parent="org"),
+        gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org"),
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    f = Fleet(t)
+    for uid in ("b0", "b1"):
+        obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
+        obj["metadata"]["namespace"] = "team-b"
+        obj["spec"]["placement"] = {"priorityClassName": "low"}
+        t.kube.objects["gpujobs"].append(obj)
+        t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert {t.store.jobs[u][0].cluster for u in ("b0", "b1")} == {"m1"}, "team-b borrows"
+    await f.ack("apply", "Applied")
+    nodes = {u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1")}
+    f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
+    await settle()
+    await f.submit("a", "ua", 8, "low")
+    await t.ctrl.scheduler.cycle()
+    stopping = {u: t.store.jobs[u][0].stopping for u in ("b0", "b1")}
+    reclaimed = [c for c in stopping.values() if c is not None]
+    assert len(reclaimed) == 1, stopping
+    assert (reclaimed[0].reason, reclaimed[0].by_uid) == ("Reclaimed", "ua")
+    assert t.ctrl.metrics.preemptions.labels("m1", "reclaim")._value.get() == 1
