@@ -8,8 +8,9 @@ this module feeds them and acts on their answer:
 
 1. **preemptors**: jobs left Unschedulable whose PriorityClass says ``PreemptLowerPriority``,
    that hold no preemption hold yet and have no victim still being stopped for them (so a job
-   never preempts twice for one placement), at most ``preemption_max_preemptors`` a cycle, in
-   queue order;
+   never preempts twice for one placement), above the lowest running priority (unless quotas
+   may be reclaimed), one per priority and shape (as the simulator), at most
+   ``preemption_max_preemptors`` a cycle, in queue order;
 2. **running**: every job whose record places it in a member (not being stopped, not
    finished), with its priority and queue from the record, the GPUs it holds per node (the
    member's ``job_requests``, else its reservation), its start (the first Applied ack, else
@@ -35,7 +36,9 @@ promised twice. A hub killed between 4 and 5 resumes 5 from the records.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -62,6 +65,7 @@ from gpufed.placement.preemption import (
     Running,
     Victim,
 )
+from gpufed.placement.queue import queued_fit_key
 
 log = structlog.get_logger("gpufed.hub.preemption")
 
@@ -110,26 +114,42 @@ class Preemption:
             and j.record.stopping.by_uid == uid
         ]
 
-    def preemptors(self, decisions: Sequence[tuple[PlacementRequest, Decision]]) -> list[Preemptor]:
-        """The jobs of this pass that may preempt now (in the pass's order)."""
-        if not self._term.config.preemption:
+    def preemptors(
+        self,
+        decisions: Sequence[tuple[PlacementRequest, Decision]],
+        running: Sequence[Running],
+        *,
+        reclaim: bool,
+    ) -> list[Preemptor]:
+        """The jobs of this pass that may preempt now (in the pass's order): one per priority
+        and shape (the others of that shape would get the same answer), and, without quotas to
+        reclaim, only above the lowest running priority."""
+        if not self._term.config.preemption or not running:
             return []
+        lowest = min(r.priority for r in running)
         stopping_for = {
             j.record.stopping.by_uid
             for j in self._requeue.stopping()
             if j.record is not None and j.record.stopping is not None
         }
+        shapes: set[Any] = set()
         out: list[Preemptor] = []
         for req, decision in decisions:
             if decision.outcome != Outcome.UNSCHEDULABLE:
                 continue
             if req.preemption_policy != "PreemptLowerPriority":
                 continue
+            if req.priority <= lowest and not reclaim:
+                continue  # nobody to preempt
             job = self._term.state.jobs.get(req.uid)
             if job is None or not job.wants_placement:
                 continue
             if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
                 continue  # its earlier preemption is still under way: never twice
+            shape = (req.priority, queued_fit_key(req))
+            if shape in shapes:
+                continue
+            shapes.add(shape)
             out.append(Preemptor(req, preempted=_events(job.record)))
             if len(out) >= self._term.config.preemption_max_preemptors:
                 break
@@ -207,20 +227,27 @@ class Preemption:
     ) -> dict[str, PreemptionPlan | NoPreemption]:
         """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
         preemptor's answer by UID (a plan only when it was committed)."""
-        preemptors = self.preemptors(decisions)
+        if not self._term.config.preemption or not any(
+            d.outcome == Outcome.UNSCHEDULABLE for _, d in decisions
+        ):
+            return {}
+        running = self.running()
+        preemptors = self.preemptors(decisions, running, reclaim=quota is not None)
         if not preemptors:
             return {}
         cycle = PreemptionCycle(
             self._snapshot,
             policy,
             now,
-            self.running(),
+            running,
             rules=self._term.config.preemption_rules,
             quota=quota,
         )
+        t0 = time.perf_counter()
         answers: dict[str, PreemptionPlan | NoPreemption] = {
             p.request.uid: cycle.plan(p) for p in preemptors
         }
+        self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
         for uid, answer in answers.items():
             if isinstance(answer, PreemptionPlan) and not await self._commit(answer, now):
                 answers[uid] = NoPreemption(uid, "a victim changed while the plan was made")
