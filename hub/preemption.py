@@ -9,8 +9,9 @@ this module feeds them and acts on their answer:
 1. **preemptors**: jobs left Unschedulable whose PriorityClass says ``PreemptLowerPriority``,
    that hold no preemption hold yet and have no victim still being stopped for them (so a job
    never preempts twice for one placement), above the lowest running priority (unless quotas
-   may be reclaimed), one per priority and shape (as the simulator), at most
-   ``preemption_max_preemptors`` a cycle, in queue order;
+   may be reclaimed), in queue order; at most ``preemption_max_preemptors`` are planned a
+   cycle, and once a job of one priority and shape finds no plan the others of that shape are
+   not planned in that cycle (they would get the same answer);
 2. **running**: every job whose record places it in a member (not being stopped, not
    finished), with its priority and queue from the record, the GPUs it holds per node (the
    member's ``job_requests``, else its reservation), its start (the first Applied ack, else
@@ -121,9 +122,8 @@ class Preemption:
         *,
         reclaim: bool,
     ) -> list[Preemptor]:
-        """The jobs of this pass that may preempt now (in the pass's order): one per priority
-        and shape (the others of that shape would get the same answer), and, without quotas to
-        reclaim, only above the lowest running priority."""
+        """The jobs of this pass that may preempt now (in the pass's order); without quotas to
+        reclaim, only those above the lowest running priority."""
         if not self._term.config.preemption or not running:
             return []
         lowest = min(r.priority for r in running)
@@ -132,7 +132,6 @@ class Preemption:
             for j in self._requeue.stopping()
             if j.record is not None and j.record.stopping is not None
         }
-        shapes: set[Any] = set()
         out: list[Preemptor] = []
         for req, decision in decisions:
             if decision.outcome != Outcome.UNSCHEDULABLE:
@@ -146,13 +145,7 @@ class Preemption:
                 continue
             if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
                 continue  # its earlier preemption is still under way: never twice
-            shape = (req.priority, queued_fit_key(req))
-            if shape in shapes:
-                continue
-            shapes.add(shape)
             out.append(Preemptor(req, preempted=_events(job.record)))
-            if len(out) >= self._term.config.preemption_max_preemptors:
-                break
         return out
 
     # --- 2. running jobs ------------------------------------------------------------------------
@@ -244,9 +237,17 @@ class Preemption:
             quota=quota,
         )
         t0 = time.perf_counter()
-        answers: dict[str, PreemptionPlan | NoPreemption] = {
-            p.request.uid: cycle.plan(p) for p in preemptors
-        }
+        answers: dict[str, PreemptionPlan | NoPreemption] = {}
+        hopeless: set[Any] = set()  # shapes that found no plan: the same answer for the rest
+        for p in preemptors:
+            shape = (p.request.priority, queued_fit_key(p.request))
+            if shape in hopeless:
+                continue
+            answers[p.request.uid] = answer = cycle.plan(p)
+            if isinstance(answer, NoPreemption):
+                hopeless.add(shape)
+            if len(answers) >= self._term.config.preemption_max_preemptors:
+                break
         self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
         for uid, answer in answers.items():
             if isinstance(answer, PreemptionPlan) and not await self._commit(answer, now):

@@ -7,6 +7,8 @@ the queue (Pending) while the other clique's jobs run on untouched."""
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,8 +74,11 @@ def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(classes: E2
     wait_until(lambda: hub.gpus_free("eu-nvl72", GB200) == 0, "eu-nvl72 full")
 
     high = {"gpuProducts": [GB200], "priorityClassName": "e2e-high", "topology": clique}
+    t0 = time.monotonic()
     hub.submit("high", batch_job(4, pods=18), placement=high)
     st = hub.wait_phase("high", "Running", timeout_s=60)
+    # A figure, not an assertion (run with -s to see it).
+    print(json.dumps({"preemption_submit_to_running_s": round(time.monotonic() - t0, 2)}))
 
     [freed] = st["placement"]["nvlinkDomains"]
     victims = by_clique[freed]

@@ -258,3 +258,16 @@ async def test_a_queue_below_its_nominal_reclaims_from_a_borrowing_queue() -> No
     assert len(reclaimed) == 1, stopping
     assert (reclaimed[0].reason, reclaimed[0].by_uid) == ("Reclaimed", "ua")
     assert t.ctrl.metrics.preemptions.labels("m1", "reclaim")._value.get() == 1
+
+
+async def test_two_preemptors_of_one_cycle_each_free_their_own_node() -> None:
+    # The cycle's second plan never counts the GPUs freed for the first (never over-frees).
+    f = await full_member(Term())
+    t = f.t
+    await f.submit("hi1", "uh1", 8, "high")
+    await f.submit("hi2", "uh2", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    assert t.store.calls.count("preempt") == 2
+    held = [set(json.loads(t.store.reservations[u])["nodes"]) for u in ("uh1", "uh2")]
+    assert sorted(map(sorted, held)) == [["m1-n0"], ["m1-n1"]]
+    assert sum(1 for r, _ in t.store.jobs.values() if r.stopping is not None) == 4
