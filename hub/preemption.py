@@ -10,8 +10,10 @@ this module feeds them and acts on their answer:
    that hold no preemption hold yet and have no victim still being stopped for them (so a job
    never preempts twice for one placement), above the lowest running priority (unless quotas
    may be reclaimed), in queue order; at most ``preemption_max_preemptors`` are planned a
-   cycle, and once a job of one priority and shape finds no plan the others of that shape are
-   not planned in that cycle (they would get the same answer);
+   cycle, once a job of one priority and shape finds no plan the others of that shape are not
+   planned in that cycle (they would get the same answer), and a job that found no plan is
+   planned again only after :data:`NO_PLAN_RETRY_S` (a full fleet is not searched in every
+   cycle);
 2. **running**: every job whose record places it in a member (not being stopped, not
    finished), with its priority and queue from the record, the GPUs it holds per node (the
    member's ``job_requests``, else its reservation), its start (the first Applied ack, else
@@ -70,6 +72,9 @@ from gpufed.placement.queue import queued_fit_key
 
 log = structlog.get_logger("gpufed.hub.preemption")
 
+#: Seconds before a job whose preemption plan found nothing is planned again (monotonic).
+NO_PLAN_RETRY_S = 30.0
+
 #: Nodes named in a victim's condition message (the rest are counted).
 _NODES_SHOWN = 8
 
@@ -102,6 +107,9 @@ class Preemption:
         self._reservations = reservations
         self._requeue = requeue
         self._mirror = mirror
+        #: job uid -> monotonic time before which a job whose plan found nothing is not
+        #: planned again (a full fleet would otherwise be searched in every cycle)
+        self._no_plan_until: dict[str, float] = {}
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -115,18 +123,13 @@ class Preemption:
             and j.record.stopping.by_uid == uid
         ]
 
-    def preemptors(
-        self,
-        decisions: Sequence[tuple[PlacementRequest, Decision]],
-        running: Sequence[Running],
-        *,
-        reclaim: bool,
-    ) -> list[Preemptor]:
-        """The jobs of this pass that may preempt now (in the pass's order); without quotas to
-        reclaim, only those above the lowest running priority."""
-        if not self._term.config.preemption or not running:
+    def preemptors(self, decisions: Sequence[tuple[PlacementRequest, Decision]]) -> list[Preemptor]:
+        """The jobs of this pass that may preempt now (in the pass's order); not those whose
+        last plan found nothing less than :data:`NO_PLAN_RETRY_S` ago."""
+        if not self._term.config.preemption:
             return []
-        lowest = min(r.priority for r in running)
+        mono = self._term.mono()
+        self._no_plan_until = {u: t for u, t in self._no_plan_until.items() if t > mono}
         stopping_for = {
             j.record.stopping.by_uid
             for j in self._requeue.stopping()
@@ -138,13 +141,13 @@ class Preemption:
                 continue
             if req.preemption_policy != "PreemptLowerPriority":
                 continue
-            if req.priority <= lowest and not reclaim:
-                continue  # nobody to preempt
             job = self._term.state.jobs.get(req.uid)
             if job is None or not job.wants_placement:
                 continue
             if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
                 continue  # its earlier preemption is still under way: never twice
+            if self._no_plan_until.get(req.uid, 0.0) > mono:
+                continue
             out.append(Preemptor(req, preempted=_events(job.record)))
         return out
 
@@ -220,14 +223,15 @@ class Preemption:
     ) -> dict[str, PreemptionPlan | NoPreemption]:
         """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
         preemptor's answer by UID (a plan only when it was committed)."""
-        if not self._term.config.preemption or not any(
-            d.outcome == Outcome.UNSCHEDULABLE for _, d in decisions
-        ):
-            return {}
-        running = self.running()
-        preemptors = self.preemptors(decisions, running, reclaim=quota is not None)
+        preemptors = self.preemptors(decisions)
         if not preemptors:
             return {}
+        running = self.running()
+        if not running:
+            return {}
+        if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
+            lowest = min(r.priority for r in running)
+            preemptors = [p for p in preemptors if p.request.priority > lowest]
         cycle = PreemptionCycle(
             self._snapshot,
             policy,
@@ -246,6 +250,9 @@ class Preemption:
             answers[p.request.uid] = answer = cycle.plan(p)
             if isinstance(answer, NoPreemption):
                 hopeless.add(shape)
+                self._no_plan_until[p.request.uid] = self._term.mono() + NO_PLAN_RETRY_S
+            else:
+                self._no_plan_until.pop(p.request.uid, None)
             if len(answers) >= self._term.config.preemption_max_preemptors:
                 break
         self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)

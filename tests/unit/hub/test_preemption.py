@@ -271,3 +271,24 @@ async def test_two_preemptors_of_one_cycle_each_free_their_own_node() -> None:
     held = [set(json.loads(t.store.reservations[u])["nodes"]) for u in ("uh1", "uh2")]
     assert sorted(map(sorted, held)) == [["m1-n0"], ["m1-n1"]]
     assert sum(1 for r, _ in t.store.jobs.values() if r.stopping is not None) == 4
+
+
+async def test_a_job_that_found_no_plan_is_searched_again_only_after_a_pause() -> None:
+    # A full fleet is not searched in every cycle for the same hopeless job.
+    t = Term(config=HubConfig(insecure=True, preemption_min_runtime_s=3600))
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    planning = t.ctrl.metrics.preemption_planning_seconds
+
+    def plans() -> float:
+        return next(s.value for s in planning.collect()[0].samples if s.name.endswith("_count"))
+
+    assert plans() == 1
+    t.ctrl.scheduler.want("uh")
+    await t.ctrl.scheduler.cycle()
+    assert plans() == 1, "not searched again at once"
+    t.clock.advance(31)
+    t.ctrl.scheduler.want("uh")
+    await t.ctrl.scheduler.cycle()
+    assert plans() == 2
