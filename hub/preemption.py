@@ -109,7 +109,7 @@ class Preemption:
         self._mirror = mirror
         #: job uid -> monotonic time before which a job whose plan found nothing is not
         #: planned again (a full fleet would otherwise be searched in every cycle)
-        self._no_plan_until: dict[str, float] = {}
+        self._no_plan_until: dict[str, tuple[float, NoPreemption]] = {}
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class Preemption:
         if not self._term.config.preemption:
             return []
         mono = self._term.mono()
-        self._no_plan_until = {u: t for u, t in self._no_plan_until.items() if t > mono}
+        self._no_plan_until = {u: v for u, v in self._no_plan_until.items() if v[0] > mono}
         stopping_for = {
             j.record.stopping.by_uid
             for j in self._requeue.stopping()
@@ -146,7 +146,7 @@ class Preemption:
                 continue
             if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
                 continue  # its earlier preemption is still under way: never twice
-            if self._no_plan_until.get(req.uid, 0.0) > mono:
+            if req.uid in self._no_plan_until:
                 continue
             out.append(Preemptor(req, preempted=_events(job.record)))
         return out
@@ -224,11 +224,17 @@ class Preemption:
         """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
         preemptor's answer by UID (a plan only when it was committed)."""
         preemptors = self.preemptors(decisions)
+        # jobs waiting out NO_PLAN_RETRY_S keep their last answer (their status stays put)
+        answers: dict[str, PreemptionPlan | NoPreemption] = {
+            r.uid: self._no_plan_until[r.uid][1]
+            for r, _ in decisions
+            if r.uid in self._no_plan_until
+        }
         if not preemptors:
-            return {}
+            return answers
         running = self.running()
         if not running:
-            return {}
+            return answers
         if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
             lowest = min(r.priority for r in running)
             preemptors = [p for p in preemptors if p.request.priority > lowest]
@@ -241,7 +247,7 @@ class Preemption:
             quota=quota,
         )
         t0 = time.perf_counter()
-        answers: dict[str, PreemptionPlan | NoPreemption] = {}
+        planned = 0
         hopeless: set[Any] = set()  # shapes that found no plan: the same answer for the rest
         for p in preemptors:
             shape = (p.request.priority, queued_fit_key(p.request))
@@ -250,10 +256,12 @@ class Preemption:
             answers[p.request.uid] = answer = cycle.plan(p)
             if isinstance(answer, NoPreemption):
                 hopeless.add(shape)
-                self._no_plan_until[p.request.uid] = self._term.mono() + NO_PLAN_RETRY_S
+                until = self._term.mono() + NO_PLAN_RETRY_S
+                self._no_plan_until[p.request.uid] = (until, answer)
             else:
                 self._no_plan_until.pop(p.request.uid, None)
-            if len(answers) >= self._term.config.preemption_max_preemptors:
+            planned += 1
+            if planned >= self._term.config.preemption_max_preemptors:
                 break
         self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
         for uid, answer in answers.items():
