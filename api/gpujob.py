@@ -205,14 +205,68 @@ class GPUJobSpec(CRDModel):
 # --- status --------------------------------------------------------------------------------------
 
 
-class StatusCondition(CRDModel):
-    """A Kubernetes ``metav1.Condition``-like entry (``status.conditions[]``)."""
+#: ``metav1.Condition`` validation (KEP-1623): a condition type is an optional DNS-subdomain
+#: prefix and a CamelCase name; a reason is CamelCase (letters, digits, ``_``, ``,``, ``:``).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
-    type: str = Field(min_length=1, max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(default="", max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: DateTime | None = None
+
+_CONDITION_REQUIRED = ("type", "status", "reason", "lastTransitionTime")
+
+
+def _required_condition_fields(schema: dict[str, Any]) -> None:
+    """The schema requires what KEP-1623 requires (the model has lenient defaults)."""
+    schema["required"] = list(_CONDITION_REQUIRED)
+    for name in _CONDITION_REQUIRED:
+        schema["properties"][name].pop("default", None)
+
+
+class StatusCondition(CRDModel):
+    """One entry of ``status.conditions``: a Kubernetes ``metav1.Condition`` (KEP-1623).
+
+    ``type``, ``status``, ``reason`` and ``lastTransitionTime`` are required by the schema;
+    the hub's writer (``hub/status.py`` ``set_condition``) always fills them, and turns a
+    member's free-text or empty reason into a CamelCase one. The model itself reads
+    leniently (defaults, no patterns) so that a status written by an older hub still loads.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_required_condition_fields)
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        description="Type of the condition, CamelCase, optionally prefixed by a DNS "
+        "subdomain and `/` (the types of each resource are listed under its "
+        "`status.conditions`).",
+        json_schema_extra={"pattern": CONDITION_TYPE_PATTERN},
+    )
+    status: Literal["True", "False", "Unknown"] = Field(
+        description="Whether the condition holds: `True`, `False` or `Unknown`."
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The `metadata.generation` of the object this condition was computed from.",
+    )
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description="Why the condition last changed: one CamelCase word, for machines "
+        "(e.g. `Unschedulable`, `Succeeded`, `BackoffLimitExceeded`).",
+        json_schema_extra={"minLength": 1, "pattern": CONDITION_REASON_PATTERN},
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Details for people; may be empty.",
+    )
+    last_transition_time: DateTime | None = Field(
+        default=None,
+        description="When `status` last changed (RFC 3339).",
+    )
 
 
 class PodSetPlacement(CRDModel):
