@@ -265,7 +265,7 @@ CONDITION_TYPE_PATTERN = (
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
-_CONDITION_REQUIRED = ("type", "status", "reason", "lastTransitionTime")
+_CONDITION_REQUIRED = ("type", "status", "reason", "message", "lastTransitionTime")
 
 
 def _required_condition_fields(schema: dict[str, Any]) -> None:
@@ -278,7 +278,8 @@ def _required_condition_fields(schema: dict[str, Any]) -> None:
 class StatusCondition(CRDModel):
     """One entry of ``status.conditions``: a Kubernetes ``metav1.Condition`` (KEP-1623).
 
-    ``type``, ``status``, ``reason`` and ``lastTransitionTime`` are required by the schema;
+    ``type``, ``status``, ``reason``, ``message`` (may be empty) and ``lastTransitionTime`` are
+    required by the schema, as in ``metav1.Condition``;
     the hub's writer (``hub/status.py`` ``set_condition``) always fills them, and turns a
     member's free-text or empty reason into a CamelCase one. The model itself reads
     leniently (defaults, no patterns) so that a status written by an older hub still loads.

@@ -23,7 +23,9 @@ def assert_kep1623(conditions: list[StatusCondition]) -> None:
     """Each condition as the API server will validate it against the generated CRD schema."""
     for c in conditions:
         wire = c.model_dump(by_alias=True, exclude_none=True, mode="json")
-        missing = [f for f in SCHEMA["required"] if not wire.get(f)]
+        missing = [f for f in SCHEMA["required"] if f not in wire]
+        assert wire["reason"], c.type
+        assert wire["lastTransitionTime"], c.type
         assert not missing, f"{c.type}: missing {missing}"
         for name in ("type", "reason"):
             prop = SCHEMA["properties"][name]
@@ -42,7 +44,7 @@ def finished(status: GPUJobStatus) -> StatusCondition:
 
 
 def test_the_schema_requires_type_status_reason_and_last_transition_time() -> None:
-    assert SCHEMA["required"] == ["type", "status", "reason", "lastTransitionTime"]
+    assert SCHEMA["required"] == ["type", "status", "reason", "message", "lastTransitionTime"]
     assert "default" not in SCHEMA["properties"]["reason"]
     assert SCHEMA["properties"]["observedGeneration"]["type"] == "integer"
 
