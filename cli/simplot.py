@@ -54,9 +54,10 @@ def plot_results(results: list[SimResult], path: Path, *, title: str = "") -> No
     size.set_xticklabels([str(b) for b in sizes])
     size.set_yscale("symlog", linthresh=1)
     size.set(xlabel="job size (GPUs)", ylabel="mean wait (minutes)", title="Mean wait by job size")
-    for ax in (cdf, util, size):
+    # fixed legend places: matplotlib's "best" scans every point of a week's curves (slow)
+    for ax, where in ((cdf, "lower right"), (util, "upper right"), (size, "upper left")):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc=where)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
