@@ -85,21 +85,25 @@ def _api(
     return list_objects, watch_objects
 
 
-def _run(
+def _get(
     kube: _Kube,
     plural: str,
-    listing: output.Listing,
-    fmt: output.Format,
-    selector: str | None,
-    watch: bool,
-    watch_timeout: float,
+    namespace: str | None,
+    opts: tuple[str | None, bool, str | None, bool, float],
+    **listing: Any,
 ) -> None:
+    """List (and watch) ``plural`` and print it: ``opts`` = (-o, --json, -l, -w,
+    --watch-timeout); ``listing``: the rest of the :class:`~gpufed.cli.output.Listing`."""
+    out, as_json, selector, watch, watch_timeout = opts
+    fmt = output.output_format(out, as_json)
     try:
         sel = output.parse_selector(selector)
     except output.SelectorError as exc:
         raise typer.BadParameter(str(exc), param_hint="'-l' / '--selector'") from None
+    list_objects, watch_objects = _api(kube, plural, namespace)
+    view = output.Listing(list_objects=list_objects, watch_objects=watch_objects, **listing)
     with _reachable(kube), _api_errors(plural):
-        output.show(listing, fmt, sel, watch=watch, watch_timeout_s=watch_timeout)
+        output.show(view, fmt, sel, watch=watch, watch_timeout_s=watch_timeout)
 
 
 def _member_labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -134,21 +138,20 @@ def get_jobs(
     watch_timeout: output.WatchTimeout = 0.0,
 ) -> None:
     """List GPUJobs: phase, GPUs, cluster, age (wide: timings and message)."""
-    fmt = output.output_format(out, as_json)
     kube = _Kube(kubeconfig, context)
     ns = None if all_namespaces else namespace or kube.namespace
-    list_objects, watch_objects = _api(kube, "gpujobs", ns)
     where = "" if ns is None else f" in namespace {ns} (-A: all)"
-    listing = output.Listing(
+    _get(
+        kube,
+        "gpujobs",
+        ns,
+        (out, as_json, selector, watch, watch_timeout),
         resource=f"gpujob.{GROUP}",
         columns=JOB_COLUMNS,
         rows=job_rows,
-        list_objects=list_objects,
-        watch_objects=watch_objects,
         empty=f"No GPUJobs{where}{' matching -l ' + selector if selector else ''}.",
         key_of=lambda r: f"{r['namespace']}/{r['name']}",
     )
-    _run(kube, "gpujobs", listing, fmt, selector, watch, watch_timeout)
 
 
 def _gpus_text(r: Mapping[str, Any]) -> str:
@@ -188,20 +191,18 @@ def get_clusters(
     watch_timeout: output.WatchTimeout = 0.0,
 ) -> None:
     """List member clusters: Ready, GPUs free/total per product, largest free NVLink block."""
-    fmt = output.output_format(out, as_json)
-    kube = _Kube(kubeconfig, context)
-    list_objects, watch_objects = _api(kube, "memberclusters", None)
-    listing = output.Listing(
+    _get(
+        _Kube(kubeconfig, context),
+        "memberclusters",
+        None,
+        (out, as_json, selector, watch, watch_timeout),
         resource=f"membercluster.{GROUP}",
         columns=CLUSTER_COLUMNS,
         rows=cluster_rows,
-        list_objects=list_objects,
-        watch_objects=watch_objects,
         empty="No member clusters" + (f" matching -l {selector}." if selector else "."),
         server_side_selector=False,
         labels_of=_member_labels,
     )
-    _run(kube, "memberclusters", listing, fmt, selector, watch, watch_timeout)
 
 
 QUEUE_COLUMNS = (
@@ -229,18 +230,16 @@ def get_queues(
 ) -> None:
     """List GPUQueues as a tree: Active, GPUs used/nominal per product, pending and admitted
     jobs, fair share (docs/design.md §8)."""
-    fmt = output.output_format(out, as_json)
-    kube = _Kube(kubeconfig, context)
-    list_objects, watch_objects = _api(kube, "gpuqueues", None)
-    listing = output.Listing(
+    _get(
+        _Kube(kubeconfig, context),
+        "gpuqueues",
+        None,
+        (out, as_json, selector, watch, watch_timeout),
         resource=f"gpuqueue.{GROUP}",
         columns=QUEUE_COLUMNS,
         rows=queue_rows,
-        list_objects=list_objects,
-        watch_objects=watch_objects,
         empty="No GPUQueues (every GPUJob is in the hub's default queue, without limit).",
     )
-    _run(kube, "gpuqueues", listing, fmt, selector, watch, watch_timeout)
 
 
 def _members_text(r: Mapping[str, Any]) -> str:
@@ -277,22 +276,20 @@ def get_gpus(
 ) -> None:
     """List the fleet's GPUs by product: total, free, per member, largest free NVLink block
     (``-l`` selects the members counted, by their labels)."""
-    fmt = output.output_format(out, as_json)
-    kube = _Kube(kubeconfig, context)
-    list_objects, watch_objects = _api(kube, "memberclusters", None)
-    listing = output.Listing(
+    _get(
+        _Kube(kubeconfig, context),
+        "memberclusters",
+        None,
+        (out, as_json, selector, watch, watch_timeout),
         resource="gpu",
         columns=GPU_COLUMNS,
         rows=gpu_rows,
-        list_objects=list_objects,
-        watch_objects=watch_objects,
         empty="No GPUs: no member cluster has reported whole GPUs (`gpufed get clusters`).",
         key_of=lambda r: str(r["product"]),
         name_of=lambda r: str(r["product"]),
         server_side_selector=False,
         labels_of=_member_labels,
     )
-    _run(kube, "memberclusters", listing, fmt, selector, watch, watch_timeout)
 
 
 get_app.command("queues")(get_queues)
