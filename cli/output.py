@@ -19,8 +19,8 @@ GPUQueues); MemberClusters are matched here against their ``spec.labels`` (the l
 placement's ``clusterSelector`` reads), with ``metadata.labels`` under them.
 
 Watch (``-w``): lists, prints the rows, then follows a watch from the list's resourceVersion and
-prints a row again each time its printed content changes (a deleted object's row is printed a
-last time); ``-o json|yaml`` print one ``{"type": ADDED|MODIFIED|DELETED, "object": row}``
+prints a row again each time its data changes (not when only its AGE moved on; a deleted
+object's row is printed a last time; columns keep the first table's widths); ``-o json|yaml`` print one ``{"type": ADDED|MODIFIED|DELETED, "object": row}``
 document per change. Bounded: each watch request ends after :data:`WATCH_REQUEST_S` seconds and
 is resumed from the last resourceVersion (a 410 Gone relists); memory is one object per listed
 object. Ends on Ctrl-C (exit code 0) or after ``--watch-timeout`` seconds.
@@ -247,9 +247,11 @@ class Column:
     wide: bool = False
 
 
-def table_lines(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Left-aligned columns three spaces apart, trailing blanks stripped (kubectl's layout)."""
+def table_lines(rows: Sequence[Sequence[str]], min_widths: Sequence[int] = ()) -> list[str]:
+    """Left-aligned columns three spaces apart, trailing blanks stripped (kubectl's layout);
+    column ``i`` at least ``min_widths[i]`` wide (a watch keeps its first table's columns)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [max(w, m) for w, m in zip(widths, [*min_widths, *[0] * len(widths)], strict=False)]
     return ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
@@ -261,11 +263,13 @@ def render(
     name_of: Callable[[Mapping[str, Any]], str],
     resource: str,
     header: bool = True,
+    min_widths: Sequence[int] = (),
 ) -> str:
     """``rows`` in ``fmt`` (module doc), without a trailing newline.
 
     ``name_of``: a row's name for ``-o name`` (printed as ``<resource>/<name>``); ``header``:
-    whether tables print their header line (a watch prints it once).
+    whether tables print their header line (a watch prints it once); ``min_widths``: the least
+    width of each table column.
     """
     if fmt == "json":
         return json.dumps(list(rows))
@@ -275,7 +279,7 @@ def render(
         return "\n".join(f"{resource}/{name_of(r)}" for r in rows)
     cols = [c for c in columns if fmt == "wide" or not c.wide]
     table = [[c.header for c in cols], *([c.cell(r) for c in cols] for r in rows)]
-    lines = table_lines(table)
+    lines = table_lines(table, min_widths)
     return "\n".join(lines if header else lines[1:])
 
 
@@ -342,27 +346,34 @@ def show(
         echo(_render(listing, rows, fmt))
     elif fmt in ("table", "wide"):
         echo(listing.empty)
-    printed = {listing.key_of(r): _render(listing, [r], fmt, header=False) for r in rows}
+    # what was printed per row, as data: a row prints again when its data changes, not when
+    # a rendered cell drifts by itself (AGE)
+    printed: dict[str, Mapping[str, Any]] = {listing.key_of(r): r for r in rows}
+    widths = _widths(listing, rows, fmt)
     version = str((resp.get("metadata") or {}).get("resourceVersion") or "")
     deadline = listing.clock() + watch_timeout_s if watch_timeout_s else None
     try:
         for before in _follow(listing, selector, objects, version, deadline):
             new_rows = {listing.key_of(r): r for r in listing.rows(list(objects.values()))}
-            for key, text, row, etype in _changes(listing, fmt, printed, new_rows, before):
+            for key, row, etype in _changes(printed, new_rows, before):
                 if fmt in ("json", "yaml"):
                     echo(_event_doc(etype, row, fmt))
                 else:
-                    echo(text)
+                    echo(_render(listing, [row], fmt, header=False, min_widths=widths))
                 if etype == "DELETED":
                     printed.pop(key, None)
                 else:
-                    printed[key] = text
+                    printed[key] = row
     except KeyboardInterrupt:
         return
 
 
 def _render(
-    listing: Listing, rows: Sequence[Mapping[str, Any]], fmt: Format, header: bool = True
+    listing: Listing,
+    rows: Sequence[Mapping[str, Any]],
+    fmt: Format,
+    header: bool = True,
+    min_widths: Sequence[int] = (),
 ) -> str:
     return render(
         rows,
@@ -371,7 +382,14 @@ def _render(
         name_of=listing.name_of,
         resource=listing.resource,
         header=header,
+        min_widths=min_widths,
     )
+
+
+def _widths(listing: Listing, rows: Sequence[Mapping[str, Any]], fmt: Format) -> list[int]:
+    """Column widths of the first table (header and listed rows)."""
+    cols = [c for c in listing.columns if fmt == "wide" or not c.wide]
+    return [max([len(c.header), *(len(c.cell(r)) for r in rows)]) for c in cols]
 
 
 def _event_doc(etype: str, row: Mapping[str, Any], fmt: Format) -> str:
@@ -382,21 +400,18 @@ def _event_doc(etype: str, row: Mapping[str, Any], fmt: Format) -> str:
 
 
 def _changes(
-    listing: Listing,
-    fmt: Format,
-    printed: dict[str, str],
+    printed: dict[str, Mapping[str, Any]],
     new_rows: dict[str, dict[str, Any]],
     old_rows: dict[str, dict[str, Any]],
-) -> Iterator[tuple[str, str, Mapping[str, Any], str]]:
-    """(key, text, row, ADDED|MODIFIED|DELETED) for every row whose printed text changed."""
+) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+    """(key, row, ADDED|MODIFIED|DELETED) for every row whose data changed since printed."""
     for key, row in new_rows.items():
-        text = _render(listing, [row], fmt, header=False)
-        if printed.get(key) != text:
-            yield key, text, row, "MODIFIED" if key in printed else "ADDED"
+        if printed.get(key) != row:
+            yield key, row, "MODIFIED" if key in printed else "ADDED"
     for key in [k for k in printed if k not in new_rows]:
         old = old_rows.get(key)
         if old is not None:
-            yield key, _render(listing, [old], fmt, header=False), old, "DELETED"
+            yield key, old, "DELETED"
         else:
             printed.pop(key, None)
 

@@ -292,7 +292,13 @@ def submit(
                         field_validation="Strict",
                     )
             except ApiException as exc:
-                _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}")
+                hint = (
+                    f" (create it on the hub cluster: `kubectl create namespace "
+                    f"{meta['namespace']}`, or submit to another with -n)"
+                    if exc.status == 404 and "namespaces" in _api_message(exc)
+                    else ""
+                )
+                _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}{hint}")
             if fmt == "table":
                 typer.echo(
                     f"gpujob.{GROUP}/{meta['name']} created (namespace {meta['namespace']}): "

@@ -307,3 +307,23 @@ def test_a_bad_selector_is_a_usage_error_before_any_request(tmp_path: Path) -> N
     result = CliRunner().invoke(app, ["get", "clusters", "--kubeconfig", str(cfg), "-l", "a in (b"])
     assert result.exit_code == 2
     assert "without its ')'" in result.output
+
+
+def test_a_row_whose_data_did_not_change_is_not_printed_again_when_its_age_moved_on() -> None:
+    """kubectl prints the object that changed: AGE growing is not a change of the others."""
+    api = FakeAPI(
+        [_job("a", "Running", "5"), _job("b", "Pending", "6")],
+        [[{"type": "MODIFIED", "object": _job("b", "Running", "11")}]],
+    )
+    listing = _listing(api)
+    ticks = iter(range(1000))
+    listing.columns = (*listing.columns, output.Column("AGE", lambda r: f"{next(ticks)}s"))
+    lines: list[str] = []
+    output.show(
+        listing, "table", output.Selector(), watch=True, watch_timeout_s=1, echo=lines.append
+    )
+    watched = lines[1:]
+    assert [line.split()[:2] for line in watched] == [["b", "Running"]]
+    # the watched line keeps the first table's columns
+    header = lines[0].splitlines()[0]
+    assert watched[0].index("Running") == header.index("PHASE")
