@@ -185,7 +185,7 @@ TEMPLATE_RULES: list[JsonValue] = [
     {
         "rule": "self.kind == 'List' || has(self.spec)",
         "message": "the template needs a spec: it is the workload exactly as it would be applied "
-        "(a batch/v1 Job, a JobSet, a PyTorchJob, or kind List with items)",
+        "(a batch/v1 Job, a JobSet, a PyTorchJob, a RayJob, an MPIJob, or kind List with items)",
     },
 ]
 
@@ -210,8 +210,9 @@ class GPUJobSpec(CRDModel):
     """``GPUJob.spec``.
 
     ``template``: the workload exactly as it would be applied to a cluster: a ``batch/v1``
-    Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, or
-    ``apiVersion: v1, kind: List`` with ``items`` (a list of manifests). GPU needs are
+    Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, a
+    ``ray.io/v1`` RayJob, a ``kubeflow.org/v2beta1`` MPIJob, or ``apiVersion: v1, kind: List``
+    with ``items`` (the workload plus its ConfigMaps, Secrets, Services). GPU needs are
     derived from it (pod sets, docs/design.md §4). ``placement`` constrains where it may run.
     ``checkpoint`` (optional) declares how often it checkpoints. The spec is immutable once created: the job may already run in a member.
     """
