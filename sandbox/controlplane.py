@@ -254,10 +254,14 @@ def prepare_hub_cluster(
     hub_api: k8s.ApiClient,
     cp: ControlPlaneInfo,
     *,
-    timeout_s: float = 60.0,
+    timeout_s: float = 180.0,
 ) -> None:
     """Install the CRDs and join every member, through the ``gpufed hub`` sub-commands (their
-    output goes to ``logs/hub-setup.log``). Raises :class:`ControlPlaneError`."""
+    output goes to ``logs/hub-setup.log``). Raises :class:`ControlPlaneError`.
+
+    ``timeout_s`` bounds each sub-command (seconds). The joins run side by side, one Python
+    process each: on a loaded 2-core machine their start alone took over 60 s, so the bound is
+    generous (it only matters when something is stuck)."""
     gpufed = gpufed_command()
     log_file = state_dir / "logs" / "hub-setup.log"
     kc = f"--kubeconfig={hub_kubeconfig}"
