@@ -231,7 +231,7 @@ class Controller:
 
     async def shutdown(self, reason: str) -> None:
         """Close every agent stream and stop the writers (leadership ends)."""
-        self.metrics.is_leader.set(0)
+        self.metrics.leadership_ended()
         for m in self.state.members.values():
             if m.session is not None:
                 m.session.close(

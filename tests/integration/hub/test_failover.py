@@ -54,13 +54,13 @@ class HubProcess:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
 
     async def ready(self) -> bool:
-        """True when /readyz says this replica leads."""
+        """True when /leaderz says this replica leads."""
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.name} exited; log:\n{self.log.read_text()[-3000:]}")
         try:
             async with (
                 aiohttp.ClientSession() as s,
-                s.get(f"http://127.0.0.1:{self.http_port}/readyz") as r,
+                s.get(f"http://127.0.0.1:{self.http_port}/leaderz") as r,
             ):
                 return r.status == 200
         except aiohttp.ClientError:
