@@ -6,6 +6,8 @@ agents and the clusters are external processes: there is nothing in-process to a
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,6 +49,17 @@ def wait_until(check: Callable[[], T | None], what: str, timeout_s: float = 60.0
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET of ``url`` (None: no answer: refused, killed, timed out)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
 
 
 def unique(prefix: str) -> str:
