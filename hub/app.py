@@ -149,7 +149,7 @@ class Hub:
         if ctrl is None:
             if self._elector is not None and self._elector.reachable:
                 return True, "standby"
-            return False, "standby: etcd unreachable"
+            return False, "standby: etcd not reached (yet)"
         if not ctrl.ready:
             return False, "leader: initial lists not done yet"
         return True, "leader"

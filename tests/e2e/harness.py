@@ -117,6 +117,27 @@ class Hub:
             if exc.status != 409:
                 raise
 
+    def create_queue(self, name: str, *, gpu_product: str, nominal: int) -> None:
+        """A GPUQueue ``name`` over namespace ``name`` (created if missing) with a fleet-wide
+        quota of ``nominal`` GPUs of ``gpu_product`` and no borrowing."""
+        self.ensure_namespace(name)
+        self.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpuqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUQueue",
+                "metadata": {"name": name},
+                "spec": {
+                    "namespaces": [name],
+                    "quotas": [
+                        {"gpuProduct": gpu_product, "nominal": nominal, "borrowingLimit": 0}
+                    ],
+                },
+            },
+        )
+
     def submit(
         self,
         name: str,

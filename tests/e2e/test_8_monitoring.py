@@ -53,21 +53,7 @@ def _get(base: str, path: str, **params: str) -> Any:
 @pytest.fixture
 def queue(e2e: E2E) -> Iterator[E2E]:
     """GPUQueue mon-team (16 H100) over namespace mon-team, removed afterwards."""
-    e2e.hub.ensure_namespace(QUEUE)
-    e2e.hub.custom.create_cluster_custom_object(
-        GROUP,
-        VERSION,
-        "gpuqueues",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "GPUQueue",
-            "metadata": {"name": QUEUE},
-            "spec": {
-                "namespaces": [QUEUE],
-                "quotas": [{"gpuProduct": H100, "nominal": 16, "borrowingLimit": 0}],
-            },
-        },
-    )
+    e2e.hub.create_queue(QUEUE, gpu_product=H100, nominal=16)
     try:
         yield e2e
     finally:

@@ -63,7 +63,7 @@ async def test_a_standby_that_reaches_etcd_is_ready_but_not_leading() -> None:
     hub = Hub(HubConfig(insecure=True))
     elector = LeaderElector(store=None, ttl_s=5)  # type: ignore[arg-type]
     hub._elector = elector
-    assert hub.readiness() == (False, "standby: etcd unreachable")
+    assert hub.readiness() == (False, "standby: etcd not reached (yet)")
     elector.reachable = True
     assert hub.readiness() == (True, "standby")
     async with TestClient(
