@@ -83,7 +83,7 @@ def run(
     etcd_prefix: Annotated[str, typer.Option(help="key prefix in etcd")] = "/gpufed/hub/",
     listen: Annotated[str, typer.Option(help="gRPC address for agents")] = "0.0.0.0:7443",
     http_listen: Annotated[
-        str, typer.Option(help="address of /metrics, /healthz, /readyz")
+        str, typer.Option(help="address of /metrics, /healthz, /readyz, /leaderz, /version")
     ] = "0.0.0.0:8080",
     data_dir: Annotated[
         Path, typer.Option(help="embedded etcd data and generated certificates")

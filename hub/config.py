@@ -47,7 +47,7 @@ class HubConfig(BaseModel):
     - ``origin``: the ``gpufed.io/origin`` label value of every object sent to members; the
       same for every replica of one hub (agents reconcile by it after a failover).
     - ``listen``: gRPC address for agents (``host:port``; port 0 picks a free one);
-      ``http_listen``: ``/metrics``, ``/healthz``, ``/readyz``.
+      ``http_listen``: ``/metrics``, ``/healthz``, ``/readyz``, ``/leaderz``, ``/version``.
     - ``etcd_endpoints``: ``host:port`` of a shared etcd (leader election happens there);
       empty means an embedded private etcd in ``data_dir`` (see :mod:`gpufed.hub.etcd`).
     - ``etcd_prefix``: every key the hub writes lives under it (docs/hub.md, "etcd layout").

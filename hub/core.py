@@ -259,7 +259,7 @@ class Controller:
 
     @property
     def ready(self) -> bool:
-        """Both initial lists are done (``/readyz``)."""
+        """Both initial lists are done (the leader's ``/readyz`` and ``/leaderz``)."""
         return self.intake.members_synced.is_set() and self.intake.jobs_synced.is_set()
 
     async def _tick_loop(self) -> None:

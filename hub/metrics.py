@@ -184,9 +184,12 @@ class HubMetrics:
 
 
 def _remove_matching(gauge: Gauge, **match: str) -> None:
-    """Remove the children of ``gauge`` whose labels include ``match``."""
-    names = gauge._labelnames
-    for values in list(gauge._metrics):
-        labels = dict(zip(names, values, strict=True))
-        if all(labels.get(k) == v for k, v in match.items()):
-            gauge.remove(*values)
+    """Remove the children of ``gauge`` whose labels include ``match`` (public API only: a
+    sample's labels come in the gauge's label order, which ``remove`` takes)."""
+    seen: set[tuple[str, ...]] = set()
+    for family in gauge.collect():
+        for sample in family.samples:
+            if all(sample.labels.get(k) == v for k, v in match.items()):
+                seen.add(tuple(sample.labels.values()))
+    for values in seen:
+        gauge.remove(*values)

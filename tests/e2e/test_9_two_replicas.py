@@ -190,8 +190,6 @@ def replicas(e2e: E2E, tmp_path: Path) -> Iterator[tuple[E2E, list[Replica], Lea
         for n in names:
             with contextlib.suppress(ApiException):
                 core.delete_namespaced_pod(n, TOKEN_NAMESPACE, grace_period_seconds=0)
-        for r in procs:
-            print(f"--- {r.name} log tail\n" + "\n".join(r.log.read_text().splitlines()[-5:]))
 
 
 def _gone(core: Any, name: str) -> bool:
