@@ -28,6 +28,8 @@ def test_the_service_selects_the_leaders_pod_label_and_the_pdb_keeps_one_replica
     deploy = found["Deployment/gpufed-hub"]
     selector = found["Service/gpufed-hub"]["spec"]["selector"]
     assert selector == {"app.kubernetes.io/name": "gpufed-hub", HUB_ROLE_LABEL: "leader"}
+    metrics = found["Service/gpufed-hub-metrics"]["spec"]
+    assert metrics["selector"] == {"app.kubernetes.io/name": "gpufed-hub"}, "every replica"
     assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     pdb = found["PodDisruptionBudget/gpufed-hub"]["spec"]
     assert pdb["minAvailable"] < deploy["spec"]["replicas"]
