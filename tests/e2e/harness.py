@@ -244,6 +244,15 @@ class Hub:
         )
         return [e.reason for e in evs.items]
 
+    def member_events(self, name: str) -> list[tuple[str, str, str]]:
+        """(type, reason, involvedObject.uid) of the Events about MemberCluster ``name`` (in
+        ``default``, where Events about cluster-scoped objects live)."""
+        evs = self.core.list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.kind=MemberCluster,involvedObject.name={name}",
+        )
+        return [(e.type, e.reason, e.involved_object.uid) for e in evs.items]
+
 
 class Member:
     """One member cluster's API as an operator sees it (what the agent created there)."""
