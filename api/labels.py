@@ -35,6 +35,9 @@ MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
 #: Join-token Secrets on the hub carry this label (value "true"; `gpufed hub join` sets it): the
 #: hub list+watches only labelled Secrets of the token namespaces.
 JOIN_TOKEN_LABEL: Final = "gpufed.io/join-token"
+#: On a hub replica's own Pod: ``leader`` or ``standby`` (the hub Service selects ``leader``,
+#: so agents reach the leader whichever replica is Ready; gpufed.hub.podrole).
+HUB_ROLE_LABEL: Final = "gpufed.io/hub-role"
 #: Pod Security Admission's level label on a Namespace (``privileged``, ``baseline``,
 #: ``restricted``): read on the hub's namespaces, set on the member namespaces the agent creates.
 POD_SECURITY_ENFORCE_LABEL: Final = "pod-security.kubernetes.io/enforce"

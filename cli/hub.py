@@ -83,7 +83,7 @@ def run(
     etcd_prefix: Annotated[str, typer.Option(help="key prefix in etcd")] = "/gpufed/hub/",
     listen: Annotated[str, typer.Option(help="gRPC address for agents")] = "0.0.0.0:7443",
     http_listen: Annotated[
-        str, typer.Option(help="address of /metrics, /healthz, /readyz")
+        str, typer.Option(help="address of /metrics, /healthz, /readyz, /leaderz, /version")
     ] = "0.0.0.0:8080",
     data_dir: Annotated[
         Path, typer.Option(help="embedded etcd data and generated certificates")
@@ -95,6 +95,17 @@ def run(
     ] = None,
     insecure: Annotated[bool, typer.Option(help="plaintext gRPC (local experiments)")] = False,
     hub_id: Annotated[str | None, typer.Option(help="this replica's id")] = None,
+    pod_name: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_NAME",
+            help="this replica's Pod: labelled gpufed.io/hub-role=leader|standby (the hub "
+            "Service selects the leader)",
+        ),
+    ] = "",
+    pod_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="namespace of --pod-name")
+    ] = "",
     origin: Annotated[
         str, typer.Option(help="gpufed.io/origin label value (same on every replica)")
     ] = "gpufed-hub",
@@ -228,6 +239,12 @@ def run(
     }
     if hub_id:
         values["hub_id"] = hub_id
+    if pod_name:
+        if not pod_namespace:
+            raise typer.BadParameter(
+                "--pod-name needs --pod-namespace (or POD_NAMESPACE from the downward API)"
+            )
+        values["pod_name"], values["pod_namespace"] = pod_name, pod_namespace
     try:
         config = HubConfig(**values)
     except ValueError as exc:

@@ -5,10 +5,13 @@
 
 1. connect etcd (``--etcd``) or start the embedded private etcd (:mod:`gpufed.hub.etcd`);
 2. connect the hub cluster's API server (:mod:`gpufed.hub.kube`);
-3. serve agents (gRPC, TLS) and ``/metrics``, ``/healthz``, ``/readyz`` at once: a standby
-   answers agents with UNAVAILABLE and ``/readyz`` with 503;
+3. serve agents (gRPC, TLS) and ``/metrics``, ``/healthz``, ``/readyz``, ``/leaderz`` at once:
+   a standby answers agents with UNAVAILABLE, ``/readyz`` with 200 while it reaches etcd
+   (Ready, and ready to take over) and ``/leaderz`` with 503;
 4. campaign; once elected, run a :class:`Controller` until leadership is lost (then back to
-   standby) or the hub is asked to stop (then resign, so a standby takes over at once).
+   standby) or the hub is asked to stop (then resign, so a standby takes over at once). With
+   ``--pod-name`` the replica's Pod is labelled ``gpufed.io/hub-role`` ``leader`` or
+   ``standby`` on each change (:mod:`gpufed.hub.podrole`): the Service selects the leader.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from aiohttp import web
 
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.version import gpufed_version, protocol_version
+from gpufed.hub.certs import not_after
 from gpufed.hub.config import HubConfig
 from gpufed.hub.core import Controller
 from gpufed.hub.etcd import EmbeddedEtcd
@@ -31,6 +35,7 @@ from gpufed.hub.http import make_app, serve
 from gpufed.hub.kube import KubeAPI
 from gpufed.hub.leader import LeaderElector
 from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.podrole import PodRole
 from gpufed.hub.service import AgentService, server_credentials
 from gpufed.hub.store import Store
 
@@ -65,6 +70,7 @@ class Hub:
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._elector: LeaderElector | None = None
+        self._pod_role: PodRole | None = None
 
     # --- start / stop ------------------------------------------------------------------------
 
@@ -81,6 +87,9 @@ class Hub:
         self.store = await Store.connect(endpoints, prefix=cfg.etcd_prefix, hub_id=cfg.hub_id)
         self._kube = await KubeAPI.connect(cfg.kubeconfig, cfg.context)
         self._elector = LeaderElector(self.store, ttl_s=cfg.leader_lease_s)
+        if cfg.pod_name:
+            self._pod_role = PodRole(self._kube, cfg.pod_namespace, cfg.pod_name)
+            self._pod_role.start()
 
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -95,8 +104,10 @@ class Hub:
         host, port = _split(cfg.listen)
         addr = f"{host}:{port}"
         if cfg.tls is not None:
+            cert_pem = cfg.tls.cert_file.read_bytes()
+            self.metrics.tls_cert_expiry.set(not_after(cert_pem))
             creds = server_credentials(
-                cfg.tls.cert_file.read_bytes(),
+                cert_pem,
                 cfg.tls.key_file.read_bytes(),
                 cfg.tls.client_ca_file.read_bytes() if cfg.tls.client_ca_file else None,
             )
@@ -113,7 +124,7 @@ class Hub:
             "hubId": cfg.hub_id,
         }
         runner, self.http_port = await serve(
-            make_app(self.metrics, self.readiness, about), hhost, hport
+            make_app(self.metrics, self.readiness, about, leading=self.leading), hhost, hport
         )
         self._http = runner
         log.info(
@@ -132,13 +143,21 @@ class Hub:
         return self._etcd
 
     def readiness(self) -> tuple[bool, str]:
-        """(ready, reason) for ``/readyz``."""
+        """(ready, reason) for ``/readyz``: the leader once its initial lists are done; a
+        standby while its campaign reaches etcd (it can take over)."""
         ctrl = self.controller
         if ctrl is None:
-            return False, "standby: not the leader"
+            if self._elector is not None and self._elector.reachable:
+                return True, "standby"
+            return False, "standby: etcd not reached (yet)"
         if not ctrl.ready:
             return False, "leader: initial lists not done yet"
         return True, "leader"
+
+    def leading(self) -> tuple[bool, str]:
+        """(leading, reason) for ``/leaderz``: 200 only on the leader with its lists done."""
+        ready, reason = self.readiness()
+        return ready and reason == "leader", reason
 
     async def run(self, stop: asyncio.Event) -> None:
         """Campaign and lead until ``stop`` is set (calls :meth:`start` first if needed)."""
@@ -166,6 +185,8 @@ class Hub:
                     await asyncio.sleep(1)
                     continue
                 self.controller = ctrl
+                if self._pod_role is not None:
+                    self._pod_role.set("leader")
                 run = asyncio.create_task(ctrl.run())
                 hold = asyncio.create_task(self._elector.hold())
                 stopping = asyncio.create_task(stop.wait())
@@ -173,6 +194,8 @@ class Hub:
                     {run, hold, stopping}, return_when=asyncio.FIRST_COMPLETED
                 )
                 self.controller = None
+                if self._pod_role is not None:
+                    self._pod_role.set("standby")
                 if run not in done:
                     ctrl.stop("stopping" if stopping in done else "leadership lost")
                 for t in (hold, stopping):
@@ -188,6 +211,10 @@ class Hub:
         """Stop serving and disconnect (idempotent)."""
         if self._elector is not None:
             await self._elector.resign()
+        if self._pod_role is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pod_role.stop(), 5)
+            self._pod_role = None
         if self._server is not None:
             await self._server.stop(grace=1)
             self._server = None

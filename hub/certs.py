@@ -123,3 +123,11 @@ def _write(path: Path, data: bytes, *, private: bool = False) -> None:
     path.write_bytes(data)
     if private:
         path.chmod(0o600)
+
+
+def not_after(pem: bytes) -> float:
+    """The ``notAfter`` of the first certificate in ``pem``, Unix seconds (for the
+    ``gpufed_hub_tls_certificate_expiry_timestamp_seconds`` gauge). ``ValueError`` when
+    ``pem`` holds no certificate."""
+    cert = x509.load_pem_x509_certificate(pem)
+    return cert.not_valid_after_utc.timestamp()

@@ -48,7 +48,7 @@ class HubConfig(BaseModel):
     - ``origin``: the ``gpufed.io/origin`` label value of every object sent to members; the
       same for every replica of one hub (agents reconcile by it after a failover).
     - ``listen``: gRPC address for agents (``host:port``; port 0 picks a free one);
-      ``http_listen``: ``/metrics``, ``/healthz``, ``/readyz``.
+      ``http_listen``: ``/metrics``, ``/healthz``, ``/readyz``, ``/leaderz``, ``/version``.
     - ``etcd_endpoints``: ``host:port`` of a shared etcd (leader election happens there);
       empty means an embedded private etcd in ``data_dir`` (see :mod:`gpufed.hub.etcd`).
     - ``etcd_prefix``: every key the hub writes lives under it (docs/hub.md, "etcd layout").
@@ -84,6 +84,9 @@ class HubConfig(BaseModel):
     - ``default_queue``: the GPUQueue of GPUJobs whose namespace no queue lists. Without a
       GPUQueue of that name it has no limit (every job is admitted, as before queues existed);
       create one to give those jobs a quota (docs/hub.md, "Queues and quotas").
+    - ``pod_name``/``pod_namespace``: this replica's own Pod (downward API ``POD_NAME``,
+      ``POD_NAMESPACE``); when set, the replica labels it ``gpufed.io/hub-role`` ``leader`` or
+      ``standby`` (:mod:`gpufed.hub.podrole`); empty outside a Pod.
     - ``fair_share_half_life_s``: half-life of the decayed GPU-seconds that order queues in
       fair sharing (:mod:`gpufed.placement.fairshare`).
     - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
@@ -109,6 +112,8 @@ class HubConfig(BaseModel):
     etcd_endpoints: tuple[str, ...] = ()
     etcd_prefix: str = "/gpufed/hub/"
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "gpufed-hub")
+    pod_name: str = ""
+    pod_namespace: str = ""
     tls: TLSConfig | None = None
     insecure: bool = False
     token_namespace: str = "gpufed-system"

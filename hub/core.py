@@ -243,7 +243,7 @@ class Controller:
 
     async def shutdown(self, reason: str) -> None:
         """Close every agent stream and stop the writers (leadership ends)."""
-        self.metrics.is_leader.set(0)
+        self.metrics.leadership_ended()
         for m in self.state.members.values():
             if m.session is not None:
                 m.session.close(
@@ -271,7 +271,7 @@ class Controller:
 
     @property
     def ready(self) -> bool:
-        """Both initial lists are done (``/readyz``)."""
+        """Both initial lists are done (the leader's ``/readyz`` and ``/leaderz``)."""
         return self.intake.members_synced.is_set() and self.intake.jobs_synced.is_set()
 
     async def _tick_loop(self) -> None:

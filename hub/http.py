@@ -1,9 +1,13 @@
-"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz`` and ``/version``.
+"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``, ``/leaderz``
+and ``/version``.
 
 Served by the hub process (:mod:`gpufed.hub.app`) on ``--http-listen`` with aiohttp.
-``/healthz`` answers 200 while the event loop runs (liveness). ``/readyz`` answers 200 only
-on the leader once its initial lists are done, 503 with the reason otherwise: a Kubernetes
-Service in front of several replicas then sends agents to the leader only. ``/version``
+``/healthz`` answers 200 while the event loop runs (liveness). ``/readyz`` answers 200 on the
+leader once its initial lists are done and on a standby that reaches etcd (every replica of a
+healthy Deployment is Ready; the Service reaches the leader by its Pod label,
+:mod:`gpufed.hub.podrole`), 503 with the reason otherwise; the body is the role (``leader``,
+``standby``). ``/leaderz`` answers 200 only on the leader with its lists done (what drills and
+the sandbox wait for). ``/version``
 answers JSON ``{"version": <gpufed distribution version>, "protocolVersion": <agent protocol
 version>, "hubId": <replica id>}`` on every replica (``gpufed version --hub-url``).
 """
@@ -22,9 +26,13 @@ def make_app(
     metrics: HubMetrics,
     readiness: Callable[[], tuple[bool, str]],
     version: Mapping[str, object] | None = None,
+    *,
+    leading: Callable[[], tuple[bool, str]] | None = None,
 ) -> web.Application:
-    """The aiohttp application; ``readiness()`` returns (ready, reason); ``version``: the
-    body of ``/version`` (``version``, ``protocolVersion``, ``hubId``)."""
+    """The aiohttp application; ``readiness()`` and ``leading()`` return (ok, reason) for
+    ``/readyz`` and ``/leaderz`` (``leading`` None: ``/leaderz`` answers as ``/readyz``);
+    ``version``: the body of ``/version`` (``version``, ``protocolVersion``, ``hubId``)."""
+    leader_check = leading or readiness
     version_body = dict(version or {})
 
     async def metrics_handler(_: web.Request) -> web.Response:
@@ -38,6 +46,10 @@ def make_app(
         ready, reason = readiness()
         return web.Response(text=f"{reason}\n", status=200 if ready else 503)
 
+    async def leaderz(_: web.Request) -> web.Response:
+        ok, reason = leader_check()
+        return web.Response(text=f"{reason}\n", status=200 if ok else 503)
+
     async def version_handler(_: web.Request) -> web.Response:
         return web.json_response(version_body)
 
@@ -45,6 +57,7 @@ def make_app(
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/leaderz", leaderz)
     app.router.add_get("/version", version_handler)
     return app
 

@@ -320,6 +320,22 @@ class KubeAPI:
         )
         return _resource_version(await _check_and_read(resp))
 
+    # --- the replica's own Pod ------------------------------------------------------------------
+
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """Merge ``labels`` into the metadata of Pod ``namespace/name`` (the replica's own Pod:
+        :mod:`gpufed.hub.podrole`). Retries transient errors; a 4xx (403 without the Role
+        ``gpufed-hub-pod-role``, 404 outside a Pod) raises ``ApiException``."""
+        body = {"metadata": {"labels": labels}}
+        async for attempt in kube_retry(attempts=3):
+            with attempt:
+                await self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    body,
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+
     # --- Events -----------------------------------------------------------------------------
 
     async def emit_event(

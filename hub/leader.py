@@ -51,6 +51,8 @@ class LeaderElector:
         self._lease: aetcd.Lease | None = None
         self.is_leader = False
         self._held_until = float("-inf")
+        #: the last campaign poll reached etcd (a standby's ``/readyz``)
+        self.reachable = False
 
     async def acquire(self) -> None:
         """Return once this replica is the leader (polls every ``min(1, ttl/3)`` seconds)."""
@@ -64,7 +66,9 @@ class LeaderElector:
                     sent = self._clock()
                     self._lease = await self.store.grant_lease(self.ttl_s)
                     left = self.ttl_s
-                if await self.store.try_acquire(self._lease):
+                acquired = await self.store.try_acquire(self._lease)
+                self.reachable = True
+                if acquired:
                     self._held_until = sent + left
                     self.is_leader = True
                     log.info("hub.leader.elected", hub=self.store.hub_id, ttl_s=self.ttl_s)
@@ -79,6 +83,7 @@ class LeaderElector:
             except (aetcd.ClientError, OSError, StoreError) as exc:
                 log.warning("hub.leader.etcd_unavailable", error=str(exc))
                 self._lease = None
+                self.reachable = False
             await asyncio.sleep(poll)
 
     async def hold(self) -> str:

@@ -76,10 +76,13 @@ def member_status(
     metrics: HubMetrics,
     now: str,
 ) -> MemberClusterStatus:
-    """The MemberCluster status the hub would write now; sets ``gpufed_cluster_ready`` and
-    ``gpufed_cluster_gpus`` for the member. ``previous_conditions``: those last written by
+    """The MemberCluster status the hub would write now; sets ``gpufed_cluster_ready``,
+    ``gpufed_cluster_lost``,
+    ``gpufed_cluster_gpus``, ``gpufed_cluster_largest_free_nvlink_block`` and
+    ``gpufed_reservations`` for the member. ``previous_conditions``: those last written by
     this term (None: none yet, so the conditions read from the MemberCluster apply)."""
     metrics.cluster_ready.labels(m.name).set(1 if m.health == "Ready" else 0)
+    metrics.cluster_lost.labels(m.name).set(1 if m.health == "Lost" else 0)
     step = max(10.0, config.heartbeat_interval_s)
     if m.last_heard_wall is not None and (
         m.heartbeat_shown is None or m.last_heard_wall - m.heartbeat_shown >= step
@@ -87,7 +90,11 @@ def member_status(
         m.heartbeat_shown = m.last_heard_wall
     heartbeat = m.heartbeat_shown
     summary = summarize(m.nodes.values())
+    reservations = list(reservations)
     reserved = reserved_gpus(m, reservations)
+    metrics.reservations.labels(m.name).set(len(reservations))
+    for product, block in summary.largest_free_nvlink_block_by_product.items():
+        metrics.cluster_nvlink_block.labels(m.name, product).set(block)
     health = health_of(m, config)
     if health.ready:
         cond = (

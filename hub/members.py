@@ -115,6 +115,7 @@ class Members:
             return
         m = self._term.state.member(name)
         m.spec = mc.spec
+        m.uid = mc.metadata.uid or ""
         self._tokens.member_changed(m)
         if mc.status is not None:
             m.conditions_seen = list(mc.status.conditions)
@@ -151,6 +152,7 @@ class Members:
         if name in self._snapshot.cluster_names:
             self._snapshot.remove_member(name)
         self._mirror.forget_member(name)
+        self._term.metrics.forget_member(name)
         log.info("hub.member.removed", cluster=name)
         if not m.lost and self._has_work(name):
             # Its jobs follow the member-lost policy now, and deleting them completes (the
@@ -258,8 +260,10 @@ class Members:
         self.write_status(m)
         if m.member_api_error:
             log.warning("member.api_unreachable", cluster=m.name, error=m.member_api_error)
+            self._mirror.member_event(m, "Warning", "NotReady", m.member_api_error)
         else:
             log.info("member.api_reachable", cluster=m.name, was=was)
+            self._mirror.member_event(m, "Normal", "Ready", "its agent reaches its API server")
             self._scheduler.kick()
             self._dispatch.pump(m.name)
 
@@ -392,14 +396,19 @@ class Members:
         quiet = silence(
             now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
         )
+        silent = f"no message from its agent for {quiet:.0f} s"
         if health == "Ready":
             log.info("member.ready", cluster=m.name, was=was)
+            self._mirror.member_event(m, "Normal", "Ready", f"its agent is heard again ({was})")
             self._scheduler.kick()
             self._dispatch.pump(m.name)
         elif health == "NotReady":
             log.warning("member.not_ready", cluster=m.name, silent_s=round(quiet, 1))
+            self._mirror.member_event(m, "Warning", "NotReady", f"{silent}: left out of placement")
         else:
             log.warning("member.lost", cluster=m.name, silent_s=round(quiet, 1))
+            why = silent if m.spec is not None else "the MemberCluster was deleted"
+            self._mirror.member_event(m, "Warning", "Lost", f"{why}: its jobs are lost or moved")
 
     async def _declare_lost(self, m: MemberState, *, deleted: bool = False) -> None:
         """The member-lost timeout passed (or, ``deleted``, its MemberCluster was deleted):

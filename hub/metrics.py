@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpufed.sync.buildinfo import register_build_info
+
 #: Most GPUQueues with per-queue series (bounded label cardinality: queues beyond it, by name,
 #: are not exported; their status still shows everything).
 MAX_QUEUE_SERIES = 200
@@ -17,11 +19,17 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class HubMetrics:
-    """Every metric the hub exports."""
+    """Every metric the hub exports.
+
+    Per-member series (``cluster`` label) and per-queue series exist only on the leader: a
+    deleted member's are removed (:meth:`forget_member`), and a replica that stops leading
+    removes them all (:meth:`leadership_ended`), so a standby never exports stale fleet data.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.build_info = register_build_info(r, "hub")
         self.is_leader = Gauge(
             "gpufed_hub_is_leader", "1 while this replica is the leader.", registry=r
         )
@@ -62,6 +70,39 @@ class HubMetrics:
         )
         self.cluster_ready = Gauge(
             "gpufed_cluster_ready", "1 while the member cluster is Ready.", ["cluster"], registry=r
+        )
+        self.cluster_lost = Gauge(
+            "gpufed_cluster_lost",
+            "1 while the member cluster is Lost (silent past the member-lost timeout, or "
+            "declared lost earlier and not reconnected).",
+            ["cluster"],
+            registry=r,
+        )
+        self.cluster_nvlink_block = Gauge(
+            "gpufed_cluster_largest_free_nvlink_block",
+            "Largest free NVLink block (free whole GPUs of one NVLink domain) per member "
+            "cluster and GPU product, as reported (before reservations).",
+            ["cluster", "product"],
+            registry=r,
+        )
+        self.reservations = Gauge(
+            "gpufed_reservations",
+            "Reservations in the ledger per member cluster (placed jobs whose pods the "
+            "member does not report yet).",
+            ["cluster"],
+            registry=r,
+        )
+        self.reservations_ended = Counter(
+            "gpufed_reservations_ended_total",
+            "Reservations that left the ledger, by how: settled (the member reported the "
+            "pods) or expired (the pods never showed up within the reservation TTL).",
+            ["how"],
+            registry=r,
+        )
+        self.tls_cert_expiry = Gauge(
+            "gpufed_hub_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the agent listener's TLS certificate, Unix seconds (absent without TLS).",
+            registry=r,
         )
         self.agents_connected = Gauge(
             "gpufed_agents_connected", "Agent streams currently open.", registry=r
@@ -143,3 +184,38 @@ class HubMetrics:
             ["queue"],
             registry=r,
         )
+
+    # --- series that belong to the leader ------------------------------------------------------
+
+    _MEMBER_SERIES = (
+        "cluster_ready",
+        "cluster_lost",
+        "cluster_gpus",
+        "cluster_nvlink_block",
+        "reservations",
+    )
+
+    def forget_member(self, cluster: str) -> None:
+        """Remove every series of a deleted member cluster."""
+        for attr in self._MEMBER_SERIES:
+            _remove_matching(getattr(self, attr), cluster=cluster)
+
+    def leadership_ended(self) -> None:
+        """This replica stopped leading: drop the fleet and queue series (the next leader
+        exports them) and zero the leader gauges."""
+        for attr in (*self._MEMBER_SERIES, "queue_gpus", "queue_pending_jobs"):
+            getattr(self, attr).clear()
+        self.queue_depth.set(0)
+        self.is_leader.set(0)
+
+
+def _remove_matching(gauge: Gauge, **match: str) -> None:
+    """Remove the children of ``gauge`` whose labels include ``match`` (public API only: a
+    sample's labels come in the gauge's label order, which ``remove`` takes)."""
+    seen: set[tuple[str, ...]] = set()
+    for family in gauge.collect():
+        for sample in family.samples:
+            if all(sample.labels.get(k) == v for k, v in match.items()):
+                seen.add(tuple(sample.labels.values()))
+    for values in seen:
+        gauge.remove(*values)

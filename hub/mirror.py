@@ -37,10 +37,11 @@ import structlog
 from pydantic import ValidationError
 
 from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
+from gpufed.api.labels import API_VERSION
 from gpufed.api.membercluster import MemberClusterStatus
 from gpufed.api.queue import GPUQueueStatus
 from gpufed.hub import status as st
-from gpufed.hub.state import JobState
+from gpufed.hub.state import JobState, MemberState
 from gpufed.hub.store import NotLeaderError
 from gpufed.hub.term import Term
 from gpufed.hub.writer import CoalescingWriter
@@ -182,7 +183,21 @@ class Mirror:
             "namespace": job.obj.metadata.namespace,
             "uid": job.uid,
         }
+        self._emit(involved, type_, reason, message)
 
+    def member_event(self, m: MemberState, type_: str, reason: str, message: str) -> None:
+        """Emit a core/v1 Event about the member's MemberCluster (cluster-scoped: the Event
+        lives in ``default``, as Kubernetes does for Nodes); ``kubectl describe membercluster``
+        shows it (it matches the MemberCluster's UID)."""
+        involved = {
+            "api_version": API_VERSION,
+            "kind": "MemberCluster",
+            "name": m.name,
+            "uid": m.uid or None,
+        }
+        self._emit(involved, type_, reason, message)
+
+    def _emit(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
         async def emit() -> None:
             async with self._event_slots:
                 if not self._term.leading():

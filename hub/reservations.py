@@ -156,6 +156,7 @@ class Reservations:
             await self._term.store.delete_reservations(r.job_uid for r in expired)
             for r in expired:
                 log.info("hub.reservation.expired", job=r.job, cluster=r.cluster)
+            self._term.metrics.reservations_ended.labels("expired").inc(len(expired))
 
     def settle(self, flush_nodes: Callable[[str], Awaitable[None]]) -> bool:
         """Drop the entries whose pods the members now report bound (after an inventory
@@ -168,6 +169,7 @@ class Reservations:
             log.info("hub.reservation.settled", job=res.job, cluster=res.cluster)
         if not settled:
             return False
+        self._term.metrics.reservations_ended.labels("settled").inc(len(settled))
         clusters = sorted({r.cluster for r in settled})
         uids = [r.job_uid for r in settled]
 

@@ -305,11 +305,14 @@ class Scheduler:
             return
         job.last_unschedulable = sig
         self._show(job, decision, placement_ms=None)
-        if decision.outcome == Outcome.REJECTED:
-            self._mirror.event(job, "Warning", "Rejected", decision.message)
+        reason = "Rejected" if decision.outcome == Outcome.REJECTED else "Unschedulable"
+        if reason != job.last_warning:
+            # One Warning per reason change: a waiting job's message changes with the fleet.
+            job.last_warning = reason
+            self._mirror.event(job, "Warning", reason, decision.message)
+        if reason == "Rejected":
             log.info("placement.rejected", job=job.key, reason=decision.message)
         else:
-            self._mirror.event(job, "Normal", "Unschedulable", decision.message)
             log.info("placement.unschedulable", job=job.key, reason=decision.message)
 
     def _show(
@@ -450,5 +453,6 @@ class Scheduler:
                 revision=rev,
                 attempt=attempt_no,
             )
+            job.last_warning = None
             self._mirror.event(job, "Normal", "Placed", f"placed on {cluster}: {decision.message}")
             self._dispatch.enqueue(cluster, uid)

@@ -4,7 +4,8 @@ Served by the hub process (:mod:`gpufed.hub.app`) on ``--listen``, with TLS unle
 ``--insecure``. Per stream:
 
 1. **Leader only.** A standby replica answers ``UNAVAILABLE`` ("standby"): agents retry with
-   backoff and reach the leader (behind a Service, ``/readyz`` routes them only to the leader).
+   backoff and reach the leader (behind the hub Service, which selects the Pod the leader
+   labelled ``gpufed.io/hub-role=leader``: :mod:`gpufed.hub.podrole`).
 2. **Authentication.** ``authorization: Bearer <token>`` in the call metadata must be the join
    token of a MemberCluster (Secret referenced by ``spec.joinTokenRef``): the token is
    exchanged for the cluster identity, in memory (:mod:`gpufed.hub.tokens`, no Kubernetes

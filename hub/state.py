@@ -38,7 +38,10 @@ class JobState:
     why); ``record``/``record_rev``: its etcd job record and that key's revision (None: never
     placed); ``seen_mono``/``decided_mono``: monotonic seconds of intake and of the latest
     placement (for the latency metrics); ``last_unschedulable``: the last "not placed" answer
-    written, so an unchanged one is not written again; ``pod_security``: the Pod Security level
+    written, so an unchanged one is not written again; ``last_warning``: the reason of the last
+    Warning Event about not being placed (``Unschedulable``, ``Rejected``; None once placed), so
+    a job that keeps waiting gets one Event per reason change, not one per new message;
+    ``pod_security``: the Pod Security level
     of its hub namespace seen at intake (sent with its work, so the agent labels a member
     namespace it creates alike); ``priority``: where its priority comes from (its
     PriorityClass, resolved each cycle while it waits: :mod:`gpufed.hub.priorities`).
@@ -55,6 +58,7 @@ class JobState:
     record_rev: int | None = None
     decided_mono: float | None = None
     last_unschedulable: Any = None
+    last_warning: str | None = None
     pod_security: PodSecurityLevel | Literal[""] = ""
     priority: PrioritySource = field(default_factory=PrioritySource)
     #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.rebuild.Claim);
@@ -133,6 +137,8 @@ class MemberState:
 
     name: str
     spec: MemberClusterSpec | None = None
+    #: the MemberCluster's metadata.uid ("" until seen; the Events about it name it)
+    uid: str = ""
     meta: MemberMeta = field(default_factory=MemberMeta)
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     session: AgentSession | None = None

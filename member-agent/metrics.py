@@ -20,6 +20,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gpufed.sync.buildinfo import register_build_info
+
 
 class AgentMetrics:
     """All metrics of one agent (see the ``documentation`` strings)."""
@@ -27,6 +29,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.build_info = register_build_info(r, "agent")
         self.hub_connected = Gauge(
             "gpufed_agent_hub_connected", "1 while a hub stream is welcomed, else 0", registry=r
         )

@@ -15,7 +15,7 @@ the sandbox imports nothing of the hub or the agent:
    (``sandbox-hub``) so a restarted hub takes its own stale leader key over at once;
 5. components ``agent/<member>``: ``gpufed agent`` with its ServiceAccount kubeconfig, its
    token and the CA;
-6. :func:`wait_ready`: the hub answers ``/readyz`` (leading, lists done), every agent answers
+6. :func:`wait_ready`: the hub answers ``/leaderz`` (leading, lists done), every agent answers
    ``/readyz`` (inventory listed, stream welcomed) and every MemberCluster is Ready with all its
    nodes reported.
 
@@ -318,11 +318,11 @@ def not_ready(
     cp: ControlPlaneInfo, hub_api: k8s.ApiClient, expected_nodes: dict[str, int]
 ) -> list[str]:
     """What keeps the control plane from being ready, one phrase each ([] when ready): the hub's
-    ``/readyz``, each agent's ``/readyz``, each member's Ready condition and node count on the
+    ``/leaderz``, each agent's ``/readyz``, each member's Ready condition and node count on the
     hub (``expected_nodes``: member -> nodes of its fleet spec)."""
     waiting = []
-    if not http_ok(f"{cp.hub_http}/readyz"):
-        waiting.append("hub /readyz")
+    if not http_ok(f"{cp.hub_http}/leaderz"):
+        waiting.append("hub /leaderz")
     for agent in cp.agents.values():
         if not http_ok(f"{agent.health}/readyz"):
             waiting.append(f"{agent.component} /readyz")

@@ -90,7 +90,7 @@ async def bench(state_dir: Path, jobs: int, rate: float, work: Path) -> dict[str
         async with aiohttp.ClientSession() as http:
             for _ in range(100):
                 try:
-                    async with http.get(f"http://127.0.0.1:{hport}/readyz") as r:
+                    async with http.get(f"http://127.0.0.1:{hport}/leaderz") as r:
                         if r.status == 200:
                             break
                 except aiohttp.ClientError:

@@ -6,6 +6,8 @@ agents and the clusters are external processes: there is nothing in-process to a
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,6 +49,17 @@ def wait_until(check: Callable[[], T | None], what: str, timeout_s: float = 60.0
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET of ``url`` (None: no answer: refused, killed, timed out)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
 
 
 def unique(prefix: str) -> str:
@@ -103,6 +116,27 @@ class Hub:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+    def create_queue(self, name: str, *, gpu_product: str, nominal: int) -> None:
+        """A GPUQueue ``name`` over namespace ``name`` (created if missing) with a fleet-wide
+        quota of ``nominal`` GPUs of ``gpu_product`` and no borrowing."""
+        self.ensure_namespace(name)
+        self.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpuqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUQueue",
+                "metadata": {"name": name},
+                "spec": {
+                    "namespaces": [name],
+                    "quotas": [
+                        {"gpuProduct": gpu_product, "nominal": nominal, "borrowingLimit": 0}
+                    ],
+                },
+            },
+        )
 
     def submit(
         self,
@@ -209,6 +243,15 @@ class Hub:
             namespace, field_selector=f"involvedObject.name={name}"
         )
         return [e.reason for e in evs.items]
+
+    def member_events(self, name: str) -> list[tuple[str, str, str]]:
+        """(type, reason, involvedObject.uid) of the Events about MemberCluster ``name`` (in
+        ``default``, where Events about cluster-scoped objects live)."""
+        evs = self.core.list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.kind=MemberCluster,involvedObject.name={name}",
+        )
+        return [(e.type, e.reason, e.involved_object.uid) for e in evs.items]
 
 
 class Member:

@@ -91,3 +91,12 @@ def test_a_member_whose_agent_stops_turns_not_ready_then_lost_and_its_jobs_follo
     assert still.metadata.uid == staying_copy.metadata.uid  # not re-created, not re-run
     assert hub.status(staying)["phase"] == "Lost"
     assert list(e2e.copies(moving_uid)) == [y]
+    # Each transition is an Event on the MemberCluster (`kubectl describe membercluster` shows
+    # them: they name its UID).
+    uid = hub.member(x).metadata.uid
+    events = hub.member_events(x)
+    assert {
+        ("Warning", "NotReady", uid),
+        ("Warning", "Lost", uid),
+        ("Normal", "Ready", uid),
+    } <= set(events), events

@@ -83,7 +83,7 @@ def test_etcd_restart_pauses_the_hub_which_resumes_without_losing_or_duplicating
     (copy,) = e2e.members[cluster].jobs_of(before_uid)
 
     e2e.kill("etcd")
-    wait_until(lambda: not http_ok(f"{cp.hub_http}/readyz"), "the hub to stop leading", 30)
+    wait_until(lambda: not http_ok(f"{cp.hub_http}/leaderz"), "the hub to stop leading", 30)
     assert e2e.running("hub")  # paused, not dead
     e2e.start("etcd")
     e2e.wait_healthy(120)

@@ -27,21 +27,7 @@ def teams(e2e: E2E) -> Iterator[E2E]:
     """GPUQueues q-team-a (16 H100) and q-team-b (8 H100), each over its own namespace;
     the queues and the teams' jobs are removed afterwards."""
     for name, nominal in TEAMS.items():
-        e2e.hub.ensure_namespace(name)
-        e2e.hub.custom.create_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpuqueues",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GPUQueue",
-                "metadata": {"name": name},
-                "spec": {
-                    "namespaces": [name],
-                    "quotas": [{"gpuProduct": H100, "nominal": nominal, "borrowingLimit": 0}],
-                },
-            },
-        )
+        e2e.hub.create_queue(name, gpu_product=H100, nominal=nominal)
     try:
         yield e2e
     finally:

@@ -54,17 +54,25 @@ class HubProcess:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
 
     async def ready(self) -> bool:
-        """True when /readyz says this replica leads."""
+        """True when /leaderz says this replica leads."""
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.name} exited; log:\n{self.log.read_text()[-3000:]}")
         try:
             async with (
                 aiohttp.ClientSession() as s,
-                s.get(f"http://127.0.0.1:{self.http_port}/readyz") as r,
+                s.get(f"http://127.0.0.1:{self.http_port}/leaderz") as r,
             ):
                 return r.status == 200
         except aiohttp.ClientError:
             return False
+
+    async def readyz(self) -> tuple[int, str]:
+        """Status and body of /readyz (every replica's readiness, not only the leader's)."""
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{self.http_port}/readyz") as r,
+        ):
+            return r.status, await r.text()
 
     async def healthy(self) -> bool:
         """True once the process serves HTTP (its gRPC server started before)."""
@@ -157,6 +165,13 @@ async def test_standby_takes_over_and_nothing_is_created_twice(
     standby = next(h for h in hubs if h is not first)
     await wait_for(standby.healthy, "the standby to serve", limit_s=60)
     assert not await standby.ready()
+    # Both replicas are Ready (a Deployment's rollout completes); only one leads.
+    assert await first.readyz() == (200, "leader\n")
+
+    async def standby_ready() -> bool:
+        return await standby.readyz() == (200, "standby\n")
+
+    await wait_for(standby_ready, "the standby to be Ready", limit_s=30)
 
     # A standby refuses agents (they retry and reach the leader).
     refused = FakeAgent(standby.grpc_port, "m1", token, ca)

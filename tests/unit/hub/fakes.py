@@ -234,6 +234,8 @@ class FakeHubAPI:
     member_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     queue_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (involved kind, involved uid, type, reason) of each Event, in order
+    event_refs: list[tuple[str, str, str, str]] = field(default_factory=list)
     finalizer_writes: list[tuple[str, str, list[str]]] = field(default_factory=list)
     listed: dict[str, int] = field(default_factory=dict)
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -354,6 +356,7 @@ class FakeHubAPI:
     ) -> None:
         self.requests["emit_event"] += 1
         self.events.append((str(involved.get("name")), reason, message))
+        self.event_refs.append((str(involved.get("kind")), str(involved.get("uid")), type_, reason))
 
 
 class ApiConflictError(Exception):
