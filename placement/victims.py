@@ -17,9 +17,10 @@ it fits without preemption.
 **The search, per member** (bounded): candidates are the eligible jobs on nodes of a GPU
 product the job accepts; they are filed by the block the job must sit in (its NVLink domain
 for a one-pod or ``nvlink: Required`` job, else its rack / block when required, else the whole
-member); per block the cheapest victims are counted in until the block's free GPUs reach the
-job's demand, the blocks of the whole fleet are ordered by that estimate and the
-``max_blocks`` cheapest are tried; in each
+member), read from the running jobs' index by block (:mod:`.runindex`; :mod:`.victimblocks`
+files them and estimates each block); per block the cheapest victims are counted in until the
+block's free GPUs reach the job's demand, the blocks of the whole fleet are ordered by that
+estimate and the ``max_blocks`` cheapest are tried; in each
 the greedy set grows until the what-if places the job, then every victim whose removal still
 lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
 pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
