@@ -12,8 +12,8 @@ from preemption_builders import hgx_full_of_jobs, nvl72_full_of_4gpu_jobs
 from gpufed.placement import Policy
 from gpufed.placement.preemption import PreemptionPlan, PreemptionRules, Preemptor
 from gpufed.placement.runindex import RunningIndex
-from gpufed.placement.victimblocks import Bound
-from gpufed.placement.victims import plan_preemption
+from gpufed.placement.victimblocks import Bound, estimates
+from gpufed.placement.victims import Search, plan_preemption
 
 NOW = 10_000.0
 POLICY = Policy()
@@ -107,3 +107,24 @@ def test_bound_reaches_the_kth_lowest_priority() -> None:
     assert bound.prio == 1
     bound.add(7)
     assert bound.prio == 1
+
+
+def test_blocks_whose_jobs_are_all_above_the_bound_are_not_read() -> None:
+    """One estimate at priority 0 already found and one block wanted: the clique whose jobs
+    are all of priority 5 is passed over (counted), the priority-0 clique is estimated."""
+
+    def attrs(uid: str, i: int) -> dict[str, Any]:
+        return {"priority": 0 if "-c0-" in uid else 5, "started_at": NOW - 100}
+
+    state, runs = nvl72_full_of_4gpu_jobs("b", cliques=2, attrs=attrs)
+    snap = fleet(state)
+    index = RunningIndex(snap, runs)
+    req = job("big", gpus=4, pods=4, nvlink="Required", priority=1000)
+    s = Search(Preemptor(req), snap, POLICY, PreemptionRules(), NOW, None, None, (), ())
+    every = estimates(s, snap.cluster("b"), index, set(), {}, Bound(8))
+    assert sorted(r.bkey for r in every) == ["clique:b-fabric.0", "clique:b-fabric.1"]
+    bound = Bound(1)
+    bound.add(0)
+    rows = estimates(s, snap.cluster("b"), index, set(), {}, bound)
+    assert [r.bkey for r in rows] == ["clique:b-fabric.0"]
+    assert bound.passed == {"b": 1}
