@@ -4,7 +4,7 @@ arrival order, best effort, each job to the first member in fleet-file order tha
 from __future__ import annotations
 
 import pytest
-from test_simulate import hgx_fleet, nvl72_fleet, tj
+from test_simulate import hgx_fleet, tj
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.placement import Policy
@@ -33,36 +33,11 @@ def test_a_big_job_is_skipped_while_small_ones_behind_it_start() -> None:
 
 
 def test_each_job_goes_to_the_first_member_in_fleet_file_order_that_fits_it() -> None:
-    spec = FleetSpec.loads(
-        """clusters:
-  - name: zeta
-    nodePools:
-      - name: h100
-        nodes: 1
-        gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}
-        nvlink: node
-  - name: alpha
-    nodePools:
-      - name: h100
-        nodes: 2
-        gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}
-        nvlink: node
-"""
-    )
+    spec = hgx_fleet(zeta=1, alpha=2)  # in this order in the file
     jobs = [tj("1", 0, 8, 100), tj("2", 1, 4, 100), tj("3", 2, 4, 100), tj("4", 3, 4, 100)]
     # zeta is first in the file (not by name): job 1 fills it, the rest go to alpha
     assert _clusters(spec, jobs) == {"1": "zeta", "2": "alpha", "3": "alpha", "4": "alpha"}
     assert _clusters(spec, jobs, ["alpha", "zeta"])["1"] == "alpha"
-
-
-def test_inside_a_member_the_job_is_placed_topology_aware() -> None:
-    """NVLink-Required jobs stay in one clique: the member's own placement is gpufed's."""
-    members = fleet_members(nvl72_fleet(cliques=2))
-    jobs = [
-        tj("a", 0, 64, 1000, gpus_per_pod=4, topology="Required"),
-        tj("b", 1, 16, 1000, gpus_per_pod=4, topology="Required"),
-    ]
-    assert simulate(members, jobs, "first-admit").nvlink_required_single_domain == 1.0
 
 
 def test_a_job_no_member_could_ever_hold_is_never_started() -> None:
