@@ -39,7 +39,7 @@ integration: binaries
 e2e: binaries
 	$(BIN)/pytest tests/e2e
 
-crds: install  ## regenerate manifests/crds/ from the pydantic models in api/
+crds: install  ## regenerate manifests/crds/ and charts/gpufed-hub/crds/ from the pydantic models in api/
 	$(BIN)/python scripts/gen_crds.py
 
 clean:

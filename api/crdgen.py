@@ -29,6 +29,20 @@ from gpufed.api.labels import GROUP, VERSION
 
 _DROP = frozenset({"title", "uniqueItems", "discriminator", "examples"})
 
+#: The descriptions Kubernetes gives ``apiVersion`` and ``kind`` (``metav1.TypeMeta``).
+API_VERSION_DESCRIPTION = (
+    "APIVersion defines the versioned schema of this representation of an object. Servers "
+    "should convert recognized schemas to the latest internal value, and may reject "
+    "unrecognized values. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"
+)
+KIND_DESCRIPTION = (
+    "Kind is a string value representing the REST resource this object represents. Servers "
+    "may infer this from the endpoint the client submits requests to. Cannot be updated. In "
+    "CamelCase. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
+)
+
 
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of ``model`` (camelCase names, refs inlined).
@@ -93,9 +107,10 @@ def _reflow(text: str) -> str:
 def _resource_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = structural_schema(model)
     props = schema["properties"]
-    # The API server owns these three: plain types, no generated constraints.
-    props["apiVersion"] = {"type": "string"}
-    props["kind"] = {"type": "string"}
+    # The API server owns these three: plain types, no generated constraints; the
+    # descriptions are Kubernetes' own (TypeMeta, ObjectMeta).
+    props["apiVersion"] = {"type": "string", "description": API_VERSION_DESCRIPTION}
+    props["kind"] = {"type": "string", "description": KIND_DESCRIPTION}
     props["metadata"] = {"type": "object"}
     schema["required"] = [r for r in schema.get("required", []) if r not in ("metadata",)]
     return schema

@@ -40,10 +40,20 @@ class CRDModel(BaseModel):
     """Base of every CRD model: camelCase names on the wire, unknown fields ignored.
 
     Unknown fields are ignored (not refused) because the API server prunes them already and a
-    newer CRD may carry fields an older hub does not know.
+    newer CRD may carry fields an older hub does not know. Every field of a CRD model carries a
+    description (its attribute docstring, or ``Field(description=...)``, or for an object the
+    class docstring); ``tests/unit/hub/test_crd_descriptions.py`` fails naming any that lacks
+    one.
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        # A field's docstring (the string right under it) is its description in the CRD
+        # schema, which is what `kubectl explain` prints.
+        use_attribute_docstrings=True,
+    )
 
     def to_k8s(self) -> dict[str, Any]:
         """The object as the API server expects it (camelCase, ``None`` fields left out)."""
@@ -75,15 +85,21 @@ class LabelSelectorRequirement(CRDModel):
     """One ``matchExpressions`` entry (Kubernetes ``LabelSelectorRequirement``)."""
 
     key: str = Field(min_length=1, max_length=317)
+    """The MemberCluster label key the requirement applies to."""
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """How the key's value relates to `values`: `In`, `NotIn`, `Exists` or `DoesNotExist`."""
     values: list[str] = Field(default_factory=list, max_length=64)
+    """Label values: non-empty for `In` and `NotIn`, empty for `Exists` and `DoesNotExist` (at most
+    64)."""
 
 
 class ClusterSelector(CRDModel):
     """A label selector over ``MemberCluster.spec.labels`` (terms are ANDed)."""
 
     match_labels: dict[str, str] = Field(default_factory=dict)
+    """Label key -> value pairs a MemberCluster's `spec.labels` must all have."""
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=32)
+    """Requirements on MemberCluster labels, all of which must hold (at most 32)."""
 
 
 class Topology(CRDModel):
@@ -95,8 +111,14 @@ class Topology(CRDModel):
     """
 
     nvlink: NVLink = "Preferred"
+    """`Required`: every pod inside one NVLink domain (one HGX node, or one NVL72 clique);
+    `Preferred` (default): try to; `None`: do not care."""
     rack: Level | None = None
+    """`Required` or `Preferred`: keep every pod within one rack (the node label named by the
+    agent's `--rack-label`); unset: no constraint."""
     block: Level | None = None
+    """`Required` or `Preferred`: keep every pod within one network block (the agent's
+    `--block-label`); unset: no constraint."""
 
 
 class Placement(CRDModel):
@@ -124,6 +146,10 @@ class Placement(CRDModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    """Allowed GPUs, any when empty (at most 16): GPU Feature Discovery products
+    (`nvidia.com/gpu.product` values such as `NVIDIA-H100-80GB-HBM3`) or short names (`H100`,
+    `A100-80GB`, `GB200`), resolved by the hub at intake; an unknown name fails the job with
+    `Valid=False`."""
     cluster_selector: ClusterSelector | None = None
     topology: Topology = Field(default_factory=Topology)
     priority_class_name: str | None = Field(
@@ -132,10 +158,22 @@ class Placement(CRDModel):
         max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
     )
+    """A `scheduling.k8s.io/v1` PriorityClass of the hub cluster: its `value` is the job's priority
+    (higher is placed first) and its `preemptionPolicy` says whether it may preempt. Absent: the
+    workload pod template's `priorityClassName`, else the global default class, else 0."""
     priority: int = Field(default=0, ge=-1_000_000_000, le=1_000_000_000)
+    """Deprecated free integer priority, accepted only when no PriorityClass is named and it is 0 or
+    negative."""
     queue: str | None = Field(default=None, min_length=1, max_length=63)
+    """The GPUQueue the job is charged to. Absent: the queue that lists the job's namespace, else
+    the hub's default queue; when set it must name a queue that lists the job's namespace."""
     reschedule: Reschedule = "Never"
+    """What happens when the member running the job is lost: `Never` (default: the job becomes
+    `Lost`) or `OnClusterLoss` (placed again elsewhere; the old copy is deleted when the member
+    returns)."""
     allocation: Allocation | None = None
+    """`binpack` (fill used nodes first) or `spread` (use idle nodes first): this job's choice over
+    the hub's `--allocation`; unset: the hub's."""
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).
@@ -147,7 +185,7 @@ TEMPLATE_RULES: list[JsonValue] = [
     {
         "rule": "self.kind == 'List' || has(self.spec)",
         "message": "the template needs a spec: it is the workload exactly as it would be applied "
-        "(a batch/v1 Job, a JobSet, a PyTorchJob, or kind List with items)",
+        "(a batch/v1 Job, a JobSet, a PyTorchJob, a RayJob, an MPIJob, or kind List with items)",
     },
 ]
 
@@ -165,14 +203,16 @@ class Checkpoint(CRDModel):
     """
 
     interval_seconds: int = Field(ge=1, le=MAX_CHECKPOINT_INTERVAL_S)
+    """Seconds between two checkpoints of the job, 1 to 604,800 (7 days)."""
 
 
 class GPUJobSpec(CRDModel):
     """``GPUJob.spec``.
 
     ``template``: the workload exactly as it would be applied to a cluster: a ``batch/v1``
-    Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, or
-    ``apiVersion: v1, kind: List`` with ``items`` (a list of manifests). GPU needs are
+    Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, a
+    ``ray.io/v1`` RayJob, a ``kubeflow.org/v2beta1`` MPIJob, or ``apiVersion: v1, kind: List``
+    with ``items`` (the workload plus its ConfigMaps, Secrets, Services). GPU needs are
     derived from it (pod sets, docs/design.md §4). ``placement`` constrains where it may run.
     ``checkpoint`` (optional) declares how often it checkpoints. The spec is immutable once created: the job may already run in a member.
     """
@@ -185,10 +225,18 @@ class GPUJobSpec(CRDModel):
             "x-kubernetes-validations": TEMPLATE_RULES,
             # Declared so that CEL can see them; their content is the workload's own schema.
             "properties": {
-                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "spec": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "description": "The workload's own spec (of the Job, JobSet or "
+                    "PyTorchJob), passed to the member as written, except that the hub pins "
+                    "the pods to the nodes it chose.",
+                },
                 "items": {
                     "type": "array",
                     "maxItems": 64,
+                    "description": "With `kind: List`: the manifests to apply together (at "
+                    "most 64), e.g. a JobSet and the ConfigMap it mounts.",
                     "items": {
                         "type": "object",
                         "x-kubernetes-embedded-resource": True,
@@ -198,6 +246,10 @@ class GPUJobSpec(CRDModel):
             },
         }
     )
+    """The workload exactly as it would be applied to a cluster: a `batch/v1` Job, a
+    `jobset.x-k8s.io/v1alpha2` JobSet, a `kubeflow.org/v1` PyTorchJob, or `apiVersion: v1, kind:
+    List` with `items`. The hub derives the job's pod sets and GPU needs from it and sends it to the
+    chosen member."""
     placement: Placement = Field(default_factory=Placement)
     checkpoint: Checkpoint | None = None
 
@@ -205,31 +257,93 @@ class GPUJobSpec(CRDModel):
 # --- status --------------------------------------------------------------------------------------
 
 
-class StatusCondition(CRDModel):
-    """A Kubernetes ``metav1.Condition``-like entry (``status.conditions[]``)."""
+#: ``metav1.Condition`` validation (KEP-1623): a condition type is an optional DNS-subdomain
+#: prefix and a CamelCase name; a reason is CamelCase (letters, digits, ``_``, ``,``, ``:``).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
-    type: str = Field(min_length=1, max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(default="", max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: DateTime | None = None
+
+_CONDITION_REQUIRED = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
+def _required_condition_fields(schema: dict[str, Any]) -> None:
+    """The schema requires what KEP-1623 requires (the model has lenient defaults)."""
+    schema["required"] = list(_CONDITION_REQUIRED)
+    for name in _CONDITION_REQUIRED:
+        schema["properties"][name].pop("default", None)
+
+
+class StatusCondition(CRDModel):
+    """One entry of ``status.conditions``: a Kubernetes ``metav1.Condition`` (KEP-1623).
+
+    ``type``, ``status``, ``reason``, ``message`` (may be empty) and ``lastTransitionTime`` are
+    required by the schema, as in ``metav1.Condition``;
+    the hub's writer (``hub/status.py`` ``set_condition``) always fills them, and turns a
+    member's free-text or empty reason into a CamelCase one. The model itself reads
+    leniently (defaults, no patterns) so that a status written by an older hub still loads.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_required_condition_fields)
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        description="Type of the condition, CamelCase, optionally prefixed by a DNS "
+        "subdomain and `/` (the types of each resource are listed under its "
+        "`status.conditions`).",
+        json_schema_extra={"pattern": CONDITION_TYPE_PATTERN},
+    )
+    status: Literal["True", "False", "Unknown"] = Field(
+        description="Whether the condition holds: `True`, `False` or `Unknown`."
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The `metadata.generation` of the object this condition was computed from.",
+    )
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description="Why the condition last changed: one CamelCase word, for machines "
+        "(e.g. `Unschedulable`, `Succeeded`, `BackoffLimitExceeded`).",
+        json_schema_extra={"minLength": 1, "pattern": CONDITION_REASON_PATTERN},
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Details for people; may be empty.",
+    )
+    last_transition_time: DateTime | None = Field(
+        default=None,
+        description="When `status` last changed (RFC 3339).",
+    )
 
 
 class PodSetPlacement(CRDModel):
     """Where one pod set goes: node name -> pods (``nodes``); ``requests`` per pod."""
 
     name: str
+    """The pod set's name (the replicated job or replica type it comes from, or `main`)."""
     requests: dict[str, int] = Field(default_factory=dict)
+    """Resource name -> amount each pod of the set requests (GPUs as whole counts)."""
     nodes: dict[str, int] = Field(default_factory=dict)
+    """Node name -> how many of the set's pods were placed on it."""
 
 
 class ClusterScoreStatus(CRDModel):
     """A member that could take the job: total score (0-100) and each scorer's part."""
 
     cluster: str
+    """The member cluster."""
     score: float
+    """Total score, 0-100 (higher wins; ties break on the cluster name)."""
     gpu_product: str | None = None
+    """The GPU product the job would use there."""
     parts: dict[str, float] = Field(default_factory=dict)
+    """Scorer name -> its weighted part of the total."""
 
 
 class ClusterRejectionStatus(CRDModel):
@@ -240,9 +354,14 @@ class ClusterRejectionStatus(CRDModel):
     """
 
     cluster: str
+    """The member cluster that cannot take the job."""
     plugin: str
+    """The placement filter plugin that rejected it (e.g. `GPUProduct`, `TopologyFit`, `Quota`)."""
     code: Literal["Unschedulable", "UnschedulableAndUnresolvable", "Error"]
+    """`Unschedulable` (may change as jobs finish), `UnschedulableAndUnresolvable` (only a change of
+    the member's shape or configuration would help) or `Error`."""
     reason: str
+    """Why, for people."""
 
 
 class PlacementStatus(CRDModel):
@@ -256,33 +375,57 @@ class PlacementStatus(CRDModel):
     """
 
     outcome: PlacementOutcome
+    """`Placed` (`cluster` is set), `Unschedulable` (the job waits for the fleet to change) or
+    `Rejected` (no member could ever hold it: the job fails)."""
     cluster: str | None = None
+    """The member chosen (when `Placed`)."""
     gpu_product: str | None = None
+    """The GPU product of the pool the job's GPU pods were placed in."""
     nvlink_domains: list[str] = Field(default_factory=list)
+    """The NVLink domains the pods landed in (`node:<name>` for an HGX node, `clique:<id>` for a
+    multi-node NVLink rack)."""
     pod_sets: list[PodSetPlacement] = Field(default_factory=list)
+    """Per pod set: the nodes its pods were pinned to."""
     score: float | None = None
+    """The chosen member's total score, 0-100."""
     scores: list[ClusterScoreStatus] = Field(default_factory=list)
+    """Members that could take the job, best first."""
     rejections: list[ClusterRejectionStatus] = Field(default_factory=list)
+    """Per member that cannot take the job: the plugin, code and reason (always filled when the job
+    did not fit)."""
     message: str = ""
+    """One-line summary of the decision."""
     explained: bool = False
+    """True when every member's score or rejection was recorded (fleets up to the hub's
+    `--explain-members`); false when only the winner was."""
     policy: str = ""
+    """The allocation policy the decision used (`binpack`, `spread`)."""
     decided_time: DateTime | None = None
+    """When the decision was made (RFC 3339)."""
 
 
 class PodIssueStatus(CRDModel):
     """A pod of the job in the member that is not running, and why."""
 
     pod: str
+    """The pod's name in the member."""
     reason: str
+    """The waiting reason of a container (`ImagePullBackOff`, `CrashLoopBackOff`) or the scheduler's
+    `Unschedulable`."""
     message: str = ""
+    """The member's message, if any."""
 
 
 class WorkloadRef(CRDModel):
     """The main workload object in the member (``Kind.group`` and name)."""
 
     kind: str = ""
+    """`Kind.group` of the main workload object (`Job.batch`, `JobSet.jobset.x-k8s.io`,
+    `PyTorchJob.kubeflow.org`)."""
     name: str = ""
+    """Its name in the member."""
     namespace: str = ""
+    """Its namespace in the member (empty: the GPUJob's namespace)."""
 
 
 class Timings(CRDModel):
@@ -293,7 +436,46 @@ class Timings(CRDModel):
     """
 
     placement_ms: float | None = None
+    """Milliseconds from hub intake to the placement decision."""
     dispatch_ms: float | None = None
+    """Milliseconds from the decision to the agent's acknowledgement that the objects exist in the
+    member."""
+
+
+class PreemptionVictim(CRDModel):
+    """One job preempted to place this one: ``job`` (``namespace/name``), its ``priority``,
+    ``costGpuSeconds`` (the work it lost: GPUs x seconds since its last checkpoint) and
+    ``reason`` (``priority``: lower priority; ``reclaim``: its queue borrowed from ours)."""
+
+    job: str
+    """The preempted GPUJob, `namespace/name`."""
+    priority: int = 0
+    """The victim's priority when it was preempted."""
+    cost_gpu_seconds: float = 0.0
+    """The work it lost: GPUs x seconds since its last checkpoint."""
+    reason: Literal["priority", "reclaim"] = "priority"
+    """`priority`: it had a lower priority; `reclaim`: its queue borrowed from the preemptor's."""
+
+
+class PreemptionStatus(CRDModel):
+    """What the hub preempted to place this job (set on the preemptor, kept once placed):
+    the member ``cluster``, the ``nodes`` and ``nvlinkDomains`` freed for it, the ``victims``,
+    ``costGpuSeconds`` in all, when (``time``) and one line (``message``)."""
+
+    cluster: str
+    """The member cluster the victims ran in."""
+    nodes: list[str] = Field(default_factory=list, max_length=512)
+    """The nodes freed for this job."""
+    nvlink_domains: list[str] = Field(default_factory=list, max_length=512)
+    """The NVLink domains (cliques) freed for this job."""
+    victims: list[PreemptionVictim] = Field(default_factory=list, max_length=128)
+    """The jobs preempted."""
+    cost_gpu_seconds: float = 0.0
+    """GPU-seconds lost by all victims together."""
+    time: DateTime | None = None
+    """When the preemption was committed (RFC 3339)."""
+    message: str = ""
+    """One line for people."""
 
 
 class GPUJobStatus(CRDModel):
@@ -308,30 +490,57 @@ class GPUJobStatus(CRDModel):
     lost or restored its etcd state can tell which of its record and this status is newer
     (docs/design.md §7 item 7). ``lastCheckpointTime``: the latest checkpoint the job
     reported in its member (annotation ``gpufed.io/last-checkpoint``, forwarded by the agent).
+    ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
+    for a higher-priority job; condition ``Preempted``); each returned it to Pending.
+    ``preemption``: what the hub preempted to place this job (its victims and the block freed).
     Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
     phase: JobPhase = "Pending"
+    """Lifecycle: `Pending`, `Placed`, `Running`, `Succeeded`, `Failed` or `Lost`; the last three
+    are terminal and final."""
     message: str = ""
+    """What is happening, for people (why it waits, where it runs, how it ended)."""
     cluster: str | None = None
+    """The member cluster the job is placed on."""
     attempt: int | None = Field(default=None, ge=1)
+    """The placement attempt `cluster` holds (1, then 2 after a re-placement)."""
     gpus: int | None = None
+    """Whole GPUs the job asks for, over all its pod sets."""
     placement: PlacementStatus | None = None
     conditions: list[StatusCondition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """KEP-1623 conditions: the hub's own first (`Valid`, `Placed`, `Dispatched`, `ClusterLost`,
+    `Finished`: True once the job ended, reason `Succeeded`, `Failed` or `Lost`, whatever the
+    workload kind), then the member workload's conditions in the member's order."""
     workload: WorkloadRef | None = None
     active: int | None = None
+    """Active pods of the member workload."""
     succeeded: int | None = None
+    """Succeeded pods of the member workload."""
     failed: int | None = None
+    """Failed pods of the member workload."""
     ready: int | None = None
+    """Ready pods of the member workload."""
     pod_issues: list[PodIssueStatus] = Field(default_factory=list, max_length=64)
+    """Pods of the job in the member that are not running, and why (at most 20 are copied)."""
     start_time: DateTime | None = None
+    """When the member workload started (from the member object, RFC 3339)."""
     completion_time: DateTime | None = None
+    """When the member workload completed (from the member object, RFC 3339)."""
     last_checkpoint_time: DateTime | None = None
+    """The latest checkpoint the job reported in its member (annotation `gpufed.io/last-checkpoint`,
+    RFC 3339)."""
+    preemptions: int | None = Field(default=None, ge=0)
+    """Times this job was preempted (its member copy stopped to place a job of higher priority, or
+    reclaimed by a queue below its nominal quota)."""
+    preemption: PreemptionStatus | None = None
+    """On a preemptor: what the hub preempted to place it (kept once it is placed)."""
     timings: Timings | None = None
     observed_generation: int | None = None
+    """The `metadata.generation` this status was computed from."""
 
 
 #: CEL rules on the whole spec.

@@ -31,8 +31,11 @@ class ClusterTaint(CRDModel):
     """A taint on the whole member (Kubernetes ``Taint`` semantics): jobs must tolerate it."""
 
     key: str = Field(min_length=1, max_length=317)
+    """The taint key."""
     value: str = Field(default="", max_length=63)
+    """The taint value (may be empty)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    """`NoSchedule`, `PreferNoSchedule` or `NoExecute`, as for a node taint."""
 
 
 class SecretKeyRef(CRDModel):
@@ -42,8 +45,11 @@ class SecretKeyRef(CRDModel):
     """
 
     name: str = Field(min_length=1, max_length=253)
+    """The Secret's name."""
     namespace: str | None = Field(default=None, max_length=63)
+    """The Secret's namespace; absent: the hub's `--token-namespace` (default `gpufed-system`)."""
     key: str = Field(default=DEFAULT_TOKEN_KEY, min_length=1, max_length=253)
+    """The key in the Secret's data that holds the token (default `token`)."""
 
 
 class MemberClusterSpec(CRDModel):
@@ -55,7 +61,10 @@ class MemberClusterSpec(CRDModel):
     """
 
     labels: dict[str, str] = Field(default_factory=dict)
+    """Labels of the member, matched by `GPUJob.spec.placement.clusterSelector` (e.g. `region:
+    us-east`)."""
     taints: list[ClusterTaint] = Field(default_factory=list, max_length=32)
+    """Taints on the whole member: every job sent here must tolerate them (at most 32)."""
     join_token_ref: SecretKeyRef
 
 
@@ -78,20 +87,37 @@ class MemberClusterStatus(CRDModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """KEP-1623 conditions: `Ready` from the hub's own receive times (`False` with reason
+    `LeaseExpired` after the member lease, `ClusterLost` after the member-lost timeout)."""
     gpus_total: dict[str, int] = Field(default_factory=dict)
+    """GPU product -> whole GPUs on Ready, schedulable nodes (taints ignored)."""
     gpus_free: dict[str, int] = Field(default_factory=dict)
+    """GPU product -> whole GPUs not requested by any pod, on Ready, schedulable nodes."""
     gpus_reserved: dict[str, int] = Field(default_factory=dict)
+    """GPU product -> whole GPUs promised to dispatched jobs whose pods are not bound yet."""
     largest_free_nvlink_block: int | None = Field(default=None, alias="largestFreeNVLinkBlock")
+    """The most free whole GPUs inside one NVLink domain of the member (8 for an idle HGX node, 72
+    for an idle NVL72 clique)."""
     largest_free_nvlink_block_by_product: dict[str, int] = Field(
         default_factory=dict, alias="largestFreeNVLinkBlockByProduct"
     )
+    """The same per GPU product."""
     gpu_summary: str | None = None
+    """`product=free/total` pairs, for the printer column."""
     nodes: int | None = None
+    """Nodes the member reports."""
     served_kinds: list[str] = Field(default_factory=list)
+    """Workload kinds the member serves (`Job.batch`, `JobSet.jobset.x-k8s.io`, …), from the agent's
+    hello."""
     last_heartbeat_time: DateTime | None = None
+    """When the hub last heard from the member's agent (RFC 3339, updated at most every 10 s)."""
     agent_version: str | None = None
+    """The version of the member's agent."""
     lost_time: DateTime | None = None
+    """When the hub declared the member lost (RFC 3339); absent while it is not."""
     cluster_uid: str | None = Field(default=None, alias="clusterUID")
+    """The UID of the member's `kube-system` Namespace, recorded from the first agent that joined;
+    an agent of another Kubernetes cluster is refused."""
 
     def ready(self) -> bool | None:
         """The Ready condition as a bool (None when the hub has not judged yet)."""

@@ -77,9 +77,15 @@ class QueueQuota(CRDModel):
     """
 
     gpu_product: QuotaKey
+    """The quota key: a GFD product (`NVIDIA-H100-80GB-HBM3`), `*` (any whole GPU whose product the
+    queue does not list by name) or a MIG resource name (`nvidia.com/mig-1g.10gb`)."""
     nominal: int = Field(ge=0, le=MAX_QUOTA)
+    """GPUs (or MIG slices) the queue's subtree may use, summed over every member (0 to
+    10,000,000)."""
     borrowing_limit: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+    """How far above `nominal` the queue may go with unused quota of its tree; absent: unlimited."""
     lending_limit: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+    """How much of its unused `nominal` others in the tree may borrow; absent: all of it."""
 
 
 class FairShare(CRDModel):
@@ -87,6 +93,7 @@ class FairShare(CRDModel):
     weight may use twice the decayed GPU-seconds before it goes behind a sibling."""
 
     weight: int = Field(default=1, ge=1, le=MAX_WEIGHT)
+    """The queue's weight among its siblings, 1 to 1,000,000 (default 1)."""
 
 
 class GPUQueueSpec(CRDModel):
@@ -101,11 +108,14 @@ class GPUQueueSpec(CRDModel):
     """
 
     parent: QueueName | None = None
+    """The queue above this one; absent for a root queue."""
     namespaces: list[NamespaceName] = Field(
         default_factory=list,
         max_length=MAX_NAMESPACES,
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    """Hub namespaces whose GPUJobs belong to this queue (a namespace may be listed by one queue
+    only; at most 256)."""
     quotas: list[QueueQuota] = Field(
         default_factory=list,
         max_length=MAX_QUOTAS,
@@ -114,8 +124,11 @@ class GPUQueueSpec(CRDModel):
             "x-kubernetes-list-map-keys": ["gpuProduct"],
         },
     )
+    """Fleet-wide limits, one entry per quota key (at most 64); empty: no limit of its own."""
     fair_share: FairShare = Field(default_factory=FairShare)
     max_priority: int | None = Field(default=None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY)
+    """The highest PriorityClass value its jobs may use (the lowest cap of the queue and its
+    ancestors applies); a job naming a class above it fails with `Valid=False`."""
 
 
 class QueueUsage(CRDModel):
@@ -127,9 +140,14 @@ class QueueUsage(CRDModel):
     """
 
     gpu_product: str = Field(max_length=128)
+    """The quota key."""
     nominal: int = Field(ge=0)
+    """The queue's nominal quota for the key."""
     used: int = Field(ge=0)
+    """GPUs (or MIG slices) of the reserved and running jobs of the queue and its descendants
+    charged to the key."""
     borrowed: int = Field(default=0, ge=0)
+    """The part of `used` above `nominal`."""
 
 
 class GPUQueueStatus(CRDModel):
@@ -145,10 +163,16 @@ class GPUQueueStatus(CRDModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """KEP-1623 conditions: `Active` (True: accepted and admitting; False with the broken field in
+    the message)."""
     usage: list[QueueUsage] = Field(default_factory=list, max_length=MAX_QUOTAS + 16)
+    """Usage per quota key."""
     pending_jobs: int | None = Field(default=None, ge=0)
+    """The queue's own jobs waiting to be placed."""
     admitted_jobs: int | None = Field(default=None, ge=0)
+    """The queue's own jobs reserved or running."""
     fair_share: str | None = Field(default=None, max_length=32)
+    """Decayed usage (GPU-seconds) divided by the weight, as a decimal string."""
 
 
 class GPUQueue(CRDModel):

@@ -1,4 +1,4 @@
-"""``gpufed get gpus``: the fleet by GPU product, as ``sky show-gpus`` shows it across clouds.
+"""The rows of ``gpufed get gpus`` (the command: :mod:`gpufed.cli.get`): the fleet by GPU product, as ``sky show-gpus`` shows it across clouds.
 
 Per GPU product (GFD ``nvidia.com/gpu.product``, with its short name from the GPU catalogue,
 ``api/gpus.py``): whole GPUs in all, free now, per member ``free/total``, and the largest free
@@ -10,18 +10,12 @@ pods are not bound yet; only Ready members count as free (placement skips the ot
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from gpufed.api.gpus import short_name
-from gpufed.api.labels import GROUP, VERSION
 from gpufed.api.membercluster import MemberCluster
-from gpufed.cli import kube
-from gpufed.cli.jobs import _table as print_table  # the same column layout as get jobs|clusters
 
-__all__ = ["get_gpus", "gpu_rows"]
+__all__ = ["gpu_rows"]
 
 
 def gpu_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -75,42 +69,3 @@ def gpu_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: (-r["total"], r["product"]))
     return rows
-
-
-def get_gpus(
-    kubeconfig: kube.Kubeconfig = None,
-    context: kube.Context = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-) -> None:
-    """List the fleet's GPUs by product: total, free, per member, largest free NVLink block."""
-    from kubernetes import client
-
-    hub = kube.connect(kubeconfig, context)
-    custom: Any = client.CustomObjectsApi(hub.api)
-    resp = custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
-    rows = gpu_rows(resp.get("items", []))
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    if not rows:
-        typer.echo("No GPUs: no member cluster has reported whole GPUs (`gpufed get clusters`).")
-        return
-    table = [["GPU", "SHORT", "TOTAL", "FREE", "MEMBERS (FREE/TOTAL)", "LARGEST-FREE-BLOCK"]]
-    for r in rows:
-        members = ", ".join(
-            f"{m['name']}={m['free']}/{m['total']}" + ("" if m["ready"] else " (NotReady)")
-            for m in r["members"]
-        )
-        block = r["largestFreeNVLinkBlock"]
-        where = f" ({r['largestFreeNVLinkBlockMember']})" if block else ""
-        table.append(
-            [
-                r["product"],
-                r["shortName"] or "-",
-                str(r["total"]),
-                str(r["free"]),
-                members,
-                f"{block}{where}",
-            ]
-        )
-    print_table(table)

@@ -1,37 +1,35 @@
-"""``gpufed submit|get|explain|delete``: users' view of the hub.
+"""``gpufed submit|explain|delete`` and the rows of ``get jobs|clusters``: users' view of the hub.
 
 All talk to the hub cluster's API server only (never to members), with kubectl's kubeconfig
 resolution (``cli/kube.py``: ``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``, in-cluster;
 ``--context``; the namespace from ``-n`` or the context). ``--json`` prints one JSON document for scripts.
 
-- ``submit -f FILE``: each YAML document is a GPUJob, or a plain batch/v1 Job, JobSet or
-  PyTorchJob that is wrapped into a GPUJob of the same name, with ``spec.placement`` read from
-  the annotations ``gpufed.io/gpu-products`` (comma-separated), ``gpufed.io/nvlink`` and
-  ``gpufed.io/priority`` (docs/design.md §4).
-- ``get jobs``: name, namespace, phase, cluster, GPUs (JSON adds message and timings).
-- ``get clusters``: Ready, whole GPUs total/free per product on Ready schedulable nodes, the
-  largest free NVLink block, heartbeat (from MemberCluster status, docs/design.md §3 meanings).
+- :func:`wrap` (``submit``, ``cli/submit.py``): a GPUJob as it is, or a plain batch/v1 Job,
+  JobSet, PyTorchJob, RayJob or MPIJob wrapped into a GPUJob of the same name, with
+  ``spec.placement`` read from the annotations ``gpufed.io/gpu-products`` (comma-separated),
+  ``gpufed.io/nvlink`` and ``gpufed.io/priority`` (docs/design.md §4).
+- ``get jobs`` / ``get clusters`` rows (:func:`job_rows`, :func:`cluster_rows`; the commands
+  and their printing are ``cli/get.py`` and ``cli/output.py``): a job's name, namespace, phase,
+  cluster, GPUs, message and timings; a member's Ready, whole GPUs total/free per product on
+  Ready schedulable nodes, the largest free NVLink block, heartbeat (from MemberCluster
+  status, docs/design.md §3 meanings).
 - ``explain JOB``: where the job went and why, or why it still waits, member by member.
 - ``delete JOB``: delete the GPUJob; waits until the hub removed the member objects and let the
   GPUJob go (``--no-wait`` returns at once).
-
-``submit`` creates with strict field validation: a misspelt field is an error, not dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 
-from gpufed.api.gpujob import GPUJob
+from gpufed.api.gpujob import GPUJob, PreemptionStatus
 from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import (
     API_VERSION,
@@ -43,22 +41,23 @@ from gpufed.api.labels import (
 )
 from gpufed.api.membercluster import MemberCluster
 from gpufed.cli import kube
+from gpufed.cli.output import AsJSON
 from gpufed.hub.status import decision_from_status
 from gpufed.placement import render_explanation
-
-get_app = typer.Typer(help="List GPUJobs or member clusters.", no_args_is_help=True)
 
 Kubeconfig = kube.Kubeconfig
 Context = kube.Context
 Namespace = Annotated[
     str | None, typer.Option("--namespace", "-n", help="namespace (default: the context's)")
 ]
-AsJSON = Annotated[bool, typer.Option("--json", help="print JSON")]
 
+#: (apiVersion, kind) of the workloads ``submit`` wraps into a GPUJob (docs/design.md §4).
 WRAPPABLE = {
     ("batch/v1", "Job"),
     ("jobset.x-k8s.io/v1alpha2", "JobSet"),
     ("kubeflow.org/v1", "PyTorchJob"),
+    ("ray.io/v1", "RayJob"),
+    ("kubeflow.org/v2beta1", "MPIJob"),
 }
 
 
@@ -94,8 +93,8 @@ def _reachable(kube: _Kube) -> Iterator[None]:
     except (HTTPError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
         _fail(
-            f"cannot reach the hub API server {kube.server}: {reason} (a local sandbox: is it "
-            "up? `gpufed local status`; otherwise check --kubeconfig/--context)"
+            f"cannot reach the API server {kube.server} (the hub cluster): {reason} (a local "
+            "sandbox: is it up? `gpufed local status`; otherwise check --kubeconfig/--context)"
         )
 
 
@@ -111,28 +110,7 @@ def _api_errors(plural: str) -> Iterator[None]:
         _fail(f"listing {plural}.{GROUP}: {_api_message(exc)}{hint}")
 
 
-def _read_documents(file: Path) -> list[dict[str, Any]]:
-    """The YAML documents of ``file`` ('-': stdin); each must be a mapping."""
-    try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        _fail(f"{file}: not YAML: {exc}")
-    if not docs:
-        _fail(f"{file}: no objects (expected a GPUJob, Job, JobSet or PyTorchJob)")
-    for i, doc in enumerate(docs):
-        if not isinstance(doc, dict):
-            _fail(
-                f"{file} document {i + 1}: not a Kubernetes object (a mapping with apiVersion, "
-                f"kind, metadata), got a {type(doc).__name__}"
-            )
-    return docs
-
-
-# --- submit ------------------------------------------------------------------------------------
+# --- wrapping (submit) -------------------------------------------------------------------------
 
 
 def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -152,7 +130,8 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     if (api_version, kind) not in WRAPPABLE:
         raise ValueError(
             f"kind {kind!r} ({api_version}) is not a GPUJob, batch/v1 Job, "
-            "jobset.x-k8s.io/v1alpha2 JobSet or kubeflow.org/v1 PyTorchJob"
+            "jobset.x-k8s.io/v1alpha2 JobSet, kubeflow.org/v1 PyTorchJob, ray.io/v1 RayJob or "
+            "kubeflow.org/v2beta1 MPIJob"
         )
     name = meta.get("name")
     if not name:
@@ -198,36 +177,6 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
-def submit(
-    file: Annotated[Path, typer.Option("--filename", "-f", help="YAML file ('-' for stdin)")],
-    kubeconfig: Kubeconfig = None,
-    context: Context = None,
-    namespace: Namespace = None,
-) -> None:
-    """Submit GPUJobs (or plain Job/JobSet/PyTorchJob objects, wrapped) to the hub."""
-    from kubernetes.client.exceptions import ApiException
-
-    docs = _read_documents(file)
-    kube = _Kube(kubeconfig, context)
-    ns = namespace or kube.namespace
-    for i, doc in enumerate(docs):
-        try:
-            job = wrap(doc, ns)
-        except ValueError as exc:
-            _fail(f"{file} document {i + 1}: {exc}")
-        meta = job["metadata"]
-        try:
-            with _reachable(kube):
-                # Strict: a misspelt field (spec.placment) is refused, not silently dropped
-                # (the job would run without the constraint the user meant).
-                kube.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, meta["namespace"], "gpujobs", job, field_validation="Strict"
-                )
-        except ApiException as exc:
-            _fail(f"{meta['namespace']}/{meta['name']}: {_api_message(exc)}")
-        typer.echo(f"gpujob.{GROUP}/{meta['name']} created (namespace {meta['namespace']})")
-
-
 def _not_found_hint(exc: Any) -> str:
     if getattr(exc, "status", None) != 404:
         return ""
@@ -255,12 +204,6 @@ def _age(timestamp: str | None) -> str:
     return f"{max(secs, 0)}s"
 
 
-def _table(rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        typer.echo("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-
-
 def job_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``get jobs --json``: one object per GPUJob (name, namespace, phase, cluster, gpus …)."""
     out = []
@@ -281,46 +224,6 @@ def job_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-@get_app.command("jobs")
-def get_jobs(
-    kubeconfig: Kubeconfig = None,
-    context: Context = None,
-    namespace: Namespace = None,
-    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A")] = False,
-    as_json: AsJSON = False,
-) -> None:
-    """List GPUJobs: phase, GPUs, cluster, age."""
-    kube = _Kube(kubeconfig, context)
-    with _reachable(kube), _api_errors("gpujobs"):
-        if all_namespaces:
-            resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "gpujobs")
-        else:
-            resp = kube.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace or kube.namespace, "gpujobs"
-            )
-    rows = job_rows(resp.get("items", []))
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    if not rows:
-        where = "" if all_namespaces else f" in namespace {namespace or kube.namespace} (-A: all)"
-        typer.echo(f"No GPUJobs{where}.")
-        return
-    table = [["NAMESPACE", "NAME", "PHASE", "GPUS", "CLUSTER", "AGE"]]
-    for r in rows:
-        table.append(
-            [
-                str(r["namespace"]),
-                str(r["name"]),
-                str(r["phase"]),
-                str(r["gpus"] if r["gpus"] is not None else "-"),
-                str(r["cluster"] or "-"),
-                _age(r["created"]),
-            ]
-        )
-    _table(table)
 
 
 def cluster_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -346,40 +249,26 @@ def cluster_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-@get_app.command("clusters")
-def get_clusters(
-    kubeconfig: Kubeconfig = None, context: Context = None, as_json: AsJSON = False
-) -> None:
-    """List member clusters: Ready, GPUs free/total per product, largest free NVLink block."""
-    kube = _Kube(kubeconfig, context)
-    with _reachable(kube), _api_errors("memberclusters"):
-        resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "memberclusters")
-    rows = cluster_rows(resp.get("items", []))
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    if not rows:
-        typer.echo("No member clusters.")
-        return
-    table = [["NAME", "READY", "GPUS (FREE/TOTAL)", "LARGEST-BLOCK", "NODES", "HEARTBEAT"]]
-    for r in rows:
-        gpus = ", ".join(
-            f"{p}={r['gpus_free'].get(p, 0)}/{t}" for p, t in sorted(r["gpus_total"].items())
-        )
-        table.append(
-            [
-                str(r["name"]),
-                "True" if r["ready"] else "False",
-                gpus or "-",
-                str(r["largest_free_nvlink_block"]),
-                str(r["nodes"]),
-                _age(r["last_heartbeat"]),
-            ]
-        )
-    _table(table)
-
-
 # --- explain -----------------------------------------------------------------------------------
+
+
+def _preemption_lines(p: PreemptionStatus) -> list[str]:
+    """What a preemptor preempted: the block freed and each victim with its cost."""
+    block = ", ".join(p.nvlink_domains[:8]) or ", ".join(p.nodes[:8])
+    out = [
+        f"preempted {len(p.victims)} job(s) in {p.cluster} to free {block} "
+        f"({p.cost_gpu_seconds:.0f} GPU-seconds lost){f' at {p.time}' if p.time else ''}:",
+    ]
+    if p.nodes:
+        more = f" and {len(p.nodes) - 8} more" if len(p.nodes) > 8 else ""
+        out.append(f"  nodes: {', '.join(p.nodes[:8])}{more}")
+    for v in p.victims:
+        out.append(
+            f"  {v.job}  priority {v.priority}  {v.cost_gpu_seconds:.0f} GPU-s lost  ({v.reason})"
+        )
+    if p.message:
+        out.append(f"  {p.message}")
+    return out
 
 
 def explain_text(raw: dict[str, Any]) -> str:
@@ -402,6 +291,11 @@ def explain_text(raw: dict[str, Any]) -> str:
         lines.append("")
         decision = decision_from_status(job.key, job.metadata.uid or "", s.placement)
         lines.append(render_explanation(decision))
+    if s.preemptions:
+        lines.append(f"  preempted {s.preemptions} time(s) (condition Preempted below)")
+    if s.preemption is not None:
+        lines.append("")
+        lines.extend(_preemption_lines(s.preemption))
     if s.conditions:
         lines.append("")
         lines.append("conditions:")

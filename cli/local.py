@@ -28,6 +28,7 @@ from gpufed.api.fleet import FleetError, FleetSpec
 from gpufed.sandbox.binaries import BinariesError, regenerate
 from gpufed.sandbox.binaries import build as build_binaries
 from gpufed.sandbox.controlplane import HUB_COMPONENT, ControlPlaneOptions
+from gpufed.sandbox.helm import build_helm
 from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
@@ -88,12 +89,16 @@ def build(
     force: bool = typer.Option(False, "--force", help="Rebuild even when current."),
 ) -> None:
     """Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-    into ~/.cache/gpufed/bin/<pins>/ (skipped when present and the pins are unchanged)."""
+    into ~/.cache/gpufed/bin/<pins>/, and helm (the chart tests) into its own
+    ~/.cache/gpufed/bin/helm-<version>_<go>/ (each skipped when present and its pins are
+    unchanged)."""
     with fail_cleanly():
         if regenerate_recipe:
             regenerate(progress=_progress)
         bins = build_binaries(with_kubectl=with_kubectl, force=force, progress=_progress)
+        helm = build_helm(force=force, progress=_progress)
     console.print(f"binaries: {bins.path}")
+    console.print(f"helm: {helm}")
 
 
 def control_plane_options(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, bench, demo, gpus, hub, jobs, local, queues, simulate, version
+from gpufed.cli import agent, bench, demo, get, hub, jobs, local, simulate, submit, version
 from gpufed.cli.errors import GpufedGroup
 
 app = typer.Typer(
@@ -24,10 +24,8 @@ app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
 app.command("simulate")(simulate.simulate_command)
 app.add_typer(hub.app, name="hub")
-app.command("submit")(jobs.submit)
-jobs.get_app.command("queues")(queues.get_queues)
-jobs.get_app.command("gpus")(gpus.get_gpus)
-app.add_typer(jobs.get_app, name="get")
+app.command("submit")(submit.submit)
+app.add_typer(get.get_app, name="get")
 app.command("explain")(jobs.explain)
 app.command("delete")(jobs.delete)
 app.add_typer(agent.app, name="agent")

@@ -1,30 +1,16 @@
-"""``gpufed get queues``: the GPUQueue tree as the hub reports it (``GPUQueue.status``).
+"""The rows of ``gpufed get queues``: the GPUQueue tree as the hub reports it (``GPUQueue.status``).
 
-Registered on the ``get`` group of :mod:`gpufed.cli.jobs` by :mod:`gpufed.cli.main`; talks to the hub cluster's API
-server only, like the other ``get`` commands. Rows come in tree order (each root, then its
+The command and its printing are :mod:`gpufed.cli.get` and :mod:`gpufed.cli.output`. Rows come in tree order (each root, then its
 children by name, indented); a queue whose parent is missing or that sits in a cycle of
-parents is shown as a root (its ``Active=False`` message says why). ``--json`` prints one
+parents is shown as a root (its ``Active=False`` message says why). ``-o json`` prints one
 object per queue.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import typer
-
-from gpufed.api.labels import GROUP, VERSION
 from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue
-from gpufed.cli.jobs import (
-    AsJSON,
-    Context,
-    Kubeconfig,
-    _api_errors,
-    _Kube,
-    _reachable,
-    _table,
-)
 
 
 def queue_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,7 +67,8 @@ def queue_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _usage_text(usage: list[dict[str, Any]]) -> str:
+def usage_text(usage: list[dict[str, Any]]) -> str:
+    """``gpuProduct=used/nominal (+borrowed)`` per usage entry, comma-separated ("-": none)."""
     parts = []
     for u in usage:
         text = f"{u['gpuProduct']}={u['used']}/{u['nominal']}"
@@ -89,34 +76,3 @@ def _usage_text(usage: list[dict[str, Any]]) -> str:
             text += f" (+{u['borrowed']} borrowed)"
         parts.append(text)
     return ", ".join(parts) or "-"
-
-
-def get_queues(
-    kubeconfig: Kubeconfig = None, context: Context = None, as_json: AsJSON = False
-) -> None:
-    """List GPUQueues as a tree: Active, GPUs used/nominal per product, pending and admitted
-    jobs, fair share (docs/design.md §8)."""
-    kube = _Kube(kubeconfig, context)
-    with _reachable(kube), _api_errors("gpuqueues"):
-        resp = kube.custom.list_cluster_custom_object(GROUP, VERSION, "gpuqueues")
-    rows = queue_rows(resp.get("items", []))
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    if not rows:
-        typer.echo("No GPUQueues (every GPUJob is in the hub's default queue, without limit).")
-        return
-    table = [["NAME", "ACTIVE", "USED/NOMINAL", "PENDING", "ADMITTED", "FAIR-SHARE", "MESSAGE"]]
-    for r in rows:
-        table.append(
-            [
-                "  " * r["depth"] + str(r["name"]),
-                str(r["active"]),
-                _usage_text(r["usage"]),
-                "-" if r["pending_jobs"] is None else str(r["pending_jobs"]),
-                "-" if r["admitted_jobs"] is None else str(r["admitted_jobs"]),
-                str(r["fair_share"] or "-"),
-                "" if r["active"] == "True" else str(r["message"]),
-            ]
-        )
-    _table(table)

@@ -1,10 +1,21 @@
-"""``gpufed simulate``: replay a job trace against a fleet spec through ``place()``."""
+"""``gpufed simulate``: replay a job trace against a fleet spec through ``place()``.
+
+``--policy a,b,c`` runs each policy on the same fleet and trace, in the order given. Output:
+``--json``: one JSON line per policy (``SimResult.as_json``; ``--per-size`` adds
+``wait_mean_s_by_size``) and nothing else; otherwise a rich table, one column per policy and
+one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
+classes of :func:`gpufed.placement.simreport.size_bucket`). ``--plot FILE.png``: the figures of
+:mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
+(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`).
+"""
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -12,9 +23,11 @@ from gpufed.api.fleet import FleetError
 from gpufed.api.queue import QueueFileError, load_queues
 from gpufed.placement.priomix import load_mix
 from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
+from gpufed.placement.simreport import CSV_COLUMNS, csv_rows, size_buckets, wait_by_size
 from gpufed.placement.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
+    SimResult,
     TraceError,
     load_fleet,
     read_trace,
@@ -26,7 +39,9 @@ def simulate_command(
     fleet: Path = typer.Option(..., "--fleet", help="Fleet spec YAML (docs/design.md §5)."),
     trace: Path = typer.Option(..., "--trace", help="Trace CSV (docs/design.md §6)."),
     policy: str = typer.Option(
-        "gpufed", "--policy", help=f"Placement policy: {', '.join(POLICIES)}."
+        "gpufed",
+        "--policy",
+        help=f"Placement policy, or several comma-separated to compare: {', '.join(POLICIES)}.",
     ),
     horizon: float = typer.Option(
         HORIZON_AFTER_LAST_ARRIVAL_S,
@@ -76,15 +91,31 @@ def simulate_command(
         help="builtin, or a JSON file: set each job's priority and checkpoint interval from "
         'the trace (docs/placement.md, "Preemption").',
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines only."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
+    per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Write a PNG: wait-time CDF per policy, GPU utilisation over time, mean wait by "
+        "job size.",
+    ),
+    jobs_out: Path | None = typer.Option(
+        None,
+        "--jobs-out",
+        help="Write a CSV: each job's submit, start, end, member and NVLink domain per policy.",
+    ),
 ) -> None:
     """Replay TRACE on FLEET in simulated time until every job has finished."""
     if quota_mode not in ("enforce", "none"):
         raise typer.BadParameter("use enforce or none", param_hint="--quota-mode")
-    if policy not in POLICIES:
-        raise typer.BadParameter(
-            f"{policy!r} is not one of {', '.join(POLICIES)}", param_hint="--policy"
-        )
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    for name in policies:
+        if name not in POLICIES:
+            raise typer.BadParameter(
+                f"{name!r} is not one of {', '.join(POLICIES)}", param_hint="--policy"
+            )
+    if not policies or len(set(policies)) < len(policies):
+        raise typer.BadParameter("name each policy once", param_hint="--policy")
     if member_fit not in ("spread", "pack"):
         raise typer.BadParameter("use spread or pack", param_hint="--member-fit")
     if preemption not in (None, "on", "off"):
@@ -100,34 +131,100 @@ def simulate_command(
     except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
-    t0 = time.perf_counter()
+    results: list[SimResult] = []
+    for name in policies:
+        t0 = time.perf_counter()
+        try:
+            result = simulate(
+                members,
+                jobs,
+                name,  # type: ignore[arg-type]
+                horizon_s=horizon,
+                member_fit=member_fit,  # type: ignore[arg-type]
+                queues=queue_objs,
+                quota_mode=quota_mode,  # type: ignore[arg-type]
+                half_life_s=half_life,
+                preemption=(
+                    SimPreemption(on=preemption == "on", victims=victims)
+                    if preemption is not None
+                    else None
+                ),
+            )
+        except ValueError as exc:
+            typer.echo(f"gpufed simulate: {exc}", err=True)
+            raise typer.Exit(2) from None
+        result.runtime_s = time.perf_counter() - t0
+        results.append(result)
+        if as_json:  # each line as soon as its policy is done
+            typer.echo(json.dumps(_json_line(result, per_size)))
+    if jobs_out is not None:
+        _write_jobs(jobs_out, results)
+    if plot is not None:
+        from gpufed.cli.simplot import plot_results
+
+        plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
+    if not as_json:
+        _print_results(results, per_size)
+
+
+def _json_line(result: SimResult, per_size: bool) -> dict[str, Any]:
+    line = result.as_json()
+    if per_size:
+        line["wait_mean_s_by_size"] = {
+            str(size): round(mean, 1) for size, (_, mean) in wait_by_size(result.records).items()
+        }
+    return line
+
+
+def _write_jobs(path: Path, results: list[SimResult]) -> None:
     try:
-        result = simulate(
-            members,
-            jobs,
-            policy,  # type: ignore[arg-type]
-            horizon_s=horizon,
-            member_fit=member_fit,  # type: ignore[arg-type]
-            queues=queue_objs,
-            quota_mode=quota_mode,  # type: ignore[arg-type]
-            half_life_s=half_life,
-            preemption=(
-                SimPreemption(on=preemption == "on", victims=victims)
-                if preemption is not None
-                else None
-            ),
-        )
-    except ValueError as exc:
-        typer.echo(f"gpufed simulate: {exc}", err=True)
+        with path.open("w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["policy", *CSV_COLUMNS])
+            for result in results:
+                for row in csv_rows(result.records):
+                    out.writerow([result.policy, *row])
+    except OSError as exc:
+        typer.echo(f"gpufed simulate: --jobs-out {path}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
-    result.runtime_s = time.perf_counter() - t0
-    if as_json:
-        typer.echo(json.dumps(result.as_json()))
-        return
-    for key, value in result.as_json().items():
-        if key == "queues" or key == "wait_p95_s_by_priority":
-            for name, row in value.items():
-                label = ("queue " if key == "queues" else "wait p95 s, priority ") + name
-                typer.echo(f"{label:>30}: {json.dumps(row)}")
-            continue
-        typer.echo(f"{key:>30}: {value}")
+
+
+def _print_results(results: list[SimResult], per_size: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    rows = [r.as_json() for r in results]
+    # one column per policy (a few), one row per metric (many): fits an 80-column terminal
+    flat = [k for k, v in rows[0].items() if not isinstance(v, dict) and k != "policy"]
+    table = Table(title="gpufed simulate", title_justify="left")
+    table.add_column("")
+    for row in rows:
+        table.add_column(str(row["policy"]), justify="right")
+    for key in flat:
+        table.add_row(key, *(_cell(row.get(key)) for row in rows))
+    console.print(table)
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, dict):
+                for name, sub in value.items():
+                    label = ("queue " if key == "queues" else f"{key} ") + name
+                    console.print(f"{row['policy']}: {label}: {json.dumps(sub)}", soft_wrap=True)
+    if per_size:
+        sizes = sorted({b for r in results for b in size_buckets(r.records)})
+        by_size = Table(title="mean wait by job size (s; started jobs)", title_justify="left")
+        by_size.add_column("policy")
+        for b in sizes:
+            by_size.add_column("1 GPU" if b == 1 else str(b), justify="right")
+        for r in results:
+            means = wait_by_size(r.records)
+            by_size.add_row(
+                r.policy, *(f"{means[b][1]:,.0f}" if b in means else "-" for b in sizes)
+            )
+        console.print(by_size)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 10 else f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)

@@ -101,7 +101,7 @@ class Mirror:
     def set_status(self, job: JobState, status: GPUJobStatus) -> None:
         """Make ``status`` the job's status now, and write it soon (at once when terminal: a
         job that ended is what its user waits for, and its GPUs are free)."""
-        job.status = status.model_copy(update={"observed_generation": job.obj.metadata.generation})
+        job.status = st.derived(status, generation=job.obj.metadata.generation, now=self.now())
         payload = job.status.model_dump(by_alias=True, mode="json")
         self.jobs.submit(
             job.uid,

@@ -6,8 +6,16 @@ Called by the hub's intake for every new GPUJob. Which pods a workload runs at o
   (``parallelism`` defaults to 1; ``completions`` unset means no cap), as Kueue counts it;
 - JobSet (``jobset.x-k8s.io``): one pod set per replicated job, ``replicas`` (default 1) times
   its Job's pod count;
-- Kubeflow PyTorchJob (``kubeflow.org``): one pod set per replica type (``master``,
-  ``worker``), ``replicas`` (default 1) pods each;
+- Kubeflow PyTorchJob (``kubeflow.org/v1``) and MPIJob (``kubeflow.org/v2beta1``): one pod
+  set per replica type (``master``, ``worker``; ``launcher``, ``worker``), ``replicas``
+  (default 1) pods each;
+- RayJob (``ray.io/v1``): the RayCluster of ``spec.rayClusterSpec``: pod set ``head`` (one
+  pod) and one per worker group, named by ``groupName``, of the pods KubeRay starts:
+  ``replicas`` (default 0) clamped into [``minReplicas``, ``maxReplicas``], times
+  ``numOfHosts`` (default 1). The submitter pod KubeRay adds asks for no GPU and is not
+  sized; a RayJob on an existing cluster (``spec.clusterSelector``) is invalid.
+
+Every pod set of a job is placed at once or not at all (gang), whatever the kind.
 - ``kind: List``: the pod sets of every workload in it (ConfigMaps, Secrets, Services carry
   none), names prefixed with the object's name when there are several workloads.
 
@@ -83,8 +91,8 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
     if not templates:
         raise InvalidJobError(
             "spec.template.kind",
-            "the template holds no workload; use a batch/v1 Job, a JobSet, a PyTorchJob, or a "
-            "List that contains one",
+            "the template holds no workload; use a batch/v1 Job, a JobSet, a PyTorchJob, a "
+            "RayJob, an MPIJob, or a List that contains one",
         )
     pod_sets: list[PodSet] = []
     for ref in templates:
@@ -177,7 +185,28 @@ def _pod_count(ref: PodTemplateRef) -> int:
         replicas = _int(ref.replica.get("replicas"), f"{ref.replica_path}.replicas", 1)
         job_spec = (ref.replica.get("template") or {}).get("spec") or {}
         return replicas * _job_pods(job_spec, f"{ref.replica_path}.template.spec")
+    if ref.kind == "RayJob.ray.io":
+        return _ray_group_pods(ref)
     return _int(ref.replica.get("replicas"), f"{ref.replica_path}.replicas", 1)
+
+
+def _ray_group_pods(ref: PodTemplateRef) -> int:
+    """Pods KubeRay starts for a RayJob group: 1 for the head; for a worker group ``replicas``
+    (default 0) clamped into [``minReplicas`` (default 0), ``maxReplicas``], times
+    ``numOfHosts`` (default 1)."""
+    if not ref.replica:  # the head group
+        return 1
+    path = ref.replica_path
+    low = _int(ref.replica.get("minReplicas"), f"{path}.minReplicas", 0)
+    high = _int(ref.replica.get("maxReplicas"), f"{path}.maxReplicas", INT32_MAX)
+    if low > high:
+        raise InvalidJobError(f"{path}.minReplicas", f"{low} is more than maxReplicas {high}")
+    replicas = _int(ref.replica.get("replicas"), f"{path}.replicas", 0)
+    hosts = _int(ref.replica.get("numOfHosts"), f"{path}.numOfHosts", 1)
+    count = min(max(replicas, low), high) * hosts
+    if count > INT32_MAX:
+        raise InvalidJobError(f"{path}.numOfHosts", f"{count} pods is more than {INT32_MAX}")
+    return count
 
 
 def _str_map(value: Any, field: str) -> dict[str, str]:

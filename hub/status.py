@@ -9,7 +9,13 @@ directly:
   ``Lost`` is written, no later event changes the phase, the conditions or the counts;
 - conditions: the hub's own (:data:`HUB_CONDITIONS`, in that order) first, then the member
   workload's conditions **in the member's order**; a condition's ``lastTransitionTime`` only
-  moves when its status changes;
+  moves when its status changes; every condition is a KEP-1623 ``metav1.Condition`` (reason
+  CamelCase and never empty: :func:`condition_reason`, the one place that makes it so);
+- ``Finished`` is derived from the phase in one place, :func:`derived` (called by the mirror
+  on every status it writes): ``True`` with reason ``Succeeded``, ``Failed`` or ``Lost`` once
+  the phase is terminal, else ``False`` with the phase as reason; whatever the workload kind
+  (Job, JobSet, PyTorchJob), ``kubectl wait --for=condition=Finished gpujob/NAME`` returns
+  when the job ended; ``derived`` also stamps each condition's ``observedGeneration``;
 - phase from the member: ``Pending`` -> ``Placed``, ``Running`` -> ``Running``,
   ``Succeeded``/``Failed`` -> the same (with the member's reason and times), ``Missing`` (the
   agent applied the job once and its objects are gone) -> ``Failed`` with reason
@@ -20,6 +26,7 @@ Also the conversions between placement's ``Decision`` and ``status.placement``.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from gpufed.api.decision import (
@@ -30,6 +37,8 @@ from gpufed.api.decision import (
     PodSetAssignment,
 )
 from gpufed.api.gpujob import (
+    CONDITION_REASON_PATTERN,
+    CONDITION_TYPE_PATTERN,
     TERMINAL_PHASES,
     ClusterRejectionStatus,
     ClusterScoreStatus,
@@ -38,14 +47,30 @@ from gpufed.api.gpujob import (
     PlacementStatus,
     PodIssueStatus,
     PodSetPlacement,
+    PreemptionStatus,
     StatusCondition,
     Timings,
     WorkloadRef,
 )
 from gpufed.api.work import WorkloadStatus
+from gpufed.hub.records import RequeueCause
 
+#: Kind-independent: True once the job ended (derived from the phase by :func:`derived`).
+FINISHED_CONDITION = "Finished"
 #: The hub's own condition types, in the order they appear in ``status.conditions``.
-HUB_CONDITIONS: tuple[str, ...] = ("Valid", "Placed", "Dispatched", "ClusterLost")
+HUB_CONDITIONS: tuple[str, ...] = (
+    "Valid",
+    "Placed",
+    "Dispatched",
+    "ClusterLost",
+    "Preempted",
+    "InfrastructureFailure",
+    FINISHED_CONDITION,
+)
+#: The reason of a condition whose source gave none (KEP-1623: a reason is required).
+NO_REASON = "Unspecified"
+_REASON_RE = re.compile(CONDITION_REASON_PATTERN)
+_TYPE_RE = re.compile(CONDITION_TYPE_PATTERN)
 _MEMBER_PHASES: dict[str, JobPhase] = {
     "Pending": "Placed",
     "Running": "Running",
@@ -75,6 +100,38 @@ def is_terminal(status: GPUJobStatus | None) -> bool:
 # --- conditions ----------------------------------------------------------------------------------
 
 
+def condition_reason(raw: str) -> str:
+    """``raw`` as a KEP-1623 reason: kept when already CamelCase (``BackoffLimitExceeded``),
+    else its words joined CamelCase (``"image pull back-off"`` -> ``ImagePullBackOff``), at
+    most 1,024 characters; :data:`NO_REASON` when nothing is left."""
+    if _REASON_RE.match(raw) and len(raw) <= 1024:
+        return raw
+    words = re.findall(r"[A-Za-z0-9]+", raw)
+    out = "".join(w[:1].upper() + w[1:] for w in words).lstrip("0123456789")[:1024]
+    return out or NO_REASON
+
+
+def derived(status: GPUJobStatus, *, generation: int | None, now: str) -> GPUJobStatus:
+    """``status`` with what is derived from the rest of it, in one place: the ``Finished``
+    condition (from the phase) and every condition's ``observedGeneration`` (``generation``,
+    the GPUJob's ``metadata.generation``). Idempotent; called on every status the hub writes."""
+    if status.phase in TERMINAL_PHASES:
+        finished = ("True", status.phase)
+    else:
+        finished = ("False", status.phase)
+    conds = set_condition(
+        status.conditions,
+        FINISHED_CONDITION,
+        finished[0],
+        reason=finished[1],
+        message=status.message,
+        now=now,
+    )
+    if generation is not None:
+        conds = [c.model_copy(update={"observed_generation": generation}) for c in conds]
+    return status.model_copy(update={"conditions": conds, "observed_generation": generation})
+
+
 def set_condition(
     conditions: list[StatusCondition],
     type_: str,
@@ -87,8 +144,10 @@ def set_condition(
     """``conditions`` with ``type_`` set; kept in place, time moves only when status changes.
 
     A new hub condition goes at its place in :data:`HUB_CONDITIONS` order, before every member
-    condition.
+    condition. ``reason`` goes through :func:`condition_reason` (CamelCase, never empty). The
+    one writer of every condition the hub writes (GPUJob, MemberCluster, GPUQueue).
     """
+    reason = condition_reason(reason)
     out = list(conditions)
     for i, c in enumerate(out):
         if c.type == type_:
@@ -96,6 +155,7 @@ def set_condition(
             out[i] = StatusCondition(
                 type=type_,
                 status=status,
+                observed_generation=c.observed_generation,
                 reason=reason,
                 message=message,
                 last_transition_time=when or now,
@@ -121,7 +181,8 @@ def _member_conditions(ws: WorkloadStatus, now: str) -> list[StatusCondition]:
     seen: set[str] = set(HUB_CONDITIONS)
     out: list[StatusCondition] = []
     for c in ws.conditions:
-        if c.type in seen or not c.type:
+        # A type the API server would refuse (not a KEP-1623 type) is left out.
+        if c.type in seen or len(c.type) > 316 or not _TYPE_RE.match(c.type):
             continue
         seen.add(c.type)
         status = c.status if c.status in ("True", "False", "Unknown") else "Unknown"
@@ -129,7 +190,7 @@ def _member_conditions(ws: WorkloadStatus, now: str) -> list[StatusCondition]:
             StatusCondition(
                 type=c.type,
                 status=status,
-                reason=c.reason,
+                reason=condition_reason(c.reason),
                 message=c.message,
                 last_transition_time=c.last_transition_time or now,
             )
@@ -163,6 +224,18 @@ def waiting(status: GPUJobStatus, *, reason: str, message: str, now: str) -> GPU
     return status.model_copy(
         update={"phase": "Pending", "cluster": None, "message": msg, "conditions": conds}
     )
+
+
+def preempting(
+    status: GPUJobStatus, preemption: PreemptionStatus, *, message: str, now: str
+) -> GPUJobStatus:
+    """The job preempts others to be placed: waiting (``Placed=False``, reason
+    ``Preempting``) with ``status.preemption`` naming its victims and the block freed (kept
+    once it is placed, for ``gpufed explain``)."""
+    if is_terminal(status):
+        return status
+    out = waiting(status, reason="Preempting", message=message, now=now)
+    return out.model_copy(update={"preemption": preemption})
 
 
 def decided(
@@ -385,6 +458,39 @@ def cluster_lost(
             }
         )
     return status.model_copy(update={"phase": "Lost", "message": msg, "conditions": conds})
+
+
+def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str) -> GPUJobStatus:
+    """The job's copy in ``cause.cluster`` is gone and it waits to be placed again
+    (:mod:`gpufed.hub.requeue`): phase Pending, no cluster, condition ``cause.kind`` True with
+    the cause's reason and message, ``Placed=False``; the member's conditions and counts go.
+    ``count``: the job's requeues of that kind so far (``status.preemptions`` for
+    ``Preempted``). A terminal status is returned unchanged."""
+    if is_terminal(status):
+        return status
+    conds = set_condition(
+        status.conditions, cause.kind, "True", reason=cause.reason, message=cause.message, now=now
+    )
+    conds = set_condition(
+        conds, "Placed", "False", reason=cause.reason, message=cause.message, now=now
+    )
+    conds = [c for c in conds if c.type in HUB_CONDITIONS and c.type != "Dispatched"]
+    update: dict[str, object] = {
+        "phase": "Pending",
+        "cluster": None,
+        "message": f"{cause.message}; waiting to be placed again",
+        "conditions": conds,
+        "active": None,
+        "ready": None,
+        "succeeded": None,
+        "failed": None,
+        "pod_issues": [],
+        "start_time": None,
+        "workload": None,
+    }
+    if cause.kind == "Preempted":
+        update["preemptions"] = count
+    return status.model_copy(update=update)
 
 
 # --- placement status <-> Decision ---------------------------------------------------------------

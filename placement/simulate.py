@@ -66,6 +66,7 @@ from gpufed.placement.shape import JobShape
 from gpufed.placement.simfirstadmit import run_first_admit
 from gpufed.placement.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.simquota import QueueSim
+from gpufed.placement.simreport import JobRecord
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.trace import TraceError, TraceJob, read_trace
 
@@ -126,6 +127,8 @@ class SimResult:
     queue_metrics: dict[str, Any] | None = None
     #: the keys ``--preemption`` adds (:meth:`.simpreempt.SimPreemption.metrics`), last
     preemption_metrics: dict[str, Any] | None = None
+    #: one per trace job, in trace order (not in the JSON line; :mod:`.simreport`)
+    records: list[JobRecord] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
@@ -171,6 +174,7 @@ class _Run:
     end: float = _NEVER
     cluster: str | None = None
     single_domain: bool = True
+    domains: tuple[str, ...] = ()
     # preemption: seconds of work left, when the current run began, earlier runs, events
     remaining: float = 0.0
     seg_start: float = _NEVER
@@ -214,13 +218,16 @@ class _Sim:
         run.end = now + run.remaining
         run.cluster = decision.cluster
         self.live[run.request.uid] = run
-        if run.job.topology == "Required" and run.job.pods > 1 and decision.cluster:
+        if decision.cluster:
+            cluster = decision.cluster
             domains = {
-                self.snapshot.node(decision.cluster, n).nvlink_domain
+                self.snapshot.node(cluster, n).nvlink_domain
                 for ps in decision.pod_sets
                 for n in ps.nodes
             }
-            run.single_domain = len(domains) == 1
+            run.domains = tuple(sorted(domains))
+            if run.job.topology == "Required" and run.job.pods > 1:
+                run.single_domain = len(domains) == 1
         self._push(run.end, 0, run.request.uid)
 
     def result(self, policy: str, horizon: float) -> SimResult:
@@ -250,6 +257,22 @@ class _Sim:
             ),
             stranded=self.stranded,
             extra={"end_s": t_end, "fleet_gpus": self.fleet_gpus},
+            records=[self._record(r, horizon) for r in self.runs],
+        )
+
+    @staticmethod
+    def _record(r: _Run, horizon: float) -> JobRecord:
+        started = r.start < _NEVER
+        runs = [*r.segments, (r.seg_start, r.end)] if started else []
+        return JobRecord(
+            job_id=r.job.job_id,
+            gpus=r.job.gpus,
+            submit_s=r.job.submit_s,
+            start_s=r.start if started else None,
+            end_s=r.end if started and r.end <= horizon else None,
+            member=r.cluster,
+            nvlink_domains=r.domains,
+            runs=tuple((s, min(e, horizon)) for s, e in runs if s < _NEVER),
         )
 
     def by_priority(self) -> dict[str, float]:

@@ -166,7 +166,8 @@ def go_binary() -> str:
     return go
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
+    """The environment of every ``go`` run: the local toolchain only, no cgo, no GOFLAGS."""
     env = dict(os.environ)
     # GOTOOLCHAIN=local: a pin that needs a newer Go fails loudly instead of downloading one.
     env.update({"GOTOOLCHAIN": "local", "CGO_ENABLED": "0"})
@@ -181,7 +182,7 @@ def go_version(go: str | None = None) -> str:
         capture_output=True,
         text=True,
         check=True,
-        env=_go_env(),
+        env=go_env(),
     )
     return out.stdout.strip()
 
@@ -291,7 +292,8 @@ def _build_argv(go: str, g: _Group, out: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _lock(root: Path) -> Iterator[None]:
+def build_lock(root: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``root/.lock`` (one build of a directory at a time)."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -301,7 +303,8 @@ def _lock(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _stamp(bin_dir: Path) -> dict[str, object]:
+def read_stamp(bin_dir: Path) -> dict[str, object]:
+    """``bin_dir/stamp.json`` as a dict ({} when absent or unreadable)."""
     try:
         data = json.loads((bin_dir / "stamp.json").read_text())
     except (OSError, ValueError):
@@ -310,7 +313,7 @@ def _stamp(bin_dir: Path) -> dict[str, object]:
 
 
 def _is_current(bin_dir: Path, names: Sequence[str], recipe: str) -> bool:
-    stamp = _stamp(bin_dir)
+    stamp = read_stamp(bin_dir)
     return stamp.get("recipe_sha256") == recipe and not BinDir(bin_dir).missing(names)
 
 
@@ -347,12 +350,12 @@ def build(
     root = cache_root() / "bin"
     target = root / p.dirname
     recipe = recipe_hash(gobuild)
-    with _lock(root):
+    with build_lock(root):
         if not force and _is_current(target, wanted, recipe):
             for name in wanted:
                 say(f"  {name:<24} present  {check_version(target / name, name, p)}")
             return BinDir(target)
-        stale = _stamp(target).get("recipe_sha256") != recipe
+        stale = read_stamp(target).get("recipe_sha256") != recipe
         target.mkdir(parents=True, exist_ok=True)
         if stale or force:
             (target / "stamp.json").unlink(missing_ok=True)
@@ -382,6 +385,23 @@ def build(
         return BinDir(target)
 
 
+def run_go_build(argv: list[str], cwd: Path, log_path: Path, what: str) -> None:
+    """Run one ``go build`` in ``cwd``, appending its output to ``log_path``; raise
+    :class:`BinariesError` naming ``what``, the log and its last lines when it fails."""
+    with open(log_path, "a") as logf:
+        logf.write(f"\n$ (cd {cwd} && {' '.join(argv)})\n")
+        logf.flush()
+        proc = subprocess.run(
+            argv, cwd=cwd, env=go_env(), stdout=logf, stderr=subprocess.STDOUT, check=False
+        )
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise BinariesError(
+            f"go build of {what} failed (exit {proc.returncode}); "
+            f"full output in {log_path}:\n" + "\n".join(tail)
+        )
+
+
 def _run_group(
     go: str, g: _Group, gobuild: Path, target: Path, p: Pins, log_path: Path, say: Progress
 ) -> None:
@@ -389,23 +409,7 @@ def _run_group(
     with tempfile.TemporaryDirectory(dir=target, prefix=".build-") as tmp:
         tmp_dir = Path(tmp)
         argv = _build_argv(go, g, tmp_dir)
-        with open(log_path, "a") as logf:
-            logf.write(f"\n$ (cd {gobuild / g.module_dir} && {' '.join(argv)})\n")
-            logf.flush()
-            proc = subprocess.run(
-                argv,
-                cwd=gobuild / g.module_dir,
-                env=_go_env(),
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
-        if proc.returncode != 0:
-            tail = log_path.read_text(errors="replace").splitlines()[-15:]
-            raise BinariesError(
-                f"go build of {', '.join(g.outputs)} failed (exit {proc.returncode}); "
-                f"full output in {log_path}:\n" + "\n".join(tail)
-            )
+        run_go_build(argv, gobuild / g.module_dir, log_path, ", ".join(g.outputs))
         took = time.monotonic() - started
         for name in g.outputs:
             version = check_version(tmp_dir / name, name, p)
@@ -487,7 +491,7 @@ def regenerate(
     """
     say = progress or (lambda _m: None)
     go = go_binary()
-    env = _go_env()
+    env = go_env()
 
     def run(argv: list[str], cwd: Path | None = None) -> str:
         proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)

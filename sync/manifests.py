@@ -53,6 +53,8 @@ DEFAULT_ALLOWED_KINDS: frozenset[str] = frozenset(
         "Job.batch",
         "JobSet.jobset.x-k8s.io",
         "PyTorchJob.kubeflow.org",
+        "RayJob.ray.io",
+        "MPIJob.kubeflow.org",
         "ConfigMap",
         "Secret",
         "Service",
@@ -60,8 +62,19 @@ DEFAULT_ALLOWED_KINDS: frozenset[str] = frozenset(
 )
 #: Kinds whose pods placement sizes (the workload kinds); other allowed kinds carry no pods.
 WORKLOAD_KINDS: frozenset[str] = frozenset(
-    {"Job.batch", "JobSet.jobset.x-k8s.io", "PyTorchJob.kubeflow.org"}
+    {
+        "Job.batch",
+        "JobSet.jobset.x-k8s.io",
+        "PyTorchJob.kubeflow.org",
+        "RayJob.ray.io",
+        "MPIJob.kubeflow.org",
+    }
 )
+#: Replica-spec maps of the Kubeflow kinds (replica type -> {replicas, template}).
+_REPLICA_SPECS: dict[str, str] = {
+    "PyTorchJob.kubeflow.org": "pytorchReplicaSpecs",
+    "MPIJob.kubeflow.org": "mpiReplicaSpecs",
+}
 
 _SERVER_METADATA = (
     "resourceVersion",
@@ -189,8 +202,9 @@ class PodTemplateRef(NamedTuple):
     ``pod_set``: the pod set name; ``path``: field path of the pod template in the GPUJob;
     ``template``: the pod template (``metadata`` + ``spec``); ``kind``: the owner's
     ``Kind.group``; ``replica``: the mapping that holds the pod count fields (a Job's
-    ``spec``, a JobSet ``replicatedJobs[i]`` entry, a PyTorchJob replica spec) and
-    ``replica_path`` its field path.
+    ``spec``, a JobSet ``replicatedJobs[i]`` entry, a PyTorchJob or MPIJob replica spec, a
+    RayJob worker group; empty for a RayJob's head, which is one pod) and ``replica_path`` its
+    field path.
     """
 
     pod_set: str
@@ -233,16 +247,16 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
                 )
             )
         return out
-    if kind == "PyTorchJob.kubeflow.org":
-        specs = spec.get("pytorchReplicaSpecs")
+    if kind in _REPLICA_SPECS:
+        field = _REPLICA_SPECS[kind]
+        specs = spec.get(field)
+        short = kind.split(".")[0]
         if not isinstance(specs, Mapping) or not specs:
-            raise ManifestError(
-                f"{path}.spec.pytorchReplicaSpecs", "a PyTorchJob needs pytorchReplicaSpecs"
-            )
+            raise ManifestError(f"{path}.spec.{field}", f"a {short} needs {field}")
         out = []
         roles: dict[str, str] = {}
         for role in sorted(specs):
-            rpath = f"{path}.spec.pytorchReplicaSpecs.{role}"
+            rpath = f"{path}.spec.{field}.{role}"
             rs = specs[role]
             if not isinstance(rs, Mapping):
                 raise ManifestError(rpath, "must be a replica spec (replicas, template)")
@@ -250,13 +264,56 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
                 raise ManifestError(
                     rpath,
                     f"replica type {role!r} is the same as {roles[str(role).lower()]!r} "
-                    "(replica types are case-insensitive); use Master and Worker",
+                    "(replica types are case-insensitive); write each type once",
                 )
             roles[str(role).lower()] = str(role)
             tpl = _mapping(rs, "template", rpath)
             out.append(PodTemplateRef(str(role).lower(), f"{rpath}.template", tpl, kind, rs, rpath))
         return out
+    if kind == "RayJob.ray.io":
+        return _ray_pod_templates(spec, kind, path)
     return []
+
+
+def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[PodTemplateRef]:
+    """A RayJob's pod sets: ``head`` (one pod) and one per worker group (``groupName``)."""
+    if not isinstance(spec.get("rayClusterSpec"), Mapping):
+        why = (
+            "a RayJob on an existing RayCluster (spec.clusterSelector) cannot be placed: "
+            "gpufed sizes and places the cluster the RayJob creates"
+            if spec.get("clusterSelector")
+            else "is required: the RayCluster the RayJob creates (headGroupSpec, workerGroupSpecs)"
+        )
+        raise ManifestError(f"{path}.spec.rayClusterSpec", why)
+    cpath = f"{path}.spec.rayClusterSpec"
+    cluster = spec["rayClusterSpec"]
+    head = _mapping(cluster, "headGroupSpec", cpath)
+    hpath = f"{cpath}.headGroupSpec"
+    out = [
+        PodTemplateRef(
+            "head", f"{hpath}.template", _mapping(head, "template", hpath), kind, {}, hpath
+        )
+    ]
+    groups = cluster.get("workerGroupSpecs") or []
+    if not isinstance(groups, list):
+        raise ManifestError(f"{cpath}.workerGroupSpecs", "must be a list of worker groups")
+    names = {"head"}
+    for i, group in enumerate(groups):
+        gpath = f"{cpath}.workerGroupSpecs[{i}]"
+        if not isinstance(group, Mapping):
+            raise ManifestError(gpath, "must be a worker group (groupName, replicas, template)")
+        name = group.get("groupName")
+        if not isinstance(name, str) or not name:
+            raise ManifestError(f"{gpath}.groupName", "every worker group needs a groupName")
+        if name in names:
+            raise ManifestError(
+                f"{gpath}.groupName",
+                f"{name!r} names the head or an earlier worker group; names must be unique",
+            )
+        names.add(name)
+        tpl = _mapping(group, "template", gpath)
+        out.append(PodTemplateRef(name, f"{gpath}.template", tpl, kind, group, gpath))
+    return out
 
 
 def _mapping(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
@@ -270,7 +327,8 @@ def workload_pod_templates(template: Mapping[str, Any]) -> list[PodTemplateRef]:
     """Every pod template of the workloads in a GPUJob template, in template order.
 
     Pod set names: ``main`` for a batch/v1 Job, the replicated job's name for a JobSet, the
-    lowercased replica type (``master``, ``worker``) for a PyTorchJob. When a List holds
+    lowercased replica type for a PyTorchJob (``master``, ``worker``) or an MPIJob
+    (``launcher``, ``worker``), ``head`` and each worker group's ``groupName`` for a RayJob. When a List holds
     several workloads, names are prefixed with the object's name (``<name>.<pod set>``).
     Raises :class:`ManifestError` naming the field of a malformed workload.
     """

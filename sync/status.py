@@ -1,7 +1,7 @@
 """Summarising a job's member objects and pods into a :class:`gpufed.api.work.WorkloadStatus`.
 
 Owns the mapping from the status of a member workload object (``batch/v1`` Job, JobSet,
-Kubeflow PyTorchJob, or any object with Kubernetes-style conditions) and its pods to the one
+Kubeflow PyTorchJob or MPIJob, KubeRay RayJob, or any object with Kubernetes-style conditions) and its pods to the one
 summary the hub mirrors into ``GPUJob.status``: phase, the member's conditions in their order,
 active/succeeded/failed/ready counts, start and completion times, pod-level problems and the
 nodes the pods are bound to; and the rule for the job's reported checkpoint time
@@ -38,7 +38,14 @@ _TERMINAL: dict[str, tuple[tuple[str, WorkloadPhase], ...]] = {
     "Job.batch": (("Failed", "Failed"), ("Complete", "Succeeded")),
     "JobSet.jobset.x-k8s.io": (("Failed", "Failed"), ("Completed", "Succeeded")),
     "PyTorchJob.kubeflow.org": (("Failed", "Failed"), ("Succeeded", "Succeeded")),
+    "MPIJob.kubeflow.org": (("Failed", "Failed"), ("Succeeded", "Succeeded")),
+    # from the conditions :func:`ray_conditions` derives (a RayJob reports states, not conditions)
+    "RayJob.ray.io": (("Failed", "Failed"), ("Succeeded", "Succeeded")),
 }
+#: Kinds whose ``status.replicaStatuses`` map replica type -> {active, succeeded, failed}.
+_REPLICA_STATUS_KINDS = frozenset({"PyTorchJob.kubeflow.org", "MPIJob.kubeflow.org"})
+#: RayJob ``jobStatus`` values (the Ray job inside) that end it without success.
+_RAY_UNSUCCESSFUL = frozenset({"FAILED", "STOPPED"})
 _GENERIC_TERMINAL: tuple[tuple[str, WorkloadPhase], ...] = (
     ("Failed", "Failed"),
     ("Complete", "Succeeded"),
@@ -62,18 +69,20 @@ def summarize_workload(
 
     Phases: ``Missing`` when ``missing`` (the objects are gone and will not be re-created);
     ``Succeeded``/``Failed`` from the kind's terminal condition with status ``True`` (Job:
-    ``Complete``/``Failed``; JobSet: ``Completed``/``Failed``; PyTorchJob:
-    ``Succeeded``/``Failed``; other kinds: any of these); ``Running`` when a pod runs or
+    ``Complete``/``Failed``; JobSet: ``Completed``/``Failed``; PyTorchJob and MPIJob:
+    ``Succeeded``/``Failed``; RayJob: those :func:`ray_conditions` derives from its
+    ``jobDeploymentStatus``/``jobStatus``, after its own conditions if any; other kinds: any of
+    these); ``Running`` when a pod runs or
     already finished, the object reports ready, succeeded or failed pods or a ``Running``
     condition is True; ``Pending`` otherwise,
     including while ``obj`` is None (applied, not yet observed). A pod that is Pending because it is unschedulable
     keeps the job Pending (a Job counts such pods as active).
 
     Counts come from the object's status (Job ``status.active/succeeded/failed/ready``,
-    JobSet ``status.replicatedJobsStatus[]`` summed, PyTorchJob ``status.replicaStatuses``
-    summed); kinds without counts are counted from pods. ``start_time``: ``status.startTime``,
-    else the earliest pod ``status.startTime``; ``completion_time``: ``status.completionTime``,
-    else the ``lastTransitionTime`` of the terminal condition (a failed Job has no
+    JobSet ``status.replicatedJobsStatus[]`` summed, PyTorchJob and MPIJob
+    ``status.replicaStatuses`` summed); kinds without counts (RayJob) are counted from pods. ``start_time``: ``status.startTime``,
+    else the earliest pod ``status.startTime``; ``completion_time``: ``status.completionTime``
+    (RayJob: ``status.endTime``), else the ``lastTransitionTime`` of the terminal condition (a failed Job has no
     completionTime).
     """
     pod_list = sorted(pods, key=lambda p: str(_meta(p).get("name", "")))
@@ -85,6 +94,9 @@ def summarize_workload(
         )
     status: Mapping[str, Any] = (obj or {}).get("status") or {}
     conditions = tuple(_condition(c) for c in status.get("conditions") or [] if isinstance(c, dict))
+    if kind == "RayJob.ray.io":
+        own = {c.type for c in conditions}
+        conditions += tuple(c for c in ray_conditions(status) if c.type not in own)
     active, succeeded, failed, ready = _counts(kind, status, pod_list)
 
     phase: WorkloadPhase = "Pending"
@@ -109,7 +121,8 @@ def summarize_workload(
             phase = "Running"
 
     start = str(status.get("startTime") or "") or _earliest_pod_start(pod_list)
-    completion = str(status.get("completionTime") or "") if phase == "Succeeded" else ""
+    done_at = status.get("endTime") if kind == "RayJob.ray.io" else status.get("completionTime")
+    completion = str(done_at or "") if phase == "Succeeded" else ""
     if phase in ("Succeeded", "Failed") and not completion:
         completion = terminal_at
     return WorkloadStatus(
@@ -127,6 +140,38 @@ def summarize_workload(
         completion_time=completion,
         pod_issues=() if phase == "Succeeded" else issues,
         nodes=nodes,
+    )
+
+
+def ray_conditions(status: Mapping[str, Any]) -> tuple[Condition, ...]:
+    """Conditions for a RayJob's ``status`` (KubeRay reports ``jobDeploymentStatus``, the
+    RayJob's own state, and ``jobStatus``, the Ray job's; no conditions).
+
+    ``jobDeploymentStatus`` ``Complete`` with ``jobStatus`` ``SUCCEEDED``: ``Succeeded=True``;
+    ``Failed``, or ``Complete`` with ``FAILED``/``STOPPED``: ``Failed=True`` (reason: the
+    RayJob's ``status.reason`` or the job status); ``Running``: ``Running=True``; any other
+    state (``New``, ``Initializing``, ``Waiting``, ``Suspended``, ``Retrying`` ...):
+    ``Running=False`` with the state as reason. ``lastTransitionTime``: ``endTime`` for the
+    terminal ones, else ``startTime``. Nothing before KubeRay wrote a state.
+    """
+    deployment = str(status.get("jobDeploymentStatus") or "")
+    job = str(status.get("jobStatus") or "")
+    if not deployment:
+        return ()
+    message = str(status.get("message") or "")
+    end, begin = str(status.get("endTime") or ""), str(status.get("startTime") or "")
+    if deployment == "Complete" and job == "SUCCEEDED":
+        return (_cond("Succeeded", "True", job, message, end),)
+    if deployment == "Failed" or (deployment == "Complete" and job in _RAY_UNSUCCESSFUL):
+        reason = str(status.get("reason") or job or deployment)
+        return (_cond("Failed", "True", reason, message, end),)
+    running = deployment == "Running"
+    return (_cond("Running", "True" if running else "False", job or deployment, message, begin),)
+
+
+def _cond(ctype: str, status: str, reason: str, message: str, at: str) -> Condition:
+    return Condition(
+        type=ctype, status=status, reason=reason, message=message, last_transition_time=at
     )
 
 
@@ -175,7 +220,7 @@ def _counts(
             sum(_int(r.get("failed")) for r in rjs),
             sum(_int(r.get("ready")) for r in rjs),
         )
-    if kind == "PyTorchJob.kubeflow.org" and status.get("replicaStatuses"):
+    if kind in _REPLICA_STATUS_KINDS and status.get("replicaStatuses"):
         reps = [r for r in (status.get("replicaStatuses") or {}).values() if isinstance(r, dict)]
         active = sum(_int(r.get("active")) for r in reps)
         return (

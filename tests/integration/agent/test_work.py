@@ -294,45 +294,102 @@ async def test_job_deleted_in_the_member_is_reported_missing_not_recreated(
     assert [a.revision for a in rig.view.acks_for(uid)] == [1]
 
 
-JOBSET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
-    "spec": {
-        "group": "jobset.x-k8s.io",
-        "scope": "Namespaced",
-        "names": {
-            "plural": "jobsets",
-            "singular": "jobset",
-            "kind": "JobSet",
-            "listKind": "JobSetList",
+def schema_only_crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]:
+    """A CRD of ``kind`` that accepts any object (no controller runs for it)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {
+                "plural": plural,
+                "singular": kind.lower(),
+                "kind": kind,
+                "listKind": f"{kind}List",
+            },
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
         },
-        "versions": [
-            {
-                "name": "v1alpha2",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
+    }
+
+
+JOBSET_CRD = schema_only_crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
+RAYJOB_CRD = schema_only_crd("ray.io", "v1", "RayJob", "rayjobs")
+_POD = {"spec": {"containers": [{"name": "c", "image": "ray"}]}}
+KINDS = {
+    # kind: (CRD, the object applied, the status the operator would write, succeeded pods)
+    "JobSet.jobset.x-k8s.io": (
+        JOBSET_CRD,
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2}]},
+        },
+        {
+            "replicatedJobsStatus": [
+                {"name": "workers", "succeeded": 2, "active": 0, "failed": 0, "ready": 0}
+            ],
+            "conditions": [
+                {
+                    "type": "Completed",
+                    "status": "True",
+                    "reason": "AllJobsCompleted",
+                    "message": "jobset completed successfully",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
+        (2, "AllJobsCompleted"),
+    ),
+    # KubeRay writes states, not conditions: the agent derives a Succeeded condition
+    "RayJob.ray.io": (
+        RAYJOB_CRD,
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayJob",
+            "spec": {
+                "entrypoint": "python tune.py",
+                "rayClusterSpec": {
+                    "headGroupSpec": {"template": _POD},
+                    "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "template": _POD}],
                 },
-            }
-        ],
-    },
+            },
+        },
+        {
+            "jobDeploymentStatus": "Complete",
+            "jobStatus": "SUCCEEDED",
+            "startTime": "2026-01-01T00:00:00Z",
+            "endTime": "2026-01-01T00:10:00Z",
+        },
+        (0, "SUCCEEDED"),
+    ),
 }
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
 async def test_a_newly_installed_workload_kind_is_discovered_applied_and_summarised(
-    rig: Rig, namespace: str
+    rig: Rig, namespace: str, kind: str
 ) -> None:
-    """A JobSet CRD (schema only, no controller) installed while the agent runs: served after
+    """A workload CRD (schema only, no controller) installed while the agent runs: served after
     the next connect, applied with server-side apply, its status summarised."""
-    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
+    crd, body, status, (succeeded, reason) = KINDS[kind]
+    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
     await rig.admin.request(
-        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=JOBSET_CRD
+        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd
     )
     try:
         await poll(
@@ -347,48 +404,30 @@ async def test_a_newly_installed_workload_kind_is_discovered_applied_and_summari
         await rig.hub.wait_for(
             lambda: rig.view.sessions > sessions and rig.view.snapshots, what="reconnect"
         )
-        await rig.hub.wait_for(
-            lambda: "JobSet.jobset.x-k8s.io" in rig.view.served_kinds, what="JobSet served"
-        )
+        await rig.hub.wait_for(lambda: kind in rig.view.served_kinds, what=f"{kind} served")
         assert rig.view.hello is not None
-        assert "JobSet.jobset.x-k8s.io" in rig.view.hello.served_kinds
+        assert kind in rig.view.hello.served_kinds
 
         uid = new_uid()
-        jobset = {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2",
-            "kind": "JobSet",
-            "metadata": {"name": "js", "labels": {UID_LABEL: uid}},
-            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2}]},
-        }
-        rig.hub.send(rig.cluster, apply(uid, namespace, 1, jobset))
+        obj = {**body, "metadata": {"name": "w", "labels": {UID_LABEL: uid}}}
+        rig.hub.send(rig.cluster, apply(uid, namespace, 1, obj))
         (ack,) = await rig.hub.wait_for(lambda: rig.view.acks_for(uid), what="ack")
         assert ack.result == "Applied"
-        path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/js"
+        spec = crd["spec"]
+        path = (
+            f"/apis/{spec['group']}/{spec['versions'][0]['name']}/namespaces/{namespace}/"
+            f"{spec['names']['plural']}/w"
+        )
         obj = await rig.admin.request("GET", path)
         assert [m["manager"] for m in obj["metadata"]["managedFields"]] == ["gpufed"]
-        assert (await final_status(rig, uid, "Pending")).kind == "JobSet.jobset.x-k8s.io"
+        assert (await final_status(rig, uid, "Pending")).kind == kind
         await rig.admin.request(
             "PATCH",
             f"{path}/status",
-            body={
-                "status": {
-                    "replicatedJobsStatus": [
-                        {"name": "workers", "succeeded": 2, "active": 0, "failed": 0, "ready": 0}
-                    ],
-                    "conditions": [
-                        {
-                            "type": "Completed",
-                            "status": "True",
-                            "reason": "AllJobsCompleted",
-                            "message": "jobset completed successfully",
-                            "lastTransitionTime": "2026-01-01T00:00:00Z",
-                        }
-                    ],
-                }
-            },
+            body={"status": status},
             content_type="application/merge-patch+json",
         )
         done = await final_status(rig, uid, "Succeeded")
-        assert (done.succeeded, done.conditions[0].reason) == (2, "AllJobsCompleted")
+        assert (done.succeeded, done.conditions[0].reason) == (succeeded, reason)
     finally:
         await rig.admin.request("DELETE", crd_path)

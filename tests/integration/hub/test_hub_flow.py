@@ -106,7 +106,25 @@ async def test_a_job_is_placed_dispatched_mirrored_and_deleted(
         obj = await wait_for(lambda: _phase_is(hub_api, "llama", "Succeeded"), "Succeeded")
         status = obj["status"]
         types = [c["type"] for c in status["conditions"]]
-        assert types == ["Valid", "Placed", "Dispatched", "SuccessCriteriaMet", "Complete"]
+        assert types == [
+            "Valid",
+            "Placed",
+            "Dispatched",
+            "Finished",
+            "SuccessCriteriaMet",
+            "Complete",
+        ]
+        # KEP-1623 conditions, accepted by the real API server's CRD schema: the
+        # kind-independent Finished (what `kubectl wait --for=condition=Finished` reads), a
+        # reason on each, and the generation each was computed from.
+        by_type = {c["type"]: c for c in status["conditions"]}
+        assert (by_type["Finished"]["status"], by_type["Finished"]["reason"]) == (
+            "True",
+            "Succeeded",
+        )
+        generation = obj["metadata"]["generation"]
+        assert all(c["reason"] and c["lastTransitionTime"] for c in status["conditions"])
+        assert {c["observedGeneration"] for c in status["conditions"]} == {generation}
         assert status["succeeded"] == 2
         assert status["completionTime"] == "2026-01-01T00:05:00Z"
         assert status["timings"]["placementMs"] >= 0

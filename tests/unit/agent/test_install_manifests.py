@@ -96,6 +96,8 @@ def test_the_cluster_wide_role_reads_workloads_and_touches_no_secret_anywhere() 
         ("batch", "jobs"),
         ("jobset.x-k8s.io", "jobsets"),
         ("kubeflow.org", "pytorchjobs"),
+        ("kubeflow.org", "mpijobs"),
+        ("ray.io", "rayjobs"),
     ):
         assert rules[kind] == {"get", "list", "watch"}
     assert rules[("rbac.authorization.k8s.io", "rolebindings")] == {"get", "list", "create"}
@@ -118,6 +120,8 @@ def test_the_workload_role_manages_exactly_the_allowed_kinds() -> None:
         "JobSet.jobset.x-k8s.io": ("jobset.x-k8s.io", "jobsets"),
     }
     plural |= {"PyTorchJob.kubeflow.org": ("kubeflow.org", "pytorchjobs")}
+    plural |= {"MPIJob.kubeflow.org": ("kubeflow.org", "mpijobs")}
+    plural |= {"RayJob.ray.io": ("ray.io", "rayjobs")}
     plural |= {k: ("", k.lower() + "s") for k in ("ConfigMap", "Secret", "Service")}
     assert set(rules) == {plural[k] for k in DEFAULT_ALLOWED_KINDS}
     for verbs in rules.values():

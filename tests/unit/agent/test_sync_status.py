@@ -196,3 +196,100 @@ def test_pytorchjob_running_condition_and_replica_counts() -> None:
 def test_pod_issues_are_bounded() -> None:
     pods = [pod(f"p{i:03d}", "Pending", waiting="ErrImagePull") for i in range(MAX_POD_ISSUES + 5)]
     assert len(summarize(job_obj({}), pods).pod_issues) == MAX_POD_ISSUES
+
+
+# RayJob statuses as KubeRay v1.2 writes them (no conditions: jobDeploymentStatus + jobStatus).
+RAY_RUNNING = {
+    "jobDeploymentStatus": "Running",
+    "jobStatus": "RUNNING",
+    "jobId": "rj-7x2kq",
+    "rayClusterName": "rj-raycluster-8hc2v",
+    "startTime": "2026-01-01T00:00:00Z",
+}
+RAY_SUCCEEDED = {
+    **RAY_RUNNING,
+    "jobDeploymentStatus": "Complete",
+    "jobStatus": "SUCCEEDED",
+    "message": "Job finished successfully.",
+    "endTime": "2026-01-01T00:20:00Z",
+}
+RAY_FAILED = {
+    **RAY_RUNNING,
+    "jobDeploymentStatus": "Failed",
+    "jobStatus": "FAILED",
+    "reason": "AppFailed",
+    "message": "Job entrypoint command failed with exit code 1",
+    "endTime": "2026-01-01T00:05:00Z",
+}
+
+
+def test_a_rayjob_is_summarised_from_its_deployment_and_job_status() -> None:
+    kind = "RayJob.ray.io"
+    assert summarize(job_obj({"jobDeploymentStatus": "Initializing"}), kind=kind).phase == "Pending"
+    running = summarize(job_obj(RAY_RUNNING), kind=kind)
+    assert (running.phase, running.start_time) == ("Running", "2026-01-01T00:00:00Z")
+    assert [(c.type, c.status, c.reason) for c in running.conditions] == [
+        ("Running", "True", "RUNNING")
+    ]
+    done = summarize(job_obj(RAY_SUCCEEDED), kind=kind)
+    assert (done.phase, done.completion_time) == ("Succeeded", "2026-01-01T00:20:00Z")
+    failed = summarize(job_obj(RAY_FAILED), kind=kind)
+    assert failed.phase == "Failed"
+    assert (failed.conditions[0].reason, failed.completion_time) == (
+        "AppFailed",
+        "2026-01-01T00:05:00Z",
+    )
+    assert "exit code 1" in failed.conditions[0].message
+
+
+def test_a_rayjob_stopped_inside_a_complete_deployment_failed() -> None:
+    status = {**RAY_SUCCEEDED, "jobStatus": "STOPPED"}
+    assert summarize(job_obj(status), kind="RayJob.ray.io").phase == "Failed"
+
+
+def test_a_rayjobs_pods_give_its_counts() -> None:
+    pods = [pod("rj-head", "Running"), pod("rj-w-1", "Running"), pod("rj-w-2", "Pending")]
+    s = summarize(job_obj(RAY_RUNNING), pods, kind="RayJob.ray.io")
+    assert s.active == 3
+
+
+# An MPIJob status as mpi-operator v0.5 (kubeflow.org/v2beta1) writes it.
+MPI_SUCCEEDED = {
+    "startTime": "2026-01-01T00:00:00Z",
+    "completionTime": "2026-01-01T01:00:00Z",
+    "replicaStatuses": {"Launcher": {"succeeded": 1}, "Worker": {}},
+    "conditions": [
+        {"type": "Created", "status": "True", "reason": "MPIJobCreated"},
+        {"type": "Running", "status": "False", "reason": "MPIJobRunning"},
+        {
+            "type": "Succeeded",
+            "status": "True",
+            "reason": "MPIJobSucceeded",
+            "message": "MPIJob team-a/mpi successfully completed.",
+            "lastTransitionTime": "2026-01-01T01:00:00Z",
+        },
+    ],
+}
+
+
+def test_an_mpijob_is_summarised_from_its_conditions_and_replica_statuses() -> None:
+    kind = "MPIJob.kubeflow.org"
+    running = {
+        "startTime": "2026-01-01T00:00:00Z",
+        "replicaStatuses": {"Launcher": {"active": 1}, "Worker": {"active": 4}},
+        "conditions": [{"type": "Running", "status": "True", "reason": "MPIJobRunning"}],
+    }
+    s = summarize(job_obj(running), kind=kind)
+    assert (s.phase, s.active) == ("Running", 5)
+    done = summarize(job_obj(MPI_SUCCEEDED), kind=kind)
+    assert (done.phase, done.succeeded, done.completion_time) == (
+        "Succeeded",
+        1,
+        "2026-01-01T01:00:00Z",
+    )
+    assert [c.type for c in done.conditions] == ["Created", "Running", "Succeeded"]
+    failed = {
+        **running,
+        "conditions": [{"type": "Failed", "status": "True", "reason": "MPIJobFailed"}],
+    }
+    assert summarize(job_obj(failed), kind=kind).phase == "Failed"

@@ -161,3 +161,46 @@ def hgx_node(name: str, *, gpus: int = 8, requested: int = 0, job_uid: str = "")
         requested=req,
         job_requests={job_uid: req} if job_uid and req else {},
     )
+
+
+def rayjob(
+    *groups: tuple[str, int, int], head_gpus: int = 0, name: str = "rj", **group_extra: Any
+) -> dict[str, Any]:
+    """A KubeRay RayJob creating its RayCluster: a head with ``head_gpus`` GPUs and worker
+    groups ``(groupName, replicas, gpus per pod)``; ``group_extra`` goes into every group."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name},
+        "spec": {
+            "entrypoint": "python train.py",
+            "rayClusterSpec": {
+                "headGroupSpec": {"template": {"spec": pod_spec(head_gpus)}},
+                "workerGroupSpecs": [
+                    {
+                        "groupName": g,
+                        "replicas": n,
+                        "template": {"spec": pod_spec(gpus)},
+                        **group_extra,
+                    }
+                    for g, n, gpus in groups
+                ],
+            },
+        },
+    }
+
+
+def mpijob(workers: int = 2, gpus: int = 8, *, name: str = "mpi") -> dict[str, Any]:
+    """A Kubeflow MPIJob (v2beta1): one CPU launcher and ``workers`` GPU workers."""
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": name},
+        "spec": {
+            "slotsPerWorker": gpus,
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"spec": pod_spec(0)}},
+                "Worker": {"replicas": workers, "template": {"spec": pod_spec(gpus)}},
+            },
+        },
+    }

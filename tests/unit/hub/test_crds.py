@@ -25,16 +25,14 @@ def _gen_crds() -> Any:
     return mod
 
 
-def test_committed_crds_match_the_models() -> None:
+@pytest.mark.parametrize("where", ["manifests/crds", "charts/gpufed-hub/crds"])
+def test_committed_crds_match_the_models(where: str) -> None:
+    """Both committed copies (kubectl/kustomize and the Helm chart's crds/) are generated."""
     rendered = _gen_crds().render()
-    committed = {p.name for p in (ROOT / "manifests" / "crds").glob("*.yaml")}
-    assert committed == set(rendered), "CRD files added or removed: run scripts/gen_crds.py"
-    stale = [
-        name
-        for name, text in rendered.items()
-        if (ROOT / "manifests" / "crds" / name).read_text() != text
-    ]
-    assert not stale, f"stale CRDs {stale}: run scripts/gen_crds.py and commit"
+    committed = {p.name for p in (ROOT / where).glob("*.yaml")}
+    assert committed == set(rendered), f"CRD files added or removed in {where}: run make crds"
+    stale = [name for name, text in rendered.items() if (ROOT / where / name).read_text() != text]
+    assert not stale, f"stale CRDs {stale} in {where}: run make crds and commit"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,56 @@
+{{/*
+Names are fixed, not derived from the release name: the hub's code, its RBAC and the agents
+name them (gpufed-hub, gpufed-system). One hub installation per hub cluster.
+*/}}
+{{- define "gpufed.name" -}}gpufed-hub{{- end -}}
+
+{{/* The chart installs into gpufed-system only (the hub's --token-namespace and the system
+namespaces it refuses jobs in name it). */}}
+{{- define "gpufed.namespace" -}}
+{{- if ne .Release.Namespace "gpufed-system" -}}
+{{- fail (printf "gpufed-hub installs into namespace gpufed-system, not %q: the hub's join-token namespace and the namespaces it refuses jobs in name it (docs/hub.md); run helm install with --namespace gpufed-system --create-namespace" .Release.Namespace) -}}
+{{- end -}}
+gpufed-system
+{{- end -}}
+
+{{/* Labels of every object: the kustomize base's two, plus Helm's standard ones. */}}
+{{- define "gpufed.labels" -}}
+app.kubernetes.io/name: {{ include "gpufed.name" . }}
+app.kubernetes.io/part-of: gpufed
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* The selector: as in manifests/ (a Deployment's selector is immutable, so kustomize and
+Helm installs can replace each other). */}}
+{{- define "gpufed.selector" -}}
+app.kubernetes.io/name: {{ include "gpufed.name" . }}
+{{- end -}}
+
+{{/* registry/repository:tag, tag defaulting to the chart's appVersion. */}}
+{{- define "gpufed.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" (include "gpufed.repository" .) .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" (include "gpufed.repository" .) $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpufed.repository" -}}
+{{- if .Values.image.registry -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.image.registry) .Values.image.repository -}}
+{{- else -}}
+{{- .Values.image.repository -}}
+{{- end -}}
+{{- end -}}
+
+{{/* NetworkPolicy peers: none given means from anywhere (the rule has no "from"). */}}
+{{- define "gpufed.peers" -}}
+{{- if . }}
+      from:
+{{ toYaml . | indent 8 }}
+{{- end }}
+{{- end -}}
