@@ -42,6 +42,7 @@ from gpufed.placement.engine import place
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionPlan, PreemptionRules, Preemptor, Running
 from gpufed.placement.quota import QuotaGate, build_tree
+from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.synthetic import FleetShape, synthetic_fleet, synthetic_jobs
 from gpufed.placement.victims import plan_preemption
@@ -236,7 +237,9 @@ def run_preemption_bench(
 ) -> dict[str, Any]:
     """``gpufed bench placement --preemption``: a full fleet (every GPU running a job of
     priority 0-2, :func:`_fill_with_victims`) and a stream of the synthetic jobs at priority
-    10. Each decision is ``place()`` and, when the job does not fit, ``plan_preemption``;
+    10. Each decision is ``place()`` and, when the job does not fit, ``plan_preemption`` over
+    a :class:`~gpufed.placement.runindex.RunningIndex` built once (untimed, as the hub keeps
+    it) and kept as victims stop;
     a plan is carried out at once (victims gone from the snapshot and the running jobs, the
     preemptor reserved as planned). Times the whole decision (place + plan), like the
     no-preemption run times ``place()``; reports preemptions, victims and what-ifs."""
@@ -252,8 +255,10 @@ def run_preemption_bench(
         j.model_copy(update={"priority": 10})
         for j in synthetic_jobs(decisions, seed, shape.products)
     ]
-    index = {c: {r.uid: r for r in rs} for c, rs in running.items()}
-    lists = {c: list(rs) for c, rs in running.items()}
+    # the hub keeps its running jobs indexed by block as they start and end (not timed)
+    index = RunningIndex(snapshot, (r for rs in running.values() for r in rs))
+    index.file_levels()
+    del running
     gc.collect()
     gc.freeze()
     latencies: list[float] = []
@@ -269,7 +274,7 @@ def run_preemption_bench(
         d = place(req, snapshot, policy, now)
         plan = None
         if d.outcome == Outcome.UNSCHEDULABLE:
-            plan = plan_preemption(Preemptor(req), lists, snapshot, policy, now, rules=rules)
+            plan = plan_preemption(Preemptor(req), index, snapshot, policy, now, rules=rules)
             whatifs.append(plan.whatifs)
         latencies.append(perf() - a)
         cpu.append(thread_time() - c)
@@ -279,7 +284,7 @@ def run_preemption_bench(
         elif isinstance(plan, PreemptionPlan):
             outcomes["preempted"] += 1
             victims += len(plan.victims)
-            _carry_out(snapshot, plan, index, lists)
+            _carry_out(snapshot, plan, index)
             snapshot.reserve(plan.decision, now, policy.reservation_ttl_s)
         else:
             outcomes["not_placed"] += 1
@@ -300,14 +305,13 @@ def run_preemption_bench(
 def _carry_out(
     snapshot: FleetSnapshot,
     plan: PreemptionPlan,
-    index: dict[str, dict[str, Running]],
-    lists: dict[str, list[Running]],
+    index: RunningIndex,
 ) -> None:
     """Stop the plan's victims as the member would report it: their pods leave their nodes."""
     cluster = plan.cluster
     for v in plan.victims:
         uid = v.running.uid
-        index[cluster].pop(uid, None)
+        index.remove(uid, cluster)
         for name in v.running.gpus:
             inv = snapshot.node(cluster, name)
             req = inv.job_requests.get(uid, {})
@@ -320,4 +324,3 @@ def _carry_out(
                     }
                 ),
             )
-    lists[cluster] = list(index[cluster].values())

@@ -1,7 +1,8 @@
 """One scheduling cycle's preemptions (pure): several preemptors, never over-freeing.
 
 Called by the hub's scheduling cycle and the simulator, for the jobs of one pass that
-``place()`` left ``Unschedulable``, in queue order. Each :meth:`PreemptionCycle.plan` runs
+``place()`` left ``Unschedulable``, in queue order. The running jobs are indexed by block once
+per cycle (:mod:`.runindex`), not rescanned per preemptor. Each :meth:`PreemptionCycle.plan` runs
 :func:`~gpufed.placement.victims.plan_preemption` with the cycle's earlier plans applied:
 their victims are gone and cannot be chosen again, and their preemptors' what-if placements
 are reserved, so the GPUs freed for one preemptor are held for it and no later preemptor
@@ -25,6 +26,7 @@ from gpufed.placement.preemption import (
 )
 from gpufed.placement.queue import Hold
 from gpufed.placement.quota import demand_of
+from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.victims import plan_preemption
 
@@ -32,7 +34,9 @@ from gpufed.placement.victims import plan_preemption
 class PreemptionCycle:
     """The preemptions planned in one pass (see the module docstring).
 
-    ``running``: every running or placed job. ``quota``: as for ``plan_preemption``; the cycle
+    ``running``: every running or placed job, indexed once here (O(running jobs)); a
+    :class:`~gpufed.placement.runindex.RunningIndex` the caller keeps is used as it is.
+    ``quota``: as for ``plan_preemption``; the cycle
     keeps its own copy of the ledger, with each plan's victims released and its preemptor
     charged, so a later plan's reclaim and admission see the earlier ones.
     """
@@ -51,7 +55,10 @@ class PreemptionCycle:
         self.policy = policy
         self.now = now
         self.rules = rules or PreemptionRules()
-        self.running = list(running)
+        #: the running jobs by block, built once for the cycle (or the caller's own index)
+        self.running = (
+            running if isinstance(running, RunningIndex) else RunningIndex(snapshot, running)
+        )
         self.quota = (
             QuotaView(quota.tree, copy.deepcopy(quota.usage)) if quota is not None else None
         )

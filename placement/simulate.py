@@ -15,6 +15,9 @@ finished, or until the horizon (default: 30 simulated days after the last arriva
   find nodes with room at once (gang; no head-of-line blocking), pods taking nodes the way
   kube-scheduler's default ``LeastAllocated`` scoring does: most free GPUs first
   (``member_fit="spread"``; ``"pack"`` takes the fullest first).
+* ``first-admit`` (MultiKueue with topology-aware workers): one global queue in arrival order,
+  best effort, each job to the first member in fleet-file order whose own ``place()`` fits it
+  now (:mod:`.simfirstadmit`).
 
 Trace defaults when a column is absent (docs/placement.md, "Simulator"): ``gpus_per_pod =
 min(gpus, 8)``; ``topology`` ``required`` for a one-pod job, ``preferred`` otherwise; any GPU
@@ -60,6 +63,7 @@ from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
 from gpufed.placement.shape import JobShape
+from gpufed.placement.simfirstadmit import run_first_admit
 from gpufed.placement.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.simquota import QueueSim
 from gpufed.placement.simreport import JobRecord
@@ -68,8 +72,8 @@ from gpufed.placement.trace import TraceError, TraceJob, read_trace
 
 __all__ = ["TraceError", "TraceJob", "read_trace"]  # re-exported: the trace format's home is .trace
 
-POLICIES = ("gpufed", "cluster-sum", "round-robin")
-PolicyName = Literal["gpufed", "cluster-sum", "round-robin"]
+POLICIES = ("gpufed", "cluster-sum", "round-robin", "first-admit")
+PolicyName = Literal["gpufed", "cluster-sum", "round-robin", "first-admit"]
 HORIZON_AFTER_LAST_ARRIVAL_S = 30 * 86400.0
 _NEVER = math.inf
 
@@ -346,6 +350,9 @@ def simulate(
     if policy == "gpufed":
         pre = preemption if preemption is not None and preemption.on else None
         _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule(), qs, pre)
+    elif policy == "first-admit":
+        order = [m.name for m in members]
+        run_first_admit(sim, _drain(sim, horizon), placement_policy or Policy(), order)
     else:
         _run_baseline(sim, horizon, policy, member_fit)
     result = sim.result(policy, horizon)

@@ -17,9 +17,10 @@ it fits without preemption.
 **The search, per member** (bounded): candidates are the eligible jobs on nodes of a GPU
 product the job accepts; they are filed by the block the job must sit in (its NVLink domain
 for a one-pod or ``nvlink: Required`` job, else its rack / block when required, else the whole
-member); per block the cheapest victims are counted in until the block's free GPUs reach the
-job's demand, the blocks of the whole fleet are ordered by that estimate and the
-``max_blocks`` cheapest are tried; in each
+member), read from the running jobs' index by block (:mod:`.runindex`; :mod:`.victimblocks`
+files them and estimates each block); per block the cheapest victims are counted in until the
+block's free GPUs reach the job's demand, the blocks of the whole fleet are ordered by that
+estimate and the ``max_blocks`` cheapest are tried; in each
 the greedy set grows until the what-if places the job, then every victim whose removal still
 lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
 pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
@@ -33,12 +34,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.placement.engine import place
-from gpufed.placement.member import ClusterState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import (
     NoPreemption,
@@ -53,8 +51,19 @@ from gpufed.placement.preemption import (
 )
 from gpufed.placement.queue import Hold
 from gpufed.placement.quota import QueueTree, QuotaUsage, admit, demand_of, usage_rows
+from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
+from gpufed.placement.victimblocks import (
+    Block,
+    Bound,
+    Estimate,
+    SetKey,
+    cheapest,
+    estimates,
+    set_key,
+    victim_key,
+)
 from gpufed.placement.whatif import OnlyMember, freed
 
 
@@ -63,24 +72,7 @@ def _cycle_back(p: Preemptor, run: Running, rules: PreemptionRules, now: float) 
     return any(e.by == run.uid and now - e.at < rules.cooldown_s for e in p.preempted)
 
 
-def _set_key(
-    cluster: str, victims: Sequence[Victim]
-) -> tuple[int, float, int, str, tuple[str, ...]]:
-    """Cost order of a plan: highest victim priority, work lost, victims, member, UIDs."""
-    return (
-        max(v.running.priority for v in victims),
-        round(sum(v.cost_gpu_s for v in victims), 6),
-        len(victims),
-        cluster,
-        tuple(sorted(v.running.uid for v in victims)),
-    )
-
-
-def _victim_key(v: Victim) -> tuple[int, float, str]:
-    return (v.running.priority, v.cost_gpu_s, v.running.uid)
-
-
-class _Search:
+class Search:
     """One decision's search state: the inputs and the what-if budget."""
 
     def __init__(
@@ -196,119 +188,8 @@ def _row(tree: QueueTree, usage: QuotaUsage, queue: str, product: str) -> tuple[
     return None
 
 
-def _level(job: JobShape) -> str | None:
-    """The block the job must sit in: nvlink / rack / block, or None (the whole member)."""
-    return next(
-        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
-        "nvlink" if job.gpu_pods == 1 else None,
-    )
-
-
-@dataclass
-class _Block:
-    key: str
-    free: int
-    cap: int
-    victims: dict[str, Victim] = field(default_factory=dict)
-    freed: dict[str, int] = field(default_factory=dict)  # victim uid -> GPUs freed in the block
-    #: node -> (its free GPUs, its victims' uids): to order a whole-member block by node
-    nodes: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
-
-
-def _blocks(
-    s: _Search, c: ClusterState, runs: Iterable[Running], reasons: dict[str, str]
-) -> list[_Block]:
-    """Candidate victims of member ``c`` filed by block (module docstring)."""
-    level = _level(s.job)
-    products = s.job.products
-    blocks: dict[str, _Block] = {}
-    prio = s.p.request.priority
-    for run in runs:
-        if run.priority >= prio and s.quota is None:
-            continue  # cheap reject before any look-up: no reclaim without queues
-        for name, gpus in run.gpus.items() if len(run.gpus) == 1 else sorted(run.gpus.items()):
-            n = c.nodes.get(name)
-            if n is None or n.pool is None or n.pool.slices or gpus <= 0:
-                continue
-            if products is not None and n.pool.product not in products:
-                continue
-            v = s.victim(run, n.pool.product)
-            if isinstance(v, str):
-                reasons[run.uid] = v
-                break
-            if level is None:
-                key, free, cap = "", 0, 0
-            else:
-                g = getattr(n, level if level != "nvlink" else "domain")
-                if g is not None:
-                    key, free, cap = g.key, g.free, g.cap
-                elif level == "nvlink":
-                    key, free, cap = n.domain_id, n.gpu_free, n.gpu_alloc
-                else:
-                    continue  # a node without that label can never hold a job that needs it
-            b = blocks.get(key)
-            if b is None:
-                b = blocks[key] = _Block(key, free, cap)
-            b.victims[run.uid] = v
-            b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
-            if level is None:
-                b.nodes.setdefault(name, (n.gpu_free, []))[1].append(run.uid)
-    if level is None and "" in blocks:
-        b = blocks[""]
-        pools = [p for p in c.pools.values() if not p.slices]
-        if products is not None:
-            pools = [p for p in pools if p.product in products]
-        b.free = sum(p.free for p in pools)
-        b.cap = sum(p.cap for p in pools)
-    return [b for b in blocks.values() if b.cap >= s.job.demand]
-
-
-def _by_node(b: _Block, pod_gpus: int) -> list[Victim]:
-    """A whole-member block's victims in node order: per node, the cheapest victims that free
-    one pod of the largest size there; nodes by the cost of that; then the rest. GPUs freed
-    across many half-used nodes hold no pod, so the cost order alone would take far too many."""
-    heads: list[tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim]]] = []
-    tail: list[Victim] = []
-    seen: set[str] = set()
-    for name, (free, uids) in sorted(b.nodes.items()):
-        vs = sorted((b.victims[u] for u in uids), key=_victim_key)
-        k = 0
-        while k < len(vs) and free < pod_gpus:
-            free += vs[k].running.gpus.get(name, 0)
-            k += 1
-        if free >= pod_gpus and k:
-            heads.append((_set_key(name, vs[:k]), vs[:k]))
-            tail += vs[k:]
-        else:
-            tail += vs
-    order: list[Victim] = []
-    for _, vs in sorted(heads, key=lambda h: h[0]):
-        for v in vs:
-            if v.running.uid not in seen:
-                seen.add(v.running.uid)
-                order.append(v)
-    for v in sorted(tail, key=_victim_key):
-        if v.running.uid not in seen:
-            seen.add(v.running.uid)
-            order.append(v)
-    return order
-
-
-def _greedy(b: _Block, demand: int, pod_gpus: int) -> tuple[list[Victim], list[Victim]] | None:
-    """(the cheapest victims that bring the block's free GPUs to ``demand``, the rest in cost
-    order), or None when even all of them would not. A whole-member block goes node by node
-    (:func:`_by_node`)."""
-    order = _by_node(b, pod_gpus) if b.nodes else sorted(b.victims.values(), key=_victim_key)
-    free = b.free
-    for i, v in enumerate(order):
-        free += b.freed[v.running.uid]
-        if free >= demand:
-            return order[: i + 1], order[i + 1 :]
-    return None
-
-
 def _search_block(
-    s: _Search, cluster: str, b: _Block, chosen: list[Victim], rest: list[Victim]
+    s: Search, cluster: str, b: Block, chosen: list[Victim], rest: list[Victim]
 ) -> tuple[list[Victim], Decision] | None:
     """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring).
 
@@ -342,7 +223,7 @@ def _search_block(
     chosen = order[:lo]
     # prune, most expensive first: by monotonicity one pass leaves every victim necessary
     inside = all(b.freed[v.running.uid] == v.running.gpu_count for v in chosen)
-    for v in sorted(chosen, key=_victim_key, reverse=True):
+    for v in sorted(chosen, key=victim_key, reverse=True):
         if s.spent or len(chosen) == 1:
             break
         trial = [x for x in chosen if x is not v]
@@ -354,9 +235,15 @@ def _search_block(
     return chosen, d
 
 
+def _runs(running: Iterable[Running] | Mapping[str, Sequence[Running]]) -> Iterable[Running]:
+    if isinstance(running, Mapping):
+        return (r for rs in running.values() for r in rs)
+    return running
+
+
 def plan_preemption(
     preemptor: Preemptor,
-    running: Iterable[Running] | Mapping[str, Sequence[Running]],
+    running: Iterable[Running] | Mapping[str, Sequence[Running]] | RunningIndex,
     snapshot: FleetSnapshot,
     policy: Policy,
     now: float,
@@ -370,8 +257,9 @@ def plan_preemption(
     """The cheapest preemption that lets ``preemptor`` be placed, or why there is none.
 
     ``running``: every running or placed job (victims-to-be; jobs of any priority, the rules
-    choose), as one iterable or already grouped by member (member -> jobs; what a caller
-    deciding often keeps, since grouping is O(running jobs)). ``now``: seconds, the clock of ``started_at`` and the events. ``hold``: the
+    choose): best a :class:`~gpufed.placement.runindex.RunningIndex` over ``snapshot`` that the
+    caller keeps (a decision then reads only the blocks its job could use); an iterable, or
+    jobs grouped by member, are indexed first, O(running jobs). ``now``: seconds, the clock of ``started_at`` and the events. ``hold``: the
     backfill holds of the pass (the job keeps off them in the what-if too). ``quota``: for
     reclaim and for admission once the victims are gone (None: no queues). ``gone``: the
     victims already chosen this cycle (taken off the fleet, never chosen again); ``placed``:
@@ -382,66 +270,57 @@ def plan_preemption(
     uid = preemptor.request.uid
     if not preemptor.may_preempt:
         return NoPreemption(uid, "its PriorityClass has preemptionPolicy Never")
-    s = _Search(preemptor, snapshot, policy, rules, now, hold, quota, placed, gone)
+    s = Search(preemptor, snapshot, policy, rules, now, hold, quota, placed, gone)
     s.whatifs += 1
     with freed(snapshot, gone, placed, now):
         fits = place(preemptor.request, snapshot, policy, now, hold=hold)
     if fits.outcome == Outcome.PLACED and (quota is None or s.admitted(fits, ())):
         return NoPreemption(uid, f"fits without preemption ({fits.message})", whatifs=1)
     skip = {r.uid for r in gone} | {uid}
-    by_member: Mapping[str, Sequence[Running]]
-    if isinstance(running, Mapping):
-        by_member = running  # kept by member by the caller: no O(running) pass per decision
-    else:
-        grouped: dict[str, list[Running]] = {}
-        for run in running:
-            grouped.setdefault(run.cluster, []).append(run)
-        by_member = grouped
+    index = running if isinstance(running, RunningIndex) else RunningIndex(snapshot, _runs(running))
     products = s.job.products
     # members that could never hold the job, whatever ran there (product, taints, selector,
     # node shapes): the fleet-wide place() above already said so, at no extra cost
     never = {
         r.cluster: r.reason for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"
     }
-    best: tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim], Decision, str] | None
-    best = None
+    best: tuple[SetKey, list[Victim], Decision, str] | None = None
     members: dict[str, str] = {}
-    everywhere: list[tuple[Any, str, str, tuple[list[Victim], list[Victim]], _Block]] = []
-    for cluster in sorted(by_member):
-        if cluster not in snapshot.cluster_names:
-            continue
-        c = snapshot.cluster(cluster)
-        if products is not None and not any(p.product in products for p in c.pools.values()):
-            continue
-        if cluster in never:
-            members[cluster] = f"could never hold the job: {never[cluster]}"
-            continue
-        if not c.health.ready:
-            members[cluster] = "member is not Ready"
-            continue
-        reasons: dict[str, str] = {}
-        estimates = []
-        runs = (r for r in by_member[cluster] if r.uid not in skip)
-        # free GPUs as the cycle's earlier plans leave them (not nested in a what-if: freeing
-        # a victim twice would take its GPUs off twice)
-        with freed(snapshot, s.gone, placed, now):
-            blocks = {b.key: b for b in _blocks(s, c, runs, reasons)}
-        for b in blocks.values():
-            g = _greedy(b, s.job.demand, s.job.max_gpus)
-            if g is not None:
-                estimates.append((_set_key(cluster, g[0]), b.key, g))
-        if not estimates:
-            members[cluster] = "no block of the job's GPUs frees enough with eligible victims" + (
-                f" ({len(reasons)} running jobs not eligible)" if reasons else ""
-            )
-            continue
-        for key, bkey, g in estimates:
-            everywhere.append((key, bkey, cluster, g, blocks[bkey]))
-        members[cluster] = "not searched: cheaper blocks elsewhere"
-    # the cheapest blocks of the whole fleet by their estimate, at most max_blocks of them
-    everywhere.sort(key=lambda e: (e[0], e[1]))
-    found: dict[str, tuple[int, float, int, str, tuple[str, ...]]] = {}
-    for _key, _bkey, cluster, (chosen, rest), block in everywhere[: rules.max_blocks]:
+    everywhere: list[Estimate] = []
+    known = set(snapshot.cluster_names)
+    bound = Bound(rules.max_blocks)
+    # free GPUs as the cycle's earlier plans leave them (not nested in a what-if: freeing a
+    # victim twice would take its GPUs off twice)
+    with freed(snapshot, s.gone, placed, now):
+        for cluster in index.members:
+            if cluster not in known:
+                continue
+            c = snapshot.cluster(cluster)
+            if products is not None and not any(p.product in products for p in c.pools.values()):
+                continue
+            if cluster in never:
+                members[cluster] = f"could never hold the job: {never[cluster]}"
+                continue
+            if not c.health.ready:
+                members[cluster] = "member is not Ready"
+                continue
+            reasons: dict[str, str] = {}
+            found_here = estimates(s, c, index, skip, reasons, bound)
+            if not found_here and cluster not in bound.passed:
+                members[cluster] = (
+                    "no block of the job's GPUs frees enough with eligible victims"
+                    + (f" ({len(reasons)} running jobs not eligible)" if reasons else "")
+                )
+                continue
+            everywhere += found_here
+            members[cluster] = "not searched: cheaper blocks elsewhere"
+        # the cheapest blocks of the whole fleet by their estimate, at most max_blocks of them
+        tried = [
+            (e.cluster, e.block(s, snapshot.cluster(e.cluster), skip, {}))
+            for e in cheapest(everywhere, rules.max_blocks)
+        ]
+    found: dict[str, SetKey] = {}
+    for cluster, (block, (chosen, rest)) in tried:
         if s.spent:
             break
         r = _search_block(s, cluster, block, list(chosen), list(rest))
@@ -449,7 +328,7 @@ def plan_preemption(
             if cluster not in found:
                 members[cluster] = "the job does not fit even with the candidate victims gone"
             continue
-        k = _set_key(cluster, r[0])
+        k = set_key(cluster, r[0])
         if cluster not in found or k < found[cluster]:
             found[cluster] = k
             members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
@@ -461,7 +340,7 @@ def plan_preemption(
             reason += f" (stopped after {s.whatifs} what-if placements)"
         return NoPreemption(uid, reason, members, s.whatifs)
     key, victims, decision, cluster = best
-    victims = sorted(victims, key=_victim_key)
+    victims = sorted(victims, key=victim_key)
     nodes = frozenset(n for v in victims for n in v.running.gpus)
     cost = sum(v.cost_gpu_s for v in victims)
     names = ", ".join(v.running.job or v.running.uid for v in victims)

@@ -92,9 +92,10 @@ def freed(
     undo_res: list[Reservation] = []
     reserved: list[str] = []
     seen: set[str] = set()
+    members = set(snapshot.cluster_names)  # once, not a list of every member per victim
     try:
         for v in victims:
-            if v.uid in seen or v.cluster not in snapshot.cluster_names:
+            if v.uid in seen or v.cluster not in members:
                 continue  # a victim named twice is freed once
             seen.add(v.uid)
             res = snapshot.reservation(v.uid)

@@ -216,13 +216,15 @@ def test_round_robin_takes_members_in_turn() -> None:
     assert r.wait_mean_s == pytest.approx(99 / 3)
 
 
-def test_nvlink_required_jobs_stay_in_one_clique_only_with_gpufed() -> None:
+def test_nvlink_required_jobs_stay_in_one_clique_only_with_gpufed_placement() -> None:
+    """gpufed, and first-admit (gpufed's placement inside each member), keep them in one."""
     members = fleet_members(nvl72_fleet(cliques=2))
     jobs = [
         tj("a", 0, 64, 1000, gpus_per_pod=4, topology="Required"),
         tj("b", 1, 16, 1000, gpus_per_pod=4, topology="Required"),
     ]
     assert simulate(members, jobs, "gpufed").nvlink_required_single_domain == 1.0
+    assert simulate(members, jobs, "first-admit").nvlink_required_single_domain == 1.0
     # spread takes trays by name once free GPUs tie: job b gets the two trays left in the
     # first clique and two of the second
     assert simulate(members, jobs, "cluster-sum").nvlink_required_single_domain == 0.5

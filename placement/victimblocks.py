@@ -1,0 +1,349 @@
+"""Candidate victims filed by block, and each block's greedy estimate (pure): the first phase
+of the victim search of :mod:`.victims` (docs/placement.md, "Preemption").
+
+A preemptor must sit in one block: its NVLink domain for a one-pod or ``nvlink: Required`` job,
+else its rack / block when required, else the whole member (:func:`level_of`). Per block, the
+cheapest eligible victims (victim order: priority, work lost, UID) are counted in until the
+block's free GPUs reach the job's demand (:func:`greedy`; a whole-member block goes node by
+node, :func:`by_node`); the search tries the blocks of the whole fleet with the cheapest of
+these estimates (:func:`set_key` order).
+
+:func:`estimates` computes the estimates from the :class:`~gpufed.placement.runindex.RunningIndex`:
+for a job that needs a block (NVLink domain, rack, block) it reads only the blocks of the pools
+its GPU products name, one tuple per eligible victim, and files the full :class:`Block` (the
+:class:`~gpufed.placement.preemption.Victim` objects) only for the few blocks the search then
+tries (:meth:`Estimate.block`); a whole-member block is filed at once from the member's jobs in
+those pools (:func:`file_blocks`). Either way the estimates, their order and the blocks tried
+are those a scan of every running job gives.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpufed.placement.index import PoolState
+from gpufed.placement.member import ClusterState
+from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
+from gpufed.placement.runindex import BlockRuns, RunningIndex
+from gpufed.placement.shape import JobShape
+
+if TYPE_CHECKING:
+    from gpufed.placement.victims import Search
+
+#: Cost order of a victim set: highest victim priority, work lost (GPU-s, rounded), victims,
+#: member, victim UIDs sorted.
+SetKey = tuple[int, float, int, str, tuple[str, ...]]
+
+
+def set_key(cluster: str, victims: Sequence[Victim]) -> SetKey:
+    """Cost order of a plan: highest victim priority, work lost, victims, member, UIDs."""
+    return (
+        max(v.running.priority for v in victims),
+        round(sum(v.cost_gpu_s for v in victims), 6),
+        len(victims),
+        cluster,
+        tuple(sorted(v.running.uid for v in victims)),
+    )
+
+
+def victim_key(v: Victim) -> tuple[int, float, str]:
+    """Victim order inside a block: priority, work lost, UID."""
+    return (v.running.priority, v.cost_gpu_s, v.running.uid)
+
+
+def level_of(job: JobShape) -> str | None:
+    """The block the job must sit in: nvlink / rack / block, or None (the whole member)."""
+    return next(
+        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
+        "nvlink" if job.gpu_pods == 1 else None,
+    )
+
+
+@dataclass
+class Block:
+    """Candidate victims of one block: its free and allocatable GPUs, its eligible victims and
+    the GPUs each frees in it."""
+
+    key: str
+    free: int
+    cap: int
+    victims: dict[str, Victim] = field(default_factory=dict)
+    freed: dict[str, int] = field(default_factory=dict)  # victim uid -> GPUs freed in the block
+    #: node -> (its free GPUs, its victims' uids): to order a whole-member block by node
+    nodes: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+
+
+def file_blocks(
+    s: Search, c: ClusterState, runs: Iterable[Running], reasons: dict[str, str]
+) -> list[Block]:
+    """Candidate victims of member ``c`` filed by block (module docstring)."""
+    level = level_of(s.job)
+    products = s.job.products
+    blocks: dict[str, Block] = {}
+    prio = s.p.request.priority
+    for run in runs:
+        if run.priority >= prio and s.quota is None:
+            continue  # cheap reject before any look-up: no reclaim without queues
+        for name, gpus in run.gpus.items() if len(run.gpus) == 1 else sorted(run.gpus.items()):
+            n = c.nodes.get(name)
+            if n is None or n.pool is None or n.pool.slices or gpus <= 0:
+                continue
+            if products is not None and n.pool.product not in products:
+                continue
+            v = s.victim(run, n.pool.product)
+            if isinstance(v, str):
+                reasons[run.uid] = v
+                break
+            if level is None:
+                key, free, cap = "", 0, 0
+            else:
+                g = getattr(n, level if level != "nvlink" else "domain")
+                if g is not None:
+                    key, free, cap = g.key, g.free, g.cap
+                elif level == "nvlink":
+                    key, free, cap = n.domain_id, n.gpu_free, n.gpu_alloc
+                else:
+                    continue  # a node without that label can never hold a job that needs it
+            b = blocks.get(key)
+            if b is None:
+                b = blocks[key] = Block(key, free, cap)
+            b.victims[run.uid] = v
+            b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
+            if level is None:
+                b.nodes.setdefault(name, (n.gpu_free, []))[1].append(run.uid)
+    if level is None and "" in blocks:
+        b = blocks[""]
+        pools = [p for p in c.pools.values() if not p.slices]
+        if products is not None:
+            pools = [p for p in pools if p.product in products]
+        b.free = sum(p.free for p in pools)
+        b.cap = sum(p.cap for p in pools)
+    return [b for b in blocks.values() if b.cap >= s.job.demand]
+
+
+def by_node(b: Block, pod_gpus: int) -> list[Victim]:
+    """A whole-member block's victims in node order: per node, the cheapest victims that free
+    one pod of the largest size there; nodes by the cost of that; then the rest. GPUs freed
+    across many half-used nodes hold no pod, so the cost order alone would take far too many."""
+    heads: list[tuple[tuple[int, float, int, str, tuple[str, ...]], list[Victim]]] = []
+    tail: list[Victim] = []
+    seen: set[str] = set()
+    for name, (free, uids) in sorted(b.nodes.items()):
+        vs = sorted((b.victims[u] for u in uids), key=victim_key)
+        k = 0
+        while k < len(vs) and free < pod_gpus:
+            free += vs[k].running.gpus.get(name, 0)
+            k += 1
+        if free >= pod_gpus and k:
+            heads.append((set_key(name, vs[:k]), vs[:k]))
+            tail += vs[k:]
+        else:
+            tail += vs
+    order: list[Victim] = []
+    for _, vs in sorted(heads, key=lambda h: h[0]):
+        for v in vs:
+            if v.running.uid not in seen:
+                seen.add(v.running.uid)
+                order.append(v)
+    for v in sorted(tail, key=victim_key):
+        if v.running.uid not in seen:
+            seen.add(v.running.uid)
+            order.append(v)
+    return order
+
+
+def greedy(b: Block, demand: int, pod_gpus: int) -> tuple[list[Victim], list[Victim]] | None:
+    """(the cheapest victims that bring the block's free GPUs to ``demand``, the rest in cost
+    order), or None when even all of them would not. A whole-member block goes node by node
+    (:func:`by_node`)."""
+    order = by_node(b, pod_gpus) if b.nodes else sorted(b.victims.values(), key=victim_key)
+    free = b.free
+    for i, v in enumerate(order):
+        free += b.freed[v.running.uid]
+        if free >= demand:
+            return order[: i + 1], order[i + 1 :]
+    return None
+
+
+@dataclass(slots=True)
+class Estimate:
+    """One block's greedy estimate: ``head`` (:data:`SetKey` without the UIDs), the block's
+    ``bkey``, the greedy victims' ``uids``; ``filed``: the block and its greedy split when
+    already filed (whole-member blocks), else the index's ``runs`` of the block to file it."""
+
+    head: tuple[int, float, int, str]
+    bkey: str
+    uids: list[str]
+    filed: tuple[Block, tuple[list[Victim], list[Victim]]] | None = None
+    runs: BlockRuns | None = None
+
+    @property
+    def cluster(self) -> str:
+        return self.head[3]
+
+    def key(self) -> tuple[SetKey, str]:
+        """The full order: :data:`SetKey`, then the block's key."""
+        return ((*self.head, tuple(sorted(self.uids))), self.bkey)
+
+    def block(
+        self, s: Search, c: ClusterState, skip: set[str], reasons: dict[str, str]
+    ) -> tuple[Block, tuple[list[Victim], list[Victim]]]:
+        """The filed block and its greedy split (chosen, rest), as a full scan files them.
+        Call it with the cycle's earlier plans applied (the block's free GPUs as they leave
+        them), like :func:`estimates`."""
+        if self.filed is None:
+            assert self.runs is not None
+            runs = [r for r, _ in self.runs.runs.values() if r.uid not in skip]
+            b = next(b for b in file_blocks(s, c, runs, reasons) if b.key == self.bkey)
+            g = greedy(b, s.job.demand, s.job.max_gpus)
+            assert g is not None  # the same victims reached the demand in estimates()
+            self.filed = (b, g)
+        return self.filed
+
+
+class Bound:
+    """The priority the ``k``-th cheapest estimate found so far reaches (across members): a
+    block none of whose jobs is below it cannot be among the ``k`` cheapest, and is passed
+    over unread (its estimate's first key, its highest victim priority, would be higher)."""
+
+    __slots__ = ("counts", "k", "passed", "prio")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.prio: float = float("inf")
+        self.counts: dict[int, int] = {}
+        #: blocks passed over, per member
+        self.passed: dict[str, int] = {}
+
+    def add(self, prio: int) -> None:
+        self.counts[prio] = self.counts.get(prio, 0) + 1
+        if prio > self.prio:
+            return
+        n = 0
+        for p in sorted(self.counts):
+            n += self.counts[p]
+            if n >= self.k:
+                self.prio = p
+                return
+
+
+def estimates(
+    s: Search,
+    c: ClusterState,
+    index: RunningIndex,
+    skip: set[str],
+    reasons: dict[str, str],
+    bound: Bound,
+) -> list[Estimate]:
+    """The blocks of member ``c`` whose eligible victims (not in ``skip``) free enough GPUs
+    for the job, with their greedy estimates, less blocks ``bound`` shows cannot be among the
+    cheapest (counted in ``bound.passed``); ineligible jobs' reasons go to ``reasons``. Call it
+    with the cycle's earlier plans applied to the snapshot (:func:`~.whatif.freed`)."""
+    level = level_of(s.job)
+    products = s.job.products
+    pools = [
+        p for p in c.pools_sorted() if not p.slices and (products is None or p.product in products)
+    ]
+    if level is None:
+        seen: dict[str, Running] = {}
+        for pool in pools:
+            for b in index.blocks(c.name, "", pool.key):
+                for uid, (run, _) in b.runs.items():
+                    if uid not in skip:
+                        seen[uid] = run
+        out = []
+        for blk in file_blocks(s, c, seen.values(), reasons):
+            g = greedy(blk, s.job.demand, s.job.max_gpus)
+            if g is not None:
+                k = set_key(c.name, g[0])
+                out.append(Estimate(k[:4], blk.key, list(k[4]), filed=(blk, g)))
+        return out
+    return _block_estimates(s, c, index, level, pools, skip, reasons, bound)
+
+
+def _block_estimates(
+    s: Search,
+    c: ClusterState,
+    index: RunningIndex,
+    level: str,
+    pools: list[PoolState],
+    skip: set[str],
+    reasons: dict[str, str],
+    bound: Bound,
+) -> list[Estimate]:
+    """:func:`estimates` for a job that must sit in one block: one tuple per victim, the
+    :class:`Victim` objects only for jobs the fast rule cannot judge (past preemptions,
+    reclaim; :meth:`Search.victim` decides those)."""
+    prio_p = s.p.request.priority
+    no_quota = s.quota is None
+    demand = s.job.demand
+    now = s.now
+    min_rt = s.rules.min_runtime_s
+    judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    name = c.name
+    out: list[Estimate] = []
+    for pool in pools:
+        product = pool.product
+        for b in index.blocks(name, level, pool.key):
+            if b.low > bound.prio:
+                bound.passed[name] = bound.passed.get(name, 0) + 1
+                continue
+            fc = b.free_cap(c, level)
+            if fc is None or fc[1] < demand:
+                continue
+            cand: list[tuple[int, float, str, int]] = []
+            for run, gpus in b.runs.values():
+                uid = run.uid
+                if uid in skip:
+                    continue
+                prio = run.priority
+                if prio >= prio_p and no_quota:
+                    continue  # no reclaim without queues
+                if (
+                    prio < prio_p
+                    and not judged
+                    and not run.preempted
+                    and now - run.started_at >= min_rt
+                    and now >= run.preemptible_after
+                ):
+                    cost = work_lost_gpu_s(run, now)  # preemptible() would say None
+                else:
+                    v = s.victim(run, product)
+                    if isinstance(v, str):
+                        reasons[uid] = v
+                        continue
+                    cost = v.cost_gpu_s
+                cand.append((prio, cost, uid, gpus))
+            if not cand:
+                continue
+            if len(cand) > 1:
+                cand.sort()  # victim_key order (UIDs are unique: GPUs never compared)
+            free = fc[0]
+            spent = 0.0
+            for i, (prio, cost, _uid, gpus) in enumerate(cand):
+                free += gpus
+                spent += cost
+                if free >= demand:
+                    bound.add(prio)
+                    out.append(
+                        Estimate(
+                            (prio, round(spent, 6), i + 1, name),
+                            b.key,
+                            [x[2] for x in cand[: i + 1]],
+                            runs=b,
+                        )
+                    )
+                    break
+    return out
+
+
+def cheapest(rows: list[Estimate], k: int) -> list[Estimate]:
+    """The ``k`` first estimates in :meth:`Estimate.key` order, sorted, in O(rows): the UIDs
+    are sorted only for rows that tie with the ``k``-th on the rest of the key."""
+    if len(rows) <= k:
+        return sorted(rows, key=Estimate.key)
+    kth = heapq.nsmallest(k, (r.head for r in rows))[-1]
+    return sorted((r for r in rows if r.head <= kth), key=Estimate.key)[:k]
