@@ -31,8 +31,9 @@ from gpufed.api.inventory import (
     TopologyLabels,
     node_from_labels,
 )
-from gpufed.api.labels import JOB_UID_LABEL, MIG_STRATEGY_LABEL
+from gpufed.api.labels import GPU_RESOURCE, JOB_UID_LABEL, MIG_STRATEGY_LABEL
 from gpufed.api.resources import QuantityError, pod_requests, to_canonical
+from gpufed.sync.failure import NodeHealth
 
 _EFFECTS: frozenset[str] = frozenset(get_args(TaintEffect))
 _FINISHED = frozenset({"Succeeded", "Failed"})
@@ -187,7 +188,8 @@ class InventoryState:
 
     Changes mark nodes dirty; :meth:`take_changes` returns and clears them (the hub stream
     sends them as one delta). ``on_change`` is called (no arguments) whenever something
-    became dirty, so the sender can wake up.
+    became dirty, so the sender can wake up; ``on_node`` with a node's name whenever that Node
+    changed or was deleted (the status reporter re-classifies the jobs on it).
     """
 
     def __init__(
@@ -196,9 +198,11 @@ class InventoryState:
         *,
         on_change: Callable[[], None] | None = None,
         log_degraded: Callable[[str, str], None] | None = None,
+        on_node: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology or TopologyLabels()
         self._on_change = on_change
+        self._on_node = on_node
         self._log_degraded = log_degraded
         self._nodes: dict[str, NodeFacts] = {}
         self._pods: dict[str, PodFacts] = {}
@@ -242,6 +246,8 @@ class InventoryState:
         self._nodes[facts.name] = facts
         self._removed.discard(facts.name)
         self._touch(facts.name)
+        if self._on_node is not None:
+            self._on_node(facts.name)
 
     def delete_node(self, name: str) -> None:
         """A Node was deleted. Pods bound to it keep counting until they are deleted too."""
@@ -251,6 +257,8 @@ class InventoryState:
         self._removed.add(name)
         self._degraded_seen.pop(name, None)
         self._notify()
+        if self._on_node is not None:
+            self._on_node(name)
 
     def begin_node_relist(self) -> None:
         """A full node list starts: nodes not upserted before :meth:`end_node_relist` are
@@ -331,6 +339,14 @@ class InventoryState:
     def _notify(self) -> None:
         if self._on_change is not None:
             self._on_change()
+
+    def node_health(self, name: str) -> NodeHealth | None:
+        """Ready and whole GPUs allocatable of one node, None when the node is unknown (for
+        :func:`gpufed.sync.failure.classify_failure`)."""
+        facts = self._nodes.get(name)
+        if facts is None:
+            return None
+        return NodeHealth(ready=facts.ready, gpus=facts.allocatable.get(GPU_RESOURCE, 0))
 
     def node_inventory(self, name: str) -> NodeInventory:
         """The :class:`NodeInventory` of one known node (KeyError when unknown)."""
