@@ -116,7 +116,8 @@ class Placement(CRDModel):
     GPUQueue (optional, no default: absent means the
     queue that lists the job's namespace, else the hub's default queue); when set it must name
     a queue that lists the job's namespace. ``reschedule``: what happens
-    when the member running the job is lost (docs/design.md §7 item 5).
+    when the member running the job is lost (docs/design.md §7 item 5). ``retry``: re-runs
+    after infrastructure failures (:class:`Retry`; absent: its defaults).
     """
 
     gpu_products: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
@@ -136,6 +137,37 @@ class Placement(CRDModel):
     queue: str | None = Field(default=None, min_length=1, max_length=63)
     reschedule: Reschedule = "Never"
     allocation: Allocation | None = None
+    retry: Retry | None = None
+
+
+#: Re-runs after infrastructure failures when ``spec.placement.retry`` does not say.
+DEFAULT_INFRASTRUCTURE_RETRIES = 6
+#: Most re-runs a job may ask for, and most exit codes it may declare as infrastructure.
+MAX_INFRASTRUCTURE_RETRIES = 100
+MAX_INFRASTRUCTURE_EXIT_CODES = 32
+
+
+class Retry(CRDModel):
+    """``spec.placement.retry``: what happens when infrastructure fails under the job.
+
+    ``onInfrastructureFailure``: how many times the hub re-runs the job after an
+    infrastructure failure (a node lost or NotReady, a GPU withdrawn, a pod disrupted by
+    Kubernetes, or one of ``infrastructureExitCodes``): it deletes what is left of the member
+    copy, places the job again (any member, avoiding the nodes involved) and runs it again from
+    its checkpoint (0 to 100, default 6, as a batch/v1 Job's backoffLimit; 0: every failure is final). An application failure
+    (an ordinary non-zero exit) is never re-run. ``infrastructureExitCodes``: exit codes
+    (1-255, at most 32) that mean an infrastructure failure when every failed container exited
+    with one of them (e.g. a wrapper that exits 134 on an NCCL timeout or a GPU XID error).
+    """
+
+    on_infrastructure_failure: int = Field(
+        default=DEFAULT_INFRASTRUCTURE_RETRIES, ge=0, le=MAX_INFRASTRUCTURE_RETRIES
+    )
+    infrastructure_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        max_length=MAX_INFRASTRUCTURE_EXIT_CODES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -11,6 +12,7 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import QueueFileError, load_queues
 from gpufed.placement.priomix import load_mix
+from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
 from gpufed.placement.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
@@ -76,6 +78,28 @@ def simulate_command(
         help="builtin, or a JSON file: set each job's priority and checkpoint interval from "
         'the trace (docs/placement.md, "Preemption").',
     ),
+    failure_interval: float | None = typer.Option(
+        None,
+        "--node-failure-interval-s",
+        help="Fleet-wide mean time between node failures, seconds (exponential, seeded): a "
+        "failure takes one GPU node down and its jobs lose the work since their checkpoint. "
+        "Adds node_failures, retry, goodput, restarts, failed_infra.",
+    ),
+    repair_s: float = typer.Option(
+        3600.0, "--repair-s", help="With node failures: seconds until a failed node is back."
+    ),
+    retry: str = typer.Option(
+        "on",
+        "--retry",
+        help="With node failures: on, jobs of a failed node are re-placed (up to 6 times, "
+        "the GPUJob default); off, they fail.",
+    ),
+    checkpoint_s: float | None = typer.Option(
+        None,
+        "--checkpoint-s",
+        help="Checkpoint interval, seconds, for trace jobs without a checkpoint_s value.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only."),
 ) -> None:
     """Replay TRACE on FLEET in simulated time until every job has finished."""
@@ -91,12 +115,23 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--preemption")
     if victims not in VICTIM_RULES:
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
+    if retry not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--retry")
+    if checkpoint_s is not None and not checkpoint_s > 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
     try:
         members = load_fleet(fleet)
         jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
         queue_objs = load_queues(queues) if queues is not None else None
         if priority_mix is not None:
             jobs = load_mix(priority_mix).apply(jobs)
+        if checkpoint_s is not None:
+            jobs = [j if j.checkpoint_s else replace(j, checkpoint_s=checkpoint_s) for j in jobs]
+        failures = (
+            SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
+            if failure_interval is not None
+            else None
+        )
     except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -116,6 +151,7 @@ def simulate_command(
                 if preemption is not None
                 else None
             ),
+            failures=failures,
         )
     except ValueError as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
