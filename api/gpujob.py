@@ -328,6 +328,31 @@ class Timings(CRDModel):
     dispatch_ms: float | None = None
 
 
+class PreemptionVictim(CRDModel):
+    """One job preempted to place this one: ``job`` (``namespace/name``), its ``priority``,
+    ``costGpuSeconds`` (the work it lost: GPUs x seconds since its last checkpoint) and
+    ``reason`` (``priority``: lower priority; ``reclaim``: its queue borrowed from ours)."""
+
+    job: str
+    priority: int = 0
+    cost_gpu_seconds: float = 0.0
+    reason: Literal["priority", "reclaim"] = "priority"
+
+
+class PreemptionStatus(CRDModel):
+    """What the hub preempted to place this job (set on the preemptor, kept once placed):
+    the member ``cluster``, the ``nodes`` and ``nvlinkDomains`` freed for it, the ``victims``,
+    ``costGpuSeconds`` in all, when (``time``) and one line (``message``)."""
+
+    cluster: str
+    nodes: list[str] = Field(default_factory=list, max_length=512)
+    nvlink_domains: list[str] = Field(default_factory=list, max_length=512)
+    victims: list[PreemptionVictim] = Field(default_factory=list, max_length=128)
+    cost_gpu_seconds: float = 0.0
+    time: DateTime | None = None
+    message: str = ""
+
+
 class GPUJobStatus(CRDModel):
     """``GPUJob.status``, written only by the hub.
 
@@ -340,6 +365,9 @@ class GPUJobStatus(CRDModel):
     lost or restored its etcd state can tell which of its record and this status is newer
     (docs/design.md §7 item 7). ``lastCheckpointTime``: the latest checkpoint the job
     reported in its member (annotation ``gpufed.io/last-checkpoint``, forwarded by the agent).
+    ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
+    for a higher-priority job; condition ``Preempted``); each returned it to Pending.
+    ``preemption``: what the hub preempted to place this job (its victims and the block freed).
     Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
@@ -362,6 +390,8 @@ class GPUJobStatus(CRDModel):
     start_time: DateTime | None = None
     completion_time: DateTime | None = None
     last_checkpoint_time: DateTime | None = None
+    preemptions: int | None = Field(default=None, ge=0)
+    preemption: PreemptionStatus | None = None
     timings: Timings | None = None
     observed_generation: int | None = None
 

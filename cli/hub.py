@@ -154,6 +154,26 @@ def run(
         float,
         typer.Option(help="half-life of the decayed GPU-seconds of fair sharing, seconds"),
     ] = 86_400.0,
+    preemption: Annotated[
+        bool,
+        typer.Option(
+            help="let Unschedulable jobs whose PriorityClass says PreemptLowerPriority preempt "
+            "lower-priority jobs (and reclaim their queue's nominal quota)"
+        ),
+    ] = True,
+    preemption_min_runtime: Annotated[
+        float, typer.Option(help="seconds a job runs before it may be preempted")
+    ] = 0.0,
+    preemption_max_per_hour: Annotated[
+        int, typer.Option(help="preemptions of one job per hour, at most")
+    ] = 3,
+    preemption_cooldown: Annotated[
+        float,
+        typer.Option(help="seconds a preempted job may not preempt back the job that preempted it"),
+    ] = 600.0,
+    preemption_max_preemptors: Annotated[
+        int, typer.Option(help="preemptors planned per scheduling cycle")
+    ] = 8,
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -200,6 +220,11 @@ def run(
         "explain_members": explain_members,
         "default_queue": default_queue,
         "fair_share_half_life_s": fair_share_half_life,
+        "preemption": preemption,
+        "preemption_min_runtime_s": preemption_min_runtime,
+        "preemption_max_per_hour": preemption_max_per_hour,
+        "preemption_cooldown_s": preemption_cooldown,
+        "preemption_max_preemptors": preemption_max_preemptors,
     }
     if hub_id:
         values["hub_id"] = hub_id

@@ -31,7 +31,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 import yaml
 
-from gpufed.api.gpujob import GPUJob
+from gpufed.api.gpujob import GPUJob, PreemptionStatus
 from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import (
     API_VERSION,
@@ -382,6 +382,25 @@ def get_clusters(
 # --- explain -----------------------------------------------------------------------------------
 
 
+def _preemption_lines(p: PreemptionStatus) -> list[str]:
+    """What a preemptor preempted: the block freed and each victim with its cost."""
+    block = ", ".join(p.nvlink_domains[:8]) or ", ".join(p.nodes[:8])
+    out = [
+        f"preempted {len(p.victims)} job(s) in {p.cluster} to free {block} "
+        f"({p.cost_gpu_seconds:.0f} GPU-seconds lost){f' at {p.time}' if p.time else ''}:",
+    ]
+    if p.nodes:
+        more = f" and {len(p.nodes) - 8} more" if len(p.nodes) > 8 else ""
+        out.append(f"  nodes: {', '.join(p.nodes[:8])}{more}")
+    for v in p.victims:
+        out.append(
+            f"  {v.job}  priority {v.priority}  {v.cost_gpu_seconds:.0f} GPU-s lost  ({v.reason})"
+        )
+    if p.message:
+        out.append(f"  {p.message}")
+    return out
+
+
 def explain_text(raw: dict[str, Any]) -> str:
     """The ``gpufed explain`` text of one GPUJob object."""
     job = GPUJob.model_validate(raw)
@@ -402,6 +421,11 @@ def explain_text(raw: dict[str, Any]) -> str:
         lines.append("")
         decision = decision_from_status(job.key, job.metadata.uid or "", s.placement)
         lines.append(render_explanation(decision))
+    if s.preemptions:
+        lines.append(f"  preempted {s.preemptions} time(s) (condition Preempted below)")
+    if s.preemption is not None:
+        lines.append("")
+        lines.extend(_preemption_lines(s.preemption))
     if s.conditions:
         lines.append("")
         lines.append("conditions:")

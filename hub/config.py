@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
+from gpufed.placement.preemption import PreemptionRules
 from gpufed.placement.quota import DEFAULT_QUEUE
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 from gpufed.sync.podsecurity import Level
@@ -85,6 +86,16 @@ class HubConfig(BaseModel):
       create one to give those jobs a quota (docs/hub.md, "Queues and quotas").
     - ``fair_share_half_life_s``: half-life of the decayed GPU-seconds that order queues in
       fair sharing (:mod:`gpufed.placement.fairshare`).
+    - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
+      PreemptLowerPriority`` preempts lower-priority jobs (and reclaims its queue's nominal
+      quota) to free exactly the block it needs (docs/hub.md, "Preemption"); False: never.
+      Its guard rails (:class:`gpufed.placement.preemption.PreemptionRules`):
+      ``preemption_min_runtime_s`` (a job runs at least this long before it may be
+      preempted), ``preemption_max_per_hour`` (a job preempted this many times in the last
+      hour is not preempted again), ``preemption_cooldown_s`` (a job preempted less than this
+      long ago may not preempt back the job that preempted it);
+      ``preemption_max_preemptors``: preemptors planned per scheduling cycle (each plan runs
+      what-if placements; the others wait for the next cycle).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -127,6 +138,20 @@ class HubConfig(BaseModel):
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
     )
     fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=10 * 365 * 86400)
+    preemption: bool = True
+    preemption_min_runtime_s: float = Field(default=0.0, ge=0)
+    preemption_max_per_hour: int = Field(default=3, ge=1)
+    preemption_cooldown_s: float = Field(default=600.0, ge=0)
+    preemption_max_preemptors: int = Field(default=8, ge=1, le=1000)
+
+    @property
+    def preemption_rules(self) -> PreemptionRules:
+        """The preemption guard rails of this configuration (placement's model)."""
+        return PreemptionRules(
+            min_runtime_s=self.preemption_min_runtime_s,
+            max_per_hour=self.preemption_max_per_hour,
+            cooldown_s=self.preemption_cooldown_s,
+        )
 
     @property
     def refused_namespaces(self) -> frozenset[str]:

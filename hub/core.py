@@ -65,6 +65,7 @@ from gpufed.hub.priorities import PriorityClasses
 from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import AgentSession, StreamClosedError
@@ -128,6 +129,13 @@ class Controller:
         self.reservations = Reservations(term, self.snapshot)
         self.dispatch = Dispatch(term)
         self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
+        self.requeue = Requeue(
+            term,
+            self.dispatch,
+            self.reservations,
+            self.mirror,
+            want=lambda uid: self.scheduler.want(uid),
+        )
         self.queues = Queues(term, self.mirror, self.deletion)
         self.priorities = PriorityClasses()
         self.scheduler = Scheduler(
@@ -138,6 +146,7 @@ class Controller:
             self.mirror,
             self.queues,
             self.priorities,
+            self.requeue,
         )
         self.members = Members(
             term,
@@ -148,6 +157,7 @@ class Controller:
             self.scheduler,
             self.mirror,
             self.tokens,
+            self.requeue,
         )
         self.reports = Reports(
             term,
@@ -155,6 +165,7 @@ class Controller:
             self.deletion,
             self.reservations,
             self.mirror,
+            self.requeue,
             jobs_listed=lambda: self.intake.jobs_synced.is_set(),
         )
         self.rebuild = Rebuild(term, self.scheduler, self.dispatch, self.mirror)
@@ -168,6 +179,7 @@ class Controller:
             self.rebuild,
             self.queues,
             self.priorities,
+            self.requeue,
         )
         #: the hub state epoch (set by :meth:`load`; "" until then)
         self.epoch = ""

@@ -43,6 +43,7 @@ from gpufed.hub.priorities import PriorityClasses, priority_source
 from gpufed.hub.queues import Queues
 from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
@@ -75,7 +76,9 @@ class Intake:
         rebuild: Rebuild,
         queues: Queues,
         priorities: PriorityClasses,
+        requeue: Requeue,
     ) -> None:
+        self._requeue = requeue
         self._rebuild = rebuild
         self._priorities = priorities
         self._term = term
@@ -242,6 +245,9 @@ class Intake:
         adopted = self._deletion.adopt(uid)
         if adopted is not None:
             job.record, job.record_rev = adopted
+            if job.record.stopping is not None:
+                # A previous leader was stopping its copy for a requeue: carry on.
+                self._term.spawn(self._requeue.resume(uid))
         # No record, or an older one than the status: a lost or restored etcd state
         # (docs/design.md §7 item 7); the placement is adopted in the reconcile, never redone.
         self._rebuild.claim(job)

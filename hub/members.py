@@ -43,6 +43,7 @@ from gpufed.hub.health import MemberHealth, health_at, silence
 from gpufed.hub.member_status import health_of, member_status
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.records import JobRecord, MemberMeta
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import StreamClosedError
@@ -78,7 +79,9 @@ class Members:
         scheduler: Scheduler,
         mirror: Mirror,
         tokens: JoinTokens,
+        requeue: Requeue,
     ) -> None:
+        self._requeue = requeue
         self._term = term
         self._tokens = tokens
         self._snapshot = snapshot
@@ -343,6 +346,8 @@ class Members:
     def _inventory_changed(self, m: MemberState) -> None:
         m.status_dirty = True
         self._reservations.settle(self.flush_nodes)
+        if self._requeue.awaiting_pods_gone:
+            self._term.spawn(self._requeue.inventory_changed(m.name))
         self._scheduler.kick()
 
     async def flush_nodes(self, name: str) -> None:
@@ -413,7 +418,7 @@ class Members:
                 if job.deleting:
                     await self._deletion.finalize(job)
                     continue
-                if job.terminal:
+                if job.terminal or await self._requeue.member_lost(job, cluster):
                     continue
                 self._reservations.release(uid, "the member was lost")
                 resched = job.obj.spec.placement.reschedule == "OnClusterLoss"

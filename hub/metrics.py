@@ -86,6 +86,25 @@ class HubMetrics:
             ["cluster"],
             registry=r,
         )
+        self.requeues = Counter(
+            "gpufed_requeues_total",
+            "Placed jobs whose member copy the hub stopped and that went back to Pending for "
+            "a new attempt, by cause (Preempted, InfrastructureFailure).",
+            ["cause"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "gpufed_preemptions_total",
+            "Jobs preempted (victims chosen and committed), by member cluster and reason "
+            "(priority: lower priority; reclaim: its queue borrowed from the preemptor's).",
+            ["cluster", "reason"],
+            registry=r,
+        )
+        self.preemption_gpu_seconds_lost = Counter(
+            "gpufed_preemption_gpu_seconds_lost_total",
+            "Work lost to preemption: GPUs x seconds since each victim's last checkpoint.",
+            registry=r,
+        )
         self.work_sent = Counter(
             "gpufed_work_items_sent_total", "Work items sent to agents, by op.", ["op"], registry=r
         )

@@ -12,7 +12,7 @@ Kubernetes client's ``ApiException``, which :func:`gpufed.sync.retry.verdict_of`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +47,13 @@ class StateStore(Protocol):
     ) -> tuple[int, int]:
         """Job record, work item and reservation in ONE transaction; returns (work revision,
         job record revision)."""
+        ...
+
+    async def preempt(
+        self, hold_uid: str, hold_json: str, victims: Sequence[tuple[JobRecord, int]]
+    ) -> int:
+        """The preemptor's hold and every victim's record (each at its revision) in ONE
+        transaction; returns the revision written at (``ConflictError``: a victim changed)."""
         ...
 
     async def put_job(self, job: JobRecord, *, expect_revision: int) -> int:

@@ -19,6 +19,38 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
+#: Past requeues kept per job record (the newest): enough for the hourly preemption cap.
+MAX_REQUEUE_HISTORY = 16
+
+RequeueKind = Literal["Preempted", "InfrastructureFailure"]
+
+
+class RequeueCause(_Record):
+    """Why a placed job's member copy is stopped and the job goes back to Pending for a new
+    attempt (:mod:`gpufed.hub.requeue`); stored in ``JobRecord.stopping`` while the copy is
+    being deleted, then appended to ``JobRecord.requeues``.
+
+    ``kind``: ``Preempted`` (issue 12) or ``InfrastructureFailure`` (issue 13); it is also the
+    GPUJob condition type set True when the job is back in the queue. ``reason``: the
+    condition's reason (CamelCase); ``message``: one line for the condition, the Event and
+    ``gpufed explain``. ``at``: wall seconds the hub decided it. ``cluster``: the member whose
+    copy is stopped; ``nodes`` / ``domains``: the nodes and NVLink domains it held there.
+    Preemption only: ``by_uid`` / ``by``: the preemptor's UID and ``namespace/name``;
+    ``cost_gpu_s``: the work lost, GPU-seconds since its last checkpoint.
+    """
+
+    kind: RequeueKind
+    reason: str
+    message: str
+    at: float
+    cluster: str
+    nodes: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()
+    by_uid: str = ""
+    by: str = ""
+    cost_gpu_s: float = 0.0
+
+
 class JobRecord(_Record):
     """A GPUJob the hub has placed at least once (key ``jobs/<uid>``).
 
@@ -33,6 +65,10 @@ class JobRecord(_Record):
     written before queues existed have neither and charge nothing. ``priority`` /
     ``preemption_policy``: what the job was placed with (its PriorityClass then), which it
     keeps while placed (None in records from before PriorityClasses: the spec's integer).
+    ``stopping``: set while the hub stops the current copy to requeue the job (preemption;
+    written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.requeue`);
+    ``requeues``: the latest past requeues, newest last (at most :data:`MAX_REQUEUE_HISTORY`);
+    ``requeue_counts``: every requeue by kind (``status.preemptions`` shows ``Preempted``).
     """
 
     uid: str
@@ -45,6 +81,9 @@ class JobRecord(_Record):
     charged: dict[str, int] = {}
     priority: int | None = None
     preemption_policy: PreemptionPolicy | None = None
+    stopping: RequeueCause | None = None
+    requeues: tuple[RequeueCause, ...] = ()
+    requeue_counts: dict[str, int] = {}
 
 
 class WorkRecord(_Record):

@@ -33,6 +33,7 @@ from gpufed.hub.deletion import Deletion
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.records import AckRecord
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.sessions import AgentSession, RefusedError
 from gpufed.hub.state import WorkState
@@ -56,6 +57,7 @@ class Reports:
         deletion: Deletion,
         reservations: Reservations,
         mirror: Mirror,
+        requeue: Requeue,
         *,
         jobs_listed: Callable[[], bool],
     ) -> None:
@@ -64,6 +66,7 @@ class Reports:
         self._deletion = deletion
         self._reservations = reservations
         self._mirror = mirror
+        self._requeue = requeue
         self._jobs_listed = jobs_listed
         #: workload reports that came before this term's GPUJob list (latest per job uid)
         self._early: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
@@ -129,6 +132,8 @@ class Reports:
                 job = self._term.state.jobs.get(uid)
                 if job is not None and job.deleting and job.placed_cluster == cluster:
                     await self._deletion.copy_deleted(job)
+                elif job is not None:
+                    await self._requeue.copy_deleted(job, cluster)
             elif ack.result == "Failed":
                 record = AckRecord(
                     revision=ack.revision,
@@ -247,6 +252,8 @@ class Reports:
             return
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
+        if job.record is not None and job.record.stopping is not None:
+            return  # its copy is being stopped for a requeue: what it reports now is not news
         if report.last_checkpoint_time:
             when, why = parse_checkpoint(report.last_checkpoint_time, now=self._term.wall())
             if why:

@@ -16,14 +16,21 @@ sees ``free = reported free - reserved``, so the same GPUs are never handed out 
 - :meth:`settle`: entries whose pods the member now reports, dropped from etcd only after
   the inventory that covers them is written (a hub that restarts in between must find those
   GPUs used in the stored inventory or in the stored ledger, never in neither);
-- :meth:`restore`: after a failover, with every timer restarted from the new leader's start.
+- :meth:`restore`: after a failover, with every timer restarted from the new leader's start;
+- :meth:`hold`: a preemption's commit landed (the preemptor's hold on the nodes its victims
+  free, written with the victims' marks in one transaction: :mod:`gpufed.hub.preemption`);
+  the hold deducts like any entry, so no other job takes those GPUs; :meth:`lifted` lets its
+  own job's placement attempt see them (a job that waits for placement and has an entry
+  holds it for preemption), and the placement's reservation replaces it (or, if that is not
+  written, :meth:`discard` puts the hold back).
 
 Called by the scheduling cycle, dispatch, deletion and member handling of one leader term.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import structlog
 
@@ -50,6 +57,8 @@ class Reservations:
         self._snapshot = snapshot
         self._tentative: set[str] = set()
         self._restarted: dict[str, str] = {}
+        #: holds lifted for their job's own placement, replaced by a tentative reservation
+        self._replaced: dict[str, Reservation] = {}
 
     # --- a leader term starts ---------------------------------------------------------------------
 
@@ -81,13 +90,47 @@ class Reservations:
     def confirm(self, uid: str) -> None:
         """The placement transaction that holds the entry landed in etcd."""
         self._tentative.discard(uid)
+        self._replaced.pop(uid, None)
 
     def discard(self, uid: str, reason: str) -> None:
-        """Drop a tentative entry whose placement was not written (``reason`` for the log)."""
+        """Drop a tentative entry whose placement was not written (``reason`` for the log); a
+        preemption hold it replaced comes back."""
         if uid in self._tentative:
             self._tentative.discard(uid)
             if self._snapshot.release(uid) is not None:
                 log.debug("hub.reservation.discarded", job_uid=uid, reason=reason)
+        held = self._replaced.pop(uid, None)
+        if held is not None:
+            self._snapshot.add_reservation(held)
+
+    # --- preemption holds ----------------------------------------------------------------------------
+
+    def hold(self, res: Reservation) -> None:
+        """The preemption transaction that wrote ``res`` (the preemptor's hold) landed."""
+        self._snapshot.add_reservation(res)
+        log.info("hub.reservation.held", job=res.job, cluster=res.cluster, nodes=sorted(res.nodes))
+
+    def held(self, uid: str) -> Reservation | None:
+        """Job ``uid``'s entry, if any (for a job waiting to be placed: its hold)."""
+        return self._snapshot.reservation(uid)
+
+    @contextmanager
+    def lifted(self, uid: str) -> Iterator[None]:
+        """Within the block, job ``uid``'s own hold does not deduct (its placement attempt); on
+        exit it is back unless :meth:`reserve` replaced it (then :meth:`confirm` drops it for
+        good and :meth:`discard` restores it). Nothing happens without an entry."""
+        res = self._snapshot.reservation(uid)
+        if res is None or uid in self._tentative:
+            yield
+            return
+        self._snapshot.release(uid)
+        try:
+            yield
+        finally:
+            if uid in self._tentative:
+                self._replaced[uid] = res
+            else:
+                self._snapshot.add_reservation(res)
 
     def is_tentative(self, uid: str) -> bool:
         """True between :meth:`reserve` and :meth:`confirm` / :meth:`discard`."""
@@ -98,6 +141,7 @@ class Reservations:
     def release(self, uid: str, reason: str) -> None:
         """Drop the job's entry: in memory now, in etcd soon (nothing happens without one)."""
         self._tentative.discard(uid)
+        self._replaced.pop(uid, None)
         res = self._snapshot.release(uid)
         if res is not None:
             log.debug("hub.reservation.released", job=res.job, cluster=res.cluster, reason=reason)

@@ -16,11 +16,18 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    on the long-lived :class:`~gpufed.placement.FleetSnapshot` with the job's ``Quota`` filter;
    a ``Placed`` decision is reserved at once as a tentative reservation and charged to its
    queue, so later jobs of the same pass see its GPUs and its quota taken;
-4. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
+   a job that holds a preemption hold sees its own hold lifted for its own attempt
+   (:meth:`gpufed.hub.reservations.Reservations.lifted`), so it is placed on the GPUs its
+   victims freed once the member reports them free, and nobody else is;
+4. preempt (:mod:`gpufed.hub.preemption`): the jobs left Unschedulable that may preempt get
+   their plans, each committed (the preemptor's hold and the victims' marks, one etcd
+   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.requeue`);
+5. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
    queue and charge), work item and reservation are written in ONE etcd transaction
    (:meth:`gpufed.hub.store.Store.place`) before anything is sent, then it is dispatched; the
-   others get their "not placed" status (a quota's refusal in its words);
-5. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
+   others get their "not placed" status (a quota's refusal in its words; a preemptor's what
+   it preempts or why it preempts nothing);
+6. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
 from gpufed.hub.dispatch import Dispatch
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.preemption import Preemption
 from gpufed.hub.priorities import PriorityClasses
 from gpufed.hub.queues import Queues
 from gpufed.hub.records import JobRecord, WorkRecord
+from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.state import JobState, WorkState
 from gpufed.hub.store import ConflictError
@@ -54,6 +63,7 @@ from gpufed.placement import (
     schedule_pass,
 )
 from gpufed.placement.fairshare import fair_sorted
+from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import queued_fit_key
 from gpufed.placement.quota import demand_of
 from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
@@ -62,6 +72,16 @@ log = structlog.get_logger("gpufed.hub.scheduling")
 
 #: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
 CYCLE_DEBOUNCE_S = 0.005
+
+
+def _why(answer: NoPreemption) -> str:
+    """Why nothing is preempted: the reason, then the first members' own reasons."""
+    members = sorted(answer.members.items())
+    if not members:
+        return answer.reason
+    shown = "; ".join(f"{c}: {why}" for c, why in members[:3])
+    more = f"; and {len(members) - 3} more members" if len(members) > 3 else ""
+    return f"{answer.reason} ({shown}{more})"
 
 
 class Scheduler:
@@ -76,8 +96,10 @@ class Scheduler:
         mirror: Mirror,
         queues: Queues,
         priorities: PriorityClasses,
+        requeue: Requeue,
     ) -> None:
         self._term = term
+        self._preemption = Preemption(term, snapshot, reservations, requeue, mirror)
         self._queues = queues
         self._priorities = priorities
         self._snapshot = snapshot
@@ -145,18 +167,21 @@ class Scheduler:
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
-            decision = place(
-                req,
-                self._snapshot,
-                self._policy,
-                now,
-                hold=hold,
-                explain=explain,
-                quota=gate.for_request(req),
-            )
+            # A waiting job's own ledger entry is its preemption hold: not counted against it.
+            with self._reservations.lifted(req.uid):
+                decision = place(
+                    req,
+                    self._snapshot,
+                    self._policy,
+                    now,
+                    hold=hold,
+                    explain=explain,
+                    quota=gate.for_request(req),
+                )
+                if decision.outcome == Outcome.PLACED:
+                    reservations[req.uid] = self._reservations.reserve(decision, now)
             self._term.metrics.placement_seconds.observe(time.perf_counter() - t0)
             if decision.outcome == Outcome.PLACED:
-                reservations[req.uid] = self._reservations.reserve(decision, now)
                 # charged now: later jobs of this pass see the quota taken
                 gate.charge(req, decision.gpu_product)
                 charges[req.uid] = (gate.queue(req), demand_of(req, decision.gpu_product))
@@ -173,7 +198,14 @@ class Scheduler:
             presorted=True,
             key_of=queued_fit_key,
         )
-        # 4. act: commit placed jobs (etcd first, then dispatch); report the rest
+        # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
+        answers = await self._preemption.run(
+            result.decisions,
+            self._policy,
+            QuotaView(gate.tree, gate.usage) if gate.enforce else None,
+            now,
+        )
+        # 5. act: commit placed jobs (etcd first, then dispatch); report the rest
         commits = []
         for req, decision in result.decisions:
             self._term.metrics.decisions.labels(decision.outcome.value).inc()
@@ -183,10 +215,13 @@ class Scheduler:
                     self._commit(req.uid, decision, reservations[req.uid], charges[req.uid])
                 )
             elif job is not None:
-                self._not_placed(job, decision)
+                answer = answers.get(req.uid)
+                if isinstance(answer, PreemptionPlan):
+                    continue  # its status says what it preempts
+                self._not_placed(job, decision, answer)
         if commits:
             await asyncio.gather(*commits)
-        # 5. the queues' status, from the placements etcd now holds
+        # 6. the queues' status, from the placements etcd now holds
         queues.rebuild_usage()
         queues.publish(shares)
 
@@ -224,6 +259,7 @@ class Scheduler:
             message = f"{field}: {message}"
         job.request = None
         job.error, job.error_field = message, field
+        self._reservations.release(job.uid, "the job is invalid")  # a preemption hold, if any
         self._mirror.set_status(
             job, st.invalid(job.status, field=field, message=message, now=self._mirror.now())
         )
@@ -242,7 +278,19 @@ class Scheduler:
         self._mirror.event(job, "Normal", reason, message)
         log.info("placement.waiting", job=job.key, reason=reason)
 
-    def _not_placed(self, job: JobState, decision: Decision) -> None:
+    def _not_placed(
+        self, job: JobState, decision: Decision, preemption: NoPreemption | None = None
+    ) -> None:
+        """Write why ``job`` was not placed (once per answer): the decision's reason, what its
+        earlier preemption still waits for, or why it preempts nothing."""
+        still = self._preemption.waiting_message(job.uid)
+        if still is not None:
+            self._wait(job, "Preempting", still)
+            return
+        if preemption is not None and decision.outcome == Outcome.UNSCHEDULABLE:
+            decision = decision.model_copy(
+                update={"message": f"{decision.message}; preempting nothing: {_why(preemption)}"}
+            )
         if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
             waiting = self._term.state.awaiting_inventory()
             decision = decision.model_copy(

@@ -38,14 +38,23 @@ from gpufed.api.gpujob import (
     PlacementStatus,
     PodIssueStatus,
     PodSetPlacement,
+    PreemptionStatus,
     StatusCondition,
     Timings,
     WorkloadRef,
 )
 from gpufed.api.work import WorkloadStatus
+from gpufed.hub.records import RequeueCause
 
 #: The hub's own condition types, in the order they appear in ``status.conditions``.
-HUB_CONDITIONS: tuple[str, ...] = ("Valid", "Placed", "Dispatched", "ClusterLost")
+HUB_CONDITIONS: tuple[str, ...] = (
+    "Valid",
+    "Placed",
+    "Dispatched",
+    "ClusterLost",
+    "Preempted",
+    "InfrastructureFailure",
+)
 _MEMBER_PHASES: dict[str, JobPhase] = {
     "Pending": "Placed",
     "Running": "Running",
@@ -163,6 +172,18 @@ def waiting(status: GPUJobStatus, *, reason: str, message: str, now: str) -> GPU
     return status.model_copy(
         update={"phase": "Pending", "cluster": None, "message": msg, "conditions": conds}
     )
+
+
+def preempting(
+    status: GPUJobStatus, preemption: PreemptionStatus, *, message: str, now: str
+) -> GPUJobStatus:
+    """The job preempts others to be placed: waiting (``Placed=False``, reason
+    ``Preempting``) with ``status.preemption`` naming its victims and the block freed (kept
+    once it is placed, for ``gpufed explain``)."""
+    if is_terminal(status):
+        return status
+    out = waiting(status, reason="Preempting", message=message, now=now)
+    return out.model_copy(update={"preemption": preemption})
 
 
 def decided(
@@ -385,6 +406,39 @@ def cluster_lost(
             }
         )
     return status.model_copy(update={"phase": "Lost", "message": msg, "conditions": conds})
+
+
+def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str) -> GPUJobStatus:
+    """The job's copy in ``cause.cluster`` is gone and it waits to be placed again
+    (:mod:`gpufed.hub.requeue`): phase Pending, no cluster, condition ``cause.kind`` True with
+    the cause's reason and message, ``Placed=False``; the member's conditions and counts go.
+    ``count``: the job's requeues of that kind so far (``status.preemptions`` for
+    ``Preempted``). A terminal status is returned unchanged."""
+    if is_terminal(status):
+        return status
+    conds = set_condition(
+        status.conditions, cause.kind, "True", reason=cause.reason, message=cause.message, now=now
+    )
+    conds = set_condition(
+        conds, "Placed", "False", reason=cause.reason, message=cause.message, now=now
+    )
+    conds = [c for c in conds if c.type in HUB_CONDITIONS and c.type != "Dispatched"]
+    update: dict[str, object] = {
+        "phase": "Pending",
+        "cluster": None,
+        "message": f"{cause.message}; waiting to be placed again",
+        "conditions": conds,
+        "active": None,
+        "ready": None,
+        "succeeded": None,
+        "failed": None,
+        "pod_issues": [],
+        "start_time": None,
+        "workload": None,
+    }
+    if cause.kind == "Preempted":
+        update["preemptions"] = count
+    return status.model_copy(update=update)
 
 
 # --- placement status <-> Decision ---------------------------------------------------------------

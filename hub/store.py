@@ -11,11 +11,13 @@ key (after the prefix)                 value
 ``leader``                             id of the leading hub replica; attached to its lease
 ``epoch``                              random id of this etcd state, written once when absent;
                                        with the etcd cluster ID it is the hub state epoch
-``jobs/<uid>``                         :class:`JobRecord`: the job was placed (exactly-once guard)
+``jobs/<uid>``                         :class:`JobRecord`: the job was placed (exactly-once guard);
+                                       ``stopping``: its copy is being stopped for a requeue
 ``work/<cluster>/<uid>``               :class:`WorkRecord`: the work outbox; its ``mod_revision``
                                        is the work item's revision
 ``acks/<cluster>/<uid>``               :class:`AckRecord`: the member's latest ack for the job
-``reservations/<uid>``                 reservation ledger entry (JSON of ``Reservation``)
+``reservations/<uid>``                 reservation ledger entry (JSON of ``Reservation``); for
+                                       a waiting preemptor, its hold on the freed nodes
 ``clusters/<cluster>/meta``            :class:`MemberMeta`: served kinds, agent version, lost mark
 ``clusters/<cluster>/nodes/<node>``    :class:`NodeInventory`: the last good inventory, per node
 =====================================  =========================================================
@@ -25,6 +27,8 @@ that lost leadership (its lease expired while it was paused or cut off) cannot w
 anything: the write raises :class:`NotLeaderError`. Placement writes the job record, the work
 item and the reservation in one transaction that also requires the job record to be absent
 (or unchanged since read), so a job is placed at most once (docs/design.md §7 items 1 and 4).
+A preemption plan is one transaction too (:meth:`Store.preempt`): the preemptor's hold and
+every victim's ``stopping`` mark, each victim's record unchanged since read (§7 item 9).
 
 Transient etcd errors (unavailable, timeouts) are retried here, once, with jittered backoff
 (tenacity); callers do not retry around these methods.
@@ -257,6 +261,32 @@ class Store:
         tx = self._client.transactions
         extra = [tx.put(self._k("reservations", job.uid), reservation_json.encode())]
         return await self._record(job, work, extra, expect_job_revision, "placed")
+
+    async def preempt(
+        self,
+        hold_uid: str,
+        hold_json: str,
+        victims: Sequence[tuple[JobRecord, int]],
+    ) -> int:
+        """Commit one preemption plan in ONE transaction, before anything is deleted: the
+        preemptor's hold (``reservations/<hold_uid>``: the freed nodes' GPUs, JSON of a
+        ``Reservation``) and each victim's job record marked ``stopping`` (each unchanged since
+        the ``mod_revision`` given with it). Returns the revision the records were written at.
+        Raises :class:`ConflictError` when a victim's record changed (nothing written),
+        :class:`NotLeaderError` when this replica is not the leader."""
+        tx = self._client.transactions
+        ops = [tx.put(self._k("reservations", hold_uid), hold_json.encode())]
+        cond = []
+        for rec, rev in victims:
+            key = self._k("jobs", rec.uid)
+            ops.append(tx.put(key, rec.model_dump_json().encode()))
+            cond.append(tx.mod(key) == rev)
+        ok, responses = await self._txn(ops, cond)
+        if ok:
+            return _revision(responses)
+        if await self.leader() != self.hub_id:
+            raise NotLeaderError(f"{self.hub_id} is not the leader any more")
+        raise ConflictError(f"a victim's job record changed: preemption for {hold_uid} not written")
 
     async def adopt(
         self,

@@ -8,7 +8,14 @@ import pytest
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.leader import LeaderElector
-from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.records import (
+    AckRecord,
+    FairShareRecord,
+    JobRecord,
+    MemberMeta,
+    RequeueCause,
+    WorkRecord,
+)
 from gpufed.hub.store import ConflictError, NotLeaderError, Store
 
 pytestmark = pytest.mark.integration
@@ -160,3 +167,26 @@ async def test_fair_share_history_is_written_by_the_leader_and_loaded_back(store
     record = FairShareRecord(values={"team-a": 28_800.5}, at=1_767_225_600.0)
     await store.put_fair_share(record)
     assert (await store.load()).fair_share == record
+
+
+async def test_a_preemption_writes_the_hold_and_every_victims_mark_in_one_transaction(
+    store: Store,
+) -> None:
+    await lead(store)
+    revs = {}
+    for uid in ("v1", "v2"):
+        _, revs[uid] = await store.place(job(uid), work(uid), "{}", expect_job_revision=None)
+    cause = RequeueCause(kind="Preempted", reason="Preempted", message="m", at=2.0, cluster="m1")
+    marked = [(job(u).model_copy(update={"stopping": cause}), revs[u]) for u in ("v1", "v2")]
+    # A victim that changed since read: nothing at all is written, not the hold either.
+    stale = [marked[0], (marked[1][0], revs["v2"] - 1)]
+    with pytest.raises(ConflictError):
+        await store.preempt("hi", '{"hold":1}', stale)
+    loaded = await store.load()
+    assert "hi" not in loaded.reservations
+    assert all(loaded.jobs[u].stopping is None for u in ("v1", "v2"))
+    rev = await store.preempt("hi", '{"hold":1}', marked)
+    loaded = await store.load()
+    assert loaded.reservations["hi"] == '{"hold":1}'
+    assert all(loaded.jobs[u].stopping == cause for u in ("v1", "v2"))
+    assert loaded.job_revisions["v1"] == loaded.job_revisions["v2"] == rev

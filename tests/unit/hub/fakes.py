@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,20 @@ class FakeStore:
         self.work[(job.cluster, job.uid)] = (work, rev)
         self.reservations[job.uid] = reservation_json
         return rev, rev
+
+    async def preempt(
+        self, hold_uid: str, hold_json: str, victims: Sequence[tuple[JobRecord, int]]
+    ) -> int:
+        self.calls.append("preempt")
+        for rec, rev in victims:
+            current = self.jobs.get(rec.uid)
+            if current is None or current[1] != rev:
+                raise ConflictError(f"job record {rec.uid} changed")
+        rev = self._next()
+        self.reservations[hold_uid] = hold_json
+        for rec, _ in victims:
+            self.jobs[rec.uid] = (rec, rev)
+        return rev
 
     async def adopt(
         self,

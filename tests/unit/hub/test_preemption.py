@@ -1,0 +1,225 @@
+"""Preemption at the hub (gpufed.hub.preemption) through a real leader term over typed fakes:
+the cheapest block is freed, the plan is committed in one etcd transaction before any Delete,
+the freed GPUs are held for the preemptor until it is placed there, the victims come back
+Pending with ``Preempted``, and a hub killed between the commit and the Deletes resumes them
+without preempting twice."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpufed.api.inventory import NodeInventory
+from gpufed.api.stream import InventoryDelta
+from gpufed.api.work import WorkAck
+from gpufed.cli.jobs import explain_text
+from gpufed.hub.config import HubConfig
+from gpufed.hub.ports import WatchEvent
+from gpufed.hub.sessions import AgentSession
+from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
+from tests.unit.hub.fakes import FakeStore
+from tests.unit.hub.term import Term, sent, settle
+from tests.unit.hub.test_priorities import priorityclass
+
+LOW, HIGH = 100, 1000
+
+
+def node(name: str, **jobs: int) -> NodeInventory:
+    """An 8-GPU HGX node running ``jobs`` (uid -> GPUs)."""
+    base = hgx_node(name)
+    req = {"nvidia.com/gpu": sum(jobs.values())} if jobs else {}
+    return base.model_copy(
+        update={
+            "requested": req,
+            "job_requests": {u: {"nvidia.com/gpu": g} for u, g in jobs.items()},
+        }
+    )
+
+
+class Fleet:
+    """A term with member m1 (nodes m1-n0, m1-n1) and its agent's stream."""
+
+    def __init__(self, t: Term) -> None:
+        self.t = t
+        self.seq = 1
+        t.ctrl.priorities.listed(
+            [priorityclass("low", LOW), priorityclass("high", HIGH, policy="PreemptLowerPriority")]
+        )
+        t.member("m1", node("m1-n0"), node("m1-n1"))
+        self.s: AgentSession = t.connect("m1")
+        sent(self.s)
+
+    def report(self, *nodes: NodeInventory) -> None:
+        self.seq += 1
+        self.t.ctrl.members.on_delta(
+            self.t.ctrl.state.members["m1"], InventoryDelta(seq=self.seq, upserts=nodes)
+        )
+
+    async def submit(self, name: str, uid: str, gpus: int, cls: str) -> None:
+        obj: dict[str, Any] = gpujob_obj(name, uid, template=batch_job(gpus))
+        obj["spec"]["placement"] = {"priorityClassName": cls}
+        self.t.kube.objects["gpujobs"].append(obj)
+        self.t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+        await settle()
+
+    async def ack(self, op: str, result: str) -> list[str]:
+        """Ack every ``op`` item sent since the last call with ``result``; their job uids."""
+        uids = []
+        for kind, uid, rev in sent(self.s):
+            if kind == op:
+                await self.t.ctrl.handle(self.s, WorkAck(job_uid=uid, revision=rev, result=result))
+                uids.append(uid)
+        await settle()
+        return sorted(uids)
+
+
+async def full_member(t: Term) -> Fleet:
+    """m1 full of low-priority 4-GPU jobs: l0, l1 on m1-n0 (started first: more work to
+    lose), l2, l3 on m1-n1 (started 100 s later)."""
+    f = Fleet(t)
+    for i in range(4):
+        await f.submit(f"l{i}", f"l{i}", 4, "low")
+    await t.ctrl.scheduler.cycle()
+    placed = {u: t.store.jobs[u][0].cluster for u in ("l0", "l1", "l2", "l3")}
+    assert placed == dict.fromkeys(placed, "m1")
+    items = sent(f.s)
+    by_node = {u: json.loads(t.store.reservations[u])["nodes"] for u in placed}
+    n0 = sorted(u for u, n in by_node.items() if "m1-n0" in n)
+    n1 = sorted(u for u, n in by_node.items() if "m1-n1" in n)
+    assert len(n0) == len(n1) == 2
+    for first in (n0, n1):
+        for _kind, uid, rev in items:
+            if uid in first:
+                await t.ctrl.handle(f.s, WorkAck(job_uid=uid, revision=rev, result="Applied"))
+        await settle()
+        t.clock.advance(100)
+    f.n0, f.n1 = n0, n1
+    f.report(node("m1-n0", **dict.fromkeys(n0, 4)), node("m1-n1", **dict.fromkeys(n1, 4)))
+    await settle()
+    return f
+
+
+async def test_a_high_priority_job_frees_the_cheapest_node_and_runs_there() -> None:
+    t = Term()
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    await settle()
+    # One transaction: the hold on m1-n1 and both victims' marks, before any Delete.
+    assert t.store.calls.count("preempt") == 1
+    assert t.store.calls.index("preempt") < len(t.store.calls) - 1
+    assert json.loads(t.store.reservations["uh"])["nodes"] == {"m1-n1": {"nvidia.com/gpu": 8}}
+    for v in f.n1:
+        cause = t.store.jobs[v][0].stopping
+        assert cause is not None
+        assert (cause.by_uid, cause.cluster) == ("uh", "m1")
+    for keep in f.n0:
+        assert t.store.jobs[keep][0].stopping is None
+    hi = t.ctrl.state.jobs["uh"]
+    assert hi.status.phase == "Pending"
+    assert hi.status.preemption is not None
+    assert sorted(v.job for v in hi.status.preemption.victims) == [f"team-a/{v}" for v in f.n1]
+    assert hi.status.preemption.nodes == ["m1-n1"]
+    assert t.ctrl.metrics.preemptions.labels("m1", "priority")._value.get() == 2
+    assert await f.ack("delete", "Deleted") == f.n1, "only the victims' copies are deleted"
+    # Deleted, pods still terminating: the GPUs are not free, the preemptor waits.
+    await t.ctrl.scheduler.cycle()
+    assert hi.status.phase == "Pending"
+    assert t.store.calls.count("preempt") == 1, "never preempts twice"
+    # The pods are gone: the freed node is held for the preemptor, no one else sees it.
+    f.report(node("m1-n1"))
+    await settle()
+    assert t.ctrl.snapshot.free("m1", "m1-n1") == 0
+    for v in f.n1:
+        job = t.ctrl.state.jobs[v]
+        assert job.status.phase == "Pending"
+        assert job.status.preemptions == 1
+        cond = next(c for c in job.status.conditions if c.type == "Preempted")
+        assert cond.status == "True"
+        assert "team-a/hi" in cond.message
+        assert "m1-n1" in cond.message
+    await t.ctrl.scheduler.cycle()
+    assert hi.status.phase == "Placed"
+    assert hi.status.placement is not None
+    assert [sorted(ps.nodes) for ps in hi.status.placement.pod_sets] == [["m1-n1"]]
+    assert hi.status.preemption is not None, "kept for gpufed explain"
+    raw = {**t.kube.objects["gpujobs"][-1], "status": hi.status.model_dump(by_alias=True)}
+    text = explain_text(raw)
+    assert "preempted 2 job(s) in m1 to free node:m1-n1" in text
+    for v in f.n1:
+        assert f"team-a/{v}  priority {LOW}" in text
+    for v in f.n1:  # nowhere to go: they wait, and do not preempt (equal priority)
+        assert t.ctrl.state.jobs[v].status.phase == "Pending"
+    assert t.store.calls.count("preempt") == 1
+
+
+async def test_a_never_policy_and_equal_priority_preempt_nothing() -> None:
+    t = Term()
+    f = await full_member(t)
+    t.ctrl.priorities.listed(
+        [priorityclass("low", LOW), priorityclass("polite", HIGH, policy="Never")]
+    )
+    await f.submit("peer", "up", 8, "low")
+    await f.submit("polite", "uq", 8, "polite")
+    await t.ctrl.scheduler.cycle()
+    assert "preempt" not in t.store.calls
+    assert "preempting nothing" in t.ctrl.state.jobs["up"].status.message
+
+
+async def test_preemption_off_in_the_config_preempts_nothing() -> None:
+    t = Term(config=HubConfig(insecure=True, preemption=False))
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    assert "preempt" not in t.store.calls
+
+
+async def test_a_minimum_runtime_keeps_young_jobs_running() -> None:
+    t = Term(config=HubConfig(insecure=True, preemption_min_runtime_s=3600))
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    assert "preempt" not in t.store.calls
+    assert "not eligible" in t.ctrl.state.jobs["uh"].status.message
+
+
+class KilledError(Exception):
+    """The hub process dies here."""
+
+
+async def test_a_hub_killed_between_the_commit_and_the_deletes_resumes_them() -> None:
+    store = FakeStore()
+    t = Term(store=store)
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+
+    async def die(*_: object, **__: object) -> None:
+        raise KilledError
+
+    t.ctrl.dispatch.ensure_delete = die  # type: ignore[method-assign]
+    with pytest.raises(KilledError):
+        await t.ctrl.scheduler.cycle()
+    assert store.calls.count("preempt") == 1
+    assert all(store.work[("m1", v)][0].op == "Apply" for v in f.n1), "nothing deleted yet"
+    # A new leader over the same etcd and hub API.
+    t2 = Term(store=store, kube=t.kube)
+    await t2.ctrl.load()
+    f2 = Fleet(t2)
+    f2.report(node("m1-n0", **dict.fromkeys(f.n0, 4)), node("m1-n1", **dict.fromkeys(f.n1, 4)))
+    for obj in t.kube.objects["gpujobs"]:
+        t2.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    assert t2.ctrl.snapshot.reservation("uh") is not None, "the hold survived"
+    assert all(store.work[("m1", v)][0].op == "Delete" for v in f.n1), "deletes resumed"
+    await t2.ctrl.scheduler.cycle()
+    assert store.calls.count("preempt") == 1, "never preempts twice"
+    assert await f2.ack("delete", "Deleted") == f.n1
+    f2.report(node("m1-n1"))
+    await settle()
+    await t2.ctrl.scheduler.cycle()
+    hi = t2.ctrl.state.jobs["uh"]
+    assert hi.status.phase == "Placed"
+    assert store.jobs["uh"][0].cluster == "m1"
+    assert all(t2.ctrl.state.jobs[v].status.phase == "Pending" for v in f.n1)
