@@ -353,6 +353,24 @@ class PreemptionStatus(CRDModel):
     message: str = ""
 
 
+#: Restarts kept in ``status.restartHistory`` (the newest).
+MAX_RESTART_HISTORY = 16
+
+
+class RestartRecord(CRDModel):
+    """One re-run after an infrastructure failure: the ``attempt`` that failed, its
+    ``cluster`` and the ``nodes`` involved, the ``reason`` (``NodeLost``, ``NodeNotReady``,
+    ``GPUUnavailable``, a ``DisruptionTarget`` reason, ``InfrastructureExitCode``), one line
+    (``message``) and when the hub decided it (``time``)."""
+
+    attempt: int = Field(ge=1)
+    cluster: str
+    nodes: list[str] = Field(default_factory=list, max_length=64)
+    reason: str
+    message: str = ""
+    time: DateTime | None = None
+
+
 class GPUJobStatus(CRDModel):
     """``GPUJob.status``, written only by the hub.
 
@@ -368,6 +386,10 @@ class GPUJobStatus(CRDModel):
     ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
     for a higher-priority job; condition ``Preempted``); each returned it to Pending.
     ``preemption``: what the hub preempted to place this job (its victims and the block freed).
+    ``restarts``: how many times the hub re-ran the job after an infrastructure failure
+    (``spec.placement.retry``); ``restartHistory``: the latest of them (at most 16, oldest
+    first), each with the attempt, member, nodes and reason; while a re-run is pending the
+    job is Pending with condition ``Restarting`` True, never Failed.
     Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
@@ -392,6 +414,10 @@ class GPUJobStatus(CRDModel):
     last_checkpoint_time: DateTime | None = None
     preemptions: int | None = Field(default=None, ge=0)
     preemption: PreemptionStatus | None = None
+    restarts: int | None = Field(default=None, ge=0)
+    restart_history: list[RestartRecord] = Field(
+        default_factory=list, max_length=MAX_RESTART_HISTORY
+    )
     timings: Timings | None = None
     observed_generation: int | None = None
 

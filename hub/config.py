@@ -96,6 +96,8 @@ class HubConfig(BaseModel):
       long ago may not preempt back the job that preempted it);
       ``preemption_max_preemptors``: preemptors planned per scheduling cycle (each plan runs
       what-if placements; the others wait for the next cycle).
+    - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
+      placement this long (0: never suspect; :mod:`gpufed.hub.suspects`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -143,6 +145,7 @@ class HubConfig(BaseModel):
     preemption_max_per_hour: int = Field(default=3, ge=1)
     preemption_cooldown_s: float = Field(default=600.0, ge=0)
     preemption_max_preemptors: int = Field(default=8, ge=1, le=1000)
+    suspect_node_cooldown_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
 
     @property
     def preemption_rules(self) -> PreemptionRules:
