@@ -59,6 +59,15 @@ class MemberClusterSpec(CRDModel):
     join_token_ref: SecretKeyRef
 
 
+class SuspectNode(CRDModel):
+    """A node the hub leaves out of placement after an infrastructure failure on it, until
+    ``until`` (its cool-down, hub ``--suspect-node-cooldown``); ``reason``: the failure."""
+
+    node: str
+    reason: str = ""
+    until: DateTime | None = None
+
+
 class MemberClusterStatus(CRDModel):
     """``MemberCluster.status``, written only by the hub.
 
@@ -72,6 +81,8 @@ class MemberClusterStatus(CRDModel):
     ``clusterUID``: the UID of the member's ``kube-system`` Namespace, recorded from the first
     agent that joined; an agent talking to another Kubernetes cluster is refused (delete and
     re-join the MemberCluster to move the member to a rebuilt cluster).
+    ``suspectNodes``: nodes left out of placement for a cool-down after an infrastructure
+    failure on them (at most 256; ``gpufed get clusters`` shows them).
     """
 
     conditions: list[StatusCondition] = Field(
@@ -92,6 +103,7 @@ class MemberClusterStatus(CRDModel):
     agent_version: str | None = None
     lost_time: DateTime | None = None
     cluster_uid: str | None = Field(default=None, alias="clusterUID")
+    suspect_nodes: list[SuspectNode] = Field(default_factory=list, max_length=256)
 
     def ready(self) -> bool | None:
         """The Ready condition as a bool (None when the hub has not judged yet)."""

@@ -163,6 +163,7 @@ class Controller:
             self.mirror,
             self.tokens,
             self.requeue,
+            suspects=self.suspects,
         )
         self.reports = Reports(
             term,

@@ -128,3 +128,46 @@ async def test_without_re_runs_left_the_job_fails_for_good() -> None:
     assert (cond.status, cond.reason) == ("True", "RetriesExhausted")
     assert t.store.jobs["u1"][0].stopping is None
     assert [x for x in sent(s) if x[0] == "delete"] == []
+
+
+async def test_suspect_nodes_show_in_the_member_status_and_get_clusters() -> None:
+    from gpufed.cli.jobs import cluster_rows, explain_text
+
+    t, s, rev = await running()
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    seen: list[Any] = []
+    t.ctrl.mirror.member_status = lambda name, status: seen.append(status)  # type: ignore[method-assign]
+    t.ctrl.members.write_status(t.ctrl.state.members["m1"])
+    [status] = seen
+    assert [x.node for x in status.suspect_nodes] == ["m1-n0"]
+    assert "NodeLost" in status.suspect_nodes[0].reason
+    raw = {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": "m1"},
+        "spec": {"joinTokenRef": {"name": "t"}},
+        "status": status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    [row] = cluster_rows([raw])
+    assert [x["node"] for x in row["suspect_nodes"]] == ["m1-n0"]
+    # and explain names the restart once the copy is gone
+    job = t.ctrl.state.jobs["u1"]
+    [(_, _, del_rev)] = sent(s)
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    text = explain_text(
+        {
+            "apiVersion": "gpufed.io/v1alpha1",
+            "kind": "GPUJob",
+            "metadata": {"name": "j", "namespace": "team-a", "uid": "u1"},
+            "spec": {"template": {"apiVersion": "batch/v1", "kind": "Job", "spec": {}}},
+            "status": job.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        }
+    )
+    assert "restarted 1 time(s)" in text
+    assert "attempt 1 in m1 on m1-n0: NodeLost" in text
+    assert "Restarting=True" in text
