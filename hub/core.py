@@ -286,6 +286,8 @@ class Controller:
             await asyncio.sleep(_TICK_S)
             await self.members.check_health()
             self.dispatch.resend_due(self._mono())
+            if self.suspects.expire(self._mono()):
+                self.scheduler.kick()  # nodes back in the fleet: waiting jobs may fit now
 
     async def _flush_loop(self) -> None:
         """Persist changed inventories and member facts; refresh member and queue status and

@@ -50,3 +50,13 @@ def test_suspect_holds_merge_with_backfill_holds() -> None:
     assert out["m1"].nodes == frozenset({"a", "b"})
     assert out["m2"].nodes == frozenset()  # the whole member stays held
     assert out["m3"].nodes == frozenset({"c"})
+
+
+def test_expire_says_whether_the_fleet_changed() -> None:
+    s = SuspectNodes(cooldown_s=10.0)
+    s.mark("m1", ["n1"], "x", mono=0.0, wall=0.0)
+    assert s.next_expiry() == 10.0
+    assert not s.expire(9.0)
+    assert s.expire(10.0)
+    assert not s.expire(11.0)
+    assert s.next_expiry() is None
