@@ -361,6 +361,7 @@ class Controller:
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             max_message_bytes=self.config.max_message_bytes,
             hub_epoch=self.epoch,
+            degraded_node_conditions=self.config.degraded_node_conditions,
         )
         # Desired set first: fenced and deleted jobs are absent, so the agent deletes them
         # before it gets anything else (docs/design.md §7 item 5).

@@ -19,7 +19,7 @@ offers nothing); every other node is reported as usual.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -39,6 +39,8 @@ _EFFECTS: frozenset[str] = frozenset(get_args(TaintEffect))
 _FINISHED = frozenset({"Succeeded", "Failed"})
 #: Node degradation reasons name at most this many bad pods (the count says how many more).
 _MAX_POD_REASONS = 3
+#: True node conditions kept per node.
+_MAX_CONDITIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class NodeFacts:
     ready: bool
     allocatable: Mapping[str, int]
     problems: tuple[str, ...] = ()
+    #: condition types other than Ready whose status is True (at most 32), with their reason
+    true_conditions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,17 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    true_conditions: dict[str, str] = {}
+    for c in status.get("conditions") or []:
+        if (
+            isinstance(c, Mapping)
+            and c.get("status") == "True"
+            and c.get("type") != "Ready"
+            and len(true_conditions) < _MAX_CONDITIONS
+        ):
+            true_conditions[_intern(str(c.get("type", "")))[:316]] = str(c.get("reason") or "")[
+                :128
+            ]
     mig = labels.get(MIG_STRATEGY_LABEL, "none")
     if mig not in MIG_STRATEGIES:
         problems.append(
@@ -131,6 +146,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         ready=ready,
         allocatable=allocatable,
         problems=tuple(problems),
+        true_conditions=true_conditions,
     )
 
 
@@ -214,6 +230,17 @@ class InventoryState:
         self._node_relist: _Relist | None = None
         self._pod_relist: _Relist | None = None
         self._degraded_seen: dict[str, str] = {}
+        self._degraded_conditions: frozenset[str] = frozenset()
+
+    def set_degraded_conditions(self, types: Iterable[str]) -> None:
+        """Node condition types that make a node degraded while True (from the hub's
+        ``Welcome``); a change marks every node changed."""
+        new = frozenset(types)
+        if new == self._degraded_conditions:
+            return
+        self._degraded_conditions = new
+        for name in self._nodes:
+            self._touch(name)
 
     # --- counts ------------------------------------------------------------------------------
 
@@ -353,6 +380,9 @@ class InventoryState:
         facts = self._nodes[name]
         labels = facts.labels
         problems = list(facts.problems)
+        for ctype in sorted(self._degraded_conditions & facts.true_conditions.keys()):
+            reason = facts.true_conditions[ctype]
+            problems.append(f"condition {ctype}=True{f' ({reason})' if reason else ''}")
         bad_pods = self._pod_problems.get(name, {})
         for key in sorted(bad_pods)[:_MAX_POD_REASONS]:
             problems.append(bad_pods[key])

@@ -822,6 +822,7 @@ class Welcome(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     HUB_EPOCH_FIELD_NUMBER: _builtins.int
+    DEGRADED_NODE_CONDITIONS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """the identity the hub bound this stream to"""
     hub_id: _builtins.str
@@ -837,6 +838,13 @@ class Welcome(_message.Message):
     restored from a backup; the agent stamps it on what it applies (gpufed.io/hub-epoch) and
     garbage-collects at once only objects applied under the current epoch ("" = an older hub).
     """
+    @_builtins.property
+    def degraded_node_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Node condition types (hub --degraded-node-condition, e.g. those a GPU health checker sets)
+        that make a node degraded for placement while True: the agent reports such a node with
+        NodeInventory.degraded naming the condition (docs/design.md §3). At most 32.
+        """
+
     def __init__(
         self,
         *,
@@ -846,10 +854,11 @@ class Welcome(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         max_message_bytes: _builtins.int = ...,
         hub_epoch: _builtins.str = ...,
+        degraded_node_conditions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_epoch", b"hub_epoch", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "degraded_node_conditions", b"degraded_node_conditions", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_epoch", b"hub_epoch", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
