@@ -105,6 +105,13 @@ class HubMetrics:
             "Work lost to preemption: GPUs x seconds since each victim's last checkpoint.",
             registry=r,
         )
+        self.preemption_planning_seconds = Histogram(
+            "gpufed_preemption_planning_seconds",
+            "Time one scheduling cycle spent planning preemptions (all its preemptors), "
+            "seconds (the cycle waits for it).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.work_sent = Counter(
             "gpufed_work_items_sent_total", "Work items sent to agents, by op.", ["op"], registry=r
         )

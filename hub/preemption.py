@@ -8,8 +8,12 @@ this module feeds them and acts on their answer:
 
 1. **preemptors**: jobs left Unschedulable whose PriorityClass says ``PreemptLowerPriority``,
    that hold no preemption hold yet and have no victim still being stopped for them (so a job
-   never preempts twice for one placement), at most ``preemption_max_preemptors`` a cycle, in
-   queue order;
+   never preempts twice for one placement), above the lowest running priority (unless quotas
+   may be reclaimed), in queue order; at most ``preemption_max_preemptors`` are planned a
+   cycle, once a job of one priority and shape finds no plan the others of that shape are not
+   planned in that cycle (they would get the same answer), and a job that found no plan is
+   planned again only after :data:`NO_PLAN_RETRY_S` (a full fleet is not searched in every
+   cycle);
 2. **running**: every job whose record places it in a member (not being stopped, not
    finished), with its priority and queue from the record, the GPUs it holds per node (the
    member's ``job_requests``, else its reservation), its start (the first Applied ack, else
@@ -35,7 +39,9 @@ promised twice. A hub killed between 4 and 5 resumes 5 from the records.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -62,8 +68,12 @@ from gpufed.placement.preemption import (
     Running,
     Victim,
 )
+from gpufed.placement.queue import queued_fit_key
 
 log = structlog.get_logger("gpufed.hub.preemption")
+
+#: Seconds before a job whose preemption plan found nothing is planned again (monotonic).
+NO_PLAN_RETRY_S = 30.0
 
 #: Nodes named in a victim's condition message (the rest are counted).
 _NODES_SHOWN = 8
@@ -97,6 +107,9 @@ class Preemption:
         self._reservations = reservations
         self._requeue = requeue
         self._mirror = mirror
+        #: job uid -> monotonic time before which a job whose plan found nothing is not
+        #: planned again (a full fleet would otherwise be searched in every cycle)
+        self._no_plan_until: dict[str, tuple[float, NoPreemption]] = {}
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -111,9 +124,12 @@ class Preemption:
         ]
 
     def preemptors(self, decisions: Sequence[tuple[PlacementRequest, Decision]]) -> list[Preemptor]:
-        """The jobs of this pass that may preempt now (in the pass's order)."""
+        """The jobs of this pass that may preempt now (in the pass's order); not those whose
+        last plan found nothing less than :data:`NO_PLAN_RETRY_S` ago."""
         if not self._term.config.preemption:
             return []
+        mono = self._term.mono()
+        self._no_plan_until = {u: v for u, v in self._no_plan_until.items() if v[0] > mono}
         stopping_for = {
             j.record.stopping.by_uid
             for j in self._requeue.stopping()
@@ -130,9 +146,9 @@ class Preemption:
                 continue
             if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
                 continue  # its earlier preemption is still under way: never twice
+            if req.uid in self._no_plan_until:
+                continue
             out.append(Preemptor(req, preempted=_events(job.record)))
-            if len(out) >= self._term.config.preemption_max_preemptors:
-                break
         return out
 
     # --- 2. running jobs ------------------------------------------------------------------------
@@ -208,19 +224,46 @@ class Preemption:
         """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
         preemptor's answer by UID (a plan only when it was committed)."""
         preemptors = self.preemptors(decisions)
+        # jobs waiting out NO_PLAN_RETRY_S keep their last answer (their status stays put)
+        answers: dict[str, PreemptionPlan | NoPreemption] = {
+            r.uid: self._no_plan_until[r.uid][1]
+            for r, _ in decisions
+            if r.uid in self._no_plan_until
+        }
         if not preemptors:
-            return {}
+            return answers
+        running = self.running()
+        if not running:
+            return answers
+        if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
+            lowest = min(r.priority for r in running)
+            preemptors = [p for p in preemptors if p.request.priority > lowest]
         cycle = PreemptionCycle(
             self._snapshot,
             policy,
             now,
-            self.running(),
+            running,
             rules=self._term.config.preemption_rules,
             quota=quota,
         )
-        answers: dict[str, PreemptionPlan | NoPreemption] = {
-            p.request.uid: cycle.plan(p) for p in preemptors
-        }
+        t0 = time.perf_counter()
+        planned = 0
+        hopeless: set[Any] = set()  # shapes that found no plan: the same answer for the rest
+        for p in preemptors:
+            shape = (p.request.priority, queued_fit_key(p.request))
+            if shape in hopeless:
+                continue
+            answers[p.request.uid] = answer = cycle.plan(p)
+            if isinstance(answer, NoPreemption):
+                hopeless.add(shape)
+                until = self._term.mono() + NO_PLAN_RETRY_S
+                self._no_plan_until[p.request.uid] = (until, answer)
+            else:
+                self._no_plan_until.pop(p.request.uid, None)
+            planned += 1
+            if planned >= self._term.config.preemption_max_preemptors:
+                break
+        self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
         for uid, answer in answers.items():
             if isinstance(answer, PreemptionPlan) and not await self._commit(answer, now):
                 answers[uid] = NoPreemption(uid, "a victim changed while the plan was made")

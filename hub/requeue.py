@@ -104,9 +104,10 @@ class Requeue:
     async def stop(self, job: JobState, cause: RequeueCause) -> bool:
         """Requeue ``job`` for ``cause``: mark its record in etcd, then delete its member copy.
         False (nothing done) when it is not placed in ``cause.cluster``, is finished or being
-        deleted, or is already being stopped. Call under the job's lock. Raises
-        ``ConflictError`` when the record changed since it was read (re-read and decide again),
-        ``NotLeaderError`` when this replica no longer leads."""
+        deleted, or is already being stopped (terminal is final: a caller that requeues after a
+        failure decides before it writes the failure as the job's phase). Call under the job's
+        lock. Raises ``ConflictError`` when the record changed since it was read (re-read and
+        decide again), ``NotLeaderError`` when this replica no longer leads."""
         rec = job.record
         if (
             rec is None

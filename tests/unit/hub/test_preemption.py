@@ -223,3 +223,75 @@ async def test_a_hub_killed_between_the_commit_and_the_deletes_resumes_them() ->
     assert hi.status.phase == "Placed"
     assert store.jobs["uh"][0].cluster == "m1"
     assert all(t2.ctrl.state.jobs[v].status.phase == "Pending" for v in f.n1)
+
+
+async def test_a_queue_below_its_nominal_reclaims_from_a_borrowing_queue() -> None:
+    # team-b borrows team-a's unused 8 GPUs; team-a's job (same priority) reclaims them.
+    from tests.unit.hub.test_queues import gpuqueue
+
+    t = Term()
+    t.ctrl.intake.namespaces.seen("team-b", {})
+    t.kube.objects["gpuqueues"] += [
+        gpuqueue("org"),
+        gpuqueue("team-a", namespaces=("team-a",), nominal=8, parent="org"),
+        gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org"),
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    f = Fleet(t)
+    for uid in ("b0", "b1"):
+        obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
+        obj["metadata"]["namespace"] = "team-b"
+        obj["spec"]["placement"] = {"priorityClassName": "low"}
+        t.kube.objects["gpujobs"].append(obj)
+        t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert {t.store.jobs[u][0].cluster for u in ("b0", "b1")} == {"m1"}, "team-b borrows"
+    await f.ack("apply", "Applied")
+    nodes = {u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1")}
+    f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
+    await settle()
+    await f.submit("a", "ua", 8, "low")
+    await t.ctrl.scheduler.cycle()
+    stopping = {u: t.store.jobs[u][0].stopping for u in ("b0", "b1")}
+    reclaimed = [c for c in stopping.values() if c is not None]
+    assert len(reclaimed) == 1, stopping
+    assert (reclaimed[0].reason, reclaimed[0].by_uid) == ("Reclaimed", "ua")
+    assert t.ctrl.metrics.preemptions.labels("m1", "reclaim")._value.get() == 1
+
+
+async def test_two_preemptors_of_one_cycle_each_free_their_own_node() -> None:
+    # The cycle's second plan never counts the GPUs freed for the first (never over-frees).
+    f = await full_member(Term())
+    t = f.t
+    await f.submit("hi1", "uh1", 8, "high")
+    await f.submit("hi2", "uh2", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    assert t.store.calls.count("preempt") == 2
+    held = [set(json.loads(t.store.reservations[u])["nodes"]) for u in ("uh1", "uh2")]
+    assert sorted(map(sorted, held)) == [["m1-n0"], ["m1-n1"]]
+    assert sum(1 for r, _ in t.store.jobs.values() if r.stopping is not None) == 4
+
+
+async def test_a_job_that_found_no_plan_is_searched_again_only_after_a_pause() -> None:
+    # A full fleet is not searched in every cycle for the same hopeless job.
+    t = Term(config=HubConfig(insecure=True, preemption_min_runtime_s=3600))
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    planning = t.ctrl.metrics.preemption_planning_seconds
+
+    def plans() -> float:
+        return next(s.value for s in planning.collect()[0].samples if s.name.endswith("_count"))
+
+    assert plans() == 1
+    message = t.ctrl.state.jobs["uh"].status.message
+    assert "preempting nothing" in message
+    t.ctrl.scheduler.want("uh")
+    await t.ctrl.scheduler.cycle()
+    assert plans() == 1, "not searched again at once"
+    assert t.ctrl.state.jobs["uh"].status.message == message, "its answer stands meanwhile"
+    t.clock.advance(31)
+    t.ctrl.scheduler.want("uh")
+    await t.ctrl.scheduler.cycle()
+    assert plans() == 2

@@ -1,0 +1,105 @@
+"""Preemption at the hub on the example fleet's NVL72 member (eu-nvl72: two cliques of 18 GB200
+nodes x 4 GPUs): the member is full of low-priority jobs, a high-priority job that needs a
+whole clique arrives, the jobs of exactly one clique are preempted (gracefully: their member
+copies deleted), the job runs on that clique, and the victims show ``Preempted`` and wait in
+the queue (Pending) while the other clique's jobs run on untouched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.harness import E2E, GB200, batch_job, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+CLASSES = {"e2e-low": 100, "e2e-high": 100_000}
+
+
+@pytest.fixture
+def classes(e2e: E2E) -> Iterator[E2E]:
+    """PriorityClasses e2e-low (100) and e2e-high (100000, PreemptLowerPriority) on the hub
+    cluster, removed afterwards."""
+    scheduling: Any = k8s.SchedulingV1Api(e2e.hub.api)
+    for name, value in CLASSES.items():
+        try:
+            scheduling.create_priority_class(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "preemptionPolicy": "PreemptLowerPriority",
+                }
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    try:
+        yield e2e
+    finally:
+        e2e.hub.clear()
+        for name in CLASSES:
+            with contextlib.suppress(ApiException):
+                scheduling.delete_priority_class(name)
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c.get("type") == type_), None)
+
+
+def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(classes: E2E) -> None:
+    hub = classes.hub
+    clique = {"nvlink": "Required"}
+    low = {"gpuProducts": [GB200], "priorityClassName": "e2e-low", "topology": clique}
+    # 4 jobs of 9 pods x 4 GPUs: two fill each 72-GPU clique.
+    names = [f"low{i}" for i in range(4)]
+    for name in names:
+        hub.submit(name, batch_job(4, pods=9), placement=low)
+    domains: dict[str, str] = {}
+    for name in names:
+        st = hub.wait_phase(name, "Running", timeout_s=90)
+        [domains[name]] = st["placement"]["nvlinkDomains"]
+    by_clique: dict[str, list[str]] = {}
+    for name, d in sorted(domains.items()):
+        by_clique.setdefault(d, []).append(name)
+    assert sorted(len(v) for v in by_clique.values()) == [2, 2], by_clique
+    wait_until(lambda: hub.gpus_free("eu-nvl72", GB200) == 0, "eu-nvl72 full")
+
+    high = {"gpuProducts": [GB200], "priorityClassName": "e2e-high", "topology": clique}
+    t0 = time.monotonic()
+    hub.submit("high", batch_job(4, pods=18), placement=high)
+    st = hub.wait_phase("high", "Running", timeout_s=60)
+    # A figure, not an assertion (run with -s to see it).
+    print(json.dumps({"preemption_submit_to_running_s": round(time.monotonic() - t0, 2)}))
+
+    [freed] = st["placement"]["nvlinkDomains"]
+    victims = by_clique[freed]
+    kept = [n for n in names if n not in victims]
+    preemption = st["preemption"]
+    assert preemption["cluster"] == "eu-nvl72"
+    assert preemption["nvlinkDomains"] == [freed]
+    assert sorted(v["job"] for v in preemption["victims"]) == [f"drill/{v}" for v in victims]
+    for name in victims:
+        vs = hub.wait_phase(name, "Pending", timeout_s=30)
+        cond = condition(vs, "Preempted")
+        assert cond is not None
+        assert cond["status"] == "True"
+        assert "drill/high" in cond["message"]
+        assert freed in cond["message"]
+        assert vs["preemptions"] == 1
+        assert "Preempted" in hub.events(name)
+        uid = hub.job(name)["metadata"]["uid"]  # type: ignore[index]
+        assert classes.members["eu-nvl72"].jobs_of(uid) == [], "its member copy is gone"
+    for name in kept:
+        ks = hub.status(name)
+        assert ks["phase"] == "Running"
+        assert condition(ks, "Preempted") is None
+    assert "Preempting" in hub.events("high")
