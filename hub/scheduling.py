@@ -410,6 +410,10 @@ class Scheduler:
                 charged=charge[1],
                 priority=job.request.priority,
                 preemption_policy=job.request.preemption_policy,
+                # A re-placement keeps the job's past requeues: the retry budget after
+                # infrastructure failures and the preemption caps count across attempts.
+                requeues=job.record.requeues if job.record is not None else (),
+                requeue_counts=dict(job.record.requeue_counts) if job.record is not None else {},
             )
             work = WorkRecord(
                 job_uid=uid,

@@ -24,7 +24,7 @@ import structlog
 from gpufed.agent.informer import Informer
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
+from gpufed.api.labels import ATTEMPT_ANNOTATION, JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
 from gpufed.api.work import FailureCause, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
 from gpufed.sync.failure import NodeHealth, classify_failure
@@ -46,10 +46,15 @@ class _Tracked:
     # replaced afterwards; the cause must not vanish with them).
     failure: FailureCause | None = None
     gpus_seen: dict[str, int] = field(default_factory=dict)  # node -> most GPUs while bound
+    attempt: str = ""  # gpufed.io/attempt of the copy's pods ("": any)
 
 
 def _job_uid(obj: dict[str, Any]) -> str:
     return str(((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, ""))
+
+
+def _attempt(pod: dict[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION, ""))
 
 
 def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
@@ -68,13 +73,17 @@ def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
         )
         if k in status
     }
-    checkpoint = (meta.get("annotations") or {}).get(LAST_CHECKPOINT_ANNOTATION)
+    raw_annotations = meta.get("annotations") or {}
+    checkpoint = raw_annotations.get(LAST_CHECKPOINT_ANNOTATION)
+    kept = {} if checkpoint is None else {LAST_CHECKPOINT_ANNOTATION: checkpoint}
+    if ATTEMPT_ANNOTATION in raw_annotations:
+        kept[ATTEMPT_ANNOTATION] = raw_annotations[ATTEMPT_ANNOTATION]
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "deletionTimestamp": meta.get("deletionTimestamp"),
-            "annotations": {} if checkpoint is None else {LAST_CHECKPOINT_ANNOTATION: checkpoint},
+            "annotations": kept,
         },
         "spec": {"nodeName": (raw.get("spec") or {}).get("nodeName")},
         "status": keep_status,
@@ -199,12 +208,23 @@ class StatusReporter:
     # --- tracking (called by the work manager) -------------------------------------------------
 
     def track(
-        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+        self,
+        job_uid: str,
+        *,
+        revision: int,
+        main: ObjectRef | None,
+        missing: bool = False,
+        attempt: str = "",
     ) -> None:
+        """Report ``job_uid``'s workload ``main`` (at ``revision``). ``attempt``: the
+        ``gpufed.io/attempt`` of its pod templates; pods of another attempt (a previous copy's,
+        still terminating on a lost node) are left out of its status ("": every pod counts)."""
         prev = self._tracked.get(job_uid)
-        same = bool(prev and prev.main == main and not missing)
+        same = bool(prev and prev.main == main and not missing and prev.attempt == attempt)
         seen = bool(prev and prev.seen and same)
-        self._tracked[job_uid] = _Tracked(revision=revision, main=main, missing=missing, seen=seen)
+        self._tracked[job_uid] = _Tracked(
+            revision=revision, main=main, missing=missing, seen=seen, attempt=attempt
+        )
         if prev is not None and same:  # the same copy: what it suffered still holds
             self._tracked[job_uid].failure = prev.failure
             self._tracked[job_uid].gpus_seen = prev.gpus_seen
@@ -352,7 +372,9 @@ class StatusReporter:
             and kind in {k for k in self._informers if k != "Pod"}
         ):
             return None  # applied, not observed yet: wait for the watch
-        pods = self._pods.get(uid, {}).values()
+        pods: Iterable[dict[str, Any]] = self._pods.get(uid, {}).values()
+        if tracked.attempt:
+            pods = [p for p in pods if _attempt(p) in ("", tracked.attempt)]
         status = summarize_workload(
             job_uid=uid,
             revision=tracked.revision,

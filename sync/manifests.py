@@ -396,6 +396,23 @@ def prepare_manifests(
     return prepared
 
 
+def attempt_of(manifests: Iterable[Mapping[str, Any]]) -> str:
+    """The ``gpufed.io/attempt`` of the first pod template of prepared ``manifests`` ("" when
+    none carries one, or they cannot be read). The agent uses it to tell the pods of the
+    current copy from those a previous attempt left terminating."""
+    items = list(manifests)
+    try:
+        refs = workload_pod_templates({"apiVersion": "v1", "kind": "List", "items": items})
+    except ManifestError:
+        return ""
+    for ref in refs:
+        meta = ref.template.get("metadata") if isinstance(ref.template, Mapping) else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if isinstance(annotations, Mapping) and ATTEMPT_ANNOTATION in annotations:
+            return str(annotations[ATTEMPT_ANNOTATION])
+    return ""
+
+
 def _stamp_attempt(pod_template: dict[str, Any], pod_meta: dict[str, Any], attempt: int) -> None:
     annotations = pod_meta.get("annotations")
     if not isinstance(annotations, dict):

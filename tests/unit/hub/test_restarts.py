@@ -171,3 +171,27 @@ async def test_suspect_nodes_show_in_the_member_status_and_get_clusters() -> Non
     assert "restarted 1 time(s)" in text
     assert "attempt 1 in m1 on m1-n0: NodeLost" in text
     assert "Restarting=True" in text
+
+
+async def test_the_retry_budget_counts_across_attempts() -> None:
+    """Re-placed after one re-run, the job keeps its requeue count: with a budget of 1 the
+    second infrastructure failure is final (a re-placement that forgot it would loop)."""
+    t, s, rev = await running({"retry": {"onInfrastructureFailure": 1}})
+    job = t.ctrl.state.jobs["u1"]
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    [(_, _, del_rev)] = sent(s)
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert t.store.jobs["u1"][0].requeue_counts == {"InfrastructureFailure": 1}
+    [(_, _, rev2)] = [x for x in sent(s) if x[0] == "apply"]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev2, result="Applied"))
+    lost2 = NODE_LOST.model_copy(update={"nodes": ("m1-n1",), "message": "node m1-n1 gone"})
+    await t.ctrl.handle(s, report("u1", rev2, "Running", lost2))
+    await settle()
+    assert job.status.phase == "Failed"
+    assert job.status.restarts == 1
