@@ -138,7 +138,8 @@ class Placement(CRDModel):
     GPUQueue (optional, no default: absent means the
     queue that lists the job's namespace, else the hub's default queue); when set it must name
     a queue that lists the job's namespace. ``reschedule``: what happens
-    when the member running the job is lost (docs/design.md §7 item 5).
+    when the member running the job is lost (docs/design.md §7 item 5). ``retry``: re-runs
+    after infrastructure failures (:class:`Retry`; absent: its defaults).
     """
 
     gpu_products: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
@@ -174,6 +175,42 @@ class Placement(CRDModel):
     allocation: Allocation | None = None
     """`binpack` (fill used nodes first) or `spread` (use idle nodes first): this job's choice over
     the hub's `--allocation`; unset: the hub's."""
+    retry: Retry | None = None
+    """What happens when infrastructure fails under the job (re-runs; exit codes that mean an
+    infrastructure failure). Absent: 6 re-runs, no exit codes."""
+
+
+#: Re-runs after infrastructure failures when ``spec.placement.retry`` does not say.
+DEFAULT_INFRASTRUCTURE_RETRIES = 6
+#: Most re-runs a job may ask for, and most exit codes it may declare as infrastructure.
+MAX_INFRASTRUCTURE_RETRIES = 100
+MAX_INFRASTRUCTURE_EXIT_CODES = 32
+
+
+class Retry(CRDModel):
+    """``spec.placement.retry``: what happens when infrastructure fails under the job.
+
+    ``onInfrastructureFailure``: how many times the hub re-runs the job after an
+    infrastructure failure (a node lost or NotReady, a GPU withdrawn, a pod disrupted by
+    Kubernetes, or one of ``infrastructureExitCodes``): it deletes what is left of the member
+    copy, places the job again (any member, avoiding the nodes involved) and runs it again from
+    its checkpoint (0 to 100, default 6, as a batch/v1 Job's backoffLimit; 0: every failure is final). An application failure
+    (an ordinary non-zero exit) is never re-run. ``infrastructureExitCodes``: exit codes
+    (1-255, at most 32) that mean an infrastructure failure when every failed container exited
+    with one of them (e.g. a wrapper that exits 134 on an NCCL timeout or a GPU XID error).
+    """
+
+    on_infrastructure_failure: int = Field(
+        default=DEFAULT_INFRASTRUCTURE_RETRIES, ge=0, le=MAX_INFRASTRUCTURE_RETRIES
+    )
+    """Re-runs after infrastructure failures (0 to 100, default 6; 0: every failure is final)."""
+    infrastructure_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        max_length=MAX_INFRASTRUCTURE_EXIT_CODES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    """Exit codes (1-255, at most 32) that mean an infrastructure failure when every failed
+    container exited with one of them (e.g. a wrapper's code for an NCCL timeout or a GPU XID)."""
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).
@@ -478,6 +515,31 @@ class PreemptionStatus(CRDModel):
     """One line for people."""
 
 
+#: Restarts kept in ``status.restartHistory`` (the newest).
+MAX_RESTART_HISTORY = 16
+
+
+class RestartRecord(CRDModel):
+    """One re-run after an infrastructure failure: the ``attempt`` that failed, its
+    ``cluster`` and the ``nodes`` involved, the ``reason`` (``NodeLost``, ``NodeNotReady``,
+    ``GPUUnavailable``, a ``DisruptionTarget`` reason, ``InfrastructureExitCode``), one line
+    (``message``) and when the hub decided it (``time``)."""
+
+    attempt: int = Field(ge=1)
+    """The attempt that failed (1 is the first run)."""
+    cluster: str
+    """The member cluster it ran in."""
+    nodes: list[str] = Field(default_factory=list, max_length=64)
+    """The nodes involved in the failure."""
+    reason: str
+    """Why it was an infrastructure failure (`NodeLost`, `NodeNotReady`, `GPUUnavailable`, a
+    `DisruptionTarget` reason, `InfrastructureExitCode`)."""
+    message: str = ""
+    """One line for people."""
+    time: DateTime | None = None
+    """When the hub decided to re-run it (RFC 3339)."""
+
+
 class GPUJobStatus(CRDModel):
     """``GPUJob.status``, written only by the hub.
 
@@ -493,6 +555,10 @@ class GPUJobStatus(CRDModel):
     ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
     for a higher-priority job; condition ``Preempted``); each returned it to Pending.
     ``preemption``: what the hub preempted to place this job (its victims and the block freed).
+    ``restarts``: how many times the hub re-ran the job after an infrastructure failure
+    (``spec.placement.retry``); ``restartHistory``: the latest of them (at most 16, oldest
+    first), each with the attempt, member, nodes and reason; while a re-run is pending the
+    job is Pending with condition ``Restarting`` True, never Failed.
     Terminal phases (Succeeded, Failed, Lost) are final.
     """
 
@@ -538,6 +604,12 @@ class GPUJobStatus(CRDModel):
     reclaimed by a queue below its nominal quota)."""
     preemption: PreemptionStatus | None = None
     """On a preemptor: what the hub preempted to place it (kept once it is placed)."""
+    restarts: int | None = Field(default=None, ge=0)
+    """Times the job was re-run after an infrastructure failure."""
+    restart_history: list[RestartRecord] = Field(
+        default_factory=list, max_length=MAX_RESTART_HISTORY
+    )
+    """The newest 16 re-runs: attempt, cluster, nodes, reason, message, time."""
     timings: Timings | None = None
     observed_generation: int | None = None
     """The `metadata.generation` this status was computed from."""

@@ -25,6 +25,11 @@ DEFAULT_ORIGIN: Final = "gpufed-hub"
 JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 #: Full ``namespace/name`` of the hub GPUJob (annotation: may exceed 63 characters).
 JOB_ANNOTATION: Final = "gpufed.io/job"
+#: Pod template annotation: the placement attempt the pods belong to (1, 2 after a re-run).
+ATTEMPT_ANNOTATION: Final = "gpufed.io/attempt"
+#: Environment variable every container of a job gets: the placement attempt (resume from
+#: the checkpoint when above 1).
+ATTEMPT_ENV: Final = "GPUFED_ATTEMPT"
 #: On every object the agent applies to a member: the hub state epoch it was applied under
 #: (the hub's Welcome ``hub_epoch``). The agent's garbage collection deletes an object the hub
 #: no longer wants at once only when it carries the current epoch; objects of another (or no)

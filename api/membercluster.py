@@ -68,6 +68,19 @@ class MemberClusterSpec(CRDModel):
     join_token_ref: SecretKeyRef
 
 
+class SuspectNode(CRDModel):
+    """A node the hub leaves out of placement after an infrastructure failure on it, until
+    ``until`` (its cool-down, hub ``--suspect-node-cooldown``); ``reason``: the failure."""
+
+    node: str
+    """The member's node name."""
+    reason: str = ""
+    """The failure that made it suspect (`NodeLost`, `NodeNotReady`, `GPUUnavailable`, a
+    `DisruptionTarget` reason, `InfrastructureExitCode`)."""
+    until: DateTime | None = None
+    """When its cool-down ends and placement may use it again (RFC 3339)."""
+
+
 class MemberClusterStatus(CRDModel):
     """``MemberCluster.status``, written only by the hub.
 
@@ -81,6 +94,8 @@ class MemberClusterStatus(CRDModel):
     ``clusterUID``: the UID of the member's ``kube-system`` Namespace, recorded from the first
     agent that joined; an agent talking to another Kubernetes cluster is refused (delete and
     re-join the MemberCluster to move the member to a rebuilt cluster).
+    ``suspectNodes``: nodes left out of placement for a cool-down after an infrastructure
+    failure on them (at most 256; ``gpufed get clusters`` shows them).
     """
 
     conditions: list[StatusCondition] = Field(
@@ -118,6 +133,8 @@ class MemberClusterStatus(CRDModel):
     cluster_uid: str | None = Field(default=None, alias="clusterUID")
     """The UID of the member's `kube-system` Namespace, recorded from the first agent that joined;
     an agent of another Kubernetes cluster is refused."""
+    suspect_nodes: list[SuspectNode] = Field(default_factory=list, max_length=256)
+    """Nodes left out of placement after an infrastructure failure, until their cool-down ends."""
 
     def ready(self) -> bool | None:
         """The Ready condition as a bool (None when the hub has not judged yet)."""

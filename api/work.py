@@ -88,6 +88,34 @@ class PodIssue(_Model):
     message: str = ""
 
 
+#: Why a job's member copy failed or broke: ``Infrastructure`` (the node, the GPU or the
+#: cluster failed under it: the job may be re-run, docs/design.md §7 item 6) or
+#: ``Application`` (its own code failed: final).
+FailureKind = Literal["Infrastructure", "Application"]
+#: Longest failure message carried (characters).
+MAX_FAILURE_MESSAGE = 1024
+#: At most this many nodes or exit codes per failure cause.
+MAX_FAILURE_ITEMS = 64
+
+
+class FailureCause(_Model):
+    """Why a job's workload failed or broke in the member (:mod:`gpufed.sync.failure`).
+
+    ``kind``: ``Infrastructure`` or ``Application``; ``reason``: one word (a Kubernetes
+    ``DisruptionTarget`` reason such as ``DeletionByPodGC``, ``NodeLost``, ``NodeNotReady``,
+    ``GPUUnavailable``, ``InfrastructureExitCode``; for an application failure the member
+    object's ``Failed`` condition reason, e.g. ``BackoffLimitExceeded``, else ``Failed``);
+    ``nodes``: the nodes involved (sorted); ``exit_codes``: the non-zero exit codes of the
+    job's terminated containers (sorted, at most 64).
+    """
+
+    kind: FailureKind
+    reason: str = Field(min_length=1, max_length=128)
+    message: str = Field(default="", max_length=MAX_FAILURE_MESSAGE)
+    nodes: tuple[str, ...] = Field(default=(), max_length=MAX_FAILURE_ITEMS)
+    exit_codes: tuple[int, ...] = Field(default=(), max_length=MAX_FAILURE_ITEMS)
+
+
 class WorkloadStatus(_Model):
     """Summary of one job's workload in a member, sent by the agent whenever it changes.
 
@@ -95,8 +123,11 @@ class WorkloadStatus(_Model):
     ``completion_time`` from the member object's ``status`` (batch/v1 Job fields; JobSet and
     PyTorchJob map onto them); ``pod_issues`` from its pods; ``nodes`` from the pods'
     ``spec.nodeName``; ``last_checkpoint_time``: the latest valid ``gpufed.io/last-checkpoint``
-    annotation of the object or its pods (:func:`gpufed.sync.status.last_checkpoint`). Times
-    are RFC 3339 strings ("" when unknown).
+    annotation of the object or its pods (:func:`gpufed.sync.status.last_checkpoint`);
+    ``failure``: why the job failed or broke (None while it runs well or once it succeeded;
+    :func:`gpufed.sync.failure.classify_failure`; an ``Infrastructure`` cause may come while
+    the phase is still ``Running``: a gang that lost a pod is broken as a whole). Times are
+    RFC 3339 strings ("" when unknown).
     """
 
     job_uid: str
@@ -114,3 +145,4 @@ class WorkloadStatus(_Model):
     pod_issues: tuple[PodIssue, ...] = ()
     nodes: tuple[str, ...] = ()
     last_checkpoint_time: str = Field(default="", max_length=64)
+    failure: FailureCause | None = None

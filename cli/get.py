@@ -165,6 +165,7 @@ CLUSTER_COLUMNS = (
     output.Column("GPUS (FREE/TOTAL)", _gpus_text),
     output.Column("LARGEST-BLOCK", lambda r: str(r["largest_free_nvlink_block"])),
     output.Column("NODES", lambda r: str(r["nodes"])),
+    output.Column("SUSPECT", lambda r: ",".join(x["node"] for x in r["suspect_nodes"]) or "-"),
     output.Column("HEARTBEAT", lambda r: _age(r["last_heartbeat"])),
     output.Column(
         "RESERVED",

@@ -185,6 +185,20 @@ def run(
     preemption_max_preemptors: Annotated[
         int, typer.Option(help="preemptors planned per scheduling cycle")
     ] = 8,
+    suspect_node_cooldown: Annotated[
+        float,
+        typer.Option(
+            help="seconds the nodes of an infrastructure failure are left out of placement "
+            "(0: never)"
+        ),
+    ] = 3600.0,
+    degraded_node_condition: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a Node condition type that makes a node degraded for placement while True "
+            "(e.g. one a GPU health checker sets); repeatable"
+        ),
+    ] = None,
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -236,6 +250,8 @@ def run(
         "preemption_max_per_hour": preemption_max_per_hour,
         "preemption_cooldown_s": preemption_cooldown,
         "preemption_max_preemptors": preemption_max_preemptors,
+        "suspect_node_cooldown_s": suspect_node_cooldown,
+        "degraded_node_conditions": tuple(degraded_node_condition or ()),
     }
     if hub_id:
         values["hub_id"] = hub_id

@@ -244,6 +244,10 @@ def cluster_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "agent_version": s.agent_version if s else None,
                 "last_heartbeat": s.last_heartbeat_time if s else None,
                 "labels": dict(mc.spec.labels),
+                "suspect_nodes": [
+                    {"node": x.node, "reason": x.reason, "until": x.until}
+                    for x in (s.suspect_nodes if s else [])
+                ],
             }
         )
     return out
@@ -296,6 +300,14 @@ def explain_text(raw: dict[str, Any]) -> str:
     if s.preemption is not None:
         lines.append("")
         lines.extend(_preemption_lines(s.preemption))
+    if s.restarts:
+        lines.append("")
+        lines.append(f"restarted {s.restarts} time(s) after infrastructure failures:")
+        for r in s.restart_history:
+            nodes = ", ".join(r.nodes[:8]) or "-"
+            lines.append(
+                f"  attempt {r.attempt} in {r.cluster} on {nodes}: {r.reason}  {r.message}"
+            )
     if s.conditions:
         lines.append("")
         lines.append("conditions:")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import QueueFileError, load_queues
 from gpufed.placement.priomix import load_mix
+from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
 from gpufed.placement.simreport import CSV_COLUMNS, csv_rows, size_buckets, wait_by_size
 from gpufed.placement.simulate import (
@@ -91,6 +93,28 @@ def simulate_command(
         help="builtin, or a JSON file: set each job's priority and checkpoint interval from "
         'the trace (docs/placement.md, "Preemption").',
     ),
+    failure_interval: float | None = typer.Option(
+        None,
+        "--node-failure-interval-s",
+        help="Fleet-wide mean time between node failures, seconds (exponential, seeded): a "
+        "failure takes one GPU node down and its jobs lose the work since their checkpoint. "
+        "Adds node_failures, retry, goodput, restarts, failed_infra.",
+    ),
+    repair_s: float = typer.Option(
+        3600.0, "--repair-s", help="With node failures: seconds until a failed node is back."
+    ),
+    retry: str = typer.Option(
+        "on",
+        "--retry",
+        help="With node failures: on, jobs of a failed node are re-placed (up to 6 times, "
+        "the GPUJob default); off, they fail.",
+    ),
+    checkpoint_s: float | None = typer.Option(
+        None,
+        "--checkpoint-s",
+        help="Checkpoint interval, seconds, for trace jobs without a checkpoint_s value.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
     plot: Path | None = typer.Option(
@@ -122,12 +146,23 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--preemption")
     if victims not in VICTIM_RULES:
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
+    if retry not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--retry")
+    if checkpoint_s is not None and not checkpoint_s > 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
     try:
         members = load_fleet(fleet)
         jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
         queue_objs = load_queues(queues) if queues is not None else None
         if priority_mix is not None:
             jobs = load_mix(priority_mix).apply(jobs)
+        if checkpoint_s is not None:
+            jobs = [j if j.checkpoint_s else replace(j, checkpoint_s=checkpoint_s) for j in jobs]
+        failures = (
+            SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
+            if failure_interval is not None
+            else None
+        )
     except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -149,6 +184,7 @@ def simulate_command(
                     if preemption is not None
                     else None
                 ),
+                failures=failures,
             )
         except ValueError as exc:
             typer.echo(f"gpufed simulate: {exc}", err=True)

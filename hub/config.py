@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -99,6 +99,11 @@ class HubConfig(BaseModel):
       long ago may not preempt back the job that preempted it);
       ``preemption_max_preemptors``: preemptors planned per scheduling cycle (each plan runs
       what-if placements; the others wait for the next cycle).
+    - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
+      placement this long (0: never suspect; :mod:`gpufed.hub.suspects`).
+    - ``degraded_node_conditions``: Node condition types (at most 32) that make a node degraded
+      for placement while True (e.g. a GPU health checker's); sent to every agent in
+      ``Welcome``, which reports such nodes degraded.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -148,6 +153,13 @@ class HubConfig(BaseModel):
     preemption_max_per_hour: int = Field(default=3, ge=1)
     preemption_cooldown_s: float = Field(default=600.0, ge=0)
     preemption_max_preemptors: int = Field(default=8, ge=1, le=1000)
+    suspect_node_cooldown_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    degraded_node_conditions: tuple[
+        Annotated[
+            str, Field(min_length=1, max_length=316, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+        ],
+        ...,
+    ] = Field(default=(), max_length=32)
 
     @property
     def preemption_rules(self) -> PreemptionRules:

@@ -67,10 +67,12 @@ from gpufed.hub.rebuild import Rebuild
 from gpufed.hub.reports import Reports
 from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
+from gpufed.hub.restarts import Restarts
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import AgentSession, StreamClosedError
 from gpufed.hub.state import HubState, WorkState
 from gpufed.hub.store import Loaded
+from gpufed.hub.suspects import SuspectNodes
 from gpufed.hub.term import Term, TermTasks
 from gpufed.hub.tokens import Credentials, JoinTokens
 from gpufed.placement import FleetSnapshot
@@ -136,6 +138,8 @@ class Controller:
             self.mirror,
             want=lambda uid: self.scheduler.want(uid),
         )
+        self.suspects = SuspectNodes(term.config.suspect_node_cooldown_s)
+        self.restarts = Restarts(term, self.requeue, self.reservations, self.mirror, self.suspects)
         self.queues = Queues(term, self.mirror, self.deletion)
         self.priorities = PriorityClasses()
         self.scheduler = Scheduler(
@@ -147,6 +151,7 @@ class Controller:
             self.queues,
             self.priorities,
             self.requeue,
+            suspects=self.suspects,
         )
         self.members = Members(
             term,
@@ -158,6 +163,7 @@ class Controller:
             self.mirror,
             self.tokens,
             self.requeue,
+            suspects=self.suspects,
         )
         self.reports = Reports(
             term,
@@ -166,6 +172,7 @@ class Controller:
             self.reservations,
             self.mirror,
             self.requeue,
+            restarts=self.restarts,
             jobs_listed=lambda: self.intake.jobs_synced.is_set(),
         )
         self.rebuild = Rebuild(term, self.scheduler, self.dispatch, self.mirror)
@@ -279,6 +286,8 @@ class Controller:
             await asyncio.sleep(_TICK_S)
             await self.members.check_health()
             self.dispatch.resend_due(self._mono())
+            if self.suspects.expire(self._mono()):
+                self.scheduler.kick()  # nodes back in the fleet: waiting jobs may fit now
 
     async def _flush_loop(self) -> None:
         """Persist changed inventories and member facts; refresh member and queue status and
@@ -352,6 +361,7 @@ class Controller:
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             max_message_bytes=self.config.max_message_bytes,
             hub_epoch=self.epoch,
+            degraded_node_conditions=self.config.degraded_node_conditions,
         )
         # Desired set first: fenced and deleted jobs are absent, so the agent deletes them
         # before it gets anything else (docs/design.md §7 item 5).

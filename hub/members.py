@@ -34,7 +34,7 @@ from gpufed.api.inventory import (
     NodeInventory,
     Taint,
 )
-from gpufed.api.membercluster import MemberCluster
+from gpufed.api.membercluster import MemberCluster, SuspectNode
 from gpufed.api.stream import AgentHello, Heartbeat, InventoryDelta, InventorySnapshot
 from gpufed.hub import status as st
 from gpufed.hub.deletion import Deletion
@@ -48,6 +48,7 @@ from gpufed.hub.reservations import Reservations
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.sessions import StreamClosedError
 from gpufed.hub.state import MemberState
+from gpufed.hub.suspects import SuspectNodes
 from gpufed.hub.term import Term
 from gpufed.hub.tokens import JoinTokens
 from gpufed.placement import FleetSnapshot
@@ -80,8 +81,11 @@ class Members:
         mirror: Mirror,
         tokens: JoinTokens,
         requeue: Requeue,
+        *,
+        suspects: SuspectNodes | None = None,
     ) -> None:
         self._requeue = requeue
+        self._suspects = suspects
         self._term = term
         self._tokens = tokens
         self._snapshot = snapshot
@@ -479,6 +483,15 @@ class Members:
             metrics=self._term.metrics,
             now=self._mirror.now(),
         )
+        if self._suspects is not None:
+            status = status.model_copy(
+                update={
+                    "suspect_nodes": [
+                        SuspectNode(node=x.node, reason=x.reason, until=st.rfc3339(x.until_wall))
+                        for x in self._suspects.of_member(m.name, self._term.mono())
+                    ]
+                }
+            )
         self._mirror.member_status(m.name, status)
 
     def write_all_statuses(self) -> None:

@@ -149,6 +149,7 @@ class Rebuild:
                 origin=self._term.config.origin,
                 pinning=self._pinning(job, claim.cluster),
                 allowed_kinds=self._term.config.allowed_kinds,
+                attempt=claim.attempt,
             )
         except ManifestError as exc:
             log.warning("hub.rebuild.unpreparable", job=job.key, error=str(exc))

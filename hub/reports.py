@@ -35,6 +35,7 @@ from gpufed.hub.mirror import Mirror
 from gpufed.hub.records import AckRecord
 from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
+from gpufed.hub.restarts import Restarts
 from gpufed.hub.sessions import AgentSession, RefusedError
 from gpufed.hub.state import WorkState
 from gpufed.hub.term import Term
@@ -59,6 +60,7 @@ class Reports:
         mirror: Mirror,
         requeue: Requeue,
         *,
+        restarts: Restarts | None = None,
         jobs_listed: Callable[[], bool],
     ) -> None:
         self._term = term
@@ -67,6 +69,7 @@ class Reports:
         self._reservations = reservations
         self._mirror = mirror
         self._requeue = requeue
+        self._restarts = restarts
         self._jobs_listed = jobs_listed
         #: workload reports that came before this term's GPUJob list (latest per job uid)
         self._early: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
@@ -254,6 +257,8 @@ class Reports:
             return
         if job.record is not None and job.record.stopping is not None:
             return  # its copy is being stopped for a requeue: what it reports now is not news
+        if self._restarts is not None and self._restarts.on_report(job, s.cluster, report):
+            return  # infrastructure failed under it: re-run (or failed for good), not mirrored
         if report.last_checkpoint_time:
             when, why = parse_checkpoint(report.last_checkpoint_time, now=self._term.wall())
             if why:

@@ -52,6 +52,7 @@ from gpufed.hub.requeue import Requeue
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.state import JobState, WorkState
 from gpufed.hub.store import ConflictError
+from gpufed.hub.suspects import SuspectNodes, with_suspects
 from gpufed.hub.term import Term
 from gpufed.placement import (
     BackfillRule,
@@ -97,8 +98,11 @@ class Scheduler:
         queues: Queues,
         priorities: PriorityClasses,
         requeue: Requeue,
+        *,
+        suspects: SuspectNodes | None = None,
     ) -> None:
         self._term = term
+        self._suspects = suspects
         self._preemption = Preemption(term, snapshot, reservations, requeue, mirror)
         self._queues = queues
         self._priorities = priorities
@@ -165,8 +169,13 @@ class Scheduler:
         # Small fleets: record every member's score or rejection for `gpufed explain`.
         explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
 
+        # Suspect nodes (after an infrastructure failure) are held off every job this cycle.
+        suspect = self._suspects.holds(self._term.mono()) if self._suspects is not None else {}
+
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
+            if suspect:
+                hold = with_suspects(dict(hold), suspect)
             # A waiting job's own ledger entry is its preemption hold: not counted against it.
             with self._reservations.lifted(req.uid):
                 decision = place(
@@ -370,6 +379,7 @@ class Scheduler:
                 return
             cluster = decision.cluster
             ns = job.obj.metadata.namespace or "default"
+            attempt_no = (job.record.attempt + 1) if job.record is not None else 1
             try:
                 manifests = prepare_manifests(
                     job.obj.spec.template,
@@ -379,6 +389,7 @@ class Scheduler:
                     origin=self._term.config.origin,
                     pinning=self.pinning(decision),
                     allowed_kinds=self._term.config.allowed_kinds,
+                    attempt=attempt_no,
                 )
             except ManifestError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")
@@ -390,7 +401,6 @@ class Scheduler:
                 )
                 return
             assert job.request is not None
-            attempt_no = (job.record.attempt + 1) if job.record is not None else 1
             now = self._term.wall()
             record = JobRecord(
                 uid=uid,
@@ -403,6 +413,10 @@ class Scheduler:
                 charged=charge[1],
                 priority=job.request.priority,
                 preemption_policy=job.request.preemption_policy,
+                # A re-placement keeps the job's past requeues: the retry budget after
+                # infrastructure failures and the preemption caps count across attempts.
+                requeues=job.record.requeues if job.record is not None else (),
+                requeue_counts=dict(job.record.requeue_counts) if job.record is not None else {},
             )
             work = WorkRecord(
                 job_uid=uid,

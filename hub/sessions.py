@@ -138,9 +138,11 @@ class AgentSession:
         heartbeat_interval_s: float,
         max_message_bytes: int,
         hub_epoch: str = "",
+        degraded_node_conditions: Sequence[str] = (),
     ) -> None:
         """Queue the Welcome (the first message of every accepted stream); ``hub_epoch``: the
-        identity of the hub's etcd state (docs/design.md §10, ``epoch``)."""
+        identity of the hub's etcd state (docs/design.md §10, ``epoch``);
+        ``degraded_node_conditions``: node condition types that degrade a node while True."""
         self.send(
             pb.HubMessage(
                 welcome=pb.Welcome(
@@ -150,6 +152,7 @@ class AgentSession:
                     heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
                     max_message_bytes=max_message_bytes,
                     hub_epoch=hub_epoch,
+                    degraded_node_conditions=list(degraded_node_conditions),
                 )
             )
         )

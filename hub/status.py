@@ -54,6 +54,7 @@ from gpufed.api.gpujob import (
 )
 from gpufed.api.work import WorkloadStatus
 from gpufed.hub.records import RequeueCause
+from gpufed.hub.restart_status import restart_update
 
 #: Kind-independent: True once the job ended (derived from the phase by :func:`derived`).
 FINISHED_CONDITION = "Finished"
@@ -65,6 +66,7 @@ HUB_CONDITIONS: tuple[str, ...] = (
     "ClusterLost",
     "Preempted",
     "InfrastructureFailure",
+    "Restarting",
     FINISHED_CONDITION,
 )
 #: The reason of a condition whose source gave none (KEP-1623: a reason is required).
@@ -376,6 +378,12 @@ def workload(status: GPUJobStatus, ws: WorkloadStatus, *, now: str) -> GPUJobSta
         )
     else:
         message = _workload_message(phase, ws, status.cluster)
+    if phase in ("Running", "Succeeded") and any(
+        c.type == "Restarting" and c.status == "True" for c in conds
+    ):
+        conds = set_condition(
+            conds, "Restarting", "False", reason="Restarted", message=message, now=now
+        )
     issues = [PodIssueStatus(pod=i.pod, reason=i.reason, message=i.message) for i in ws.pod_issues]
     return status.model_copy(
         update={
@@ -474,6 +482,10 @@ def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str)
     conds = set_condition(
         conds, "Placed", "False", reason=cause.reason, message=cause.message, now=now
     )
+    if cause.kind == "InfrastructureFailure":
+        conds = set_condition(
+            conds, "Restarting", "True", reason=cause.reason, message=cause.message, now=now
+        )
     conds = [c for c in conds if c.type in HUB_CONDITIONS and c.type != "Dispatched"]
     update: dict[str, object] = {
         "phase": "Pending",
@@ -490,6 +502,8 @@ def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str)
     }
     if cause.kind == "Preempted":
         update["preemptions"] = count
+    else:  # issue 13: a re-run after an infrastructure failure (gpufed.hub.restarts)
+        update.update(restart_update(status, cause, count=count, now=now))
     return status.model_copy(update=update)
 
 

@@ -62,6 +62,7 @@ class Agent:
             ),
             on_change=self.inventory_changed.set,
             log_degraded=_log_degraded,
+            on_node=lambda node: self.status.node_changed(node),
         )
         on_event = self.metrics.watch_event
         self.node_informer = Informer(
@@ -75,7 +76,12 @@ class Agent:
             field_selector=UNFINISHED_PODS,
             on_event=on_event,
         )
-        self.status = StatusReporter(api, send=lambda _s: False, metrics=self.metrics)
+        self.status = StatusReporter(
+            api,
+            send=lambda _s: False,
+            metrics=self.metrics,
+            node_health=self.inventory.node_health,
+        )
         self.work = WorkManager(
             api,
             ack=lambda _a: None,

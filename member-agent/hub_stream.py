@@ -234,6 +234,7 @@ class HubStream:
             max_bytes = welcome.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
             self._outbox = asyncio.Queue()
             self.work.connected(welcome.hub_epoch)
+            self.inventory.set_degraded_conditions(welcome.degraded_node_conditions)
             self.metrics.hub_connected.set(1)
             self.metrics.hub_connects.labels(result="welcomed").inc()
             self.welcomed.set()

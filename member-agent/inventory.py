@@ -19,7 +19,7 @@ offers nothing); every other node is reported as usual.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -31,13 +31,16 @@ from gpufed.api.inventory import (
     TopologyLabels,
     node_from_labels,
 )
-from gpufed.api.labels import JOB_UID_LABEL, MIG_STRATEGY_LABEL
+from gpufed.api.labels import GPU_RESOURCE, JOB_UID_LABEL, MIG_STRATEGY_LABEL
 from gpufed.api.resources import QuantityError, pod_requests, to_canonical
+from gpufed.sync.failure import NodeHealth
 
 _EFFECTS: frozenset[str] = frozenset(get_args(TaintEffect))
 _FINISHED = frozenset({"Succeeded", "Failed"})
 #: Node degradation reasons name at most this many bad pods (the count says how many more).
 _MAX_POD_REASONS = 3
+#: True node conditions kept per node.
+_MAX_CONDITIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,8 @@ class NodeFacts:
     ready: bool
     allocatable: Mapping[str, int]
     problems: tuple[str, ...] = ()
+    #: condition types other than Ready whose status is True (at most 32), with their reason
+    true_conditions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,17 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    true_conditions: dict[str, str] = {}
+    for c in status.get("conditions") or []:
+        if (
+            isinstance(c, Mapping)
+            and c.get("status") == "True"
+            and c.get("type") != "Ready"
+            and len(true_conditions) < _MAX_CONDITIONS
+        ):
+            true_conditions[_intern(str(c.get("type", "")))[:316]] = str(c.get("reason") or "")[
+                :128
+            ]
     mig = labels.get(MIG_STRATEGY_LABEL, "none")
     if mig not in MIG_STRATEGIES:
         problems.append(
@@ -130,6 +146,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         ready=ready,
         allocatable=allocatable,
         problems=tuple(problems),
+        true_conditions=true_conditions,
     )
 
 
@@ -187,7 +204,8 @@ class InventoryState:
 
     Changes mark nodes dirty; :meth:`take_changes` returns and clears them (the hub stream
     sends them as one delta). ``on_change`` is called (no arguments) whenever something
-    became dirty, so the sender can wake up.
+    became dirty, so the sender can wake up; ``on_node`` with a node's name whenever that Node
+    changed or was deleted (the status reporter re-classifies the jobs on it).
     """
 
     def __init__(
@@ -196,9 +214,11 @@ class InventoryState:
         *,
         on_change: Callable[[], None] | None = None,
         log_degraded: Callable[[str, str], None] | None = None,
+        on_node: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology or TopologyLabels()
         self._on_change = on_change
+        self._on_node = on_node
         self._log_degraded = log_degraded
         self._nodes: dict[str, NodeFacts] = {}
         self._pods: dict[str, PodFacts] = {}
@@ -210,6 +230,17 @@ class InventoryState:
         self._node_relist: _Relist | None = None
         self._pod_relist: _Relist | None = None
         self._degraded_seen: dict[str, str] = {}
+        self._degraded_conditions: frozenset[str] = frozenset()
+
+    def set_degraded_conditions(self, types: Iterable[str]) -> None:
+        """Node condition types that make a node degraded while True (from the hub's
+        ``Welcome``); a change marks every node changed."""
+        new = frozenset(types)
+        if new == self._degraded_conditions:
+            return
+        self._degraded_conditions = new
+        for name in self._nodes:
+            self._touch(name)
 
     # --- counts ------------------------------------------------------------------------------
 
@@ -242,6 +273,8 @@ class InventoryState:
         self._nodes[facts.name] = facts
         self._removed.discard(facts.name)
         self._touch(facts.name)
+        if self._on_node is not None:
+            self._on_node(facts.name)
 
     def delete_node(self, name: str) -> None:
         """A Node was deleted. Pods bound to it keep counting until they are deleted too."""
@@ -251,6 +284,8 @@ class InventoryState:
         self._removed.add(name)
         self._degraded_seen.pop(name, None)
         self._notify()
+        if self._on_node is not None:
+            self._on_node(name)
 
     def begin_node_relist(self) -> None:
         """A full node list starts: nodes not upserted before :meth:`end_node_relist` are
@@ -332,11 +367,22 @@ class InventoryState:
         if self._on_change is not None:
             self._on_change()
 
+    def node_health(self, name: str) -> NodeHealth | None:
+        """Ready and whole GPUs allocatable of one node, None when the node is unknown (for
+        :func:`gpufed.sync.failure.classify_failure`)."""
+        facts = self._nodes.get(name)
+        if facts is None:
+            return None
+        return NodeHealth(ready=facts.ready, gpus=facts.allocatable.get(GPU_RESOURCE, 0))
+
     def node_inventory(self, name: str) -> NodeInventory:
         """The :class:`NodeInventory` of one known node (KeyError when unknown)."""
         facts = self._nodes[name]
         labels = facts.labels
         problems = list(facts.problems)
+        for ctype in sorted(self._degraded_conditions & facts.true_conditions.keys()):
+            reason = facts.true_conditions[ctype]
+            problems.append(f"condition {ctype}=True{f' ({reason})' if reason else ''}")
         bad_pods = self._pod_problems.get(name, {})
         for key in sorted(bad_pods)[:_MAX_POD_REASONS]:
             problems.append(bad_pods[key])

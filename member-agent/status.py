@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -24,9 +24,10 @@ import structlog
 from gpufed.agent.informer import Informer
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
-from gpufed.api.work import WorkloadStatus
+from gpufed.api.labels import ATTEMPT_ANNOTATION, JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
+from gpufed.api.work import FailureCause, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
+from gpufed.sync.failure import NodeHealth, classify_failure
 from gpufed.sync.status import last_checkpoint, summarize_workload
 
 log = structlog.get_logger("gpufed.agent.status")
@@ -41,10 +42,19 @@ class _Tracked:
     missing: bool
     seen: bool = False  # the main object was observed at least once
     refused: tuple[tuple[str, str, str], ...] = ()  # checkpoint values last logged as refused
+    # The first failure cause observed: it sticks (pods of a broken gang are deleted and
+    # replaced afterwards; the cause must not vanish with them).
+    failure: FailureCause | None = None
+    gpus_seen: dict[str, int] = field(default_factory=dict)  # node -> most GPUs while bound
+    attempt: str = ""  # gpufed.io/attempt of the copy's pods ("": any)
 
 
 def _job_uid(obj: dict[str, Any]) -> str:
     return str(((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, ""))
+
+
+def _attempt(pod: dict[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION, ""))
 
 
 def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
@@ -63,13 +73,17 @@ def _trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
         )
         if k in status
     }
-    checkpoint = (meta.get("annotations") or {}).get(LAST_CHECKPOINT_ANNOTATION)
+    raw_annotations = meta.get("annotations") or {}
+    checkpoint = raw_annotations.get(LAST_CHECKPOINT_ANNOTATION)
+    kept = {} if checkpoint is None else {LAST_CHECKPOINT_ANNOTATION: checkpoint}
+    if ATTEMPT_ANNOTATION in raw_annotations:
+        kept[ATTEMPT_ANNOTATION] = raw_annotations[ATTEMPT_ANNOTATION]
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "deletionTimestamp": meta.get("deletionTimestamp"),
-            "annotations": {} if checkpoint is None else {LAST_CHECKPOINT_ANNOTATION: checkpoint},
+            "annotations": kept,
         },
         "spec": {"nodeName": (raw.get("spec") or {}).get("nodeName")},
         "status": keep_status,
@@ -159,6 +173,10 @@ class StatusReporter:
     ``send`` returns True when the status went out on a live stream (else it is sent again
     after the next reconnect). ``coalesce_s``: changes within this window go out together.
     ``wall``: the wall clock (seconds since the epoch) a checkpoint time is checked against.
+    ``node_health``: a node's Ready and whole GPUs by name (None: unknown node), from the
+    inventory; with it a job whose node is lost, not Ready or withdrew a GPU is reported with
+    an infrastructure :attr:`WorkloadStatus.failure` (:mod:`gpufed.sync.failure`); call
+    :meth:`node_changed` when a node changes.
     """
 
     def __init__(
@@ -169,9 +187,11 @@ class StatusReporter:
         coalesce_s: float = 0.1,
         metrics: AgentMetrics | None = None,
         wall: Callable[[], float] = time.time,
+        node_health: Callable[[str], NodeHealth | None] | None = None,
     ) -> None:
         self.api = api
         self._wall = wall
+        self._node_health = node_health
         self._send = send
         self.coalesce_s = coalesce_s
         self._metrics = metrics
@@ -188,11 +208,26 @@ class StatusReporter:
     # --- tracking (called by the work manager) -------------------------------------------------
 
     def track(
-        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+        self,
+        job_uid: str,
+        *,
+        revision: int,
+        main: ObjectRef | None,
+        missing: bool = False,
+        attempt: str = "",
     ) -> None:
+        """Report ``job_uid``'s workload ``main`` (at ``revision``). ``attempt``: the
+        ``gpufed.io/attempt`` of its pod templates; pods of another attempt (a previous copy's,
+        still terminating on a lost node) are left out of its status ("": every pod counts)."""
         prev = self._tracked.get(job_uid)
-        seen = bool(prev and prev.seen and prev.main == main and not missing)
-        self._tracked[job_uid] = _Tracked(revision=revision, main=main, missing=missing, seen=seen)
+        same = bool(prev and prev.main == main and not missing and prev.attempt == attempt)
+        seen = bool(prev and prev.seen and same)
+        self._tracked[job_uid] = _Tracked(
+            revision=revision, main=main, missing=missing, seen=seen, attempt=attempt
+        )
+        if prev is not None and same:  # the same copy: what it suffered still holds
+            self._tracked[job_uid].failure = prev.failure
+            self._tracked[job_uid].gpus_seen = prev.gpus_seen
         self._mark(job_uid)
 
     def untrack(self, job_uid: str) -> None:
@@ -209,6 +244,14 @@ class StatusReporter:
         self._last.clear()
         for uid in self._tracked:
             self._mark(uid)
+
+    def node_changed(self, node: str) -> None:
+        """A Node changed or was deleted: re-summarise the tracked jobs with pods on it."""
+        for uid, pods in self._pods.items():
+            if uid in self._tracked and any(
+                (p.get("spec") or {}).get("nodeName") == node for p in pods.values()
+            ):
+                self._mark(uid)
 
     def set_send(self, send: Callable[[WorkloadStatus], bool]) -> None:
         self._send = send
@@ -329,7 +372,9 @@ class StatusReporter:
             and kind in {k for k in self._informers if k != "Pod"}
         ):
             return None  # applied, not observed yet: wait for the watch
-        pods = self._pods.get(uid, {}).values()
+        pods: Iterable[dict[str, Any]] = self._pods.get(uid, {}).values()
+        if tracked.attempt:
+            pods = [p for p in pods if _attempt(p) in ("", tracked.attempt)]
         status = summarize_workload(
             job_uid=uid,
             revision=tracked.revision,
@@ -341,6 +386,9 @@ class StatusReporter:
         )
         if missing:
             return status
+        failure = self._failure(uid, tracked, status, pods)
+        if failure is not None:
+            status = status.model_copy(update={"failure": failure})
         checkpoint = last_checkpoint(obj, pods, now=self._wall())
         if checkpoint.refused != tracked.refused:
             tracked.refused = checkpoint.refused
@@ -356,3 +404,45 @@ class StatusReporter:
         if not checkpoint.time:
             return status
         return status.model_copy(update={"last_checkpoint_time": checkpoint.time})
+
+    def _failure(
+        self, uid: str, tracked: _Tracked, status: WorkloadStatus, pods: Iterable[dict[str, Any]]
+    ) -> FailureCause | None:
+        """The job's failure cause (sticky once observed), classified over its pods and the
+        inventory's view of their nodes."""
+        if tracked.failure is not None or status.phase == "Succeeded":
+            return tracked.failure
+        pod_list = list(pods)
+        nodes: dict[str, NodeHealth] | None = None
+        unfinished: set[str] = set()
+        if self._node_health is not None:
+            nodes = {}
+            for p in pod_list:
+                node = str((p.get("spec") or {}).get("nodeName") or "")
+                if not node:
+                    continue
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    unfinished.add(node)
+                health = self._node_health(node)
+                if health is not None:
+                    nodes[node] = health
+        cause = classify_failure(
+            phase=status.phase,
+            conditions=status.conditions,
+            pods=pod_list,
+            nodes=nodes,
+            gpus_seen=tracked.gpus_seen,
+        )
+        if nodes is not None:  # after classifying: a drop is measured against the past
+            for node in unfinished & set(nodes):
+                tracked.gpus_seen[node] = max(tracked.gpus_seen.get(node, 0), nodes[node].gpus)
+        if cause is not None:
+            tracked.failure = cause
+            log.warning(
+                "status.failure_classified",
+                job_uid=uid,
+                kind=cause.kind,
+                reason=cause.reason,
+                nodes=list(cause.nodes),
+            )
+        return cause

@@ -51,7 +51,7 @@ from gpufed.sync.apply import (
     main_workload,
     ref_of,
 )
-from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS
+from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS, attempt_of
 from gpufed.sync.ownership import Owner, OwnershipConflictError, job_uid_of, origin_selector
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
@@ -72,7 +72,13 @@ class StatusTracker(Protocol):
     """The status reporter, as the work manager sees it."""
 
     def track(
-        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+        self,
+        job_uid: str,
+        *,
+        revision: int,
+        main: ObjectRef | None,
+        missing: bool = False,
+        attempt: str = "",
     ) -> None: ...
 
     def untrack(self, job_uid: str) -> None: ...
@@ -348,7 +354,9 @@ class WorkManager:
             return
         job.applied = True
         job.deleted = False
-        self._status.track(item.job_uid, revision=item.revision, main=main)
+        self._status.track(
+            item.job_uid, revision=item.revision, main=main, attempt=attempt_of(item.manifests)
+        )
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(asyncio.get_running_loop().time() - start)
         bound.info("work.applied", outcomes=[r.value for r in results])

@@ -35,17 +35,18 @@ if TYPE_CHECKING:
 
 def run_first_admit(
     sim: Sim,
-    events: Iterable[tuple[float, list[str], list[str]]],
+    events: Iterable[tuple[float, list[str], list[str], list[tuple[int, str]]]],
     policy: Policy,
     order: Sequence[str],
 ) -> None:
-    """Replay ``events`` (now, finished uids, arrived uids) under the rules above; ``order``:
+    """Replay ``events`` (now, finished uids, arrived uids, node events: none without node
+    failures, which only the gpufed policy models) under the rules above; ``order``:
     member names in the fleet file's order."""
     snapshot = sim.snapshot
     names = snapshot.cluster_names
     only = [(m, OnlyMember(m, names)) for m in order]
     pending: dict[str, Run] = {}  # arrival order: events arrive in (time, row) order
-    for now, finished, arrived in events:
+    for now, finished, arrived, _ in events:
         for uid in finished:
             sim.live.pop(uid, None)
             snapshot.release(uid)

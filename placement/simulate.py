@@ -63,6 +63,7 @@ from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
 from gpufed.placement.shape import JobShape
+from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simfirstadmit import run_first_admit
 from gpufed.placement.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.simquota import QueueSim
@@ -125,8 +126,10 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the keys ``--queues`` adds (:meth:`.simquota.QueueSim.metrics`), after the others
     queue_metrics: dict[str, Any] | None = None
-    #: the keys ``--preemption`` adds (:meth:`.simpreempt.SimPreemption.metrics`), last
+    #: the keys ``--preemption`` adds (:meth:`.simpreempt.SimPreemption.metrics`)
     preemption_metrics: dict[str, Any] | None = None
+    #: the keys ``--node-failure-interval-s`` adds (:meth:`.simfail.SimFailures.metrics`), last
+    failure_metrics: dict[str, Any] | None = None
     #: one per trace job, in trace order (not in the JSON line; :mod:`.simreport`)
     records: list[JobRecord] = field(default_factory=list)
 
@@ -146,6 +149,7 @@ class SimResult:
             "runtime_s": round(self.runtime_s, 2),
             **(self.queue_metrics or {}),
             **(self.preemption_metrics or {}),
+            **(self.failure_metrics or {}),
         }
 
 
@@ -194,7 +198,8 @@ class _Sim:
         self.snapshot = FleetSnapshot(members)
         self.runs = [_Run(j, r := request_of(j), fit_key(r), remaining=j.duration_s) for j in jobs]
         self.by_uid = {run.request.uid: run for run in self.runs}
-        self.events: list[tuple[float, int, int, str]] = []  # (time, 0=finish/1=arrival, seq, uid)
+        # (time, kind, seq, uid); kind 0=finish, 1=arrival, 2/3=node failure/repair (.simfail)
+        self.events: list[tuple[float, int, int, str]] = []
         self.seq = 0
         self.stranded = 0
         self.live: dict[str, _Run] = {}
@@ -322,6 +327,7 @@ def simulate(
     quota_mode: Literal["enforce", "none"] = "enforce",
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     preemption: SimPreemption | None = None,
+    failures: SimFailures | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
@@ -333,7 +339,10 @@ def simulate(
     ``preemption``: None (the JSON keys stay as before), or on/off with its victim rule
     (:class:`~gpufed.placement.simpreempt.SimPreemption`; policy ``gpufed`` only): waiting jobs
     preempt after each pass, victims return to the queue and redo their lost work; the JSON
-    adds ``preemptions``, ``gpu_hours_lost``, ``wait_p95_s_by_priority``.
+    adds ``preemptions``, ``gpu_hours_lost``, ``wait_p95_s_by_priority``. ``failures``: node
+    failures and re-runs (:class:`~gpufed.placement.simfail.SimFailures`; policy ``gpufed``
+    only); the JSON adds ``node_failures``, ``retry``, ``goodput``, ``restarts``,
+    ``failed_infra``, ``gpu_hours_lost_failures``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
@@ -343,13 +352,18 @@ def simulate(
         raise ValueError(f"queues: only the gpufed policy admits by queue, not {policy}")
     if preemption is not None and preemption.on and policy != "gpufed":
         raise ValueError(f"preemption: only the gpufed policy preempts, not {policy}")
+    if failures is not None and policy != "gpufed":
+        raise ValueError(f"node failures: only the gpufed policy re-runs jobs, not {policy}")
     sim = _Sim(members, jobs)
+    if failures is not None and jobs:
+        failures.first(sim, min(j.submit_s for j in jobs))
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
     horizon = last_arrival + horizon_s
     qs = QueueSim.of(queues, quota_mode == "enforce", half_life_s) if queues else None
     if policy == "gpufed":
         pre = preemption if preemption is not None and preemption.on else None
-        _run_gpufed(sim, horizon, placement_policy or Policy(), backfill or BackfillRule(), qs, pre)
+        rule = backfill or BackfillRule()
+        _run_gpufed(sim, horizon, placement_policy or Policy(), rule, qs, pre, failures)
     elif policy == "first-admit":
         order = [m.name for m in members]
         run_first_admit(sim, _drain(sim, horizon), placement_policy or Policy(), order)
@@ -363,20 +377,29 @@ def simulate(
         }
     if qs is not None:
         result.queue_metrics = qs.metrics(sim.per_queue(qs, result.extra["end_s"]))
+    if failures is not None:
+        result.failure_metrics = failures.metrics(sim, horizon)
     return result
 
 
-def _drain(sim: _Sim, horizon: float) -> Iterable[tuple[float, list[str], list[str]]]:
-    """Events grouped by time: (now, finished uids, arrived uids), up to the horizon."""
+def _drain(
+    sim: _Sim, horizon: float
+) -> Iterable[tuple[float, list[str], list[str], list[tuple[int, str]]]]:
+    """Events grouped by time: (now, finished uids, arrived uids, node events (kind, uid)),
+    up to the horizon."""
     events = sim.events
     while events and events[0][0] <= horizon:
         now = events[0][0]
         finished: list[str] = []
         arrived: list[str] = []
+        nodes: list[tuple[int, str]] = []
         while events and events[0][0] == now:
             _, kind, _, uid = heapq.heappop(events)
-            (arrived if kind else finished).append(uid)
-        yield now, finished, arrived
+            if kind > 1:
+                nodes.append((kind, uid))
+            else:
+                (arrived if kind else finished).append(uid)
+        yield now, finished, arrived, nodes
 
 
 def _run_gpufed(
@@ -386,6 +409,7 @@ def _run_gpufed(
     rule: BackfillRule,
     qs: QueueSim | None = None,
     pre: SimPreemption | None = None,
+    fails: SimFailures | None = None,
 ) -> None:
     pending: dict[str, _Run] = {}
     snapshot = sim.snapshot
@@ -413,7 +437,7 @@ def _run_gpufed(
         key = sim.by_uid[req.uid].key
         return (req.queue, key) if gate is not None and gate.enforce else key
 
-    for now, finished, arrived in _drain(sim, horizon):
+    for now, finished, arrived, node_events in _drain(sim, horizon):
         if qs is not None:
             qs.sample_until(now)
         for uid in finished:
@@ -427,6 +451,9 @@ def _run_gpufed(
             pending[uid] = sim.by_uid[uid]
             if qs is not None:
                 qs.arrive(sim.by_uid[uid].request)
+        if fails is not None:
+            for kind, uid in node_events:
+                fails.handle(sim, kind, uid, now, pending, qs)
         if not pending:
             continue
         requests = (r.request for r in pending.values())
@@ -501,7 +528,7 @@ def _run_baseline(sim: _Sim, horizon: float, policy: str, member_fit: str) -> No
     names = sim.snapshot.cluster_names
     queues: dict[str, list[_Run]] = {n: [] for n in names}
     turn = 0
-    for now, finished, arrived in _drain(sim, horizon):
+    for now, finished, arrived, _ in _drain(sim, horizon):
         for uid in finished:
             sim.snapshot.release(uid)
         dispatched: list[_Run] = []

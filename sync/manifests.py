@@ -25,6 +25,10 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
    value kept in an annotation under the same key.
 4. **Pinning**: the pods of each pod set get a required node affinity to the nodes (or NVLink
    cliques) that placement chose, ANDed into every existing node selector term.
+5. **Attempt** (when given): every pod template gets the annotation ``gpufed.io/attempt`` and
+   every container and init container the environment variable ``GPUFED_ATTEMPT`` (replacing
+   one the template set), so a job re-run after an infrastructure failure knows to resume
+   from its checkpoint.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpufed.api.bounds import BoundsError, clip, measure
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import (
+    ATTEMPT_ANNOTATION,
+    ATTEMPT_ENV,
     GPU_CLIQUE_LABEL,
     HOSTNAME_LABEL,
     JOB_ANNOTATION,
@@ -365,17 +371,19 @@ def prepare_manifests(
     pinning: Mapping[str, PodSetPinning] | None = None,
     allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
     clique_label: str = GPU_CLIQUE_LABEL,
+    attempt: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The objects of ``template`` ready to apply in a member (steps 1-4 of the module doc).
+    """The objects of ``template`` ready to apply in a member (steps 1-5 of the module doc).
 
-    ``job_uid``: the GPUJob ``metadata.uid``; ``job_name``: its name (the default name of a
-    single-object template without one); ``namespace``: the GPUJob's namespace; ``origin``:
-    the hub's id; ``pinning``: pod set name -> where placement put it (names as
-    :func:`workload_pod_templates` gives them). The input is not modified.
+        ``job_uid``: the GPUJob ``metadata.uid``; ``job_name``: its name (the default name of a
+        single-object template without one); ``namespace``: the GPUJob's namespace; ``origin``:
+        the hub's id; ``pinning``: pod set name -> where placement put it (names as
+        :func:`workload_pod_templates` gives them); ``attempt``: the placement attempt (None: not
+    stamped, as when intake only validates). The input is not modified.
 
-    Raises :class:`ManifestError` naming the field for a refused kind, a foreign namespace, a
-    cluster-scoped attempt or a List item without a name, and for a template past the
-    structural limits of :mod:`gpufed.api.bounds` (checked first: the copies below recurse).
+        Raises :class:`ManifestError` naming the field for a refused kind, a foreign namespace, a
+        cluster-scoped attempt or a List item without a name, and for a template past the
+        structural limits of :mod:`gpufed.api.bounds` (checked first: the copies below recurse).
     """
     try:
         measure(template, field="spec.template")
@@ -441,7 +449,48 @@ def prepare_manifests(
         where = pinning.get(ref.pod_set)
         if where is not None:
             pin_pod_template(pod_template, where, clique_label=clique_label)
+        if attempt is not None:
+            _stamp_attempt(pod_template, pod_meta, attempt)
     return prepared
+
+
+def attempt_of(manifests: Iterable[Mapping[str, Any]]) -> str:
+    """The ``gpufed.io/attempt`` of the first pod template of prepared ``manifests`` ("" when
+    none carries one, or they cannot be read). The agent uses it to tell the pods of the
+    current copy from those a previous attempt left terminating."""
+    items = list(manifests)
+    try:
+        refs = workload_pod_templates({"apiVersion": "v1", "kind": "List", "items": items})
+    except ManifestError:
+        return ""
+    for ref in refs:
+        meta = ref.template.get("metadata") if isinstance(ref.template, Mapping) else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if isinstance(annotations, Mapping) and ATTEMPT_ANNOTATION in annotations:
+            return str(annotations[ATTEMPT_ANNOTATION])
+    return ""
+
+
+def _stamp_attempt(pod_template: dict[str, Any], pod_meta: dict[str, Any], attempt: int) -> None:
+    annotations = pod_meta.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = {}
+    annotations[ATTEMPT_ANNOTATION] = str(attempt)
+    pod_meta["annotations"] = annotations
+    spec = pod_template.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, dict):
+                continue
+            env = [
+                e
+                for e in container.get("env") or []
+                if not (isinstance(e, dict) and e.get("name") == ATTEMPT_ENV)
+            ]
+            env.append({"name": ATTEMPT_ENV, "value": str(attempt)})
+            container["env"] = env
 
 
 def _own(meta: dict[str, Any], *, job_uid: str, job_key: str, origin: str) -> None:

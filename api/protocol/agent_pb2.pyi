@@ -646,6 +646,7 @@ class WorkloadStatus(_message.Message):
     POD_ISSUES_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     job_uid: _builtins.str
     revision: _builtins.int
     kind: _builtins.str
@@ -676,6 +677,13 @@ class WorkloadStatus(_message.Message):
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes the job's pods are bound to"""
 
+    @_builtins.property
+    def failure(self) -> Global___FailureCause:
+        """Why the job failed or broke (unset while it runs well, or once it succeeded):
+        gpufed.sync.failure.classify_failure. An Infrastructure cause may come while the phase
+        is still Running (a gang that lost a pod is broken as a whole).
+        """
+
     def __init__(
         self,
         *,
@@ -694,14 +702,57 @@ class WorkloadStatus(_message.Message):
         pod_issues: _abc.Iterable[Global___PodIssue] | None = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         last_checkpoint_time: _builtins.str = ...,
+        failure: Global___FailureCause | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completion_time", b"completion_time", "conditions", b"conditions", "failed", b"failed", "job_uid", b"job_uid", "kind", b"kind", "last_checkpoint_time", b"last_checkpoint_time", "name", b"name", "nodes", b"nodes", "phase", b"phase", "pod_issues", b"pod_issues", "ready", b"ready", "revision", b"revision", "start_time", b"start_time", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completion_time", b"completion_time", "conditions", b"conditions", "failed", b"failed", "failure", b"failure", "job_uid", b"job_uid", "kind", b"kind", "last_checkpoint_time", b"last_checkpoint_time", "name", b"name", "nodes", b"nodes", "phase", b"phase", "pod_issues", b"pod_issues", "ready", b"ready", "revision", b"revision", "start_time", b"start_time", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkloadStatus: _TypeAlias = WorkloadStatus  # noqa: Y015
+
+@_typing.final
+class FailureCause(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    EXIT_CODES_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """Infrastructure | Application"""
+    reason: _builtins.str
+    """DisruptionTarget reason, NodeLost, NodeNotReady,"""
+    message: _builtins.str
+    """GPUUnavailable; Application: the Failed condition's reason
+    at most 1,024 characters
+    """
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """nodes involved, sorted, at most 64"""
+
+    @_builtins.property
+    def exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """non-zero exit codes of terminated containers, at most 64"""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        exit_codes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_codes", b"exit_codes", "kind", b"kind", "message", b"message", "nodes", b"nodes", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailureCause: _TypeAlias = FailureCause  # noqa: Y015
 
 @_typing.final
 class ResyncRequest(_message.Message):
@@ -771,6 +822,7 @@ class Welcome(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     HUB_EPOCH_FIELD_NUMBER: _builtins.int
+    DEGRADED_NODE_CONDITIONS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """the identity the hub bound this stream to"""
     hub_id: _builtins.str
@@ -786,6 +838,13 @@ class Welcome(_message.Message):
     restored from a backup; the agent stamps it on what it applies (gpufed.io/hub-epoch) and
     garbage-collects at once only objects applied under the current epoch ("" = an older hub).
     """
+    @_builtins.property
+    def degraded_node_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Node condition types (hub --degraded-node-condition, e.g. those a GPU health checker sets)
+        that make a node degraded for placement while True: the agent reports such a node with
+        NodeInventory.degraded naming the condition (docs/design.md §3). At most 32.
+        """
+
     def __init__(
         self,
         *,
@@ -795,10 +854,11 @@ class Welcome(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         max_message_bytes: _builtins.int = ...,
         hub_epoch: _builtins.str = ...,
+        degraded_node_conditions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_epoch", b"hub_epoch", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "degraded_node_conditions", b"degraded_node_conditions", "heartbeat_interval_ms", b"heartbeat_interval_ms", "hub_epoch", b"hub_epoch", "hub_id", b"hub_id", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

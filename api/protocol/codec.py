@@ -36,6 +36,7 @@ from gpufed.api.stream import AgentHello, HeldJob
 from gpufed.api.work import (
     AckResult,
     Condition,
+    FailureCause,
     PodIssue,
     WorkAck,
     WorkItem,
@@ -325,6 +326,15 @@ def workload_status_to_pb(status: WorkloadStatus) -> pb.WorkloadStatus:
         ],
         nodes=list(status.nodes),
         last_checkpoint_time=status.last_checkpoint_time,
+        failure=None
+        if status.failure is None
+        else pb.FailureCause(
+            kind=status.failure.kind,
+            reason=status.failure.reason,
+            message=status.failure.message,
+            nodes=list(status.failure.nodes),
+            exit_codes=list(status.failure.exit_codes),
+        ),
     )
 
 
@@ -358,6 +368,15 @@ def workload_status_from_pb(msg: pb.WorkloadStatus) -> WorkloadStatus:
             ),
             nodes=tuple(msg.nodes),
             last_checkpoint_time=msg.last_checkpoint_time,
+            failure=FailureCause(
+                kind=msg.failure.kind,  # type: ignore[arg-type]
+                reason=msg.failure.reason,
+                message=msg.failure.message,
+                nodes=tuple(msg.failure.nodes),
+                exit_codes=tuple(msg.failure.exit_codes),
+            )
+            if msg.HasField("failure")
+            else None,
         )
     except ValidationError as exc:
         raise ProtocolError(f"workload status {msg.job_uid!r}: {_first_error(exc)}") from exc

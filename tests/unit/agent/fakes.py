@@ -172,7 +172,13 @@ class RecordingStatus:
         self.sent: list[WorkloadStatus] = []
 
     def track(
-        self, job_uid: str, *, revision: int, main: ObjectRef | None, missing: bool = False
+        self,
+        job_uid: str,
+        *,
+        revision: int,
+        main: ObjectRef | None,
+        missing: bool = False,
+        attempt: str = "",
     ) -> None:
         self.tracked[job_uid] = (revision, main, missing)
 

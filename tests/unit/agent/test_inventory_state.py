@@ -184,3 +184,29 @@ def test_relist_drops_what_vanished_while_the_watch_was_broken() -> None:
     assert state.node_names() == ["n1"]
     assert state.node_inventory("n1").requested == {}
     assert state.pod_count == 1
+
+
+def test_node_conditions_the_hub_names_degrade_a_node_while_true() -> None:
+    """A GPU health checker's condition (named by the hub's --degraded-node-condition, sent in
+    Welcome) makes the node degraded as soon as it is True, naming it; False or unnamed: not."""
+    from gpufed.agent.inventory import InventoryState
+
+    def node(status: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "n1"},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8", "cpu": "8"},
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "GpuUnhealthy", "status": status, "reason": "XidError79"},
+                ],
+            },
+        }
+
+    state = InventoryState()
+    state.upsert_node(node("True"))
+    assert state.node_inventory("n1").degraded is None  # not named: not ours to judge
+    state.set_degraded_conditions(["GpuUnhealthy"])
+    assert state.take_changes()[0][0].degraded == "condition GpuUnhealthy=True (XidError79)"
+    state.upsert_node(node("False"))
+    assert state.node_inventory("n1").degraded is None

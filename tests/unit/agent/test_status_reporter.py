@@ -116,3 +116,53 @@ async def test_a_crashed_informer_stops_the_reporter(monkeypatch: pytest.MonkeyP
     await r.watch_kinds([])  # starts the pod informer
     with pytest.raises(RuntimeError, match="informer bug"):
         await asyncio.wait_for(r.run(), 5)
+
+
+def test_a_deleted_node_under_a_running_pod_is_reported_as_infrastructure_and_sticks() -> None:
+    """The node of a running pod vanishes: the next status carries an Infrastructure cause
+    naming it; once the pod is GC'd and replaced by a Pending one, the cause is still sent."""
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    sent = Sent()
+    r = StatusReporter(None, send=sent, node_health=health.get)  # type: ignore[arg-type]
+    r._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs, pods = _ObjectEvents(r, "Job.batch"), _PodEvents(r)
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(pod("p0", "Running"))
+    r.flush()
+    assert sent.items[-1].failure is None
+    del health["n1"]
+    r.node_changed("n1")
+    r.flush()
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert (cause.kind, cause.reason, cause.nodes) == (
+        "Infrastructure",
+        "NodeLost",
+        ("n1",),
+    )
+    pods.delete(pod("p0", "Running"))
+    pods.upsert({**pod("p1", "Pending"), "spec": {}})
+    r.flush()
+    assert sent.items[-1].failure == cause
+
+
+def test_pods_of_a_previous_attempt_do_not_break_the_new_copy() -> None:
+    """Attempt 1's pod still terminates on its deleted node when attempt 2 (same Job name)
+    is applied: attempt 2's status leaves it out, so it is not reported NodeLost again."""
+    health = {"n2": status_mod.NodeHealth(ready=True, gpus=8)}
+    sent = Sent()
+    r = StatusReporter(None, send=sent, node_health=health.get)  # type: ignore[arg-type]
+    r._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs, pods = _ObjectEvents(r, "Job.batch"), _PodEvents(r)
+    old = pod("p-old", "Running")  # on n1, which is gone
+    old["metadata"]["annotations"] = {"gpufed.io/attempt": "1"}
+    new = {**pod("p-new", "Running"), "spec": {"nodeName": "n2"}}
+    new["metadata"] = {**new["metadata"], "annotations": {"gpufed.io/attempt": "2"}}
+    r.track("u1", revision=5, main=JOB, attempt="2")
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(old)
+    pods.upsert(new)
+    r.flush()
+    assert sent.items[-1].failure is None
+    assert sent.items[-1].nodes == ("n2",)

@@ -16,7 +16,7 @@ from gpufed.api.protocol.codec import (
     workload_status_from_pb,
     workload_status_to_pb,
 )
-from gpufed.api.work import Condition, PodIssue, WorkItem, WorkloadStatus
+from gpufed.api.work import Condition, FailureCause, PodIssue, WorkItem, WorkloadStatus
 
 
 def test_node_round_trip_keeps_every_field() -> None:
@@ -82,6 +82,20 @@ def test_status_round_trip_keeps_condition_order() -> None:
         last_checkpoint_time="2026-01-01T00:00:00Z",
     )
     assert workload_status_from_pb(workload_status_to_pb(status)) == status
+    broken = status.model_copy(
+        update={
+            "failure": FailureCause(
+                kind="Infrastructure", reason="NodeLost", nodes=("n1",), exit_codes=(134,)
+            )
+        }
+    )
+    assert workload_status_from_pb(workload_status_to_pb(broken)) == broken
+    with pytest.raises(ProtocolError, match="kind: Input should be 'Infrastructure'"):
+        workload_status_from_pb(
+            pb.WorkloadStatus(
+                job_uid="u", phase="Failed", failure=pb.FailureCause(kind="Cosmic", reason="x")
+            )
+        )
     with pytest.raises(ProtocolError, match="phase"):
         workload_status_from_pb(pb.WorkloadStatus(job_uid="u", phase="Exploded"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import AgentHello, InventorySnapshot
@@ -54,12 +55,23 @@ class Term:
         m = self.ctrl.state.member(name)
         self.ctrl.members.on_snapshot(m, InventorySnapshot(seq=1, nodes=nodes))
 
-    async def submit(self, name: str, uid: str, gpus: int = 8, *, reschedule: str = "") -> None:
+    async def submit(
+        self,
+        name: str,
+        uid: str,
+        gpus: int = 8,
+        *,
+        reschedule: str = "",
+        placement: dict[str, Any] | None = None,
+    ) -> None:
         """A GPUJob of one pod with ``gpus`` GPUs, seen by intake and reconciled
-        (``reschedule``: its ``spec.placement.reschedule``, if set)."""
+        (``reschedule``: its ``spec.placement.reschedule``, if set; ``placement``: more of
+        its ``spec.placement``)."""
         obj = gpujob_obj(name, uid, template=batch_job(gpus))
         if reschedule:
             obj["spec"]["placement"] = {"reschedule": reschedule}
+        if placement:
+            obj["spec"]["placement"] = {**obj["spec"].get("placement", {}), **placement}
         self.kube.objects["gpujobs"].append(obj)
         self.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
         await settle()

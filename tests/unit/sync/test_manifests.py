@@ -208,3 +208,28 @@ def test_pod_set_names_follow_the_workload_shape() -> None:
     assert [r.pod_set for r in workload_pod_templates(pytorchjob())] == ["master", "worker"]
     two = manifest_list(batch_job(name="a"), jobset(("w", 1, 1, 8), name="b"))
     assert [r.pod_set for r in workload_pod_templates(two)] == ["a.main", "b.w"]
+
+
+def test_the_attempt_reaches_every_pod_template_and_container() -> None:
+    """Pods learn their placement attempt (annotation gpufed.io/attempt, env GPUFED_ATTEMPT),
+    replacing a GPUFED_ATTEMPT the template set; without an attempt nothing is stamped."""
+    job = batch_job(name="train")
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "GPUFED_ATTEMPT", "value": "99"},
+        {"name": "KEEP", "value": "x"},
+    ]
+    template = manifest_list(job, jobset(("workers", 2, 1, 8), name="js"))
+    out = prepare(template, attempt=3)
+    pods = [
+        out[0]["spec"]["template"],
+        out[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
+    ]
+    for pod in pods:
+        assert pod["metadata"]["annotations"]["gpufed.io/attempt"] == "3"
+        for c in pod["spec"]["containers"]:
+            assert [e for e in c["env"] if e["name"] == "GPUFED_ATTEMPT"] == [
+                {"name": "GPUFED_ATTEMPT", "value": "3"}
+            ]
+    assert {"name": "KEEP", "value": "x"} in pods[0]["spec"]["containers"][0]["env"]
+    plain = prepare(template)
+    assert "annotations" not in plain[0]["spec"]["template"]["metadata"]

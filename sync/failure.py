@@ -1,0 +1,207 @@
+"""Failure classification: was a job's member copy broken by infrastructure or by its own code?
+
+Owns the rules that tell an **infrastructure** failure (the node, its GPUs or the cluster failed
+under the job: it may be re-run from its checkpoint) from an **application** failure (the job's
+own code exited non-zero: final). The agent (:mod:`gpufed.agent.status`) classifies every
+tracked job on each change of its objects, pods or nodes; the hub applies the job's declared
+infrastructure exit codes (:func:`with_declared_exit_codes`); the simulator shares the
+vocabulary. Pure: plain dicts as the API server returns them, no I/O, no clock.
+
+Rules, first match wins (a job is a gang: one broken pod breaks the whole job, whatever its
+phase, so an infrastructure cause may be reported while the member Job still says Running):
+
+1. a pod with condition ``DisruptionTarget`` True (Kubernetes ≥ 1.26 sets it before it kills
+   a pod for an infrastructure reason): reason = the condition's reason (``DeletionByPodGC``
+   after its node was deleted, ``TerminationByKubelet`` on node shutdown or pressure,
+   ``DeletionByTaintManager`` for a NoExecute taint such as ``node.kubernetes.io/unreachable``,
+   ``EvictionByEvictionAPI`` for a drain, ``PreemptionByScheduler``);
+2. a node the job's unfinished pods were bound to is gone (``NodeLost``) or not Ready
+   (``NodeNotReady``);
+3. a node under an unfinished pod of the job now offers fewer whole GPUs (``nvidia.com/gpu``
+   allocatable) than it did while the job ran there (``GPUUnavailable``: the device plugin
+   withdrew a failed GPU);
+4. the workload failed: ``Application``, reason the member object's ``Failed`` condition reason
+   (``BackoffLimitExceeded`` …) else ``Failed``, with the non-zero exit codes of its
+   terminated containers (the hub turns it into ``InfrastructureExitCode`` when every such code
+   is one the job declared, :func:`with_declared_exit_codes`).
+
+A job that succeeded, or runs with none of the above, has no cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpufed.api.work import (
+    MAX_FAILURE_ITEMS,
+    MAX_FAILURE_MESSAGE,
+    Condition,
+    FailureCause,
+    WorkloadPhase,
+)
+
+#: The pod condition Kubernetes sets before killing a pod for an infrastructure reason.
+DISRUPTION_TARGET: Final = "DisruptionTarget"
+#: Reasons of causes this module produces (besides the DisruptionTarget reasons it copies).
+NODE_LOST: Final = "NodeLost"
+NODE_NOT_READY: Final = "NodeNotReady"
+GPU_UNAVAILABLE: Final = "GPUUnavailable"
+INFRASTRUCTURE_EXIT_CODE: Final = "InfrastructureExitCode"
+_FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    """What classification needs of one member node: its ``Ready`` condition and the whole
+    GPUs it offers (``status.allocatable[nvidia.com/gpu]``)."""
+
+    ready: bool
+    gpus: int
+
+
+def classify_failure(
+    *,
+    phase: WorkloadPhase,
+    conditions: Iterable[Condition] = (),
+    pods: Iterable[Mapping[str, Any]] = (),
+    nodes: Mapping[str, NodeHealth] | None = None,
+    gpus_seen: Mapping[str, int] | None = None,
+) -> FailureCause | None:
+    """The cause of a job's failure, or None (module docstring, rules 1-4).
+
+    ``phase``: the summarised workload phase; ``conditions``: the main object's conditions;
+    ``pods``: the job's pods (API server dicts); ``nodes``: every node of the member by name
+    (None: unknown, rules 2 and 3 are skipped); ``gpus_seen``: per node, the most whole GPUs
+    it offered while an unfinished pod of the job was bound there. Never raises on odd input.
+    """
+    if phase in ("Succeeded", "Missing"):
+        return None
+    pod_list = sorted(pods, key=lambda p: str(_meta(p).get("name", "")))
+    # 1. DisruptionTarget
+    disrupted: dict[str, list[str]] = {}
+    messages: list[str] = []
+    for pod in pod_list:
+        cond = _pod_condition(pod, DISRUPTION_TARGET)
+        if cond is not None and cond.get("status") == "True":
+            reason = str(cond.get("reason") or DISRUPTION_TARGET)
+            disrupted.setdefault(reason, []).append(_node(pod))
+            messages.append(f"pod {_meta(pod).get('name', '')}: {cond.get('message') or reason}")
+    if disrupted:
+        reason = sorted(disrupted)[0]
+        return _cause(
+            "Infrastructure", reason, messages, [n for ns in disrupted.values() for n in ns]
+        )
+    if nodes is not None:
+        bound = sorted(
+            {n for p in pod_list if (n := _node(p)) and _status(p).get("phase") not in _FINISHED}
+        )
+        # 2. node gone or not Ready
+        lost = [n for n in bound if n not in nodes]
+        if lost:
+            return _cause(
+                "Infrastructure", NODE_LOST, [f"node {n} was deleted" for n in lost], lost
+            )
+        not_ready = [n for n in bound if not nodes[n].ready]
+        if not_ready:
+            msgs = [f"node {n} is not Ready" for n in not_ready]
+            return _cause("Infrastructure", NODE_NOT_READY, msgs, not_ready)
+        # 3. a GPU withdrawn under the job
+        seen = gpus_seen or {}
+        dropped = [n for n in bound if nodes[n].gpus < seen.get(n, 0)]
+        if dropped:
+            msgs = [
+                f"node {n} offers {nodes[n].gpus} GPUs, {seen[n]} while the job ran there"
+                for n in dropped
+            ]
+            return _cause("Infrastructure", GPU_UNAVAILABLE, msgs, dropped)
+    # 4. the workload failed by itself
+    if phase != "Failed":
+        return None
+    failed = next((c for c in conditions if c.type == "Failed" and c.status == "True"), None)
+    codes = sorted(set(exit_codes(pod_list)))[:MAX_FAILURE_ITEMS]
+    reason = (failed.reason if failed else "") or "Failed"
+    message = (failed.message if failed else "") or (
+        f"exit codes {', '.join(map(str, codes))}" if codes else "the workload failed"
+    )
+    return FailureCause(
+        kind="Application",
+        reason=reason[:128],
+        message=message[:MAX_FAILURE_MESSAGE],
+        nodes=tuple(sorted({n for p in pod_list if (n := _node(p))}))[:MAX_FAILURE_ITEMS],
+        exit_codes=tuple(codes),
+    )
+
+
+def with_declared_exit_codes(cause: FailureCause, declared: Iterable[int]) -> FailureCause:
+    """``cause`` as an infrastructure failure (reason ``InfrastructureExitCode``) when it is an
+    application failure whose non-zero exit codes are all in ``declared`` (the job's
+    ``spec.placement.retry.infrastructureExitCodes``, e.g. an NCCL or XID crash wrapper's
+    code); otherwise ``cause`` unchanged. A failure with no exit code is never promoted."""
+    codes = set(declared)
+    if cause.kind != "Application" or not cause.exit_codes or not codes:
+        return cause
+    if not set(cause.exit_codes) <= codes:
+        return cause
+    return cause.model_copy(
+        update={
+            "kind": "Infrastructure",
+            "reason": INFRASTRUCTURE_EXIT_CODE,
+            "message": (
+                f"exit codes {', '.join(map(str, cause.exit_codes))} are declared as "
+                f"infrastructure failures (spec.placement.retry.infrastructureExitCodes)"
+            ),
+        }
+    )
+
+
+def exit_codes(pods: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Non-zero exit codes of the pods' terminated containers (``state.terminated``, else
+    ``lastState.terminated``), init containers included, in pod order."""
+    codes: list[int] = []
+    for pod in pods:
+        status = _status(pod)
+        for cs in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            if not isinstance(cs, Mapping):
+                continue
+            for where in ("state", "lastState"):
+                term = (cs.get(where) or {}).get("terminated")
+                if not isinstance(term, Mapping):
+                    continue
+                code = term.get("exitCode")
+                if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+                    codes.append(code)
+                break  # the latest termination decides
+    return codes
+
+
+def _cause(kind: str, reason: str, messages: list[str], nodes: Iterable[str]) -> FailureCause:
+    return FailureCause(
+        kind="Infrastructure" if kind == "Infrastructure" else "Application",
+        reason=reason[:128],
+        message="; ".join(messages)[:MAX_FAILURE_MESSAGE],
+        nodes=tuple(sorted({n for n in nodes if n}))[:MAX_FAILURE_ITEMS],
+    )
+
+
+def _pod_condition(pod: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    for c in _status(pod).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def _node(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("status") or {}

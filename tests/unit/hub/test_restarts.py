@@ -1,0 +1,197 @@
+"""Re-runs after infrastructure failures (gpufed.hub.restarts) through a real leader term over
+typed fakes: an infrastructure cause requeues the job through hub.requeue (never Failed in
+between), the new attempt avoids the suspect node and its pods learn the attempt; an
+application failure stays Failed; a job without re-runs left fails for good."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpufed.api.stream import InventoryDelta
+from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
+from gpufed.hub.sessions import AgentSession
+from tests.unit.hub.builders import hgx_node
+from tests.unit.hub.term import Term, sent, settle
+
+
+def report(uid: str, rev: int, phase: str, failure: FailureCause | None) -> WorkloadStatus:
+    return WorkloadStatus(
+        job_uid=uid, revision=rev, kind="Job.batch", name="j", phase=phase, failure=failure
+    )  # type: ignore[arg-type]
+
+
+NODE_LOST = FailureCause(
+    kind="Infrastructure", reason="NodeLost", message="node m1-n0 was deleted", nodes=("m1-n0",)
+)
+
+
+async def running(
+    placement: dict[str, Any] | None = None,
+) -> tuple[Term, AgentSession, int]:
+    """Job u1 (8 GPUs) applied in m1 on m1-n0 with its pods bound; m1 also has m1-n1 idle."""
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    s = t.connect("m1")
+    sent(s)
+    await t.submit("j", "u1", gpus=8, placement=placement)
+    await t.ctrl.scheduler.cycle()
+    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
+    assert t.ctrl.state.jobs["u1"].status.placement.pod_sets[0].nodes == {"m1-n0": 1}  # type: ignore[union-attr]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"],
+        InventoryDelta(seq=2, upserts=(hgx_node("m1-n0", requested=8, job_uid="u1"),)),
+    )
+    await settle()
+    return t, s, rev
+
+
+def _manifest_env(t: Term, cluster: str, uid: str) -> tuple[str, list[dict[str, Any]]]:
+    work = t.store.work[(cluster, uid)][0]
+    [job] = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work.manifests]
+    pod = job["spec"]["template"]
+    return pod["metadata"]["annotations"]["gpufed.io/attempt"], pod["spec"]["containers"][0]["env"]
+
+
+async def test_a_lost_node_re_runs_the_job_elsewhere_as_attempt_2() -> None:
+    t, s, rev = await running()
+    job = t.ctrl.state.jobs["u1"]
+    assert _manifest_env(t, "m1", "u1")[0] == "1"
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    record = t.store.jobs["u1"][0]
+    assert record.stopping is not None
+    assert record.stopping.kind == "InfrastructureFailure"
+    [(op, _, del_rev)] = sent(s)
+    assert op == "delete"
+    restarting = next(c for c in job.status.conditions if c.type == "Restarting")
+    assert restarting.status == "True"
+    assert restarting.reason == "NodeLost"
+    # The member's Job fails meanwhile: never shown Failed, the re-run is under way.
+    await t.ctrl.handle(s, report("u1", rev, "Failed", NODE_LOST))
+    await settle()
+    assert job.status.phase != "Failed"
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    assert job.status.phase == "Pending"
+    assert job.status.restarts == 1
+    [entry] = job.status.restart_history
+    assert (entry.attempt, entry.cluster, entry.nodes, entry.reason) == (
+        1,
+        "m1",
+        ["m1-n0"],
+        "NodeLost",
+    )
+    # m1-n0 is idle again in the inventory, but suspect: the new attempt goes to m1-n1.
+    await t.ctrl.scheduler.cycle()
+    assert job.status.attempt == 2
+    assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
+    attempt, env = _manifest_env(t, "m1", "u1")
+    assert attempt == "2"
+    assert {"name": "GPUFED_ATTEMPT", "value": "2"} in env
+    assert [x.node for x in t.ctrl.suspects.of_member("m1", t.ctrl._term.mono())] == ["m1-n0"]
+
+
+async def test_an_application_failure_stays_failed_and_nothing_is_deleted() -> None:
+    t, s, rev = await running()
+    app_fail = FailureCause(kind="Application", reason="BackoffLimitExceeded", exit_codes=(1,))
+    await t.ctrl.handle(s, report("u1", rev, "Failed", app_fail))
+    await settle()
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Failed"
+    assert not job.status.restarts
+    assert t.store.jobs["u1"][0].stopping is None
+    assert [x for x in sent(s) if x[0] == "delete"] == []
+
+
+async def test_a_declared_exit_code_is_an_infrastructure_failure() -> None:
+    t, s, rev = await running({"retry": {"infrastructureExitCodes": [134]}})
+    xid = FailureCause(kind="Application", reason="BackoffLimitExceeded", exit_codes=(134,))
+    await t.ctrl.handle(s, report("u1", rev, "Failed", xid))
+    await settle()
+    record = t.store.jobs["u1"][0]
+    assert record.stopping is not None
+    assert record.stopping.reason == "InfrastructureExitCode"
+
+
+async def test_without_re_runs_left_the_job_fails_for_good() -> None:
+    t, s, rev = await running({"retry": {"onInfrastructureFailure": 0}})
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Failed"
+    cond = next(c for c in job.status.conditions if c.type == "InfrastructureFailure")
+    assert (cond.status, cond.reason) == ("True", "RetriesExhausted")
+    assert t.store.jobs["u1"][0].stopping is None
+    assert [x for x in sent(s) if x[0] == "delete"] == []
+
+
+async def test_suspect_nodes_show_in_the_member_status_and_get_clusters() -> None:
+    from gpufed.cli.jobs import cluster_rows, explain_text
+
+    t, s, rev = await running()
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    seen: list[Any] = []
+    t.ctrl.mirror.member_status = lambda name, status: seen.append(status)  # type: ignore[method-assign]
+    t.ctrl.members.write_status(t.ctrl.state.members["m1"])
+    [status] = seen
+    assert [x.node for x in status.suspect_nodes] == ["m1-n0"]
+    assert "NodeLost" in status.suspect_nodes[0].reason
+    raw = {
+        "apiVersion": "gpufed.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": "m1"},
+        "spec": {"joinTokenRef": {"name": "t"}},
+        "status": status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    [row] = cluster_rows([raw])
+    assert [x["node"] for x in row["suspect_nodes"]] == ["m1-n0"]
+    # and explain names the restart once the copy is gone
+    job = t.ctrl.state.jobs["u1"]
+    [(_, _, del_rev)] = sent(s)
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    text = explain_text(
+        {
+            "apiVersion": "gpufed.io/v1alpha1",
+            "kind": "GPUJob",
+            "metadata": {"name": "j", "namespace": "team-a", "uid": "u1"},
+            "spec": {"template": {"apiVersion": "batch/v1", "kind": "Job", "spec": {}}},
+            "status": job.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        }
+    )
+    assert "restarted 1 time(s)" in text
+    assert "attempt 1 in m1 on m1-n0: NodeLost" in text
+    assert "Restarting=True" in text
+
+
+async def test_the_retry_budget_counts_across_attempts() -> None:
+    """Re-placed after one re-run, the job keeps its requeue count: with a budget of 1 the
+    second infrastructure failure is final (a re-placement that forgot it would loop)."""
+    t, s, rev = await running({"retry": {"onInfrastructureFailure": 1}})
+    job = t.ctrl.state.jobs["u1"]
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    [(_, _, del_rev)] = sent(s)
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert t.store.jobs["u1"][0].requeue_counts == {"InfrastructureFailure": 1}
+    [(_, _, rev2)] = [x for x in sent(s) if x[0] == "apply"]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev2, result="Applied"))
+    lost2 = NODE_LOST.model_copy(update={"nodes": ("m1-n1",), "message": "node m1-n1 gone"})
+    await t.ctrl.handle(s, report("u1", rev2, "Running", lost2))
+    await settle()
+    assert job.status.phase == "Failed"
+    assert job.status.restarts == 1

@@ -1,0 +1,231 @@
+"""Failure classification (gpufed.sync.failure) over recorded pod and Job statuses: which
+failures are infrastructure (re-runnable) and which are the application's (final)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufed.api.work import Condition, FailureCause
+from gpufed.sync.failure import NodeHealth, classify_failure, exit_codes, with_declared_exit_codes
+
+JOB_FAILED = Condition(
+    type="Failed",
+    status="True",
+    reason="BackoffLimitExceeded",
+    message="Job has reached the specified backoff limit",
+)
+
+
+def pod(
+    name: str,
+    phase: str,
+    *,
+    node: str = "n1",
+    disruption: str | None = None,
+    exit_code: int | None = None,
+    last_exit_code: int | None = None,
+) -> dict[str, Any]:
+    """A pod as the API server returns it (the fields classification reads)."""
+    status: dict[str, Any] = {"phase": phase, "conditions": []}
+    if disruption:
+        status["conditions"].append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": disruption,
+                "message": f"{disruption} message",
+            }
+        )
+    cs: dict[str, Any] = {"name": "trainer", "state": {"running": {}}}
+    if exit_code is not None:
+        cs["state"] = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+    if last_exit_code is not None:
+        cs["lastState"] = {"terminated": {"exitCode": last_exit_code}}
+    status["containerStatuses"] = [cs]
+    return {"metadata": {"name": name}, "spec": {"nodeName": node}, "status": status}
+
+
+HEALTHY = {"n1": NodeHealth(ready=True, gpus=8), "n2": NodeHealth(ready=True, gpus=8)}
+
+# (case, phase, conditions, pods, nodes, gpus_seen) -> (kind, reason, nodes) or None
+CASES: list[tuple[str, str, list[Condition], list[dict[str, Any]], Any, Any, Any]] = [
+    (
+        "pod GC after the node was deleted",
+        "Running",
+        [],
+        [pod("p0", "Failed", disruption="DeletionByPodGC"), pod("p1", "Running", node="n2")],
+        HEALTHY,
+        None,
+        ("Infrastructure", "DeletionByPodGC", ("n1",)),
+    ),
+    (
+        "kubelet graceful node shutdown",
+        "Failed",
+        [JOB_FAILED],
+        [pod("p0", "Failed", disruption="TerminationByKubelet", exit_code=137)],
+        HEALTHY,
+        None,
+        ("Infrastructure", "TerminationByKubelet", ("n1",)),
+    ),
+    (
+        "NoExecute taint eviction (node unreachable)",
+        "Running",
+        [],
+        [pod("p0", "Running", disruption="DeletionByTaintManager")],
+        None,
+        None,
+        ("Infrastructure", "DeletionByTaintManager", ("n1",)),
+    ),
+    (
+        "drain through the Eviction API",
+        "Running",
+        [],
+        [pod("p0", "Running", disruption="EvictionByEvictionAPI")],
+        None,
+        None,
+        ("Infrastructure", "EvictionByEvictionAPI", ("n1",)),
+    ),
+    (
+        "the node of a running pod vanished",
+        "Running",
+        [],
+        [pod("p0", "Running"), pod("p1", "Running", node="n2")],
+        {"n2": NodeHealth(ready=True, gpus=8)},
+        None,
+        ("Infrastructure", "NodeLost", ("n1",)),
+    ),
+    (
+        "the node of a running pod is NotReady",
+        "Running",
+        [],
+        [pod("p0", "Running")],
+        {"n1": NodeHealth(ready=False, gpus=8)},
+        None,
+        ("Infrastructure", "NodeNotReady", ("n1",)),
+    ),
+    (
+        "a GPU dropped out of allocatable under a running pod",
+        "Running",
+        [],
+        [pod("p0", "Running")],
+        {"n1": NodeHealth(ready=True, gpus=7)},
+        {"n1": 8},
+        ("Infrastructure", "GPUUnavailable", ("n1",)),
+    ),
+    (
+        "ordinary non-zero exit",
+        "Failed",
+        [JOB_FAILED],
+        [pod("p0", "Failed", exit_code=1)],
+        HEALTHY,
+        {"n1": 8},
+        ("Application", "BackoffLimitExceeded", ("n1",)),
+    ),
+    (
+        "a finished pod on a node deleted afterwards is not an infrastructure failure",
+        "Failed",
+        [JOB_FAILED],
+        [pod("p0", "Failed", exit_code=1)],
+        {},
+        {"n1": 8},
+        ("Application", "BackoffLimitExceeded", ("n1",)),
+    ),
+    (
+        "running well",
+        "Running",
+        [],
+        [pod("p0", "Running"), pod("p1", "Running", node="n2")],
+        HEALTHY,
+        {"n1": 8, "n2": 8},
+        None,
+    ),
+    (
+        "succeeded is never a failure, even with a node gone",
+        "Succeeded",
+        [],
+        [pod("p0", "Running")],
+        {},
+        None,
+        None,
+    ),
+    (
+        "pending pods, not bound yet",
+        "Pending",
+        [],
+        [{"metadata": {"name": "p0"}, "spec": {}, "status": {"phase": "Pending"}}],
+        {},
+        None,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("phase", "conditions", "pods", "nodes", "seen", "expected"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_failure_cause_table(
+    phase: str,
+    conditions: list[Condition],
+    pods: list[dict[str, Any]],
+    nodes: Any,
+    seen: Any,
+    expected: Any,
+) -> None:
+    cause = classify_failure(
+        phase=phase,  # type: ignore[arg-type]
+        conditions=conditions,
+        pods=pods,
+        nodes=nodes,
+        gpus_seen=seen,
+    )
+    got = None if cause is None else (cause.kind, cause.reason, cause.nodes)
+    assert got == expected
+
+
+def test_one_lost_pod_breaks_the_whole_gang_while_the_rest_still_run() -> None:
+    """A 4-pod NVLink gang with one pod GC'd is broken as a whole: the cause comes while the
+    member Job still says Running, naming only the node involved."""
+    pods = [pod(f"p{i}", "Running", node=f"n{i}") for i in range(3)]
+    pods.append(pod("p3", "Failed", node="n3", disruption="DeletionByPodGC"))
+    cause = classify_failure(phase="Running", pods=pods, nodes=None)
+    assert cause is not None
+    assert (cause.kind, cause.nodes) == ("Infrastructure", ("n3",))
+
+
+def test_exit_codes_read_state_then_last_state_skipping_zero() -> None:
+    pods = [pod("a", "Failed", exit_code=0, last_exit_code=134), pod("b", "Failed", exit_code=3)]
+    # a zero final state is no failure; lastState is only read when state is not terminated
+    assert exit_codes(pods) == [3]
+    assert exit_codes([pod("c", "Running", last_exit_code=134)]) == [134]
+
+
+@pytest.mark.parametrize(
+    ("codes", "declared", "kind"),
+    [
+        ((134,), (134, 139), "Infrastructure"),
+        ((134, 1), (134,), "Application"),  # one ordinary exit keeps it the application's
+        ((), (134,), "Application"),  # no exit code at all is never promoted
+        ((134,), (), "Application"),
+    ],
+)
+def test_declared_infrastructure_exit_codes(
+    codes: tuple[int, ...], declared: tuple[int, ...], kind: str
+) -> None:
+    cause = FailureCause(kind="Application", reason="BackoffLimitExceeded", exit_codes=codes)
+    out = with_declared_exit_codes(cause, declared)
+    assert out.kind == kind
+    if kind == "Infrastructure":
+        assert out.reason == "InfrastructureExitCode"
+        assert "infrastructureExitCodes" in out.message
+
+
+def test_odd_input_never_raises() -> None:
+    weird: list[dict[str, Any]] = [
+        {"metadata": None, "spec": None, "status": {"conditions": ["x", None]}},
+        {"status": {"containerStatuses": [None, {"state": {"terminated": {"exitCode": "9"}}}]}},
+    ]
+    assert classify_failure(phase="Failed", pods=weird, nodes={}) is not None
