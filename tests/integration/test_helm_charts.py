@@ -142,6 +142,23 @@ def test_helm_lint_passes_with_every_ci_values_file(
     [
         ("gpufed-hub", ["-n", NAMESPACE], "etcd.endpoints"),
         ("gpufed-hub", ["-n", NAMESPACE, "--set", "etcd.endpoints=a:1\\,b:2"], "extraArgs"),
+        (
+            "gpufed-hub",
+            ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", "--set", "replicaCount=1"],
+            "set replicaCount above minAvailable or podDisruptionBudget.enabled=false",
+        ),
+        (
+            "gpufed-hub",
+            [
+                "-n",
+                NAMESPACE,
+                "--set",
+                "etcd.endpoints=e:2379",
+                "--set",
+                "podDisruptionBudget.maxUnavailable=1",
+            ],
+            "exactly one of minAvailable and maxUnavailable",
+        ),
         ("gpufed-agent", ["-n", NAMESPACE], "set cluster"),
         ("gpufed-agent", ["-n", NAMESPACE, "--set", "cluster=m1"], "hub.address"),
         (
