@@ -2,10 +2,11 @@
 (gpufed.sandbox.helm): ``helm lint`` passes with every ``ci/*-values.yaml``; missing required
 values and a wrong namespace fail naming the value and the fix; ``helm template`` with
 ``ci/test-values.yaml`` renders exactly the objects of the kustomize base in manifests/ (so the
-two cannot drift); the PrometheusRule's rule file is manifests/monitoring/rules.yaml; and every
-object rendered with each values file is accepted by a server-side dry-run apply on the
-sandbox's API servers: the hub chart on the hub cluster, the agent chart on member ``alpha``
-(the Prometheus Operator CRDs are installed for the test, and removed after it)."""
+two cannot drift); the hub's ServiceMonitor scrapes every replica through the metrics Service,
+not the leader-only Service; the PrometheusRule's rule file is manifests/monitoring/rules.yaml;
+and every object rendered with each values file is accepted by a server-side dry-run apply on
+the sandbox's API servers: the hub chart on the hub cluster, the agent chart on member
+``alpha`` (the Prometheus Operator CRDs are installed for the test, and removed after it)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,23 @@ def test_helm_lint_passes_with_every_ci_values_file(
     [
         ("gpufed-hub", ["-n", NAMESPACE], "etcd.endpoints"),
         ("gpufed-hub", ["-n", NAMESPACE, "--set", "etcd.endpoints=a:1\\,b:2"], "extraArgs"),
+        (
+            "gpufed-hub",
+            ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", "--set", "replicaCount=1"],
+            "set replicaCount above minAvailable or podDisruptionBudget.enabled=false",
+        ),
+        (
+            "gpufed-hub",
+            [
+                "-n",
+                NAMESPACE,
+                "--set",
+                "etcd.endpoints=e:2379",
+                "--set",
+                "podDisruptionBudget.maxUnavailable=1",
+            ],
+            "exactly one of minAvailable and maxUnavailable",
+        ),
         ("gpufed-agent", ["-n", NAMESPACE], "set cluster"),
         ("gpufed-agent", ["-n", NAMESPACE, "--set", "cluster=m1"], "hub.address"),
         (
@@ -201,6 +219,29 @@ def test_chart_with_test_values_renders_the_kustomize_base(
             json.dumps(base[k], sort_keys=True),
         )
     assert not differ, f"chart and manifests/ differ in {differ}: change both"
+
+
+def test_the_hub_service_monitor_scrapes_every_replica_not_the_leader_service(
+    helm: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """The ServiceMonitor's selector matches the headless gpufed-hub-metrics Service (every
+    replica: the no-leader alert counts a standby's gpufed_hub_is_leader 0) and not the
+    gpufed-hub Service, which reaches the leader only; the PodMonitor selects every hub Pod."""
+    docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/all-features-values.yaml")
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    selected = sorted(
+        name
+        for name, svc in services.items()
+        if wanted.items() <= svc["metadata"]["labels"].items()
+    )
+    assert selected == ["gpufed-hub-metrics"]
+    assert "gpufed.io/hub-role" not in services["gpufed-hub-metrics"]["spec"]["selector"]
+    assert services["gpufed-hub"]["spec"]["selector"]["gpufed.io/hub-role"] == "leader"
+    (pod_monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert pod_monitor["spec"]["selector"] == deploy["spec"]["selector"]
 
 
 def test_chart_crds_are_the_generated_crds(
