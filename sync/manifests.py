@@ -29,6 +29,12 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
    every container and init container the environment variable ``GPUFED_ATTEMPT`` (replacing
    one the template set), so a job re-run after an infrastructure failure knows to resume
    from its checkpoint.
+6. **Priority stays at the hub**: ``spec.priorityClassName`` and ``spec.priority`` are removed
+   from every pod template. The hub placed and may preempt the job by its PriorityClass on the
+   hub cluster (docs/hub.md "Priorities"); the member need not have that class (a pod naming a
+   class the member lacks is refused by its Priority admission, and the job would hang), and a
+   member-side priority would let the member's kube-scheduler preempt other tenants' gpufed
+   pods behind the hub's back.
 """
 
 from __future__ import annotations
@@ -451,6 +457,10 @@ def prepare_manifests(
             pin_pod_template(pod_template, where, clique_label=clique_label)
         if attempt is not None:
             _stamp_attempt(pod_template, pod_meta, attempt)
+        pod_spec = pod_template.get("spec")
+        if isinstance(pod_spec, dict):
+            pod_spec.pop("priorityClassName", None)
+            pod_spec.pop("priority", None)
     return prepared
 
 

@@ -233,3 +233,24 @@ def test_the_attempt_reaches_every_pod_template_and_container() -> None:
     assert {"name": "KEEP", "value": "x"} in pods[0]["spec"]["containers"][0]["env"]
     plain = prepare(template)
     assert "annotations" not in plain[0]["spec"]["template"]["metadata"]
+
+
+def test_priority_stays_at_the_hub_no_pod_template_carries_it_to_the_member() -> None:
+    """A new user's Jobs named `priorityClassName: low`, a class that exists on the hub only: the
+    member's Priority admission refused every pod ("no PriorityClass with name low was found")
+    and the job hung Dispatched. The member copy carries neither the class nor a priority; the
+    input keeps both (the hub reads the class from it)."""
+    job = batch_job(name="train", priorityClassName="low")
+    job["spec"]["template"]["spec"]["priority"] = 100
+    template = manifest_list(job, jobset(("workers", 2, 1, 8), name="js"))
+    template["items"][1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "priorityClassName"
+    ] = "low"
+    out = prepare(template)
+    pods = [
+        out[0]["spec"]["template"]["spec"],
+        out[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
+    ]
+    for pod in pods:
+        assert "priorityClassName" not in pod and "priority" not in pod
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "low"
