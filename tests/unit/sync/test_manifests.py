@@ -252,5 +252,6 @@ def test_priority_stays_at_the_hub_no_pod_template_carries_it_to_the_member() ->
         out[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
     ]
     for pod in pods:
-        assert "priorityClassName" not in pod and "priority" not in pod
+        assert "priorityClassName" not in pod
+        assert "priority" not in pod
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "low"
