@@ -280,6 +280,11 @@ def container_requests(container: Mapping[str, Any], *, field: str = "container"
     requests its limits. For extended resources, requests must equal limits when both are set.
     """
     res = container.get("resources") or {}
+    if not isinstance(res, Mapping):
+        raise QuantityError(
+            f"{field}.resources: must be an object with requests and/or limits, "
+            f"not {type(res).__name__}"
+        )
     requests = resource_list(res.get("requests"), field=f"{field}.resources.requests")
     limits = resource_list(res.get("limits"), field=f"{field}.resources.limits")
     out = dict(limits)

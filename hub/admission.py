@@ -15,6 +15,10 @@ field):
    the member's cluster network; refused unless the hub allows them.
 4. **Pod Security Standards** (:mod:`gpufed.sync.podsecurity`): every pod template of every
    workload, at the namespace's level.
+5. **Stoppable pods**: a pod template may not carry ``metadata.finalizers`` nor a
+   ``spec.terminationGracePeriodSeconds`` above :data:`MAX_TERMINATION_GRACE_S`: the hub stops a
+   preempted or re-run job's copy and waits for its pods to go before another job (the
+   preemptor) may use the GPUs, so a pod that never goes would hold another tenant's GPUs.
 
 Already placed jobs are never admitted again (a running job is not failed by a later policy
 change): intake calls this only for jobs without a job record.
@@ -35,6 +39,9 @@ from gpufed.sync.podsecurity import Level, check_pod_template
 EXPOSED_SERVICE_TYPES: Final = frozenset({"NodePort", "LoadBalancer"})
 #: Violations named in one condition message (the rest are counted).
 _SHOWN: Final = 3
+#: Most seconds a pod of a GPUJob may take to stop (SIGTERM to SIGKILL): time to write a
+#: checkpoint, and no longer than a reservation lives (the preemptor's hold, 600 s by default).
+MAX_TERMINATION_GRACE_S: Final = 600
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ def admit(
         if isinstance(pod_meta, Mapping):
             for field, why in metadata_errors(pod_meta, f"{ref.path}.metadata"):
                 raise ManifestError(field, why)
+        # 5. pods the hub can stop (checked first: a single, cheap field each)
+        _check_stoppable(ref.template, ref.path)
         # 4. Pod Security Standards
         violations = check_pod_template(ref.template, ref.path, level)
         if violations:
@@ -104,6 +113,24 @@ def admit(
                 f"{first.message}: violates PodSecurity {level!r} ({first.check}) of namespace "
                 f"{namespace!r}{tail}",
             )
+
+
+def _check_stoppable(pod_template: Mapping[str, Any], path: str) -> None:
+    meta = pod_template.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("finalizers"):
+        raise ManifestError(
+            f"{path}.metadata.finalizers",
+            "pods of a GPUJob may not carry finalizers: the hub must be able to stop them "
+            "(preemption, re-runs, deletion); remove the field",
+        )
+    spec = pod_template.get("spec")
+    grace = spec.get("terminationGracePeriodSeconds") if isinstance(spec, Mapping) else None
+    if isinstance(grace, int) and not isinstance(grace, bool) and grace > MAX_TERMINATION_GRACE_S:
+        raise ManifestError(
+            f"{path}.spec.terminationGracePeriodSeconds",
+            f"{grace} is above the hub's limit of {MAX_TERMINATION_GRACE_S} s: a stopping job "
+            "holds GPUs another job waits for; checkpoint within that time",
+        )
 
 
 def _check_service(obj: Mapping[str, Any], path: str) -> None:

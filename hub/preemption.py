@@ -86,6 +86,10 @@ def _events(record: JobRecord | None) -> tuple[PreemptionEvent, ...]:
     return tuple(PreemptionEvent(c.at, c.by_uid) for c in record.requeues if c.kind == "Preempted")
 
 
+#: Nodes (and NVLink domains) a victim's requeue cause keeps (the message counts all of them).
+_CAUSE_NODES = 64
+
+
 def _names(items: Sequence[str]) -> str:
     shown = ", ".join(items[:_NODES_SHOWN])
     return shown + (f" and {len(items) - _NODES_SHOWN} more" if len(items) > _NODES_SHOWN else "")
@@ -351,8 +355,10 @@ class Preemption:
             ),
             at=now,
             cluster=plan.cluster,
-            nodes=tuple(nodes),
-            domains=tuple(plan.domains),
+            # bounded: the record keeps 16 causes and one transaction writes every victim's
+            # record, which must stay far below etcd's request limit (1.5 MiB) for any victim
+            nodes=tuple(nodes[:_CAUSE_NODES]),
+            domains=tuple(plan.domains[:_CAUSE_NODES]),
             by_uid=pre.uid,
             by=pre.key,
             cost_gpu_s=v.cost_gpu_s,

@@ -42,12 +42,26 @@ from gpufed.hub.state import JobState
 from gpufed.hub.store import ConflictError
 from gpufed.hub.suspects import SuspectNodes
 from gpufed.hub.term import Term
-from gpufed.sync.failure import with_declared_exit_codes
+from gpufed.sync.failure import (
+    GPU_UNAVAILABLE,
+    NODE_LOST,
+    NODE_NOT_READY,
+    with_declared_exit_codes,
+)
 
 log = structlog.get_logger("gpufed.hub.restarts")
 
 #: The requeue kind (and GPUJob condition type) of a re-run after an infrastructure failure.
 INFRASTRUCTURE_FAILURE = "InfrastructureFailure"
+#: Failure reasons that are evidence about the node itself, which alone mark nodes suspect: the
+#: node gone or NotReady, GPUs withdrawn by the device plugin, the pod garbage collector after
+#: the node's deletion, a NoExecute taint (``node.kubernetes.io/unreachable``, a GPU health
+#: taint). Not: ``InfrastructureExitCode`` (the tenant declares it), ``TerminationByKubelet``
+#: (a pressure eviction the tenant's own pod can provoke), ``EvictionByEvictionAPI`` (a drain),
+#: ``PreemptionByScheduler`` (the member's scheduler): those re-run the job, marking nothing.
+NODE_EVIDENCE: frozenset[str] = frozenset(
+    {NODE_LOST, NODE_NOT_READY, GPU_UNAVAILABLE, "DeletionByPodGC", "DeletionByTaintManager"}
+)
 
 
 def retry_of(job: JobState) -> Retry:
@@ -113,12 +127,20 @@ class Restarts:
         cause = with_declared_exit_codes(report.failure, retry.infrastructure_exit_codes)
         if cause.kind != "Infrastructure":
             return False
-        marked = self.suspects.mark(
-            cluster,
-            cause.nodes,
-            f"{cause.reason} under {job.key}",
-            mono=self._term.mono(),
-            wall=self._term.wall(),
+        # Only what Kubernetes observed of the node marks it suspect, never what the tenant can
+        # cause itself (its own exit codes, a pressure eviction it provoked, a drain or a
+        # member-side preemption): else one tenant could walk the fleet marking nodes and keep
+        # every other tenant off them for the cool-down.
+        marked = (
+            self.suspects.mark(
+                cluster,
+                cause.nodes,
+                f"{cause.reason} under {job.key}",
+                mono=self._term.mono(),
+                wall=self._term.wall(),
+            )
+            if cause.reason in NODE_EVIDENCE
+            else []
         )
         used = job.record.requeue_counts.get(INFRASTRUCTURE_FAILURE, 0) if job.record else 0
         log.warning(

@@ -299,6 +299,14 @@ def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[Po
         raise ManifestError(f"{path}.spec.rayClusterSpec", why)
     cpath = f"{path}.spec.rayClusterSpec"
     cluster = spec["rayClusterSpec"]
+    if cluster.get("enableInTreeAutoscaling"):
+        # the gang is sized and pinned once, at placement: an autoscaler growing a group past
+        # it would take GPUs on the pinned nodes that were promised to other jobs
+        raise ManifestError(
+            f"{cpath}.enableInTreeAutoscaling",
+            "autoscaling RayClusters cannot be placed as one gang: set each worker group's "
+            "replicas and turn autoscaling off",
+        )
     head = _mapping(cluster, "headGroupSpec", cpath)
     hpath = f"{cpath}.headGroupSpec"
     out = [

@@ -44,6 +44,12 @@ def test_garbage_quantity_names_the_field() -> None:
         pod_requests({"containers": [{"resources": {"limits": {"cpu": "lots"}}}]})
 
 
+def test_resources_that_are_not_an_object_name_the_field() -> None:
+    """`resources: 8` failed the job with "'int' object has no attribute 'get'"."""
+    with pytest.raises(QuantityError, match=r"containers\[0\]\.resources: must be an object"):
+        pod_requests({"containers": [{"resources": 8}]})
+
+
 def test_limits_only_container_requests_its_limits() -> None:
     c = {"resources": {"limits": {"nvidia.com/gpu": 4, "cpu": "8"}}}
     assert container_requests(c) == {"nvidia.com/gpu": 4, "cpu": 8000}

@@ -275,3 +275,19 @@ async def test_an_already_placed_job_is_not_admitted_again() -> None:
     job = t.ctrl.state.jobs["p1"]
     assert job.error is None
     assert job.status.phase != "Failed"
+
+
+def test_pods_the_hub_cannot_stop_are_refused_naming_the_field() -> None:
+    """A hostile victim kept its GPUs from its preemptor for good: pods with a finalizer, or a
+    grace period of 1e9 s, never left, and the preemptor waited on them forever."""
+    grace = batch_job(terminationGracePeriodSeconds=1_000_000_000)
+    assert refusal(grace) == (
+        "spec.template.spec.template.spec.terminationGracePeriodSeconds",
+        "1000000000 is above the hub's limit of 600 s: a stopping job holds GPUs another job "
+        "waits for; checkpoint within that time",
+    )
+    assert refusal(batch_job(terminationGracePeriodSeconds=600)) is None
+    fin = batch_job()
+    fin["spec"]["template"]["metadata"] = {"finalizers": ["example.com/keep"]}
+    field, _ = refusal(fin) or ("", "")
+    assert field == "spec.template.spec.template.metadata.finalizers"

@@ -74,6 +74,14 @@ def _no_group_name() -> dict[str, Any]:
     return tpl
 
 
+def _autoscaling() -> dict[str, Any]:
+    """Sized at replicas 1, an in-tree autoscaler could grow it to maxReplicas 64 on GPUs of the
+    pinned nodes promised to other jobs (found by the stop-19 hostile-tenant probe)."""
+    tpl = rayjob(("w", 1, 8), maxReplicas=64)
+    tpl["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] = True
+    return tpl
+
+
 def _no_mpi_specs() -> dict[str, Any]:
     tpl = mpijob()
     del tpl["spec"]["mpiReplicaSpecs"]
@@ -89,6 +97,7 @@ def _no_mpi_specs() -> dict[str, Any]:
         (_min_over_max(), "workerGroupSpecs[0].minReplicas", "more than maxReplicas"),
         (_no_group_name(), "workerGroupSpecs[0].groupName", "needs a groupName"),
         (_no_mpi_specs(), "spec.template.spec.mpiReplicaSpecs", "needs mpiReplicaSpecs"),
+        (_autoscaling(), "rayClusterSpec.enableInTreeAutoscaling", "turn autoscaling off"),
     ],
 )
 def test_malformed_rayjobs_and_mpijobs_name_the_field(
