@@ -43,6 +43,11 @@ def _dash(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def _ms(value: Any) -> str:
+    """Milliseconds as a whole number, as the demo's table shows them."""
+    return f"{value:.0f}" if isinstance(value, int | float) else _dash(value)
+
+
 def _api(
     kube: _Kube, plural: str, namespace: str | None
 ) -> tuple[Callable[[str], Mapping[str, Any]], Callable[[str, str, int], Iterator[Any]]]:
@@ -119,8 +124,8 @@ JOB_COLUMNS = (
     output.Column("GPUS", lambda r: _dash(r["gpus"])),
     output.Column("CLUSTER", lambda r: _dash(r["cluster"])),
     output.Column("AGE", lambda r: _age(r["created"])),
-    output.Column("PLACEMENT-MS", lambda r: _dash(r["placement_ms"]), wide=True),
-    output.Column("DISPATCH-MS", lambda r: _dash(r["dispatch_ms"]), wide=True),
+    output.Column("PLACEMENT-MS", lambda r: _ms(r["placement_ms"]), wide=True),
+    output.Column("DISPATCH-MS", lambda r: _ms(r["dispatch_ms"]), wide=True),
     output.Column("MESSAGE", lambda r: str(r["message"] or ""), wide=True),
 )
 
