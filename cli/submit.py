@@ -34,6 +34,7 @@ from typing import Annotated, Any, Final
 import typer
 import yaml
 
+from gpufed.api.bounds import BoundsError, measure
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.labels import API_VERSION, GROUP, VERSION
 from gpufed.cli import follow, kube
@@ -107,6 +108,13 @@ def read_sources(paths: list[Path]) -> list[tuple[str, list[Any]]]:
             docs = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
             raise SubmitError(f"{file}: not YAML: {exc}") from exc
+        for i, doc in enumerate(docs):
+            # YAML aliases can make a small file an enormous object (a "billion laughs"): check
+            # its size, in bounded steps, before anything walks or serialises it
+            try:
+                measure(doc, field=f"document {i + 1}")
+            except BoundsError as exc:
+                raise SubmitError(f"{file}: {exc}") from exc
         out.append(("stdin" if str(file) == "-" else str(file), docs))
     return out
 

@@ -255,3 +255,16 @@ def test_wait_gives_up_at_the_timeout_naming_what_still_runs() -> None:
     code, lines = run_follow(states({A: "Running"}), [A], timeout_s=5)
     assert code == 1
     assert lines[-1].startswith("error: still running after 5 s: t/a")
+
+
+def test_a_yaml_alias_bomb_is_refused_not_expanded(tmp_path: Path) -> None:
+    """Nine levels of nine aliases (a "billion laughs", 1.3 kB on disk) hung `gpufed submit`
+    serialising the expanded object; it is refused, bounded, naming the file."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 10):
+        refs = ",".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    bomb = tmp_path / "lol.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SubmitError, match=r"lol\.yaml: .*document 1"):
+        read_sources([bomb])
