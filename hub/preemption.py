@@ -51,7 +51,7 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
 from gpufed.hub.mirror import Mirror
-from gpufed.hub.records import JobRecord, RequeueCause
+from gpufed.hub.records import MAX_CAUSE_NODES, JobRecord, RequeueCause
 from gpufed.hub.requeue import Requeue, marked
 from gpufed.hub.reservations import Reservations
 from gpufed.hub.state import JobState
@@ -84,10 +84,6 @@ def _events(record: JobRecord | None) -> tuple[PreemptionEvent, ...]:
     if record is None:
         return ()
     return tuple(PreemptionEvent(c.at, c.by_uid) for c in record.requeues if c.kind == "Preempted")
-
-
-#: Nodes (and NVLink domains) a victim's requeue cause keeps (the message counts all of them).
-_CAUSE_NODES = 64
 
 
 def _names(items: Sequence[str]) -> str:
@@ -355,10 +351,8 @@ class Preemption:
             ),
             at=now,
             cluster=plan.cluster,
-            # bounded: the record keeps 16 causes and one transaction writes every victim's
-            # record, which must stay far below etcd's request limit (1.5 MiB) for any victim
-            nodes=tuple(nodes[:_CAUSE_NODES]),
-            domains=tuple(plan.domains[:_CAUSE_NODES]),
+            nodes=tuple(nodes[:MAX_CAUSE_NODES]),  # the message counts all of them
+            domains=tuple(plan.domains[:MAX_CAUSE_NODES]),
             by_uid=pre.uid,
             by=pre.key,
             cost_gpu_s=v.cost_gpu_s,

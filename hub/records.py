@@ -21,6 +21,10 @@ class _Record(BaseModel):
 
 #: Past requeues kept per job record (the newest): enough for the hourly preemption cap.
 MAX_REQUEUE_HISTORY = 16
+#: Nodes (and NVLink domains) one :class:`RequeueCause` and one restart entry keep: a record
+#: holds :data:`MAX_REQUEUE_HISTORY` causes and one preemption transaction writes every
+#: victim's record, which must stay far below etcd's request limit (1.5 MiB).
+MAX_CAUSE_NODES = 64
 
 RequeueKind = Literal["Preempted", "InfrastructureFailure"]
 

@@ -9,7 +9,7 @@ and conditions.
 from __future__ import annotations
 
 from gpufed.api.gpujob import MAX_RESTART_HISTORY, GPUJobStatus, RestartRecord
-from gpufed.hub.records import RequeueCause
+from gpufed.hub.records import MAX_CAUSE_NODES, RequeueCause
 
 
 def restart_update(
@@ -22,7 +22,7 @@ def restart_update(
     entry = RestartRecord(
         attempt=status.attempt or 1,
         cluster=cause.cluster,
-        nodes=list(cause.nodes)[:64],
+        nodes=list(cause.nodes)[:MAX_CAUSE_NODES],
         reason=cause.reason,
         message=cause.message,
         time=now or None,
