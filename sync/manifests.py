@@ -265,6 +265,8 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
         short = kind.split(".")[0]
         if not isinstance(specs, Mapping) or not specs:
             raise ManifestError(f"{path}.spec.{field}", f"a {short} needs {field}")
+        if kind == "MPIJob.kubeflow.org":
+            _check_mpi_replica_specs(specs, f"{path}.spec.{field}")
         out = []
         roles: dict[str, str] = {}
         for role in sorted(specs):
@@ -285,6 +287,62 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
     if kind == "RayJob.ray.io":
         return _ray_pod_templates(spec, kind, path)
     return []
+
+
+#: The replica types mpi-operator (kubeflow.org/v2beta1) starts, by their exact names.
+_MPI_ROLES = ("Launcher", "Worker")
+
+
+def _check_mpi_replica_specs(specs: Mapping[str, Any], path: str) -> None:
+    """Refuse the MPIJob shapes mpi-operator refuses or ignores, which a placed gang would
+    otherwise hold GPUs for: no ``Launcher``, a launcher of other than one replica, a ``Worker``
+    of fewer than one, a replica type other than ``Launcher``/``Worker`` (the operator looks
+    them up by their exact names) and a pod template without containers. Replica counts that
+    are not integers are left to the pod-set sizing, which names them."""
+    for role in sorted(specs):
+        if role in _MPI_ROLES:
+            continue
+        exact = next((r for r in _MPI_ROLES if r.lower() == str(role).lower()), None)
+        fix = f"write {exact}" if exact else "remove it or rename it"
+        raise ManifestError(
+            f"{path}.{role}",
+            f"{role!r} is not an MPIJob replica type: mpi-operator starts only Launcher and "
+            f"Worker (case-sensitive); {fix}",
+        )
+    if "Launcher" not in specs:
+        raise ManifestError(
+            f"{path}.Launcher",
+            "an MPIJob needs a launcher (mpi-operator refuses one without): add a Launcher "
+            "replica spec with replicas: 1 and the pod template that runs mpirun",
+        )
+    for role in _MPI_ROLES:
+        rs = specs.get(role)
+        if not isinstance(rs, Mapping):
+            continue  # absent (Worker is optional), or refused as a non-mapping below
+        replicas = rs.get("replicas")
+        if type(replicas) is int:
+            if role == "Launcher" and replicas != 1:
+                raise ManifestError(
+                    f"{path}.Launcher.replicas",
+                    f"{replicas}: must be 1 (mpirun runs in one launcher pod); set replicas: 1",
+                )
+            if role == "Worker" and replicas < 1:
+                raise ManifestError(
+                    f"{path}.Worker.replicas",
+                    f"{replicas}: an MPIJob's Worker needs at least 1 replica (mpi-operator "
+                    "refuses fewer); set the number of worker pods, or drop the Worker spec "
+                    "to run mpirun on the launcher alone",
+                )
+        tpl = rs.get("template")
+        pod_spec = tpl.get("spec") if isinstance(tpl, Mapping) else None
+        if isinstance(pod_spec, Mapping):
+            containers = pod_spec.get("containers")
+            if not isinstance(containers, list) or not containers:
+                raise ManifestError(
+                    f"{path}.{role}.template.spec.containers",
+                    f"the {role} pod template has no containers (mpi-operator refuses it); "
+                    "add at least one container",
+                )
 
 
 def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[PodTemplateRef]:
