@@ -1,6 +1,6 @@
 """Malformed MPIJob (kubeflow.org/v2beta1) shapes are refused at admission, naming the field and
 the fix, instead of being sized: mpi-operator would never start them (its own validation refuses
-them), so a gang placed for them would hold GPUs promised to others (gpufed.sync.manifests)."""
+them), so a gang placed for them would hold GPUs promised to others (gpufed.sync.workloads)."""
 
 from __future__ import annotations
 
