@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
+import pytest
 from placement_builders import hgx_cluster, job
+from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from gpufed.api.decision import Decision
 from gpufed.api.request import PlacementRequest
+from gpufed.cli.main import app
+from gpufed.hub.config import HubConfig
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
@@ -23,6 +29,7 @@ from gpufed.placement.simulate import simulate
 from gpufed.placement.trace import TraceJob
 
 POLICY = Policy()
+FLEET = Path(__file__).resolve().parents[3] / "manifests" / "fleets" / "sim-itp.yaml"
 
 
 class Loop:
@@ -135,3 +142,26 @@ def test_a_big_job_among_a_stream_of_small_ones_is_not_starved() -> None:
 def test_with_the_default_limit_a_big_job_waits_at_most_sixteen_hours_and_a_drain() -> None:
     wait = _big_wait(BackfillRule(), 70_000.0)
     assert 57_600 <= wait <= 57_600 + 1500 + 100
+
+
+def test_the_knobs_reach_the_hub_and_the_simulator_and_bad_values_name_the_flag(
+    tmp_path: Path,
+) -> None:
+    cfg = HubConfig(insecure=True, queue_order="fifo", queue_oldest_first_s=60, queue_max_holds=1)
+    assert cfg.backfill_rule == BackfillRule(order="fifo", oldest_first_s=60, max_holds=1)
+    assert HubConfig(insecure=True).backfill_rule == BackfillRule()
+    with pytest.raises(ValidationError, match="queue_order"):
+        HubConfig(insecure=True, queue_order="lifo")  # type: ignore[arg-type]
+    t = tmp_path / "t.csv"
+    t.write_text("job_id,submit_s,gpus,duration_s\n1,0,8,60\n")
+    for flag, value in (
+        ("--queue-order", "lifo"),
+        ("--oldest-first-s", "-1"),
+        ("--starvation-s", "nan"),
+        ("--max-holds", "-1"),
+    ):
+        out = CliRunner().invoke(
+            app, ["simulate", "--fleet", str(FLEET), "--trace", str(t), flag, value]
+        )
+        assert out.exit_code == 2, (flag, out.output)
+        assert flag in out.output
