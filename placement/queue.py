@@ -166,10 +166,11 @@ def schedule_pass(
 
     ``attempt(request, holds)`` places one job keeping off the held nodes (member ->
     :class:`Hold`) and reserves on success. ``hold_for(request)`` names the nodes a starving
-    job should hold (or None). ``now``: the same clock as ``submitted_at``. ``presorted``: ``queue`` is
-    already in :func:`pass_key` order (or a fair-share order built on it). ``record_skipped``: also return a decision (a copy of
-    the earlier failure) for jobs answered without calling ``attempt``; the simulator turns it
-    off. ``key_of``: :func:`fit_key`, or a cached equivalent.
+    job should hold (or None). ``now``: the same clock as ``submitted_at``. ``presorted``:
+    ``queue`` is already in :func:`pass_key` order for ``now`` and ``rule`` (or a fair-share
+    order built on it); else it is sorted so. ``record_skipped``: also return a decision (a
+    copy of the earlier failure) for jobs answered without calling ``attempt``; the simulator
+    turns it off. ``key_of``: :func:`fit_key`, or a cached equivalent.
     """
     rule = rule or BackfillRule()
     out = PassResult()
