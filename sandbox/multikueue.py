@@ -123,7 +123,7 @@ def object_path(obj: Mapping[str, Any]) -> str:
     return f"{prefix}{ns}/{plural}/{meta['name']}"
 
 
-def _request(
+def kube_request(
     api: k8s.ApiClient,
     method: str,
     path: str,
@@ -133,8 +133,10 @@ def _request(
     content_type: str | None = None,
     timeout_s: float = 60.0,
 ) -> dict[str, Any]:
-    """One raw request through ``api`` (its credentials and TLS); the decoded JSON answer.
-    Raises :class:`ApiException` for a non-2xx status."""
+    """One raw request through ``api`` (its credentials and TLS), e.g. ``kube_request(api,
+    "GET", "/apis/kueue.x-k8s.io/v1beta2/namespaces/bench/workloads")`` (a Workload's
+    ``status.clusterName`` names the member MultiKueue chose); the decoded JSON answer.
+    ``timeout_s``: seconds. Raises :class:`ApiException` for a non-2xx status."""
     headers = {"Accept": "application/json"}
     if content_type:
         headers["Content-Type"] = content_type
@@ -156,7 +158,7 @@ def _request(
 
 
 def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
-    _request(
+    kube_request(
         api,
         "PATCH",
         object_path(obj),
@@ -168,7 +170,7 @@ def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
 
 def _get(api: k8s.ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
-        return _request(api, "GET", object_path(obj), timeout_s=10)
+        return kube_request(api, "GET", object_path(obj), timeout_s=10)
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -240,6 +242,12 @@ def start_multikueue(
             "sandbox of clusters only (`gpufed local up --clusters-only`, or Sandbox.up(fleet) "
             "without control_plane)"
         )
+    sup = sandbox.supervisor
+    if running := [n for n in sup.names() if n.startswith("kueue/") and sup.is_running(n)]:
+        raise SandboxError(
+            f"MultiKueue already runs in {info.state_dir} ({', '.join(running)}); start it once "
+            "per sandbox (`gpufed local down` and up again for other options)"
+        )
     try:
         binary = ensure_kueue(progress=say)
         crd_dir = kueue_crd_dir()
@@ -253,7 +261,6 @@ def start_multikueue(
     free = iter(_free_ports(3 * len(clusters)))
     ports = {c: kc.KueuePorts(next(free), next(free), next(free)) for c in clusters}
     names = [component_name(c) for c in clusters]
-    sup = sandbox.supervisor
     step = "installing CRDs and webhooks"
     t0 = time.monotonic()
     try:

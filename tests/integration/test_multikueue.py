@@ -15,8 +15,8 @@ from kubernetes import client as k8s
 
 from gpufed.sandbox.binaries import BinariesError, BinDir
 from gpufed.sandbox.kueue import ensure_kueue
-from gpufed.sandbox.multikueue import MultiKueueInfo, _request, start_multikueue
-from gpufed.sandbox.runtime import Sandbox, SandboxInfo
+from gpufed.sandbox.multikueue import MultiKueueInfo, kube_request, start_multikueue
+from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ def test_each_hub_job_runs_in_exactly_one_member_and_completes_on_the_hub(
         time.sleep(0.2)
     # Each ran in one member: the member Job was seen there only, and the hub's Workload
     # records that member as where it was admitted.
-    workloads = _request(
+    workloads = kube_request(
         info.api_client("hub"),
         "GET",
         f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{mk.namespace}/workloads",
@@ -114,3 +114,11 @@ def test_each_hub_job_runs_in_exactly_one_member_and_completes_on_the_hub(
         assert len(seen[name]) == 1, f"{name} seen in {seen[name]}"
         assert placed[name] in info.members
         assert seen[name] == {placed[name]}
+
+
+def test_a_second_start_on_the_same_sandbox_is_refused_naming_the_running_managers(
+    multikueue: tuple[SandboxInfo, MultiKueueInfo],
+) -> None:
+    info, _ = multikueue
+    with pytest.raises(SandboxError, match=r"already runs.*kueue/hub"):
+        start_multikueue(Sandbox(info.state_dir), info)
