@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test install binaries lint fmt unit integration e2e protos crds clean
 
-demo: binaries  ## bring up the local sandbox with the example fleet and run the demo
+demo: install  ## bring up the local sandbox with the example fleet and run the demo
+	$(BIN)/gpufed local build --skip-kueue  # the demo runs no peer: Kueue is the benchmarks'
 	$(BIN)/gpufed demo
 
 test:  ## everything CI runs: setup, binaries, lint, unit, integration and e2e tests
