@@ -154,7 +154,9 @@ def scale(
     registration, dispatch, status and placement percentiles, hub peak RSS and etcd's db size
     (docs/benchmarks.md, "The hub at fleet scale"). Set GPUFED_SCALE_PROFILE=FILE to run the
     hub under cProfile."""
+    from gpufed.cli.hub import register_member
     from gpufed.cli.local import configure_logging, fail_cleanly
+    from gpufed.sandbox.controlplane import TOKEN_NAMESPACE
     from gpufed.sandbox.scale_bench import ScaleOptions, run_scale_bench
 
     configure_logging(False)
@@ -171,7 +173,11 @@ def scale(
     )
     with fail_cleanly():
         result = run_scale_bench(
-            opts, state_dir=state_dir, keep=keep, progress=lambda m: typer.echo(m, err=True)
+            opts,
+            state_dir=state_dir,
+            keep=keep,
+            progress=lambda m: typer.echo(m, err=True),
+            joiner=lambda api, name: register_member(api, name, token_namespace=TOKEN_NAMESPACE),
         )
     if as_json:
         typer.echo(json.dumps(result))
