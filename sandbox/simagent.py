@@ -198,6 +198,8 @@ class SimAgent:
         self._dirty: set[str] = set()
         self._jobs: dict[str, tuple[int, list[tuple[str, dict[str, int]]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Set before the worker cancels the agent: streams ending then are not reported.
+        self.stopping = False
 
     # node bookkeeping
 
@@ -270,6 +272,8 @@ class SimAgent:
                 try:
                     await self._session(call, first)
                 except grpc.aio.AioRpcError as exc:
+                    if self.stopping:
+                        raise
                     self.emit(
                         {
                             "ev": "closed",
@@ -507,6 +511,8 @@ async def _worker(config: dict[str, Any], ca: bytes) -> None:
     tasks.append(asyncio.create_task(churn.run()))
     await reader.read()  # until the parent closes stdin
     _emit({"ev": "churn", "started": churn.started})
+    for _, a in agents:
+        a.stopping = True
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
