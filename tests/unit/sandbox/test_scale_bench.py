@@ -227,3 +227,12 @@ def test_result_line_shape() -> None:
         "dispatched",
         "completed",
     } <= set(out)
+
+
+def test_decoded_nodes_share_their_repeated_strings() -> None:
+    """node_from_pb interns label keys and values (memory of a hub holding 500,000 nodes)."""
+    a, b = (node_from_pb(n) for n in sim_nodes("sim-000", 2))
+    key_a = next(k for k in a.labels if k == "nvidia.com/gpu.product")
+    key_b = next(k for k in b.labels if k == "nvidia.com/gpu.product")
+    assert key_a is key_b
+    assert a.labels[key_a] is b.labels[key_b]
