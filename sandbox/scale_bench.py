@@ -28,7 +28,9 @@ Output (:func:`run_scale_bench`, percentiles by nearest rank, milliseconds):
 - ``etcd_db_mib``: ``etcd_mvcc_db_total_size_in_bytes`` from etcd's ``/metrics`` at the end
   (the sandbox's one etcd: the hub's keys and the hub API server's objects);
 - ``members``, ``nodes_per_member``, ``jobs``, ``registered``, ``dispatched``, ``completed``,
-  ``churn_pods``, ``hub_cpu_s``, ``seconds`` (wall time of the measured part).
+  ``churn_pods``, ``hub_cpu_s``, ``seconds`` (wall time of the measured part) and
+  ``cpu_s`` (CPU seconds in that time of the hub, the hub API server, etcd, this process and
+  the workers: which of them the latencies wait for).
 
 With ``GPUFED_SCALE_PROFILE=<file>`` in the environment the hub runs under cProfile and writes
 its statistics there when it stops.
@@ -64,7 +66,7 @@ from gpufed.sandbox.controlplane import TOKEN_NAMESPACE, gpufed_command, wait_cr
 from gpufed.sandbox.kube import async_api_client
 from gpufed.sandbox.pki import issue_server_cert, load_pki
 from gpufed.sandbox.runtime import Sandbox, SandboxInfo
-from gpufed.sandbox.supervisor import http_ok
+from gpufed.sandbox.supervisor import Supervisor, http_ok
 
 log = structlog.get_logger("gpufed.sandbox.scale_bench")
 Progress = Callable[[str], None]
@@ -517,6 +519,7 @@ class _Bench:
             )
             workers = await self.start_workers(load_pki(self.info.state_dir / "pki").ca_crt)
             cpu0 = self.hub_proc.cpu_times()
+            others0 = self._cpu(workers)
             wall0 = time.monotonic()
             go = json.dumps({"t0": time.monotonic() + 0.5}).encode() + b"\n"
             for w in workers:
@@ -534,6 +537,11 @@ class _Bench:
                 await self.submit(custom)
             cpu1 = self.hub_proc.cpu_times()
             extra["hub_cpu_s"] = round(sum(cpu1[:2]) - sum(cpu0[:2]), 1)
+            others1 = self._cpu(workers)
+            extra["cpu_s"] = {
+                "hub": extra["hub_cpu_s"],
+                **{k: round(v - others0.get(k, 0.0), 1) for k, v in others1.items()},
+            }
             extra["seconds"] = round(time.monotonic() - wall0, 1)
         finally:
             for w in workers:
@@ -559,6 +567,22 @@ class _Bench:
         extra["hub_rss_mib"] = round(self.hub_rss / 2**20)
         extra["etcd_db_mib"] = round(size / 2**20, 1) if size is not None else None
         return summarize(c, opts, extra)
+
+    def _cpu(self, workers: list[asyncio.subprocess.Process]) -> dict[str, float]:
+        """CPU seconds so far of the hub API server, etcd, this process and the workers."""
+        sup = Supervisor(self.info.state_dir)
+        pids = {"hub_apiserver": sup.pid(f"apiserver/{HUB_CLUSTER_NAME}"), "etcd": sup.pid("etcd")}
+        out: dict[str, float] = {}
+        for name, pid in pids.items():
+            with contextlib.suppress(psutil.Error, TypeError, ValueError):
+                out[name] = sum(psutil.Process(pid).cpu_times()[:2])
+        out["bench"] = sum(psutil.Process().cpu_times()[:2])
+        total = 0.0
+        for w in workers:
+            with contextlib.suppress(psutil.Error):
+                total += sum(psutil.Process(w.pid).cpu_times()[:2])
+        out["workers"] = total
+        return out
 
     async def submit(self, custom: Any) -> None:
         opts, c = self.opts, self.clock
