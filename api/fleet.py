@@ -20,7 +20,8 @@ Input is YAML with camelCase keys (``nodePools``, ``memoryMiB``, ``nodesPerDomai
             taints: [{key: dedicated, value: inference, effect: NoSchedule}]
 
 Invalid input raises :class:`FleetError`, whose message names every offending field (as a path
-such as ``clusters[2].nodePools[0].mig.profiles``) and says how to fix it.
+such as ``clusters[2].nodePools[0].mig.profiles``) and says how to fix it
+(:mod:`gpufed.api.fleetcheck`). The expansion into nodes is :mod:`gpufed.api.fleetnodes`.
 
 What is known about each GPU product (memory, family, MIG profiles) is the GPU catalogue,
 :mod:`gpufed.api.gpus`; quantities are canonicalised by :mod:`gpufed.api.resources`.
@@ -29,9 +30,7 @@ What is known about each GPU product (memory, family, MIG profiles) is the GPU c
 from __future__ import annotations
 
 import re
-import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,29 +46,30 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+# Validation errors and checks (fleetcheck) and the expansion into nodes (fleetnodes) live in
+# their own modules; their public names are re-exported here, so `from gpufed.api.fleet import
+# FleetError, NodeSpec, node_specs` keeps working.
+from gpufed.api.fleetcheck import (
+    _LABEL_VALUE_RE,
+    _MAX_LABEL_VALUE,
+    _PRODUCT_RE,
+    FleetError,
+    FleetIssue,
+    _check_dns_label,
+    _issues_from,
+    _IssuesError,
+    _mig_issues,
+)
+from gpufed.api.fleetnodes import NodeSpec, _node_name, clique_id, node_specs
 from gpufed.api.gpus import (
     GPU_FAMILIES,
     KNOWN_GPUS,
     GPUModel,
     MigProfileShape,
-    compute_capability_of_family,
     family_from_product,
-    mig_profile_memory_mib,
 )
 from gpufed.api.inventory import Taint
-from gpufed.api.labels import (
-    DEFAULT_BLOCK_LABEL,
-    DEFAULT_RACK_LABEL,
-    GPU_CLIQUE_LABEL,
-    GPU_COUNT_LABEL,
-    GPU_FAMILY_LABEL,
-    GPU_MEMORY_LABEL,
-    GPU_PRODUCT_LABEL,
-    GPU_RESOURCE,
-    HOSTNAME_LABEL,
-    MIG_RESOURCE_PREFIX,
-    MIG_STRATEGY_LABEL,
-)
+from gpufed.api.labels import HOSTNAME_LABEL, NODE_POOL_LABEL
 from gpufed.api.resources import QuantityError, canonical_quantity
 
 __all__ = [
@@ -78,6 +78,7 @@ __all__ = [
     "NODE_POOL_LABEL",
     "ClusterSpec",
     "FleetError",
+    "FleetIssue",
     "FleetSpec",
     "GPUModel",
     "GPUSpec",
@@ -87,54 +88,12 @@ __all__ = [
     "NodePoolSpec",
     "NodeSpec",
     "canonical_quantity",
+    "clique_id",
     "node_specs",
 ]
 
-#: Node label naming the fleet node pool a simulated node belongs to (gpufed-owned).
-NODE_POOL_LABEL = "gpufed.io/node-pool"
 #: Reserved: the sandbox's hub control plane uses this name and kubeconfig context.
 HUB_CLUSTER_NAME = "hub"
-
-# GFD's sanitise(): characters outside [A-Za-z0-9-_. ] are dropped and blanks become "-", so a
-# product label value never contains a space; it is also a label value (<= 63 characters).
-_PRODUCT_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)?$")
-_MAX_LABEL_VALUE = 63
-
-
-# --- errors -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FleetIssue:
-    """One problem in a fleet: ``path`` like ``clusters[0].nodePools[1].gpu.count``."""
-
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
-
-
-class FleetError(ValueError):
-    """An invalid fleet spec. ``issues`` lists every problem; the message shows them all,
-    prefixed by the file name when the fleet was loaded from a file."""
-
-    def __init__(self, issues: list[FleetIssue], source: str | None = None) -> None:
-        self.issues = issues
-        self.source = source
-        head = f"invalid fleet file {source}" if source else "invalid fleet spec"
-        lines = "\n".join(f"  - {i}" for i in issues)
-        super().__init__(f"{head}:\n{lines}")
-
-
-class _IssuesError(ValueError):
-    """Raised inside validators: issues with paths relative to the model being validated."""
-
-    def __init__(self, issues: list[FleetIssue]) -> None:
-        self.issues = issues
-        super().__init__("; ".join(str(i) for i in issues))
 
 
 # --- the model ----------------------------------------------------------------------------------------
@@ -544,256 +503,3 @@ class FleetSpec(_Model):
     def names(self) -> list[str]:
         """Member cluster names in file order."""
         return [c.name for c in self.clusters]
-
-
-# --- validation helpers ---------------------------------------------------------------------------
-
-
-def _check_dns_label(v: str, what: str) -> str:
-    if len(v) > _MAX_LABEL_VALUE or not _DNS_LABEL_RE.match(v):
-        raise ValueError(
-            f"{v!r} is not a valid {what} name: use lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit (a DNS label, <= 63 characters)"
-        )
-    return v
-
-
-def _mig_issues(mig: MigSpec, gpu: GPUSpec) -> list[FleetIssue]:
-    model = gpu.known
-    if model is None or not model.mig_profiles:
-        capable = [p for p, m in KNOWN_GPUS.items() if m.mig_profiles]
-        why = "is not MIG-capable" if model is not None else "has no known MIG profiles"
-        return [
-            FleetIssue(
-                "mig",
-                f"{gpu.product} {why}; remove mig, or use a MIG-capable product "
-                f"({', '.join(capable)})",
-            )
-        ]
-    issues: list[FleetIssue] = []
-    unknown = [p for p in mig.profiles if p not in model.mig_profiles]
-    if unknown:
-        issues.append(
-            FleetIssue(
-                "mig.profiles",
-                f"{', '.join(unknown)} not a MIG profile of {gpu.product}; its profiles are "
-                f"{', '.join(model.mig_profiles)}",
-            )
-        )
-        return issues
-    if mig.strategy == "single":
-        if len(mig.profiles) != 1:
-            issues.append(
-                FleetIssue(
-                    "mig.profiles",
-                    "the single strategy splits every GPU into one profile; give exactly one "
-                    "(or use strategy: mixed)",
-                )
-            )
-        if mig.gpus is not None and mig.gpus != gpu.count:
-            issues.append(
-                FleetIssue(
-                    "mig.gpus",
-                    f"{mig.gpus}: the single strategy partitions all {gpu.count} GPUs; drop "
-                    "mig.gpus or use strategy: mixed",
-                )
-            )
-    elif mig.gpus is not None and not 1 <= mig.gpus <= gpu.count:
-        issues.append(
-            FleetIssue(
-                "mig.gpus",
-                f"{mig.gpus} partitioned GPUs per node, but nodes have {gpu.count}; use 1..{gpu.count}",
-            )
-        )
-    compute = memory = 0
-    for name, n in mig.profiles.items():
-        shape = model.mig_profiles[name]
-        compute += shape.compute_slices * n
-        memory += shape.memory_slices * n
-        if n > shape.max_per_gpu:
-            issues.append(
-                FleetIssue(
-                    f"mig.profiles.{name}",
-                    f"{n} instances exceed one {gpu.product}: at most {shape.max_per_gpu} "
-                    f"{name} per GPU",
-                )
-            )
-    if not issues and (compute > model.compute_slices or memory > model.memory_slices):
-        issues.append(
-            FleetIssue(
-                "mig.profiles",
-                f"{dict(mig.profiles)} does not fit one {gpu.product}: it needs {compute} of "
-                f"{model.compute_slices} compute slices and {memory} of {model.memory_slices} "
-                "memory slices per GPU; use fewer instances (e.g. 2 x 1g + 1 x 2g + 1 x 3g)",
-            )
-        )
-    return issues
-
-
-def _loc_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _issues_from(exc: ValidationError) -> list[FleetIssue]:
-    issues: list[FleetIssue] = []
-    for err in exc.errors():
-        base = _loc_path(err["loc"])
-        inner = (err.get("ctx") or {}).get("error")
-        if isinstance(inner, _IssuesError):
-            for i in inner.issues:
-                path = f"{base}.{i.path}" if base and i.path else base or i.path
-                issues.append(FleetIssue(path, i.message))
-            continue
-        kind = err["type"]
-        msg = err["msg"].removeprefix("Value error, ")
-        if kind == "extra_forbidden":
-            msg = (
-                "unknown field; fields are camelCase (docs/design.md §5: nodePools, memoryMiB, "
-                "nodesPerDomain, rackSize, racksPerBlock); check the spelling"
-            )
-        elif kind == "missing":
-            msg = "required field is missing"
-        issues.append(FleetIssue(base, msg))
-    return issues
-
-
-# --- expansion into nodes ----------------------------------------------------------------------
-
-
-class NodeSpec(BaseModel):
-    """One simulated node, as the sandbox creates it and the simulator places on it.
-
-    ``labels``: GFD/device-plugin labels (``nvidia.com/gpu.*``, ``nvidia.com/mig*``),
-    ``kubernetes.io/hostname``/``os``/``arch``, rack/block labels (:data:`DEFAULT_RACK_LABEL`,
-    :data:`DEFAULT_BLOCK_LABEL`), ``nvidia.com/gpu.clique`` for multi-node NVLink domains, the
-    pool's extra labels and :data:`NODE_POOL_LABEL`. ``taints``: ``spec.taints``.
-    ``capacity``/``allocatable``: Kubernetes quantity strings as on ``Node.status``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    cluster: str
-    pool: str
-    labels: dict[str, str]
-    taints: tuple[Taint, ...] = ()
-    capacity: dict[str, str]
-    allocatable: dict[str, str]
-
-
-def _node_name(cluster: str, pool: str, index: int, pool_size: int) -> str:
-    width = max(3, len(str(pool_size - 1)))
-    return f"{cluster}-{pool}-{index:0{width}d}"
-
-
-def clique_id(cluster: str, pool: str, domain: int) -> str:
-    """``nvidia.com/gpu.clique`` value of NVLink domain ``domain`` (0-based) of a pool:
-    ``<ClusterUUID>.<CliqueID>`` as GFD publishes it, with a UUID that is stable per pool."""
-    fabric = uuid.uuid5(uuid.NAMESPACE_URL, f"gpufed.io/fleet/{cluster}/{pool}")
-    return f"{fabric}.{domain}"
-
-
-def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
-    gpu = pool.gpu
-    model = gpu.known
-    family = gpu.resolved_family or "undefined"
-    major, minor = model.compute_capability if model else compute_capability_of_family(family)
-    arch = model.cpu_arch if model else "amd64"
-    # Canonical forms, so capacity/allocatable equal what the API server prints back.
-    cpu = canonical_quantity(pool.cpu or str(16 * gpu.count))
-    memory = canonical_quantity(pool.memory or f"{256 * gpu.count}Gi")
-
-    base: dict[str, str] = dict(pool.labels)
-    base.update(
-        {
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": arch,
-            "type": "kwok",
-            NODE_POOL_LABEL: pool.name,
-            "nvidia.com/gpu.present": "true",
-            GPU_FAMILY_LABEL: family,
-            "nvidia.com/gpu.compute.major": str(major),
-            "nvidia.com/gpu.compute.minor": str(minor),
-            "nvidia.com/mig.capable": "true" if model and model.mig_profiles else "false",
-            MIG_STRATEGY_LABEL: pool.mig.strategy if pool.mig else "none",
-        }
-    )
-    resources: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": str(pool.pods)}
-    mig = pool.mig
-    if mig is None:
-        base.update(
-            {
-                GPU_PRODUCT_LABEL: gpu.product,
-                GPU_COUNT_LABEL: str(gpu.count),
-                GPU_MEMORY_LABEL: str(gpu.resolved_memory_mib),
-            }
-        )
-        resources[GPU_RESOURCE] = str(gpu.count)
-    elif mig.strategy == "single":
-        # GFD single strategy: the MIG devices are published as nvidia.com/gpu and the product
-        # label names the profile, e.g. NVIDIA-A100-SXM4-80GB-MIG-1g.10gb.
-        (profile, per_gpu), *_ = mig.profiles.items()
-        devices = per_gpu * gpu.count
-        base.update(
-            {
-                GPU_PRODUCT_LABEL: f"{gpu.product}-MIG-{profile}",
-                GPU_COUNT_LABEL: str(devices),
-                GPU_MEMORY_LABEL: str(mig_profile_memory_mib(profile)),
-            }
-        )
-        resources[GPU_RESOURCE] = str(devices)
-    else:
-        partitioned = pool.partitioned_gpus
-        base.update(
-            {
-                GPU_PRODUCT_LABEL: gpu.product,
-                GPU_COUNT_LABEL: str(gpu.count),
-                GPU_MEMORY_LABEL: str(gpu.resolved_memory_mib),
-            }
-        )
-        resources[GPU_RESOURCE] = str(gpu.count - partitioned)
-        for profile, per_gpu in mig.profiles.items():
-            base[f"{MIG_RESOURCE_PREFIX}{profile}.count"] = str(per_gpu * partitioned)
-            resources[f"{MIG_RESOURCE_PREFIX}{profile}"] = str(per_gpu * partitioned)
-
-    rack_size = pool.effective_rack_size
-    for i in range(pool.nodes):
-        name = _node_name(cluster.name, pool.name, i, pool.nodes)
-        labels = dict(base)
-        labels[HOSTNAME_LABEL] = name
-        if pool.nvlink is not None:
-            labels[GPU_CLIQUE_LABEL] = clique_id(
-                cluster.name, pool.name, i // pool.nvlink.nodes_per_domain
-            )
-        if rack_size is not None:
-            rack = i // rack_size
-            block = rack // pool.racks_per_block if pool.racks_per_block else 0
-            labels[DEFAULT_RACK_LABEL] = f"{pool.name}-rack{rack}"
-            labels[DEFAULT_BLOCK_LABEL] = f"{pool.name}-block{block}"
-        yield NodeSpec(
-            name=name,
-            cluster=cluster.name,
-            pool=pool.name,
-            labels=labels,
-            taints=pool.taints,
-            capacity=dict(resources),
-            allocatable=dict(resources),
-        )
-
-
-def node_specs(cluster: ClusterSpec) -> list[NodeSpec]:
-    """Expand a member cluster into its nodes: pools in file order, nodes numbered from 0.
-
-    Node ``i`` of pool ``p`` in cluster ``c`` is named ``c-p-<i>`` (zero-padded to 3 digits or
-    more). Pure and deterministic: the same spec always yields the same nodes, labels and
-    clique ids. Resources follow the device plugin: without MIG ``nvidia.com/gpu`` = count; with
-    mixed MIG ``nvidia.com/gpu`` = count - partitioned GPUs and ``nvidia.com/mig-<profile>`` =
-    instances per GPU x partitioned GPUs; with single MIG ``nvidia.com/gpu`` = instances x count.
-    """
-    return [node for pool in cluster.node_pools for node in _pool_nodes(cluster, pool)]

@@ -7,76 +7,98 @@ Kubernetes (camelCase) names; Python attributes are snake_case with camelCase al
 ``model_dump(by_alias=True, exclude_none=True)`` gives it back.
 
 Who uses it: the hub (intake, status mirroring), ``gpufed submit`` / ``get jobs`` / ``explain``.
+The status models are in :mod:`gpufed.api.jobstatus`, the shared base (:class:`CRDModel`,
+:class:`ObjectMeta`, :class:`StatusCondition`) in :mod:`gpufed.api.crdbase`; both are
+re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
-from pydantic.alias_generators import to_camel
+from pydantic import Field, JsonValue
 
+# The base models and the status models live in their own modules; their names are re-exported
+# here so that every ``from gpufed.api.gpujob import ...`` keeps working.
+from gpufed.api.crdbase import (
+    CONDITION_REASON_PATTERN,
+    CONDITION_TYPE_PATTERN,
+    CRDModel,
+    DateTime,
+    ObjectMeta,
+    StatusCondition,
+)
+from gpufed.api.jobstatus import (
+    MAX_RESTART_HISTORY,
+    TERMINAL_PHASES,
+    ClusterRejectionStatus,
+    ClusterScoreStatus,
+    GPUJobStatus,
+    JobPhase,
+    PlacementOutcome,
+    PlacementStatus,
+    PodIssueStatus,
+    PodSetPlacement,
+    PreemptionStatus,
+    PreemptionVictim,
+    RestartRecord,
+    Timings,
+    WorkloadRef,
+)
 from gpufed.api.labels import API_VERSION
 
-#: GPUJob lifecycle (``status.phase``). Succeeded, Failed and Lost are terminal: once written,
-#: no later report changes them (docs/design.md §7 items 2 and 5).
-JobPhase = Literal["Pending", "Placed", "Running", "Succeeded", "Failed", "Lost"]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Lost"})
+__all__ = [
+    "CONDITION_REASON_PATTERN",
+    "CONDITION_TYPE_PATTERN",
+    "DEFAULT_INFRASTRUCTURE_RETRIES",
+    "KIND",
+    "MAX_CHECKPOINT_INTERVAL_S",
+    "MAX_INFRASTRUCTURE_EXIT_CODES",
+    "MAX_INFRASTRUCTURE_RETRIES",
+    "MAX_RESTART_HISTORY",
+    "PLURAL",
+    "PRINTER_COLUMNS",
+    "SPEC_RULES",
+    "TEMPLATE_RULES",
+    "TERMINAL_PHASES",
+    "Allocation",
+    "CRDModel",
+    "Checkpoint",
+    "ClusterRejectionStatus",
+    "ClusterScoreStatus",
+    "ClusterSelector",
+    "DateTime",
+    "GPUJob",
+    "GPUJobSpec",
+    "GPUJobStatus",
+    "JobPhase",
+    "LabelSelectorRequirement",
+    "Level",
+    "NVLink",
+    "ObjectMeta",
+    "Placement",
+    "PlacementOutcome",
+    "PlacementStatus",
+    "PodIssueStatus",
+    "PodSetPlacement",
+    "PreemptionStatus",
+    "PreemptionVictim",
+    "Reschedule",
+    "RestartRecord",
+    "Retry",
+    "StatusCondition",
+    "Timings",
+    "Topology",
+    "WorkloadRef",
+]
+
 Reschedule = Literal["Never", "OnClusterLoss"]
 NVLink = Literal["Required", "Preferred", "None"]
 Level = Literal["Required", "Preferred"]
 Allocation = Literal["binpack", "spread"]
-PlacementOutcome = Literal["Placed", "Unschedulable", "Rejected"]
 
 KIND = "GPUJob"
 PLURAL = "gpujobs"
-
-#: RFC 3339 timestamps, as Kubernetes writes them (``2026-01-02T03:04:05Z``; the hub also
-#: writes fractional seconds where latency matters).
-DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
-
-
-class CRDModel(BaseModel):
-    """Base of every CRD model: camelCase names on the wire, unknown fields ignored.
-
-    Unknown fields are ignored (not refused) because the API server prunes them already and a
-    newer CRD may carry fields an older hub does not know. Every field of a CRD model carries a
-    description (its attribute docstring, or ``Field(description=...)``, or for an object the
-    class docstring); ``tests/unit/hub/test_crd_descriptions.py`` fails naming any that lacks
-    one.
-    """
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="ignore",
-        # A field's docstring (the string right under it) is its description in the CRD
-        # schema, which is what `kubectl explain` prints.
-        use_attribute_docstrings=True,
-    )
-
-    def to_k8s(self) -> dict[str, Any]:
-        """The object as the API server expects it (camelCase, ``None`` fields left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-# --- metadata (read side only; the CRD schema leaves metadata to the API server) ----------------
-
-
-class ObjectMeta(CRDModel):
-    """The parts of ``metadata`` gpufed reads (the API server owns validation of metadata)."""
-
-    name: str = ""
-    namespace: str | None = None
-    uid: str | None = None
-    resource_version: str | None = None
-    generation: int | None = None
-    creation_timestamp: str | None = None
-    deletion_timestamp: str | None = None
-    finalizers: list[str] = Field(default_factory=list)
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-
 
 # --- spec ----------------------------------------------------------------------------------------
 
@@ -289,330 +311,6 @@ class GPUJobSpec(CRDModel):
     chosen member."""
     placement: Placement = Field(default_factory=Placement)
     checkpoint: Checkpoint | None = None
-
-
-# --- status --------------------------------------------------------------------------------------
-
-
-#: ``metav1.Condition`` validation (KEP-1623): a condition type is an optional DNS-subdomain
-#: prefix and a CamelCase name; a reason is CamelCase (letters, digits, ``_``, ``,``, ``:``).
-CONDITION_TYPE_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
-)
-CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-
-
-_CONDITION_REQUIRED = ("type", "status", "reason", "message", "lastTransitionTime")
-
-
-def _required_condition_fields(schema: dict[str, Any]) -> None:
-    """The schema requires what KEP-1623 requires (the model has lenient defaults)."""
-    schema["required"] = list(_CONDITION_REQUIRED)
-    for name in _CONDITION_REQUIRED:
-        schema["properties"][name].pop("default", None)
-
-
-class StatusCondition(CRDModel):
-    """One entry of ``status.conditions``: a Kubernetes ``metav1.Condition`` (KEP-1623).
-
-    ``type``, ``status``, ``reason``, ``message`` (may be empty) and ``lastTransitionTime`` are
-    required by the schema, as in ``metav1.Condition``;
-    the hub's writer (``hub/status.py`` ``set_condition``) always fills them, and turns a
-    member's free-text or empty reason into a CamelCase one. The model itself reads
-    leniently (defaults, no patterns) so that a status written by an older hub still loads.
-    """
-
-    model_config = ConfigDict(json_schema_extra=_required_condition_fields)
-
-    type: str = Field(
-        min_length=1,
-        max_length=316,
-        description="Type of the condition, CamelCase, optionally prefixed by a DNS "
-        "subdomain and `/` (the types of each resource are listed under its "
-        "`status.conditions`).",
-        json_schema_extra={"pattern": CONDITION_TYPE_PATTERN},
-    )
-    status: Literal["True", "False", "Unknown"] = Field(
-        description="Whether the condition holds: `True`, `False` or `Unknown`."
-    )
-    observed_generation: int | None = Field(
-        default=None,
-        ge=0,
-        description="The `metadata.generation` of the object this condition was computed from.",
-    )
-    reason: str = Field(
-        default="",
-        max_length=1024,
-        description="Why the condition last changed: one CamelCase word, for machines "
-        "(e.g. `Unschedulable`, `Succeeded`, `BackoffLimitExceeded`).",
-        json_schema_extra={"minLength": 1, "pattern": CONDITION_REASON_PATTERN},
-    )
-    message: str = Field(
-        default="",
-        max_length=32768,
-        description="Details for people; may be empty.",
-    )
-    last_transition_time: DateTime | None = Field(
-        default=None,
-        description="When `status` last changed (RFC 3339).",
-    )
-
-
-class PodSetPlacement(CRDModel):
-    """Where one pod set goes: node name -> pods (``nodes``); ``requests`` per pod."""
-
-    name: str
-    """The pod set's name (the replicated job or replica type it comes from, or `main`)."""
-    requests: dict[str, int] = Field(default_factory=dict)
-    """Resource name -> amount each pod of the set requests (GPUs as whole counts)."""
-    nodes: dict[str, int] = Field(default_factory=dict)
-    """Node name -> how many of the set's pods were placed on it."""
-
-
-class ClusterScoreStatus(CRDModel):
-    """A member that could take the job: total score (0-100) and each scorer's part."""
-
-    cluster: str
-    """The member cluster."""
-    score: float
-    """Total score, 0-100 (higher wins; ties break on the cluster name)."""
-    gpu_product: str | None = None
-    """The GPU product the job would use there."""
-    parts: dict[str, float] = Field(default_factory=dict)
-    """Scorer name -> its weighted part of the total."""
-
-
-class ClusterRejectionStatus(CRDModel):
-    """A member that cannot take the job: the placement plugin that said no, and why.
-
-    ``code``: ``Unschedulable`` (may change as jobs finish), ``UnschedulableAndUnresolvable``
-    (only a change of the member's shape or configuration would help) or ``Error``.
-    """
-
-    cluster: str
-    """The member cluster that cannot take the job."""
-    plugin: str
-    """The placement filter plugin that rejected it (e.g. `GPUProduct`, `TopologyFit`, `Quota`)."""
-    code: Literal["Unschedulable", "UnschedulableAndUnresolvable", "Error"]
-    """`Unschedulable` (may change as jobs finish), `UnschedulableAndUnresolvable` (only a change of
-    the member's shape or configuration would help) or `Error`."""
-    reason: str
-    """Why, for people."""
-
-
-class PlacementStatus(CRDModel):
-    """``status.placement``: the latest placement decision with its explanation.
-
-    The same fields as placement's ``Decision`` (camelCase), so ``gpufed explain`` renders it
-    exactly as placement explains it. ``outcome``: ``Placed`` (``cluster`` set),
-    ``Unschedulable`` (waits for the fleet to change) or ``Rejected`` (no member could ever
-    hold it). ``scores``: members that could take it, best first; ``rejections``: per member,
-    the plugin and reason (always filled when the job did not fit).
-    """
-
-    outcome: PlacementOutcome
-    """`Placed` (`cluster` is set), `Unschedulable` (the job waits for the fleet to change) or
-    `Rejected` (no member could ever hold it: the job fails)."""
-    cluster: str | None = None
-    """The member chosen (when `Placed`)."""
-    gpu_product: str | None = None
-    """The GPU product of the pool the job's GPU pods were placed in."""
-    nvlink_domains: list[str] = Field(default_factory=list)
-    """The NVLink domains the pods landed in (`node:<name>` for an HGX node, `clique:<id>` for a
-    multi-node NVLink rack)."""
-    pod_sets: list[PodSetPlacement] = Field(default_factory=list)
-    """Per pod set: the nodes its pods were pinned to."""
-    score: float | None = None
-    """The chosen member's total score, 0-100."""
-    scores: list[ClusterScoreStatus] = Field(default_factory=list)
-    """Members that could take the job, best first."""
-    rejections: list[ClusterRejectionStatus] = Field(default_factory=list)
-    """Per member that cannot take the job: the plugin, code and reason (always filled when the job
-    did not fit)."""
-    message: str = ""
-    """One-line summary of the decision."""
-    explained: bool = False
-    """True when every member's score or rejection was recorded (fleets up to the hub's
-    `--explain-members`); false when only the winner was."""
-    policy: str = ""
-    """The allocation policy the decision used (`binpack`, `spread`)."""
-    decided_time: DateTime | None = None
-    """When the decision was made (RFC 3339)."""
-
-
-class PodIssueStatus(CRDModel):
-    """A pod of the job in the member that is not running, and why."""
-
-    pod: str
-    """The pod's name in the member."""
-    reason: str
-    """The waiting reason of a container (`ImagePullBackOff`, `CrashLoopBackOff`) or the scheduler's
-    `Unschedulable`."""
-    message: str = ""
-    """The member's message, if any."""
-
-
-class WorkloadRef(CRDModel):
-    """The main workload object in the member (``Kind.group`` and name)."""
-
-    kind: str = ""
-    """`Kind.group` of the main workload object (`Job.batch`, `JobSet.jobset.x-k8s.io`,
-    `PyTorchJob.kubeflow.org`)."""
-    name: str = ""
-    """Its name in the member."""
-    namespace: str = ""
-    """Its namespace in the member (empty: the GPUJob's namespace)."""
-
-
-class Timings(CRDModel):
-    """Hub-measured latencies in milliseconds (one monotonic clock, not 1 s timestamps).
-
-    ``placementMs``: hub intake -> placement decision; ``dispatchMs``: decision -> the
-    agent acknowledged the objects exist in the member.
-    """
-
-    placement_ms: float | None = None
-    """Milliseconds from hub intake to the placement decision."""
-    dispatch_ms: float | None = None
-    """Milliseconds from the decision to the agent's acknowledgement that the objects exist in the
-    member."""
-
-
-class PreemptionVictim(CRDModel):
-    """One job preempted to place this one: ``job`` (``namespace/name``), its ``priority``,
-    ``costGpuSeconds`` (the work it lost: GPUs x seconds since its last checkpoint) and
-    ``reason`` (``priority``: lower priority; ``reclaim``: its queue borrowed from ours)."""
-
-    job: str
-    """The preempted GPUJob, `namespace/name`."""
-    priority: int = 0
-    """The victim's priority when it was preempted."""
-    cost_gpu_seconds: float = 0.0
-    """The work it lost: GPUs x seconds since its last checkpoint."""
-    reason: Literal["priority", "reclaim"] = "priority"
-    """`priority`: it had a lower priority; `reclaim`: its queue borrowed from the preemptor's."""
-
-
-class PreemptionStatus(CRDModel):
-    """What the hub preempted to place this job (set on the preemptor, kept once placed):
-    the member ``cluster``, the ``nodes`` and ``nvlinkDomains`` freed for it, the ``victims``,
-    ``costGpuSeconds`` in all, when (``time``) and one line (``message``)."""
-
-    cluster: str
-    """The member cluster the victims ran in."""
-    nodes: list[str] = Field(default_factory=list, max_length=512)
-    """The nodes freed for this job."""
-    nvlink_domains: list[str] = Field(default_factory=list, max_length=512)
-    """The NVLink domains (cliques) freed for this job."""
-    victims: list[PreemptionVictim] = Field(default_factory=list, max_length=128)
-    """The jobs preempted."""
-    cost_gpu_seconds: float = 0.0
-    """GPU-seconds lost by all victims together."""
-    time: DateTime | None = None
-    """When the preemption was committed (RFC 3339)."""
-    message: str = ""
-    """One line for people."""
-
-
-#: Restarts kept in ``status.restartHistory`` (the newest).
-MAX_RESTART_HISTORY = 16
-
-
-class RestartRecord(CRDModel):
-    """One re-run after an infrastructure failure: the ``attempt`` that failed, its
-    ``cluster`` and the ``nodes`` involved, the ``reason`` (``NodeLost``, ``NodeNotReady``,
-    ``GPUUnavailable``, a ``DisruptionTarget`` reason, ``InfrastructureExitCode``), one line
-    (``message``) and when the hub decided it (``time``)."""
-
-    attempt: int = Field(ge=1)
-    """The attempt that failed (1 is the first run)."""
-    cluster: str
-    """The member cluster it ran in."""
-    nodes: list[str] = Field(default_factory=list, max_length=64)
-    """The nodes involved in the failure."""
-    reason: str
-    """Why it was an infrastructure failure (`NodeLost`, `NodeNotReady`, `GPUUnavailable`, a
-    `DisruptionTarget` reason, `InfrastructureExitCode`)."""
-    message: str = ""
-    """One line for people."""
-    time: DateTime | None = None
-    """When the hub decided to re-run it (RFC 3339)."""
-
-
-class GPUJobStatus(CRDModel):
-    """``GPUJob.status``, written only by the hub.
-
-    ``conditions``: the hub's own conditions (``Valid``, ``Placed``, ``Dispatched``,
-    ``ClusterLost``) followed by the member workload's conditions in the member's order.
-    ``active``/``succeeded``/``failed``/``ready``: pod counts from the member object;
-    ``startTime``/``completionTime``: from the member object. ``gpus``: whole GPUs the job
-    asks for (all pod sets). ``attempt``: the placement attempt ``cluster`` holds (1, then 2
-    after a re-placement; the hub's ``jobs/<uid>`` record counts the same), so a hub that
-    lost or restored its etcd state can tell which of its record and this status is newer
-    (docs/design.md §7 item 7). ``lastCheckpointTime``: the latest checkpoint the job
-    reported in its member (annotation ``gpufed.io/last-checkpoint``, forwarded by the agent).
-    ``preemptions``: how many times the hub preempted the job (its copy stopped to free GPUs
-    for a higher-priority job; condition ``Preempted``); each returned it to Pending.
-    ``preemption``: what the hub preempted to place this job (its victims and the block freed).
-    ``restarts``: how many times the hub re-ran the job after an infrastructure failure
-    (``spec.placement.retry``); ``restartHistory``: the latest of them (at most 16, oldest
-    first), each with the attempt, member, nodes and reason; while a re-run is pending the
-    job is Pending with condition ``Restarting`` True, never Failed.
-    Terminal phases (Succeeded, Failed, Lost) are final.
-    """
-
-    phase: JobPhase = "Pending"
-    """Lifecycle: `Pending`, `Placed`, `Running`, `Succeeded`, `Failed` or `Lost`; the last three
-    are terminal and final."""
-    message: str = ""
-    """What is happening, for people (why it waits, where it runs, how it ended)."""
-    cluster: str | None = None
-    """The member cluster the job is placed on."""
-    attempt: int | None = Field(default=None, ge=1)
-    """The placement attempt `cluster` holds (1, then 2 after a re-placement)."""
-    gpus: int | None = None
-    """Whole GPUs the job asks for, over all its pod sets."""
-    placement: PlacementStatus | None = None
-    conditions: list[StatusCondition] = Field(
-        default_factory=list,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    """KEP-1623 conditions: the hub's own first (`Valid`, `Placed`, `Dispatched`, `ClusterLost`,
-    `Finished`: True once the job ended, reason `Succeeded`, `Failed` or `Lost`, whatever the
-    workload kind), then the member workload's conditions in the member's order."""
-    workload: WorkloadRef | None = None
-    active: int | None = None
-    """Active pods of the member workload."""
-    succeeded: int | None = None
-    """Succeeded pods of the member workload."""
-    failed: int | None = None
-    """Failed pods of the member workload."""
-    ready: int | None = None
-    """Ready pods of the member workload."""
-    pod_issues: list[PodIssueStatus] = Field(default_factory=list, max_length=64)
-    """Pods of the job in the member that are not running, and why (at most 20 are copied)."""
-    start_time: DateTime | None = None
-    """When the member workload started (from the member object, RFC 3339)."""
-    completion_time: DateTime | None = None
-    """When the member workload completed (from the member object, RFC 3339)."""
-    last_checkpoint_time: DateTime | None = None
-    """The latest checkpoint the job reported in its member (annotation `gpufed.io/last-checkpoint`,
-    RFC 3339)."""
-    preemptions: int | None = Field(default=None, ge=0)
-    """Times this job was preempted (its member copy stopped to place a job of higher priority, or
-    reclaimed by a queue below its nominal quota)."""
-    preemption: PreemptionStatus | None = None
-    """On a preemptor: what the hub preempted to place it (kept once it is placed)."""
-    restarts: int | None = Field(default=None, ge=0)
-    """Times the job was re-run after an infrastructure failure."""
-    restart_history: list[RestartRecord] = Field(
-        default_factory=list, max_length=MAX_RESTART_HISTORY
-    )
-    """The newest 16 re-runs: attempt, cluster, nodes, reason, message, time."""
-    timings: Timings | None = None
-    observed_generation: int | None = None
-    """The `metadata.generation` this status was computed from."""
 
 
 #: CEL rules on the whole spec.

@@ -64,6 +64,9 @@ PRIORITY_ANNOTATION: Final = "gpufed.io/priority"  # integer
 LAST_CHECKPOINT_ANNOTATION: Final = "gpufed.io/last-checkpoint"
 #: Demo examples: the phase each example is expected to end in (Succeeded, Failed, Pending …).
 EXPECT_ANNOTATION: Final = "gpufed.io/expect"
+#: Node label naming the fleet node pool a simulated node belongs to (gpufed-owned; the sandbox
+#: and the simulator set it from the fleet spec, docs/design.md §5).
+NODE_POOL_LABEL: Final = "gpufed.io/node-pool"
 
 # --- NVIDIA device plugin resources and GFD labels ---------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"

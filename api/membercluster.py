@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gpufed.api.gpujob import CRDModel, DateTime, ObjectMeta, StatusCondition
+from gpufed.api.crdbase import CRDModel, DateTime, ObjectMeta, StatusCondition
 from gpufed.api.labels import API_VERSION
 
 KIND = "MemberCluster"

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Final
 import yaml
 from pydantic import Field, ValidationError
 
-from gpufed.api.gpujob import CRDModel, ObjectMeta, StatusCondition
+from gpufed.api.crdbase import CRDModel, ObjectMeta, StatusCondition
 from gpufed.api.labels import API_VERSION
 
 KIND: Final = "GPUQueue"

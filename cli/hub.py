@@ -165,6 +165,24 @@ def run(
         float,
         typer.Option(help="half-life of the decayed GPU-seconds of fair sharing, seconds"),
     ] = 86_400.0,
+    queue_order: Annotated[
+        str,
+        typer.Option(
+            help="smallest-first (fewer GPUs first within a priority, jobs waiting "
+            "--queue-oldest-first or more first) or fifo (earlier first)"
+        ),
+    ] = "smallest-first",
+    queue_oldest_first: Annotated[
+        float,
+        typer.Option(help="seconds a job waits before it goes ahead of every younger job"),
+    ] = 57_600.0,
+    queue_starvation: Annotated[
+        float,
+        typer.Option(help="seconds a job waits without fitting before it holds nodes"),
+    ] = 1800.0,
+    queue_max_holds: Annotated[
+        int, typer.Option(help="waiting jobs that hold nodes at once (0: none)")
+    ] = 4,
     preemption: Annotated[
         bool,
         typer.Option(
@@ -245,6 +263,10 @@ def run(
         "explain_members": explain_members,
         "default_queue": default_queue,
         "fair_share_half_life_s": fair_share_half_life,
+        "queue_order": queue_order,
+        "queue_oldest_first_s": queue_oldest_first,
+        "queue_starvation_s": queue_starvation,
+        "queue_max_holds": queue_max_holds,
         "preemption": preemption,
         "preemption_min_runtime_s": preemption_min_runtime,
         "preemption_max_per_hour": preemption_max_per_hour,

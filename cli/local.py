@@ -31,6 +31,8 @@ from gpufed.sandbox.controlplane import HUB_COMPONENT, ControlPlaneOptions
 from gpufed.sandbox.helm import build_helm
 from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
+from gpufed.sandbox.kueue import build_kueue
+from gpufed.sandbox.multikueue import MultiKueueOptions, start_multikueue
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
 from gpufed.sandbox.supervisor import ComponentError
 
@@ -87,18 +89,27 @@ def build(
         False, "--regenerate", help="Rewrite the wrapper go.mod/go.sum files first (needs network)."
     ),
     force: bool = typer.Option(False, "--force", help="Rebuild even when current."),
+    skip_kueue: bool = typer.Option(
+        False,
+        "--skip-kueue",
+        help="Do not build Kueue (the MultiKueue peer; its smoke test then builds it on use).",
+    ),
 ) -> None:
     """Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-    into ~/.cache/gpufed/bin/<pins>/, and helm (the chart tests) into its own
-    ~/.cache/gpufed/bin/helm-<version>_<go>/ (each skipped when present and its pins are
+    into ~/.cache/gpufed/bin/<pins>/, helm (the chart tests) into its own
+    ~/.cache/gpufed/bin/helm-<version>_<go>/ and the Kueue manager (the MultiKueue peer) into
+    ~/.cache/gpufed/bin/kueue-<version>_<go>/ (each skipped when present and its pins are
     unchanged)."""
     with fail_cleanly():
         if regenerate_recipe:
             regenerate(progress=_progress)
         bins = build_binaries(with_kubectl=with_kubectl, force=force, progress=_progress)
         helm = build_helm(force=force, progress=_progress)
+        kueue = None if skip_kueue else build_kueue(force=force, progress=_progress)
     console.print(f"binaries: {bins.path}")
     console.print(f"helm: {helm}")
+    if kueue is not None:
+        console.print(f"kueue: {kueue}")
 
 
 def control_plane_options(
@@ -142,17 +153,52 @@ def up(
     member_lease: float = MemberLease,
     member_lost_timeout: float = MemberLost,
     heartbeat: float = Heartbeat,
+    peer: str | None = typer.Option(
+        None,
+        "--peer",
+        help="Run a peer system instead of gpufed's hub and agents: multikueue (Kueue as "
+        "MultiKueue manager on the hub, workers on the members; docs/sandbox.md).",
+    ),
+    kueue_qps: float | None = typer.Option(
+        None, "--kueue-qps", help="With --peer multikueue: client QPS of every Kueue (1000: fast)."
+    ),
+    kueue_burst: int | None = typer.Option(
+        None, "--kueue-burst", help="With --peer multikueue: client burst of every Kueue."
+    ),
 ) -> None:
     """Start etcd, a hub API server and per member an API server, controller manager,
     scheduler and kwok; create the fleet's GPU nodes; then install the CRDs, join the members
-    and start the hub and one agent per member; wait until every member is Ready on the hub."""
-    options = control_plane_options(clusters_only, member_lease, member_lost_timeout, heartbeat)
+    and start the hub and one agent per member; wait until every member is Ready on the hub.
+    With ``--peer multikueue``, Kueue's MultiKueue runs on the clusters instead."""
+    if peer not in (None, "multikueue"):
+        err_console.print(f"[red]error:[/red] --peer {peer!r}: the one peer is 'multikueue'")
+        raise typer.Exit(1)
+    if peer is None and (kueue_qps is not None or kueue_burst is not None):
+        err_console.print("[red]error:[/red] --kueue-qps/--kueue-burst need --peer multikueue")
+        raise typer.Exit(1)
+    options = control_plane_options(
+        clusters_only or peer is not None, member_lease, member_lost_timeout, heartbeat
+    )
     with fail_cleanly():
         sandbox = Sandbox(state_dir, progress=_progress)
         info = sandbox.up(fleet, apiserver_timeout_s=timeout, control_plane=options)
+        mk = None
+        if peer == "multikueue":
+            try:
+                mk_options = MultiKueueOptions(qps=kueue_qps, burst=kueue_burst)
+                mk = start_multikueue(sandbox, info, options=mk_options, progress=_progress)
+            except BaseException:
+                sandbox.down()
+                raise
         inventory = sandbox.inventory()
     console.print(f"sandbox up in {info.up_seconds:.1f}s")
     print_summary(info, inventory)
+    if mk is not None:
+        console.print(
+            f"multikueue: submit batch/v1 Jobs on the hub in namespace {mk.namespace} with label "
+            f"{mk.queue_label}={mk.local_queue}; managers: {', '.join(mk.components)}",
+            soft_wrap=True,
+        )
 
 
 def print_summary(info: SandboxInfo, inventory: list[ClusterGPUs]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import QueueFileError, load_queues
 from gpufed.placement.priomix import load_mix
+from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
 from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
 from gpufed.placement.simreport import CSV_COLUMNS, csv_rows, size_buckets, wait_by_size
@@ -114,6 +116,26 @@ def simulate_command(
         "--checkpoint-s",
         help="Checkpoint interval, seconds, for trace jobs without a checkpoint_s value.",
     ),
+    queue_order: str = typer.Option(
+        "smallest-first",
+        "--queue-order",
+        help="Policy gpufed: order of jobs not yet starving, within a priority: smallest-first "
+        "(fewer GPUs first; the hub's default) or fifo (earlier first, the order before issue 14).",
+    ),
+    starvation_s: float = typer.Option(
+        1800.0,
+        "--starvation-s",
+        help="Policy gpufed: seconds a job waits without fitting before it holds nodes.",
+    ),
+    oldest_first_s: float = typer.Option(
+        57600.0,
+        "--oldest-first-s",
+        help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
+        "of its priority, oldest first (with smallest-first).",
+    ),
+    max_holds: int = typer.Option(
+        4, "--max-holds", help="Policy gpufed: starving jobs that hold nodes at once (0: none)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
@@ -150,6 +172,20 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
         raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
+    if queue_order not in QUEUE_ORDERS:
+        raise typer.BadParameter(f"use {' or '.join(QUEUE_ORDERS)}", param_hint="--queue-order")
+    if not (starvation_s >= 0 and math.isfinite(starvation_s)):
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--starvation-s")
+    if not (oldest_first_s >= 0 and math.isfinite(oldest_first_s)):
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--oldest-first-s")
+    if max_holds < 0:
+        raise typer.BadParameter("must be >= 0", param_hint="--max-holds")
+    backfill = BackfillRule(
+        starvation_s=starvation_s,
+        max_holds=max_holds,
+        oldest_first_s=oldest_first_s,
+        order=queue_order,
+    )
     try:
         members = load_fleet(fleet)
         jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
@@ -179,6 +215,7 @@ def simulate_command(
                 queues=queue_objs,
                 quota_mode=quota_mode,  # type: ignore[arg-type]
                 half_life_s=half_life,
+                backfill=backfill,
                 preemption=(
                     SimPreemption(on=preemption == "on", victims=victims)
                     if preemption is not None

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
+from gpufed.placement.queue import BackfillRule, QueueOrder
 from gpufed.placement.quota import DEFAULT_QUEUE
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 from gpufed.sync.podsecurity import Level
@@ -89,6 +90,11 @@ class HubConfig(BaseModel):
       ``standby`` (:mod:`gpufed.hub.podrole`); empty outside a Pod.
     - ``fair_share_half_life_s``: half-life of the decayed GPU-seconds that order queues in
       fair sharing (:mod:`gpufed.placement.fairshare`).
+    - ``queue_order``: within a queue and priority, ``smallest-first`` (jobs with fewer GPUs
+      first, except those waiting ``queue_oldest_first_s`` or more, which go first, oldest
+      first) or ``fifo`` (earlier first); ``queue_starvation_s``: seconds a job waits without
+      fitting before it holds the nodes it needs; ``queue_max_holds``: jobs holding nodes at
+      once (:class:`gpufed.placement.BackfillRule`; docs/placement.md, "Queue and backfill").
     - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
       PreemptLowerPriority`` preempts lower-priority jobs (and reclaims its queue's nominal
       quota) to free exactly the block it needs (docs/hub.md, "Preemption"); False: never.
@@ -148,6 +154,10 @@ class HubConfig(BaseModel):
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
     )
     fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=10 * 365 * 86400)
+    queue_order: QueueOrder = "smallest-first"
+    queue_oldest_first_s: float = Field(default=57_600.0, ge=0, le=365 * 86400)
+    queue_starvation_s: float = Field(default=1800.0, ge=0, le=365 * 86400)
+    queue_max_holds: int = Field(default=4, ge=0, le=1000)
     preemption: bool = True
     preemption_min_runtime_s: float = Field(default=0.0, ge=0)
     preemption_max_per_hour: int = Field(default=3, ge=1)
@@ -160,6 +170,16 @@ class HubConfig(BaseModel):
         ],
         ...,
     ] = Field(default=(), max_length=32)
+
+    @property
+    def backfill_rule(self) -> BackfillRule:
+        """The pass order and backfill holds of this configuration (placement's model)."""
+        return BackfillRule(
+            starvation_s=self.queue_starvation_s,
+            max_holds=self.queue_max_holds,
+            oldest_first_s=self.queue_oldest_first_s,
+            order=self.queue_order,
+        )
 
     @property
     def preemption_rules(self) -> PreemptionRules:

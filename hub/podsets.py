@@ -8,7 +8,9 @@ Called by the hub's intake for every new GPUJob. Which pods a workload runs at o
   its Job's pod count;
 - Kubeflow PyTorchJob (``kubeflow.org/v1``) and MPIJob (``kubeflow.org/v2beta1``): one pod
   set per replica type (``master``, ``worker``; ``launcher``, ``worker``), ``replicas``
-  (default 1) pods each;
+  (default 1) pods each; an MPIJob shape mpi-operator refuses or ignores (no ``Launcher``, a
+  launcher of other than 1 replica, a ``Worker`` of fewer than 1, another replica type, a pod
+  template without containers) is invalid (:mod:`gpufed.sync.workloads`);
 - RayJob (``ray.io/v1``): the RayCluster of ``spec.rayClusterSpec``: pod set ``head`` (one
   pod) and one per worker group, named by ``groupName``, of the pods KubeRay starts:
   ``replicas`` (default 0) clamped into [``minReplicas``, ``maxReplicas``], times

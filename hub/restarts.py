@@ -42,26 +42,12 @@ from gpufed.hub.state import JobState
 from gpufed.hub.store import ConflictError
 from gpufed.hub.suspects import SuspectNodes
 from gpufed.hub.term import Term
-from gpufed.sync.failure import (
-    GPU_UNAVAILABLE,
-    NODE_LOST,
-    NODE_NOT_READY,
-    with_declared_exit_codes,
-)
+from gpufed.sync.failure import NODE_EVIDENCE, with_declared_exit_codes
 
 log = structlog.get_logger("gpufed.hub.restarts")
 
 #: The requeue kind (and GPUJob condition type) of a re-run after an infrastructure failure.
 INFRASTRUCTURE_FAILURE = "InfrastructureFailure"
-#: Failure reasons that are evidence about the node itself, which alone mark nodes suspect: the
-#: node gone or NotReady, GPUs withdrawn by the device plugin, the pod garbage collector after
-#: the node's deletion, a NoExecute taint (``node.kubernetes.io/unreachable``, a GPU health
-#: taint). Not: ``InfrastructureExitCode`` (the tenant declares it), ``TerminationByKubelet``
-#: (a pressure eviction the tenant's own pod can provoke), ``EvictionByEvictionAPI`` (a drain),
-#: ``PreemptionByScheduler`` (the member's scheduler): those re-run the job, marking nothing.
-NODE_EVIDENCE: frozenset[str] = frozenset(
-    {NODE_LOST, NODE_NOT_READY, GPU_UNAVAILABLE, "DeletionByPodGC", "DeletionByTaintManager"}
-)
 
 
 def retry_of(job: JobState) -> Retry:

@@ -12,7 +12,8 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    ledger rebuilt from the placements; no cycle places anything before the term's first
    GPUQueue and PriorityClass lists;
 3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: fair-share order
-   between queues, then priority and submit time, backfill holds) calls the pure ``place()``
+   between queues, then :func:`gpufed.placement.pass_key`: priority, jobs past the starvation
+   age oldest first, the others fewer GPUs first; backfill holds) calls the pure ``place()``
    on the long-lived :class:`~gpufed.placement.FleetSnapshot` with the job's ``Quota`` filter;
    a ``Placed`` decision is reserved at once as a tentative reservation and charged to its
    queue, so later jobs of the same pass see its GPUs and its quota taken;
@@ -55,7 +56,6 @@ from gpufed.hub.store import ConflictError
 from gpufed.hub.suspects import SuspectNodes, with_suspects
 from gpufed.hub.term import Term
 from gpufed.placement import (
-    BackfillRule,
     FleetSnapshot,
     Hold,
     Policy,
@@ -65,7 +65,7 @@ from gpufed.placement import (
 )
 from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
-from gpufed.placement.queue import queued_fit_key
+from gpufed.placement.queue import pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
 from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
 
@@ -114,7 +114,7 @@ class Scheduler:
             allocation=term.config.allocation,
             reservation_ttl_s=term.config.reservation_ttl_s,
         )
-        self._backfill = BackfillRule()
+        self._backfill = term.config.backfill_rule
         self._kick = asyncio.Event()
         #: jobs that may want placement (checked again each cycle)
         self._waiting: set[str] = set()
@@ -162,7 +162,10 @@ class Scheduler:
             return
         gate = queues.gate()
         requests = fair_sorted(
-            (j.request for j in waiting if j.request is not None), queues.tree, shares
+            (j.request for j in waiting if j.request is not None),
+            queues.tree,
+            shares,
+            pass_key(now, self._backfill),
         )
         reservations: dict[str, Reservation] = {}
         charges: dict[str, tuple[str, dict[str, int]]] = {}

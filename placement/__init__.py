@@ -5,7 +5,8 @@ Public surface (used by the hub, the simulator, the benchmark and ``gpufed expla
 * :class:`FleetSnapshot`: the indexed fleet plus the reservation ledger, updated incrementally;
 * :func:`place` / :func:`explain`: one decision for one job (pure);
 * :class:`Policy`, :class:`ScoreWeights`: scoring configuration;
-* :func:`schedule_pass`, :func:`order_key`, :class:`BackfillRule`: queue order and backfill;
+* :func:`schedule_pass`, :func:`pass_key`, :func:`order_key`, :class:`BackfillRule`: queue order and
+  backfill;
 * :func:`render_explanation`: the text of ``gpufed explain``;
 * :func:`plan_preemption`, :class:`PreemptionCycle` (with :class:`Running`,
   :class:`Preemptor`, :class:`PreemptionRules`, :class:`PreemptionPlan`,
@@ -28,7 +29,14 @@ from gpufed.placement.preemption import (
     Preemptor,
     Running,
 )
-from gpufed.placement.queue import BackfillRule, Hold, PassResult, order_key, schedule_pass
+from gpufed.placement.queue import (
+    BackfillRule,
+    Hold,
+    PassResult,
+    order_key,
+    pass_key,
+    schedule_pass,
+)
 from gpufed.placement.render import render_explanation
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.victims import plan_preemption
@@ -51,6 +59,7 @@ __all__ = [
     "explain",
     "hold_for",
     "order_key",
+    "pass_key",
     "place",
     "plan_preemption",
     "plugins_for",

@@ -10,8 +10,10 @@ GPUs, ``D(t1) = D(t0)·e^(-λΔ) + r·(1 - e^(-λΔ))/λ`` with ``λ = ln 2 / ha
 descendants / ``q``'s weight.
 
 **Order** (:func:`fair_key`): from the root down, siblings with the lower share go first (ties
-by queue name); within one queue, higher priority first, then earlier arrival, then job name and
-UID (:func:`gpufed.placement.queue.order_key`). So among jobs competing for the same capacity,
+by queue name); within one queue, the pass order of :func:`gpufed.placement.queue.pass_key`
+(higher priority first; then jobs past the starvation age, oldest first; then the others, fewer
+GPUs first, then earlier arrival; then job name and UID; :func:`~gpufed.placement.queue.order_key`
+when no key is given). So among jobs competing for the same capacity,
 a queue that used little lately goes first: its burst credit.
 """
 
@@ -101,9 +103,12 @@ class DecayedUsage:
 
 
 def fair_key(
-    tree: QueueTree, shares: Mapping[str, float]
+    tree: QueueTree,
+    shares: Mapping[str, float],
+    within: Callable[[PlacementRequest], Any] = order_key,
 ) -> Callable[[PlacementRequest], tuple[Any, ...]]:
-    """The sort key of the fair-share order (module docstring) over ``shares``.
+    """The sort key of the fair-share order (module docstring) over ``shares``; ``within``:
+    the order inside one queue (:func:`~gpufed.placement.queue.pass_key` in a pass).
 
     A request with no queue is in the default queue; a queue not in the tree (broken) sorts
     as a root of share 0 named after it, so its jobs are still tried (and refused by quota).
@@ -121,13 +126,17 @@ def fair_key(
 
     def key(request: PlacementRequest) -> tuple[Any, ...]:
         q = request.queue if request.queue is not None else tree.default_queue
-        return (path_of(q), order_key(request))
+        return (path_of(q), within(request))
 
     return key
 
 
 def fair_sorted(
-    requests: Iterable[PlacementRequest], tree: QueueTree, shares: Mapping[str, float]
+    requests: Iterable[PlacementRequest],
+    tree: QueueTree,
+    shares: Mapping[str, float],
+    within: Callable[[PlacementRequest], Any] = order_key,
 ) -> list[PlacementRequest]:
-    """``requests`` in fair-share order (give the result to ``schedule_pass(presorted=True)``)."""
-    return sorted(requests, key=fair_key(tree, shares))
+    """``requests`` in fair-share order, ``within`` each queue (give the result to
+    ``schedule_pass(presorted=True)``)."""
+    return sorted(requests, key=fair_key(tree, shares, within))

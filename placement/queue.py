@@ -1,11 +1,18 @@
 """Queue order and the backfill rule of the scheduling loop (pure).
 
 The hub's scheduling loop (and the simulator) call :func:`schedule_pass` whenever the fleet
-changes or jobs arrive: it walks the waiting jobs in :func:`order_key` order and asks the
+changes or jobs arrive: it walks the waiting jobs in :func:`pass_key` order and asks the
 caller's ``attempt`` callback to place each one (the callback runs ``place()`` and, on
 ``Placed``, reserves at once, so later jobs in the same pass see the capacity as taken).
 
-Order: higher ``priority`` first, then earlier ``submitted_at``, then job name and UID.
+Order of a pass (:func:`pass_key`; :func:`order_key` is the plain first-come order): higher
+``priority`` first; within a priority, the jobs that have waited ``oldest_first_s`` (default
+16 h) or more, oldest first; then the others, fewer GPUs first (``BackfillRule.order``
+``smallest-first``, the default; ``fifo``: earlier first whatever their size, the order before
+issue 14), then earlier ``submitted_at``; then job name and UID. Why: a small job that finds
+room starts before a big one that would take the same GPUs, which shortens the mean wait; a job
+that has waited ``oldest_first_s`` is walked before every job that has not, so its hold (below)
+keeps them all off its nodes and it cannot starve.
 
 Backfill rule (docs/placement.md, "Queue and backfill"):
 
@@ -16,9 +23,11 @@ Backfill rule (docs/placement.md, "Queue and backfill"):
   member where they have the most free GPUs, the NVLink domain, rack or block, or the set of
   nodes, that would hold the job once drained): jobs after it in the order may no longer be
   placed on those nodes, so the work running there drains until the starving job fits,
-  however many small jobs keep arriving; the rest of the member keeps backfilling. A
-  higher-priority job is ahead in the order and therefore also holds before lower ones. At
-  most ``max_holds`` jobs hold nodes at once, oldest starving jobs first.
+  however many small jobs keep arriving; the rest of the member keeps backfilling. A hold keeps
+  off the jobs *after* the holder in the pass order: before ``oldest_first_s`` a job's hold
+  binds the bigger jobs behind it, after it every younger job. A higher-priority job is ahead
+  in the order and therefore also holds before lower ones. At most ``max_holds`` jobs hold
+  nodes at once, the first failing starving jobs of the order.
 
 Within one pass the fleet only loses capacity, so a job whose constraints and pod sets equal
 those of a job that already failed in the pass is answered from that failure without calling
@@ -29,12 +38,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.decision import Decision, Outcome
+from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import PlacementRequest
+
+#: ``BackfillRule.order`` values
+QUEUE_ORDERS = ("smallest-first", "fifo")
+QueueOrder = Literal["smallest-first", "fifo"]
 
 
 @dataclass(frozen=True)
@@ -52,17 +66,50 @@ class Hold:
 
 
 class BackfillRule(BaseModel):
-    """Parameters of the backfill rule (seconds, counts)."""
+    """Parameters of the backfill rule and the pass order (module docstring).
+
+    ``starvation_s``: seconds a job waits before it may hold nodes; ``max_holds``: starving
+    jobs that hold nodes at once; ``oldest_first_s``: seconds a job waits before it is walked
+    ahead of every younger job of its priority (oldest first); ``order``: how the other jobs
+    are ordered within a priority (``smallest-first``: fewer GPUs first; ``fifo``: earlier
+    first, and then ``oldest_first_s`` changes nothing).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     starvation_s: float = Field(default=1800.0, ge=0)
     max_holds: int = Field(default=4, ge=0)
+    oldest_first_s: float = Field(default=57600.0, ge=0)
+    order: QueueOrder = "smallest-first"
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
-    """Sort key of the queue: priority (high first), submit time, job name, UID."""
+    """First-come sort key: priority (high first), submit time, job name, UID (the pass order
+    with ``order="fifo"``, and the order of preemption candidates)."""
     return (-request.priority, request.submitted_at, request.job, request.uid)
+
+
+def gpus_of(request: PlacementRequest) -> int:
+    """Whole GPUs (``nvidia.com/gpu``) the job requests, all pods together."""
+    return sum(ps.count * ps.requests.get(GPU_RESOURCE, 0) for ps in request.pod_sets)
+
+
+def pass_key(
+    now: float, rule: BackfillRule | None = None
+) -> Callable[[PlacementRequest], tuple[int, int, int, float, str, str]]:
+    """Sort key of a pass at ``now`` (seconds, the clock of ``submitted_at``; module docstring):
+    (-priority, 0 if it has waited ``rule.oldest_first_s`` else 1, its GPUs if it has not and
+    the order is ``smallest-first`` else 0, submit time, job name, UID). With ``order="fifo"``
+    it sorts as :func:`order_key`."""
+    rule = rule or BackfillRule()
+    limit = rule.oldest_first_s
+    by_size = rule.order == "smallest-first"
+
+    def key(r: PlacementRequest) -> tuple[int, int, int, float, str, str]:
+        fresh = by_size and now - r.submitted_at < limit
+        return (-r.priority, int(fresh), gpus_of(r) if fresh else 0, r.submitted_at, r.job, r.uid)
+
+    return key
 
 
 def fit_key(request: PlacementRequest) -> Any:
@@ -119,17 +166,18 @@ def schedule_pass(
 
     ``attempt(request, holds)`` places one job keeping off the held nodes (member ->
     :class:`Hold`) and reserves on success. ``hold_for(request)`` names the nodes a starving
-    job should hold (or None). ``now``: the same clock as ``submitted_at``. ``presorted``: ``queue`` is
-    already in :func:`order_key` order. ``record_skipped``: also return a decision (a copy of
-    the earlier failure) for jobs answered without calling ``attempt``; the simulator turns it
-    off. ``key_of``: :func:`fit_key`, or a cached equivalent.
+    job should hold (or None). ``now``: the same clock as ``submitted_at``. ``presorted``:
+    ``queue`` is already in :func:`pass_key` order for ``now`` and ``rule`` (or a fair-share
+    order built on it); else it is sorted so. ``record_skipped``: also return a decision (a
+    copy of the earlier failure) for jobs answered without calling ``attempt``; the simulator
+    turns it off. ``key_of``: :func:`fit_key`, or a cached equivalent.
     """
     rule = rule or BackfillRule()
     out = PassResult()
     failed: dict[Any, tuple[int, Decision]] = {}
     asked: set[Any] = set()
     count = 0
-    for req in queue if presorted else sorted(queue, key=order_key):
+    for req in queue if presorted else sorted(queue, key=pass_key(now, rule)):
         key = key_of(req)
         prev = failed.get(key)
         if prev is not None and prev[0] == count:

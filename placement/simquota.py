@@ -3,7 +3,7 @@
 Called by :mod:`.simulate` only. It drives the same pure rules as the hub (:mod:`.quota`,
 :mod:`.fairshare`): with ``enforce`` a job is placed only where its queue admits it and queues
 are ordered by fair share; with ``none`` the queues are only accounted and the order is
-today's :func:`~gpufed.placement.queue.order_key`.
+the pass's own (:func:`~gpufed.placement.queue.pass_key`).
 
 Metrics (docs/placement.md, "Simulator"):
 
@@ -19,7 +19,7 @@ Metrics (docs/placement.md, "Simulator"):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,11 +89,17 @@ class QueueSim:
         self.gate.release(req.uid)
         self.running[q] -= req.gpus
 
-    def order(self, now: float, requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:
-        """Fair-share order with ``enforce``, else today's order."""
+    def order(
+        self,
+        now: float,
+        requests: Iterable[PlacementRequest],
+        within: Callable[[PlacementRequest], Any] = order_key,
+    ) -> list[PlacementRequest]:
+        """Fair-share order with ``enforce`` (``within`` each queue), else ``within`` alone
+        (the pass's :func:`~gpufed.placement.queue.pass_key`)."""
         self.fair.observe(now, self.running)
         if not self.gate.enforce:
-            return sorted(requests, key=order_key)
+            return sorted(requests, key=within)
         tree = self.gate.tree
         return fair_sorted(
             (
@@ -102,6 +108,7 @@ class QueueSim:
             ),
             tree,
             self.fair.shares(tree),
+            within,
         )
 
     def after_pass(self) -> None:

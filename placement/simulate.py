@@ -3,7 +3,7 @@
 Replays a job trace (docs/design.md §6) against a fleet spec (docs/design.md §5) until every job has
 finished, or until the horizon (default: 30 simulated days after the last arrival). Policies:
 
-* ``gpufed``: the hub's loop: one queue in :func:`~gpufed.placement.queue.order_key` order,
+* ``gpufed``: the hub's loop: one queue in :func:`~gpufed.placement.queue.pass_key` order,
   :func:`~gpufed.placement.queue.schedule_pass` with the backfill rule after every event,
   ``place()`` choosing member and nodes, a reservation per placed job (released when it ends).
   A job is only ever sent where it starts at once.
@@ -61,7 +61,7 @@ from gpufed.placement.holds import hold_for
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
-from gpufed.placement.queue import BackfillRule, Hold, fit_key, order_key, schedule_pass
+from gpufed.placement.queue import BackfillRule, Hold, fit_key, pass_key, schedule_pass
 from gpufed.placement.shape import JobShape
 from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simfirstadmit import run_first_admit
@@ -457,7 +457,8 @@ def _run_gpufed(
         if not pending:
             continue
         requests = (r.request for r in pending.values())
-        queue = qs.order(now, requests) if qs is not None else sorted(requests, key=order_key)
+        within = pass_key(now, rule)
+        queue = qs.order(now, requests, within) if qs is not None else sorted(requests, key=within)
         schedule_pass(
             queue,
             now,

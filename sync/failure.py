@@ -49,6 +49,25 @@ NODE_LOST: Final = "NodeLost"
 NODE_NOT_READY: Final = "NodeNotReady"
 GPU_UNAVAILABLE: Final = "GPUUnavailable"
 INFRASTRUCTURE_EXIT_CODE: Final = "InfrastructureExitCode"
+#: The ``DisruptionTarget`` reasons Kubernetes sets (rule 1), which this module copies as the
+#: cause's reason: the pod garbage collector after the node's deletion, a NoExecute taint
+#: (``node.kubernetes.io/unreachable``, a GPU health taint), the kubelet on node shutdown or
+#: pressure, a drain (the Eviction API), the member's scheduler preempting the pod.
+DELETION_BY_POD_GC: Final = "DeletionByPodGC"
+DELETION_BY_TAINT_MANAGER: Final = "DeletionByTaintManager"
+TERMINATION_BY_KUBELET: Final = "TerminationByKubelet"
+EVICTION_BY_EVICTION_API: Final = "EvictionByEvictionAPI"
+PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
+#: Infrastructure reasons that are evidence about the node itself, which alone mark nodes
+#: suspect (the hub's ``hub/suspects.py``, via ``hub/restarts.py``): the node gone or NotReady,
+#: GPUs withdrawn by the device plugin, the pod garbage collector after the node's deletion, a
+#: NoExecute taint. Not: ``InfrastructureExitCode`` (the tenant declares it),
+#: ``TerminationByKubelet`` (a pressure eviction the tenant's own pod can provoke),
+#: ``EvictionByEvictionAPI`` (a drain), ``PreemptionByScheduler`` (the member's scheduler):
+#: those re-run the job, marking nothing; else one tenant could mark nodes at will.
+NODE_EVIDENCE: frozenset[str] = frozenset(
+    {NODE_LOST, NODE_NOT_READY, GPU_UNAVAILABLE, DELETION_BY_POD_GC, DELETION_BY_TAINT_MANAGER}
+)
 _FINISHED = frozenset({"Succeeded", "Failed"})
 
 

@@ -5,6 +5,7 @@ taint, NotReady, a GPU lost from allocatable, a Terminating pod, an odd node).""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -249,7 +250,11 @@ async def test_odd_node_degrades_only_itself(rig: Rig, own_node: str) -> None:
 
 async def test_not_ready_node_is_reported(member: Member, own_node: str, tmp_path: Any) -> None:
     """kwok turns a node Ready again at once, so this uses an agent that sends every change
-    (coalesce 0) and looks for the NotReady version among the deltas the hub received."""
+    (coalesce 0) and looks for the NotReady version among the deltas the hub received.
+
+    The flip back can land in the same watch read as the flip (on a loaded machine, many times
+    running), so the node is flipped again until the hub saw it NotReady, within a generous
+    deadline; the normal case sees it on the first flip."""
     quick = await start_rig(member, tmp_path, cluster=f"{member.name}-quick", coalesce_ms=0)
     try:
         path = f"/api/v1/nodes/{own_node}/status"
@@ -257,7 +262,8 @@ async def test_not_ready_node_is_reported(member: Member, own_node: str, tmp_pat
         def versions_since(start: int) -> list[bool]:
             return [n.ready for n in list(quick.view.history)[start:] if n.name == own_node]
 
-        for _attempt in range(3):  # the flip back can land in the same read as the flip
+        deadline = time.monotonic() + 90.0
+        while (left := deadline - time.monotonic()) > 0:
             status = (await quick.admin.request("GET", f"/api/v1/nodes/{own_node}"))["status"]
             conditions = [
                 {**c, "status": "False", "reason": "KubeletNotReady", "message": "test"}
@@ -273,11 +279,11 @@ async def test_not_ready_node_is_reported(member: Member, own_node: str, tmp_pat
                 content_type="application/strategic-merge-patch+json",
             )
             await quick.hub.wait_for(
-                lambda start=start: any(versions_since(start)), what="Ready again"
+                lambda start=start: any(versions_since(start)), what="Ready again", within=left
             )
             if False in versions_since(start):
                 break
         else:
-            pytest.fail("the hub never received the node as NotReady")
+            pytest.fail("the hub never received the node as NotReady within 90 s of flips")
     finally:
         await stop_rig(quick)

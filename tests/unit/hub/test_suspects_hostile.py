@@ -1,7 +1,7 @@
 """Hostile tenant (found by the stop-19 probe): a job that declares exit code 1 as
 "infrastructure" and fails on purpose was re-placed onto fresh nodes each time and marked every
 node it touched suspect for the whole fleet (an hour), until the fleet was denied to every
-other tenant. Only evidence about the node itself marks it now (hub/restarts.py NODE_EVIDENCE)."""
+other tenant. Only evidence about the node itself marks it now (sync/failure.py NODE_EVIDENCE)."""
 
 from __future__ import annotations
 

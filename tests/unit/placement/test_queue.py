@@ -67,7 +67,8 @@ def test_a_job_that_does_not_fit_does_not_block_smaller_ones() -> None:
 def test_a_starving_job_holds_the_nodes_nearest_to_fitting_it() -> None:
     s = FleetSnapshot([hgx_cluster("a", free=[4, 6, 0]), hgx_cluster("b", free=[2])])
     loop = Loop(s)
-    rule = BackfillRule(starvation_s=600)
+    # past both limits: it may hold and it goes ahead of the (younger) small jobs
+    rule = BackfillRule(starvation_s=600, oldest_first_s=600)
     big = job("big", gpus=8, submitted_at=0)
     small = [job(f"s{i}", gpus=2, submitted_at=10 + i) for i in range(5)]
     # waited 700 s: it holds the node of "a" with the most free GPUs (6), and the small jobs

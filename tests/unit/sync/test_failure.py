@@ -229,3 +229,32 @@ def test_odd_input_never_raises() -> None:
         {"status": {"containerStatuses": [None, {"state": {"terminated": {"exitCode": "9"}}}]}},
     ]
     assert classify_failure(phase="Failed", pods=weird, nodes={}) is not None
+
+
+def test_node_evidence_is_only_what_kubernetes_saw_of_the_node() -> None:
+    """The reasons that mark nodes suspect (hub and agent share them) are the node's own
+    failures; what a tenant can cause (declared exit codes, a pressure eviction, a drain, a
+    member-side preemption) re-runs the job but marks nothing. The constants spell the reasons
+    Kubernetes writes into DisruptionTarget."""
+    from gpufed.sync import failure as f
+
+    assert {
+        "NodeLost",
+        "NodeNotReady",
+        "GPUUnavailable",
+        "DeletionByPodGC",
+        "DeletionByTaintManager",
+    } == f.NODE_EVIDENCE
+    tenant_caused = {
+        f.INFRASTRUCTURE_EXIT_CODE,
+        f.TERMINATION_BY_KUBELET,
+        f.EVICTION_BY_EVICTION_API,
+        f.PREEMPTION_BY_SCHEDULER,
+    }
+    assert tenant_caused == {
+        "InfrastructureExitCode",
+        "TerminationByKubelet",
+        "EvictionByEvictionAPI",
+        "PreemptionByScheduler",
+    }
+    assert not tenant_caused & f.NODE_EVIDENCE
