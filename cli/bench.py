@@ -119,3 +119,68 @@ def e2e(
         return
     for key, value in result.items():
         typer.echo(f"{key:>18}: {value}")
+
+
+@app.command("scale")
+def scale(
+    members: int = typer.Option(..., "--members", min=1, max=1000, help="Simulated members."),
+    nodes_per_member: int = typer.Option(
+        ..., "--nodes-per-member", min=1, max=15_000, help="Nodes each simulated agent reports."
+    ),
+    join_rate: float = typer.Option(
+        10.0, "--join-rate", min=0.01, help="Agents dialling the hub per second."
+    ),
+    jobs: int = typer.Option(2000, "--jobs", min=0, help="GPUJobs to submit (1-8 GPUs, seeded)."),
+    rate: float = typer.Option(25.0, "--rate", min=0.1, help="GPUJobs created per second."),
+    churn: float = typer.Option(
+        100.0,
+        "--churn",
+        min=0.0,
+        help="Background pod starts per second across the fleet (each ends 10 s later).",
+    ),
+    duration: float = typer.Option(5.0, "--duration", min=0.0, help="Seconds each job runs."),
+    workers: int = typer.Option(
+        4, "--workers", min=1, max=64, help="Processes the simulated agents run in."
+    ),
+    seed: int = typer.Option(1, "--seed", help="Seed of job sizes and churn."),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Sandbox state dir (default: a temporary one, removed)."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Leave the sandbox running afterwards."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
+) -> None:
+    """The hub at fleet scale: a real hub, its API server and etcd, and simulated agents over
+    real gRPC (TLS, join tokens) reporting synthetic HGX and NVL72 nodes, with churn. Prints
+    registration, dispatch, status and placement percentiles, hub peak RSS and etcd's db size
+    (docs/benchmarks.md, "The hub at fleet scale"). Set GPUFED_SCALE_PROFILE=FILE to run the
+    hub under cProfile."""
+    from gpufed.cli.hub import register_member
+    from gpufed.cli.local import configure_logging, fail_cleanly
+    from gpufed.sandbox.controlplane import TOKEN_NAMESPACE
+    from gpufed.sandbox.scale_bench import ScaleOptions, run_scale_bench
+
+    configure_logging(False)
+    opts = ScaleOptions(
+        members=members,
+        nodes_per_member=nodes_per_member,
+        join_rate=join_rate,
+        jobs=jobs,
+        rate=rate,
+        churn=churn,
+        duration_s=duration,
+        workers=workers,
+        seed=seed,
+    )
+    with fail_cleanly():
+        result = run_scale_bench(
+            opts,
+            state_dir=state_dir,
+            keep=keep,
+            progress=lambda m: typer.echo(m, err=True),
+            joiner=lambda api, name: register_member(api, name, token_namespace=TOKEN_NAMESPACE),
+        )
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        typer.echo(f"{key:>22}: {value}")

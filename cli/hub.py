@@ -367,36 +367,25 @@ def install(
             raise
 
 
-@app.command()
-def join(
-    cluster: Annotated[str, typer.Argument(help="member cluster name")],
-    kubeconfig: Kubeconfig = None,
-    context: Context = None,
-    label: Annotated[
-        list[str] | None, typer.Option("--label", help="member label key=value (repeat)")
-    ] = None,
-    taint: Annotated[
-        list[str] | None, typer.Option("--taint", help="member taint key=value:Effect (repeat)")
-    ] = None,
-    token_namespace: Annotated[str, typer.Option(help="namespace of the Secret")] = "gpufed-system",
-    token_file: Annotated[
-        Path | None, typer.Option(help="write the token here (mode 0600) instead of printing")
-    ] = None,
-) -> None:
-    """Register a member: a join-token Secret on the hub and a MemberCluster referencing it."""
+def register_member(
+    api: Any,
+    cluster: str,
+    *,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    token_namespace: str = "gpufed-system",
+) -> str:
+    """What ``gpufed hub join`` does, through a sync ``ApiClient``: a fresh join token in Secret
+    ``<token_namespace>/gpufed-join-<cluster>`` (replaced when it exists) and MemberCluster
+    ``cluster`` referencing it (its spec patched when it exists). Returns the token. Raises the
+    client's ``ApiException`` for anything but 409. ``gpufed bench scale`` joins its simulated
+    members with it, in-process."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    labels = dict(_pair(item, "=", "--label") for item in label or [])
-    taints = []
-    for item in taint or []:
-        kv, _, effect = item.rpartition(":")
-        key, _, value = kv.partition("=")
-        if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise typer.BadParameter(f"--taint {item!r}: use key=value:NoSchedule")
-        taints.append({"key": key, "value": value, "effect": effect})
+    labels = labels or {}
+    taints = taints or []
     token = secrets.token_urlsafe(32)
-    api = _client(kubeconfig, context)
     core: Any = client.CoreV1Api(api)
     secret_name = f"gpufed-join-{cluster}"
     body = {
@@ -433,6 +422,41 @@ def join(
         custom.patch_cluster_custom_object(
             "gpufed.io", "v1alpha1", "memberclusters", cluster, {"spec": member["spec"]}
         )
+    return token
+
+
+@app.command()
+def join(
+    cluster: Annotated[str, typer.Argument(help="member cluster name")],
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    label: Annotated[
+        list[str] | None, typer.Option("--label", help="member label key=value (repeat)")
+    ] = None,
+    taint: Annotated[
+        list[str] | None, typer.Option("--taint", help="member taint key=value:Effect (repeat)")
+    ] = None,
+    token_namespace: Annotated[str, typer.Option(help="namespace of the Secret")] = "gpufed-system",
+    token_file: Annotated[
+        Path | None, typer.Option(help="write the token here (mode 0600) instead of printing")
+    ] = None,
+) -> None:
+    """Register a member: a join-token Secret on the hub and a MemberCluster referencing it."""
+    labels = dict(_pair(item, "=", "--label") for item in label or [])
+    taints = []
+    for item in taint or []:
+        kv, _, effect = item.rpartition(":")
+        key, _, value = kv.partition("=")
+        if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise typer.BadParameter(f"--taint {item!r}: use key=value:NoSchedule")
+        taints.append({"key": key, "value": value, "effect": effect})
+    token = register_member(
+        _client(kubeconfig, context),
+        cluster,
+        labels=labels,
+        taints=taints,
+        token_namespace=token_namespace,
+    )
     if token_file:
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)

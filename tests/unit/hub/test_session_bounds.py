@@ -54,6 +54,9 @@ def test_nodes_per_member_are_capped_over_the_snapshot_and_every_delta(
     with pytest.raises(StreamClosedError, match="would have 4 nodes; at most 3"):
         s.receive(delta(4, "e"))
     assert s.inventory_seq == 3, "the refused delta is not taken"
+    assert isinstance(s.receive(delta(4, "b", "c")), InventoryDelta), "known nodes, at the cap"
+    with pytest.raises(StreamClosedError, match="would have 4 nodes; at most 3"):
+        s.receive(delta(5, "b", "e"))
 
 
 def test_a_negative_gpu_report_closes_the_stream_and_returns_nothing_to_apply() -> None:

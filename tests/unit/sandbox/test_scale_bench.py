@@ -1,0 +1,238 @@
+"""Pure parts of ``gpufed bench scale``: the simulated members' nodes, what a simulated agent
+reads from a work item, its node bookkeeping and churn, percentiles and the result line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from gpufed.api.labels import SIM_DURATION_ANNOTATION
+from gpufed.api.protocol import agent_pb2 as pb
+from gpufed.api.protocol.codec import node_from_pb
+from gpufed.sandbox.scale_bench import (
+    Clock,
+    ScaleOptions,
+    assign,
+    etcd_db_bytes,
+    gpujob,
+    member_names,
+    percentile_ms,
+    summarize,
+)
+from gpufed.sandbox.simagent import (
+    CHURN_POD_LIFETIME_S,
+    DEFAULT_DURATION_S,
+    Churn,
+    SimAgent,
+    job_pods,
+    parse_duration,
+    sim_cluster,
+    sim_nodes,
+)
+
+
+def test_a_member_mixes_hgx_nodes_and_whole_nvl72_domains() -> None:
+    spec = sim_cluster("sim-000", 5000)
+    pools = {p.name: p for p in spec.node_pools}
+    assert (pools["hgx"].nodes, pools["nvl72"].nodes) == (3758, 1242)
+    assert pools["nvl72"].nodes % 18 == 0
+
+
+def test_a_small_member_is_hgx_only() -> None:
+    assert [p.name for p in sim_cluster("sim-000", 20).node_pools] == ["hgx"]
+
+
+def test_no_member_without_nodes() -> None:
+    with pytest.raises(ValueError, match="nodes_per_member"):
+        sim_cluster("sim-000", 0)
+
+
+def test_sim_nodes_decode_as_the_hub_checks_them() -> None:
+    nodes = [node_from_pb(n) for n in sim_nodes("sim-000", 100)]
+    assert len(nodes) == 100
+    nvl = [n for n in nodes if n.gpu_product == "NVIDIA-GB200"]
+    assert len(nvl) == 18
+    assert len({n.nvlink_domain for n in nvl}) == 1
+    assert all(n.whole_gpus_free == 8 for n in nodes if n not in nvl)
+
+
+def _job(parallelism: int, affinity: dict[str, Any] | None, duration: str | None) -> dict[str, Any]:
+    ann = {SIM_DURATION_ANNOTATION: duration} if duration else {}
+    pod: dict[str, Any] = {
+        "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": 4}}}]
+    }
+    if affinity:
+        pod["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [affinity]}
+            }
+        }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "parallelism": parallelism,
+            "template": {"metadata": {"annotations": ann}, "spec": pod},
+        },
+    }
+
+
+def test_one_pinned_pod_by_metadata_name() -> None:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    name, pods, duration = job_pods([{"kind": "ConfigMap"}, _job(1, term, "3s")])
+    assert (name, duration) == ("train", 3.0)
+    assert pods == [("n1", {"nvidia.com/gpu": 4, "pods": 1})]
+
+
+def test_pods_spread_over_pinned_hostnames() -> None:
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b"]}
+        ]
+    }
+    _, pods, duration = job_pods([_job(3, term, None)])
+    assert [n for n, _ in pods] == ["a", "b", "a"]
+    assert duration == DEFAULT_DURATION_S
+
+
+def test_an_unpinned_pod_has_no_node() -> None:
+    _, pods, _ = job_pods([_job(1, None, None)])
+    assert pods[0][0] == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("5s", 5.0), ("2.5", 2.5), ("1m", 60.0), ("x", DEFAULT_DURATION_S)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def _agent(nodes: int = 4) -> SimAgent:
+    return SimAgent(
+        "sim-000", "t", "127.0.0.1:1", b"", sim_nodes("sim-000", nodes), lambda _e: None
+    )
+
+
+def test_bind_then_release_leaves_the_node_idle() -> None:
+    agent = _agent()
+    node = agent.node_names[0]
+    agent.bind(node, {"nvidia.com/gpu": 3, "pods": 1}, "uid-1")
+    n = agent.nodes[node]
+    assert (n.requested["nvidia.com/gpu"], dict(n.job_requests["uid-1"].amounts)) == (
+        3,
+        {"nvidia.com/gpu": 3, "pods": 1},
+    )
+    agent.release(node, {"nvidia.com/gpu": 3, "pods": 1}, "uid-1")
+    assert (dict(n.requested), len(n.job_requests), agent.free_gpus(node)) == ({}, 0, 8)
+
+
+def test_a_work_item_is_acked_at_once_and_held() -> None:
+    async def go() -> None:
+        agent = _agent()
+        term = {"matchFields": [{"key": "metadata.name", "values": [agent.node_names[1]]}]}
+        item = pb.WorkItem(
+            job_uid="u",
+            job="ns/j",
+            revision=2,
+            op=pb.WorkItem.APPLY,
+            manifests=[json.dumps(_job(1, term, "0s")).encode()],
+        )
+        agent._work(item)
+        msg, event = agent._out.get_nowait()
+        assert (msg.WhichOneof("body"), msg.work_ack.result, event and event["job"]) == (
+            "work_ack",
+            pb.WorkAck.APPLIED,
+            "ns/j",
+        )
+        for t in list(agent._tasks):
+            t.cancel()
+
+    asyncio.run(go())
+
+
+def test_churn_starts_pods_at_its_rate_and_ends_them_later() -> None:
+    agent = _agent(10)
+    agent.welcomed.set()
+    churn = Churn([agent], per_s=20, seed=1)
+    carry = churn.tick(now=0.0, dt=0.25, carry=0.0)
+    assert (churn.started, carry) == (5, 0.0)
+    assert sum(agent.nodes[n].requested.get("nvidia.com/gpu", 0) for n in agent.node_names) == 5
+    churn.tick(now=CHURN_POD_LIFETIME_S, dt=0.0, carry=0.0)
+    assert sum(agent.nodes[n].requested.get("nvidia.com/gpu", 0) for n in agent.node_names) == 0
+
+
+def test_churn_waits_for_welcomed_agents() -> None:
+    churn = Churn([_agent()], per_s=100, seed=1)
+    churn.tick(now=0.0, dt=1.0, carry=0.0)
+    assert churn.started == 0
+
+
+def test_percentile_is_nearest_rank_in_ms() -> None:
+    xs = [i / 1000 for i in range(1, 101)]
+    assert (percentile_ms(xs, 0.5), percentile_ms(xs, 0.99), percentile_ms([], 0.5)) == (
+        50.0,
+        99.0,
+        None,
+    )
+
+
+def test_assign_round_robin_without_empty_workers() -> None:
+    names = member_names(5)
+    assert assign(names, 2) == [
+        [(0, "sim-000"), (2, "sim-002"), (4, "sim-004")],
+        [(1, "sim-001"), (3, "sim-003")],
+    ]
+    assert len(assign(names[:1], 4)) == 1
+
+
+def test_etcd_db_size_from_metrics_text() -> None:
+    text = "# HELP x\netcd_mvcc_db_total_size_in_bytes 2.097152e+06\nother 1\n"
+    assert (etcd_db_bytes(text), etcd_db_bytes("nothing 1")) == (2097152, None)
+
+
+def test_gpujob_names_its_gpus_and_duration() -> None:
+    obj = gpujob("job-00001", 4, 2.0)
+    pod = obj["spec"]["template"]["spec"]["template"]
+    assert pod["metadata"]["annotations"][SIM_DURATION_ANNOTATION] == "2s"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+
+
+def test_result_line_shape() -> None:
+    clock = Clock(
+        first={"m": 1.0},
+        registered={"m": 1.5},
+        created={"ns/a": 10.0},
+        acked={"ns/a": 10.2},
+        reported={"ns/a": 15.0},
+        succeeded={"ns/a": 15.1},
+        placement_ms={"ns/a": 30.0},
+    )
+    out = summarize(clock, ScaleOptions(members=1, nodes_per_member=10, jobs=1), {"hub_rss_mib": 5})
+    assert json.loads(json.dumps(out)) == out
+    assert {k: out[k] for k in ("registration_p99_ms", "dispatch_p99_ms", "placement_p99_ms")} == {
+        "registration_p99_ms": 500.0,
+        "dispatch_p99_ms": 200.0,
+        "placement_p99_ms": 30.0,
+    }
+    assert {
+        "status_p99_ms",
+        "hub_rss_mib",
+        "members",
+        "nodes_per_member",
+        "jobs",
+        "dispatched",
+        "completed",
+    } <= set(out)
+
+
+def test_decoded_nodes_share_their_repeated_strings() -> None:
+    """node_from_pb interns label keys and values (memory of a hub holding 500,000 nodes)."""
+    a, b = (node_from_pb(n) for n in sim_nodes("sim-000", 2))
+    key_a = next(k for k in a.labels if k == "nvidia.com/gpu.product")
+    key_b = next(k for k in b.labels if k == "nvidia.com/gpu.product")
+    assert key_a is key_b
+    assert a.labels[key_a] is b.labels[key_b]
