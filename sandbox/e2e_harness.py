@@ -215,13 +215,14 @@ async def measure(
     *,
     trace: Path | None = None,
     stall_s: float = 60.0,
-    idle_s: float = 3.0,
+    idle_s: float = 10.0,
 ) -> dict[str, Any]:
     """Time ``len(sizes)`` jobs of ``sizes`` GPUs, each running ``duration_s`` seconds, created
     at ``rate`` per second through ``system`` in the running sandbox ``info`` (module
     docstring for the phases and the result). Gives up waiting once no job was dispatched or
     completed for ``stall_s`` seconds after the last create (the result says how many got
-    there). ``idle_s``: the idle window before the jobs whose request rate is reported.
+    there). ``idle_s``: the idle window before the jobs whose request rate is reported (10 s:
+    one round of kwok's node-lease renewals).
     ``trace``: also write each job's four times (wall-clock seconds) there, one JSON
     line per job."""
     from kubernetes_asyncio import client
