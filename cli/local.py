@@ -31,6 +31,7 @@ from gpufed.sandbox.controlplane import HUB_COMPONENT, ControlPlaneOptions
 from gpufed.sandbox.helm import build_helm
 from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
+from gpufed.sandbox.kueue import build_kueue
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
 from gpufed.sandbox.supervisor import ComponentError
 
@@ -87,18 +88,27 @@ def build(
         False, "--regenerate", help="Rewrite the wrapper go.mod/go.sum files first (needs network)."
     ),
     force: bool = typer.Option(False, "--force", help="Rebuild even when current."),
+    skip_kueue: bool = typer.Option(
+        False,
+        "--skip-kueue",
+        help="Do not build Kueue (the MultiKueue peer; its smoke test then builds it on use).",
+    ),
 ) -> None:
     """Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-    into ~/.cache/gpufed/bin/<pins>/, and helm (the chart tests) into its own
-    ~/.cache/gpufed/bin/helm-<version>_<go>/ (each skipped when present and its pins are
+    into ~/.cache/gpufed/bin/<pins>/, helm (the chart tests) into its own
+    ~/.cache/gpufed/bin/helm-<version>_<go>/ and the Kueue manager (the MultiKueue peer) into
+    ~/.cache/gpufed/bin/kueue-<version>_<go>/ (each skipped when present and its pins are
     unchanged)."""
     with fail_cleanly():
         if regenerate_recipe:
             regenerate(progress=_progress)
         bins = build_binaries(with_kubectl=with_kubectl, force=force, progress=_progress)
         helm = build_helm(force=force, progress=_progress)
+        kueue = None if skip_kueue else build_kueue(force=force, progress=_progress)
     console.print(f"binaries: {bins.path}")
     console.print(f"helm: {helm}")
+    if kueue is not None:
+        console.print(f"kueue: {kueue}")
 
 
 def control_plane_options(

@@ -1,5 +1,5 @@
 """Fixtures of the binaries tests: a fake `go` that writes fake binaries, and a copy of the
-wrapper Go modules (gpufed.sandbox.binaries, gpufed.sandbox.helm)."""
+wrapper Go modules (gpufed.sandbox.binaries, gpufed.sandbox.helm, gpufed.sandbox.kueue)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ for p in "${pkgs[@]}"; do
     go.etcd.io/etcd/server/v3) f=$out; v="etcd Version: ${FAKE_ETCD:-3.6.16}";;
     sigs.k8s.io/kwok/cmd/kwok) f=$out; v="kwok version v0.8.0 go1.26.8 (linux/amd64)";;
     helm.sh/helm/v4/cmd/helm) f=$out; v="${FAKE_HELM:-v4.3.2}";;
+    sigs.k8s.io/kueue/cmd/kueue)
+      # The real manager has no --version: its Go build info names the module version.
+      printf '#!/bin/sh\n# dep\tsigs.k8s.io/kueue\t%s\th1:x=\n' "${FAKE_KUEUE:-v0.17.0}" > "$out"
+      chmod +x "$out"; continue;;
     */kubectl) f=$out/kubectl; v="Client Version: v1.36.3";;
     *) f=$out/${p##*/}; v="Kubernetes v1.36.3";;
   esac

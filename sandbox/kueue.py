@@ -1,0 +1,238 @@
+"""The pinned Kueue manager binary and its module: built from the Go module proxy into its own
+cache directory, the CRDs and webhook manifests read from the module at run time.
+
+Kueue's MultiKueue is the peer gpufed is measured against (:mod:`gpufed.sandbox.multikueue`
+runs it). The wrapper Go module ``sandbox/gobuild/kueue`` pins the release (``tool
+sigs.k8s.io/kueue/cmd/kueue`` and its go.sum), the way :mod:`gpufed.sandbox.helm` pins helm. It
+is built apart from the control planes, so that a Kueue pin change never rebuilds them::
+
+    ~/.cache/gpufed/bin/kueue-v0.17.0_go1.26.8/
+        kueue                 # the manager (upstream's cmd/kueue, "bin/manager" in its Makefile)
+        stamp.json            # go.mod/go.sum hash and pins of the build
+        .lock                 # one build at a time
+
+``GPUFED_KUEUE`` points at a prebuilt manager instead (checked for the pinned module version in
+its Go build info, never built). Kueue's YAML (CRDs under ``config/components/crd``, the webhook
+manifests under ``config/components/webhook``) is not committed here: :func:`kueue_module_dir`
+finds the module in ``go env GOMODCACHE`` (``go mod download`` puts it there; the build does).
+
+Callers: ``gpufed local build`` (CLI, after helm), :mod:`gpufed.sandbox.multikueue`, the
+MultiKueue smoke test (``tests/integration/test_multikueue.py``) through :func:`ensure_kueue`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gpufed.sandbox.binaries import (
+    GOBUILD_DIR,
+    BinariesError,
+    build_lock,
+    cache_root,
+    go_binary,
+    go_env,
+    go_version,
+    read_stamp,
+    run_go_build,
+)
+
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE_PACKAGE = f"{KUEUE_MODULE}/cmd/kueue"
+
+Progress = Callable[[str], None]
+
+
+def kueue_recipe(gobuild: Path = GOBUILD_DIR) -> Path:
+    """The wrapper module directory (``sandbox/gobuild/kueue``)."""
+    return gobuild / "kueue"
+
+
+def kueue_version(gobuild: Path = GOBUILD_DIR) -> str:
+    """The Kueue release pinned by the wrapper go.mod (``v0.17.0``); :class:`BinariesError`
+    when the go.mod does not require Kueue."""
+    gomod = kueue_recipe(gobuild) / "go.mod"
+    for line in gomod.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["require"]:
+            parts = parts[1:]
+        if len(parts) >= 2 and parts[0] == KUEUE_MODULE and parts[1].startswith("v"):
+            return parts[1]
+    raise BinariesError(
+        f"{gomod} does not require {KUEUE_MODULE}; regenerate it with "
+        f"`go get -tool {KUEUE_PACKAGE}@<version> && go mod tidy` in {gomod.parent}"
+    )
+
+
+def kueue_recipe_hash(gobuild: Path = GOBUILD_DIR) -> str:
+    """sha256 over the Kueue wrapper's go.mod and go.sum: changes when the pin changes."""
+    h = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        f = kueue_recipe(gobuild) / name
+        h.update(f"kueue/{name}\0".encode())
+        h.update(f.read_bytes() if f.exists() else b"")
+    return h.hexdigest()
+
+
+def kueue_dirname(version: str, go: str) -> str:
+    """Cache directory name, e.g. ``kueue-v0.17.0_go1.26.8``."""
+    return f"kueue-{version}_{go}"
+
+
+def check_kueue(path: Path, version: str) -> str:
+    """Check that ``path`` is a Kueue manager built from ``version``: its Go build info (which
+    ``go build`` embeds as plain text) names the module at that version. The manager has no
+    ``--version`` flag and starting it needs a cluster. Returns ``"kueue <version>"``; raises
+    :class:`BinariesError` naming the file and the fix otherwise."""
+    needle = f"{KUEUE_MODULE}\t{version}\t".encode()
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            found = mm.find(needle) >= 0
+    except (OSError, ValueError) as exc:
+        raise BinariesError(f"{path} cannot be read: {exc}") from None
+    if not found or not os.access(path, os.X_OK):
+        raise BinariesError(
+            f"{path} is not a Kueue manager built from {KUEUE_MODULE} {version} (its Go build "
+            "info does not name that module version, or it is not executable); delete it and "
+            "run `gpufed local build`, or unset GPUFED_KUEUE"
+        )
+    return f"kueue {version}"
+
+
+def _is_current(target: Path, recipe: str) -> bool:
+    return read_stamp(target).get("recipe_sha256") == recipe and os.access(
+        target / "kueue", os.X_OK
+    )
+
+
+def build_kueue(
+    *, force: bool = False, progress: Progress | None = None, gobuild: Path = GOBUILD_DIR
+) -> Path:
+    """Build the pinned Kueue manager into ``cache_root()/bin/kueue-<ver>_<go>/kueue``; skip
+    when current.
+
+    Current: ``stamp.json`` records the same go.mod/go.sum hash and the binary is there.
+    ``force`` rebuilds anyway. Prints one progress line. Returns the binary's path. Raises
+    :class:`BinariesError` when Go is missing, the build or its version check fails (naming
+    the log with the compiler output). Cold: about 9 CPU-minutes (see docs/sandbox.md for the
+    wall time measured on a shared 2-core machine); with a warm Go build cache about 30 s.
+    """
+    say = progress or (lambda _m: None)
+    go = go_binary()
+    version = kueue_version(gobuild)
+    goversion = go_version(go)
+    target = cache_root() / "bin" / kueue_dirname(version, goversion)
+    recipe = kueue_recipe_hash(gobuild)
+    with build_lock(target):
+        if not force and _is_current(target, recipe):
+            say(f"  {'kueue':<24} present  {check_kueue(target / 'kueue', version)}")
+            return target / "kueue"
+        (target / "stamp.json").unlink(missing_ok=True)
+        say(f"building kueue {version} into {target} (cold: ~9 CPU-minutes)")
+        log_path = target / "build.log"
+        started = time.monotonic()
+        ldflags = (
+            f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={version} "
+            f"-X {KUEUE_MODULE}/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+        )
+        with tempfile.TemporaryDirectory(dir=target, prefix=".build-") as tmp:
+            out = Path(tmp) / "kueue"
+            argv = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(out), KUEUE_PACKAGE]
+            run_go_build(argv, kueue_recipe(gobuild), log_path, "kueue")
+            reported = check_kueue(out, version)
+            os.replace(out, target / "kueue")
+        took = time.monotonic() - started
+        (target / "stamp.json").write_text(
+            json.dumps(
+                {
+                    "recipe_sha256": recipe,
+                    "pins": {"kueue": version, "go": goversion},
+                    "binaries": ["kueue"],
+                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        size = (target / "kueue").stat().st_size / 1e6
+        say(f"  {'kueue':<24} built    {reported}  ({size:.0f} MB, {took:.0f}s)")
+        return target / "kueue"
+
+
+def find_kueue(gobuild: Path = GOBUILD_DIR) -> Path | None:
+    """A cached Kueue of the current recipe, whatever Go built it (no Go needed), or None."""
+    root = cache_root() / "bin"
+    prefix = f"kueue-{kueue_version(gobuild)}_go"
+    recipe = kueue_recipe_hash(gobuild)
+    candidates = sorted(root.glob(f"{prefix}*"), reverse=True) if root.is_dir() else []
+    for d in candidates:
+        if _is_current(d, recipe):
+            return d / "kueue"
+    return None
+
+
+def ensure_kueue(*, build_if_missing: bool = True, progress: Progress | None = None) -> Path:
+    """Path of the pinned Kueue manager: ``$GPUFED_KUEUE`` (checked), else a current cached
+    build, else :func:`build_kueue` unless ``build_if_missing`` is false. Raises
+    :class:`BinariesError` saying what is missing and how to get it."""
+    if env := os.environ.get("GPUFED_KUEUE"):
+        path = Path(env).expanduser()
+        check_kueue(path, kueue_version())
+        return path
+    if found := find_kueue():
+        return found
+    if not build_if_missing:
+        raise BinariesError(
+            f"kueue {kueue_version()} is not built yet (looked in {cache_root() / 'bin'}); run "
+            "`gpufed local build`"
+        )
+    return build_kueue(progress=progress)
+
+
+def kueue_module_dir(gobuild: Path = GOBUILD_DIR) -> Path:
+    """The pinned Kueue module's directory in the Go module cache (read-only files, e.g.
+    ``config/components/crd/bases/*.yaml``), downloading it (checked against the committed
+    go.sum) when it is not there yet. Needs Go; :class:`BinariesError` when the download fails
+    or Go is missing."""
+    version = kueue_version(gobuild)
+    go = go_binary()
+    proc = subprocess.run(
+        [go, "mod", "download", "-json", f"{KUEUE_MODULE}@{version}"],
+        cwd=kueue_recipe(gobuild),
+        env=go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        info = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except ValueError:
+        info = {}
+    directory = info.get("Dir") if isinstance(info, dict) else None
+    if proc.returncode != 0 or not directory:
+        detail = (info.get("Error") if isinstance(info, dict) else None) or proc.stderr.strip()
+        raise BinariesError(
+            f"cannot find {KUEUE_MODULE}@{version} in the Go module cache: `go mod download` "
+            f"failed ({detail or 'no output'}); check the network or GOPROXY, then run "
+            "`gpufed local build`"
+        )
+    return Path(directory)
+
+
+def kueue_crd_dir(gobuild: Path = GOBUILD_DIR) -> Path:
+    """``config/components/crd`` of the pinned module: ``bases/`` (one CRD per file) and
+    ``patches/`` (the conversion webhook stanzas)."""
+    return kueue_module_dir(gobuild) / "config" / "components" / "crd"
+
+
+def kueue_webhook_manifests(gobuild: Path = GOBUILD_DIR) -> Path:
+    """``config/components/webhook/manifests.yaml`` of the pinned module (controller-gen's
+    Mutating/ValidatingWebhookConfiguration with Service client configs)."""
+    return kueue_module_dir(gobuild) / "config" / "components" / "webhook" / "manifests.yaml"
