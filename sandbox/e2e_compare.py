@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufed.sandbox.controlplane import ControlPlaneOptions
 from gpufed.sandbox.e2e_bench import (
@@ -33,11 +33,7 @@ from gpufed.sandbox.e2e_bench import (
     job_spec,
 )
 from gpufed.sandbox.e2e_harness import Collection, Progress, System, fresh_sandbox, measure
-
-if TYPE_CHECKING:  # TEMP until the kueue branch is merged
-    from gpufed.sandbox.multikueue import (  # type: ignore[import-not-found,unused-ignore]
-        MultiKueueInfo,
-    )
+from gpufed.sandbox.multikueue import MultiKueueInfo, MultiKueueOptions, start_multikueue
 
 #: The peers ``--compare`` knows.
 PEERS = ("multikueue",)
@@ -149,11 +145,6 @@ def run_compare(
     Raises ValueError for an unknown ``peer`` (before starting anything), SandboxError when a
     sandbox or Kueue does not come up."""
     check_peer(peer)
-    from gpufed.sandbox.multikueue import (  # type: ignore[import-not-found,unused-ignore]
-        MultiKueueOptions,
-        start_multikueue,
-    )
-
     say = progress or (lambda _m: None)
     sizes = job_sizes(jobs, seed)
     fleet = bench_fleet(sizes, members)
