@@ -5,12 +5,16 @@ timed by the one harness, with CPU and API requests per job. The full comparison
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufed.sandbox.e2e_bench import run_bench
+from gpufed.sandbox.e2e_bench import bench_fleet, job_sizes, run_bench
+from gpufed.sandbox.e2e_compare import FAST_QPS, multikueue_system
+from gpufed.sandbox.e2e_harness import fresh_sandbox, measure
+from gpufed.sandbox.multikueue import MultiKueueOptions, start_multikueue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -35,3 +39,22 @@ def test_bench_e2e_times_a_few_gpujobs_with_cpu_and_requests_per_job(tmp_path: P
     _assert_timed(result, JOBS)
     assert result["hub_rss_mib"] > 0
     assert set(result["agents_rss_mib"]) == {"bench-0", "bench-1"}
+
+
+def test_the_multikueue_system_times_a_few_jobs_through_the_same_harness(tmp_path: Path) -> None:
+    """The --compare driver's MultiKueue run, short: Kueue (QPS/burst 1000) on a clusters-only
+    sandbox, queued batch Jobs on the hub, each copied to a member, run, and Complete on the
+    hub; the Kueue managers' CPU and memory counted."""
+    sizes = job_sizes(JOBS, seed=1)
+    with fresh_sandbox(tmp_path / "state") as sandbox:
+        info = sandbox.up(bench_fleet(sizes))
+        mk = start_multikueue(
+            sandbox, info, options=MultiKueueOptions(qps=FAST_QPS, burst=FAST_QPS)
+        )
+        system = multikueue_system(mk)
+        result = asyncio.run(
+            measure(sandbox, info, system, sizes, 5.0, 1.0, lambda _m: None, idle_s=2.0)
+        )
+    _assert_timed(result, JOBS)
+    assert set(result["rss_mib"]) == set(mk.components)
+    assert all(v > 0 for v in result["rss_mib"].values()), result

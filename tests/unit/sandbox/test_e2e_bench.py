@@ -4,6 +4,9 @@ manifests each system is given, percentiles, the API servers' request counter as
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufed.cli.main import app
+from gpufed.sandbox import e2e_compare
 from gpufed.sandbox.apimetrics import counter_total, request_deltas
 from gpufed.sandbox.e2e_bench import bench_fleet, gpufed_result, gpujob, job_sizes
 from gpufed.sandbox.e2e_compare import (
@@ -21,6 +25,7 @@ from gpufed.sandbox.e2e_compare import (
     ratios,
 )
 from gpufed.sandbox.e2e_harness import Clock, is_complete, job_names, per_job, percentile_ms
+from gpufed.sandbox.multikueue import MultiKueueInfo
 
 METRICS = """\
 # HELP apiserver_request_total [STABLE] Counter of apiserver requests broken out for each verb.
@@ -73,11 +78,8 @@ def test_a_kueue_job_carries_the_same_job_spec_as_the_gpujob_plus_its_queue() ->
 def test_the_multikueue_system_watches_jobs_of_its_namespace_and_counts_the_kueue_managers() -> (
     None
 ):
-    mk: Any = SimpleNamespace(
-        namespace="work",
-        local_queue="lq",
-        queue_label="kueue.x-k8s.io/queue-name",
-        components=["kueue/hub", "kueue/bench-0"],
+    mk = MultiKueueInfo(
+        namespace="work", local_queue="lq", components=["kueue/hub", "kueue/bench-0"]
     )
     system = multikueue_system(mk, "multikueue_fast")
     assert system.name == "multikueue_fast"
@@ -163,3 +165,65 @@ def test_compare_refuses_keep() -> None:
     result = CliRunner().invoke(app, ["bench", "e2e", "--compare", "multikueue", "--keep"])
     assert result.exit_code == 2
     assert "--keep" in result.output
+
+
+def test_compare_runs_gpufed_then_multikueue_default_then_fast_each_in_its_own_sandbox(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The driver's order and wiring (sandboxes, Kueue and the harness replaced by recorders):
+    one fresh sandbox per run, gpufed with its control plane, MultiKueue on clusters only with
+    default then 1000/1000 client QPS, and the ratios taken against the fast run."""
+    events: list[tuple[str, Any]] = []
+    info: Any = SimpleNamespace(members=["bench-0", "bench-1"])
+
+    class Recorder:
+        def __init__(self, state_dir: Path | None) -> None:
+            self.state_dir = state_dir
+
+        def up(self, fleet: Any, control_plane: Any = None) -> Any:
+            events.append(("up", (self.state_dir, control_plane is not None)))
+            return info
+
+    @contextlib.contextmanager
+    def sandbox(state_dir: Path | None, **_kw: Any) -> Iterator[Recorder]:
+        yield Recorder(state_dir)
+
+    def kueue(_sb: Any, _info: Any, *, namespace: str, options: Any, progress: Any) -> Any:
+        events.append(("kueue", (options.qps, options.burst)))
+        return MultiKueueInfo(namespace=namespace, local_queue="lq", components=["kueue/hub"])
+
+    p99 = {"gpufed": 100.0, "multikueue": 9000.0, "multikueue_fast": 400.0}
+
+    async def timed(_sb: Any, _info: Any, system: Any, sizes: list[int], *_a: Any, **kw: Any):
+        events.append(("measure", (system.name, len(sizes), kw["trace"])))
+        return {
+            "dispatch_p99_ms": p99[system.name],
+            "status_p99_ms": 10.0,
+            "cpu_per_job_ms": 1.0,
+            "api_requests_per_job": 20.0,
+            "rss_mib": {},
+        }
+
+    monkeypatch.setattr(e2e_compare, "fresh_sandbox", sandbox)
+    monkeypatch.setattr(e2e_compare, "start_multikueue", kueue)
+    monkeypatch.setattr(e2e_compare, "measure", timed)
+    out = e2e_compare.run_compare(jobs=7, state_dir=tmp_path, trace=tmp_path / "t.jsonl")
+
+    assert list(out) == ["gpufed", "multikueue", "multikueue_fast", "ratio"]
+    assert events == [
+        ("up", (tmp_path / "gpufed", True)),
+        ("measure", ("gpufed", 7, tmp_path / "t.gpufed.jsonl")),
+        ("up", (tmp_path / "multikueue", False)),
+        ("kueue", (None, None)),
+        ("measure", ("multikueue", 7, tmp_path / "t.multikueue.jsonl")),
+        ("up", (tmp_path / "multikueue_fast", False)),
+        ("kueue", (1000, 1000)),
+        ("measure", ("multikueue_fast", 7, tmp_path / "t.multikueue_fast.jsonl")),
+    ]
+    assert out["ratio"] == {
+        "dispatch_p99": 0.25,
+        "status_p99": 1.0,
+        "cpu_per_job": 1.0,
+        "api_requests_per_job": 1.0,
+    }
+    assert "hub_rss_mib" in out["gpufed"]
