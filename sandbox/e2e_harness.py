@@ -23,13 +23,15 @@ the system's own processes. :func:`measure` then, on one clock (:func:`time.mono
      metric reads: the same for every system) is reported apart as
      ``bench_api_requests_per_job``, and its CPU as ``bench_cpu_per_job_ms``; the rate
      of an idle window just before the jobs (requests per second, every API server) as
-     ``api_requests_idle_per_s``: the background included in the run's count.
+     ``api_requests_idle_per_s``: the background included in the run's count; the
+     system's own CPU over that window as ``cpu_idle_cores`` (what it costs doing nothing,
+     included in ``cpu_per_job_ms`` for as long as the run lasts).
 
 Output of :func:`measure`: ``{"jobs", "rate", "dispatch_p50_ms", "dispatch_p99_ms",
 "status_p50_ms", "status_p99_ms", "jobs_per_s", "dispatched", "completed", "cpu_per_job_ms",
 "api_requests_per_job", "bench_cpu_per_job_ms", "bench_api_requests_per_job",
-"api_requests_per_job_by_cluster", "api_requests_idle_per_s", "rss_mib", "cpu_cores",
-"wall_s"}`` (percentiles by
+"api_requests_per_job_by_cluster", "api_requests_idle_per_s", "cpu_idle_cores", "rss_mib",
+"cpu_cores", "wall_s"}`` (percentiles by
 nearest rank over the jobs that got that far; ``rss_mib``: peak resident MiB of each of the
 system's components while the jobs ran; ``cpu_cores``: every sandbox process and the benchmark,
 in cores over the run).
@@ -199,6 +201,11 @@ async def _watch(
             await asyncio.sleep(0.2)
 
 
+def _cpu_of(sandbox: Sandbox, components: tuple[str, ...]) -> float:
+    """CPU seconds the ``components`` used so far (together)."""
+    return sum(sandbox.supervisor.status(c).cpu_seconds for c in components)
+
+
 def _own_cpu_seconds() -> float:
     t = psutil.Process().cpu_times()
     return float(t.user + t.system)
@@ -295,10 +302,13 @@ async def measure(
         # the requests of an idle window: what the sandbox asks with no jobs (kwok's node
         # leases, controllers' resyncs, the system's own heartbeats).
         idle0 = await request_totals(apis)
+        idle_cpu0 = _cpu_of(sandbox, system.components)
         idle_t0 = time.monotonic()
         await asyncio.sleep(idle_s)
         requests0 = await request_totals(apis)
-        idle_rate = sum(request_deltas(idle0, requests0).values()) / (time.monotonic() - idle_t0)
+        idle_wall = time.monotonic() - idle_t0
+        idle_rate = sum(request_deltas(idle0, requests0).values()) / idle_wall
+        idle_cores = (_cpu_of(sandbox, system.components) - idle_cpu0) / idle_wall
         bench_requests = len(apis)
         cpu0 = {c.name: c.cpu_seconds for c in sandbox.supervisor.statuses()}
         own0 = _own_cpu_seconds()
@@ -373,6 +383,7 @@ async def measure(
             n: per_job(v, jobs, digits=1) for n, v in requests.items()
         },
         "api_requests_idle_per_s": round(idle_rate, 1),
+        "cpu_idle_cores": round(idle_cores, 3),
         "rss_mib": {c: round(rss.get(c, 0) / 2**20) for c in system.components},
         "cpu_cores": dict(sorted(cores.items(), key=lambda kv: -kv[1])),
         "wall_s": round(wall, 1),
