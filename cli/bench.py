@@ -1,4 +1,5 @@
-"""``gpufed bench``: benchmarks that print one JSON line (``gpufed bench placement``)."""
+"""``gpufed bench``: benchmarks that print one JSON line (``gpufed bench placement``, ``gpufed
+bench e2e`` and its ``--compare multikueue``)."""
 
 from __future__ import annotations
 
@@ -89,18 +90,57 @@ def e2e(
     trace: Path | None = typer.Option(
         None, "--trace", help="Write each job's event times (wall clock) here, JSON lines."
     ),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        metavar="PEER",
+        help="Also run the same job stream through PEER (multikueue: Kueue's MultiKueue, at "
+        "default client QPS and at QPS/burst 1000), each in a fresh sandbox, one after the "
+        "other; prints {gpufed, multikueue, multikueue_fast, ratio}. With --state-dir, each "
+        "run uses a subdirectory; with --trace, each run its own file (t.gpufed.jsonl, ...).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """GPUJobs through a fresh sandbox with hub and agents: dispatch (GPUJob created on the hub
     -> its Job exists in the member) and status (member Job Complete -> GPUJob shows it)
-    latencies from watch events on one clock, throughput, hub and agent memory."""
+    latencies from watch events on one clock, throughput, CPU and API requests per job, hub and
+    agent memory."""
     from gpufed.cli.local import configure_logging, fail_cleanly
-    from gpufed.sandbox.e2e_bench import run_bench
 
     configure_logging(False)
 
     def progress(msg: str) -> None:
         typer.echo(msg, err=True)
+
+    if compare is not None:
+        from gpufed.sandbox.e2e_compare import check_peer, run_compare
+
+        try:
+            check_peer(compare)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--compare") from None
+        if keep:
+            raise typer.BadParameter(
+                "--keep leaves one sandbox running; --compare starts three one after the "
+                "other (drop --keep, or run gpufed bench e2e without --compare)",
+                param_hint="--keep",
+            )
+        with fail_cleanly():
+            result = run_compare(
+                compare,
+                jobs,
+                rate,
+                duration_s=duration,
+                members=members,
+                seed=seed,
+                state_dir=state_dir,
+                progress=progress,
+                trace=trace,
+            )
+        _print(result, as_json)
+        return
+
+    from gpufed.sandbox.e2e_bench import run_bench
 
     with fail_cleanly():
         result = run_bench(
@@ -114,6 +154,10 @@ def e2e(
             progress=progress,
             trace=trace,
         )
+    _print(result, as_json)
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result))
         return

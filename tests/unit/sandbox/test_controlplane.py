@@ -1,5 +1,5 @@
 """The sandbox's hub and agent components as registered (no process starts): the `gpufed`
-command lines, ports, TLS from the sandbox CA, and the bench's fleet sizing."""
+command lines, ports, TLS from the sandbox CA."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from gpufed.sandbox.controlplane import (
     gpufed_command,
     port_names,
 )
-from gpufed.sandbox.e2e_bench import bench_fleet, gpujob, job_sizes, percentile_ms
 from gpufed.sandbox.pki import create_pki
 from gpufed.sandbox.supervisor import Supervisor
 
@@ -91,24 +90,3 @@ def test_hub_and_agents_are_registered_as_gpufed_commands(tmp_path: Path) -> Non
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
     assert ctx.verify_mode == ssl.CERT_REQUIRED
-
-
-def test_the_bench_fleet_holds_every_job_at_once() -> None:
-    sizes = job_sizes(200, seed=1)
-    assert sizes == job_sizes(200, seed=1)  # seeded
-    assert set(sizes) <= set(range(1, 9))
-    fleet = bench_fleet(sizes, members=2)
-    gpus = sum(c.node_count * 8 for c in fleet.clusters)
-    assert gpus >= sum(sizes) * 1.2
-    assert [c.name for c in fleet.clusters] == ["bench-0", "bench-1"]
-
-
-def test_bench_jobs_and_percentiles() -> None:
-    job = gpujob("job-00001", 3, 2.0)
-    pod = job["spec"]["template"]["spec"]["template"]
-    assert pod["metadata"]["annotations"] == {"gpufed.io/sim-duration": "2s"}
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 3}
-    assert percentile_ms([], 0.5) is None
-    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms
-    assert percentile_ms(values, 0.5) == 50.0
-    assert percentile_ms(values, 0.99) == 99.0
