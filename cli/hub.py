@@ -121,6 +121,9 @@ def run(
     leader_lease: Annotated[int, typer.Option(help="leader lease TTL, seconds")] = 15,
     heartbeat_interval: Annotated[float, typer.Option(help="agent heartbeat, seconds")] = 10.0,
     max_unacked: Annotated[int, typer.Option(help="work items in flight per member")] = 64,
+    status_writers: Annotated[
+        int, typer.Option(help="GPUJob status writes in flight to the hub API server")
+    ] = 32,
     apply_retry_limit: Annotated[
         int, typer.Option(help="retryable refusals of a job's Apply before it fails")
     ] = 10,
@@ -253,6 +256,7 @@ def run(
         "leader_lease_s": leader_lease,
         "heartbeat_interval_s": heartbeat_interval,
         "max_unacked_per_cluster": max_unacked,
+        "status_writers": status_writers,
         "apply_retry_limit": apply_retry_limit,
         "apply_retry_max_s": apply_retry_max,
         "reservation_ttl_s": reservation_ttl,

@@ -62,6 +62,11 @@ class HubConfig(BaseModel):
     - ``heartbeat_interval_s``: what Welcome asks agents to send.
     - ``max_unacked_per_cluster``: work items in flight to one member before the hub waits
       for acks; ``resend_after_s``: an unacknowledged item is sent again after this.
+    - ``status_writers``: GPUJob status writes in flight to the hub API server at once. The
+      writer's throughput is this many divided by one write's latency: it must stay above
+      the rate at which jobs change phase (a job ending is one write, and a backlog of them
+      delays every job's final status), also while each write takes a loaded API server
+      0.3-0.5 s.
     - ``apply_retry_limit``: a job whose Apply the member refuses with a retryable error
       (5xx, 429, a namespace being terminated, …) is sent again with backoff (5 s doubling
       to ``apply_retry_max_s``) this many times, then Failed (reason ``MemberRejected``); its
@@ -133,6 +138,7 @@ class HubConfig(BaseModel):
     leader_lease_s: int = Field(default=15, ge=2)
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     max_unacked_per_cluster: int = Field(default=64, ge=1)
+    status_writers: int = Field(default=32, ge=1)
     resend_after_s: float = Field(default=30.0, gt=0)
     apply_retry_limit: int = Field(default=10, ge=1)
     apply_retry_max_s: float = Field(default=60.0, gt=0)

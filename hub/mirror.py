@@ -63,7 +63,10 @@ class Mirror:
         self._term = term
         self._event_slots = asyncio.Semaphore(2)
         self.jobs = CoalescingWriter(
-            "job-status", self._write_job_status, workers=8, min_interval_s=0.25
+            "job-status",
+            self._write_job_status,
+            workers=term.config.status_writers,
+            min_interval_s=0.25,
         )
         self.members = CoalescingWriter("member-status", self._write_member_status)
         self.queues = CoalescingWriter(

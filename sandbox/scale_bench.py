@@ -30,7 +30,14 @@ Output (:func:`run_scale_bench`, percentiles by nearest rank, milliseconds):
 - ``members``, ``nodes_per_member``, ``jobs``, ``registered``, ``dispatched``, ``completed``,
   ``churn_pods``, ``hub_cpu_s``, ``seconds`` (wall time of the measured part) and
   ``cpu_s`` (CPU seconds in that time of the hub, the hub API server, etcd, this process and
-  the workers: which of them the latencies wait for).
+  the workers: which of them the latencies wait for), ``cpu_wait_s`` (seconds the same
+  processes' threads were runnable but waiting for a CPU, from Linux schedstat: a process
+  that waits about as long as it runs is starved by the machine, not slow) and
+  ``load_avg_1m`` at the end.
+
+Left in the state dir's ``scale/`` folder: ``jobs.jsonl`` (each job's stages as wall-clock
+seconds: :func:`trace_lines`; they compare with ``hub.log``'s timestamps), ``hub-metrics.txt``
+(the hub's ``/metrics`` at the end) and the hub's and workers' logs.
 
 With ``GPUFED_SCALE_PROFILE=<file>`` in the environment the hub runs under cProfile and writes
 its statistics there when it stops.
@@ -181,6 +188,8 @@ class Clock:
     reported: dict[str, float] = field(default_factory=dict)
     succeeded: dict[str, float] = field(default_factory=dict)
     placement_ms: dict[str, float] = field(default_factory=dict)
+    #: when the GPUJob watch first showed a placement (``status.timings.placementMs``)
+    placed: dict[str, float] = field(default_factory=dict)
     closed: list[dict[str, Any]] = field(default_factory=list)
     churn: int = 0
     all_registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -211,6 +220,52 @@ def summarize(clock: Clock, opts: ScaleOptions, extra: dict[str, Any]) -> dict[s
         "streams_closed": len(clock.closed),
         **extra,
     }
+
+
+def schedstat_wait_s(texts: list[str]) -> float:
+    """Run-queue wait in seconds summed over threads, from the text of each thread's
+    ``/proc/<pid>/task/<tid>/schedstat`` (``<on-cpu ns> <waiting ns> <timeslices>``);
+    unreadable lines count 0."""
+    total = 0
+    for text in texts:
+        parts = text.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            total += int(parts[1])
+    return total / 1e9
+
+
+def runqueue_wait_s(pid: int) -> float | None:
+    """Seconds the live threads of process ``pid`` spent runnable, waiting for a CPU (Linux
+    schedstat; None where it cannot be read). With CPU time, it says whether a latency is
+    work or waiting for the machine: a process that waits as long as it runs is starved."""
+    base = Path(f"/proc/{pid}/task")
+    texts = []
+    try:
+        for task in base.iterdir():
+            with contextlib.suppress(OSError):
+                texts.append((task / "schedstat").read_text())
+    except OSError:
+        return None
+    return schedstat_wait_s(texts) if texts else None
+
+
+def trace_lines(clock: Clock, wall_offset: float) -> list[str]:
+    """One JSON line per job, its stages as wall-clock seconds (``time.monotonic()`` +
+    ``wall_offset``, so they compare with the hub log's timestamps): ``created`` (the create
+    call started), ``placed`` (the GPUJob watch first showed a placement), ``acked`` (the
+    agent wrote APPLIED), ``reported`` (the agent wrote Succeeded), ``succeeded`` (the watch
+    showed it); a stage not reached is absent."""
+    stages = ("created", "placed", "acked", "reported", "succeeded")
+    out = []
+    for key in sorted(clock.created):
+        row: dict[str, Any] = {"job": key}
+        for stage in stages:
+            got: dict[str, float] = getattr(clock, stage)
+            t = got.get(key)
+            if t is not None:
+                row[stage] = round(t + wall_offset, 4)
+        out.append(json.dumps(row))
+    return out
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -398,6 +453,7 @@ class _Bench:
         ms = (st.get("timings") or {}).get("placementMs")
         if ms is not None:
             self.clock.placement_ms.setdefault(key, float(ms))
+            self.clock.placed.setdefault(key, time.monotonic())
         if st.get("phase") == "Succeeded" and key not in self.clock.succeeded:
             self.clock.succeeded[key] = time.monotonic()
             if len(self.clock.succeeded) >= self.opts.jobs:
@@ -520,6 +576,7 @@ class _Bench:
             workers = await self.start_workers(load_pki(self.info.state_dir / "pki").ca_crt)
             cpu0 = self.hub_proc.cpu_times()
             others0 = self._cpu(workers)
+            waits0 = self._waits(workers)
             wall0 = time.monotonic()
             go = json.dumps({"t0": time.monotonic() + 0.5}).encode() + b"\n"
             for w in workers:
@@ -542,6 +599,9 @@ class _Bench:
                 "hub": extra["hub_cpu_s"],
                 **{k: round(v - others0.get(k, 0.0), 1) for k, v in others1.items()},
             }
+            waits1 = self._waits(workers)
+            extra["cpu_wait_s"] = {k: round(v - waits0.get(k, 0.0), 1) for k, v in waits1.items()}
+            extra["load_avg_1m"] = round(os.getloadavg()[0], 1)
             extra["seconds"] = round(time.monotonic() - wall0, 1)
         finally:
             for w in workers:
@@ -556,32 +616,61 @@ class _Bench:
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+            metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{self.http_port}/metrics")
+            if metrics:
+                (self.dir / "hub-metrics.txt").write_text(metrics)
             hub.terminate()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(hub.wait(), 60)
             if hub.returncode is None:
                 hub.kill()
             await api.close()
+        trace = trace_lines(c, time.time() - time.monotonic())
+        (self.dir / "jobs.jsonl").write_text("".join(f"{line}\n" for line in trace))
         db = await asyncio.to_thread(_get, f"{self.info.etcd_url}/metrics")
         size = etcd_db_bytes(db) if db else None
         extra["hub_rss_mib"] = round(self.hub_rss / 2**20)
         extra["etcd_db_mib"] = round(size / 2**20, 1) if size is not None else None
         return summarize(c, opts, extra)
 
+    def _pids(self, workers: list[asyncio.subprocess.Process]) -> dict[str, list[int]]:
+        """The processes whose CPU the run reports: the hub, the hub API server, etcd, this
+        process and the workers."""
+        sup = Supervisor(self.info.state_dir)
+        pids: dict[str, list[int]] = {"hub": [self.hub_proc.pid]}
+        for name, key in (("hub_apiserver", f"apiserver/{HUB_CLUSTER_NAME}"), ("etcd", "etcd")):
+            with contextlib.suppress(TypeError, ValueError):
+                pid = sup.pid(key)
+                if pid is not None:
+                    pids[name] = [int(pid)]
+        pids["bench"] = [os.getpid()]
+        pids["workers"] = [w.pid for w in workers]
+        return pids
+
     def _cpu(self, workers: list[asyncio.subprocess.Process]) -> dict[str, float]:
         """CPU seconds so far of the hub API server, etcd, this process and the workers."""
-        sup = Supervisor(self.info.state_dir)
-        pids = {"hub_apiserver": sup.pid(f"apiserver/{HUB_CLUSTER_NAME}"), "etcd": sup.pid("etcd")}
         out: dict[str, float] = {}
-        for name, pid in pids.items():
-            with contextlib.suppress(psutil.Error, TypeError, ValueError):
-                out[name] = sum(psutil.Process(pid).cpu_times()[:2])
-        out["bench"] = sum(psutil.Process().cpu_times()[:2])
-        total = 0.0
-        for w in workers:
-            with contextlib.suppress(psutil.Error):
-                total += sum(psutil.Process(w.pid).cpu_times()[:2])
-        out["workers"] = total
+        for name, pids in self._pids(workers).items():
+            if name == "hub":
+                continue
+            total, seen = 0.0, False
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    total += sum(psutil.Process(pid).cpu_times()[:2])
+                    seen = True
+            if seen or name == "workers":
+                out[name] = total
+        return out
+
+    def _waits(self, workers: list[asyncio.subprocess.Process]) -> dict[str, float]:
+        """Seconds so far each process's threads spent runnable but waiting for a CPU
+        (:func:`runqueue_wait_s`); processes it cannot read are left out."""
+        out: dict[str, float] = {}
+        for name, pids in self._pids(workers).items():
+            waits = [runqueue_wait_s(pid) for pid in pids]
+            got = [w for w in waits if w is not None]
+            if got:
+                out[name] = sum(got)
         return out
 
     async def submit(self, custom: Any) -> None:

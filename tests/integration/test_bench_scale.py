@@ -26,3 +26,7 @@ def test_every_member_registers_and_every_job_completes(
     assert result["registration_p99_ms"] is not None
     assert result["hub_rss_mib"] > 0
     assert result["etcd_db_mib"] is not None
+    assert set(result["cpu_wait_s"]) >= {"hub", "hub_apiserver", "etcd", "bench", "workers"}
+    trace = (tmp_path / "state" / "scale" / "jobs.jsonl").read_text().splitlines()
+    assert len(trace) == 20
+    assert (tmp_path / "state" / "scale" / "hub-metrics.txt").read_text().count("gpufed_") > 0

@@ -315,3 +315,34 @@ async def test_a_value_the_api_server_refuses_is_not_retried_but_a_new_value_is_
     await w.stop()
     assert calls == ["invalid", "fixed"]
     assert w.last_written("a") == "fixed"
+
+
+async def test_the_default_job_status_writer_keeps_up_with_25_job_endings_a_second() -> None:
+    # `gpufed bench scale` at 25 jobs/s: each job's end is one urgent status write, and a
+    # loaded hub API server takes ~0.4 s a write (docs/benchmarks.md, "The hub at fleet
+    # scale"). The writer keeps up only with 25 x 0.4 = 10 or more writes in flight; with 8 the
+    # backlog grew for the whole run (status p50 76 s).
+    from gpufed.hub.config import HubConfig
+
+    needed = 10
+    in_flight, most = 0, 0
+    gate = asyncio.Event()
+
+    async def write(key: str, value: Any) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await gate.wait()
+        in_flight -= 1
+
+    workers = HubConfig.model_fields["status_writers"].default
+    w = CoalescingWriter("t", write, workers=workers)
+    w.start()
+    for i in range(2 * needed):
+        w.submit(f"job-{i}", "Succeeded", urgent=True)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gate.set()
+    await w.drained()
+    await w.stop()
+    assert most >= needed

@@ -20,7 +20,9 @@ from gpufed.sandbox.scale_bench import (
     gpujob,
     member_names,
     percentile_ms,
+    schedstat_wait_s,
     summarize,
+    trace_lines,
 )
 from gpufed.sandbox.simagent import (
     CHURN_POD_LIFETIME_S,
@@ -236,3 +238,29 @@ def test_decoded_nodes_share_their_repeated_strings() -> None:
     key_b = next(k for k in b.labels if k == "nvidia.com/gpu.product")
     assert key_a is key_b
     assert a.labels[key_a] is b.labels[key_b]
+
+
+def test_schedstat_wait_sums_the_threads_waiting_time() -> None:
+    texts = ["100 2000000000 5\n", "7 500000000 1", "garbage", ""]
+    assert schedstat_wait_s(texts) == 2.5
+
+
+def test_trace_lines_give_each_stage_on_the_wall_clock() -> None:
+    c = Clock()
+    c.created = {"scale/job-00000": 10.0, "scale/job-00001": 11.0}
+    c.placed = {"scale/job-00000": 10.5}
+    c.acked = {"scale/job-00000": 10.25}
+    c.reported = {"scale/job-00000": 15.0}
+    c.succeeded = {"scale/job-00000": 16.0}
+    lines = [json.loads(line) for line in trace_lines(c, 1000.0)]
+    assert lines == [
+        {
+            "job": "scale/job-00000",
+            "created": 1010.0,
+            "placed": 1010.5,
+            "acked": 1010.25,
+            "reported": 1015.0,
+            "succeeded": 1016.0,
+        },
+        {"job": "scale/job-00001", "created": 1011.0},
+    ]
