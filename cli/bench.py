@@ -172,17 +172,24 @@ def scale(
         ..., "--nodes-per-member", min=1, max=15_000, help="Nodes each simulated agent reports."
     ),
     join_rate: float = typer.Option(
-        10.0, "--join-rate", min=0.01, help="Agents dialling the hub per second."
+        10.0, "--join-rate", min=0.01, max=1000, help="Agents dialling the hub per second."
     ),
-    jobs: int = typer.Option(2000, "--jobs", min=0, help="GPUJobs to submit (1-8 GPUs, seeded)."),
-    rate: float = typer.Option(25.0, "--rate", min=0.1, help="GPUJobs created per second."),
+    jobs: int = typer.Option(
+        2000, "--jobs", min=0, max=1_000_000, help="GPUJobs to submit (1-8 GPUs, seeded)."
+    ),
+    rate: float = typer.Option(
+        25.0, "--rate", min=0.1, max=1000, help="GPUJobs created per second."
+    ),
     churn: float = typer.Option(
         100.0,
         "--churn",
         min=0.0,
+        max=100_000,
         help="Background pod starts per second across the fleet (each ends 10 s later).",
     ),
-    duration: float = typer.Option(5.0, "--duration", min=0.0, help="Seconds each job runs."),
+    duration: float = typer.Option(
+        5.0, "--duration", min=0.0, max=86_400, help="Seconds each job runs."
+    ),
     workers: int = typer.Option(
         4, "--workers", min=1, max=64, help="Processes the simulated agents run in."
     ),

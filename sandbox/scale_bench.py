@@ -86,19 +86,27 @@ NAMESPACE = "scale"
 JOIN_CONCURRENCY = 8
 
 
+#: Bounds of :class:`ScaleOptions` (and of ``gpufed bench scale``'s flags).
+MAX_JOBS = 1_000_000
+MAX_CHURN = 100_000.0
+MAX_DURATION_S = 86_400.0
+
+
 class ScaleOptions(BaseModel):
     """What :func:`run_scale_bench` runs (see the module docstring)."""
 
+    # Upper bounds keep a run finite (an infinite duration never ends, an infinite churn
+    # overflows the churn clock); they are far above what one machine can drive.
     members: int = Field(ge=1, le=1000)
     nodes_per_member: int = Field(ge=1, le=15_000)
-    join_rate: float = Field(default=10.0, gt=0)
-    jobs: int = Field(default=2000, ge=0)
-    rate: float = Field(default=25.0, gt=0)
-    churn: float = Field(default=100.0, ge=0)
-    duration_s: float = Field(default=5.0, ge=0)
+    join_rate: float = Field(default=10.0, gt=0, le=1000)
+    jobs: int = Field(default=2000, ge=0, le=MAX_JOBS)
+    rate: float = Field(default=25.0, gt=0, le=1000)
+    churn: float = Field(default=100.0, ge=0, le=MAX_CHURN)
+    duration_s: float = Field(default=5.0, ge=0, le=MAX_DURATION_S)
     workers: int = Field(default=4, ge=1, le=64)
     seed: int = 1
-    ready_timeout_s: float = Field(default=600.0, gt=0)
+    ready_timeout_s: float = Field(default=600.0, gt=0, le=7200)
 
 
 def percentile_ms(values: list[float], p: float) -> float | None:

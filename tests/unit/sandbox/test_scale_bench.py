@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gpufed.api.labels import SIM_DURATION_ANNOTATION
 from gpufed.api.protocol import agent_pb2 as pb
@@ -264,3 +265,11 @@ def test_trace_lines_give_each_stage_on_the_wall_clock() -> None:
         },
         {"job": "scale/job-00001", "created": 1011.0},
     ]
+
+
+@pytest.mark.parametrize("field", ["duration_s", "churn", "rate", "join_rate", "ready_timeout_s"])
+def test_infinite_options_are_refused(field: str) -> None:
+    # --duration inf never ended (jobs ran forever, the wait had no bound); --churn inf
+    # overflowed the churn clock in every worker.
+    with pytest.raises(ValidationError, match=field):
+        ScaleOptions(members=1, nodes_per_member=1, **{field: float("inf")})
