@@ -148,6 +148,16 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
             names.add(rj["name"])
             job = _mapping(rj, "template", rpath)
             job_spec = _mapping(job, "spec", f"{rpath}.template")
+            # each child Job is run by the member's Job controller: another managedBy there
+            # would leave the JobSet's pods uncreated (suspend is the JobSet's own to set)
+            own = _OWN_CONTROLLER["Job.batch"]
+            managed_by = job_spec.get("managedBy")
+            if managed_by is not None and managed_by != own:
+                raise ManifestError(
+                    f"{rpath}.template.spec.managedBy",
+                    f"{managed_by!r}: the member's {own} leaves a Job managed by another "
+                    f"controller alone, so its pods never start; remove it (or set it to {own})",
+                )
             tpl = _mapping(job_spec, "template", f"{rpath}.template.spec")
             out.append(
                 PodTemplateRef(

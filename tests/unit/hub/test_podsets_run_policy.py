@@ -95,6 +95,17 @@ def test_suspend_is_checked_in_every_workload_of_a_list() -> None:
     assert err.value.field == f"{T}.items[1].spec.suspend"
 
 
+def test_a_jobset_child_job_managed_by_another_controller_is_refused() -> None:
+    tpl = jobset(("w", 1, 2, 8))
+    job_spec = tpl["spec"]["replicatedJobs"][0]["template"]["spec"]
+    job_spec["managedBy"] = "kueue.x-k8s.io/multikueue"
+    with pytest.raises(InvalidJobError) as err:
+        derive_pod_sets(tpl)
+    assert err.value.field == f"{T}.spec.replicatedJobs[0].template.spec.managedBy"
+    job_spec["managedBy"] = "kubernetes.io/job-controller"
+    assert derive_pod_sets(tpl) == derive_pod_sets(jobset(("w", 1, 2, 8)))
+
+
 def test_a_run_policy_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(InvalidJobError) as err:
         derive_pod_sets(_set(mpijob(), "spec.runPolicy", ["suspend"]))
