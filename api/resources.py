@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -310,12 +310,12 @@ def pod_requests(pod_spec: Mapping[str, Any], *, field: str = "spec") -> Resourc
     Raises :class:`QuantityError` naming the container field on a bad quantity.
     """
     total: ResourceList = {}
-    for i, c in enumerate(_containers(pod_spec, "containers")):
+    for i, c in enumerate(_containers(pod_spec, "containers", field)):
         total = add(total, container_requests(c, field=f"{field}.containers[{i}]"))
 
     sidecars: ResourceList = {}
     init_peak: ResourceList = {}
-    for i, c in enumerate(_containers(pod_spec, "initContainers")):
+    for i, c in enumerate(_containers(pod_spec, "initContainers", field)):
         req = container_requests(c, field=f"{field}.initContainers[{i}]")
         if c.get("restartPolicy") == "Always":
             sidecars = add(sidecars, req)
@@ -327,10 +327,18 @@ def pod_requests(pod_spec: Mapping[str, Any], *, field: str = "spec") -> Resourc
     return add(total, overhead)
 
 
-def _containers(pod_spec: Mapping[str, Any], key: str) -> Iterable[Mapping[str, Any]]:
+def _containers(pod_spec: Mapping[str, Any], key: str, field: str) -> list[Mapping[str, Any]]:
+    """The containers under ``key``; raises :class:`QuantityError` naming ``{field}.{key}`` (or
+    ``{field}.{key}[i]``) when they are not a list of objects."""
     items = pod_spec.get(key) or []
     if not isinstance(items, list):
         raise QuantityError(
-            f"spec.{key}: expected a list of containers, got {type(items).__name__}"
+            f"{field}.{key}: expected a list of containers, got {type(items).__name__}"
         )
+    for i, c in enumerate(items):
+        if not isinstance(c, Mapping):
+            raise QuantityError(
+                f"{field}.{key}[{i}]: must be an object (a container with name, image, "
+                f"resources), not {'null' if c is None else type(c).__name__}"
+            )
     return items

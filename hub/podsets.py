@@ -10,14 +10,18 @@ Called by the hub's intake for every new GPUJob. Which pods a workload runs at o
   set per replica type (``master``, ``worker``; ``launcher``, ``worker``), ``replicas``
   (default 1) pods each; an MPIJob shape mpi-operator refuses or ignores (no ``Launcher``, a
   launcher of other than 1 replica, a ``Worker`` of fewer than 1, another replica type, a pod
-  template without containers) is invalid (:mod:`gpufed.sync.workloads`);
+  template without containers, another version than v2beta1, ``slotsPerWorker`` below 1, an
+  ``mpiImplementation`` other than OpenMPI/Intel/MPICH) is invalid (:mod:`gpufed.sync.workloads`);
 - RayJob (``ray.io/v1``): the RayCluster of ``spec.rayClusterSpec``: pod set ``head`` (one
   pod) and one per worker group, named by ``groupName``, of the pods KubeRay starts:
   ``replicas`` (default 0) clamped into [``minReplicas``, ``maxReplicas``], times
   ``numOfHosts`` (default 1). The submitter pod KubeRay adds asks for no GPU and is not
   sized; a RayJob on an existing cluster (``spec.clusterSelector``) is invalid.
 
-Every pod set of a job is placed at once or not at all (gang), whatever the kind.
+Every pod set of a job is placed at once or not at all (gang), whatever the kind. A workload its
+member controller would never start is invalid, whatever the kind: ``suspend: true``
+(``spec.suspend``, or ``spec.runPolicy.suspend`` of the Kubeflow kinds) or ``managedBy`` naming
+another controller (:mod:`gpufed.sync.workloads`).
 - ``kind: List``: the pod sets of every workload in it (ConfigMaps, Secrets, Services carry
   none), names prefixed with the object's name when there are several workloads.
 
@@ -107,6 +111,7 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
             raise InvalidJobError(f"{path}.spec", "the pod template needs a spec with containers")
         if not spec.get("containers"):
             raise InvalidJobError(f"{path}.spec.containers", "the pod template has no containers")
+        _check_containers(spec, f"{path}.spec")
         try:
             requests = pod_requests(spec, field=f"{path}.spec")
         except QuantityError as exc:
@@ -209,6 +214,22 @@ def _ray_group_pods(ref: PodTemplateRef) -> int:
     if count > INT32_MAX:
         raise InvalidJobError(f"{path}.numOfHosts", f"{count} pods is more than {INT32_MAX}")
     return count
+
+
+def _check_containers(spec: Mapping[str, Any], path: str) -> None:
+    """Refuse container lists that are not lists of objects (``containers: [null]``), naming
+    the entry, before their requests are read."""
+    for key in ("containers", "initContainers"):
+        items = spec.get(key) or []
+        if not isinstance(items, list):
+            raise InvalidJobError(f"{path}.{key}", "must be a list of containers")
+        for i, c in enumerate(items):
+            if not isinstance(c, Mapping):
+                got = "null" if c is None else type(c).__name__
+                raise InvalidJobError(
+                    f"{path}.{key}[{i}]",
+                    f"must be an object (a container with name, image, resources), not {got}",
+                )
 
 
 def _str_map(value: Any, field: str) -> dict[str, str]:

@@ -4,7 +4,8 @@ Owns the shapes of the workload kinds (:data:`WORKLOAD_KINDS`): where each keeps
 templates and pod counts (:func:`workload_pod_templates`, one :class:`PodTemplateRef` per pod
 set, in template order), the objects of a ``kind: List`` template (:func:`template_objects`),
 and the shapes refused because no operator would run them as sized (a RayJob on an existing
-cluster or with autoscaling, an MPIJob without a launcher ...). Called by pod-set derivation
+cluster or with autoscaling, an MPIJob without a launcher, a suspended job or one managed by
+another controller ...). Called by pod-set derivation
 (``hub/podsets.py``), by manifest preparation (:mod:`gpufed.sync.manifests`, so both agree on
 pod set names), by admission and by the agent. :class:`ManifestError` is the error of a
 template that may not be sent, raised here and by preparation. Pure functions over plain dicts;
@@ -123,6 +124,9 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise ManifestError(f"{path}.spec", "is required for a workload")
+    _check_started_by_its_operator(spec, kind, path)
+    if kind == "MPIJob.kubeflow.org":
+        _check_mpi_job(obj, spec, path)
     if kind == "Job.batch":
         tpl = _mapping(spec, "template", f"{path}.spec")
         return [PodTemplateRef("main", f"{path}.spec.template", tpl, kind, spec, f"{path}.spec")]
@@ -144,6 +148,16 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
             names.add(rj["name"])
             job = _mapping(rj, "template", rpath)
             job_spec = _mapping(job, "spec", f"{rpath}.template")
+            # each child Job is run by the member's Job controller: another managedBy there
+            # would leave the JobSet's pods uncreated (suspend is the JobSet's own to set)
+            own = _OWN_CONTROLLER["Job.batch"]
+            managed_by = job_spec.get("managedBy")
+            if managed_by is not None and managed_by != own:
+                raise ManifestError(
+                    f"{rpath}.template.spec.managedBy",
+                    f"{managed_by!r}: the member's {own} leaves a Job managed by another "
+                    f"controller alone, so its pods never start; remove it (or set it to {own})",
+                )
             tpl = _mapping(job_spec, "template", f"{rpath}.template.spec")
             out.append(
                 PodTemplateRef(
@@ -179,6 +193,95 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
     if kind == "RayJob.ray.io":
         return _ray_pod_templates(spec, kind, path)
     return []
+
+
+#: Where each workload kind keeps its run policy (``suspend``, ``managedBy``): the spec itself,
+#: or ``spec.runPolicy`` for the Kubeflow kinds.
+_RUN_POLICY: dict[str, str | None] = {
+    "Job.batch": None,
+    "JobSet.jobset.x-k8s.io": None,
+    "RayJob.ray.io": None,
+    "PyTorchJob.kubeflow.org": "runPolicy",
+    "MPIJob.kubeflow.org": "runPolicy",
+}
+#: The ``managedBy`` value of the controller each kind is started by in a member (its default:
+#: writing it is the same as leaving it unset).
+_OWN_CONTROLLER: dict[str, str] = {
+    "Job.batch": "kubernetes.io/job-controller",
+    "JobSet.jobset.x-k8s.io": "jobset.sigs.k8s.io/jobset-controller",
+    "RayJob.ray.io": "ray.io/kuberay-operator",
+    "PyTorchJob.kubeflow.org": "kubeflow.org/training-operator",
+    "MPIJob.kubeflow.org": "kubeflow.org/mpi-operator",
+}
+
+
+def _check_started_by_its_operator(spec: Mapping[str, Any], kind: str, path: str) -> None:
+    """Refuse a workload its member controller would not start: ``suspend: true`` (the job
+    would wait to be resumed, and gpufed never resumes it) or ``managedBy`` naming another
+    controller (the member's operator leaves it alone). Either way its placed gang would hold
+    GPUs for no pod until the reservation's TTL, keeping them from other tenants. gpufed never
+    suspends the member copy itself: it starts a job by sending it once it is placed."""
+    sub = _RUN_POLICY[kind]
+    where, policy = path + ".spec", spec
+    if sub is not None:
+        where = f"{where}.{sub}"
+        raw = spec.get(sub)
+        if raw is None:
+            return
+        if not isinstance(raw, Mapping):
+            raise ManifestError(where, "must be an object (suspend, managedBy, backoffLimit ...)")
+        policy = raw
+    suspend = policy.get("suspend")
+    if suspend is not None and suspend is not False:
+        raise ManifestError(
+            f"{where}.suspend",
+            f"{suspend!r}: a suspended job is never started in the member; remove "
+            f"{where.removeprefix(path + '.')}.suspend: gpufed starts the job when it is placed",
+        )
+    managed_by = policy.get("managedBy")
+    own = _OWN_CONTROLLER[kind]
+    if managed_by is not None and managed_by != own:
+        raise ManifestError(
+            f"{where}.managedBy",
+            f"{managed_by!r}: the member's {own} leaves a job managed by another controller "
+            f"alone, so it never starts; remove {where.removeprefix(path + '.')}.managedBy "
+            f"(or set it to {own}): gpufed runs the job with the member's own controller",
+        )
+
+
+#: The MPIJob version mpi-operator serves (its CRD holds no other).
+_MPI_API_VERSION = "kubeflow.org/v2beta1"
+#: ``spec.mpiImplementation`` values mpi-operator accepts.
+_MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
+_INT32_MAX = 2**31 - 1
+
+
+def _check_mpi_job(obj: Mapping[str, Any], spec: Mapping[str, Any], path: str) -> None:
+    """Refuse MPIJob fields mpi-operator refuses: another ``apiVersion`` than
+    ``kubeflow.org/v2beta1`` (no other is served, so the member cannot create it),
+    ``slotsPerWorker`` below 1 or not an int32, an ``mpiImplementation`` outside
+    OpenMPI/Intel/MPICH."""
+    version = obj.get("apiVersion")
+    if version != _MPI_API_VERSION:
+        raise ManifestError(
+            f"{path}.apiVersion",
+            f"{version!r}: mpi-operator serves MPIJobs only as {_MPI_API_VERSION}; "
+            f"write apiVersion: {_MPI_API_VERSION}",
+        )
+    slots = spec.get("slotsPerWorker")
+    if slots is not None and (type(slots) is not int or not 1 <= slots <= _INT32_MAX):
+        raise ManifestError(
+            f"{path}.spec.slotsPerWorker",
+            f"{slots!r}: must be a whole number from 1 to {_INT32_MAX} (mpi-operator refuses "
+            "others); set the MPI slots of each worker (usually its GPUs), or leave it unset for 1",
+        )
+    impl = spec.get("mpiImplementation")
+    if impl is not None and impl not in _MPI_IMPLEMENTATIONS:
+        raise ManifestError(
+            f"{path}.spec.mpiImplementation",
+            f"{impl!r}: mpi-operator knows only {', '.join(_MPI_IMPLEMENTATIONS)} "
+            "(case-sensitive); write one of them, or leave it unset for OpenMPI",
+        )
 
 
 #: The replica types mpi-operator (kubeflow.org/v2beta1) starts, by their exact names.
