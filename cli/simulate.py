@@ -120,22 +120,30 @@ def simulate_command(
         "smallest-first",
         "--queue-order",
         help="Policy gpufed: order of jobs not yet starving, within a priority: smallest-first "
-        "(fewer GPUs first; the hub's default) or fifo (earlier first, the order before issue 14).",
+        "(fewer GPUs first; the hub's default) or fifo (earlier first: arrival order, the old "
+        "default).",
     ),
     starvation_s: float = typer.Option(
         1800.0,
-        "--starvation-s",
-        help="Policy gpufed: seconds a job waits without fitting before it holds nodes.",
+        "--queue-starvation",
+        help="Policy gpufed: seconds a job waits without fitting before it holds nodes (the "
+        "hub's flag of the same name).",
     ),
     oldest_first_s: float = typer.Option(
         57600.0,
-        "--oldest-first-s",
+        "--queue-oldest-first",
         help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
         "of its priority, oldest first (with smallest-first).",
+        show_default="16 h (57600 s)",
     ),
     max_holds: int = typer.Option(
-        4, "--max-holds", help="Policy gpufed: starving jobs that hold nodes at once (0: none)."
+        4,
+        "--queue-max-holds",
+        help="Policy gpufed: starving jobs that hold nodes at once (0: none).",
     ),
+    old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
+    old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
+    old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
     seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
@@ -174,12 +182,30 @@ def simulate_command(
         raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
     if queue_order not in QUEUE_ORDERS:
         raise typer.BadParameter(f"use {' or '.join(QUEUE_ORDERS)}", param_hint="--queue-order")
+    # the older names (hidden) still work; a value given under either name is checked under it
+    starvation_flag, oldest_flag, holds_flag = (
+        "--queue-starvation",
+        "--queue-oldest-first",
+        "--queue-max-holds",
+    )
+    if old_starvation_s is not None:
+        starvation_s, starvation_flag = old_starvation_s, "--starvation-s"
+    if old_oldest_first_s is not None:
+        oldest_first_s, oldest_flag = old_oldest_first_s, "--oldest-first-s"
+    if old_max_holds is not None:
+        max_holds, holds_flag = old_max_holds, "--max-holds"
     if not (starvation_s >= 0 and math.isfinite(starvation_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--starvation-s")
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=starvation_flag)
     if not (oldest_first_s >= 0 and math.isfinite(oldest_first_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--oldest-first-s")
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=oldest_flag)
     if max_holds < 0:
-        raise typer.BadParameter("must be >= 0", param_hint="--max-holds")
+        raise typer.BadParameter("must be >= 0", param_hint=holds_flag)
+    if "gpufed" not in policies and queue_order != "smallest-first":
+        typer.echo(
+            "gpufed simulate: warning: --queue-order applies to the gpufed policy only "
+            f"(not to {', '.join(policies)})",
+            err=True,
+        )
     backfill = BackfillRule(
         starvation_s=starvation_s,
         max_holds=max_holds,
