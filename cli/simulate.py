@@ -6,7 +6,8 @@
 one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
 classes of :func:`gpufed.placement.simreport.size_bucket`). ``--plot FILE.png``: the figures of
 :mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
-(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`).
+(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`). Every ~10 s of wall time a
+progress line goes to stderr (jobs arrived / total, simulated day), with ``--json`` too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import csv
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -248,6 +250,7 @@ def simulate_command(
                     else None
                 ),
                 failures=failures,
+                progress=_Progress(name),
             )
         except ValueError as exc:
             typer.echo(f"gpufed simulate: {exc}", err=True)
@@ -264,6 +267,29 @@ def simulate_command(
         plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
     if not as_json:
         _print_results(results, per_size)
+
+
+class _Progress:
+    """``simulate``'s progress callback: one stderr line every ``every_s`` seconds of wall time
+    (jobs arrived / total, simulated days), so a long run does not look hung. ``clock``:
+    seconds, monotonic (injectable for tests)."""
+
+    def __init__(
+        self, policy: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.policy, self.every_s, self.clock = policy, every_s, clock
+        self.started = self.last = clock()
+
+    def __call__(self, arrived: int, total: int, now_s: float) -> None:
+        t = self.clock()
+        if t - self.last < self.every_s:
+            return
+        self.last = t
+        typer.echo(
+            f"gpufed simulate: {self.policy}: {arrived:,}/{total:,} jobs arrived, "
+            f"simulated day {now_s / 86_400:.1f}, {t - self.started:.0f}s",
+            err=True,
+        )
 
 
 def _json_line(result: SimResult, per_size: bool) -> dict[str, Any]:
