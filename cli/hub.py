@@ -34,6 +34,7 @@ from gpufed.hub import certs as hub_certs
 from gpufed.hub import log as hub_log
 from gpufed.hub.app import Hub
 from gpufed.hub.config import HubConfig, TLSConfig
+from gpufed.hub.store import parse_endpoint
 
 app = typer.Typer(
     help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
@@ -237,6 +238,17 @@ def run(
         raise typer.BadParameter(f"use {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     if (tls_cert or tls_key) and not (tls_cert and tls_key):
         raise typer.BadParameter("--tls-cert and --tls-key go together")
+    for flag, addr in (("--listen", listen), ("--http-listen", http_listen)):
+        _, _, port = addr.rpartition(":")
+        if not (port.isdigit() and int(port) <= 65535):
+            raise typer.BadParameter(
+                f"{addr!r} is not host:port (e.g. 0.0.0.0:7443)", param_hint=flag
+            )
+    for endpoint in etcd or ():
+        try:
+            parse_endpoint(endpoint)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--etcd") from None
     if pod_name and not pod_namespace:
         raise typer.BadParameter(
             "--pod-name needs --pod-namespace (or POD_NAMESPACE from the downward API)"

@@ -39,6 +39,9 @@ def no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--log-level", "loud"], "Invalid value for --log-level: use debug"),
         (["--pod-name", "p"], "--pod-name needs --pod-namespace"),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        (["--listen", "host:grpc"], "Invalid value for --listen: 'host:grpc' is not host:port"),
+        (["--http-listen", "x:99999"], "Invalid value for --http-listen: 'x:99999' is not"),
+        (["--etcd", "etcd"], "Invalid value for --etcd: etcd endpoint 'etcd' is not host:port"),
     ],
 )
 def test_a_bad_flag_names_the_flag_before_any_side_effect(
