@@ -180,8 +180,8 @@ def run(
         float,
         typer.Option(
             help="seconds a job waits before it goes ahead of every younger job of its queue "
-            "and priority (with smallest-first)",
-            show_default="16 h (57600 s)",
+            "and priority (with smallest-first) \\[default: 16 h (57600 s)]",
+            show_default=False,
         ),
     ] = 57_600.0,
     queue_starvation: Annotated[

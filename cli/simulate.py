@@ -135,8 +135,8 @@ def simulate_command(
         57600.0,
         "--queue-oldest-first",
         help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
-        "of its priority, oldest first (with smallest-first).",
-        show_default="16 h (57600 s)",
+        "of its priority, oldest first (with smallest-first). \\[default: 16 h (57600 s)]",
+        show_default=False,
     ),
     max_holds: int = typer.Option(
         4,

@@ -55,3 +55,11 @@ def test_a_bad_flag_names_the_flag_before_any_side_effect(
     assert "pydantic" not in output
     assert "validation error" not in output
     assert not data_dir.exists()  # no CA written first
+
+
+def test_the_queue_help_says_seconds_and_the_default_in_hours() -> None:
+    result = CliRunner().invoke(app, ["hub", "--help"], env={"COLUMNS": "240"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "ahead of every younger job of its queue and priority" in text
+    assert "[default: 16 h (57600 s)]" in text
+    assert "issue 14" not in text
