@@ -55,6 +55,7 @@ from gpufed.cli.local import (
     fail_cleanly,
     print_summary,
 )
+from gpufed.sandbox.kueue_config import QUEUE_LABEL
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +151,8 @@ class Example:
 
 def load_examples(directory: Path, *, namespace: str = "default") -> list[Example]:
     """Every document of ``directory/*.yaml`` (sorted by file name) as a GPUJob: GPUJobs as
-    they are, plain Job/JobSet/PyTorchJob wrapped as ``gpufed submit`` does. Raises ValueError
+    they are, plain Job/JobSet/PyTorchJob wrapped as ``gpufed submit`` does; documents labelled
+    ``kueue.x-k8s.io/queue-name`` (for the MultiKueue peer) are skipped. Raises ValueError
     naming the file and document for anything else or a bad ``gpufed.io/expect``."""
     files = sorted(directory.glob("*.yaml"))
     if not files:
@@ -166,6 +168,8 @@ def load_examples(directory: Path, *, namespace: str = "default") -> list[Exampl
             where = f"{f.name}" + (f" document {i}" if len(docs) > 1 else "")
             if not isinstance(doc, dict):
                 raise ValueError(f"{where}: not a Kubernetes object")
+            if QUEUE_LABEL in ((doc.get("metadata") or {}).get("labels") or {}):
+                continue  # a Job for the MultiKueue peer sandbox (multikueue-job.yaml)
             try:
                 obj = wrap(doc, namespace)
                 GPUJob.model_validate(obj)

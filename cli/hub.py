@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 import secrets
 import shutil
 import signal
@@ -24,6 +25,7 @@ from typing import Annotated, Any
 
 import structlog
 import typer
+from pydantic import ValidationError
 
 from gpufed.api.crdgen import all_crds
 from gpufed.api.labels import API_VERSION, JOIN_TOKEN_LABEL
@@ -32,6 +34,7 @@ from gpufed.hub import certs as hub_certs
 from gpufed.hub import log as hub_log
 from gpufed.hub.app import Hub
 from gpufed.hub.config import HubConfig, TLSConfig
+from gpufed.hub.store import parse_endpoint
 
 app = typer.Typer(
     help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
@@ -171,13 +174,18 @@ def run(
     queue_order: Annotated[
         str,
         typer.Option(
-            help="smallest-first (fewer GPUs first within a priority, jobs waiting "
-            "--queue-oldest-first or more first) or fifo (earlier first)"
+            help="smallest-first: within a queue and priority, fewer GPUs first (jobs waiting "
+            "--queue-oldest-first or longer go first, oldest first); fifo: earlier first, "
+            "arrival order (the old default)"
         ),
     ] = "smallest-first",
     queue_oldest_first: Annotated[
         float,
-        typer.Option(help="seconds a job waits before it goes ahead of every younger job"),
+        typer.Option(
+            help="seconds a job waits before it goes ahead of every younger job of its queue "
+            "and priority (with smallest-first) \\[default: 16 h (57600 s)]",
+            show_default=False,
+        ),
     ] = 57_600.0,
     queue_starvation: Annotated[
         float,
@@ -226,29 +234,34 @@ def run(
     """Run the hub until SIGTERM or SIGINT (see docs/hub.md)."""
     if ctx.invoked_subcommand is not None:
         return
-    hub_log.configure(json=log_format == "json", level=log_level)
-    tls: TLSConfig | None = None
-    if tls_cert or tls_key:
-        if not (tls_cert and tls_key):
-            raise typer.BadParameter("--tls-cert and --tls-key go together")
-        tls = TLSConfig(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
-    elif not insecure:
-        files = hub_certs.generate(data_dir / "tls")
-        tls = TLSConfig(
-            cert_file=files.server_cert, key_file=files.server_key, client_ca_file=tls_client_ca
+    # Every flag is checked before anything happens (no CA written, no kubeconfig read).
+    if log_format not in ("json", "console"):
+        raise typer.BadParameter("use json or console", param_hint="--log-format")
+    if log_level not in LOG_LEVELS:
+        raise typer.BadParameter(f"use {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    if (tls_cert or tls_key) and not (tls_cert and tls_key):
+        raise typer.BadParameter("--tls-cert and --tls-key go together")
+    for flag, addr in (("--listen", listen), ("--http-listen", http_listen)):
+        _, _, port = addr.rpartition(":")
+        if not (port.isdigit() and int(port) <= 65535):
+            raise typer.BadParameter(
+                f"{addr!r} is not host:port (e.g. 0.0.0.0:7443)", param_hint=flag
+            )
+    for endpoint in etcd or ():
+        try:
+            parse_endpoint(endpoint)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--etcd") from None
+    if pod_name and not pod_namespace:
+        raise typer.BadParameter(
+            "--pod-name needs --pod-namespace (or POD_NAMESPACE from the downward API)"
         )
-        log.info("hub.tls.sandbox_ca", ca=str(files.ca_cert), hint="give agents --ca-file")
-    source = kube.resolve(kubeconfig, context)  # fail now, in one line, not after etcd starts
     values: dict[str, Any] = {
-        "kubeconfig": source.path,
-        "context": source.context,
         "etcd_endpoints": tuple(etcd or ()),
         "etcd_prefix": etcd_prefix,
         "listen": listen,
         "http_listen": http_listen,
         "data_dir": data_dir,
-        "tls": tls,
-        "insecure": insecure and tls is None,
         "origin": origin,
         "token_namespace": token_namespace,
         "member_lease_s": member_lease,
@@ -282,17 +295,121 @@ def run(
     if hub_id:
         values["hub_id"] = hub_id
     if pod_name:
-        if not pod_namespace:
-            raise typer.BadParameter(
-                "--pod-name needs --pod-namespace (or POD_NAMESPACE from the downward API)"
-            )
         values["pod_name"], values["pod_namespace"] = pod_name, pod_namespace
-    try:
-        config = HubConfig(**values)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    _validate(values, insecure=True)  # the flags alone; TLS and the kubeconfig come next
+    hub_log.configure(json=log_format == "json", level=log_level)
+    tls: TLSConfig | None = None
+    if tls_cert and tls_key:
+        tls = TLSConfig(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
+    elif not insecure:
+        files = hub_certs.generate(data_dir / "tls")
+        tls = TLSConfig(
+            cert_file=files.server_cert, key_file=files.server_key, client_ca_file=tls_client_ca
+        )
+        log.info("hub.tls.sandbox_ca", ca=str(files.ca_cert), hint="give agents --ca-file")
+    source = kube.resolve(kubeconfig, context)  # fail now, in one line, not after etcd starts
+    values.update(kubeconfig=source.path, context=source.context, tls=tls)
+    config = _validate(values, insecure=insecure and tls is None)
     binary = None if config.etcd_endpoints else resolve_etcd_binary()
     asyncio.run(_serve(Hub(config, etcd_binary=binary)))
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+FLAG_OF: dict[str, str] = {
+    "etcd_endpoints": "--etcd",
+    "etcd_prefix": "--etcd-prefix",
+    "listen": "--listen",
+    "http_listen": "--http-listen",
+    "data_dir": "--data-dir",
+    "tls": "--tls-cert/--tls-key",
+    "insecure": "--insecure",
+    "hub_id": "--hub-id",
+    "pod_name": "--pod-name",
+    "pod_namespace": "--pod-namespace",
+    "origin": "--origin",
+    "token_namespace": "--token-namespace",
+    "member_lease_s": "--member-lease",
+    "member_lost_s": "--member-lost-timeout",
+    "leader_lease_s": "--leader-lease",
+    "heartbeat_interval_s": "--heartbeat-interval",
+    "max_unacked_per_cluster": "--max-unacked",
+    "apply_retry_limit": "--apply-retry-limit",
+    "apply_retry_max_s": "--apply-retry-max",
+    "reservation_ttl_s": "--reservation-ttl",
+    "allocation": "--allocation",
+    "default_pod_security": "--default-pod-security",
+    "reserved_namespaces": "--reserved-namespace",
+    "allow_exposed_services": "--allow-exposed-services",
+    "explain_members": "--explain-members",
+    "default_queue": "--default-queue",
+    "fair_share_half_life_s": "--fair-share-half-life",
+    "queue_order": "--queue-order",
+    "queue_oldest_first_s": "--queue-oldest-first",
+    "queue_starvation_s": "--queue-starvation",
+    "queue_max_holds": "--queue-max-holds",
+    "preemption": "--preemption/--no-preemption",
+    "preemption_min_runtime_s": "--preemption-min-runtime",
+    "preemption_max_per_hour": "--preemption-max-per-hour",
+    "preemption_cooldown_s": "--preemption-cooldown",
+    "preemption_max_preemptors": "--preemption-max-preemptors",
+    "suspect_node_cooldown_s": "--suspect-node-cooldown",
+    "degraded_node_conditions": "--degraded-node-condition",
+}
+"""HubConfig field -> the ``gpufed hub`` flag that sets it (errors name the flag)."""
+
+
+def _validate(values: dict[str, Any], *, insecure: bool) -> HubConfig:
+    """``HubConfig(**values, insecure=insecure)``; a ``ValidationError`` becomes
+    ``typer.BadParameter`` naming the flag ("Invalid value for --queue-order: use
+    smallest-first or fifo")."""
+    try:
+        return HubConfig(**values, insecure=insecure)
+    except ValidationError as exc:
+        flag, text = flag_error(exc)
+        raise typer.BadParameter(text, param_hint=flag) from None
+
+
+def flag_error(exc: ValidationError) -> tuple[str | None, str]:
+    """(flag, what to do) for the first error of a HubConfig ``ValidationError``; flag is None
+    when the error is about several fields (the text then names the flags)."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in err.get("loc", ())]
+    field = loc[0] if loc else ""
+    ctx = err.get("ctx") or {}
+    kind = err.get("type", "")
+    unit = " seconds" if field.endswith("_s") else ""
+    if kind == "literal_error":
+        text = "use " + str(ctx.get("expected", "")).replace("'", "")
+    elif kind in _BOUNDS:
+        text = f"must be {_BOUNDS[kind]} {ctx.get(_BOUND_KEY[kind])}{unit}"
+    elif kind == "string_too_short":
+        text = "must not be empty"
+    elif kind == "string_pattern_mismatch":
+        text = f"{err.get('input')!r} must match {ctx.get('pattern')}"
+    elif kind == "too_long":
+        text = f"at most {ctx.get('max_length')} values"
+    else:
+        text = str(err.get("msg", exc)).removeprefix("Value error, ")
+    if field in FLAG_OF:
+        return FLAG_OF[field], text
+    for name, flag in FLAG_OF.items():  # model-level errors name fields in their text
+        text = re.sub(rf"\b{name}\b", flag, text)
+    return None, text
+
+
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+_BOUND_KEY = {
+    "greater_than": "gt",
+    "greater_than_equal": "ge",
+    "less_than": "lt",
+    "less_than_equal": "le",
+}
 
 
 async def _serve(hub: Hub) -> None:

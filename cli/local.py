@@ -15,6 +15,7 @@ into one red line and exit code 1.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from gpufed.sandbox.helm import build_helm
 from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
 from gpufed.sandbox.kueue import build_kueue
-from gpufed.sandbox.multikueue import MultiKueueOptions, start_multikueue
+from gpufed.sandbox.multikueue import MultiKueueOptions, component_name, start_multikueue
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
 from gpufed.sandbox.supervisor import ComponentError
 
@@ -179,6 +180,7 @@ def up(
     options = control_plane_options(
         clusters_only or peer is not None, member_lease, member_lost_timeout, heartbeat
     )
+    started = time.monotonic()
     with fail_cleanly():
         sandbox = Sandbox(state_dir, progress=_progress)
         info = sandbox.up(fleet, apiserver_timeout_s=timeout, control_plane=options)
@@ -191,8 +193,14 @@ def up(
                 sandbox.down()
                 raise
         inventory = sandbox.inventory()
-    console.print(f"sandbox up in {info.up_seconds:.1f}s")
-    print_summary(info, inventory)
+    total = time.monotonic() - started
+    if mk is None:
+        console.print(f"sandbox up in {total:.1f}s")
+    else:
+        console.print(
+            f"sandbox up in {total:.1f}s (clusters {info.up_seconds or 0:.1f}s, then MultiKueue)"
+        )
+    print_summary(info, inventory, peer=peer)
     if mk is not None:
         console.print(
             f"multikueue: submit batch/v1 Jobs on the hub in namespace {mk.namespace} with label "
@@ -201,8 +209,11 @@ def up(
         )
 
 
-def print_summary(info: SandboxInfo, inventory: list[ClusterGPUs]) -> None:
-    """One screen: per cluster its API server, nodes, GPUs by product, MIG, NVLink domains."""
+def print_summary(
+    info: SandboxInfo, inventory: list[ClusterGPUs], *, peer: str | None = None
+) -> None:
+    """One screen: per cluster its API server, nodes, GPUs by product, MIG, NVLink domains.
+    ``peer``: the peer system run instead of gpufed (``multikueue``), None for none."""
     table = Table(title="gpufed sandbox", title_justify="left")
     for col in ("cluster", "API server", "nodes", "GPUs by product", "MIG", "NVLink domains"):
         table.add_column(col)
@@ -228,6 +239,8 @@ def print_summary(info: SandboxInfo, inventory: list[ClusterGPUs]) -> None:
         f"hub: agents dial {cp.hub_address} (TLS, CA {cp.ca_file}); metrics {cp.hub_http}/metrics"
         f"; {len(cp.agents)} agents\n"
         if cp
+        else f"hub: not started (--peer {peer} runs the peer instead of gpufed)\n"
+        if peer
         else "hub: not started (--clusters-only)\n"
     )
     console.print(
@@ -270,7 +283,8 @@ def status(
     console.print(f"total RSS: {st.rss_bytes / 2**20:.0f} MiB")
     inventory = [c.gpus for c in st.clusters if c.gpus is not None]
     if st.running:
-        print_summary(Sandbox(state_dir).info(), inventory)
+        kueue = any(c.name.startswith(component_name("")) for c in st.components)
+        print_summary(Sandbox(state_dir).info(), inventory, peer="multikueue" if kueue else None)
     raise typer.Exit(0 if st.running else 1)
 
 

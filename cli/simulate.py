@@ -6,7 +6,8 @@
 one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
 classes of :func:`gpufed.placement.simreport.size_bucket`). ``--plot FILE.png``: the figures of
 :mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
-(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`).
+(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`). Every ~10 s of wall time a
+progress line goes to stderr (jobs arrived / total, simulated day), with ``--json`` too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import csv
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -120,22 +122,30 @@ def simulate_command(
         "smallest-first",
         "--queue-order",
         help="Policy gpufed: order of jobs not yet starving, within a priority: smallest-first "
-        "(fewer GPUs first; the hub's default) or fifo (earlier first, the order before issue 14).",
+        "(fewer GPUs first; the hub's default) or fifo (earlier first: arrival order, the old "
+        "default).",
     ),
     starvation_s: float = typer.Option(
         1800.0,
-        "--starvation-s",
-        help="Policy gpufed: seconds a job waits without fitting before it holds nodes.",
+        "--queue-starvation",
+        help="Policy gpufed: seconds a job waits without fitting before it holds nodes (the "
+        "hub's flag of the same name).",
     ),
     oldest_first_s: float = typer.Option(
         57600.0,
-        "--oldest-first-s",
+        "--queue-oldest-first",
         help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
-        "of its priority, oldest first (with smallest-first).",
+        "of its priority, oldest first (with smallest-first). \\[default: 16 h (57600 s)]",
+        show_default=False,
     ),
     max_holds: int = typer.Option(
-        4, "--max-holds", help="Policy gpufed: starving jobs that hold nodes at once (0: none)."
+        4,
+        "--queue-max-holds",
+        help="Policy gpufed: starving jobs that hold nodes at once (0: none).",
     ),
+    old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
+    old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
+    old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
     seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
@@ -174,12 +184,30 @@ def simulate_command(
         raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
     if queue_order not in QUEUE_ORDERS:
         raise typer.BadParameter(f"use {' or '.join(QUEUE_ORDERS)}", param_hint="--queue-order")
+    # the older names (hidden) still work; a value given under either name is checked under it
+    starvation_flag, oldest_flag, holds_flag = (
+        "--queue-starvation",
+        "--queue-oldest-first",
+        "--queue-max-holds",
+    )
+    if old_starvation_s is not None:
+        starvation_s, starvation_flag = old_starvation_s, "--starvation-s"
+    if old_oldest_first_s is not None:
+        oldest_first_s, oldest_flag = old_oldest_first_s, "--oldest-first-s"
+    if old_max_holds is not None:
+        max_holds, holds_flag = old_max_holds, "--max-holds"
     if not (starvation_s >= 0 and math.isfinite(starvation_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--starvation-s")
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=starvation_flag)
     if not (oldest_first_s >= 0 and math.isfinite(oldest_first_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint="--oldest-first-s")
+        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=oldest_flag)
     if max_holds < 0:
-        raise typer.BadParameter("must be >= 0", param_hint="--max-holds")
+        raise typer.BadParameter("must be >= 0", param_hint=holds_flag)
+    if "gpufed" not in policies and queue_order != "smallest-first":
+        typer.echo(
+            "gpufed simulate: warning: --queue-order applies to the gpufed policy only "
+            f"(not to {', '.join(policies)})",
+            err=True,
+        )
     backfill = BackfillRule(
         starvation_s=starvation_s,
         max_holds=max_holds,
@@ -222,6 +250,7 @@ def simulate_command(
                     else None
                 ),
                 failures=failures,
+                progress=_Progress(name),
             )
         except ValueError as exc:
             typer.echo(f"gpufed simulate: {exc}", err=True)
@@ -238,6 +267,29 @@ def simulate_command(
         plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
     if not as_json:
         _print_results(results, per_size)
+
+
+class _Progress:
+    """``simulate``'s progress callback: one stderr line every ``every_s`` seconds of wall time
+    (jobs arrived / total, simulated days), so a long run does not look hung. ``clock``:
+    seconds, monotonic (injectable for tests)."""
+
+    def __init__(
+        self, policy: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.policy, self.every_s, self.clock = policy, every_s, clock
+        self.started = self.last = clock()
+
+    def __call__(self, arrived: int, total: int, now_s: float) -> None:
+        t = self.clock()
+        if t - self.last < self.every_s:
+            return
+        self.last = t
+        typer.echo(
+            f"gpufed simulate: {self.policy}: {arrived:,}/{total:,} jobs arrived, "
+            f"simulated day {now_s / 86_400:.1f}, {t - self.started:.0f}s",
+            err=True,
+        )
 
 
 def _json_line(result: SimResult, per_size: bool) -> dict[str, Any]:

@@ -8,8 +8,8 @@ caller's ``attempt`` callback to place each one (the callback runs ``place()`` a
 Order of a pass (:func:`pass_key`; :func:`order_key` is the plain first-come order): higher
 ``priority`` first; within a priority, the jobs that have waited ``oldest_first_s`` (default
 16 h) or more, oldest first; then the others, fewer GPUs first (``BackfillRule.order``
-``smallest-first``, the default; ``fifo``: earlier first whatever their size, the order before
-issue 14), then earlier ``submitted_at``; then job name and UID. Why: a small job that finds
+``smallest-first``, the default; ``fifo``: earlier first whatever their size, arrival order,
+the old default), then earlier ``submitted_at``; then job name and UID. Why: a small job that finds
 room starts before a big one that would take the same GPUs, which shortens the mean wait; a job
 that has waited ``oldest_first_s`` is walked before every job that has not, so its hold (below)
 keeps them all off its nodes and it cannot starve.

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,6 +203,8 @@ class _Sim:
         self.seq = 0
         self.stranded = 0
         self.live: dict[str, _Run] = {}
+        self.arrived = 0
+        self.progress: Callable[[int, int, float], None] | None = None
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
         self.fleet_gpus = sum(
@@ -328,6 +330,7 @@ def simulate(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     preemption: SimPreemption | None = None,
     failures: SimFailures | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
@@ -342,7 +345,9 @@ def simulate(
     adds ``preemptions``, ``gpu_hours_lost``, ``wait_p95_s_by_priority``. ``failures``: node
     failures and re-runs (:class:`~gpufed.placement.simfail.SimFailures`; policy ``gpufed``
     only); the JSON adds ``node_failures``, ``retry``, ``goodput``, ``restarts``,
-    ``failed_infra``, ``gpu_hours_lost_failures``.
+    ``failed_infra``, ``gpu_hours_lost_failures``. ``progress(arrived, total, now_s)``, when
+    given, is called after each batch of simultaneous events (jobs arrived so far, jobs in the
+    trace, simulated seconds); it decides itself how often to report.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
@@ -355,6 +360,7 @@ def simulate(
     if failures is not None and policy != "gpufed":
         raise ValueError(f"node failures: only the gpufed policy re-runs jobs, not {policy}")
     sim = _Sim(members, jobs)
+    sim.progress = progress
     if failures is not None and jobs:
         failures.first(sim, min(j.submit_s for j in jobs))
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
@@ -399,6 +405,9 @@ def _drain(
                 nodes.append((kind, uid))
             else:
                 (arrived if kind else finished).append(uid)
+        sim.arrived += len(arrived)
+        if sim.progress is not None:
+            sim.progress(sim.arrived, len(sim.runs), now)
         yield now, finished, arrived, nodes
 
 

@@ -344,7 +344,8 @@ class Sandbox:
             specs = node_specs(cluster)
             total += len(specs)
             create_nodes(info.api_client(cluster.name, pool_size=16), specs)
-        say(f"  {f'{total} nodes created':<44} in {time.monotonic() - t0:5.1f}s")
+        created = f"{total} node{'' if total == 1 else 's'} created"
+        say(f"  {created:<44} in {time.monotonic() - t0:5.1f}s")
         t0 = time.monotonic()
         limit = nodes_timeout_s if nodes_timeout_s is not None else 90 + 0.1 * total
         self._wait_nodes_ready(info, fleet, limit)

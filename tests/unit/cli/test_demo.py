@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpufed.cli.demo import (
     EXAMPLE_JOBS,
@@ -164,3 +165,14 @@ def test_demo_refuses_a_named_fleet_the_running_sandbox_does_not_have(tmp_path: 
     # no --fleet, or the very fleet it runs: reused
     assert _sandbox_for_demo(sb, None, None, print).fleet_file == EXAMPLE_FLEET  # type: ignore[arg-type]
     assert _sandbox_for_demo(sb, EXAMPLE_FLEET, None, print).fleet_file == EXAMPLE_FLEET  # type: ignore[arg-type]
+
+
+def test_the_multikueue_example_is_a_kueue_job_the_demo_skips() -> None:
+    doc = yaml.safe_load((EXAMPLE_JOBS / "multikueue-job.yaml").read_text())
+    assert doc["kind"] == "Job"
+    assert doc["metadata"]["namespace"] == "bench"
+    assert doc["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "gpufed-bench"}
+    pod = doc["spec"]["template"]
+    assert pod["metadata"]["annotations"]["gpufed.io/sim-duration"]
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert "multikueue-demo" not in {ex.name for ex in load_examples(EXAMPLE_JOBS)}

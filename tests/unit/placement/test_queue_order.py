@@ -159,9 +159,28 @@ def test_the_knobs_reach_the_hub_and_the_simulator_and_bad_values_name_the_flag(
         ("--oldest-first-s", "-1"),
         ("--starvation-s", "nan"),
         ("--max-holds", "-1"),
+        ("--queue-oldest-first", "-1"),  # the hub's names work in the simulator too
+        ("--queue-starvation", "nan"),
+        ("--queue-max-holds", "-1"),
     ):
         out = CliRunner().invoke(
             app, ["simulate", "--fleet", str(FLEET), "--trace", str(t), flag, value]
         )
         assert out.exit_code == 2, (flag, out.output)
         assert flag in out.output
+
+
+def test_simulate_accepts_the_hub_flag_names_and_warns_when_queue_order_cannot_apply(
+    tmp_path: Path,
+) -> None:
+    t = tmp_path / "t.csv"
+    t.write_text("job_id,submit_s,gpus,duration_s\n1,0,8,60\n")
+    base = ["simulate", "--fleet", str(FLEET), "--trace", str(t), "--json"]
+    new = CliRunner().invoke(app, [*base, "--queue-max-holds", "0", "--queue-oldest-first", "60"])
+    old = CliRunner().invoke(app, [*base, "--max-holds", "0", "--oldest-first-s", "60"])
+    assert new.exit_code == 0, new.output
+    assert old.exit_code == 0, old.output
+    assert "--queue-order applies" not in new.output
+    other = CliRunner().invoke(app, [*base, "--policy", "first-admit", "--queue-order", "fifo"])
+    assert other.exit_code == 0, other.output
+    assert "warning: --queue-order applies to the gpufed policy only" in other.output

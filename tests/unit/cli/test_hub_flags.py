@@ -1,0 +1,65 @@
+"""``gpufed hub`` flag checks: a bad value fails naming the flag, before any side effect (no CA
+in --data-dir, no kubeconfig read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufed.cli import kube
+from gpufed.cli.main import app
+
+
+@pytest.fixture(autouse=True)
+def no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("the kubeconfig was read before the flags were checked")
+
+    monkeypatch.setattr(kube, "resolve", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--queue-order", "bogus"], "Invalid value for --queue-order: use smallest-first or fifo"),
+        (["--queue-oldest-first", "-5"], "Invalid value for --queue-oldest-first: must be >= 0"),
+        (["--queue-max-holds", "-1"], "Invalid value for --queue-max-holds: must be >= 0"),
+        (["--queue-starvation", "-1"], "Invalid value for --queue-starvation: must be >= 0"),
+        (["--allocation", "pack"], "Invalid value for --allocation: use binpack or spread"),
+        (["--default-pod-security", "open"], "Invalid value for --default-pod-security: use"),
+        (["--member-lease", "0"], "Invalid value for --member-lease: must be > 0"),
+        (["--leader-lease", "1"], "Invalid value for --leader-lease: must be >= 2"),
+        (["--max-unacked", "0"], "Invalid value for --max-unacked: must be >= 1"),
+        (["--etcd-prefix", "x/"], "--etcd-prefix: 'x/' must start and end with '/'"),
+        (["--member-lost-timeout", "5"], "--member-lost-timeout (5.0) must be at least"),
+        (["--origin", ""], "Invalid value for --origin: must not be empty"),
+        (["--log-format", "xml"], "Invalid value for --log-format: use json or console"),
+        (["--log-level", "loud"], "Invalid value for --log-level: use debug"),
+        (["--pod-name", "p"], "--pod-name needs --pod-namespace"),
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        (["--listen", "host:grpc"], "Invalid value for --listen: 'host:grpc' is not host:port"),
+        (["--http-listen", "x:99999"], "Invalid value for --http-listen: 'x:99999' is not"),
+        (["--etcd", "etcd"], "Invalid value for --etcd: etcd endpoint 'etcd' is not host:port"),
+    ],
+)
+def test_a_bad_flag_names_the_flag_before_any_side_effect(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    data_dir = tmp_path / "hub"
+    result = CliRunner().invoke(app, ["hub", "--data-dir", str(data_dir), *args])
+    output = " ".join(result.output.split())  # rich wraps the usage box
+    assert result.exit_code == 2, result.output
+    assert expected in output
+    assert "pydantic" not in output
+    assert "validation error" not in output
+    assert not data_dir.exists()  # no CA written first
+
+
+def test_the_queue_help_says_seconds_and_the_default_in_hours() -> None:
+    result = CliRunner().invoke(app, ["hub", "--help"], env={"COLUMNS": "240"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "ahead of every younger job of its queue and priority" in text
+    assert "[default: 16 h (57600 s)]" in text
+    assert "issue 14" not in text
