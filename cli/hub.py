@@ -174,14 +174,22 @@ def run(
     ] = "smallest-first",
     queue_oldest_first: Annotated[
         float,
-        typer.Option(help="seconds a job waits before it goes ahead of every younger job"),
+        typer.Option(
+            help="seconds a job waits before it goes ahead of every younger job and holds "
+            "nodes whatever --queue-max-holds: its wait is bounded by this plus one drain, "
+            "within its queue (fair share across GPUQueues orders the queues first)"
+        ),
     ] = 57_600.0,
     queue_starvation: Annotated[
         float,
         typer.Option(help="seconds a job waits without fitting before it holds nodes"),
     ] = 1800.0,
     queue_max_holds: Annotated[
-        int, typer.Option(help="waiting jobs that hold nodes at once (0: none)")
+        int,
+        typer.Option(
+            help="waiting jobs that hold nodes at once, not counting jobs past "
+            "--queue-oldest-first (0: no holds at all)"
+        ),
     ] = 4,
     preemption: Annotated[
         bool,

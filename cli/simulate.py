@@ -131,10 +131,15 @@ def simulate_command(
         57600.0,
         "--oldest-first-s",
         help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
-        "of its priority, oldest first (with smallest-first).",
+        "of its priority, oldest first (with smallest-first), and holds nodes whatever "
+        "--max-holds: its wait is bounded by this plus one drain, within a queue (with "
+        "--queues, fair share orders the queues first).",
     ),
     max_holds: int = typer.Option(
-        4, "--max-holds", help="Policy gpufed: starving jobs that hold nodes at once (0: none)."
+        4,
+        "--max-holds",
+        help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
+        "--oldest-first-s (0: no holds at all).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
