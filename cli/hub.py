@@ -183,7 +183,9 @@ def run(
         float,
         typer.Option(
             help="seconds a job waits before it goes ahead of every younger job of its queue "
-            "and priority (with smallest-first) \\[default: 16 h (57600 s)]",
+            "and priority (with smallest-first) and holds nodes whatever --queue-max-holds: "
+            "its wait is bounded by this plus one drain, within its queue (fair share across "
+            "GPUQueues orders the queues first) \\[default: 16 h (57600 s)]",
             show_default=False,
         ),
     ] = 57_600.0,
@@ -192,7 +194,11 @@ def run(
         typer.Option(help="seconds a job waits without fitting before it holds nodes"),
     ] = 1800.0,
     queue_max_holds: Annotated[
-        int, typer.Option(help="waiting jobs that hold nodes at once (0: none)")
+        int,
+        typer.Option(
+            help="waiting jobs that hold nodes at once, not counting jobs past "
+            "--queue-oldest-first (0: no holds at all)"
+        ),
     ] = 4,
     preemption: Annotated[
         bool,

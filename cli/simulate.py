@@ -135,13 +135,16 @@ def simulate_command(
         57600.0,
         "--queue-oldest-first",
         help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
-        "of its priority, oldest first (with smallest-first). \\[default: 16 h (57600 s)]",
+        "of its priority, oldest first (with smallest-first), and holds nodes whatever "
+        "--queue-max-holds: its wait is bounded by this plus one drain, within a queue (with "
+        "--queues, fair share orders the queues first). \\[default: 16 h (57600 s)]",
         show_default=False,
     ),
     max_holds: int = typer.Option(
         4,
         "--queue-max-holds",
-        help="Policy gpufed: starving jobs that hold nodes at once (0: none).",
+        help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
+        "--queue-oldest-first (0: no holds at all).",
     ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),

@@ -99,7 +99,8 @@ class HubConfig(BaseModel):
       first, except those waiting ``queue_oldest_first_s`` or more, which go first, oldest
       first) or ``fifo`` (earlier first); ``queue_starvation_s``: seconds a job waits without
       fitting before it holds the nodes it needs; ``queue_max_holds``: jobs holding nodes at
-      once (:class:`gpufed.placement.BackfillRule`; docs/placement.md, "Queue and backfill").
+      once, not counting jobs past ``queue_oldest_first_s``, which always may, so they wait at
+      most that plus one drain within their queue (:class:`gpufed.placement.BackfillRule`; docs/placement.md, "Queue and backfill").
     - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
       PreemptLowerPriority`` preempts lower-priority jobs (and reclaims its queue's nominal
       quota) to free exactly the block it needs (docs/hub.md, "Preemption"); False: never.

@@ -8,8 +8,9 @@ caller's ``attempt`` callback to place each one (the callback runs ``place()`` a
 Order of a pass (:func:`pass_key`; :func:`order_key` is the plain first-come order): higher
 ``priority`` first; within a priority, the jobs that have waited ``oldest_first_s`` (default
 16 h) or more, oldest first; then the others, fewer GPUs first (``BackfillRule.order``
-``smallest-first``, the default; ``fifo``: earlier first whatever their size, arrival order,
-the old default), then earlier ``submitted_at``; then job name and UID. Why: a small job that finds
+``smallest-first``, the default, MIG devices counted as their fraction of a GPU and CPU-only
+jobs as 0; ``fifo``: earlier first whatever their size, arrival order, the old default), then
+earlier ``submitted_at``; then job name and UID. Why: a small job that finds
 room starts before a big one that would take the same GPUs, which shortens the mean wait; a job
 that has waited ``oldest_first_s`` is walked before every job that has not, so its hold (below)
 keeps them all off its nodes and it cannot starve.
@@ -24,10 +25,16 @@ Backfill rule (docs/placement.md, "Queue and backfill"):
   nodes, that would hold the job once drained): jobs after it in the order may no longer be
   placed on those nodes, so the work running there drains until the starving job fits,
   however many small jobs keep arriving; the rest of the member keeps backfilling. A hold keeps
-  off the jobs *after* the holder in the pass order: before ``oldest_first_s`` a job's hold
-  binds the bigger jobs behind it, after it every younger job. A higher-priority job is ahead
-  in the order and therefore also holds before lower ones. At most ``max_holds`` jobs hold
-  nodes at once, the first failing starving jobs of the order.
+  off the jobs *after* the holder in the pass order, except the jobs of its priority submitted
+  before it (an older job is never held back by a younger job's hold, whatever the order):
+  before ``oldest_first_s`` a job's hold binds the younger bigger jobs behind it, after it
+  every younger job. A higher-priority job is ahead in the order and therefore also holds
+  before lower ones. At most ``max_holds`` jobs that have not waited ``oldest_first_s`` hold
+  nodes at once (the first failing starving ones of the order, fleet-wide); a job that has
+  waited ``oldest_first_s`` holds whatever the cap (and does not count in it; ``max_holds=0``
+  still turns holds off), so its wait is
+  bounded by ``oldest_first_s`` plus one drain of its nodes, within a queue (with GPUQueues,
+  fair share orders the queues first).
 
 Within one pass the fleet only loses capacity, so a job whose constraints and pod sets equal
 those of a job that already failed in the pass is answered from that failure without calling
@@ -43,7 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.decision import Decision, Outcome
-from gpufed.api.labels import GPU_RESOURCE
+from gpufed.api.labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpufed.api.request import PlacementRequest
 
 #: ``BackfillRule.order`` values
@@ -69,7 +76,8 @@ class BackfillRule(BaseModel):
     """Parameters of the backfill rule and the pass order (module docstring).
 
     ``starvation_s``: seconds a job waits before it may hold nodes; ``max_holds``: starving
-    jobs that hold nodes at once; ``oldest_first_s``: seconds a job waits before it is walked
+    jobs that hold nodes at once, fleet-wide, not counting jobs past ``oldest_first_s``, which
+    always may (0: no holds at all); ``oldest_first_s``: seconds a job waits before it is walked
     ahead of every younger job of its priority (oldest first); ``order``: how the other jobs
     are ordered within a priority (``smallest-first``: fewer GPUs first; ``fifo``: earlier
     first, and then ``oldest_first_s`` changes nothing).
@@ -94,20 +102,50 @@ def gpus_of(request: PlacementRequest) -> int:
     return sum(ps.count * ps.requests.get(GPU_RESOURCE, 0) for ps in request.pod_sets)
 
 
+#: compute slices of a whole MIG-capable GPU (api/gpus.py: 7 on every MIG product we know)
+_GPU_COMPUTE_SLICES = 7
+
+
+def mig_fraction(resource: str) -> float:
+    """Fraction of one GPU that one device of MIG resource ``resource`` takes: its compute
+    slices over the GPU's 7 (``nvidia.com/mig-1g.10gb`` -> 1/7, ``mig-3g.40gb`` -> 3/7); a
+    profile name without an ``<N>g.`` prefix counts as one slice."""
+    profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
+    head = profile.split("g.", 1)[0]
+    slices = int(head) if head.isdigit() else 1
+    return min(slices, _GPU_COMPUTE_SLICES) / _GPU_COMPUTE_SLICES
+
+
+def gpu_size_of(request: PlacementRequest) -> float:
+    """GPUs the job requests, all pods together, counting MIG devices
+    (``nvidia.com/mig-<profile>``) as their fraction of a GPU (:func:`mig_fraction`); 0.0 for
+    a CPU-only job. The size that ``smallest-first`` sorts by."""
+    total = 0.0
+    for ps in request.pod_sets:
+        for res, n in ps.requests.items():
+            if res == GPU_RESOURCE:
+                total += ps.count * n
+            elif res.startswith(MIG_RESOURCE_PREFIX):
+                total += ps.count * n * mig_fraction(res)
+    return total
+
+
 def pass_key(
     now: float, rule: BackfillRule | None = None
-) -> Callable[[PlacementRequest], tuple[int, int, int, float, str, str]]:
+) -> Callable[[PlacementRequest], tuple[int, int, float, float, str, str]]:
     """Sort key of a pass at ``now`` (seconds, the clock of ``submitted_at``; module docstring):
-    (-priority, 0 if it has waited ``rule.oldest_first_s`` else 1, its GPUs if it has not and
-    the order is ``smallest-first`` else 0, submit time, job name, UID). With ``order="fifo"``
-    it sorts as :func:`order_key`."""
+    (-priority, 0 if it has waited ``rule.oldest_first_s`` else 1, its GPU size
+    (:func:`gpu_size_of`, MIG devices as fractions of a GPU) if it has not and the order is
+    ``smallest-first`` else 0, submit time, job name, UID). With ``order="fifo"`` it sorts as
+    :func:`order_key`."""
     rule = rule or BackfillRule()
     limit = rule.oldest_first_s
     by_size = rule.order == "smallest-first"
 
-    def key(r: PlacementRequest) -> tuple[int, int, int, float, str, str]:
+    def key(r: PlacementRequest) -> tuple[int, int, float, float, str, str]:
         fresh = by_size and now - r.submitted_at < limit
-        return (-r.priority, int(fresh), gpus_of(r) if fresh else 0, r.submitted_at, r.job, r.uid)
+        size = gpu_size_of(r) if fresh else 0.0
+        return (-r.priority, int(fresh), size, r.submitted_at, r.job, r.uid)
 
     return key
 
@@ -174,28 +212,34 @@ def schedule_pass(
     """
     rule = rule or BackfillRule()
     out = PassResult()
-    failed: dict[Any, tuple[int, Decision]] = {}
+    failed: dict[Any, tuple[Any, Decision]] = {}
     asked: set[Any] = set()
-    count = 0
+    # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
+    holders: list[tuple[int, float, Hold]] = []
+    capped = 0  # holds taken by jobs that had not waited oldest_first_s (the ones max_holds caps)
     for req in queue if presorted else sorted(queue, key=pass_key(now, rule)):
         key = key_of(req)
+        seen, holds = _holds_binding(req, holders, out.holds)
         prev = failed.get(key)
-        if prev is not None and prev[0] == count:
+        if prev is not None and prev[0] == seen:
             if not record_skipped:
                 d = prev[1]
             else:
                 d = prev[1].model_copy(update={"job": req.job, "uid": req.uid, "decided_at": now})
                 out.decisions.append((req, d))
         else:
-            d = attempt(req, out.holds)
+            d = attempt(req, holds)
             if d.outcome == Outcome.UNSCHEDULABLE:
-                failed[key] = (count, d)
+                failed[key] = (seen, d)
             out.decisions.append((req, d))
+        waited = now - req.submitted_at
+        old = waited >= rule.oldest_first_s
         if (
             d.outcome == Outcome.UNSCHEDULABLE
             and key not in asked
-            and now - req.submitted_at >= rule.starvation_s
-            and count < rule.max_holds
+            and waited >= rule.starvation_s
+            and rule.max_holds > 0
+            and (old or capped < rule.max_holds)
         ):
             # jobs of one shape would all name the same nodes: ask once per shape
             asked.add(key)
@@ -205,9 +249,34 @@ def schedule_pass(
                     hold.cluster,
                     hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
-                    f"{now - req.submitted_at:.0f} s) by the backfill rule",
+                    f"{waited:.0f} s) by the backfill rule",
                 )
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold
-                count += 1
+                holders.append((req.priority, req.submitted_at, hold))
+                if not old:
+                    capped += 1
     return out
+
+
+def _holds_binding(
+    req: PlacementRequest, holders: list[tuple[int, float, Hold]], merged: dict[str, Hold]
+) -> tuple[Any, Mapping[str, Hold]]:
+    """The holds of the pass so far that bind ``req``, and a token naming them (equal tokens:
+    equal holds, so a failure cached under one token answers a job that sees the same).
+
+    A hold binds every job after its holder in the order except a job of the same priority
+    submitted *before* the holder: a younger job's hold never keeps an older one of its
+    priority off the nodes (under ``smallest-first`` a small or CPU-only job is walked ahead
+    of older bigger ones; its hold must not freeze them)."""
+    if all(p != req.priority or at <= req.submitted_at for p, at, _ in holders):
+        return len(holders), merged
+    picked = tuple(
+        i for i, (p, at, _) in enumerate(holders) if p != req.priority or at <= req.submitted_at
+    )
+    out: dict[str, Hold] = {}
+    for i in picked:
+        h = holders[i][2]
+        prior = out.get(h.cluster)
+        out[h.cluster] = prior.merged(h) if prior else h
+    return (len(holders), picked), out
