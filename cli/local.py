@@ -161,10 +161,18 @@ def up(
         "MultiKueue manager on the hub, workers on the members; docs/sandbox.md).",
     ),
     kueue_qps: float | None = typer.Option(
-        None, "--kueue-qps", help="With --peer multikueue: client QPS of every Kueue (1000: fast)."
+        None,
+        "--kueue-qps",
+        min=0.01,
+        max=100_000,
+        help="With --peer multikueue: client QPS of every Kueue (1000: fast).",
     ),
     kueue_burst: int | None = typer.Option(
-        None, "--kueue-burst", help="With --peer multikueue: client burst of every Kueue."
+        None,
+        "--kueue-burst",
+        min=1,
+        max=100_000,
+        help="With --peer multikueue: client burst of every Kueue.",
     ),
 ) -> None:
     """Start etcd, a hub API server and per member an API server, controller manager,

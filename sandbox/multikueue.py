@@ -37,7 +37,7 @@ import structlog
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetSpec
@@ -58,8 +58,8 @@ class MultiKueueOptions(BaseModel):
     Configuration): None keeps Kueue's defaults (20 QPS, burst 30); the "fast" configuration
     of MultiKueue's published figures is ``qps=1000, burst=1000``."""
 
-    qps: float | None = None
-    burst: int | None = None
+    qps: float | None = Field(default=None, gt=0, le=100_000, allow_inf_nan=False)
+    burst: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class MultiKueueInfo(BaseModel):

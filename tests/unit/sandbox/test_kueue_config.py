@@ -191,3 +191,17 @@ def test_object_paths_of_cluster_and_namespaced_kinds() -> None:
     assert object_path(kc.kubeconfig_secret("alpha", "x")) == (
         "/api/v1/namespaces/kueue-system/secrets/multikueue-alpha"
     )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"qps": -1.0}, {"qps": 0.0}, {"qps": float("nan")}, {"qps": float("inf")}, {"burst": 0}],
+)
+def test_bad_client_rates_are_refused_before_anything_starts(kwargs: dict[str, float]) -> None:
+    # --kueue-qps -1 was refused only after a 107 s sandbox start, and nan rendered `qps: .nan`.
+    from pydantic import ValidationError
+
+    from gpufed.sandbox.multikueue import MultiKueueOptions
+
+    with pytest.raises(ValidationError):
+        MultiKueueOptions(**kwargs)
