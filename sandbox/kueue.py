@@ -22,68 +22,25 @@ MultiKueue smoke test (``tests/integration/test_multikueue.py``) through :func:`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
 import subprocess
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from gpufed.sandbox.binaries import (
     GOBUILD_DIR,
     BinariesError,
-    build_lock,
-    cache_root,
     go_binary,
     go_env,
-    go_version,
-    read_stamp,
-    run_go_build,
 )
+from gpufed.sandbox.gotool import PinnedTool
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_PACKAGE = f"{KUEUE_MODULE}/cmd/kueue"
 
 Progress = Callable[[str], None]
-
-
-def kueue_recipe(gobuild: Path = GOBUILD_DIR) -> Path:
-    """The wrapper module directory (``sandbox/gobuild/kueue``)."""
-    return gobuild / "kueue"
-
-
-def kueue_version(gobuild: Path = GOBUILD_DIR) -> str:
-    """The Kueue release pinned by the wrapper go.mod (``v0.17.0``); :class:`BinariesError`
-    when the go.mod does not require Kueue."""
-    gomod = kueue_recipe(gobuild) / "go.mod"
-    for line in gomod.read_text().splitlines():
-        parts = line.split()
-        if parts[:1] == ["require"]:
-            parts = parts[1:]
-        if len(parts) >= 2 and parts[0] == KUEUE_MODULE and parts[1].startswith("v"):
-            return parts[1]
-    raise BinariesError(
-        f"{gomod} does not require {KUEUE_MODULE}; regenerate it with "
-        f"`go get -tool {KUEUE_PACKAGE}@<version> && go mod tidy` in {gomod.parent}"
-    )
-
-
-def kueue_recipe_hash(gobuild: Path = GOBUILD_DIR) -> str:
-    """sha256 over the Kueue wrapper's go.mod and go.sum: changes when the pin changes."""
-    h = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        f = kueue_recipe(gobuild) / name
-        h.update(f"kueue/{name}\0".encode())
-        h.update(f.read_bytes() if f.exists() else b"")
-    return h.hexdigest()
-
-
-def kueue_dirname(version: str, go: str) -> str:
-    """Cache directory name, e.g. ``kueue-v0.17.0_go1.26.8``."""
-    return f"kueue-{version}_{go}"
 
 
 def check_kueue(path: Path, version: str) -> str:
@@ -106,94 +63,61 @@ def check_kueue(path: Path, version: str) -> str:
     return f"kueue {version}"
 
 
-def _is_current(target: Path, recipe: str) -> bool:
-    return read_stamp(target).get("recipe_sha256") == recipe and os.access(
-        target / "kueue", os.X_OK
-    )
+KUEUE = PinnedTool(
+    name="kueue",
+    module=KUEUE_MODULE,
+    package=KUEUE_PACKAGE,
+    ldflags=lambda version: (
+        f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={version} "
+        f"-X {KUEUE_MODULE}/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+    ),
+    check=check_kueue,
+    env="GPUFED_KUEUE",
+    cold="~9 CPU-minutes",
+)
+
+
+def kueue_recipe(gobuild: Path = GOBUILD_DIR) -> Path:
+    """The wrapper module directory (``sandbox/gobuild/kueue``)."""
+    return KUEUE.recipe(gobuild)
+
+
+def kueue_version(gobuild: Path = GOBUILD_DIR) -> str:
+    """The Kueue release pinned by the wrapper go.mod (``v0.17.0``); :class:`BinariesError`
+    when the go.mod does not require Kueue."""
+    return KUEUE.version(gobuild)
+
+
+def kueue_recipe_hash(gobuild: Path = GOBUILD_DIR) -> str:
+    """sha256 over the Kueue wrapper's go.mod and go.sum: changes when the pin changes."""
+    return KUEUE.recipe_hash(gobuild)
+
+
+def kueue_dirname(version: str, go: str) -> str:
+    """Cache directory name, e.g. ``kueue-v0.17.0_go1.26.8``."""
+    return KUEUE.dirname(version, go)
 
 
 def build_kueue(
     *, force: bool = False, progress: Progress | None = None, gobuild: Path = GOBUILD_DIR
 ) -> Path:
     """Build the pinned Kueue manager into ``cache_root()/bin/kueue-<ver>_<go>/kueue``; skip
-    when current.
-
-    Current: ``stamp.json`` records the same go.mod/go.sum hash and the binary is there.
-    ``force`` rebuilds anyway. Prints one progress line. Returns the binary's path. Raises
-    :class:`BinariesError` when Go is missing, the build or its version check fails (naming
-    the log with the compiler output). Cold: about 9 CPU-minutes (see docs/sandbox.md for the
-    wall time measured on a shared 2-core machine); with a warm Go build cache about 30 s.
-    """
-    say = progress or (lambda _m: None)
-    go = go_binary()
-    version = kueue_version(gobuild)
-    goversion = go_version(go)
-    target = cache_root() / "bin" / kueue_dirname(version, goversion)
-    recipe = kueue_recipe_hash(gobuild)
-    with build_lock(target):
-        if not force and _is_current(target, recipe):
-            say(f"  {'kueue':<24} present  {check_kueue(target / 'kueue', version)}")
-            return target / "kueue"
-        (target / "stamp.json").unlink(missing_ok=True)
-        say(f"building kueue {version} into {target} (cold: ~9 CPU-minutes)")
-        log_path = target / "build.log"
-        started = time.monotonic()
-        ldflags = (
-            f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={version} "
-            f"-X {KUEUE_MODULE}/pkg/version.BuildDate=1970-01-01T00:00:00Z"
-        )
-        with tempfile.TemporaryDirectory(dir=target, prefix=".build-") as tmp:
-            out = Path(tmp) / "kueue"
-            argv = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(out), KUEUE_PACKAGE]
-            run_go_build(argv, kueue_recipe(gobuild), log_path, "kueue")
-            reported = check_kueue(out, version)
-            os.replace(out, target / "kueue")
-        took = time.monotonic() - started
-        (target / "stamp.json").write_text(
-            json.dumps(
-                {
-                    "recipe_sha256": recipe,
-                    "pins": {"kueue": version, "go": goversion},
-                    "binaries": ["kueue"],
-                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                },
-                indent=2,
-            )
-            + "\n"
-        )
-        size = (target / "kueue").stat().st_size / 1e6
-        say(f"  {'kueue':<24} built    {reported}  ({size:.0f} MB, {took:.0f}s)")
-        return target / "kueue"
+    when current (:meth:`PinnedTool.build`). Cold: about 9 CPU-minutes (see docs/sandbox.md
+    for the wall time measured on a shared 2-core machine); with a warm Go build cache about
+    30 s."""
+    return KUEUE.build(force=force, progress=progress, gobuild=gobuild)
 
 
 def find_kueue(gobuild: Path = GOBUILD_DIR) -> Path | None:
     """A cached Kueue of the current recipe, whatever Go built it (no Go needed), or None."""
-    root = cache_root() / "bin"
-    prefix = f"kueue-{kueue_version(gobuild)}_go"
-    recipe = kueue_recipe_hash(gobuild)
-    candidates = sorted(root.glob(f"{prefix}*"), reverse=True) if root.is_dir() else []
-    for d in candidates:
-        if _is_current(d, recipe):
-            return d / "kueue"
-    return None
+    return KUEUE.find(gobuild)
 
 
 def ensure_kueue(*, build_if_missing: bool = True, progress: Progress | None = None) -> Path:
     """Path of the pinned Kueue manager: ``$GPUFED_KUEUE`` (checked), else a current cached
     build, else :func:`build_kueue` unless ``build_if_missing`` is false. Raises
     :class:`BinariesError` saying what is missing and how to get it."""
-    if env := os.environ.get("GPUFED_KUEUE"):
-        path = Path(env).expanduser()
-        check_kueue(path, kueue_version())
-        return path
-    if found := find_kueue():
-        return found
-    if not build_if_missing:
-        raise BinariesError(
-            f"kueue {kueue_version()} is not built yet (looked in {cache_root() / 'bin'}); run "
-            "`gpufed local build`"
-        )
-    return build_kueue(progress=progress)
+    return KUEUE.ensure(build_if_missing=build_if_missing, progress=progress)
 
 
 def kueue_module_dir(gobuild: Path = GOBUILD_DIR) -> Path:
