@@ -98,12 +98,12 @@ def job_spec(gpus: int, duration_s: float) -> dict[str, Any]:
     }
 
 
-def gpujob(name: str, gpus: int, duration_s: float) -> dict[str, Any]:
-    """A GPUJob in :data:`NAMESPACE` whose template is :func:`job_spec`."""
+def gpujob(name: str, gpus: int, duration_s: float, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """A GPUJob in ``namespace`` whose template is :func:`job_spec`."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "template": {
                 "apiVersion": "batch/v1",

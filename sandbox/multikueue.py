@@ -27,7 +27,6 @@ Files: ``<state>/kueue/<cluster>/config.yaml`` and ``certs/``; logs under
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -44,7 +43,7 @@ from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.binaries import BinariesError
 from gpufed.sandbox.kueue import ensure_kueue, kueue_crd_dir, kueue_webhook_manifests
-from gpufed.sandbox.runtime import Sandbox
+from gpufed.sandbox.runtime import Sandbox, free_ports
 from gpufed.sandbox.state import SandboxError, SandboxInfo
 from gpufed.sandbox.supervisor import ComponentError, ComponentSpec, Probe
 
@@ -199,19 +198,6 @@ def _apply_retrying(api: k8s.ApiClient, obj: Mapping[str, Any], timeout_s: float
         time.sleep(0.5)
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 # --- bring-up ------------------------------------------------------------------------------------
 
 
@@ -258,7 +244,7 @@ def start_multikueue(
     crd_texts = [p.read_text() for p in sorted((crd_dir / "bases").glob("*.yaml"))]
     certs = kc.create_kueue_certs()
     clusters = [HUB_CLUSTER_NAME, *info.members]
-    free = iter(_free_ports(3 * len(clusters)))
+    free = iter(free_ports(3 * len(clusters)))
     ports = {c: kc.KueuePorts(next(free), next(free), next(free)) for c in clusters}
     names = [component_name(c) for c in clusters]
     step = "installing CRDs and webhooks"

@@ -81,8 +81,9 @@ Progress = Callable[[str], None]
 # --- ports ----------------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    # Bind them all at once so they differ, then release for the processes to take.
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound all at once so they differ, then
+    released for the processes to take)."""
     socks = []
     try:
         for _ in range(count):
@@ -258,7 +259,7 @@ class Sandbox:
         wanted = components.port_names(fleet)
         if control_plane is not None:
             wanted += controlplane.port_names(fleet)
-        free = iter(_free_ports(len(wanted)))
+        free = iter(free_ports(len(wanted)))
         for key in wanted:
             ports.setdefault(key, next(free))
         pki = create_pki(d / "pki")

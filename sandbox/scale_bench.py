@@ -48,9 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -67,12 +65,14 @@ import structlog
 from pydantic import BaseModel, Field
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetSpec
-from gpufed.api.labels import GROUP, SIM_DURATION_ANNOTATION, VERSION
-from gpufed.sandbox import identities
+from gpufed.api.labels import GROUP, VERSION
+from gpufed.sandbox import e2e_bench, identities
 from gpufed.sandbox.controlplane import TOKEN_NAMESPACE, gpufed_command, wait_crds_established
+from gpufed.sandbox.e2e_bench import job_sizes
+from gpufed.sandbox.e2e_harness import percentile_ms
 from gpufed.sandbox.kube import async_api_client
 from gpufed.sandbox.pki import issue_server_cert, load_pki
-from gpufed.sandbox.runtime import Sandbox, SandboxInfo
+from gpufed.sandbox.runtime import Sandbox, SandboxInfo, free_ports
 from gpufed.sandbox.supervisor import Supervisor, http_ok
 
 log = structlog.get_logger("gpufed.sandbox.scale_bench")
@@ -109,49 +109,10 @@ class ScaleOptions(BaseModel):
     ready_timeout_s: float = Field(default=600.0, gt=0, le=7200)
 
 
-def percentile_ms(values: list[float], p: float) -> float | None:
-    """Nearest-rank ``p``-quantile of seconds, in milliseconds (None when empty)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    return round(xs[min(len(xs) - 1, max(0, math.ceil(p * len(xs)) - 1))] * 1000, 1)
-
-
-def job_sizes(jobs: int, seed: int) -> list[int]:
-    """GPUs of each job: uniform 1-8, seeded."""
-    rng = random.Random(seed)
-    return [rng.randint(1, 8) for _ in range(jobs)]
-
-
 def gpujob(name: str, gpus: int, duration_s: float) -> dict[str, Any]:
-    """A GPUJob of one pod with ``gpus`` GPUs that runs ``duration_s`` seconds (simulated)."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GPUJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "template": {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "spec": {
-                    "backoffLimit": 0,
-                    "template": {
-                        "metadata": {"annotations": {SIM_DURATION_ANNOTATION: f"{duration_s:g}s"}},
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {
-                                    "name": "main",
-                                    "image": "bench:1.0",
-                                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
-                                }
-                            ],
-                        },
-                    },
-                },
-            }
-        },
-    }
+    """The e2e benchmark's GPUJob (one pod of ``gpus`` GPUs running ``duration_s`` seconds, as
+    :func:`gpufed.sandbox.e2e_bench.gpujob`) in :data:`NAMESPACE`."""
+    return e2e_bench.gpujob(name, gpus, duration_s, namespace=NAMESPACE)
 
 
 def member_names(members: int) -> list[str]:
@@ -387,7 +348,7 @@ class _Bench:
     async def start_hub(self) -> asyncio.subprocess.Process:
         pki = load_pki(self.info.state_dir / "pki")
         crt, key = issue_server_cert(pki, "scale-hub")
-        self.grpc_port, self.http_port = _free_port(), _free_port()
+        self.grpc_port, self.http_port = free_ports(2)
         argv = [
             "hub",
             f"--kubeconfig={identities.kubeconfig_path(self.info.state_dir, HUB_CLUSTER_NAME)}",
@@ -703,15 +664,6 @@ class _Bench:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(c.all_done.wait(), opts.duration_s + 120)
         self.say(f"  {len(c.succeeded)}/{opts.jobs} Succeeded")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> str | None:
