@@ -56,7 +56,6 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,17 @@ from gpufed.api.labels import GROUP, VERSION
 from gpufed.sandbox import e2e_bench, identities
 from gpufed.sandbox.controlplane import TOKEN_NAMESPACE, gpufed_command, wait_crds_established
 from gpufed.sandbox.e2e_bench import job_sizes
-from gpufed.sandbox.e2e_harness import percentile_ms
 from gpufed.sandbox.kube import async_api_client
 from gpufed.sandbox.pki import issue_server_cert, load_pki
 from gpufed.sandbox.runtime import Sandbox, SandboxInfo, free_ports
+from gpufed.sandbox.scale_clock import (
+    Clock,
+    etcd_db_bytes,
+    ready_with_nodes,
+    runqueue_wait_s,
+    summarize,
+    trace_lines,
+)
 from gpufed.sandbox.supervisor import Supervisor, http_ok
 
 log = structlog.get_logger("gpufed.sandbox.scale_bench")
@@ -127,113 +133,6 @@ def assign(names: list[str], workers: int) -> list[list[tuple[int, str]]]:
     out: list[list[tuple[int, str]]] = [[] for _ in range(k)]
     for i, name in enumerate(names):
         out[i % k].append((i, name))
-    return out
-
-
-def etcd_db_bytes(metrics_text: str) -> int | None:
-    """``etcd_mvcc_db_total_size_in_bytes`` from etcd's Prometheus text, or None."""
-    for line in metrics_text.splitlines():
-        if line.startswith("etcd_mvcc_db_total_size_in_bytes"):
-            return int(float(line.split()[-1]))
-    return None
-
-
-def _ready_with_nodes(obj: dict[str, Any], nodes: int) -> bool:
-    st = obj.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
-    )
-    return ready and st.get("nodes") == nodes
-
-
-@dataclass
-class Clock:
-    """First-seen times (``time.monotonic``) by member name or ``namespace/name``."""
-
-    first: dict[str, float] = field(default_factory=dict)
-    registered: dict[str, float] = field(default_factory=dict)
-    created: dict[str, float] = field(default_factory=dict)
-    acked: dict[str, float] = field(default_factory=dict)
-    reported: dict[str, float] = field(default_factory=dict)
-    succeeded: dict[str, float] = field(default_factory=dict)
-    placement_ms: dict[str, float] = field(default_factory=dict)
-    #: when the GPUJob watch first showed a placement (``status.timings.placementMs``)
-    placed: dict[str, float] = field(default_factory=dict)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-    churn: int = 0
-    all_registered: asyncio.Event = field(default_factory=asyncio.Event)
-    all_done: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def summarize(clock: Clock, opts: ScaleOptions, extra: dict[str, Any]) -> dict[str, Any]:
-    """The result line (module docstring) from the clock."""
-    reg = [clock.registered[m] - clock.first[m] for m in clock.registered if m in clock.first]
-    disp = [clock.acked[k] - clock.created[k] for k in clock.acked if k in clock.created]
-    stat = [clock.succeeded[k] - clock.reported[k] for k in clock.succeeded if k in clock.reported]
-    place = [ms / 1000 for ms in clock.placement_ms.values()]
-    return {
-        "members": opts.members,
-        "nodes_per_member": opts.nodes_per_member,
-        "jobs": opts.jobs,
-        "registration_p50_ms": percentile_ms(reg, 0.50),
-        "registration_p99_ms": percentile_ms(reg, 0.99),
-        "dispatch_p50_ms": percentile_ms(disp, 0.50),
-        "dispatch_p99_ms": percentile_ms(disp, 0.99),
-        "status_p50_ms": percentile_ms(stat, 0.50),
-        "status_p99_ms": percentile_ms(stat, 0.99),
-        "placement_p99_ms": percentile_ms(place, 0.99),
-        "registered": len(clock.registered),
-        "dispatched": len(clock.acked),
-        "completed": len(clock.succeeded),
-        "churn_pods": clock.churn,
-        "streams_closed": len(clock.closed),
-        **extra,
-    }
-
-
-def schedstat_wait_s(texts: list[str]) -> float:
-    """Run-queue wait in seconds summed over threads, from the text of each thread's
-    ``/proc/<pid>/task/<tid>/schedstat`` (``<on-cpu ns> <waiting ns> <timeslices>``);
-    unreadable lines count 0."""
-    total = 0
-    for text in texts:
-        parts = text.split()
-        if len(parts) >= 2 and parts[1].isdigit():
-            total += int(parts[1])
-    return total / 1e9
-
-
-def runqueue_wait_s(pid: int) -> float | None:
-    """Seconds the live threads of process ``pid`` spent runnable, waiting for a CPU (Linux
-    schedstat; None where it cannot be read). With CPU time, it says whether a latency is
-    work or waiting for the machine: a process that waits as long as it runs is starved."""
-    base = Path(f"/proc/{pid}/task")
-    texts = []
-    try:
-        for task in base.iterdir():
-            with contextlib.suppress(OSError):
-                texts.append((task / "schedstat").read_text())
-    except OSError:
-        return None
-    return schedstat_wait_s(texts) if texts else None
-
-
-def trace_lines(clock: Clock, wall_offset: float) -> list[str]:
-    """One JSON line per job, its stages as wall-clock seconds (``time.monotonic()`` +
-    ``wall_offset``, so they compare with the hub log's timestamps): ``created`` (the create
-    call started), ``placed`` (the GPUJob watch first showed a placement), ``acked`` (the
-    agent wrote APPLIED), ``reported`` (the agent wrote Succeeded), ``succeeded`` (the watch
-    showed it); a stage not reached is absent."""
-    stages = ("created", "placed", "acked", "reported", "succeeded")
-    out = []
-    for key in sorted(clock.created):
-        row: dict[str, Any] = {"job": key}
-        for stage in stages:
-            got: dict[str, float] = getattr(clock, stage)
-            t = got.get(key)
-            if t is not None:
-                row[stage] = round(t + wall_offset, 4)
-        out.append(json.dumps(row))
     return out
 
 
@@ -411,7 +310,7 @@ class _Bench:
     def on_member(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         fresh = name in self.tokens and name not in self.clock.registered
-        if fresh and _ready_with_nodes(obj, self.opts.nodes_per_member):
+        if fresh and ready_with_nodes(obj, self.opts.nodes_per_member):
             self.clock.registered[name] = time.monotonic()
             if len(self.clock.registered) == len(self.names):
                 self.clock.all_registered.set()

@@ -13,14 +13,11 @@ from pydantic import ValidationError
 from gpufed.api.labels import SIM_DURATION_ANNOTATION
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_from_pb
-from gpufed.sandbox.scale_bench import (
+from gpufed.sandbox.e2e_harness import percentile_ms
+from gpufed.sandbox.scale_bench import ScaleOptions, assign, gpujob, member_names
+from gpufed.sandbox.scale_clock import (
     Clock,
-    ScaleOptions,
-    assign,
     etcd_db_bytes,
-    gpujob,
-    member_names,
-    percentile_ms,
     schedstat_wait_s,
     summarize,
     trace_lines,
