@@ -20,10 +20,10 @@ Who uses it: the hub (queue list+watch, admission, status), ``gpufed simulate --
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from gpufed.api.crdbase import CRDModel, ObjectMeta, StatusCondition
 from gpufed.api.labels import API_VERSION
@@ -96,6 +96,58 @@ class FairShare(CRDModel):
     """The queue's weight among its siblings, 1 to 1,000,000 (default 1)."""
 
 
+#: ``spec.preemption.withinQueue`` values (Kueue's ``withinClusterQueue``).
+WithinQueuePolicy = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
+#: ``spec.preemption.reclaimWithinParent`` values (Kueue's ``reclaimWithinCohort``).
+ReclaimPolicy = Literal["Never", "LowerPriority", "Any"]
+#: ``spec.preemption.borrowWithinParent.policy`` values (Kueue's ``borrowWithinCohort``).
+BorrowPolicy = Literal["Never", "LowerPriority"]
+
+
+class BorrowWithinParent(CRDModel):
+    """``spec.preemption.borrowWithinParent``: whether a job that must borrow (its queue, or an
+    ancestor below the common one, would go above its nominal) may preempt jobs of other
+    queues that borrow too. ``policy``: ``Never`` (default) or ``LowerPriority`` (victims of
+    strictly lower priority, at most ``maxPriorityThreshold`` when set)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: BorrowPolicy = "Never"
+    """`Never` (default): a borrowing job preempts no other queue's jobs; `LowerPriority`: it may
+    preempt other queues' borrowing jobs of strictly lower priority (at most
+    `maxPriorityThreshold`)."""
+    max_priority_threshold: int | None = Field(default=None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY)
+    """With `LowerPriority`: only victims whose priority is at most this value (an int32)."""
+
+
+class QueuePreemption(CRDModel):
+    """``spec.preemption``: who this queue's jobs may preempt (docs/placement.md, "Who may
+    preempt whom, when"); modelled on Kueue's ClusterQueue preemption. A queue without it
+    inherits its parent's; the defaults make nominal quota a guarantee: ``withinQueue:
+    LowerPriority``, ``reclaimWithinParent: Any``, ``borrowWithinParent: {policy: Never}``.
+
+    Across queues priority never overrides nominal quota: a job of another queue is a victim
+    only while its queue (and every ancestor below the common one) uses more than its
+    nominal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    within_queue: WithinQueuePolicy = "LowerPriority"
+    """Victims in the same queue: `Never`, `LowerPriority` (default; strictly lower priority) or
+    `LowerOrNewerEqualPriority` (also equal priority, submitted after the preemptor)."""
+    reclaim_within_parent: ReclaimPolicy = "Any"
+    """When the preemptor's queue stays within its nominal: victims of other queues that borrow
+    (use more than their nominal): `Never`, `LowerPriority`, or `Any` (default: whatever their
+    priority)."""
+    borrow_within_parent: BorrowWithinParent = Field(default_factory=BorrowWithinParent)
+    """When the preemptor's queue must borrow: whether it may preempt other borrowing queues'
+    jobs (default `{policy: Never}`)."""
+
+
+#: The preemption policy of a queue whose tree sets none.
+DEFAULT_PREEMPTION: Final = QueuePreemption()
+
+
 class GPUQueueSpec(CRDModel):
     """``GPUQueue.spec``.
 
@@ -105,6 +157,7 @@ class GPUQueueSpec(CRDModel):
     ``fairShare``: the queue's weight among its siblings. ``maxPriority`` (optional): the
     highest PriorityClass value its jobs may use (the lowest cap of the queue and its
     ancestors applies); a job naming a class above it fails with ``Valid=False``.
+    ``preemption`` (optional): who its jobs may preempt (inherited from the parent when absent).
     """
 
     parent: QueueName | None = None
@@ -129,6 +182,9 @@ class GPUQueueSpec(CRDModel):
     max_priority: int | None = Field(default=None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY)
     """The highest PriorityClass value its jobs may use (the lowest cap of the queue and its
     ancestors applies); a job naming a class above it fails with `Valid=False`."""
+    preemption: QueuePreemption | None = None
+    """Who this queue's jobs may preempt; absent: the parent's policy (at a root: withinQueue
+    LowerPriority, reclaimWithinParent Any, borrowWithinParent Never)."""
 
 
 class QueueUsage(CRDModel):

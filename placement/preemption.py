@@ -11,10 +11,15 @@ scheduling cycle; docs/placement.md, "Preemption". No I/O, no clock, no randomne
 * :func:`preemptible`, :class:`PreemptionRules`: the guard rails (minimum runtime, a cap per
   hour, no cycles) and the bounds of the search.
 
-**Who may be a victim.** A running job with a strictly lower priority than the preemptor, or
-(reclaim) one of another queue that borrows the GPU product while the preemptor's queue, with
-the job, stays within its nominal (:mod:`.quota`); in both cases only if :func:`preemptible`
-allows it now and it did not preempt the preemptor less than ``cooldown_s`` ago.
+**Who may be a victim** (docs/placement.md, "Who may preempt whom, when"; the rule is
+:meth:`~gpufed.placement.victims.Search.victim`). Without queues, a running job of strictly
+lower priority. With queues, the preemptor's queue's ``spec.preemption`` decides: in its own
+queue by priority (``withinQueue``); in another queue only while that queue, and each ancestor
+below the common one, uses more than its nominal of the GPU product (priority never overrides
+nominal), under ``reclaimWithinParent`` when the preemptor's queue stays within its nominal
+with the job, else ``borrowWithinParent``; a victim set never takes a queue further below its
+nominal than its last victim (no ping-pong). In every case only if :func:`preemptible` allows
+it now and it did not preempt the preemptor less than ``cooldown_s`` ago.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class PreemptionRules(BaseModel):
     ``max_per_hour``: a job already preempted this many times in the last hour is not
     preempted again. ``cooldown_s``: a job preempted less than this long ago may not preempt
     the job that preempted it (no cycles). ``reclaim``: a queue within its nominal may preempt
-    other queues' borrowing jobs whatever their priority. ``max_blocks``: blocks (NVLink
+    other queues' borrowing jobs (with queues: each queue's ``spec.preemption`` then decides;
+    False turns cross-queue reclaim off everywhere). ``max_blocks``: blocks (NVLink
     domains, racks, blocks, members) searched per decision, the cheapest by estimate over the
     whole fleet; ``max_whatifs``: what-if
     placements per decision.
@@ -85,6 +91,7 @@ class Running:
     preemptible_after: float = 0.0
     preempted: tuple[PreemptionEvent, ...] = ()
     job: str = ""
+    submitted_at: float | None = None
 
     @property
     def gpu_count(self) -> int:

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from gpufed.api.labels import is_mig_resource
-from gpufed.api.queue import ANY_GPU, GPUQueue, QueueQuota
+from gpufed.api.queue import (
+    ANY_GPU,
+    DEFAULT_PREEMPTION,
+    GPUQueue,
+    GPUQueueSpec,
+    QueuePreemption,
+    QueueQuota,
+)
 
 #: The hub's default queue name (``--default-queue``).
 DEFAULT_QUEUE: Final = "default"
@@ -25,8 +32,9 @@ DEFAULT_QUEUE: Final = "default"
 class QueueNode:
     """One queue of the tree.
 
-    ``quotas``: key -> entry (``*``, products, MIG resources); ``limited``: the queue lists at
-    least one quota (a leaf with none is unlimited). ``children``: names, sorted.
+    ``quotas``: key -> entry (``*``, products, MIG resources); a leaf with none is unlimited.
+    ``children``: names, sorted. ``preemption``: its ``spec.preemption``, else the nearest
+    ancestor's, else the defaults (docs/placement.md, "Who may preempt whom, when").
     """
 
     name: str
@@ -35,6 +43,7 @@ class QueueNode:
     quotas: Mapping[str, QueueQuota]
     weight: int
     children: tuple[str, ...] = ()
+    preemption: QueuePreemption = DEFAULT_PREEMPTION
 
     def entry(self, key: str) -> QueueQuota | None:
         """The entry ``key`` resolves to here: exact, else ``*`` for a whole-GPU product."""
@@ -52,13 +61,17 @@ class QueueTree:
     present, unlimited unless a GPUQueue of that name says otherwise). ``broken``: queue name
     -> message naming the field (for its ``Active=False`` condition and its jobs' reason).
     ``namespaces``: hub namespace -> queue name (a namespace two queues list maps to the first
-    of them by name, which is broken).
+    of them by name, which is broken). ``orphans``: accepted queue -> the broken queues whose
+    nearest accepted ancestor it is: their running jobs stay charged to it and its ancestors
+    until they end (a broken queue admits nothing new, but what runs still uses the tree's
+    quota).
     """
 
     nodes: Mapping[str, QueueNode]
     broken: Mapping[str, str]
     namespaces: Mapping[str, str]
     default_queue: str = DEFAULT_QUEUE
+    orphans: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def path(self, queue: str) -> tuple[QueueNode, ...]:
         """``queue`` and its ancestors, the queue first, the root last (empty if unknown)."""
@@ -163,6 +176,7 @@ def build_tree(
             quotas={qq.gpu_product: qq for qq in spec.quotas},
             weight=spec.fair_share.weight,
             children=tuple(sorted(children.get(name, ()))),
+            preemption=_inherited(name, good),
         )
         for name, spec in good.items()
     }
@@ -173,7 +187,39 @@ def build_tree(
         broken=broken,
         namespaces={ns: names[0] for ns, names in owners.items()},
         default_queue=default_queue,
+        orphans=_orphans(specs, broken, nodes),
     )
+
+
+def _inherited(name: str, good: Mapping[str, GPUQueueSpec]) -> QueuePreemption:
+    """``spec.preemption`` of ``name`` or of its nearest ancestor that sets it (the defaults
+    when none does). ``good`` has no cycles."""
+    cur: str | None = name
+    while cur is not None and cur in good:
+        own = good[cur].preemption
+        if own is not None:
+            return own
+        cur = good[cur].parent
+    return DEFAULT_PREEMPTION
+
+
+def _orphans(
+    specs: Mapping[str, GPUQueueSpec], broken: Mapping[str, str], nodes: Mapping[str, QueueNode]
+) -> dict[str, tuple[str, ...]]:
+    """Accepted queue -> the broken queues (with a spec) whose nearest accepted ancestor it
+    is; a broken queue in a cycle of parents has none and is charged nowhere above itself."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name in sorted(specs):
+        if name not in broken:
+            continue
+        seen = {name}
+        cur = specs[name].parent
+        while cur is not None and cur not in nodes and cur in specs and cur not in seen:
+            seen.add(cur)
+            cur = specs[cur].parent
+        if cur is not None and cur in nodes:
+            out[cur].append(name)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,17 +25,30 @@ its own, so a team may list ``NVIDIA-H100-80GB-HBM3`` under an organisation that
 **Nominal** of queue ``n`` for key ``k``: its entry's ``nominal``; with no entry, the sum of its
 children's (a grouping queue: its subtree pools its children's quota); a leaf with no entry has
 0, or no limit at all when it lists no quotas (the default queue). **Used** ``U(n, k)``: GPUs
-charged, by ``n`` and its descendants, to concrete keys that resolve to the same entry at ``n``
-(for a grouping queue, its own plus its children's used). **Reserved** ``R(c, k) = max(0,
-nominal - lendingLimit - U)``: the unused part of ``c``'s nominal that others may not borrow.
+charged, by ``n``, its descendants and the broken queues below it (their running jobs stay
+charged until they end), to concrete keys that resolve to the same entry at ``n`` (for a
+grouping queue, its own plus its children's used). **Cap** ``C(n)``: ``nominal`` at a root,
+``nominal + borrowingLimit`` elsewhere (no limit without ``borrowingLimit``).
 
-**Admission** of ``g`` GPUs of ``k`` at queue ``q``, whose path to the root is
-``q = a0, a1, …, an``: for every ``ai``, ``U(ai) + g + Σ R(c)`` over the children ``c`` of ``ai``
-off the path must be at most ``nominal(ai) + borrowingLimit(ai)``; the borrowing limit is
-unlimited when absent (a grouping queue's too), and 0 at the root (there is nothing above it to
-borrow from). So a queue goes above its nominal only with room its ancestors still have, i.e.
-unused quota of its siblings and of the rest of its tree, within their lending limits: Kueue's
-cohort semantics, with an ancestor's nominal as an organisation-wide cap over its teams.
+**Lending limits hold on every edge at every level.** What a subtree does not lend is usable
+only inside it, however deep the tree: ``Y(c) = max(X(c), nominal(c) - lendingLimit(c) -
+U(c), 0)`` for a queue whose entry has a lending limit, else ``X(c)``, where ``X(n) = Σ Y(c)``
+over ``n``'s children: the unused quota ``n``'s subtree keeps back from its parent. The
+invariant at every queue with a cap: ``U(n) + X(n) <= C(n)``.
+
+**Admission** of ``g`` GPUs of ``k`` at queue ``q``, whose path to the root is ``q = a0, a1,
+…, an``: for every ``ai`` with a cap, ``U(ai) + g + Σ Y(c)`` over the children ``c`` of ``a0 …
+ai`` off the path must be at most ``C(ai)``. Off-path reserves count at every ancestor (so a
+team's ``lendingLimit: 0`` protects it from a cousin three levels away); the path's own
+reserves do not (they are the admitted job's to use). From a state that meets the invariant,
+a job is admitted exactly when the state after it still meets it; from one that does not (a
+quota lowered below usage), admission never raises any queue's load above its cap. Reserves are
+judged per concrete key. Worked example (docs/placement.md, "Quota arithmetic"): ``org``
+(nominal 16) over ``div`` (no entry) over ``team-a`` (8, ``lendingLimit: 0``) and ``team-b``
+(8): team-b is admitted 8 while team-a uses nothing (8 + 8 kept back for team-a = 16).
+
+:func:`ceiling`: the most of a key a queue could ever be admitted (empty fleet, every other
+queue keeping back its non-lendable quota): a job above it never fits and is told so.
 """
 
 from __future__ import annotations
@@ -65,6 +78,7 @@ __all__ = [  # the tree's names live in .queuetree; quota is the one entry point
     "Admission",
     "JobQuota",
     "KeyCache",
+    "KeyView",
     "QueueChoice",
     "QueueNode",
     "QueueTree",
@@ -72,6 +86,7 @@ __all__ = [  # the tree's names live in .queuetree; quota is the one entry point
     "QuotaUsage",
     "admit",
     "build_tree",
+    "ceiling",
     "demand_of",
     "over_limit",
     "queue_of",
@@ -164,13 +179,15 @@ class QuotaUsage:
         return len(self._jobs)
 
     def subtree(self, tree: QueueTree, queue: str) -> dict[str, int]:
-        """Concrete key -> amount charged by ``queue`` and its descendants."""
+        """Concrete key -> amount charged by ``queue``, its descendants and the broken queues
+        below it (``QueueTree.orphans``)."""
         out: dict[str, int] = {}
         stack = [queue]
         while stack:
             name = stack.pop()
-            for key, amount in self.own(name).items():
-                out[key] = out.get(key, 0) + amount
+            for owner in (name, *tree.orphans.get(name, ())):
+                for key, amount in self.own(owner).items():
+                    out[key] = out.get(key, 0) + amount
             node = tree.nodes.get(name)
             if node is not None:
                 stack.extend(node.children)
@@ -207,17 +224,19 @@ class Admission:
 
 @dataclass
 class KeyCache:
-    """What :func:`admit` may keep between calls for one key: ``nominal`` and ``lenders`` per
-    queue (they depend on the tree only) and ``used`` per queue (valid while the ledger has
-    not changed behind the keeper; :class:`QuotaGate` drops the entries a charge changes)."""
+    """What :func:`admit` may keep between calls for one key: ``nominal`` and ``lends`` (some
+    queue of the subtree has a lending limit) per queue, which depend on the tree only, and
+    ``used`` per queue (valid while the ledger has not changed behind the keeper;
+    :class:`QuotaGate` drops the entries a charge changes)."""
 
     nominal: dict[str, int] = field(default_factory=dict)
     used: dict[str, int] = field(default_factory=dict)
-    lenders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    lends: dict[str, bool] = field(default_factory=dict)
 
 
-class _View:
-    """Nominal, used and reserved per queue for one key, over one ledger state."""
+class KeyView:
+    """Nominal, used, cap and reserves per queue for one key, over one ledger state (the
+    arithmetic of the module docstring). ``cache`` keeps sums between calls."""
 
     def __init__(
         self, tree: QueueTree, usage: QuotaUsage, key: str, cache: KeyCache | None = None
@@ -228,22 +247,11 @@ class _View:
         cache = cache if cache is not None else KeyCache()
         self._nominal = cache.nominal
         self._used = cache.used
-        self._lenders = cache.lenders
-
-    def lenders(self, node: QueueNode) -> tuple[str, ...]:
-        """Children of ``node`` whose entry for the key has a lending limit."""
-        hit = self._lenders.get(node.name)
-        if hit is None:
-            hit = tuple(
-                c
-                for c in node.children
-                if (e := self.tree.nodes[c].entry(self.key)) is not None
-                and e.lending_limit is not None
-            )
-            self._lenders[node.name] = hit
-        return hit
+        self._lends = cache.lends
+        self._reserve: dict[str, int] = {}
 
     def nominal(self, name: str) -> int:
+        """``nominal`` of ``name`` for the key (:data:`UNLIMITED` for a queue without limit)."""
         hit = self._nominal.get(name)
         if hit is None:
             node = self.tree.nodes[name]
@@ -257,7 +265,15 @@ class _View:
             self._nominal[name] = hit
         return hit
 
+    def guaranteed(self, name: str) -> int:
+        """What preemption protects: the nominal, 0 for a queue without any limit (the default
+        queue: best effort, so it can be reclaimed from)."""
+        n = self.nominal(name)
+        return 0 if n >= UNLIMITED else n
+
     def used(self, name: str) -> int:
+        """``U(name)``: its subtree's charges (broken queues below it included) that resolve
+        to the same entry at ``name``."""
         hit = self._used.get(name)
         if hit is None:
             node = self.tree.nodes[name]
@@ -266,19 +282,46 @@ class _View:
                 sub = self.usage.subtree(self.tree, name)
                 hit = sum(a for k, a in sub.items() if node.entry(k) is e)
             else:
-                hit = self.usage.own(name).get(self.key, 0) + sum(
-                    self.used(c) for c in node.children
+                hit = (
+                    self.usage.own(name).get(self.key, 0)
+                    + sum(self.used(c) for c in node.children)
+                    + sum(
+                        self.usage.own(o).get(self.key, 0) for o in self.tree.orphans.get(name, ())
+                    )
                 )
             self._used[name] = hit
         return hit
 
-    def reserved(self, name: str) -> int:
-        e = self.tree.nodes[name].entry(self.key)
-        if e is None or e.lending_limit is None:
+    def reserve(self, name: str) -> int:
+        """``Y(name)``: unused quota ``name``'s subtree keeps back from its parent (its own
+        non-lendable part, or more kept below it)."""
+        if not self.lends(name):
             return 0
-        return max(0, e.nominal - e.lending_limit - self.used(name))
+        hit = self._reserve.get(name)
+        if hit is None:
+            node = self.tree.nodes[name]
+            inner = sum(self.reserve(c) for c in node.children)
+            e = node.entry(self.key)
+            if e is not None and e.lending_limit is not None:
+                inner = max(inner, e.nominal - e.lending_limit - self.used(name))
+            hit = self._reserve[name] = inner
+        return hit
+
+    def lends(self, name: str) -> bool:
+        """Whether some queue of ``name``'s subtree has a lending limit for the key (else its
+        reserve is 0 whatever the usage)."""
+        hit = self._lends.get(name)
+        if hit is None:
+            node = self.tree.nodes[name]
+            e = node.entry(self.key)
+            hit = (e is not None and e.lending_limit is not None) or any(
+                self.lends(c) for c in node.children
+            )
+            self._lends[name] = hit
+        return hit
 
     def cap(self, node: QueueNode) -> int:
+        """``C(node)``: nominal at a root, nominal + borrowingLimit elsewhere, else no limit."""
         if node.parent is None:
             return self.nominal(node.name)
         e = node.entry(self.key)
@@ -286,6 +329,18 @@ class _View:
         if borrow is None:
             return UNLIMITED
         return min(UNLIMITED, self.nominal(node.name) + borrow)
+
+    def kept_off_path(self, path: tuple[QueueNode, ...]) -> list[int]:
+        """Per node of ``path`` (queue first): Σ ``Y(c)`` over the off-path children of it and
+        of every path node below it (the reserves its load counts besides usage)."""
+        out: list[int] = []
+        total = 0
+        below: str | None = None
+        for node in path:
+            total += sum(self.reserve(c) for c in node.children if c != below)
+            out.append(total)
+            below = node.name
+        return out
 
 
 def admit(
@@ -310,24 +365,42 @@ def admit(
     path = tree.path(queue)
     if not path:
         return Admission(False, reason=f"queue {queue} does not exist")
-    view = _View(tree, usage, key, cache)
-    on_path = {n.name for n in path}
+    view = KeyView(tree, usage, key, cache)
+    kept = view.kept_off_path(path)
     for i, node in enumerate(path):
         cap = view.cap(node)
         if cap >= UNLIMITED:
             continue
-        held = sum(view.reserved(c) for c in view.lenders(node) if c not in on_path)
-        load = view.used(node.name) + held
+        load = view.used(node.name) + kept[i]
         if load + gpus <= cap:
             continue
-        return Admission(False, reason=_refusal(view, path, i, gpus, cap, load, held))
+        reason = _refusal(view, path, i, gpus, cap, load, kept[i])
+        top = ceiling(tree, queue, key)
+        if gpus > top:
+            reason += f"; {queue} can never be admitted more than {top} (its ceiling)"
+        return Admission(False, reason=reason)
     q = path[0].name
     borrowed = max(0, view.used(q) + gpus - view.nominal(q))
     return Admission(True, borrowed=borrowed)
 
 
+def ceiling(tree: QueueTree, queue: str, key: str) -> int:
+    """The most GPUs of concrete ``key`` a job of ``queue`` could ever be admitted: on an
+    empty ledger, the least over the path of ``cap - reserves kept off the path`` (every other
+    queue keeping back its non-lendable quota). :data:`UNLIMITED` when nothing limits it; 0
+    for a broken or unknown queue."""
+    if queue in tree.broken:
+        return 0
+    path = tree.path(queue)
+    if not path:
+        return 0
+    view = KeyView(tree, QuotaUsage(), key)
+    kept = view.kept_off_path(path)
+    return max(0, min([UNLIMITED] + [view.cap(n) - kept[i] for i, n in enumerate(path)]))
+
+
 def _refusal(
-    view: _View, path: tuple[QueueNode, ...], i: int, gpus: int, cap: int, load: int, held: int
+    view: KeyView, path: tuple[QueueNode, ...], i: int, gpus: int, cap: int, load: int, held: int
 ) -> str:
     q = path[0]
     e = q.entry(view.key)
@@ -467,7 +540,7 @@ def over_limit(tree: QueueTree, usage: QuotaUsage) -> list[str]:
                 continue
             else:
                 cap = e.nominal + e.borrowing_limit
-            used = _View(tree, usage, key).used(name)
+            used = KeyView(tree, usage, key).used(name)
             if used > cap:
                 out.append(f"{name} {key}: {used} > {cap}")
     return out
@@ -502,7 +575,7 @@ def usage_rows(tree: QueueTree, usage: QuotaUsage, queue: str) -> list[UsageRow]
             stack.extend(child.children)
     out = []
     for key in sorted(keys):
-        view = _View(tree, usage, key)
+        view = KeyView(tree, usage, key)
         nominal = view.nominal(queue)
         if nominal >= UNLIMITED:
             continue

@@ -275,8 +275,8 @@ def _block_estimates(
     bound: Bound,
 ) -> list[Estimate]:
     """:func:`estimates` for a job that must sit in one block: one tuple per victim, the
-    :class:`Victim` objects only for jobs the fast rule cannot judge (past preemptions,
-    reclaim; :meth:`Search.victim` decides those)."""
+    :class:`Victim` objects only for jobs the fast rule cannot judge (past preemptions, any
+    job when there are queues; :meth:`Search.victim` decides those)."""
     prio_p = s.p.request.priority
     no_quota = s.quota is None
     demand = s.job.demand
@@ -303,13 +303,14 @@ def _block_estimates(
                 if prio >= prio_p and no_quota:
                     continue  # no reclaim without queues
                 if (
-                    prio < prio_p
+                    no_quota
+                    and prio < prio_p
                     and not judged
                     and not run.preempted
                     and now - run.started_at >= min_rt
                     and now >= run.preemptible_after
                 ):
-                    cost = work_lost_gpu_s(run, now)  # preemptible() would say None
+                    cost = work_lost_gpu_s(run, now)  # victim() would say yes: priority alone
                 else:
                     v = s.victim(run, product)
                     if isinstance(v, str):

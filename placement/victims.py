@@ -36,6 +36,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpufed.api.decision import Decision, Outcome
+from gpufed.api.queue import DEFAULT_PREEMPTION
 from gpufed.placement.engine import place
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import (
@@ -50,7 +51,7 @@ from gpufed.placement.preemption import (
     work_lost_gpu_s,
 )
 from gpufed.placement.queue import Hold
-from gpufed.placement.quota import QueueTree, QuotaUsage, admit, demand_of, usage_rows
+from gpufed.placement.quota import KeyView, admit, demand_of
 from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
@@ -65,6 +66,11 @@ from gpufed.placement.victimblocks import (
     victim_key,
 )
 from gpufed.placement.whatif import OnlyMember, freed
+
+
+def _newer(run: Running, submitted_at: float) -> bool:
+    """Whether ``run`` was submitted after the preemptor (``LowerOrNewerEqualPriority``)."""
+    return (run.submitted_at if run.submitted_at is not None else run.started_at) > submitted_at
 
 
 def _cycle_back(p: Preemptor, run: Running, rules: PreemptionRules, now: float) -> bool:
@@ -99,9 +105,15 @@ class Search:
         self.placed = placed
         self.whatifs = 0
         self.names = snapshot.cluster_names
-        self._within: dict[tuple[str, str], bool] = {}
+        self._views: dict[str, KeyView] = {}
+        self._above: dict[tuple[str, str], str] = {}
+        self._within_cache: dict[tuple[str, str], bool] = {}
+        #: victim uid -> the GPU product it was judged on (the set rule reads it)
+        self._product: dict[str, str] = {}
+        #: victims eligible only because the preemptor borrows (borrowWithinParent)
+        self._borrow: set[str] = set()
 
-    # --- eligibility ------------------------------------------------------------------------
+    # --- eligibility (docs/placement.md, "Who may preempt whom, when") ----------------------
     def victim(self, run: Running, product: str | None) -> Victim | str:
         """The run as a victim of this preemptor, or why it is not one."""
         why = preemptible(run, self.rules, self.now)
@@ -110,36 +122,150 @@ class Search:
         if self.p.preempted and _cycle_back(self.p, run, self.rules, self.now):
             return f"preempted {self.p.request.job} less than {self.rules.cooldown_s:.0f} s ago"
         cost = work_lost_gpu_s(run, self.now)
-        if run.priority < self.p.request.priority:
-            return Victim(run, cost, "priority")
-        if self.rules.reclaim and product is not None and self._reclaims(run, product):
-            return Victim(run, cost, "reclaim")
-        return f"priority {run.priority} is not below {self.p.request.priority}"
-
-    def _reclaims(self, run: Running, product: str) -> bool:
-        """The preemptor's queue stays within its nominal of ``product`` with the job, and
-        ``run``'s queue is another one that borrows ``product``."""
-        if self.quota is None:
-            return False
-        tree, usage = self.quota.tree, self.quota.usage
-        mine = self.p.request.queue or tree.default_queue
+        mine = self.p.request.priority
+        if self.quota is None:  # no queues: priority decides
+            if run.priority < mine:
+                return Victim(run, cost, "priority")
+            return f"priority {run.priority} is not below {mine}"
+        tree = self.quota.tree
+        q = self.p.request.queue or tree.default_queue
         theirs = run.queue or tree.default_queue
-        if theirs == mine:
-            return False
-        within = self._within.get((mine, product))
-        if within is None:
+        node = tree.nodes.get(q)
+        policy = node.preemption if node is not None else DEFAULT_PREEMPTION
+        if theirs == q:
+            rule = policy.within_queue
+            if rule == "Never":
+                return f"queue {q} sets spec.preemption.withinQueue: Never"
+            if run.priority < mine or (
+                rule == "LowerOrNewerEqualPriority"
+                and run.priority == mine
+                and _newer(run, self.p.request.submitted_at)
+            ):
+                return Victim(run, cost, "priority")
+            return f"priority {run.priority} is not below {mine}"
+        if product is None:
+            return "its GPUs have no product to judge quota by"
+        if theirs not in tree.nodes:
+            return f"its queue {theirs} is not active: its jobs keep their GPUs until it is fixed"
+        self._product[run.uid] = product
+        above = self._borrowing(theirs, q, product)
+        if above is not None:
+            return f"priority never overrides another queue's nominal quota: {above}"
+        if self._within(q, theirs, product):
+            reclaim = policy.reclaim_within_parent if self.rules.reclaim else "Never"
+            if reclaim == "Any" or (reclaim == "LowerPriority" and run.priority < mine):
+                return Victim(run, cost, "reclaim")
+            return f"queue {q} sets spec.preemption.reclaimWithinParent: {reclaim}" + (
+                f" and priority {run.priority} is not below {mine}" if reclaim != "Never" else ""
+            )
+        b = policy.borrow_within_parent
+        if b.policy == "Never":
+            return (
+                f"{self.p.request.job} must borrow and queue {q} sets "
+                "spec.preemption.borrowWithinParent.policy: Never"
+            )
+        if run.priority >= mine:
+            return f"priority {run.priority} is not below {mine} (borrowing preempts lower only)"
+        if b.max_priority_threshold is not None and run.priority > b.max_priority_threshold:
+            return (
+                f"priority {run.priority} is above maxPriorityThreshold {b.max_priority_threshold}"
+            )
+        self._borrow.add(run.uid)
+        return Victim(run, cost, "priority")
+
+    def _view(self, product: str) -> KeyView:
+        hit = self._views.get(product)
+        if hit is None:
+            assert self.quota is not None
+            hit = self._views[product] = KeyView(self.quota.tree, self.quota.usage, product)
+        return hit
+
+    def _upto(self, queue: str, other: str) -> list[str]:
+        """``queue`` and its ancestors below the first one it shares with ``other`` (the
+        whole path to the root when they share none)."""
+        assert self.quota is not None
+        tree = self.quota.tree
+        theirs = {n.name for n in tree.path(other)}
+        out = []
+        for n in tree.path(queue):
+            if n.name in theirs:
+                break
+            out.append(n.name)
+        return out
+
+    def _borrowing(self, theirs: str, mine: str, product: str) -> str | None:
+        """None when ``theirs`` and each of its ancestors below the common one with ``mine``
+        use more than their nominal of ``product`` (they borrow); else which one does not."""
+        hit = self._above.get((theirs, product))
+        if hit is None:
+            view = self._view(product)
+            hit = ""
+            for name in self._upto(theirs, mine):
+                if name not in view.tree.nodes:
+                    continue
+                used, nominal = view.used(name), view.guaranteed(name)
+                if used <= nominal:
+                    hit = f"queue {name} uses {used} of its nominal {nominal} {product}"
+                    break
+            self._above[(theirs, product)] = hit
+        return hit or None
+
+    def _within(self, mine: str, theirs: str, product: str) -> bool:
+        """The preemptor's queue, and each ancestor below the common one with ``theirs``,
+        stays within its nominal of ``product`` with the job (it reclaims, not borrows)."""
+        hit = self._within_cache.get((theirs, product))
+        if hit is None:
+            view = self._view(product)
             gpus = demand_of(self.p.request, product).get(product, 0)
-            row = _row(tree, usage, mine, product)
-            within = self._within[(mine, product)] = row is not None and row[1] + gpus <= row[0]
-        if not within:
-            return False
-        row = _row(tree, usage, theirs, product)
-        return row is not None and row[1] > row[0]
+            hit = all(
+                view.used(n) + gpus <= view.guaranteed(n)
+                for n in self._upto(mine, theirs)
+                if n in view.tree.nodes
+            )
+            self._within_cache[(theirs, product)] = hit
+        return hit
+
+    def allowed(self, victims: Sequence[Victim]) -> bool:
+        """The set-level quota rule: removing these victims together leaves each other queue
+        they come from (and each of its ancestors below the common one) above its nominal
+        until its last victim goes (Kueue's "while it still borrows"), and at or above it
+        when the preemptor borrows (so nobody can preempt back: no ping-pong)."""
+        if self.quota is None:
+            return True
+        tree = self.quota.tree
+        q = self.p.request.queue or tree.default_queue
+        taken: dict[tuple[str, str], list[int]] = {}
+        borrow: set[tuple[str, str]] = set()
+        for v in victims:
+            theirs = v.running.queue or tree.default_queue
+            if theirs == q:
+                continue
+            product = self._product.get(v.running.uid)
+            if product is None:
+                continue
+            for name in self._upto(theirs, q):
+                taken.setdefault((name, product), []).append(v.running.gpu_count)
+                if v.running.uid in self._borrow:
+                    borrow.add((name, product))
+        for (name, product), sizes in taken.items():
+            view = self._view(product)
+            if name not in view.tree.nodes:
+                continue
+            left = view.used(name) - sum(sizes)
+            nominal = view.guaranteed(name)
+            if (name, product) in borrow:
+                if left < nominal:
+                    return False
+            elif left + max(sizes) <= nominal:
+                return False
+        return True
 
     # --- what-if ----------------------------------------------------------------------------
     def fits(self, cluster: str, victims: Sequence[Victim]) -> Decision | None:
         """``place()`` in ``cluster`` with ``victims`` gone (and the cycle's earlier plans
         applied); the decision when it places the job there."""
+        if not self.allowed(victims):
+            return None
         self.whatifs += 1
         runs = [v.running for v in victims]
         with freed(self.snapshot, self.gone + runs, self.placed, self.now):
@@ -174,18 +300,6 @@ class Search:
     @property
     def spent(self) -> bool:
         return self.whatifs >= self.rules.max_whatifs
-
-
-def _row(tree: QueueTree, usage: QuotaUsage, queue: str, product: str) -> tuple[int, int] | None:
-    """(nominal, used) of the quota entry ``product`` resolves to at ``queue``."""
-    node = tree.nodes.get(queue)
-    entry = node.entry(product) if node is not None else None
-    if entry is None:
-        return None
-    for r in usage_rows(tree, usage, queue):
-        if r.key == entry.gpu_product:
-            return (r.nominal, r.used)
-    return None
 
 
 def _search_block(

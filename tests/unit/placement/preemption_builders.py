@@ -50,6 +50,7 @@ def running(
     interval: float | None = None,
     preempted: Sequence[tuple[float, str]] = (),
     preemptible_after: float = 0.0,
+    submitted_at: float | None = None,
 ) -> Running:
     """One running job as preemption sees it."""
     return Running(
@@ -64,6 +65,7 @@ def running(
         checkpoint_interval_s=interval,
         preemptible_after=preemptible_after,
         preempted=tuple(PreemptionEvent(at, by) for at, by in preempted),
+        submitted_at=submitted_at,
     )
 
 
