@@ -82,6 +82,16 @@ class QueueTree:
             node = self.nodes.get(node.parent) if node.parent is not None else None
         return tuple(out)
 
+    def charged_path(self, queue: str) -> tuple[QueueNode, ...]:
+        """The queues whose usage a charge to ``queue`` counts in: its path, or for a broken
+        queue the path of its nearest accepted ancestor (``orphans``); empty if none."""
+        if queue in self.nodes:
+            return self.path(queue)
+        for parent, names in self.orphans.items():
+            if queue in names:
+                return self.path(parent)
+        return ()
+
     def known(self, queue: str) -> bool:
         """True for an accepted or a broken queue."""
         return queue in self.nodes or queue in self.broken

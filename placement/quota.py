@@ -89,6 +89,7 @@ __all__ = [  # the tree's names live in .queuetree; quota is the one entry point
     "ceiling",
     "demand_of",
     "over_limit",
+    "pool_keys",
     "queue_of",
 ]
 
@@ -115,6 +116,8 @@ class QuotaUsage:
     _own: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     #: bumped on every change (caches of derived sums compare it)
     version: int = 0
+    _keys: frozenset[str] = frozenset()
+    _keys_at: int = -1
 
     def charge(self, job_uid: str, queue: str, key: str, gpus: int) -> None:
         """Record that ``job_uid`` of ``queue`` holds ``gpus`` of ``key`` (replacing any
@@ -160,6 +163,13 @@ class QuotaUsage:
                 own[key] = left
             else:
                 own.pop(key, None)
+
+    def keys(self) -> frozenset[str]:
+        """Every concrete key some queue is charged for now."""
+        if self._keys_at != self.version:
+            self._keys = frozenset(k for own in self._own.values() for k in own)
+            self._keys_at = self.version
+        return self._keys
 
     def holds(self, job_uid: str) -> bool:
         """True when ``job_uid`` is charged."""
@@ -330,17 +340,63 @@ class KeyView:
             return UNLIMITED
         return min(UNLIMITED, self.nominal(node.name) + borrow)
 
-    def kept_off_path(self, path: tuple[QueueNode, ...]) -> list[int]:
-        """Per node of ``path`` (queue first): Σ ``Y(c)`` over the off-path children of it and
-        of every path node below it (the reserves its load counts besides usage)."""
-        out: list[int] = []
-        total = 0
-        below: str | None = None
-        for node in path:
-            total += sum(self.reserve(c) for c in node.children if c != below)
-            out.append(total)
-            below = node.name
-        return out
+
+#: Stands for a GPU product no queue lists (it resolves to ``*`` wherever ``*`` is listed) when
+#: :func:`admit` judges the pools a charge shares with other keys.
+_UNLISTED: Final = "\x00unlisted"
+
+
+def pool_keys(tree: QueueTree, usage: QuotaUsage, key: str) -> tuple[str, ...]:
+    """The concrete keys whose pools a charge of ``key`` may count in somewhere in ``tree``:
+    ``key`` first; for a whole-GPU product also every product some queue lists or the ledger
+    holds, and one that neither does (``*`` pools); a MIG resource shares no pool with
+    another key."""
+    if is_mig_resource(key):
+        return (key,)
+    listed = {k for n in tree.nodes.values() for k in n.quotas}
+    listed.update(usage.keys())
+    others = sorted(k for k in listed if k not in (ANY_GPU, key) and not is_mig_resource(k))
+    return (key, *others, _UNLISTED)
+
+
+def _shares(path: tuple[QueueNode, ...], key: str, other: str) -> list[bool]:
+    """Per node of ``path``: whether a charge of ``key`` at ``path[0]`` counts in ``other``'s
+    pool there (the same entry; at a node without one, through its own charges or the child
+    on the path)."""
+    out: list[bool] = []
+    for j, node in enumerate(path):
+        e = node.entry(other)
+        if e is not None:
+            out.append(node.entry(key) is e)
+        else:
+            out.append(key == other if j == 0 else out[-1])
+    return out
+
+
+def _first_overload(
+    view: KeyView, path: tuple[QueueNode, ...], shares: list[bool], gpus: int
+) -> tuple[int, int, int, int] | None:
+    """(path index, cap, load, reserves kept by others) of the first node of ``path`` that
+    ``gpus`` more, counted where ``shares`` says, would take above its cap; None when none.
+
+    The load of a node is its used plus the reserves of every subtree off the path below it
+    (module docstring); a path node the charge counts in drops its own reserve term (the job
+    uses that reserve), one it does not count in keeps it."""
+    inner = 0
+    below: str | None = None
+    for j, node in enumerate(path):
+        inner += sum(view.reserve(c) for c in node.children if c != below)
+        if shares[j]:
+            cap = view.cap(node)
+            load = view.used(node.name) + inner
+            if cap < UNLIMITED and load + gpus > cap:
+                return j, cap, load, inner
+        else:
+            e = node.entry(view.key)
+            if e is not None and e.lending_limit is not None:
+                inner = max(inner, e.nominal - e.lending_limit - view.used(node.name))
+        below = node.name
+    return None
 
 
 def admit(
@@ -351,10 +407,15 @@ def admit(
     gpus: int,
     *,
     cache: KeyCache | None = None,
+    caches: Callable[[str], KeyCache] | None = None,
 ) -> Admission:
     """Whether ``gpus`` more of concrete ``key`` fit ``queue`` and every ancestor (module doc).
 
-    ``cache``: sums for ``key`` kept between calls (:class:`KeyCache`, by :class:`QuotaGate`).
+    Every pool the charge counts in is judged: ``key``'s own at each ancestor and, in a tree
+    that lists several products, the pools of the other keys it shares an entry with (a ``*``
+    entry pools every product it covers). ``cache``: sums for ``key`` kept between calls
+    (:class:`KeyCache`, by :class:`QuotaGate`); ``caches``: the same for any key (``cache``
+    defaults to ``caches(key)``).
 
     A broken queue admits nothing (its message is the reason); an unknown queue neither.
     Example reason: ``team-a uses 60 of 64 NVIDIA-H100-80GB-HBM3; 8 more needed; nothing to
@@ -365,16 +426,19 @@ def admit(
     path = tree.path(queue)
     if not path:
         return Admission(False, reason=f"queue {queue} does not exist")
+    if cache is None and caches is not None:
+        cache = caches(key)
     view = KeyView(tree, usage, key, cache)
-    kept = view.kept_off_path(path)
-    for i, node in enumerate(path):
-        cap = view.cap(node)
-        if cap >= UNLIMITED:
+    for other in pool_keys(tree, usage, key):
+        shares = _shares(path, key, other)
+        if not any(shares):
             continue
-        load = view.used(node.name) + kept[i]
-        if load + gpus <= cap:
+        v = view if other == key else KeyView(tree, usage, other, caches and caches(other))
+        hit = _first_overload(v, path, shares, gpus)
+        if hit is None:
             continue
-        reason = _refusal(view, path, i, gpus, cap, load, kept[i])
+        i, cap, load, kept = hit
+        reason = _refusal(v, path, i, gpus, cap, load, kept)
         top = ceiling(tree, queue, key)
         if gpus > top:
             reason += f"; {queue} can never be admitted more than {top} (its ceiling)"
@@ -385,18 +449,33 @@ def admit(
 
 
 def ceiling(tree: QueueTree, queue: str, key: str) -> int:
-    """The most GPUs of concrete ``key`` a job of ``queue`` could ever be admitted: on an
-    empty ledger, the least over the path of ``cap - reserves kept off the path`` (every other
-    queue keeping back its non-lendable quota). :data:`UNLIMITED` when nothing limits it; 0
-    for a broken or unknown queue."""
+    """The most GPUs of concrete ``key`` a job of ``queue`` could ever be admitted: what
+    :func:`admit` allows on an empty ledger (every other queue keeping back its non-lendable
+    quota). :data:`UNLIMITED` when nothing limits it; 0 for a broken or unknown queue."""
     if queue in tree.broken:
         return 0
     path = tree.path(queue)
     if not path:
         return 0
-    view = KeyView(tree, QuotaUsage(), key)
-    kept = view.kept_off_path(path)
-    return max(0, min([UNLIMITED] + [view.cap(n) - kept[i] for i, n in enumerate(path)]))
+    empty = QuotaUsage()
+    top = UNLIMITED
+    for other in pool_keys(tree, empty, key):
+        shares = _shares(path, key, other)
+        view = KeyView(tree, empty, other)
+        inner = 0
+        below: str | None = None
+        for j, node in enumerate(path):
+            inner += sum(view.reserve(c) for c in node.children if c != below)
+            cap = view.cap(node)
+            if shares[j]:
+                if cap < UNLIMITED:
+                    top = min(top, cap - inner)
+            else:
+                e = node.entry(other)
+                if e is not None and e.lending_limit is not None:
+                    inner = max(inner, e.nominal - e.lending_limit)
+            below = node.name
+    return max(0, top)
 
 
 def _refusal(
@@ -405,6 +484,8 @@ def _refusal(
     q = path[0]
     e = q.entry(view.key)
     label = e.gpu_product if e is not None and e.gpu_product != ANY_GPU else view.key
+    if label == _UNLISTED:
+        label = "GPUs of its * entry"
     text = (
         f"{q.name} uses {view.used(q.name)} of {_text(view.nominal(q.name))} {label}; "
         f"{gpus} more needed"
@@ -446,8 +527,7 @@ class JobQuota:
         if hit is None:
             hit = Status(Code.SUCCESS)
             for key, amount in sorted(demand_of(self.request, product).items()):
-                cache = self.gate_cache(key) if self.gate_cache is not None else None
-                a = admit(self.tree, self.usage, self.queue, key, amount, cache=cache)
+                a = admit(self.tree, self.usage, self.queue, key, amount, caches=self.gate_cache)
                 if not a.ok:
                     hit = Status(Code.UNSCHEDULABLE, a.reason)
                     break
@@ -483,7 +563,7 @@ class QuotaGate:
 
     def _changed(self, queue: str, before: int) -> None:
         if self._cached_at == before:
-            path = [n.name for n in self.tree.path(queue)] or [queue]
+            path = [queue, *(n.name for n in self.tree.charged_path(queue))]
             for kc in self._keys.values():
                 for name in path:
                     kc.used.pop(name, None)
