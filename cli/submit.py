@@ -35,7 +35,7 @@ import typer
 import yaml
 
 from gpufed.api.bounds import measure
-from gpufed.api.errors import FieldError
+from gpufed.api.errors import FieldError, PermanentError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.labels import API_VERSION, GROUP, VERSION
 from gpufed.cli import follow, kube
@@ -63,7 +63,7 @@ MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_FILES: Final = 1000
 
 
-class SubmitError(ValueError):
+class SubmitError(PermanentError, ValueError):
     """A file that cannot become GPUJobs; the message names the file (and document)."""
 
 
