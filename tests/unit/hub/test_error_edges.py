@@ -170,7 +170,7 @@ async def test_only_a_permanent_api_refusal_of_the_finalizer_is_dropped(
     async def refuse(*args: Any) -> dict[str, Any]:
         raise exc
 
-    kube.set_job_finalizers = refuse  # type: ignore[method-assign]
+    kube.set_job_finalizers = refuse  # type: ignore[method-assign,assignment]
     if raises:
         with pytest.raises(type(exc)):
             await ctrl.deletion.add_finalizer(job.uid)
