@@ -26,24 +26,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from gpufed.api.errors import FieldError
+
 MAX_TEMPLATE_DEPTH = 64
 MAX_TEMPLATE_VALUES = 10_000
 MAX_TEMPLATE_CHARS = 1536 * 1024
-#: Longest error message or field path the hub writes back (a condition message may hold
-#: 32,768 characters; an error quoting a huge input must still fit).
-MAX_ERROR_CHARS = 1024
 #: Jobs one agent may list as held in its Hello (``AgentHello.held_jobs``): more is refused.
 MAX_HELD_JOBS = 20_000
-
-
-class BoundsError(ValueError):
-    """A value past a structural limit. ``field`` is where in the object (``spec.template``);
-    the message names the limit and what to do instead."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class Shape(NamedTuple):
@@ -66,7 +55,7 @@ def measure(
     """The :class:`Shape` of a JSON-like ``value`` (dicts, lists, scalars), checked against the
     limits on the way.
 
-    Raises :class:`BoundsError` naming ``field`` (for depth: the path of the first value too
+    Raises :class:`~gpufed.api.errors.FieldError` naming ``field`` (for depth: the path of the first value too
     deep, ``spec.template.spec.x[0].y`` …, shortened). Costs at most ``max_values`` steps,
     never recurses.
     """
@@ -78,7 +67,7 @@ def measure(
         item, level = stack.pop()
         level += 1
         if level > max_depth:
-            raise BoundsError(
+            raise FieldError(
                 _deep_path(value, max_depth, field),
                 f"is nested more than {max_depth} maps and lists deep",
             )
@@ -87,7 +76,7 @@ def measure(
         if values > max_values:
             # Checked before the children are looked at: a map of a million keys costs one
             # comparison.
-            raise BoundsError(
+            raise FieldError(
                 field,
                 f"holds more than {max_values} values (maps, lists and scalars); split the "
                 "workload or keep large data out of the GPUJob (a ConfigMap or an image)",
@@ -103,7 +92,7 @@ def measure(
             elif isinstance(v, (dict, list)):
                 stack.append((v, level))
         if chars > max_chars:
-            raise BoundsError(
+            raise FieldError(
                 field,
                 f"holds more than {max_chars} characters of keys and strings; keep large data "
                 "out of the GPUJob (a ConfigMap or an image)",
@@ -125,11 +114,3 @@ def _deep_path(value: Any, max_depth: int, field: str) -> str:
                 sub = f"{path}.{k}" if isinstance(item, dict) else f"{path}[{k}]"
                 stack.append((v, level + 1, sub if len(path) <= 200 else path))
     return field
-
-
-def clip(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying how long it was (for error messages that
-    quote input)."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit - 40]}… ({len(text)} characters)"

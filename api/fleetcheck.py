@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from gpufed.api.errors import PermanentError
 from gpufed.api.gpus import KNOWN_GPUS
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class FleetIssue:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-class FleetError(ValueError):
+class FleetError(PermanentError, ValueError):
     """An invalid fleet spec. ``issues`` lists every problem; the message shows them all,
     prefixed by the file name when the fleet was loaded from a file."""
 

@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpufed.api.errors import PermanentError
+
 __all__ = [
     "GFD_PREFIXES",
     "GPU_FAMILIES",
@@ -192,7 +194,7 @@ SHORT_NAMES: Mapping[str, tuple[str, ...]] = {
 GFD_PREFIXES = ("NVIDIA-", "Tesla-", "Quadro-")
 
 
-class UnknownGPUError(ValueError):
+class UnknownGPUError(PermanentError, ValueError):
     """A GPU name that is neither a GFD product string nor a known short name.
 
     ``name``: what was given; ``suggestions``: the closest known names (difflib), best first.

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from gpufed.api.errors import PermanentError
+
 __all__ = [
     "IN_CLUSTER_NAMESPACE_FILE",
     "MAX_KUBECONFIG_BYTES",
@@ -45,7 +47,7 @@ _FIX = (
 )
 
 
-class KubeconfigError(ValueError):
+class KubeconfigError(PermanentError, ValueError):
     """No usable kubeconfig: the message names the file or variable and the fix."""
 
 

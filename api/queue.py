@@ -26,6 +26,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
 from gpufed.api.crdbase import CRDModel, ObjectMeta, StatusCondition
+from gpufed.api.errors import PermanentError
 from gpufed.api.labels import API_VERSION
 
 KIND: Final = "GPUQueue"
@@ -256,7 +257,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-class QueueFileError(ValueError):
+class QueueFileError(PermanentError, ValueError):
     """A queues file that cannot be read; the message names the file, document and field."""
 
 

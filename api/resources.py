@@ -42,6 +42,8 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity as _k8s_parse_quantity
 
+from gpufed.api.errors import PermanentError
+
 #: resource name -> canonical integer amount (see module docstring for units).
 ResourceList = dict[str, int]
 
@@ -74,7 +76,7 @@ _SUFFIX_POWER10 = {
 }  # fmt: skip
 
 
-class QuantityError(ValueError):
+class QuantityError(PermanentError, ValueError):
     """A quantity that Kubernetes would not accept for that resource.
 
     The message names the resource and the offending value, and says what would be accepted.

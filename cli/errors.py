@@ -2,11 +2,16 @@
 ``error: <what> (fix: <how>)`` on stderr and exit code 1, never a Python traceback.
 
 Installed at the top of the ``gpufed`` command (:class:`GpufedGroup`, used by ``cli/main.py``),
-so it covers every sub-command. Known error types get their own fix (a bad or missing
-kubeconfig, an API server that cannot be reached, 401/403/404 and other API errors, a file
-that cannot be read, YAML that does not parse, invalid values); anything else is named with
-its type and a pointer to ``GPUFED_DEBUG=1``, which lets the traceback through instead.
-Usage errors (bad flags) stay click's: exit code 2 with the usage text.
+so it covers every sub-command. gpufed's own errors are translated from the one exception tree
+(:mod:`gpufed.api.errors`, docs/design.md §11): a ``PermanentError`` (bad input: a
+``FieldError``, a kubeconfig, fleet, trace or queues file, a selector ...) is its own message,
+which names the field, file or flag and the fix; a ``TransientError`` its message and "try
+again"; any other gpufed error is unexpected (below). Other libraries' errors get their own fix
+(the Kubernetes client's kubeconfig errors, an API server that cannot be reached, 401/403/404
+and other API errors, a file that cannot be read, YAML that does not parse, pydantic's invalid
+values, and the standard library's ``ValueError``); anything else is named with its type and a
+pointer to ``GPUFED_DEBUG=1``, which lets the traceback through instead. Usage errors (bad
+flags) stay click's: exit code 2 with the usage text.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 import typer
 from typer._click.core import Context as ClickContext  # typer vendors click since 0.20
 from typer.core import TyperGroup
+
+from gpufed.api.errors import GpufedError, PermanentError, TransientError
 
 __all__ = ["DEBUG_ENV", "GpufedGroup", "error_line"]
 
@@ -37,11 +44,9 @@ def error_line(exc: BaseException) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    from gpufed.api.kubeconfig import KubeconfigError
-
-    if isinstance(exc, KubeconfigError):
-        return str(exc)
     name = type(exc).__name__
+    if isinstance(exc, GpufedError):
+        return _gpufed_error(exc)
     module = type(exc).__module__
     if name == "ConfigException" and module.startswith(("kubernetes", "kubernetes_asyncio")):
         return (
@@ -84,9 +89,22 @@ def _describe(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    return _unexpected(exc)
+
+
+def _gpufed_error(exc: GpufedError) -> str:
+    """gpufed's own errors, by the tree alone (never by the built-in base they also have)."""
+    if isinstance(exc, PermanentError):
+        return str(exc)
+    if isinstance(exc, TransientError):
+        return f"{exc} (fix: it may be temporary: run the command again)"
+    return _unexpected(exc)
+
+
+def _unexpected(exc: BaseException) -> str:
     return (
-        f"{name}: {exc} (an unexpected error: rerun with {DEBUG_ENV}=1 for the traceback, "
-        "and report it)"
+        f"{type(exc).__name__}: {exc} (an unexpected error: rerun with {DEBUG_ENV}=1 for the "
+        "traceback, and report it)"
     )
 
 

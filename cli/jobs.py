@@ -29,6 +29,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, PreemptionStatus
 from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import (
@@ -116,13 +117,14 @@ def _api_errors(plural: str) -> Iterator[None]:
 def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     """A GPUJob for ``obj``: itself when it is one, else the workload wrapped into one.
 
-    Raises ``ValueError`` naming the field for an object that is neither, or for malformed
-    placement annotations.
+    Raises ``ValueError`` for an object that is neither, and
+    :class:`~gpufed.api.errors.FieldError` (a ``ValueError`` too) naming the field for
+    malformed metadata or placement annotations.
     """
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     meta = obj.get("metadata") or {}
     if not isinstance(meta, dict):
-        raise ValueError("metadata: must be a mapping (name, namespace, annotations ...)")
+        raise FieldError("metadata", "must be a mapping (name, namespace, annotations ...)")
     if (api_version, kind) == (API_VERSION, "GPUJob"):
         out = dict(obj)
         out["metadata"] = {**meta, "namespace": meta.get("namespace") or namespace}
@@ -135,31 +137,31 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
         )
     name = meta.get("name")
     if not name:
-        raise ValueError("metadata.name: required to name the GPUJob")
+        raise FieldError("metadata.name", "required to name the GPUJob")
     ann = meta.get("annotations") or {}
     if not isinstance(ann, dict):
-        raise ValueError("metadata.annotations: must be a mapping of strings")
+        raise FieldError("metadata.annotations", "must be a mapping of strings")
     for key, value in ann.items():
         if not isinstance(value, str):
-            raise ValueError(
-                f"metadata.annotations[{key}]: {value!r} must be a string (quote it in YAML)"
+            raise FieldError(
+                f"metadata.annotations[{key}]", f"{value!r} must be a string (quote it in YAML)"
             )
     placement: dict[str, Any] = {}
     if products := ann.get(GPU_PRODUCTS_ANNOTATION):
         placement["gpuProducts"] = [p.strip() for p in products.split(",") if p.strip()]
     if nvlink := ann.get(NVLINK_ANNOTATION):
         if nvlink not in ("Required", "Preferred", "None"):
-            raise ValueError(
-                f"metadata.annotations[{NVLINK_ANNOTATION}]: {nvlink!r} is not Required, "
-                "Preferred or None"
+            raise FieldError(
+                f"metadata.annotations[{NVLINK_ANNOTATION}]",
+                f"{nvlink!r} is not Required, Preferred or None",
             )
         placement["topology"] = {"nvlink": nvlink}
     if priority := ann.get(PRIORITY_ANNOTATION):
         try:
             placement["priority"] = int(priority)
         except ValueError as exc:
-            raise ValueError(
-                f"metadata.annotations[{PRIORITY_ANNOTATION}]: {priority!r} is not an integer"
+            raise FieldError(
+                f"metadata.annotations[{PRIORITY_ANNOTATION}]", f"{priority!r} is not an integer"
             ) from exc
     template = json.loads(json.dumps(obj))
     template_meta = template.setdefault("metadata", {})

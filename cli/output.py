@@ -38,6 +38,8 @@ from typing import Annotated, Any, Final, Literal
 import typer
 import yaml
 
+from gpufed.api.errors import PermanentError
+
 __all__ = [
     "FORMATS",
     "WATCH_REQUEST_S",
@@ -103,7 +105,7 @@ def output_format(output: str | None, as_json: bool) -> Format:
 # --- label selectors ------------------------------------------------------------------------------
 
 
-class SelectorError(ValueError):
+class SelectorError(PermanentError, ValueError):
     """A label selector that does not parse; the message names ``-l`` and the expected form."""
 
 

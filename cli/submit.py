@@ -34,7 +34,8 @@ from typing import Annotated, Any, Final
 import typer
 import yaml
 
-from gpufed.api.bounds import BoundsError, measure
+from gpufed.api.bounds import measure
+from gpufed.api.errors import FieldError, PermanentError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.labels import API_VERSION, GROUP, VERSION
 from gpufed.cli import follow, kube
@@ -50,8 +51,8 @@ from gpufed.cli.jobs import (
     wrap,
 )
 from gpufed.cli.output import Output, output_format
-from gpufed.hub.podsets import InvalidJobError, placement_request
-from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.hub.podsets import placement_request
+from gpufed.sync.manifests import prepare_manifests
 
 __all__ = ["SubmitError", "dry_run_entry", "gpujobs_of", "read_sources", "submit"]
 
@@ -62,7 +63,7 @@ MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_FILES: Final = 1000
 
 
-class SubmitError(ValueError):
+class SubmitError(PermanentError, ValueError):
     """A file that cannot become GPUJobs; the message names the file (and document)."""
 
 
@@ -113,7 +114,7 @@ def read_sources(paths: list[Path]) -> list[tuple[str, list[Any]]]:
             # its size, in bounded steps, before anything walks or serialises it
             try:
                 measure(doc, field=f"document {i + 1}")
-            except BoundsError as exc:
+            except FieldError as exc:
                 raise SubmitError(f"{file}: {exc}") from exc
         out.append(("stdin" if str(file) == "-" else str(file), docs))
     return out
@@ -207,21 +208,18 @@ def _list_template(
 def dry_run_entry(job: dict[str, Any]) -> dict[str, Any]:
     """``{"gpujob", "podSets": [{"name", "count", "gpusPerPod"}], "gpus"}`` of one GPUJob,
     checked as the hub's intake checks it; raises ``ValueError`` (pydantic's, or
-    :class:`~gpufed.hub.podsets.InvalidJobError` naming the GPUJob field)."""
+    :class:`~gpufed.api.errors.FieldError` naming the GPUJob field)."""
     model = GPUJob.model_validate(job)
     model.metadata.uid = model.metadata.uid or "dry-run"
     request = placement_request(model, submitted_at=0.0)
     meta = job["metadata"]
-    try:
-        prepare_manifests(
-            model.spec.template,
-            job_uid="dry-run",
-            job_name=meta["name"],
-            namespace=meta["namespace"],
-            origin="dry-run",
-        )
-    except ManifestError as exc:
-        raise InvalidJobError(exc.field, exc.message) from exc
+    prepare_manifests(
+        model.spec.template,
+        job_uid="dry-run",
+        job_name=meta["name"],
+        namespace=meta["namespace"],
+        origin="dry-run",
+    )
     pod_sets = [
         {"name": ps.name, "count": ps.count, "gpusPerPod": ps.gpus_per_pod}
         for ps in request.pod_sets

@@ -30,9 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpufed.api.errors import FieldError
 from gpufed.api.inventory import workload_kind
 from gpufed.sync.apivalidation import metadata_errors, name_error
-from gpufed.sync.manifests import ManifestError, template_objects, workload_pod_templates
+from gpufed.sync.manifests import template_objects, workload_pod_templates
 from gpufed.sync.podsecurity import Level, check_pod_template
 
 #: Service types that open ports outside the member's cluster network.
@@ -66,11 +67,11 @@ def admit(
     ``template``: the GPUJob's ``spec.template``; ``prepared``: what
     :func:`~gpufed.sync.manifests.prepare_manifests` made of it (same objects, same order;
     names defaulted), so names are checked as the member will see them. Raises
-    :class:`~gpufed.sync.manifests.ManifestError` with the field path and the rule.
+    :class:`~gpufed.api.errors.FieldError` with the field path and the rule.
     """
     # 1. reserved namespaces
     if namespace in policy.reserved_namespaces:
-        raise ManifestError(
+        raise FieldError(
             "metadata.namespace",
             f"{namespace!r} is reserved (the control plane's or gpufed's own); submit GPUJobs "
             "in a team's namespace",
@@ -83,9 +84,9 @@ def admit(
         # 2. what the member's API server refuses
         why = name_error(kind, str(meta.get("name", "")))
         if why is not None:
-            raise ManifestError(f"{path}.metadata.name", f"{meta.get('name')!r} {why}")
+            raise FieldError(f"{path}.metadata.name", f"{meta.get('name')!r} {why}")
         for field, why in metadata_errors(meta, f"{path}.metadata"):
-            raise ManifestError(field, why)
+            raise FieldError(field, why)
         # 3. exposed Services
         if kind == "Service" and not policy.allow_exposed_services:
             _check_service(obj, path)
@@ -98,7 +99,7 @@ def admit(
         pod_meta = ref.template.get("metadata")
         if isinstance(pod_meta, Mapping):
             for field, why in metadata_errors(pod_meta, f"{ref.path}.metadata"):
-                raise ManifestError(field, why)
+                raise FieldError(field, why)
         # 5. pods the hub can stop (checked first: a single, cheap field each)
         _check_stoppable(ref.template, ref.path)
         # 4. Pod Security Standards
@@ -108,7 +109,7 @@ def admit(
             more = "; ".join(f"{v.field} {v.message}" for v in violations[1:_SHOWN])
             rest = len(violations) - _SHOWN
             tail = (f"; also {more}" if more else "") + (f" (and {rest} more)" if rest > 0 else "")
-            raise ManifestError(
+            raise FieldError(
                 first.field,
                 f"{first.message}: violates PodSecurity {level!r} ({first.check}) of namespace "
                 f"{namespace!r}{tail}",
@@ -118,7 +119,7 @@ def admit(
 def _check_stoppable(pod_template: Mapping[str, Any], path: str) -> None:
     meta = pod_template.get("metadata")
     if isinstance(meta, Mapping) and meta.get("finalizers"):
-        raise ManifestError(
+        raise FieldError(
             f"{path}.metadata.finalizers",
             "pods of a GPUJob may not carry finalizers: the hub must be able to stop them "
             "(preemption, re-runs, deletion); remove the field",
@@ -126,7 +127,7 @@ def _check_stoppable(pod_template: Mapping[str, Any], path: str) -> None:
     spec = pod_template.get("spec")
     grace = spec.get("terminationGracePeriodSeconds") if isinstance(spec, Mapping) else None
     if isinstance(grace, int) and not isinstance(grace, bool) and grace > MAX_TERMINATION_GRACE_S:
-        raise ManifestError(
+        raise FieldError(
             f"{path}.spec.terminationGracePeriodSeconds",
             f"{grace} is above the hub's limit of {MAX_TERMINATION_GRACE_S} s: a stopping job "
             "holds GPUs another job waits for; checkpoint within that time",
@@ -139,13 +140,13 @@ def _check_service(obj: Mapping[str, Any], path: str) -> None:
         return
     svc_type = spec.get("type")
     if svc_type in EXPOSED_SERVICE_TYPES:
-        raise ManifestError(
+        raise FieldError(
             f"{path}.spec.type",
             f"{svc_type} Services open ports outside the member's cluster network and are not "
             "allowed by this hub; use ClusterIP (or ask the operator for --allow-exposed-services)",
         )
     if spec.get("externalIPs"):
-        raise ManifestError(
+        raise FieldError(
             f"{path}.spec.externalIPs",
             "externalIPs are not allowed by this hub (ask the operator for "
             "--allow-exposed-services)",

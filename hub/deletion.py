@@ -140,9 +140,10 @@ class Deletion:
             await self._patch_finalizers(job, add=True)
         except Exception as exc:
             code = status_of(exc)
-            if code is None or not 400 <= code < 500:
+            if code is None or not verdict_of(exc).permanent:
                 raise
-            # e.g. 422: no new finalizers on an object that is being deleted
+            # The API server refused it for good (e.g. 422: no new finalizers on an object
+            # that is being deleted): logged, the job goes on without it.
             log.warning("hub.job.finalizer_refused", job=job.key, status=code, error=str(exc))
 
     async def drop_finalizer(self, job: JobState) -> None:

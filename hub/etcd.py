@@ -20,10 +20,12 @@ from types import TracebackType
 
 import structlog
 
+from gpufed.api.errors import GpufedError
+
 log = structlog.get_logger("gpufed.hub.etcd")
 
 
-class EtcdStartError(RuntimeError):
+class EtcdStartError(GpufedError, RuntimeError):
     """The embedded etcd did not start; the message names the log file."""
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
 from gpufed.api.labels import FINALIZER
 from gpufed.hub import status as st
@@ -37,7 +38,7 @@ from gpufed.hub.listwatch import list_watch
 from gpufed.hub.members import Members
 from gpufed.hub.mirror import Mirror
 from gpufed.hub.namespaces import NamespaceLevels
-from gpufed.hub.podsets import InvalidJobError, placement_request
+from gpufed.hub.podsets import placement_request
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.priorities import PriorityClasses, priority_source
 from gpufed.hub.queues import Queues
@@ -47,7 +48,7 @@ from gpufed.hub.requeue import Requeue
 from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
-from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.sync.manifests import prepare_manifests
 from gpufed.sync.podsecurity import Level
 from gpufed.sync.retry import Backoff, Verdict
 
@@ -299,7 +300,7 @@ class Intake:
                     level=level,
                     policy=self._policy,
                 )
-        except (InvalidJobError, ManifestError) as exc:
+        except FieldError as exc:
             job.request = None
             job.error, job.error_field = exc.message, exc.field
         except Exception as exc:

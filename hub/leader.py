@@ -11,6 +11,12 @@ leader key (:mod:`gpufed.hub.store`), so a paused or cut-off ex-leader cannot wr
 standby took over. For liveness the leader also steps down by itself when it could not renew
 the lease for ``ttl_s`` (it cannot know whether the lease still exists).
 
+Which etcd errors are an outage is the retry classifier's call
+(:func:`gpufed.sync.retry.is_retryable`: connection failures, timeouts and
+:class:`~gpufed.hub.store.StoreUnavailableError`): a standby polls again and a leader keeps
+renewing until ``ttl_s`` passed. Any other error (etcd refused the request) ends the hold at
+once, and the campaign raises it.
+
 Writes to the hub API server cannot carry an etcd guard; they are fenced by
 :meth:`LeaderElector.holds`, the lease's **known-held deadline**: the time just before the
 grant or keep-alive that etcd last answered was sent, plus the TTL it answered. etcd expires a
@@ -31,6 +37,7 @@ import aetcd
 import structlog
 
 from gpufed.hub.store import Store, StoreError
+from gpufed.sync.retry import is_retryable
 
 log = structlog.get_logger("gpufed.hub.leader")
 
@@ -80,7 +87,9 @@ class LeaderElector:
                     leader = await self.store.leader()
                     log.info("hub.leader.standby", hub=self.store.hub_id, leader=leader)
                     announced = True
-            except (aetcd.ClientError, OSError, StoreError) as exc:
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
                 log.warning("hub.leader.etcd_unavailable", error=str(exc))
                 self._lease = None
                 self.reachable = False
@@ -96,7 +105,10 @@ class LeaderElector:
             sent = self._clock()
             try:
                 ttl = await self.store.refresh(self._lease)
-            except (aetcd.ClientError, OSError, StoreError) as exc:
+            except Exception as exc:
+                if not is_retryable(exc):
+                    # Not an outage (etcd refused the request): the lease cannot be known held.
+                    return self._lost(f"could not renew the lease: {exc}")
                 if self._clock() - last_ok >= self.ttl_s:
                     return self._lost(f"could not renew the lease for {self.ttl_s} s: {exc}")
                 log.warning("hub.leader.renew_failed", error=str(exc))

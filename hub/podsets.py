@@ -42,7 +42,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufed.api.bounds import BoundsError, clip, measure
+from gpufed.api.bounds import measure
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.gpus import UnknownGPUError, resolve_gpu_products
 from gpufed.api.inventory import Toleration
@@ -56,7 +57,6 @@ from gpufed.api.request import (
 from gpufed.api.resources import QuantityError, pod_requests
 from gpufed.sync.manifests import (
     WORKLOAD_KINDS,
-    ManifestError,
     PodTemplateRef,
     object_kind,
     template_objects,
@@ -64,38 +64,17 @@ from gpufed.sync.manifests import (
 )
 
 
-class InvalidJobError(ValueError):
-    """A GPUJob whose template or placement cannot be turned into a placement request.
-
-    ``field`` is the path in the GPUJob (``spec.template.spec.parallelism``); the message
-    says what is wrong and how to fix it.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        # Messages may quote tenant input: clipped, so the status that carries them fits.
-        field, message = clip(field, 256), clip(message)
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
 def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
     """The pod sets of a GPUJob template (see the module doc for the rules).
 
-    Raises :class:`InvalidJobError` naming the field: a template past the structural limits
+    Raises :class:`~gpufed.api.errors.FieldError` naming the field: a template past the structural limits
     (:mod:`gpufed.api.bounds`), no workload in the template, a negative, non-integer or
     larger than int32 count, a bad quantity, a malformed toleration.
     """
-    try:
-        measure(template, field="spec.template")
-    except BoundsError as exc:
-        raise InvalidJobError(exc.field, exc.message) from exc
-    try:
-        templates = workload_pod_templates(template)
-    except ManifestError as exc:
-        raise InvalidJobError(exc.field, exc.message) from exc
+    measure(template, field="spec.template")
+    templates = workload_pod_templates(template)
     if not templates:
-        raise InvalidJobError(
+        raise FieldError(
             "spec.template.kind",
             "the template holds no workload; use a batch/v1 Job, a JobSet, a PyTorchJob, a "
             "RayJob, an MPIJob, or a List that contains one",
@@ -108,14 +87,14 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
         path = ref.path
         spec = ref.template.get("spec")
         if not isinstance(spec, Mapping):
-            raise InvalidJobError(f"{path}.spec", "the pod template needs a spec with containers")
+            raise FieldError(f"{path}.spec", "the pod template needs a spec with containers")
         if not spec.get("containers"):
-            raise InvalidJobError(f"{path}.spec.containers", "the pod template has no containers")
+            raise FieldError(f"{path}.spec.containers", "the pod template has no containers")
         _check_containers(spec, f"{path}.spec")
         try:
             requests = pod_requests(spec, field=f"{path}.spec")
         except QuantityError as exc:
-            raise InvalidJobError(f"{path}.spec", str(exc)) from exc
+            raise FieldError(f"{path}.spec", str(exc)) from exc
         _check_int64(requests, count, ref)
         try:
             pod_sets.append(
@@ -132,11 +111,11 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
-            raise InvalidJobError(f"{path}.spec.tolerations", f"{loc}: {err['msg']}") from exc
+            raise FieldError(f"{path}.spec.tolerations", f"{loc}: {err['msg']}") from exc
     if not pod_sets:
-        raise InvalidJobError("spec.template", "the workload runs no pods (every count is 0)")
+        raise FieldError("spec.template", "the workload runs no pods (every count is 0)")
     if sum(ps.gpus for ps in pod_sets) > INT64_MAX:
-        raise InvalidJobError("spec.template", f"asks for more than {INT64_MAX} GPUs in all")
+        raise FieldError("spec.template", f"asks for more than {INT64_MAX} GPUs in all")
     return tuple(pod_sets)
 
 
@@ -150,13 +129,13 @@ def _check_int64(requests: Mapping[str, int], count: int, ref: PodTemplateRef) -
     """Refuse amounts no API server can hold (a status naming them could never be written)."""
     for resource, amount in requests.items():
         if amount > INT64_MAX:
-            raise InvalidJobError(
+            raise FieldError(
                 f"{ref.path}.spec",
                 f"{resource}: {amount} per pod is larger than Kubernetes can hold ({INT64_MAX})",
             )
         if amount * count > INT64_MAX:
             field = "parallelism" if ref.kind == "Job.batch" else "replicas"
-            raise InvalidJobError(
+            raise FieldError(
                 f"{ref.replica_path}.{field}",
                 f"{count} pods x {amount} {resource} is larger than Kubernetes can hold "
                 f"({INT64_MAX})",
@@ -167,13 +146,11 @@ def _int(value: Any, field: str, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJobError(field, f"{value!r} is not an integer")
+        raise FieldError(field, f"{value!r} is not an integer")
     if value < 0:
-        raise InvalidJobError(
-            field, f"{value} is negative" if value > -INT32_MAX else "is negative"
-        )
+        raise FieldError(field, f"{value} is negative" if value > -INT32_MAX else "is negative")
     if value > INT32_MAX:
-        raise InvalidJobError(field, f"is larger than {INT32_MAX} (Kubernetes counts are int32)")
+        raise FieldError(field, f"is larger than {INT32_MAX} (Kubernetes counts are int32)")
     return value
 
 
@@ -207,12 +184,12 @@ def _ray_group_pods(ref: PodTemplateRef) -> int:
     low = _int(ref.replica.get("minReplicas"), f"{path}.minReplicas", 0)
     high = _int(ref.replica.get("maxReplicas"), f"{path}.maxReplicas", INT32_MAX)
     if low > high:
-        raise InvalidJobError(f"{path}.minReplicas", f"{low} is more than maxReplicas {high}")
+        raise FieldError(f"{path}.minReplicas", f"{low} is more than maxReplicas {high}")
     replicas = _int(ref.replica.get("replicas"), f"{path}.replicas", 0)
     hosts = _int(ref.replica.get("numOfHosts"), f"{path}.numOfHosts", 1)
     count = min(max(replicas, low), high) * hosts
     if count > INT32_MAX:
-        raise InvalidJobError(f"{path}.numOfHosts", f"{count} pods is more than {INT32_MAX}")
+        raise FieldError(f"{path}.numOfHosts", f"{count} pods is more than {INT32_MAX}")
     return count
 
 
@@ -222,11 +199,11 @@ def _check_containers(spec: Mapping[str, Any], path: str) -> None:
     for key in ("containers", "initContainers"):
         items = spec.get(key) or []
         if not isinstance(items, list):
-            raise InvalidJobError(f"{path}.{key}", "must be a list of containers")
+            raise FieldError(f"{path}.{key}", "must be a list of containers")
         for i, c in enumerate(items):
             if not isinstance(c, Mapping):
                 got = "null" if c is None else type(c).__name__
-                raise InvalidJobError(
+                raise FieldError(
                     f"{path}.{key}[{i}]",
                     f"must be an object (a container with name, image, resources), not {got}",
                 )
@@ -238,7 +215,7 @@ def _str_map(value: Any, field: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise InvalidJobError(field, "must be a map of strings")
+        raise FieldError(field, "must be a map of strings")
     return dict(value)
 
 
@@ -248,7 +225,7 @@ def main_workload_kind(template: Mapping[str, Any]) -> str:
         kind = object_kind(obj, path)
         if kind in WORKLOAD_KINDS:
             return kind
-    raise InvalidJobError("spec.template.kind", "the template holds no workload")
+    raise FieldError("spec.template.kind", "the template holds no workload")
 
 
 def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
@@ -260,10 +237,10 @@ def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
     stand for (:func:`gpufed.api.gpus.resolve_gpu_products`); the GPUJob spec is not rewritten.
 
     ``submitted_at``: seconds since the epoch (queue order after priority). Raises
-    :class:`InvalidJobError` naming the field.
+    :class:`~gpufed.api.errors.FieldError` naming the field.
     """
     if not job.metadata.uid:
-        raise InvalidJobError("metadata.uid", "the GPUJob has no uid (read it from the API server)")
+        raise FieldError("metadata.uid", "the GPUJob has no uid (read it from the API server)")
     template = job.spec.template
     pod_sets = derive_pod_sets(template)
     placement = job.spec.placement
@@ -276,7 +253,7 @@ def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
                     LabelSelectorRequirement(key=e.key, operator=e.operator, values=tuple(e.values))
                 )
             except ValidationError as exc:
-                raise InvalidJobError(
+                raise FieldError(
                     f"spec.placement.clusterSelector.matchExpressions[{i}]",
                     exc.errors()[0]["msg"].removeprefix("Value error, "),
                 ) from exc
@@ -291,7 +268,7 @@ def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
         # escaping as anything but an invalid job.
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise InvalidJobError("spec", f"{loc}: {err['msg']}") from exc
+        raise FieldError("spec", f"{loc}: {err['msg']}") from exc
 
 
 def _request(
@@ -307,7 +284,7 @@ def _request(
         # The spec keeps the names the user wrote; placement and status use the products.
         products = resolve_gpu_products(placement.gpu_products)
     except UnknownGPUError as exc:
-        raise InvalidJobError(f"spec.placement.gpuProducts[{exc.index}]", str(exc)) from exc
+        raise FieldError(f"spec.placement.gpuProducts[{exc.index}]", str(exc)) from exc
     return PlacementRequest(
         job=job.key,
         uid=job.metadata.uid,

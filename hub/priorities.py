@@ -38,10 +38,10 @@ from typing import Any, Final, get_args
 
 import structlog
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.request import PreemptionPolicy
-from gpufed.hub.podsets import InvalidJobError
-from gpufed.sync.manifests import ManifestError, workload_pod_templates
+from gpufed.sync.manifests import workload_pod_templates
 
 log = structlog.get_logger("gpufed.hub.priorities")
 
@@ -92,7 +92,7 @@ def priority_source(job: GPUJob, *, placed: bool) -> PrioritySource:
     """Where ``job``'s priority comes from (see the module docstring).
 
     ``placed``: the job was placed before (or finished): the free integer is kept whatever its
-    value. Raises :class:`~gpufed.hub.podsets.InvalidJobError` naming the field: pod templates
+    value. Raises :class:`~gpufed.api.errors.FieldError` naming the field: pod templates
     naming different classes, a class name that is not a string, a positive free integer, or a
     free integer together with a class.
     """
@@ -103,13 +103,13 @@ def priority_source(job: GPUJob, *, placed: bool) -> PrioritySource:
     if placed:
         return PrioritySource(class_name=name, field=field, value=placement.priority)
     if name is not None and placement.priority != 0:
-        raise InvalidJobError(
+        raise FieldError(
             PRIORITY_FIELD,
             f"set either a PriorityClass ({field}: {name}) or spec.placement.priority, not both; "
             "spec.placement.priority is deprecated: remove it",
         )
     if placement.priority > 0:
-        raise InvalidJobError(
+        raise FieldError(
             PRIORITY_FIELD,
             f"{placement.priority} is positive: a higher priority comes only from a "
             "PriorityClass on the hub cluster; set spec.placement.priorityClassName "
@@ -123,7 +123,7 @@ def _template_class(template: Mapping[str, Any]) -> tuple[str | None, str]:
     field."""
     try:
         refs = workload_pod_templates(template)
-    except ManifestError:
+    except FieldError:
         return None, CLASS_FIELD  # already refused by the pod sets' derivation
     found: dict[str, str] = {}
     for ref in refs:
@@ -133,11 +133,11 @@ def _template_class(template: Mapping[str, Any]) -> tuple[str | None, str]:
             continue
         path = f"{ref.path}.spec.priorityClassName"
         if not isinstance(value, str):
-            raise InvalidJobError(path, "must be a string (a PriorityClass name)")
+            raise FieldError(path, "must be a string (a PriorityClass name)")
         found.setdefault(value, path)
     if len(found) > 1:
         names = ", ".join(sorted(found))
-        raise InvalidJobError(
+        raise FieldError(
             CLASS_FIELD,
             f"the workload's pod templates name different PriorityClasses ({names}); "
             "set spec.placement.priorityClassName to the one the job runs at",

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import structlog
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJobStatus
 from gpufed.hub import status as st
 from gpufed.hub.dispatch import Dispatch
@@ -41,7 +42,7 @@ from gpufed.hub.scheduling import Scheduler
 from gpufed.hub.state import JobState, MemberState, WorkState
 from gpufed.hub.store import ConflictError
 from gpufed.hub.term import Term
-from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
+from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.rebuild")
 
@@ -151,7 +152,7 @@ class Rebuild:
                 allowed_kinds=self._term.config.allowed_kinds,
                 attempt=claim.attempt,
             )
-        except ManifestError as exc:
+        except FieldError as exc:
             log.warning("hub.rebuild.unpreparable", job=job.key, error=str(exc))
             return
         now = self._term.wall()

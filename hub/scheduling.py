@@ -40,6 +40,7 @@ from collections.abc import Mapping
 import structlog
 
 from gpufed.api.decision import Decision, Outcome, Reservation
+from gpufed.api.errors import FieldError
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub import status as st
@@ -67,7 +68,7 @@ from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
-from gpufed.sync.manifests import ManifestError, PodSetPinning, prepare_manifests
+from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.scheduling")
 
@@ -394,7 +395,7 @@ class Scheduler:
                     allowed_kinds=self._term.config.allowed_kinds,
                     attempt=attempt_no,
                 )
-            except ManifestError as exc:  # pragma: no cover - validated at intake
+            except FieldError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")
                 self._mirror.set_status(
                     job,

@@ -20,6 +20,14 @@ Served by the hub process (:mod:`gpufed.hub.app`) on ``--listen``, with TLS unle
    malformed, out-of-order or foreign message closes only this stream, with the reason in the
    status details; an oversized one is refused by gRPC itself (``RESOURCE_EXHAUSTED``).
    Nothing stored is touched by a bad message.
+
+Errors become a stream's gRPC status in one place, :func:`close_code`, from gpufed's exception
+tree (:mod:`gpufed.api.errors`, docs/design.md §11): a
+:class:`~gpufed.hub.sessions.StreamClosedError` carries its code, a
+:class:`~gpufed.api.protocol.codec.ProtocolError` (a message that does not decode) is
+``INVALID_ARGUMENT``, anything else ``UNAVAILABLE`` (a hub error, or the term ending: the agent
+reconnects). The handshake's own refusals (``UNAUTHENTICATED``, ``FAILED_PRECONDITION``,
+``PERMISSION_DENIED`` for a foreign Hello) are decided here, not raised.
 """
 
 from __future__ import annotations
@@ -35,17 +43,32 @@ from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import ProtocolError, hello_from_pb
 from gpufed.hub.core import Controller
-from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession, StreamClosedError
+from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession, CloseCode, StreamClosedError
 from gpufed.hub.tokens import Credentials
 
 log = structlog.get_logger("gpufed.hub.service")
 
-_CODES = {
+_CODES: dict[CloseCode, grpc.StatusCode] = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
     "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "ABORTED": grpc.StatusCode.ABORTED,
 }
+
+
+def close_code(exc: BaseException) -> CloseCode:
+    """The code that closes an agent stream on ``exc`` (the module docstring): the one
+    translation of errors into the stream's gRPC status."""
+    if isinstance(exc, StreamClosedError):
+        return exc.code
+    if isinstance(exc, ProtocolError):
+        return "INVALID_ARGUMENT"
+    return "UNAVAILABLE"
+
+
+def grpc_status(code: CloseCode) -> grpc.StatusCode:
+    """The gRPC status code of a close code."""
+    return _CODES.get(code, grpc.StatusCode.ABORTED)
 
 
 def credentials_of(
@@ -99,7 +122,9 @@ class AgentService(pb_grpc.AgentServiceServicer):
         except Exception as exc:  # the term's first lists did not come in time
             log.warning("agent.auth.failed", peer=peer, error=repr(exc))
             await _abort(
-                context, grpc.StatusCode.UNAVAILABLE, f"cannot check the join token now: {exc!r}"
+                context,
+                grpc_status(close_code(exc)),
+                f"cannot check the join token now: {exc!r}",
             )
             return
         if cluster is None:
@@ -123,7 +148,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
         try:
             hello = hello_from_pb(first.hello)
         except ProtocolError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await _abort(context, grpc_status(close_code(exc)), str(exc))
             return
         if hello.cluster != cluster:
             log.warning("agent.refused", peer=peer, token_cluster=cluster, hello=hello.cluster)
@@ -153,7 +178,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
         try:
             session = ctrl.open_session(hello)
         except StreamClosedError as exc:
-            await _abort(context, _CODES.get(exc.code, grpc.StatusCode.ABORTED), exc.reason)
+            await _abort(context, grpc_status(close_code(exc)), exc.reason)
             return
         reader = asyncio.create_task(self._read(ctrl, session, request_iterator))
         try:
@@ -170,7 +195,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
             ctrl.close_session(session, reason)
         closed = session.closed
         if closed is not None:
-            await _abort(context, _CODES.get(closed.code, grpc.StatusCode.ABORTED), closed.reason)
+            await _abort(context, grpc_status(close_code(closed)), closed.reason)
 
     async def _read(
         self,
@@ -190,7 +215,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
             log.warning(
                 "agent.stream.closed", cluster=session.cluster, code=exc.code, reason=exc.reason
             )
-            session.close(exc.code, exc.reason)
+            session.close(close_code(exc), exc.reason)
             return
         except asyncio.CancelledError:
             raise
@@ -200,7 +225,7 @@ class AgentService(pb_grpc.AgentServiceServicer):
         except Exception as exc:
             # A bug of ours, or etcd down while acking: close this stream; the agent reconnects.
             log.exception("agent.stream.error", cluster=session.cluster, error=str(exc))
-            session.close("UNAVAILABLE", f"hub error while handling a message: {exc}")
+            session.close(close_code(exc), f"hub error while handling a message: {exc}")
             return
         session.close("ABORTED", "the agent closed its side of the stream")
 

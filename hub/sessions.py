@@ -35,6 +35,7 @@ from typing import Literal
 
 import structlog
 
+from gpufed.api.errors import GpufedError
 from gpufed.api.inventory import MAX_NODES_PER_MEMBER, MAX_NODES_PER_PART, NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import (
@@ -73,7 +74,7 @@ _PER_PART = (
 CloseCode = Literal["INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAVAILABLE", "ABORTED"]
 
 
-class StreamClosedError(Exception):
+class StreamClosedError(GpufedError):
     """Close one agent stream with a gRPC status ``code`` and a ``reason`` for the agent."""
 
     def __init__(self, code: CloseCode, reason: str) -> None:

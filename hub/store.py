@@ -49,6 +49,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from gpufed.api.errors import GpufedError, PermanentError, TransientError
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 from gpufed.sync.retry import is_retryable
@@ -60,15 +61,15 @@ T = TypeVar("T")
 _MAX_OPS = 100
 
 
-class StoreError(RuntimeError):
+class StoreError(GpufedError, RuntimeError):
     """etcd answered, but not as expected (a value that does not decode, for example)."""
 
 
-class NotLeaderError(StoreError):
+class NotLeaderError(StoreError, PermanentError):
     """A guarded write found another replica (or nobody) in the leader key: step down."""
 
 
-class StoreUnavailableError(StoreError):
+class StoreUnavailableError(StoreError, TransientError):
     """etcd did not answer within the retry budget (about 10 s): pause and start over."""
 
 

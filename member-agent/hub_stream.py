@@ -33,6 +33,7 @@ from gpufed.agent.inventory import InventoryState
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.agent.status import StatusReporter
 from gpufed.agent.work import WorkManager
+from gpufed.api.errors import TransientError
 from gpufed.api.inventory import MAX_NODES_PER_PART
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
@@ -64,7 +65,7 @@ def agent_version() -> str:
     return gpufed_version()
 
 
-class HubUnavailableError(ConnectionError):
+class HubUnavailableError(TransientError, ConnectionError):
     """The hub could not be reached, refused the stream, or ended it early."""
 
 

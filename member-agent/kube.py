@@ -23,6 +23,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpufed.api.errors import PermanentError
 from gpufed.api.kubeconfig import resolve_kubeconfig
 from gpufed.sync.apply import ObjectRef, ref_of
 from gpufed.sync.grants import GRANT_SELECTOR, RBAC_API_VERSION, is_grant
@@ -42,7 +43,7 @@ def _api_error(resp: aiohttp.ClientResponse, data: bytes) -> ApiException:
     return exc
 
 
-class KindNotServedError(LookupError):
+class KindNotServedError(PermanentError, LookupError):
     """The member's API does not serve this ``apiVersion``/``kind`` (CRD not installed)."""
 
 

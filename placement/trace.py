@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufed.api.errors import PermanentError
 from gpufed.api.request import NVLinkPolicy
 
 _TOPOLOGY: dict[str, NVLinkPolicy] = {
@@ -21,7 +22,7 @@ _TOPOLOGY: dict[str, NVLinkPolicy] = {
 }
 
 
-class TraceError(ValueError):
+class TraceError(PermanentError, ValueError):
     """A trace row that cannot be read; the message names the file, line and column."""
 
 

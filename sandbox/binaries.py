@@ -35,6 +35,8 @@ from pathlib import Path
 
 import structlog
 
+from gpufed.api.errors import GpufedError
+
 log = structlog.get_logger("gpufed.sandbox.binaries")
 
 #: Versions ``--regenerate`` writes into the wrapper go.mod files. What is built is read from
@@ -52,7 +54,7 @@ KUBECTL = "kubectl"
 Progress = Callable[[str], None]
 
 
-class BinariesError(RuntimeError):
+class BinariesError(GpufedError, RuntimeError):
     """The binaries cannot be built or found; the message names the missing tool or step and
     the fix."""
 

@@ -44,6 +44,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, Field
 from urllib3.exceptions import HTTPError
 
+from gpufed.api.errors import GpufedError
 from gpufed.api.fleet import FleetSpec
 from gpufed.api.labels import GROUP, VERSION
 from gpufed.api.membercluster import PLURAL as MEMBERCLUSTERS
@@ -66,7 +67,7 @@ def agent_component(member: str) -> str:
     return f"agent/{member}"
 
 
-class ControlPlaneError(RuntimeError):
+class ControlPlaneError(GpufedError, RuntimeError):
     """Installing, joining or starting the hub or an agent failed (message names the step, the
     command or component and its log)."""
 

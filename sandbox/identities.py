@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from kubernetes import utils
 from kubernetes.client.exceptions import ApiException
 
+from gpufed.api.errors import GpufedError
 from gpufed.sandbox.pki import Pki
 from gpufed.sandbox.state import ClusterEndpoint, write_kubeconfig
 
@@ -40,7 +41,7 @@ _FILES = {
 }
 
 
-class IdentityError(RuntimeError):
+class IdentityError(GpufedError, RuntimeError):
     """The shipped RBAC could not be applied, or no token could be had."""
 
 

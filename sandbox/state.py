@@ -18,6 +18,7 @@ import yaml
 from kubernetes import client as k8s
 from pydantic import BaseModel, Field
 
+from gpufed.api.errors import GpufedError
 from gpufed.api.fleet import HUB_CLUSTER_NAME
 from gpufed.sandbox.controlplane import ControlPlaneInfo
 from gpufed.sandbox.inventory import ClusterGPUs
@@ -29,7 +30,7 @@ from gpufed.sandbox.supervisor import ComponentStatus
 HUB_ETCD_PREFIX = "/gpufed/hub/"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(GpufedError, RuntimeError):
     """``up``/``down``/``status`` failed. The message is one paragraph naming the cause and,
     when a process is involved, its log file; ``up`` has stopped whatever it started."""
 

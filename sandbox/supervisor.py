@@ -35,6 +35,8 @@ import psutil
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufed.api.errors import GpufedError
+
 log = structlog.get_logger("gpufed.sandbox.supervisor")
 
 # Popen objects of children started by this process, kept so they are reaped (no zombies) and
@@ -87,7 +89,7 @@ class ComponentStatus(BaseModel):
     log: str
 
 
-class ComponentError(RuntimeError):
+class ComponentError(GpufedError, RuntimeError):
     """A component failed to start, died, or did not become ready. The message names the
     component, the cause (port clash, exit code, timeout) and the log file."""
 

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpufed.api.errors import GpufedError, PermanentError
 from gpufed.api.inventory import workload_kind
 from gpufed.api.labels import (
     JOB_UID_LABEL,
@@ -101,7 +102,7 @@ def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
     )
 
 
-class ManifestRefusedError(ValueError):
+class ManifestRefusedError(PermanentError, ValueError):
     """A manifest the agent will not apply; the message names the field and the fix."""
 
 
@@ -375,7 +376,7 @@ async def apply_object(
     raise _StillChangingError(f"{ref} kept changing while gpufed applied it; retry later")
 
 
-class _StillChangingError(RuntimeError):
+class _StillChangingError(GpufedError, RuntimeError):
     """The object changed between every read and conditional write (a retryable 409)."""
 
     status = 409

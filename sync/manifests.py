@@ -12,7 +12,7 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
 1. **Tenant confinement.** Only kinds on the allow-list pass (``Kind.group``, default
    :data:`DEFAULT_ALLOWED_KINDS`); every object goes to the GPUJob's own namespace (a different
    ``metadata.namespace`` is refused, an absent one is set). Anything else raises
-   :class:`ManifestError` naming the field, so a hub user cannot reach beyond their namespace
+   :class:`~gpufed.api.errors.FieldError` naming the field, so a hub user cannot reach beyond their namespace
    in any member.
 2. **Strip server-filled fields**: ``status`` and ``metadata.{resourceVersion, uid,
    managedFields, creationTimestamp, generation, selfLink, deletionTimestamp,
@@ -48,7 +48,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufed.api.bounds import BoundsError, measure
+from gpufed.api.bounds import measure
+from gpufed.api.errors import FieldError
 from gpufed.api.labels import (
     ATTEMPT_ANNOTATION,
     ATTEMPT_ENV,
@@ -60,11 +61,10 @@ from gpufed.api.labels import (
 )
 
 # The workload kinds and their pod templates live in sync/workloads.py; their names are
-# re-exported here, so `from gpufed.sync.manifests import ManifestError, WORKLOAD_KINDS,
+# re-exported here, so `from gpufed.sync.manifests import WORKLOAD_KINDS,
 # workload_pod_templates` keeps working.
 from gpufed.sync.workloads import (
     WORKLOAD_KINDS,
-    ManifestError,
     PodTemplateRef,
     object_kind,
     template_objects,
@@ -74,7 +74,6 @@ from gpufed.sync.workloads import (
 __all__ = [
     "DEFAULT_ALLOWED_KINDS",
     "WORKLOAD_KINDS",
-    "ManifestError",
     "PodSetPinning",
     "PodTemplateRef",
     "attempt_of",
@@ -179,21 +178,18 @@ def prepare_manifests(
         :func:`workload_pod_templates` gives them); ``attempt``: the placement attempt (None: not
     stamped, as when intake only validates). The input is not modified.
 
-        Raises :class:`ManifestError` naming the field for a refused kind, a foreign namespace, a
+        Raises :class:`~gpufed.api.errors.FieldError` naming the field for a refused kind, a foreign namespace, a
         cluster-scoped attempt or a List item without a name, and for a template past the
         structural limits of :mod:`gpufed.api.bounds` (checked first: the copies below recurse).
     """
-    try:
-        measure(template, field="spec.template")
-    except BoundsError as exc:
-        raise ManifestError(exc.field, exc.message) from exc
+    measure(template, field="spec.template")
     allowed = frozenset(allowed_kinds)
     objects = template_objects(template)
     prepared: list[dict[str, Any]] = []
     for path, obj in objects:
         kind = object_kind(obj, path)
         if kind not in allowed:
-            raise ManifestError(
+            raise FieldError(
                 f"{path}.kind",
                 f"{kind} may not be created in a member; allowed kinds: {', '.join(sorted(allowed))}",
             )
@@ -203,13 +199,13 @@ def prepare_manifests(
         if meta is None:
             meta = {}
         if not isinstance(meta, dict):
-            raise ManifestError(f"{path}.metadata", "must be an object")
+            raise FieldError(f"{path}.metadata", "must be an object")
         out["metadata"] = meta
         for key in _SERVER_METADATA:
             meta.pop(key, None)
         ns = meta.get("namespace")
         if ns not in (None, "", namespace):
-            raise ManifestError(
+            raise FieldError(
                 f"{path}.metadata.namespace",
                 f"{ns!r} is not allowed: a GPUJob's objects go to its own namespace "
                 f"{namespace!r} (leave metadata.namespace out)",
@@ -217,7 +213,7 @@ def prepare_manifests(
         meta["namespace"] = namespace
         if not meta.get("name"):
             if len(objects) > 1 or meta.get("generateName"):
-                raise ManifestError(
+                raise FieldError(
                     f"{path}.metadata.name",
                     "is required (generateName is not supported: names make re-applying "
                     "idempotent)",
@@ -240,7 +236,7 @@ def prepare_manifests(
         pod_meta = pod_template.get("metadata") or {}
         labels = pod_meta.get("labels") or {} if isinstance(pod_meta, dict) else None
         if not isinstance(labels, dict):
-            raise ManifestError(f"{ref.path}.metadata", "must be an object with a labels map")
+            raise FieldError(f"{ref.path}.metadata", "must be an object with a labels map")
         pod_template["metadata"], pod_meta["labels"] = pod_meta, labels
         labels[ORIGIN_LABEL] = label_value(origin)
         labels[JOB_UID_LABEL] = label_value(job_uid)
@@ -263,7 +259,7 @@ def attempt_of(manifests: Iterable[Mapping[str, Any]]) -> str:
     items = list(manifests)
     try:
         refs = workload_pod_templates({"apiVersion": "v1", "kind": "List", "items": items})
-    except ManifestError:
+    except FieldError:
         return ""
     for ref in refs:
         meta = ref.template.get("metadata") if isinstance(ref.template, Mapping) else None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpufed.api.errors import GpufedError
 from gpufed.api.labels import JOB_UID_LABEL, ORIGIN_LABEL
 from gpufed.sync.manifests import label_value
 
@@ -82,7 +83,7 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return labels if isinstance(labels, Mapping) else {}
 
 
-class OwnershipConflictError(RuntimeError):
+class OwnershipConflictError(GpufedError, RuntimeError):
     """An object with the name a job wants exists in the member and is not that job's.
 
     ``obj``: what the object is (``ConfigMap team-a/settings``); ``member``: the member

@@ -8,6 +8,11 @@ well.
 =====================================================  ==============  =========================
 error                                                  verdict         what the caller does
 =====================================================  ==============  =========================
+gpufed's own ``TransientError`` (:mod:`gpufed.api.     ``RETRY``       back off and try again
+errors`)
+gpufed's other errors (``PermanentError`` and the      ``PERMANENT``   report (broken input, or
+rest of the tree), unless they carry an HTTP                           the error says what to
+``status`` (which decides, as below)                                   do itself)
 5xx, 429, status 0, connection errors and timeouts,    ``RETRY``       back off and try again
 aiohttp/urllib3 transport errors, aetcd
 ``ConnectionFailedError`` / ``ConnectionTimeoutError``,
@@ -26,9 +31,12 @@ error                                                                  input)
 again cannot fix (:attr:`Verdict.permanent`). Retries honour ``Retry-After`` when the server
 sends it.
 
-Exceptions are recognised by shape (an ``int`` ``status`` attribute, as on the ``ApiException``
-of both ``kubernetes`` and ``kubernetes_asyncio`` and on aiohttp's response errors) and by the
-module and class name of transport errors, so this module imports no client (``aetcd``,
+gpufed's own errors are recognised by the one exception tree (:mod:`gpufed.api.errors`), never
+by the built-in class they also derive from (a :class:`~gpufed.api.errors.TransientError` may be
+a ``ConnectionError``, a :class:`~gpufed.api.errors.PermanentError` a ``ValueError``). Other
+libraries' exceptions are recognised by shape (an ``int`` ``status`` attribute, as on the
+``ApiException`` of both ``kubernetes`` and ``kubernetes_asyncio`` and on aiohttp's response
+errors) and by the module and class name of transport errors, so this module imports no client (``aetcd``,
 ``aiohttp``, ``urllib3``, ``kubernetes``).
 """
 
@@ -40,6 +48,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from gpufed.api.errors import GpufedError, TransientError
 
 
 class Verdict(enum.Enum):
@@ -92,6 +102,11 @@ def verdict_of(exc: BaseException) -> Verdict:
             return Verdict.REFUSED
         if status in _RETRY_STATUSES or status >= 500:
             return Verdict.RETRY
+        return Verdict.PERMANENT
+    # gpufed's own errors: by the tree, not by the built-in base each also has.
+    if isinstance(exc, TransientError):
+        return Verdict.RETRY
+    if isinstance(exc, GpufedError):
         return Verdict.PERMANENT
     if status == 0 or isinstance(exc, (ConnectionError, TimeoutError, OSError)):
         return Verdict.RETRY

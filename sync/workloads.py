@@ -7,8 +7,8 @@ and the shapes refused because no operator would run them as sized (a RayJob on 
 cluster or with autoscaling, an MPIJob without a launcher, a suspended job or one managed by
 another controller ...). Called by pod-set derivation
 (``hub/podsets.py``), by manifest preparation (:mod:`gpufed.sync.manifests`, so both agree on
-pod set names), by admission and by the agent. :class:`ManifestError` is the error of a
-template that may not be sent, raised here and by preparation. Pure functions over plain dicts;
+pod set names), by admission and by the agent. A template that may not be sent raises
+:class:`~gpufed.api.errors.FieldError` naming the field, here and in preparation. Pure functions over plain dicts;
 split out of :mod:`gpufed.sync.manifests`, which re-exports every public name.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gpufed.api.bounds import clip
+from gpufed.api.errors import FieldError
 from gpufed.api.inventory import workload_kind
 
 #: Kinds whose pods placement sizes (the workload kinds); other allowed kinds carry no pods.
@@ -37,21 +37,6 @@ _REPLICA_SPECS: dict[str, str] = {
 }
 
 
-class ManifestError(ValueError):
-    """A template object that may not be sent to a member.
-
-    ``field`` is the path inside the GPUJob (``spec.template.items[1].kind``); the message says
-    what is wrong and what would be accepted.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        # Messages may quote tenant input: clipped, so the status that carries them fits.
-        field, message = clip(field, 256), clip(message)
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
 # --- template structure --------------------------------------------------------------------------
 
 
@@ -59,19 +44,19 @@ def template_objects(template: Mapping[str, Any]) -> list[tuple[str, Mapping[str
     """The objects of a GPUJob template with their field paths.
 
     A template of ``kind: List`` yields its ``items`` (``spec.template.items[i]``); any other
-    template is one object (``spec.template``). Raises :class:`ManifestError` when an item is
+    template is one object (``spec.template``). Raises :class:`~gpufed.api.errors.FieldError` when an item is
     not an object.
     """
     if template.get("kind") == "List":
         items = template.get("items")
         if not isinstance(items, list) or not items:
-            raise ManifestError("spec.template.items", "a List template needs a non-empty list")
+            raise FieldError("spec.template.items", "a List template needs a non-empty list")
         out: list[tuple[str, Mapping[str, Any]]] = []
         seen: dict[tuple[str, str, str], str] = {}
         for i, item in enumerate(items):
             path = f"spec.template.items[{i}]"
             if not isinstance(item, Mapping):
-                raise ManifestError(path, "every item must be a Kubernetes object (a mapping)")
+                raise FieldError(path, "every item must be a Kubernetes object (a mapping)")
             name = _name_of(item, default="")
             if name:
                 # Same group, kind and name: one object in the member (the second would
@@ -79,7 +64,7 @@ def template_objects(template: Mapping[str, Any]) -> list[tuple[str, Mapping[str
                 group = str(item.get("apiVersion", "")).rpartition("/")[0]
                 key = (group, str(item.get("kind", "")), name)
                 if key in seen:
-                    raise ManifestError(
+                    raise FieldError(
                         f"{path}.metadata.name",
                         f"{name!r} is also the name of {seen[key]} of the same kind; "
                         "give each object of a List its own name",
@@ -91,13 +76,13 @@ def template_objects(template: Mapping[str, Any]) -> list[tuple[str, Mapping[str
 
 
 def object_kind(obj: Mapping[str, Any], path: str) -> str:
-    """``Kind.group`` of an object; raises :class:`ManifestError` when apiVersion/kind are absent."""
+    """``Kind.group`` of an object; raises :class:`~gpufed.api.errors.FieldError` when apiVersion/kind are absent."""
     api_version = obj.get("apiVersion")
     kind = obj.get("kind")
     if not isinstance(api_version, str) or not api_version:
-        raise ManifestError(f"{path}.apiVersion", "is required (for example batch/v1)")
+        raise FieldError(f"{path}.apiVersion", "is required (for example batch/v1)")
     if not isinstance(kind, str) or not kind:
-        raise ManifestError(f"{path}.kind", "is required (for example Job)")
+        raise FieldError(f"{path}.kind", "is required (for example Job)")
     return workload_kind(api_version, kind)
 
 
@@ -123,7 +108,7 @@ class PodTemplateRef(NamedTuple):
 def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodTemplateRef]:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
-        raise ManifestError(f"{path}.spec", "is required for a workload")
+        raise FieldError(f"{path}.spec", "is required for a workload")
     _check_started_by_its_operator(spec, kind, path)
     if kind == "MPIJob.kubeflow.org":
         _check_mpi_job(obj, spec, path)
@@ -133,15 +118,15 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
     if kind == "JobSet.jobset.x-k8s.io":
         rjobs = spec.get("replicatedJobs")
         if not isinstance(rjobs, list) or not rjobs:
-            raise ManifestError(f"{path}.spec.replicatedJobs", "a JobSet needs replicatedJobs")
+            raise FieldError(f"{path}.spec.replicatedJobs", "a JobSet needs replicatedJobs")
         out = []
         names: set[str] = set()
         for i, rj in enumerate(rjobs):
             rpath = f"{path}.spec.replicatedJobs[{i}]"
             if not isinstance(rj, Mapping) or not isinstance(rj.get("name"), str) or not rj["name"]:
-                raise ManifestError(f"{rpath}.name", "every replicated job needs a name")
+                raise FieldError(f"{rpath}.name", "every replicated job needs a name")
             if rj["name"] in names:
-                raise ManifestError(
+                raise FieldError(
                     f"{rpath}.name",
                     f"{rj['name']!r} names an earlier replicated job too; names must be unique",
                 )
@@ -153,7 +138,7 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
             own = _OWN_CONTROLLER["Job.batch"]
             managed_by = job_spec.get("managedBy")
             if managed_by is not None and managed_by != own:
-                raise ManifestError(
+                raise FieldError(
                     f"{rpath}.template.spec.managedBy",
                     f"{managed_by!r}: the member's {own} leaves a Job managed by another "
                     f"controller alone, so its pods never start; remove it (or set it to {own})",
@@ -170,7 +155,7 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
         specs = spec.get(field)
         short = kind.split(".")[0]
         if not isinstance(specs, Mapping) or not specs:
-            raise ManifestError(f"{path}.spec.{field}", f"a {short} needs {field}")
+            raise FieldError(f"{path}.spec.{field}", f"a {short} needs {field}")
         if kind == "MPIJob.kubeflow.org":
             _check_mpi_replica_specs(specs, f"{path}.spec.{field}")
         out = []
@@ -179,9 +164,9 @@ def _pod_templates_of(obj: Mapping[str, Any], kind: str, path: str) -> list[PodT
             rpath = f"{path}.spec.{field}.{role}"
             rs = specs[role]
             if not isinstance(rs, Mapping):
-                raise ManifestError(rpath, "must be a replica spec (replicas, template)")
+                raise FieldError(rpath, "must be a replica spec (replicas, template)")
             if str(role).lower() in roles:
-                raise ManifestError(
+                raise FieldError(
                     rpath,
                     f"replica type {role!r} is the same as {roles[str(role).lower()]!r} "
                     "(replica types are case-insensitive); write each type once",
@@ -229,11 +214,11 @@ def _check_started_by_its_operator(spec: Mapping[str, Any], kind: str, path: str
         if raw is None:
             return
         if not isinstance(raw, Mapping):
-            raise ManifestError(where, "must be an object (suspend, managedBy, backoffLimit ...)")
+            raise FieldError(where, "must be an object (suspend, managedBy, backoffLimit ...)")
         policy = raw
     suspend = policy.get("suspend")
     if suspend is not None and suspend is not False:
-        raise ManifestError(
+        raise FieldError(
             f"{where}.suspend",
             f"{suspend!r}: a suspended job is never started in the member; remove "
             f"{where.removeprefix(path + '.')}.suspend: gpufed starts the job when it is placed",
@@ -241,7 +226,7 @@ def _check_started_by_its_operator(spec: Mapping[str, Any], kind: str, path: str
     managed_by = policy.get("managedBy")
     own = _OWN_CONTROLLER[kind]
     if managed_by is not None and managed_by != own:
-        raise ManifestError(
+        raise FieldError(
             f"{where}.managedBy",
             f"{managed_by!r}: the member's {own} leaves a job managed by another controller "
             f"alone, so it never starts; remove {where.removeprefix(path + '.')}.managedBy "
@@ -263,21 +248,21 @@ def _check_mpi_job(obj: Mapping[str, Any], spec: Mapping[str, Any], path: str) -
     OpenMPI/Intel/MPICH."""
     version = obj.get("apiVersion")
     if version != _MPI_API_VERSION:
-        raise ManifestError(
+        raise FieldError(
             f"{path}.apiVersion",
             f"{version!r}: mpi-operator serves MPIJobs only as {_MPI_API_VERSION}; "
             f"write apiVersion: {_MPI_API_VERSION}",
         )
     slots = spec.get("slotsPerWorker")
     if slots is not None and (type(slots) is not int or not 1 <= slots <= _INT32_MAX):
-        raise ManifestError(
+        raise FieldError(
             f"{path}.spec.slotsPerWorker",
             f"{slots!r}: must be a whole number from 1 to {_INT32_MAX} (mpi-operator refuses "
             "others); set the MPI slots of each worker (usually its GPUs), or leave it unset for 1",
         )
     impl = spec.get("mpiImplementation")
     if impl is not None and impl not in _MPI_IMPLEMENTATIONS:
-        raise ManifestError(
+        raise FieldError(
             f"{path}.spec.mpiImplementation",
             f"{impl!r}: mpi-operator knows only {', '.join(_MPI_IMPLEMENTATIONS)} "
             "(case-sensitive); write one of them, or leave it unset for OpenMPI",
@@ -299,13 +284,13 @@ def _check_mpi_replica_specs(specs: Mapping[str, Any], path: str) -> None:
             continue
         exact = next((r for r in _MPI_ROLES if r.lower() == str(role).lower()), None)
         fix = f"write {exact}" if exact else "remove it or rename it"
-        raise ManifestError(
+        raise FieldError(
             f"{path}.{role}",
             f"{role!r} is not an MPIJob replica type: mpi-operator starts only Launcher and "
             f"Worker (case-sensitive); {fix}",
         )
     if "Launcher" not in specs:
-        raise ManifestError(
+        raise FieldError(
             f"{path}.Launcher",
             "an MPIJob needs a launcher (mpi-operator refuses one without): add a Launcher "
             "replica spec with replicas: 1 and the pod template that runs mpirun",
@@ -317,12 +302,12 @@ def _check_mpi_replica_specs(specs: Mapping[str, Any], path: str) -> None:
         replicas = rs.get("replicas")
         if type(replicas) is int:
             if role == "Launcher" and replicas != 1:
-                raise ManifestError(
+                raise FieldError(
                     f"{path}.Launcher.replicas",
                     f"{replicas}: must be 1 (mpirun runs in one launcher pod); set replicas: 1",
                 )
             if role == "Worker" and replicas < 1:
-                raise ManifestError(
+                raise FieldError(
                     f"{path}.Worker.replicas",
                     f"{replicas}: an MPIJob's Worker needs at least 1 replica (mpi-operator "
                     "refuses fewer); set the number of worker pods, or drop the Worker spec "
@@ -333,7 +318,7 @@ def _check_mpi_replica_specs(specs: Mapping[str, Any], path: str) -> None:
         if isinstance(pod_spec, Mapping):
             containers = pod_spec.get("containers")
             if not isinstance(containers, list) or not containers:
-                raise ManifestError(
+                raise FieldError(
                     f"{path}.{role}.template.spec.containers",
                     f"the {role} pod template has no containers (mpi-operator refuses it); "
                     "add at least one container",
@@ -349,13 +334,13 @@ def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[Po
             if spec.get("clusterSelector")
             else "is required: the RayCluster the RayJob creates (headGroupSpec, workerGroupSpecs)"
         )
-        raise ManifestError(f"{path}.spec.rayClusterSpec", why)
+        raise FieldError(f"{path}.spec.rayClusterSpec", why)
     cpath = f"{path}.spec.rayClusterSpec"
     cluster = spec["rayClusterSpec"]
     if cluster.get("enableInTreeAutoscaling"):
         # the gang is sized and pinned once, at placement: an autoscaler growing a group past
         # it would take GPUs on the pinned nodes that were promised to other jobs
-        raise ManifestError(
+        raise FieldError(
             f"{cpath}.enableInTreeAutoscaling",
             "autoscaling RayClusters cannot be placed as one gang: set each worker group's "
             "replicas and turn autoscaling off",
@@ -369,17 +354,17 @@ def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[Po
     ]
     groups = cluster.get("workerGroupSpecs") or []
     if not isinstance(groups, list):
-        raise ManifestError(f"{cpath}.workerGroupSpecs", "must be a list of worker groups")
+        raise FieldError(f"{cpath}.workerGroupSpecs", "must be a list of worker groups")
     names = {"head"}
     for i, group in enumerate(groups):
         gpath = f"{cpath}.workerGroupSpecs[{i}]"
         if not isinstance(group, Mapping):
-            raise ManifestError(gpath, "must be a worker group (groupName, replicas, template)")
+            raise FieldError(gpath, "must be a worker group (groupName, replicas, template)")
         name = group.get("groupName")
         if not isinstance(name, str) or not name:
-            raise ManifestError(f"{gpath}.groupName", "every worker group needs a groupName")
+            raise FieldError(f"{gpath}.groupName", "every worker group needs a groupName")
         if name in names:
-            raise ManifestError(
+            raise FieldError(
                 f"{gpath}.groupName",
                 f"{name!r} names the head or an earlier worker group; names must be unique",
             )
@@ -392,7 +377,7 @@ def _ray_pod_templates(spec: Mapping[str, Any], kind: str, path: str) -> list[Po
 def _mapping(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     value = parent.get(key)
     if not isinstance(value, Mapping):
-        raise ManifestError(f"{path}.{key}", "is required and must be an object")
+        raise FieldError(f"{path}.{key}", "is required and must be an object")
     return value
 
 
@@ -403,7 +388,7 @@ def workload_pod_templates(template: Mapping[str, Any]) -> list[PodTemplateRef]:
     lowercased replica type for a PyTorchJob (``master``, ``worker``) or an MPIJob
     (``launcher``, ``worker``), ``head`` and each worker group's ``groupName`` for a RayJob. When a List holds
     several workloads, names are prefixed with the object's name (``<name>.<pod set>``).
-    Raises :class:`ManifestError` naming the field of a malformed workload.
+    Raises :class:`~gpufed.api.errors.FieldError` naming the field of a malformed workload.
     """
     per_object: list[tuple[Mapping[str, Any], list[PodTemplateRef]]] = []
     for path, obj in template_objects(template):

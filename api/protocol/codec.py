@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufed.api.bounds import MAX_HELD_JOBS
+from gpufed.api.errors import PermanentError
 from gpufed.api.inventory import (
     MAX_AMOUNT,
     MAX_DEVICES_PER_NODE,
@@ -45,7 +46,7 @@ from gpufed.api.work import (
 )
 
 
-class ProtocolError(ValueError):
+class ProtocolError(PermanentError, ValueError):
     """A protocol message that cannot be decoded into a valid model (the message names why)."""
 
 

@@ -10,15 +10,13 @@ from typing import Any
 import pytest
 
 from gpufed.api.bounds import (
-    MAX_ERROR_CHARS,
     MAX_TEMPLATE_CHARS,
     MAX_TEMPLATE_DEPTH,
     MAX_TEMPLATE_VALUES,
-    BoundsError,
     Shape,
-    clip,
     measure,
 )
+from gpufed.api.errors import MAX_ERROR_CHARS, FieldError, clip
 from gpufed.api.resources import (
     MAX_QUANTITY,
     MAX_QUANTITY_CHARS,
@@ -95,18 +93,18 @@ def nested(depth: int) -> list[Any]:
 def test_depth_is_counted_in_maps_and_lists_and_refused_past_the_limit_with_the_path() -> None:
     assert measure({"a": [1, {"b": "xy"}]}, field="t") == Shape(depth=3, values=5, chars=4)
     assert measure(nested(MAX_TEMPLATE_DEPTH), field="t").depth == MAX_TEMPLATE_DEPTH
-    with pytest.raises(BoundsError) as err:
+    with pytest.raises(FieldError) as err:
         measure({"spec": nested(100_000)}, field="spec.template")
     assert err.value.field.startswith("spec.template.spec[0][0]")
     assert f"more than {MAX_TEMPLATE_DEPTH}" in err.value.message
 
 
 def test_values_and_characters_are_refused_past_their_limits() -> None:
-    with pytest.raises(BoundsError, match="more than 10000 values"):
+    with pytest.raises(FieldError, match="more than 10000 values"):
         measure({"env": [{"name": "x"}] * 5001}, field="spec.template")
-    with pytest.raises(BoundsError, match="more than 10000 values"):
+    with pytest.raises(FieldError, match="more than 10000 values"):
         measure({str(i): i for i in range(1_000_000)}, field="spec.template")
-    with pytest.raises(BoundsError, match="characters of keys and strings"):
+    with pytest.raises(FieldError, match="characters of keys and strings"):
         measure({"data": "x" * (MAX_TEMPLATE_CHARS + 1)}, field="spec.template")
 
 

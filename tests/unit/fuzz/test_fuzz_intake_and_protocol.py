@@ -1,7 +1,7 @@
 """Fuzzing the hub's two untrusted edges with Hypothesis: GPUJob intake (placement_request and
 prepare_manifests over arbitrary JSON-like templates) and every agent message
 (AgentSession.receive over arbitrary AgentMessages). Each example must end in a result or a
-documented error with a message (InvalidJobError / ManifestError, StreamClosedError), never
+documented error with a message (FieldError naming the field, StreamClosedError), never
 another exception, and within the deadline (a hang detector, far above any real cost: the
 stalls this caught took 30 s).
 
@@ -18,11 +18,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.protocol import agent_pb2 as pb
-from gpufed.hub.podsets import InvalidJobError, placement_request
+from gpufed.hub.podsets import placement_request
 from gpufed.hub.sessions import AgentSession, StreamClosedError
-from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.sync.manifests import prepare_manifests
 
 EXAMPLES = int(os.environ.get("GPUFED_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(
@@ -112,13 +113,13 @@ def test_intake_of_any_template_ends_in_a_request_or_a_named_error(
             "spec": {"template": template},
         }
     )
-    refused: InvalidJobError | ManifestError | None = None
+    refused: FieldError | None = None
     try:
         placement_request(job, submitted_at=0.0)
         prepare_manifests(
             job.spec.template, job_uid="u-1", job_name="fuzz", namespace="team-a", origin="hub"
         )
-    except (InvalidJobError, ManifestError) as exc:
+    except FieldError as exc:
         refused = exc
     if refused is not None:
         assert refused.field

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.hub.admission import AdmissionPolicy, admit
 from gpufed.hub.config import HubConfig
 from gpufed.hub.ports import WatchEvent
-from gpufed.sync.manifests import ManifestError, prepare_manifests
+from gpufed.sync.manifests import prepare_manifests
 from gpufed.sync.podsecurity import Level
 from tests.unit.hub.builders import (
     batch_job,
@@ -44,7 +45,7 @@ def refusal(
     )
     try:
         admit(template, prepared, namespace=namespace, level=level, policy=policy)
-    except ManifestError as exc:
+    except FieldError as exc:
         return exc.field, exc.message
     return None
 
@@ -171,7 +172,7 @@ def test_the_default_name_of_a_job_is_checked_as_the_member_sees_it() -> None:
     prepared = prepare_manifests(
         template, job_uid="u1", job_name="g" * 70, namespace="team-a", origin="hub"
     )
-    with pytest.raises(ManifestError) as err:
+    with pytest.raises(FieldError) as err:
         admit(template, prepared, namespace="team-a", level="baseline", policy=POLICY)
     assert err.value.field == "spec.template.metadata.name"
 

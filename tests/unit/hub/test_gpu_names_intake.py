@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpufed.hub.podsets import InvalidJobError, placement_request
+from gpufed.api.errors import FieldError
+from gpufed.hub.podsets import placement_request
 from gpufed.hub.ports import WatchEvent
 from tests.unit.hub.builders import batch_job, gpujob, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -23,7 +24,7 @@ def test_short_names_reach_placement_as_products_and_the_spec_is_kept() -> None:
 
 def test_an_unknown_gpu_name_names_the_field_and_a_close_name() -> None:
     job = gpujob(batch_job(8), placement={"gpuProducts": ["H200", "H10O"]})
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         placement_request(job, submitted_at=0)
     assert err.value.field == "spec.placement.gpuProducts[1]"
     assert "did you mean H100" in err.value.message

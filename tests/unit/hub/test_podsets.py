@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpufed.api.errors import FieldError
 from gpufed.api.inventory import Taint
-from gpufed.hub.podsets import InvalidJobError, derive_pod_sets, placement_request
+from gpufed.hub.podsets import derive_pod_sets, placement_request
 from tests.unit.hub.builders import (
     batch_job,
     container,
@@ -90,7 +91,7 @@ def test_node_selector_and_tolerations_come_from_the_pod_template() -> None:
     ],
 )
 def test_bad_templates_name_the_field(template: dict[str, object], field: str) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(template)
     assert err.value.field == field
 
@@ -100,12 +101,12 @@ def test_a_fractional_gpu_is_refused_naming_the_container() -> None:
     job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
         "nvidia.com/gpu": "0.5"
     }
-    with pytest.raises(InvalidJobError, match=r"containers\[0\].resources.limits.nvidia.com/gpu"):
+    with pytest.raises(FieldError, match=r"containers\[0\].resources.limits.nvidia.com/gpu"):
         derive_pod_sets(job)
 
 
 def test_a_job_with_zero_parallelism_runs_no_pods() -> None:
-    with pytest.raises(InvalidJobError, match="runs no pods"):
+    with pytest.raises(FieldError, match="runs no pods"):
         derive_pod_sets(batch_job(parallelism=0))
 
 
@@ -145,7 +146,7 @@ def test_a_malformed_cluster_selector_expression_names_its_field(
     job = gpujob(
         jobset(("w", 1, 1, 8)), placement={"clusterSelector": {"matchExpressions": [expression]}}
     )
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         placement_request(job, submitted_at=0.0)
     assert err.value.field == "spec.placement.clusterSelector.matchExpressions[0]"
     assert "values" in err.value.message
@@ -197,7 +198,7 @@ def _pytorch_master_twice() -> dict[str, object]:
 def test_templates_whose_pod_sets_collide_are_invalid_naming_the_field(
     template: dict[str, object], field: str
 ) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         placement_request(gpujob(template), submitted_at=0.0)
     assert err.value.field == field
 
@@ -209,10 +210,10 @@ def test_a_gpu_count_beyond_int64_is_invalid_not_a_status_the_api_server_refuses
     huge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
         "nvidia.com/gpu": 10**20
     }
-    with pytest.raises(InvalidJobError, match=r"nvidia\.com/gpu") as err:
+    with pytest.raises(FieldError, match=r"nvidia\.com/gpu") as err:
         placement_request(gpujob(huge), submitted_at=0.0)
     assert err.value.field == "spec.template.spec.template.spec"
     many = batch_job(8, parallelism=2**62, completions=2**62)
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         placement_request(gpujob(many), submitted_at=0.0)
     assert err.value.field == "spec.template.spec.parallelism"

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpufed.hub.podsets import InvalidJobError, derive_pod_sets
+from gpufed.api.errors import FieldError
+from gpufed.hub.podsets import derive_pod_sets
 from gpufed.hub.ports import WatchEvent
 from tests.unit.hub.builders import gpujob_obj, hgx_node, mpijob
 from tests.unit.hub.term import Term, sent, settle
@@ -72,7 +73,7 @@ def _no_containers(role: str, replicas: int | None = None) -> dict[str, Any]:
 def test_malformed_mpijob_shapes_are_refused_naming_the_field_and_the_fix(
     template: dict[str, Any], field: str, why: str
 ) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(template)
     assert err.value.field == field
     assert why in err.value.message

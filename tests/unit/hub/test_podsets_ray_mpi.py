@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpufed.hub.podsets import InvalidJobError, derive_pod_sets, placement_request
+from gpufed.api.errors import FieldError
+from gpufed.hub.podsets import derive_pod_sets, placement_request
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 from tests.unit.hub.builders import gpujob, mpijob, rayjob
 
@@ -103,7 +104,7 @@ def _no_mpi_specs() -> dict[str, Any]:
 def test_malformed_rayjobs_and_mpijobs_name_the_field(
     template: dict[str, Any], field: str, why: str
 ) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(template)
     assert field in err.value.field
     assert why in err.value.message

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from gpufed.api.errors import FieldError
 from gpufed.api.resources import QuantityError, pod_requests
-from gpufed.hub.podsets import InvalidJobError, derive_pod_sets
+from gpufed.hub.podsets import derive_pod_sets
 from gpufed.hub.ports import WatchEvent
 from tests.unit.hub.builders import (
     batch_job,
@@ -61,7 +62,7 @@ IDS = [k[0] for k in KINDS]
 def test_a_suspended_workload_is_refused_naming_the_field(
     _id: str, build: Callable[[], dict[str, Any]], where: str, own: str
 ) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(_set(build(), f"{where}.suspend", True))
     assert err.value.field == f"{T}.{where}.suspend"
     assert f"remove {where}.suspend: gpufed starts the job when it is placed" in err.value.message
@@ -72,7 +73,7 @@ def test_a_workload_managed_by_another_controller_is_refused(
     _id: str, build: Callable[[], dict[str, Any]], where: str, own: str
 ) -> None:
     tpl = _set(build(), f"{where}.managedBy", "kueue.x-k8s.io/multikueue")
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(tpl)
     assert err.value.field == f"{T}.{where}.managedBy"
     assert f"remove {where}.managedBy" in err.value.message
@@ -90,7 +91,7 @@ def test_unsuspended_and_own_controller_workloads_are_sized(
 
 def test_suspend_is_checked_in_every_workload_of_a_list() -> None:
     tpl = manifest_list(batch_job(8, name="a"), _set(batch_job(8, name="b"), "spec.suspend", True))
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(tpl)
     assert err.value.field == f"{T}.items[1].spec.suspend"
 
@@ -99,7 +100,7 @@ def test_a_jobset_child_job_managed_by_another_controller_is_refused() -> None:
     tpl = jobset(("w", 1, 2, 8))
     job_spec = tpl["spec"]["replicatedJobs"][0]["template"]["spec"]
     job_spec["managedBy"] = "kueue.x-k8s.io/multikueue"
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(tpl)
     assert err.value.field == f"{T}.spec.replicatedJobs[0].template.spec.managedBy"
     job_spec["managedBy"] = "kubernetes.io/job-controller"
@@ -107,7 +108,7 @@ def test_a_jobset_child_job_managed_by_another_controller_is_refused() -> None:
 
 
 def test_a_run_policy_that_is_not_an_object_is_refused() -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(_set(mpijob(), "spec.runPolicy", ["suspend"]))
     assert err.value.field == f"{T}.spec.runPolicy"
     assert "must be an object" in err.value.message
@@ -115,7 +116,7 @@ def test_a_run_policy_that_is_not_an_object_is_refused() -> None:
 
 @pytest.mark.parametrize("slots", [0, -1, True, 2.0, "8", 2**31])
 def test_mpijob_slots_per_worker_below_one_or_not_int32_is_refused(slots: Any) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(_set(mpijob(), "spec.slotsPerWorker", slots))
     assert err.value.field == f"{T}.spec.slotsPerWorker"
     assert "must be a whole number from 1" in err.value.message
@@ -123,7 +124,7 @@ def test_mpijob_slots_per_worker_below_one_or_not_int32_is_refused(slots: Any) -
 
 @pytest.mark.parametrize("impl", ["Bogus", "openmpi", "", 1])
 def test_mpijob_unknown_mpi_implementation_is_refused(impl: Any) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(_set(mpijob(), "spec.mpiImplementation", impl))
     assert err.value.field == f"{T}.spec.mpiImplementation"
     assert "OpenMPI, Intel, MPICH" in err.value.message
@@ -139,7 +140,7 @@ def test_mpijob_known_mpi_implementations_are_sized(impl: str) -> None:
 def test_mpijob_of_a_version_mpi_operator_does_not_serve_is_refused(version: str) -> None:
     tpl = mpijob()
     tpl["apiVersion"] = version
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(tpl)
     assert err.value.field == f"{T}.apiVersion"
     assert "write apiVersion: kubeflow.org/v2beta1" in err.value.message
@@ -169,7 +170,7 @@ def _mpi_worker_containers(value: list[Any]) -> dict[str, Any]:
 def test_a_container_that_is_not_an_object_is_refused_naming_it(
     template: dict[str, Any], field: str
 ) -> None:
-    with pytest.raises(InvalidJobError) as err:
+    with pytest.raises(FieldError) as err:
         derive_pod_sets(template)
     assert err.value.field == field
     assert err.value.message.startswith("must be an object")

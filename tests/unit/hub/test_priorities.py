@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpufed.hub.podsets import InvalidJobError
+from gpufed.api.errors import FieldError
 from gpufed.hub.ports import WatchEvent
 from gpufed.hub.priorities import (
     PriorityClasses,
@@ -68,7 +68,7 @@ def test_pod_templates_naming_different_classes_are_refused_naming_the_spec_fiel
     rjs = template["spec"]["replicatedJobs"]
     rjs[0]["template"]["spec"]["template"]["spec"]["priorityClassName"] = "prod"
     rjs[1]["template"]["spec"]["template"]["spec"]["priorityClassName"] = "dev"
-    with pytest.raises(InvalidJobError) as exc:
+    with pytest.raises(FieldError) as exc:
         priority_source(gpujob(template), placed=False)
     assert exc.value.field == "spec.placement.priorityClassName"
     assert "dev, prod" in exc.value.message
@@ -76,7 +76,7 @@ def test_pod_templates_naming_different_classes_are_refused_naming_the_spec_fiel
 
 def test_a_positive_free_priority_is_refused_for_a_new_job_and_kept_for_a_placed_one() -> None:
     job = gpujob(placement={"priority": 100})
-    with pytest.raises(InvalidJobError) as exc:
+    with pytest.raises(FieldError) as exc:
         priority_source(job, placed=False)
     assert exc.value.field == "spec.placement.priority"
     assert "priorityClassName" in exc.value.message
@@ -85,7 +85,7 @@ def test_a_positive_free_priority_is_refused_for_a_new_job_and_kept_for_a_placed
 
 def test_a_free_priority_together_with_a_class_is_refused() -> None:
     job = gpujob(placement={"priority": -5, "priorityClassName": "prod"})
-    with pytest.raises(InvalidJobError) as exc:
+    with pytest.raises(FieldError) as exc:
         priority_source(job, placed=False)
     assert exc.value.field == "spec.placement.priority"
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from gpufed.api.errors import FieldError
 from gpufed.api.labels import JOB_ANNOTATION, JOB_UID_LABEL, ORIGIN_LABEL
 from gpufed.sync.manifests import (
-    ManifestError,
     PodSetPinning,
     is_valid_label_value,
     label_value,
@@ -95,28 +95,28 @@ def test_a_single_object_without_a_name_takes_the_gpujob_name() -> None:
 
 
 def test_list_items_need_names() -> None:
-    with pytest.raises(ManifestError) as err:
+    with pytest.raises(FieldError) as err:
         prepare(manifest_list(batch_job(name="a"), batch_job(name=None)))
     assert err.value.field == "spec.template.items[1].metadata.name"
 
 
 def test_kinds_outside_the_allow_list_are_refused_naming_the_field() -> None:
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {}}
-    with pytest.raises(ManifestError) as err:
+    with pytest.raises(FieldError) as err:
         prepare(manifest_list(batch_job(), role))
     assert err.value.field == "spec.template.items[1].kind"
     assert "ClusterRole.rbac.authorization.k8s.io may not be created" in str(err.value)
 
 
 def test_the_allow_list_is_configurable() -> None:
-    with pytest.raises(ManifestError):
+    with pytest.raises(FieldError):
         prepare(batch_job(), allowed_kinds={"ConfigMap"})
 
 
 def test_objects_for_another_namespace_are_refused() -> None:
     job = batch_job()
     job["metadata"]["namespace"] = "kube-system"
-    with pytest.raises(ManifestError) as err:
+    with pytest.raises(FieldError) as err:
         prepare(job)
     assert err.value.field == "spec.template.metadata.namespace"
     assert "own namespace 'team-a'" in err.value.message
@@ -125,7 +125,7 @@ def test_objects_for_another_namespace_are_refused() -> None:
 def test_generate_name_is_refused() -> None:
     job = batch_job(name=None)
     job["metadata"] = {"generateName": "train-"}
-    with pytest.raises(ManifestError, match="generateName"):
+    with pytest.raises(FieldError, match="generateName"):
         prepare(job)
 
 
