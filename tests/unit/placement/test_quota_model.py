@@ -104,7 +104,7 @@ class QuotaModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), key=st.sampled_from(PRODUCTS), gpus=st.integers(1, 16))
     def submit(self, data: Any, key: str, gpus: int) -> None:
-        queue = data.draw(st.sampled_from(sorted(self.specs) + ["default"]))
+        queue = data.draw(st.sampled_from([*sorted(self.specs), "default"]))
         tree = self._tree()
         ok = admit(tree, self.usage, queue, key, gpus).ok
         before = self._ref()
