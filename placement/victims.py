@@ -182,7 +182,8 @@ class Search:
 
     def _upto(self, queue: str, other: str) -> list[str]:
         """``queue`` and its ancestors below the first one it shares with ``other`` (the
-        whole path to the root when they share none)."""
+        whole path to the root when they share none; ``queue`` alone when it is an ancestor
+        of ``other``: its own usage is what is judged)."""
         assert self.quota is not None
         tree = self.quota.tree
         theirs = {n.name for n in tree.path(other)}
@@ -191,7 +192,7 @@ class Search:
             if n.name in theirs:
                 break
             out.append(n.name)
-        return out
+        return out or [queue]
 
     def _borrowing(self, theirs: str, mine: str, product: str) -> str | None:
         """None when ``theirs`` and each of its ancestors below the common one with ``mine``
