@@ -22,9 +22,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from placement_builders import fleet, job
+from placement_builders import fleet, job, member
 from preemption_builders import busy_node, running
-from placement_builders import member
 from quota_builders import H100
 from quota_reference import Job, Reference
 from test_quota_model import _gpu_queues, trees
@@ -50,7 +49,7 @@ def _upto(ref: Reference, queue: str, other: str) -> list[str]:
 @st.composite
 def scenarios(draw: Any) -> dict[str, Any]:
     specs = draw(trees())
-    queues = sorted(specs) + ["default"]
+    queues = [*sorted(specs), "default"]
     nodes = draw(st.integers(1, 3))
     per_node = draw(st.sampled_from((1, 2)))
     jobs = [
