@@ -289,3 +289,15 @@ def test_cli_intervals_out_and_check_invariants(tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert json.loads(res.stdout)["invariant_violations"] == 1
     assert "queue team-b *: 16 used > cap 8" in res.stderr
+
+
+@pytest.mark.parametrize("policy", ["cluster-sum", "round-robin", "first-admit"])
+def test_baseline_runs_name_their_pools_product_and_fit_each_member(policy: str) -> None:
+    """The baselines' decisions name no product: the interval takes the pool's, and the
+    member check holds for them too."""
+    members = fleet_members(hgx_fleet(a=1, b=1))
+    jobs = [tj(f"j{i}", i, 4, 100) for i in range(6)]
+    result = simulate(members, jobs, policy)  # type: ignore[arg-type]
+    assert {i.gpu_product for i in result.intervals} == {H100}
+    assert len(result.intervals) == 6
+    assert check_intervals(result.intervals, (), result.capacity).ok
