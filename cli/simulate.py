@@ -6,8 +6,13 @@
 one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
 classes of :func:`gpufed.placement.simreport.size_bucket`). ``--plot FILE.png``: the figures of
 :mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
-(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`). Every ~10 s of wall time a
-progress line goes to stderr (jobs arrived / total, simulated day), with ``--json`` too.
+(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`). ``--intervals-out FILE.csv``: one
+row per policy, job run and quota key (``policy`` +
+:data:`gpufed.placement.simreport.INTERVAL_COLUMNS`). ``--check-invariants``: recompute every
+queue's usage from those intervals (:mod:`gpufed.placement.siminvariants`), add
+``invariant_violations`` to the output, print the first few on stderr and exit 1 when any is
+found (after every output is written). Every ~10 s of wall time a progress line goes to stderr
+(jobs arrived / total, simulated day), with ``--json`` too.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import csv
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,12 +29,20 @@ from typing import Any
 import typer
 
 from gpufed.api.fleet import FleetError
-from gpufed.api.queue import QueueFileError, load_queues
+from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.placement.priomix import load_mix
 from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
 from gpufed.placement.simfail import SimFailures
+from gpufed.placement.siminvariants import check_intervals
 from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
-from gpufed.placement.simreport import CSV_COLUMNS, csv_rows, size_buckets, wait_by_size
+from gpufed.placement.simreport import (
+    CSV_COLUMNS,
+    INTERVAL_COLUMNS,
+    csv_rows,
+    interval_rows,
+    size_buckets,
+    wait_by_size,
+)
 from gpufed.placement.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
@@ -163,6 +176,19 @@ def simulate_command(
         "--jobs-out",
         help="Write a CSV: each job's submit, start, end, member and NVLink domain per policy.",
     ),
+    intervals_out: Path | None = typer.Option(
+        None,
+        "--intervals-out",
+        help="Write a CSV: every run of every job per policy (queue, GPU product, GPUs, "
+        "start, end, why it ended).",
+    ),
+    check_invariants: bool = typer.Option(
+        False,
+        "--check-invariants",
+        help="Recompute every queue's usage from the run intervals and check the quota caps "
+        "(lending limits at every level), member capacity and overlapping runs; adds "
+        "invariant_violations, prints the first few on stderr, exits 1 when any is found.",
+    ),
 ) -> None:
     """Replay TRACE on FLEET in simulated time until every job has finished."""
     if quota_mode not in ("enforce", "none"):
@@ -234,6 +260,7 @@ def simulate_command(
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
     results: list[SimResult] = []
+    violations = 0
     for name in policies:
         t0 = time.perf_counter()
         try:
@@ -259,17 +286,30 @@ def simulate_command(
             typer.echo(f"gpufed simulate: {exc}", err=True)
             raise typer.Exit(2) from None
         result.runtime_s = time.perf_counter() - t0
+        if check_invariants:
+            violations += _check(result, queue_objs or ())
         results.append(result)
         if as_json:  # each line as soon as its policy is done
             typer.echo(json.dumps(_json_line(result, per_size)))
     if jobs_out is not None:
-        _write_jobs(jobs_out, results)
+        _write_csv(
+            jobs_out, "--jobs-out", CSV_COLUMNS, [(r.policy, csv_rows(r.records)) for r in results]
+        )
+    if intervals_out is not None:
+        _write_csv(
+            intervals_out,
+            "--intervals-out",
+            INTERVAL_COLUMNS,
+            [(r.policy, interval_rows(r.intervals)) for r in results],
+        )
     if plot is not None:
         from gpufed.cli.simplot import plot_results
 
         plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
     if not as_json:
         _print_results(results, per_size)
+    if violations:
+        raise typer.Exit(1)
 
 
 class _Progress:
@@ -304,16 +344,35 @@ def _json_line(result: SimResult, per_size: bool) -> dict[str, Any]:
     return line
 
 
-def _write_jobs(path: Path, results: list[SimResult]) -> None:
+#: Violations printed on stderr per policy by ``--check-invariants`` (the count is all of them).
+SHOWN_VIOLATIONS = 5
+
+
+def _check(result: SimResult, queues: Sequence[GPUQueue]) -> int:
+    """Run the invariant check on ``result``'s own intervals; set ``invariant_violations``,
+    print the first few on stderr; the number found."""
+    report = check_intervals(result.intervals, queues, result.capacity)
+    result.check_metrics = {"invariant_violations": len(report.violations)}
+    for v in report.violations[:SHOWN_VIOLATIONS]:
+        typer.echo(f"gpufed simulate: {result.policy}: t={v.time_s:g}s: {v.message}", err=True)
+    if len(report.violations) > SHOWN_VIOLATIONS:
+        more = len(report.violations) - SHOWN_VIOLATIONS
+        typer.echo(f"gpufed simulate: {result.policy}: ... and {more:,} more", err=True)
+    return len(report.violations)
+
+
+def _write_csv(
+    path: Path, flag: str, columns: Sequence[str], rows: list[tuple[str, list[list[str]]]]
+) -> None:
+    """``policy`` + ``columns``, then each policy's rows prefixed with its name."""
     try:
         with path.open("w", newline="") as f:
             out = csv.writer(f)
-            out.writerow(["policy", *CSV_COLUMNS])
-            for result in results:
-                for row in csv_rows(result.records):
-                    out.writerow([result.policy, *row])
+            out.writerow(["policy", *columns])
+            for policy, body in rows:
+                out.writerows([policy, *row] for row in body)
     except OSError as exc:
-        typer.echo(f"gpufed simulate: --jobs-out {path}: {exc.strerror or exc}", err=True)
+        typer.echo(f"gpufed simulate: {flag} {path}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -130,7 +130,7 @@ class SimFailures:
         ran = now - run.seg_start
         kept = min(work_kept_s(ran, run.job.checkpoint_s), run.remaining)
         self.gpu_s_lost += (ran - kept) * run.job.gpus
-        run.segments.append((run.seg_start, now))
+        run.stop(now, "node-failure")
         run.remaining = max(0.0, run.remaining - kept)
         used = self._retries.get(uid, 0)
         if self.retry and used < self.max_retries:

@@ -242,7 +242,7 @@ def preempt_after_pass(
             if qs is not None:
                 qs.finish(v.request)
                 qs.arrive(v.request)
-            v.segments.append((v.seg_start, now))
+            v.stop(now, "preempted")
             kept = (now - v.seg_start) - lost / v.job.gpus
             v.remaining = max(0.0, v.remaining - kept)
             v.seg_start = v.end = math.inf

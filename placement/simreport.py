@@ -1,21 +1,33 @@
-"""What ``gpufed simulate`` reports beyond its JSON line: per-job records and the figures drawn
-from them (mean wait by job size, the wait-time distribution, GPU utilisation over time).
+"""What ``gpufed simulate`` reports beyond its JSON line: per-job records, run intervals and the
+figures drawn from them (mean wait by job size, the wait-time distribution, GPU utilisation over
+time).
 
 :class:`JobRecord` is filled by :mod:`gpufed.placement.simulate` (``SimResult.records``, one per
 trace job, in trace order); the functions here are pure and shared by the CLI's ``--per-size``
 table, ``--plot`` and ``--jobs-out`` (``cli/simulate.py``, ``cli/simplot.py``).
+:class:`RunInterval` is one run of a job (``SimResult.intervals``): what ``--intervals-out``
+writes (:func:`interval_rows`) and :mod:`.siminvariants` reads back (:func:`read_intervals`).
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
 
 __all__ = [
     "CSV_COLUMNS",
+    "ENDINGS",
+    "INTERVAL_COLUMNS",
+    "IntervalFileError",
     "JobRecord",
+    "RunInterval",
     "csv_rows",
+    "interval_rows",
+    "read_intervals",
     "size_bucket",
     "size_buckets",
     "utilization_series",
@@ -139,3 +151,105 @@ def csv_rows(records: Iterable[JobRecord]) -> list[list[str]]:
         ]
         for r in records
     ]
+
+
+#: ``--intervals-out`` columns, in order (after ``policy``).
+INTERVAL_COLUMNS = (
+    "job_id",
+    "run",
+    "queue",
+    "member",
+    "gpu_product",
+    "gpus",
+    "start_s",
+    "end_s",
+    "ended",
+)
+
+#: Why a run ended: it finished its work; a higher-priority (or reclaiming) job took its GPUs;
+#: a node it ran on failed (it re-runs, or fails when out of retries); the horizon came first.
+ENDINGS: Final = ("succeeded", "preempted", "node-failure", "still-running")
+
+
+@dataclass(frozen=True, slots=True)
+class RunInterval:
+    """One run of a job on one quota key: ``[start_s, end_s)`` in simulated seconds.
+
+    ``run``: 1 for the first run, 2 for the run after a preemption or node failure, ...;
+    ``queue``: the queue it is charged to ('' without queues); ``gpu_product``: the quota key
+    (the GPU product of its whole GPUs, or a MIG resource name; '' when unknown) and ``gpus``
+    the amount of it (GPUs, or MIG slices); a job holding several keys has one row per key
+    with the same ``run``. ``ended``: one of :data:`ENDINGS`.
+    """
+
+    job_id: str
+    run: int
+    queue: str
+    member: str
+    gpu_product: str
+    gpus: int
+    start_s: float
+    end_s: float
+    ended: str
+
+
+def interval_rows(intervals: Iterable[RunInterval]) -> list[list[str]]:
+    """``--intervals-out`` rows (:data:`INTERVAL_COLUMNS`). Times are written exactly
+    (``repr``), so an end and a start at the same instant read back equal."""
+    return [
+        [
+            i.job_id,
+            str(i.run),
+            i.queue,
+            i.member,
+            i.gpu_product,
+            str(i.gpus),
+            repr(float(i.start_s)),
+            repr(float(i.end_s)),
+            i.ended,
+        ]
+        for i in intervals
+    ]
+
+
+class IntervalFileError(ValueError):
+    """An intervals file that cannot be read; the message names the file and line."""
+
+
+def read_intervals(path: str | Path) -> dict[str, list[RunInterval]]:
+    """Policy -> its run intervals, in file order, from an ``--intervals-out`` file.
+
+    Raises :class:`IntervalFileError` naming the file and line for a missing column, a number
+    that does not parse, an ``end_s`` before ``start_s`` or an unknown ``ended``.
+    """
+    out: dict[str, list[RunInterval]] = {}
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = {"policy", *INTERVAL_COLUMNS} - set(reader.fieldnames or ())
+            if missing:
+                raise IntervalFileError(f"{path}: missing columns {', '.join(sorted(missing))}")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    i = RunInterval(
+                        job_id=row["job_id"],
+                        run=int(row["run"]),
+                        queue=row["queue"],
+                        member=row["member"],
+                        gpu_product=row["gpu_product"],
+                        gpus=int(row["gpus"]),
+                        start_s=float(row["start_s"]),
+                        end_s=float(row["end_s"]),
+                        ended=row["ended"],
+                    )
+                except (TypeError, ValueError) as exc:
+                    raise IntervalFileError(f"{path} line {line}: {exc}") from None
+                if not i.start_s <= i.end_s or i.ended not in ENDINGS or i.gpus < 0:
+                    raise IntervalFileError(
+                        f"{path} line {line}: expected start_s <= end_s, gpus >= 0 and ended "
+                        f"one of {', '.join(ENDINGS)}"
+                    )
+                out.setdefault(row["policy"], []).append(i)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntervalFileError(f"{path}: cannot read the file: {exc}") from None
+    return out

@@ -62,12 +62,13 @@ from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import BackfillRule, Hold, fit_key, pass_key, schedule_pass
+from gpufed.placement.quota import demand_of
 from gpufed.placement.shape import JobShape
 from gpufed.placement.simfail import SimFailures
 from gpufed.placement.simfirstadmit import run_first_admit
 from gpufed.placement.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.simquota import QueueSim
-from gpufed.placement.simreport import JobRecord
+from gpufed.placement.simreport import JobRecord, RunInterval
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.trace import TraceError, TraceJob, read_trace
 
@@ -130,8 +131,15 @@ class SimResult:
     preemption_metrics: dict[str, Any] | None = None
     #: the keys ``--node-failure-interval-s`` adds (:meth:`.simfail.SimFailures.metrics`), last
     failure_metrics: dict[str, Any] | None = None
+    #: the key ``--check-invariants`` adds (``invariant_violations``; :mod:`.siminvariants`)
+    check_metrics: dict[str, Any] | None = None
     #: one per trace job, in trace order (not in the JSON line; :mod:`.simreport`)
     records: list[JobRecord] = field(default_factory=list)
+    #: every run of every job, per quota key, in trace order (``--intervals-out``)
+    intervals: list[RunInterval] = field(default_factory=list)
+    #: (member, GPU product) -> whole GPUs of the fleet at the start (the member check of
+    #: :mod:`.siminvariants`)
+    capacity: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
@@ -150,6 +158,7 @@ class SimResult:
             **(self.queue_metrics or {}),
             **(self.preemption_metrics or {}),
             **(self.failure_metrics or {}),
+            **(self.check_metrics or {}),
         }
 
 
@@ -179,16 +188,26 @@ class _Run:
     cluster: str | None = None
     single_domain: bool = True
     domains: tuple[str, ...] = ()
-    # preemption: seconds of work left, when the current run began, earlier runs, events
+    # preemption: seconds of work left, when the current run began, events
     remaining: float = 0.0
     seg_start: float = _NEVER
-    segments: list[tuple[float, float]] = field(default_factory=list)
     preempted: list[PreemptionEvent] = field(default_factory=list)
+    product: str | None = None  # the GPU product of the current (or last) run
+    # earlier runs: (start, end, member, GPU product, why it ended: .simreport.ENDINGS)
+    past: list[tuple[float, float, str | None, str | None, str]] = field(default_factory=list)
+
+    def stop(self, now: float, why: str) -> None:
+        """The current run ends at ``now`` before its work is done (``preempted``,
+        ``node-failure``): kept in ``past``; the caller says what happens next."""
+        self.past.append((self.seg_start, now, self.cluster, self.product, why))
+
+    def segments(self) -> list[tuple[float, float]]:
+        """Every run's ``(start, end)``, the current one last (``(inf, inf)`` when waiting)."""
+        return [*((s, e) for s, e, *_ in self.past), (self.seg_start, self.end)]
 
     def ran(self, until: float) -> float:
         """Seconds run before ``until``, every run counted (lost work included)."""
-        segs = [*self.segments, (self.seg_start, self.end)]
-        return sum(max(0.0, min(e, until) - s) for s, e in segs if s < until)
+        return sum(max(0.0, min(e, until) - s) for s, e in self.segments() if s < until)
 
 
 class _Sim:
@@ -224,9 +243,15 @@ class _Sim:
         run.seg_start = now
         run.end = now + run.remaining
         run.cluster = decision.cluster
+        run.product = decision.gpu_product
         self.live[run.request.uid] = run
         if decision.cluster:
             cluster = decision.cluster
+            if run.product is None:  # the baselines' decisions name no product: their pool's
+                nodes = self.snapshot.cluster(cluster).nodes
+                first = next((n for ps in decision.pod_sets for n in ps.nodes), "")
+                state = nodes.get(first)
+                run.product = state.pool.product if state and state.pool else None
             domains = {
                 self.snapshot.node(cluster, n).nvlink_domain
                 for ps in decision.pod_sets
@@ -270,7 +295,7 @@ class _Sim:
     @staticmethod
     def _record(r: _Run, horizon: float) -> JobRecord:
         started = r.start < _NEVER
-        runs = [*r.segments, (r.seg_start, r.end)] if started else []
+        runs = r.segments() if started else []
         return JobRecord(
             job_id=r.job.job_id,
             gpus=r.job.gpus,
@@ -281,6 +306,40 @@ class _Sim:
             nvlink_domains=r.domains,
             runs=tuple((s, min(e, horizon)) for s, e in runs if s < _NEVER),
         )
+
+    def intervals(self, horizon: float, queue: Callable[[_Run], str]) -> list[RunInterval]:
+        """Every run of every started job (``queue``: the queue it is charged to), one row
+        per quota key; a run still going at ``horizon`` ends there, ``still-running``.
+        Zero-length runs hold nothing and are left out."""
+        out: list[RunInterval] = []
+        for r in self.runs:
+            if r.start == _NEVER:
+                continue
+            runs = list(r.past)
+            if r.seg_start < r.end:
+                why = "succeeded" if r.end <= horizon else "still-running"
+                runs.append((r.seg_start, min(r.end, horizon), r.cluster, r.product, why))
+            q = queue(r)
+            for n, (s, e, member, product, why) in enumerate(runs, start=1):
+                if not s < e:
+                    continue
+                keys = demand_of(r.request, product) or {product or "": r.job.gpus}
+                out += [
+                    RunInterval(r.job.job_id, n, q, member or "", k, a, s, e, why)
+                    for k, a in sorted(keys.items())
+                ]
+        return out
+
+    def capacity(self) -> dict[tuple[str, str], int]:
+        """(member, GPU product) -> whole GPUs of its pools now ('' for pools with no
+        product)."""
+        out: dict[tuple[str, str], int] = {}
+        for c in self.snapshot.clusters():
+            for pool in c.pools.values():
+                if not pool.slices:
+                    k = (c.name, pool.product or "")
+                    out[k] = out.get(k, 0) + pool.cap
+        return out
 
     def by_priority(self) -> dict[str, float]:
         """Priority (as a string) -> p95 wait of its started jobs, seconds; high first."""
@@ -361,6 +420,7 @@ def simulate(
         raise ValueError(f"node failures: only the gpufed policy re-runs jobs, not {policy}")
     sim = _Sim(members, jobs)
     sim.progress = progress
+    capacity = sim.capacity()
     if failures is not None and jobs:
         failures.first(sim, min(j.submit_s for j in jobs))
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
@@ -376,6 +436,11 @@ def simulate(
     else:
         _run_baseline(sim, horizon, policy, member_fit)
     result = sim.result(policy, horizon)
+    result.capacity = capacity
+    result.intervals = sim.intervals(
+        horizon,
+        (lambda r: qs.queue(r.request)) if qs is not None else (lambda r: r.request.queue or ""),
+    )
     if preemption is not None:
         result.preemption_metrics = {
             **preemption.metrics(),
