@@ -210,11 +210,6 @@ def test_a_simulation_with_queues_and_preemption_has_no_violations() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23: lending-limit leak: admission checks only the lending limits of an "
-    "ancestor's children off the path, so a team's unlent quota two levels down is borrowed",
-)
 def test_the_simulator_keeps_a_deep_lending_limit() -> None:
     """team-b's two 8-GPU jobs arrive first; team-a lends nothing, so only one may run until
     team-a's own job takes its 8."""
