@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final
 
 from gpufed.api.labels import is_mig_resource
@@ -81,6 +82,11 @@ class QueueTree:
             out.append(node)
             node = self.nodes.get(node.parent) if node.parent is not None else None
         return tuple(out)
+
+    @cached_property
+    def listed_keys(self) -> frozenset[str]:
+        """Every quota key some accepted queue lists."""
+        return frozenset(k for n in self.nodes.values() for k in n.quotas)
 
     def charged_path(self, queue: str) -> tuple[QueueNode, ...]:
         """The queues whose usage a charge to ``queue`` counts in: its path, or for a broken

@@ -353,8 +353,7 @@ def pool_keys(tree: QueueTree, usage: QuotaUsage, key: str) -> tuple[str, ...]:
     another key."""
     if is_mig_resource(key):
         return (key,)
-    listed = {k for n in tree.nodes.values() for k in n.quotas}
-    listed.update(usage.keys())
+    listed = tree.listed_keys | usage.keys()
     others = sorted(k for k in listed if k not in (ANY_GPU, key) and not is_mig_resource(k))
     return (key, *others, _UNLISTED)
 
