@@ -242,6 +242,12 @@ class KeyCache:
     nominal: dict[str, int] = field(default_factory=dict)
     used: dict[str, int] = field(default_factory=dict)
     lends: dict[str, bool] = field(default_factory=dict)
+    #: queue -> :func:`ceiling` of the key (tree only)
+    ceiling: dict[str, int] = field(default_factory=dict)
+    #: other key -> every queue resolves it to the same entry as this key (tree only)
+    same: dict[str, bool] = field(default_factory=dict)
+    #: the queues with no entry for the key (tree only)
+    bare: tuple[str, ...] | None = None
 
 
 class KeyView:
@@ -398,6 +404,27 @@ def _first_overload(
     return None
 
 
+def _implied(
+    tree: QueueTree, usage: QuotaUsage, key: str, other: str, cache: KeyCache | None
+) -> bool:
+    """Whether ``other``'s pools are judged by ``key``'s check already: every queue resolves
+    both to the same entry (so nominal, caps and reserves agree) and no queue without an entry
+    (or broken queue, charged to one) holds charges of ``other`` itself (the one way its used
+    could differ)."""
+    cache = cache if cache is not None else KeyCache()
+    same = cache.same.get(other)
+    if same is None:
+        same = cache.same[other] = all(n.entry(key) is n.entry(other) for n in tree.nodes.values())
+    if not same:
+        return False
+    if cache.bare is None:
+        cache.bare = tuple(n.name for n in tree.nodes.values() if n.entry(key) is None)
+    if other == _UNLISTED:
+        return True
+    broken = (o for names in tree.orphans.values() for o in names)
+    return not any(usage.own(b).get(other) for b in (*cache.bare, *broken))
+
+
 def admit(
     tree: QueueTree,
     usage: QuotaUsage,
@@ -429,6 +456,8 @@ def admit(
         cache = caches(key)
     view = KeyView(tree, usage, key, cache)
     for other in pool_keys(tree, usage, key):
+        if other != key and _implied(tree, usage, key, other, cache):
+            continue
         shares = _shares(path, key, other)
         if not any(shares):
             continue
@@ -438,7 +467,11 @@ def admit(
             continue
         i, cap, load, kept = hit
         reason = _refusal(v, path, i, gpus, cap, load, kept)
-        top = ceiling(tree, queue, key)
+        top = cache.ceiling.get(queue) if cache is not None else None
+        if top is None:
+            top = ceiling(tree, queue, key)
+            if cache is not None:
+                cache.ceiling[queue] = top
         if gpus > top:
             reason += f"; {queue} can never be admitted more than {top} (its ceiling)"
         return Admission(False, reason=reason)
