@@ -22,7 +22,7 @@ still catch it)::
     │   ├── FieldError              bad input naming its field: (field, message), ValueError
     │   ├── bad input of another shape (ValueError): QuantityError, ProtocolError,
     │   │   UnknownGPUError, FleetError, QueueFileError, KubeconfigError, TraceError,
-    │   │   ManifestRefusedError, SelectorError, SubmitError
+    │   │   IntervalFileError, ManifestRefusedError, SelectorError, SubmitError
     │   ├── KindNotServedError      (LookupError) the member serves no such kind
     │   └── NotLeaderError          (StoreError) another replica leads: the term ends
     ├── TransientError              may succeed when tried again later

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from gpufed.api.errors import PermanentError
+
 __all__ = [
     "CSV_COLUMNS",
     "ENDINGS",
@@ -212,7 +214,7 @@ def interval_rows(intervals: Iterable[RunInterval]) -> list[list[str]]:
     ]
 
 
-class IntervalFileError(ValueError):
+class IntervalFileError(PermanentError, ValueError):
     """An intervals file that cannot be read; the message names the file and line."""
 
 

@@ -72,6 +72,7 @@ PERMANENT = {
     "gpufed.api.queue.QueueFileError",
     "gpufed.api.resources.QuantityError",
     "gpufed.placement.trace.TraceError",
+    "gpufed.placement.simreport.IntervalFileError",
     "gpufed.sync.apply.ManifestRefusedError",
     "gpufed.agent.kube.KindNotServedError",
     "gpufed.hub.store.NotLeaderError",
