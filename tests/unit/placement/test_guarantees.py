@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from placement_builders import fleet, job
+from placement_builders import fleet, hgx_cluster, job
 from preemption_builders import hgx_full_of_jobs
 from pydantic import ValidationError
 from quota_builders import H100, gpu_queue, org_with_two_teams, quota
 
 from gpufed.api.queue import GPUQueue, QueuePreemption
-from gpufed.placement import Policy
+from gpufed.placement import Policy, place
 from gpufed.placement.preemption import (
     NoPreemption,
     PreemptionPlan,
@@ -26,7 +26,15 @@ from gpufed.placement.preemption import (
     QuotaView,
     Running,
 )
-from gpufed.placement.quota import QueueTree, QuotaUsage, admit, build_tree, ceiling, usage_rows
+from gpufed.placement.quota import (
+    QueueTree,
+    QuotaGate,
+    QuotaUsage,
+    admit,
+    build_tree,
+    ceiling,
+    usage_rows,
+)
 from gpufed.placement.victims import plan_preemption
 
 NOW = 10_000.0
@@ -281,3 +289,13 @@ def test_bad_policy_values_name_the_field() -> None:
         GPUQueue.model_validate(
             {"spec": {"preemption": {"borrowWithinParent": {"maxPriorityThreshold": 2**31}}}}
         )
+
+
+def test_a_job_above_its_queues_ceiling_says_so_in_its_decision() -> None:
+    """On an empty fleet: the decision names the ceiling at once, not a silent wait."""
+    tree = org_with_two_teams(nominal=8, borrowing=4)
+    gate = QuotaGate(tree)
+    req = job("big", gpus=16, pods=2).model_copy(update={"queue": "team-a"})
+    d = place(req, fleet(hgx_cluster("a", 4)), Policy(), 0.0, quota=gate.for_request(req))
+    assert not d.placed
+    assert "team-a can never be admitted more than 12 (its ceiling)" in d.message
