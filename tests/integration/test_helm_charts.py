@@ -138,6 +138,12 @@ def test_helm_lint_passes_with_every_ci_values_file(
     assert "0 chart(s) failed" in out.stdout
 
 
+def hub_with(*values: str) -> list[str]:
+    """``helm template`` arguments for the hub chart with an etcd and ``--set`` each of
+    ``values`` (``key=value``)."""
+    return ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", *(f"--set={v}" for v in values)]
+
+
 @pytest.mark.parametrize(
     ("chart", "args", "names"),
     [
@@ -145,43 +151,22 @@ def test_helm_lint_passes_with_every_ci_values_file(
         ("gpufed-hub", ["-n", NAMESPACE, "--set", "etcd.endpoints=a:1\\,b:2"], "extraArgs"),
         (
             "gpufed-hub",
-            ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", "--set", "replicaCount=1"],
+            hub_with("replicaCount=1"),
             "set replicaCount above minAvailable or podDisruptionBudget.enabled=false",
         ),
         (
             "gpufed-hub",
-            [
-                "-n",
-                NAMESPACE,
-                "--set",
-                "etcd.endpoints=e:2379",
-                "--set",
-                "podDisruptionBudget.maxUnavailable=1",
-            ],
+            hub_with("podDisruptionBudget.maxUnavailable=1"),
             "exactly one of minAvailable and maxUnavailable",
         ),
         (
             "gpufed-hub",
-            [
-                "-n",
-                NAMESPACE,
-                "--set",
-                "etcd.endpoints=e:2379",
-                "--set",
-                "queues.unlistedNamespaces=deny",
-            ],
+            hub_with("queues.unlistedNamespaces=deny"),
             'queues.unlistedNamespaces is "deny": use default-queue',
         ),
         (
             "gpufed-hub",
-            [
-                "-n",
-                NAMESPACE,
-                "--set",
-                "etcd.endpoints=e:2379",
-                "--set",
-                "queues.defaultQueueMaxPriority=2147483648",
-            ],
+            hub_with("queues.defaultQueueMaxPriority=2147483648"),
             "queues.defaultQueueMaxPriority is 2147483648: give an integer from -2147483648 to "
             "2147483647",
         ),

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from gpufed.hub.config import HubConfig
 from gpufed.hub.ports import WatchEvent
+from gpufed.hub.state import JobState
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_priorities import priorityclass
@@ -47,6 +48,13 @@ async def submit(
     await settle()
 
 
+async def judged(t: Term, **placement: Any) -> JobState:
+    """Job ``ua`` of namespace team-a with ``placement``, after one scheduling cycle."""
+    await submit(t, "a", "ua", **placement)
+    await t.ctrl.scheduler.cycle()
+    return t.ctrl.state.jobs["ua"]
+
+
 # --- the flags -----------------------------------------------------------------------------------
 
 
@@ -74,9 +82,7 @@ def test_a_bad_value_is_refused_by_the_config(values: dict[str, Any]) -> None:
 
 async def test_reject_keeps_an_unlisted_job_pending_naming_its_namespace_and_the_fix() -> None:
     t = reject_term()
-    await submit(t, "a", "ua")
-    await t.ctrl.scheduler.cycle()
-    job = t.ctrl.state.jobs["ua"]
+    job = await judged(t)
     assert job.status.phase == "Pending"
     placed = next(c for c in job.status.conditions if c.type == "Placed")
     assert (placed.status, placed.reason) == ("False", "NamespaceNotListed")
@@ -126,9 +132,7 @@ async def test_a_refused_job_is_placed_once_a_gpuqueue_lists_its_namespace() -> 
 
 async def test_naming_the_default_queue_does_not_get_around_reject() -> None:
     t = reject_term()
-    await submit(t, "a", "ua", queue="default")
-    await t.ctrl.scheduler.cycle()
-    job = t.ctrl.state.jobs["ua"]
+    job = await judged(t, queue="default")
     assert job.status.phase == "Pending"
     assert job.status.message.endswith(FIX)
     assert "place" not in t.store.calls
@@ -190,9 +194,7 @@ def capped_term(cap: int | None = 1000, *gpuqueues: dict[str, Any]) -> Term:
 
 async def test_the_cap_fails_a_default_queue_job_above_it_naming_the_flag() -> None:
     t = capped_term()
-    await submit(t, "a", "ua", priorityClassName="prod")
-    await t.ctrl.scheduler.cycle()
-    job = t.ctrl.state.jobs["ua"]
+    job = await judged(t, priorityClassName="prod")
     assert job.status.phase == "Failed"
     valid = next(c for c in job.status.conditions if c.type == "Valid")
     assert valid.status == "False"
