@@ -167,6 +167,22 @@ def run(
             "GPUQueue of that name sets one)"
         ),
     ] = "default",
+    unlisted_namespaces: Annotated[
+        str,
+        typer.Option(
+            help="GPUJobs of namespaces no GPUQueue lists: default-queue places them in "
+            "--default-queue; reject keeps them Pending until a GPUQueue lists the namespace "
+            "(jobs placed before are never refused)"
+        ),
+    ] = "default-queue",
+    default_queue_max_priority: Annotated[
+        int | None,
+        typer.Option(
+            help="highest PriorityClass value the default queue's jobs may use, unless a "
+            "GPUQueue named like it sets spec.maxPriority (an int32) \\[default: no cap]",
+            show_default=False,
+        ),
+    ] = None,
     fair_share_half_life: Annotated[
         float,
         typer.Option(help="half-life of the decayed GPU-seconds of fair sharing, seconds"),
@@ -285,6 +301,8 @@ def run(
         "allow_exposed_services": allow_exposed_services,
         "explain_members": explain_members,
         "default_queue": default_queue,
+        "unlisted_namespaces": unlisted_namespaces,
+        "default_queue_max_priority": default_queue_max_priority,
         "fair_share_half_life_s": fair_share_half_life,
         "queue_order": queue_order,
         "queue_oldest_first_s": queue_oldest_first,
@@ -349,6 +367,8 @@ FLAG_OF: dict[str, str] = {
     "allow_exposed_services": "--allow-exposed-services",
     "explain_members": "--explain-members",
     "default_queue": "--default-queue",
+    "unlisted_namespaces": "--unlisted-namespaces",
+    "default_queue_max_priority": "--default-queue-max-priority",
     "fair_share_half_life_s": "--fair-share-half-life",
     "queue_order": "--queue-order",
     "queue_oldest_first_s": "--queue-oldest-first",

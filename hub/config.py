@@ -14,12 +14,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufed.api.queue import MAX_PRIORITY
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
 from gpufed.placement.queue import BackfillRule, QueueOrder
 from gpufed.placement.quota import DEFAULT_QUEUE
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 from gpufed.sync.podsecurity import Level
+
+#: ``--unlisted-namespaces``: what a GPUJob of a namespace no GPUQueue lists gets.
+UnlistedNamespaces = Literal["default-queue", "reject"]
 
 #: Hub namespaces no GPUJob may use, besides ``token_namespace`` and ``reserved_namespaces``.
 SYSTEM_NAMESPACES: frozenset[str] = frozenset(
@@ -90,6 +94,13 @@ class HubConfig(BaseModel):
     - ``default_queue``: the GPUQueue of GPUJobs whose namespace no queue lists. Without a
       GPUQueue of that name it has no limit (every job is admitted, as before queues existed);
       create one to give those jobs a quota (docs/hub.md, "Queues and quotas").
+    - ``unlisted_namespaces``: what happens to a never-placed GPUJob whose namespace no
+      GPUQueue lists: ``default-queue`` places it in ``default_queue``; ``reject`` keeps it
+      Pending (``Placed=False``, reason ``NamespaceNotListed``) until a GPUQueue lists its
+      namespace. Jobs placed before (a job record) are never refused: they keep running and,
+      when requeued, go back to the default queue.
+    - ``default_queue_max_priority``: the ``spec.maxPriority`` of ``default_queue`` when no
+      GPUQueue of that name sets one (None: no cap); an int32, like the field.
     - ``pod_name``/``pod_namespace``: this replica's own Pod (downward API ``POD_NAME``,
       ``POD_NAMESPACE``); when set, the replica labels it ``gpufed.io/hub-role`` ``leader`` or
       ``standby`` (:mod:`gpufed.hub.podrole`); empty outside a Pod.
@@ -159,6 +170,10 @@ class HubConfig(BaseModel):
         min_length=1,
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
+    unlisted_namespaces: UnlistedNamespaces = "default-queue"
+    default_queue_max_priority: int | None = Field(
+        default=None, ge=-MAX_PRIORITY - 1, le=MAX_PRIORITY
     )
     fair_share_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=10 * 365 * 86400)
     queue_order: QueueOrder = "smallest-first"

@@ -17,8 +17,9 @@ this module feeds them and acts on their answer:
 2. **running**: every job whose record places it in a member (not being stopped, not
    finished), with its priority and queue from the record, the GPUs it holds per node (the
    member's ``job_requests``, else its reservation), its start (the first Applied ack, else
-   the placement), ``status.lastCheckpointTime``, ``spec.checkpoint.intervalSeconds`` and its
-   past preemptions (``JobRecord.requeues``, for the hourly cap and no cycles);
+   the placement), its submit time (the request's ``submitted_at``, for ``withinQueue:
+   LowerOrNewerEqualPriority``), ``status.lastCheckpointTime``,
+   ``spec.checkpoint.intervalSeconds`` and its past preemptions (``JobRecord.requeues``, for the hourly cap and no cycles);
 3. **plan**: one :class:`~gpufed.placement.PreemptionCycle` for all of them, in order (a
    later plan never counts GPUs an earlier one freed);
 4. **commit**, per plan, in ONE etcd transaction before anything is deleted
@@ -208,6 +209,7 @@ class Preemption:
                     last_checkpoint=checkpoint,
                     checkpoint_interval_s=request.checkpoint_interval_s if request else None,
                     preempted=_events(rec),
+                    submitted_at=request.submitted_at if request is not None else None,
                 )
             )
         return out

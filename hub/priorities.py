@@ -20,7 +20,8 @@ job, each cycle, with the cap of the job's GPUQueue (:meth:`gpufed.hub.queues.Qu
   Kubernetes priority admission plugin), else 0. Values above 1,000,000,000 (the system
   classes ``system-cluster-critical``, ``system-node-critical``) are for the cluster's own
   components and refused, as is a named class above the queue's cap
-  (``GPUQueue.spec.maxPriority``); an implicit priority (default class or 0) above the cap is
+  (``GPUQueue.spec.maxPriority``; for the default queue without one, the hub's
+  ``--default-queue-max-priority``: :class:`PriorityCap`); an implicit priority (default class or 0) above the cap is
   lowered to the cap instead, since the job did not ask for it.
 - **Before the first PriorityClass list** of a term nothing is placed (:attr:`synced`): the
   default class and the named ones are not known yet.
@@ -62,6 +63,31 @@ class PriorityClassInfo:
     value: int
     preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
     global_default: bool = False
+
+
+@dataclass(frozen=True)
+class PriorityCap:
+    """The highest priority a job of a queue may use: ``value``, from a GPUQueue's
+    ``spec.maxPriority`` (``flag`` None) or from the hub flag ``flag``
+    (``--default-queue-max-priority``, for the default queue without a cap of its own)."""
+
+    value: int
+    flag: str | None = None
+
+    def where(self, queue: str) -> str:
+        """``GPUQueue team-a (spec.maxPriority 1000)``: the cap and who set it."""
+        if self.flag is None:
+            return f"GPUQueue {queue} (spec.maxPriority {self.value})"
+        return f"the default queue {queue} (hub flag {self.flag} {self.value})"
+
+    def fix(self) -> str:
+        """Who can raise it."""
+        if self.flag is None:
+            return "ask the queue's administrator to raise spec.maxPriority"
+        return (
+            f"ask the hub's operator to raise {self.flag}, or an administrator to list the "
+            "job's namespace in a GPUQueue"
+        )
 
 
 @dataclass(frozen=True)
@@ -219,9 +245,14 @@ class PriorityClasses:
         defaults = [c for c in self._classes.values() if c.global_default]
         return min(defaults, key=lambda c: (c.value, c.name), default=None)
 
-    def resolve(self, source: PrioritySource, *, queue: str, cap: int | None) -> Resolution:
+    def resolve(
+        self, source: PrioritySource, *, queue: str, cap: PriorityCap | int | None
+    ) -> Resolution:
         """The priority of a job whose class comes from ``source``, in GPUQueue ``queue`` whose
-        cap is ``cap`` (None: no cap). Pure over the classes seen so far."""
+        cap is ``cap`` (an int: a ``spec.maxPriority``; None: no cap). Pure over the classes
+        seen so far."""
+        if isinstance(cap, int):
+            cap = PriorityCap(cap)
         name = source.class_name
         if name is None:
             return self._implicit(source, queue=queue, cap=cap)
@@ -245,12 +276,12 @@ class PriorityClasses:
                 ),
                 error_field=source.field,
             )
-        if cap is not None and info.value > cap:
+        if cap is not None and info.value > cap.value:
             return Resolution(
                 error=(
-                    f"PriorityClass {name} has value {info.value}, above the cap of GPUQueue "
-                    f"{queue} (spec.maxPriority {cap}); name a class of value {cap} or less, "
-                    "or ask the queue's administrator to raise spec.maxPriority"
+                    f"PriorityClass {name} has value {info.value}, above the cap of "
+                    f"{cap.where(queue)}; name a class of value {cap.value} or less, or "
+                    f"{cap.fix()}"
                 ),
                 error_field=source.field,
             )
@@ -258,14 +289,16 @@ class PriorityClasses:
             priority=info.value, preemption_policy=info.preemption_policy, class_name=name
         )
 
-    def _implicit(self, source: PrioritySource, *, queue: str, cap: int | None) -> Resolution:
+    def _implicit(
+        self, source: PrioritySource, *, queue: str, cap: PriorityCap | None
+    ) -> Resolution:
         if source.value != 0:
             # The deprecated free integer (0 or negative for new jobs; any for placed ones).
-            if cap is not None and source.value > cap:
+            if cap is not None and source.value > cap.value:
                 return Resolution(
                     error=(
-                        f"{source.value} is above the cap of GPUQueue {queue} "
-                        f"(spec.maxPriority {cap}); remove spec.placement.priority"
+                        f"{source.value} is above the cap of {cap.where(queue)}; remove "
+                        "spec.placement.priority"
                     ),
                     error_field=PRIORITY_FIELD,
                 )
@@ -276,7 +309,7 @@ class PriorityClasses:
             default.preemption_policy if default is not None else "PreemptLowerPriority"
         )
         if cap is not None:
-            value = min(value, cap)
+            value = min(value, cap.value)
         return Resolution(
             priority=value,
             preemption_policy=policy,

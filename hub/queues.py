@@ -20,6 +20,10 @@ by :mod:`gpufed.hub.scheduling` each cycle. The rules are pure and not repeated 
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
   ends when the pods bind, while the job keeps its GPUs.
+- **Unlisted namespaces** (``--unlisted-namespaces``): a job whose namespace no GPUQueue
+  lists goes to the default queue, or, with ``reject``, waits until one does
+  (:meth:`Queues.unlisted`; jobs placed before are never refused). The default queue's cap
+  without a ``spec.maxPriority`` of its own is ``--default-queue-max-priority``.
 - **Before the first GPUQueue list** of a term nothing is admitted (:attr:`Queues.synced`):
   placing before the quotas are known could exceed them.
 - **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``,
@@ -46,6 +50,7 @@ from gpufed.hub import status as st
 from gpufed.hub.deletion import Deletion
 from gpufed.hub.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.mirror import Mirror
+from gpufed.hub.priorities import PriorityCap
 from gpufed.hub.records import FairShareRecord
 from gpufed.hub.state import JobState
 from gpufed.hub.term import Term
@@ -65,6 +70,9 @@ log = structlog.get_logger("gpufed.hub.queues")
 
 #: Seconds between writes of the queues' decayed usage to etcd (key ``fairshare``).
 FAIR_SHARE_SAVE_S: Final = 60.0
+
+#: The hub flag that caps the default queue without a ``spec.maxPriority`` of its own.
+DEFAULT_QUEUE_CAP_FLAG: Final = "--default-queue-max-priority"
 
 #: Most GPUQueues the hub admits by; more are broken (bounded memory and cycle time).
 MAX_QUEUES: Final = 1000
@@ -178,22 +186,44 @@ class Queues:
             self.tree, job.obj.metadata.namespace or "default", job.obj.spec.placement.queue
         )
 
-    def max_priority(self, queue: str) -> int | None:
+    def max_priority(self, queue: str) -> PriorityCap | None:
         """The highest priority a job of ``queue`` may use: the lowest ``spec.maxPriority`` of
-        the queue and its ancestors (None: no cap; the default queue without a GPUQueue has
-        none)."""
-        cap: int | None = None
+        the queue and its ancestors (None: no cap). The default queue's own cap, when no
+        GPUQueue of its name sets one, is ``--default-queue-max-priority`` (None: none); so it
+        caps the default queue's children too, as its ``spec.maxPriority`` would."""
+        cfg = self._term.config
+        cap: PriorityCap | None = None
         seen: set[str] = set()
         name: str | None = queue
         while name is not None and name not in seen:
             seen.add(name)
             q = self._specs.get(name)
-            if q is None:
-                break
-            if q.spec.max_priority is not None:
-                cap = q.spec.max_priority if cap is None else min(cap, q.spec.max_priority)
-            name = q.spec.parent
+            own: PriorityCap | None = None
+            if q is not None and q.spec.max_priority is not None:
+                own = PriorityCap(q.spec.max_priority)
+            elif name == cfg.default_queue and cfg.default_queue_max_priority is not None:
+                own = PriorityCap(cfg.default_queue_max_priority, flag=DEFAULT_QUEUE_CAP_FLAG)
+            if own is not None and (cap is None or own.value < cap.value):
+                cap = own
+            name = q.spec.parent if q is not None else None
         return cap
+
+    def unlisted(self, job: JobState) -> str | None:
+        """Why ``job`` may not be placed: under ``--unlisted-namespaces reject``, a job never
+        placed (no job record) whose namespace no GPUQueue lists, whatever its
+        ``spec.placement.queue``; None when it may. Judged each cycle, so listing the
+        namespace lets the job in; a job placed before is never refused (it keeps running,
+        and a requeue sends it back to its queue)."""
+        if self._term.config.unlisted_namespaces != "reject" or job.record is not None:
+            return None
+        namespace = job.obj.metadata.namespace or "default"
+        if namespace in self.tree.namespaces:
+            return None
+        return (
+            f"namespace {namespace} is listed by no GPUQueue and this hub runs no job of an "
+            f"unlisted namespace: list namespace {namespace} in a GPUQueue's spec.namespaces, "
+            "or run the hub with --unlisted-namespaces default-queue"
+        )
 
     # --- usage -----------------------------------------------------------------------------------
 
@@ -273,7 +303,7 @@ class Queues:
             charged = self.usage.queue_of_job(job.uid)
             if charged is not None:
                 admitted[charged] += 1
-            elif job.wants_placement:
+            elif job.wants_placement and self.unlisted(job) is None:
                 pending[self.queue_of(job).queue] += 1
         now = self._mirror.now()
         exported: set[tuple[str, str, str]] = set()

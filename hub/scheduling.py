@@ -6,7 +6,9 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 
 1. expire reservations whose pods never showed up;
 2. read the queue: the jobs that still want placement, each in its GPUQueue
-   (:mod:`gpufed.hub.queues`; a ``spec.placement.queue`` naming another queue fails the job)
+   (:mod:`gpufed.hub.queues`; a ``spec.placement.queue`` naming another queue fails the job;
+   with ``--unlisted-namespaces reject`` a never-placed job of a namespace no GPUQueue lists
+   stays Pending, ``NamespaceNotListed``)
    at its PriorityClass's value (:mod:`gpufed.hub.priorities`; a class that does not exist
    keeps the job Pending, one above the queue's ``maxPriority`` fails it), and the quota
    ledger rebuilt from the placements; no cycle places anything before the term's first
@@ -242,8 +244,14 @@ class Scheduler:
         """Put ``job``'s request in its GPUQueue at its PriorityClass's priority; False when it
         cannot go in this cycle: Failed (naming the field) when its ``spec.placement.queue``
         names a queue that does not list its namespace or its class is above the queue's cap;
-        Pending (the message naming the class) while its PriorityClass does not exist."""
+        Pending (the message naming the class) while its PriorityClass does not exist, and
+        (the message naming the namespace and the fix) while its namespace is listed by no
+        GPUQueue and the hub refuses such jobs (``--unlisted-namespaces reject``)."""
         assert job.request is not None
+        refused = self._queues.unlisted(job)
+        if refused is not None:
+            self._wait(job, "NamespaceNotListed", refused, event_type="Warning")
+            return False
         choice = self._queues.queue_of(job)
         if choice.error is not None:
             self._invalid(job, "spec.placement.queue", choice.error)
@@ -279,8 +287,11 @@ class Scheduler:
         self._mirror.event(job, "Warning", "InvalidSpec", message)
         log.info("hub.job.invalid", job=job.key, field=field)
 
-    def _wait(self, job: JobState, reason: str, message: str) -> None:
-        """``job`` waits for something other than capacity (written once per message)."""
+    def _wait(
+        self, job: JobState, reason: str, message: str, *, event_type: str = "Normal"
+    ) -> None:
+        """``job`` waits for something other than capacity (written once per message; the
+        Event of ``event_type``)."""
         sig = (reason, message)
         if sig == job.last_unschedulable:
             return
@@ -288,7 +299,7 @@ class Scheduler:
         self._mirror.set_status(
             job, st.waiting(job.status, reason=reason, message=message, now=self._mirror.now())
         )
-        self._mirror.event(job, "Normal", reason, message)
+        self._mirror.event(job, event_type, reason, message)
         log.info("placement.waiting", job=job.key, reason=reason)
 
     def _not_placed(

@@ -138,6 +138,12 @@ def test_helm_lint_passes_with_every_ci_values_file(
     assert "0 chart(s) failed" in out.stdout
 
 
+def hub_with(*values: str) -> list[str]:
+    """``helm template`` arguments for the hub chart with an etcd and ``--set`` each of
+    ``values`` (``key=value``)."""
+    return ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", *(f"--set={v}" for v in values)]
+
+
 @pytest.mark.parametrize(
     ("chart", "args", "names"),
     [
@@ -145,20 +151,24 @@ def test_helm_lint_passes_with_every_ci_values_file(
         ("gpufed-hub", ["-n", NAMESPACE, "--set", "etcd.endpoints=a:1\\,b:2"], "extraArgs"),
         (
             "gpufed-hub",
-            ["-n", NAMESPACE, "--set", "etcd.endpoints=e:2379", "--set", "replicaCount=1"],
+            hub_with("replicaCount=1"),
             "set replicaCount above minAvailable or podDisruptionBudget.enabled=false",
         ),
         (
             "gpufed-hub",
-            [
-                "-n",
-                NAMESPACE,
-                "--set",
-                "etcd.endpoints=e:2379",
-                "--set",
-                "podDisruptionBudget.maxUnavailable=1",
-            ],
+            hub_with("podDisruptionBudget.maxUnavailable=1"),
             "exactly one of minAvailable and maxUnavailable",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.unlistedNamespaces=deny"),
+            'queues.unlistedNamespaces is "deny": use default-queue',
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.defaultQueueMaxPriority=2147483648"),
+            "queues.defaultQueueMaxPriority is 2147483648: give an integer from -2147483648 to "
+            "2147483647",
         ),
         ("gpufed-agent", ["-n", NAMESPACE], "set cluster"),
         ("gpufed-agent", ["-n", NAMESPACE, "--set", "cluster=m1"], "hub.address"),
@@ -192,6 +202,34 @@ def test_bad_values_fail_naming_the_value_and_the_fix(
     out = helm("template", "gpufed", str(CHARTS / chart), *args)
     assert out.returncode != 0
     assert names in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "flags"),
+    [
+        ({}, []),
+        (
+            {"unlistedNamespaces": "reject", "defaultQueueMaxPriority": 2147483647},
+            ["--unlisted-namespaces=reject", "--default-queue-max-priority=2147483647"],
+        ),
+        ({"defaultQueueMaxPriority": 0}, ["--default-queue-max-priority=0"]),
+        ({"defaultQueueMaxPriority": -5}, ["--default-queue-max-priority=-5"]),
+    ],
+)
+def test_the_queue_values_become_hub_flags_only_when_set(
+    helm: Callable[..., subprocess.CompletedProcess[str]],
+    tmp_path: Path,
+    values: dict[str, Any],
+    flags: list[str],
+) -> None:
+    """Defaults add no flag (the kustomize base stays the same install); a values file's
+    numbers (YAML floats to Helm) come out as whole int32s."""
+    extra = tmp_path / "queues.yaml"
+    extra.write_text(yaml.safe_dump({"queues": values}))
+    docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/test-values.yaml", "-f", str(extra))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith(("--unlisted", "--default-queue"))] == flags
 
 
 @pytest.mark.parametrize("chart", list(CHART_TARGETS))

@@ -54,3 +54,29 @@ app.kubernetes.io/name: {{ include "gpufed.name" . }}
 {{ toYaml . | indent 8 }}
 {{- end }}
 {{- end -}}
+
+{{/* The queue flags, one "- --flag=value" line each, only where a value differs from the hub's
+default (so the default install renders the kustomize base); a bad value fails naming it. */}}
+{{- define "gpufed.queueArgs" -}}
+{{- $q := .Values.queues -}}
+{{- if not (has $q.unlistedNamespaces (list "default-queue" "reject")) -}}
+{{- fail (printf "queues.unlistedNamespaces is %q: use default-queue (jobs of namespaces no GPUQueue lists go to the default queue) or reject (they wait until a GPUQueue lists the namespace)" (toString $q.unlistedNamespaces)) -}}
+{{- end -}}
+{{- if eq $q.unlistedNamespaces "reject" }}
+- --unlisted-namespaces=reject
+{{- end -}}
+{{- $cap := $q.defaultQueueMaxPriority -}}
+{{- if and (not (kindIs "invalid" $cap)) (ne (toString $cap) "") -}}
+{{- $n := int64 $cap -}}
+{{- $whole := true -}}
+{{- if kindIs "float64" $cap -}}
+{{- $whole = eq (float64 $n) $cap -}}
+{{- else if kindIs "string" $cap -}}
+{{- $whole = eq (toString $n) $cap -}}
+{{- end -}}
+{{- if or (not $whole) (gt $n 2147483647) (lt $n -2147483648) -}}
+{{- fail (printf "queues.defaultQueueMaxPriority is %s: give an integer from -2147483648 to 2147483647 (an int32, as a PriorityClass value), or \"\" for no cap" (ternary (toString $n) (toString $cap) $whole)) -}}
+{{- end }}
+- --default-queue-max-priority={{ $n }}
+{{- end -}}
+{{- end -}}

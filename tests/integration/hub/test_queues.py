@@ -119,3 +119,42 @@ async def test_a_broken_queue_is_inactive_naming_the_field_and_its_jobs_wait(
         assert hub.controller is not None
         assert not hub.controller.stopped, "a broken queue ends nothing"
         await agent.close()
+
+
+async def test_reject_refuses_a_job_of_an_unlisted_namespace_until_a_queue_lists_it(
+    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
+) -> None:
+    """--unlisted-namespaces reject: a GPUJob in team-a, which no GPUQueue lists, stays Pending
+    with Placed=False NamespaceNotListed naming the namespace and the fix, and nothing reaches
+    the member; listing team-a in a GPUQueue places it."""
+    await hub_api.put_queue("team-b", {"namespaces": ["team-b"]})
+    token = await hub_api.register_member("m1")
+    cfg = hub_config(tmp_path, hub_kubeconfig, etcd_endpoint, prefix, unlisted_namespaces="reject")
+    ca = tmp_path / "tls" / "ca.crt"
+
+    async def refused() -> dict[str, Any] | None:
+        status = ((await hub_api.job("a")) or {}).get("status") or {}
+        placed = [c for c in status.get("conditions", []) if c["type"] == "Placed"]
+        return placed[0] if placed and placed[0]["reason"] == "NamespaceNotListed" else None
+
+    async with running_hub(cfg) as hub:
+        agent = FakeAgent(hub.grpc_port, "m1", token, ca)
+        await agent.connect(nodes=hgx_nodes("m1-hgx", 1))
+        await hub_api.create_job("a", gpu_job(8))
+        placed = await wait_for(refused, "job a refused: NamespaceNotListed")
+        assert placed["status"] == "False"
+        assert "namespace team-a is listed by no GPUQueue" in placed["message"]
+        assert placed["message"].endswith(
+            "list namespace team-a in a GPUQueue's spec.namespaces, or run the hub with "
+            "--unlisted-namespaces default-queue"
+        )
+        assert await hub_api.phase("a") == "Pending"
+        assert hub.store is not None
+        assert (await hub.store.load()).jobs == {}, "nothing placed"
+        # The administrator lists team-a: the job is judged again and placed.
+        await hub_api.put_queue("team-b", {"namespaces": ["team-b", "team-a"]})
+        item = await agent.next("work_item")
+        job = await hub_api.job("a")
+        assert job is not None
+        assert item.job_uid == job["metadata"]["uid"]
+        await agent.close()

@@ -4,12 +4,16 @@ in --data-dir, no kubeconfig read)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
+from gpufed.cli import hub as hub_cli
 from gpufed.cli import kube
 from gpufed.cli.main import app
+from gpufed.hub.config import HubConfig
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +46,19 @@ def no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--listen", "host:grpc"], "Invalid value for --listen: 'host:grpc' is not host:port"),
         (["--http-listen", "x:99999"], "Invalid value for --http-listen: 'x:99999' is not"),
         (["--etcd", "etcd"], "Invalid value for --etcd: etcd endpoint 'etcd' is not host:port"),
+        (
+            ["--unlisted-namespaces", "deny"],
+            "Invalid value for --unlisted-namespaces: use default-queue or reject",
+        ),
+        (
+            ["--default-queue-max-priority", "2147483648"],
+            "Invalid value for --default-queue-max-priority: must be <= 2147483647",
+        ),
+        (
+            ["--default-queue-max-priority", "-2147483649"],
+            "Invalid value for --default-queue-max-priority: must be >= -2147483648",
+        ),
+        (["--default-queue-max-priority", "high"], "--default-queue-max-priority"),
     ],
 )
 def test_a_bad_flag_names_the_flag_before_any_side_effect(
@@ -63,3 +80,38 @@ def test_the_queue_help_says_seconds_and_the_default_in_hours() -> None:
     assert "ahead of every younger job of its queue and priority" in text
     assert "[default: 16 h (57600 s)]" in text
     assert "issue 14" not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "unlisted", "cap"),
+    [
+        ([], "default-queue", None),
+        (
+            ["--unlisted-namespaces", "reject", "--default-queue-max-priority", "1000"],
+            "reject",
+            1000,
+        ),
+        (["--default-queue-max-priority", "-2147483648"], "default-queue", -(2**31)),
+        (["--default-queue-max-priority", "2147483647"], "default-queue", 2**31 - 1),
+    ],
+)
+def test_the_unlisted_namespace_flags_reach_the_hub_config(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    unlisted: str,
+    cap: int | None,
+) -> None:
+    """Defaults: today's behaviour (the default queue, no cap); the int32 bounds are accepted."""
+    seen: list[HubConfig] = []
+    validate = hub_cli._validate
+
+    def first_check_only(values: dict[str, Any], *, insecure: bool) -> HubConfig:
+        seen.append(validate(values, insecure=insecure))
+        raise typer.Exit(0)  # stop before any side effect
+
+    monkeypatch.setattr(hub_cli, "_validate", first_check_only)
+    result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    assert (config.unlisted_namespaces, config.default_queue_max_priority) == (unlisted, cap)

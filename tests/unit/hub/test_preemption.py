@@ -295,3 +295,18 @@ async def test_a_job_that_found_no_plan_is_searched_again_only_after_a_pause() -
     t.ctrl.scheduler.want("uh")
     await t.ctrl.scheduler.cycle()
     assert plans() == 2
+
+
+async def test_running_rows_carry_each_job_s_submit_time_on_the_started_at_clock() -> None:
+    # withinQueue LowerOrNewerEqualPriority orders equal-priority victims by submit time: the
+    # hub's Running rows must carry the request's submitted_at (creationTimestamp, wall s).
+    t = Term()
+    await full_member(t)
+    rows = {r.uid: r for r in t.ctrl.scheduler._preemption.running()}
+    assert sorted(rows) == ["l0", "l1", "l2", "l3"]
+    created = 1_767_225_600.0  # the builders' creationTimestamp, 2026-01-01T00:00:00Z
+    for uid, row in rows.items():
+        request = t.ctrl.state.jobs[uid].request
+        assert request is not None
+        assert row.submitted_at == request.submitted_at == created
+        assert row.started_at >= row.submitted_at, "the same clock as started_at"
