@@ -5,7 +5,8 @@ x 8 GPUs, one NVLink domain per node), with 8-GPU jobs so that a count of GPUs i
 jobs.
 
 * priority never overrides another queue's nominal quota;
-* a reclaim takes only what the victim's queue borrowed;
+* a reclaim takes only what the victim's queue borrowed (and, a strict xfail: the reclaimer
+  then gets that quota; in the real hub the requeued victims take it back first);
 * a ``lendingLimit: 0`` protects a team from a cousin three levels away;
 * a broken queue's running jobs stay charged to its parents;
 * the default queue's jobs (namespaces no queue lists) are reclaimed, whatever their priority.
@@ -18,6 +19,7 @@ the end (checked).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,9 +168,39 @@ class Guarantees:
 
     # --- clean-up ---------------------------------------------------------------------------------
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the hub shows of the test's jobs and queues (printed at the end of each test:
+        run with -s to see it)."""
+        jobs: dict[str, Any] = {}
+        for ns in [*self.namespaces, DRILL_NS]:
+            for j in self.hub.jobs(ns):
+                st = j.get("status") or {}
+                jobs[f"{ns}/{j['metadata']['name']}"] = {
+                    "phase": st.get("phase", "Pending"),
+                    "message": st.get("message"),
+                    "conditions": {
+                        c["type"]: [c.get("status"), c.get("reason"), c.get("message")]
+                        for c in st.get("conditions") or []
+                        if c.get("type") in ("Placed", "Preempted")
+                    },
+                    "victims": [v["job"] for v in (st.get("preemption") or {}).get("victims", [])],
+                }
+        queues: dict[str, Any] = {}
+        for name in self.queues:
+            with contextlib.suppress(ApiException):
+                qs = self.queue_status(name)
+                active = condition(qs, "Active") or {}
+                queues[name] = {
+                    "active": [active.get("status"), active.get("message")],
+                    "usage": qs.get("usage"),
+                }
+        return {"jobs": jobs, "queues": queues}
+
     def cleanup(self) -> None:
         """Every job of the test's namespaces, then its queues (children first); then wait
         until the H100s are all free again."""
+        with contextlib.suppress(ApiException, OSError):
+            print(json.dumps(self.snapshot(), indent=1))
         for ns in self.namespaces:
             self.hub.clear(ns, timeout_s=ACT_S)
         self.hub.clear(DRILL_NS, timeout_s=ACT_S)
@@ -245,48 +277,90 @@ def test_priority_never_overrides_another_teams_nominal(guar: Guarantees) -> Non
     assert guar.used("g1-team-b") == (16, 0)
 
 
-def test_reclaim_takes_only_what_was_borrowed(guar: Guarantees) -> None:
-    """g2-org (24 H100) over g2-team-a (nominal 16) and g2-team-b (nominal 8). team-b runs
-    three high-priority 8-GPU jobs (24: 16 borrowed from team-a); team-a's low-priority
-    16-GPU job (2 pods x 8), within its nominal, reclaims: exactly two of team-b's jobs are
-    preempted (the 16 borrowed), the third runs on (team-b ends at its nominal, 8, not below),
-    and team-a's job runs. Reclaim ignores the victims' higher priority
-    (``reclaimWithinParent: Any``, the default); the victims wait without preempting back."""
-    guar.queue("g2-org", quotas=(h100(24),))
-    guar.queue("g2-team-a", parent="g2-org", namespaces=("g2-team-a",), quotas=(h100(16),))
-    guar.queue("g2-team-b", parent="g2-org", namespaces=("g2-team-b",), quotas=(h100(8),))
-    guar.wait_active("g2-org", "g2-team-a", "g2-team-b")
-
+def _team_b_borrows_16(guar: Guarantees, p: str) -> list[str]:
+    """``<p>-org`` (24 H100) over ``<p>-team-a`` (nominal 16) and ``<p>-team-b`` (nominal 8);
+    team-b runs three high-priority 8-GPU jobs (24: 16 of them borrowed from team-a).
+    Returns their names."""
+    guar.queue(f"{p}-org", quotas=(h100(24),))
+    guar.queue(f"{p}-team-a", parent=f"{p}-org", namespaces=(f"{p}-team-a",), quotas=(h100(16),))
+    guar.queue(f"{p}-team-b", parent=f"{p}-org", namespaces=(f"{p}-team-b",), quotas=(h100(8),))
+    guar.wait_active(f"{p}-org", f"{p}-team-a", f"{p}-team-b")
     bs = ["b0", "b1", "b2"]
     for name in bs:
-        guar.submit(name, "g2-team-b", "guar-high")
-    guar.all_running("g2-team-b", bs)
-    wait_until(lambda: guar.used("g2-team-b") == (24, 16), "g2-team-b borrows 16")
+        guar.submit(name, f"{p}-team-b", "guar-high")
+    guar.all_running(f"{p}-team-b", bs)
+    wait_until(lambda: guar.used(f"{p}-team-b") == (24, 16), f"{p}-team-b borrows 16")
+    return bs
 
+
+def _reclaim_plan(guar: Guarantees, p: str) -> list[str]:
+    """Until team-a's job ``a0`` has committed its reclaim (``status.preemption``); returns
+    its victims (``ns/name``)."""
+
+    def plan() -> list[str] | None:
+        pre = guar.hub.status("a0", f"{p}-team-a").get("preemption") or {}
+        return sorted(v["job"] for v in pre.get("victims") or []) or None
+
+    return wait_until(plan, f"{p}-team-a/a0 reclaims", ACT_S)
+
+
+def test_reclaim_takes_only_what_was_borrowed(guar: Guarantees) -> None:
+    """team-b borrows 16 (``_team_b_borrows_16``); team-a's low-priority 16-GPU job (2 pods x
+    8), within its nominal, reclaims: exactly two of team-b's three jobs are preempted (the
+    16 borrowed; condition Preempted naming team-a's job), the third is never touched, so
+    team-b is left at its nominal (8), not below. Reclaim ignores the victims' higher
+    priority (``reclaimWithinParent: Any``, the default)."""
+    bs = _team_b_borrows_16(guar, "g2")
     guar.submit("a0", "g2-team-a", "guar-low", pods=2)
-    st = guar.hub.wait_phase("a0", "Running", namespace="g2-team-a", timeout_s=ACT_S)
-    victims = sorted(v["job"] for v in (st.get("preemption") or {}).get("victims") or [])
-    assert len(victims) == 2, st.get("preemption")
+    victims = _reclaim_plan(guar, "g2")
+    assert len(victims) == 2, victims
     assert all(v.startswith("g2-team-b/") for v in victims), victims
-
-    preempted = sorted(
-        f"g2-team-b/{n}" for n in bs if guar.hub.status(n, "g2-team-b").get("preemptions")
-    )
-    assert preempted == victims, (preempted, victims)
     for v in victims:
-        vs = guar.hub.wait_phase(v.split("/")[1], "Pending", namespace="g2-team-b", timeout_s=30)
-        cond = condition(vs, "Preempted")
-        assert cond is not None, vs
-        assert cond["status"] == "True", vs
+
+        def preempted(name: str = v.split("/")[1]) -> dict[str, Any] | None:
+            st = guar.hub.status(name, "g2-team-b")
+            return st if condition(st, "Preempted") else None
+
+        cond = condition(wait_until(preempted, f"{v} Preempted", ACT_S), "Preempted")
+        assert cond is not None
+        assert cond["status"] == "True", cond
         assert "g2-team-a/a0" in cond["message"], cond
     [kept] = [n for n in bs if f"g2-team-b/{n}" not in victims]
-    wait_until(lambda: guar.used("g2-team-b") == (8, 0), "g2-team-b back at its nominal, 8")
-    wait_until(lambda: guar.used("g2-team-a") == (16, 0), "g2-team-a uses its nominal, 16")
     guar.never_preempted("g2-team-b", [kept])
-    # The victims wait (team-b may not borrow back by preempting: borrowWithinParent Never).
-    for v in victims:
-        guar.judged(v.split("/")[1], "g2-team-b", "g2-team-b uses 8 of 8")
-    assert guar.hub.phase("a0", "g2-team-a") == "Running"
+    assert "Preempting" in guar.hub.events("a0", "g2-team-a")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the reclaimer's hold keeps the freed nodes but not the quota: the requeued victims "
+    "are re-admitted on other free H100s first and the reclaimer waits (issue 23 finding)",
+)
+def test_the_reclaimed_quota_goes_to_the_reclaimer(guar: Guarantees) -> None:
+    """The same reclaim (``_team_b_borrows_16``, 40 H100s still free in the fleet): team-a's
+    job runs and team-b ends at its nominal, 8 (its victims wait: at g6-org 8 + 16 = 24 of
+    24, and borrowing preempts nothing, ``borrowWithinParent: Never``). In the real hub the
+    victims are placed again on other free nodes within a second of their member copies
+    going, taking back the 16 of g6-org, and team-a's job waits with "nothing to borrow"."""
+    bs = _team_b_borrows_16(guar, "g6")
+    guar.submit("a0", "g6-team-a", "guar-low", pods=2)
+    victims = [v.split("/")[1] for v in _reclaim_plan(guar, "g6")]
+
+    def settled() -> str | None:
+        if guar.hub.phase("a0", "g6-team-a") == "Running":
+            return "reclaimer runs"
+        back = all(
+            guar.hub.status(n, "g6-team-b").get("preemptions")
+            and guar.hub.phase(n, "g6-team-b") == "Running"
+            for n in victims
+        )
+        return "victims run again" if back else None
+
+    assert wait_until(settled, "the reclaimer or its victims run", ACT_S) == "reclaimer runs"
+    wait_until(lambda: guar.used("g6-team-b") == (8, 0), "g6-team-b back at its nominal, 8")
+    wait_until(lambda: guar.used("g6-team-a") == (16, 0), "g6-team-a uses its nominal, 16")
+    for name in victims:
+        guar.judged(name, "g6-team-b", "g6-team-b uses 8 of 8")
+    assert sorted(guar.phases("g6-team-b").values()) == ["Pending", "Pending", "Running"], bs
 
 
 def test_a_lending_limit_holds_three_levels_deep(guar: Guarantees) -> None:
