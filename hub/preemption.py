@@ -114,6 +114,14 @@ class Preemption:
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
+    def holders(self) -> set[str]:
+        """The preemptors whose victims are still stopping (their holds must not expire)."""
+        return {
+            j.record.stopping.by_uid
+            for j in self._requeue.stopping()
+            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
+        }
+
     def victims_of(self, uid: str) -> list[JobState]:
         """The jobs being stopped now for preemptor ``uid``."""
         return [

@@ -14,8 +14,9 @@ by :mod:`gpufed.hub.scheduling` each cycle. The rules are pure and not repeated 
   rebuilds the tree (our own status writes come back through the watch).
 - **Usage** (:meth:`Queues.rebuild_usage`) follows the placements: a job charges its queue
   from the placement's etcd transaction (``JobRecord.queue`` / ``JobRecord.charged``) until it
-  ends, is deleted (its record forgotten) or waits to be placed again (record without a
-  cluster). The ledger is rebuilt from those records at every cycle, so a restart, a failover
+  ends, is deleted (its record forgotten), waits to be placed again (record without a
+  cluster) or is being stopped for a preemptor (its quota goes to the preemptor's hold, which
+  the scheduling cycle charges to the preemptor's queue until it is placed). The ledger is rebuilt from those records at every cycle, so a restart, a failover
   or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
@@ -237,6 +238,10 @@ class Queues:
         for j in jobs:
             r = j.record
             if r is None or j.terminal or r.cluster is None:
+                continue
+            if r.stopping is not None and r.stopping.by_uid:
+                # preempted: its quota went to the preemptor's hold (charged by the scheduling
+                # cycle while the preemptor waits), as Kueue releases an evicted workload's
                 continue
             if r.queue is not None and r.charged:
                 charges.append((r.uid, r.queue, r.charged))

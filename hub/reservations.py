@@ -29,7 +29,7 @@ Called by the scheduling cycle, dispatch, deletion and member handling of one le
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 
 import structlog
@@ -147,8 +147,18 @@ class Reservations:
             log.debug("hub.reservation.released", job=res.job, cluster=res.cluster, reason=reason)
             self._term.spawn(self._term.store.delete_reservations([uid]))
 
-    async def expire(self, now: float) -> None:
-        """Drop entries whose pods never showed up within the TTL (``now``: wall seconds)."""
+    async def expire(self, now: float, *, keep: Collection[str] = ()) -> None:
+        """Drop entries whose pods never showed up within the TTL (``now``: wall seconds).
+
+        ``keep``: jobs whose preemption hold lasts whatever its TTL (their victims are still
+        stopping: a grace period longer than the TTL must not hand the freed GPUs to someone
+        else); their entries are renewed in memory (a new leader renews them again from the
+        victims' records)."""
+        for uid in keep:
+            res = self._snapshot.reservation(uid)
+            if res is not None and uid not in self._tentative and res.expires_at <= now + 1:
+                self._snapshot.release(uid)
+                self._snapshot.add_reservation(res.model_copy(update={"created_at": now}))
         expired = self._snapshot.expire_reservations(now)
         if expired:
             for r in expired:

@@ -69,7 +69,7 @@ from gpufed.placement import (
 from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
-from gpufed.placement.quota import demand_of
+from gpufed.placement.quota import QuotaGate, demand_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.scheduling")
@@ -142,8 +142,9 @@ class Scheduler:
     async def cycle(self) -> None:
         """One scheduling pass over every waiting job (numbered phases: module docstring)."""
         now = self._term.wall()
-        # 1. drop reservations whose pods never showed up
-        await self._reservations.expire(now)
+        # 1. drop reservations whose pods never showed up (a preemptor's hold lasts while its
+        #    victims stop)
+        await self._reservations.expire(now, keep=self._preemption.holders())
         queues = self._queues
         if not queues.synced.is_set() or not self._priorities.synced.is_set():
             # Nothing is admitted before this term knows the quotas and the PriorityClasses
@@ -164,6 +165,7 @@ class Scheduler:
             queues.publish(shares)
             return
         gate = queues.gate()
+        self._charge_holds(gate, waiting)
         requests = fair_sorted(
             (j.request for j in waiting if j.request is not None),
             queues.tree,
@@ -182,8 +184,9 @@ class Scheduler:
             t0 = time.perf_counter()
             if suspect:
                 hold = with_suspects(dict(hold), suspect)
-            # A waiting job's own ledger entry is its preemption hold: not counted against it.
-            with self._reservations.lifted(req.uid):
+            # A waiting job's own ledger entry and quota charge are its preemption hold: not
+            # counted against it.
+            with self._reservations.lifted(req.uid), gate.lifted(req.uid):
                 decision = place(
                     req,
                     self._snapshot,
@@ -239,6 +242,28 @@ class Scheduler:
         # 6. the queues' status, from the placements etcd now holds
         queues.rebuild_usage()
         queues.publish(shares)
+
+    def _charge_holds(self, gate: QuotaGate, waiting: list[JobState]) -> None:
+        """A preemptor's hold is charged to its queue while it waits (docs/hub.md,
+        "Preemption"): the quota it reclaimed stays its own, so its requeued victims cannot be
+        admitted on other free GPUs before it is placed (they would take the quota back)."""
+        for job in waiting:
+            req = job.request
+            res = self._reservations.held(job.uid)
+            if req is None or res is None or self._reservations.is_tentative(job.uid):
+                continue
+            gate.charge(req, self._product_of(res))
+
+    def _product_of(self, res: Reservation) -> str | None:
+        """The GPU product of the nodes a reservation holds (None when none is known)."""
+        if res.cluster not in self._snapshot.cluster_names:
+            return None
+        nodes = self._snapshot.cluster(res.cluster).nodes
+        for name in sorted(res.nodes):
+            n = nodes.get(name)
+            if n is not None and n.pool is not None:
+                return n.pool.product
+        return None
 
     def _enqueue(self, job: JobState) -> bool:
         """Put ``job``'s request in its GPUQueue at its PriorityClass's priority; False when it

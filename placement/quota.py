@@ -54,7 +54,8 @@ queue keeping back its non-lendable quota): a job above it never fits and is tol
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -174,6 +175,11 @@ class QuotaUsage:
     def holds(self, job_uid: str) -> bool:
         """True when ``job_uid`` is charged."""
         return job_uid in self._jobs
+
+    def charged(self, job_uid: str) -> tuple[str, dict[str, int]] | None:
+        """(queue, key -> amount) ``job_uid`` is charged (a copy), or None."""
+        prev = self._jobs.get(job_uid)
+        return (prev[0], dict(prev[1])) if prev is not None else None
 
     def queue_of_job(self, job_uid: str) -> str | None:
         """The queue ``job_uid`` is charged to (None when not charged)."""
@@ -633,6 +639,24 @@ class QuotaGate:
         self.usage.release(job_uid)
         if q is not None:
             self._changed(q, before)
+
+    @contextmanager
+    def lifted(self, job_uid: str) -> Iterator[None]:
+        """Within the block ``job_uid``'s own charge (a preemptor's hold) does not count
+        against it; on exit it is back unless the block charged the job again (it was placed
+        and charged for its placement)."""
+        prev = self.usage.charged(job_uid)
+        if prev is None:
+            yield
+            return
+        self.release(job_uid)
+        try:
+            yield
+        finally:
+            if not self.usage.holds(job_uid):
+                before = self.usage.version
+                self.usage.charge_demand(job_uid, prev[0], prev[1])
+                self._changed(prev[0], before)
 
 
 def over_limit(tree: QueueTree, usage: QuotaUsage) -> list[str]:

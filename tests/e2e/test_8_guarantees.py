@@ -5,8 +5,8 @@ x 8 GPUs, one NVLink domain per node), with 8-GPU jobs so that a count of GPUs i
 jobs.
 
 * priority never overrides another queue's nominal quota;
-* a reclaim takes only what the victim's queue borrowed (and, a strict xfail: the reclaimer
-  then gets that quota; in the real hub the requeued victims take it back first);
+* a reclaim takes only what the victim's queue borrowed, and the reclaimer then gets that
+  quota (its hold is charged to its queue: the requeued victims cannot take it back);
 * a ``lendingLimit: 0`` protects a team from a cousin three levels away;
 * a broken queue's running jobs stay charged to its parents;
 * the default queue's jobs (namespaces no queue lists) are reclaimed, whatever their priority.
@@ -330,11 +330,6 @@ def test_reclaim_takes_only_what_was_borrowed(guar: Guarantees) -> None:
     assert "Preempting" in guar.hub.events("a0", "g2-team-a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reclaimer's hold keeps the freed nodes but not the quota: the requeued victims "
-    "are re-admitted on other free H100s first and the reclaimer waits (issue 23 finding)",
-)
 def test_the_reclaimed_quota_goes_to_the_reclaimer(guar: Guarantees) -> None:
     """The same reclaim (``_team_b_borrows_16``, 40 H100s still free in the fleet): team-a's
     job runs and team-b ends at its nominal, 8 (its victims wait: at g6-org 8 + 16 = 24 of

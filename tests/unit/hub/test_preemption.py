@@ -310,3 +310,74 @@ async def test_running_rows_carry_each_job_s_submit_time_on_the_started_at_clock
         assert request is not None
         assert row.submitted_at == request.submitted_at == created
         assert row.started_at >= row.submitted_at, "the same clock as started_at"
+
+
+async def test_a_hold_outlives_its_ttl_while_its_victims_stop() -> None:
+    # issue 23: a victim's grace period may outlast the reservation TTL; the freed GPUs stay
+    # the preemptor's until its victims are gone, whatever the TTL.
+    t = Term(config=HubConfig(insecure=True, reservation_ttl_s=60))
+    f = await full_member(t)
+    await f.submit("hi", "uh", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    assert await f.ack("delete", "Deleted") == f.n1
+    t.clock.advance(300)  # the victims' pods are still terminating, long past the TTL
+    await t.ctrl.scheduler.cycle()
+    assert t.ctrl.reservations.held("uh") is not None, "the hold expired under its victims"
+    f.report(node("m1-n1"))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    hi = t.ctrl.state.jobs["uh"]
+    assert hi.status.phase == "Placed"
+
+
+async def test_a_victim_whose_pods_go_first_does_not_take_the_reclaimed_quota_back() -> None:
+    # The e2e sequence (tests/e2e/test_8_guarantees.py): the reclaimer needs two victims'
+    # nodes; the first victim's pods go first and it is requeued while the reclaimer still
+    # waits for the second. It must not be admitted on another free node with the quota its
+    # queue just lost.
+    from tests.unit.hub.test_queues import gpuqueue
+
+    t = Term()
+    t.ctrl.intake.namespaces.seen("team-b", {})
+    t.kube.objects["gpuqueues"] += [
+        gpuqueue("org"),
+        gpuqueue("team-a", namespaces=("team-a",), nominal=16, parent="org"),
+        gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org"),
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    f = Fleet(t)
+    f.report(node("m1-n2"))
+    for uid in ("b0", "b1", "b2"):
+        obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
+        obj["metadata"]["namespace"] = "team-b"
+        obj["spec"]["placement"] = {"priorityClassName": "high"}
+        t.kube.objects["gpujobs"].append(obj)
+        t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    await f.ack("apply", "Applied")
+    nodes = {
+        u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1", "b2")
+    }
+    f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
+    await settle()
+    obj = gpujob_obj("a", "ua", template=batch_job(8, parallelism=2, completions=2))
+    obj["spec"]["placement"] = {"priorityClassName": "low"}
+    t.kube.objects["gpujobs"].append(obj)
+    t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    victims = sorted(u for u in nodes if t.store.jobs[u][0].stopping is not None)
+    assert len(victims) == 2, "team-b borrowed 16: two 8-GPU jobs go"
+    first, second = victims
+    f.report(node("m1-n3"))  # a free node elsewhere
+    assert await f.ack("delete", "Deleted") == victims
+    f.report(node(nodes[first]))  # the first victim's pods are gone, the second's are not
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert t.ctrl.state.jobs[first].status.phase == "Pending", "it took the quota back"
+    f.report(node(nodes[second]))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    a = t.ctrl.state.jobs["ua"]
+    assert a.status.phase == "Placed", a.status.message

@@ -327,3 +327,20 @@ def test_gate_cache_answers_as_a_fresh_admission() -> None:
             placed.append(req.uid)
         if i % 4 == 3 and placed:
             gate.release(placed.pop(0))
+
+
+def test_a_lifted_charge_does_not_count_against_its_job_and_comes_back() -> None:
+    """A preemptor's hold is charged to its queue; its own placement attempt lifts it."""
+    tree = build_tree([gpu_queue("t", quota(H100, 8, borrowing=0))])
+    gate = QuotaGate(tree)
+    req = _in_queue(job("p", gpus=8), "t")
+    gate.charge(req, H100)  # the hold
+    assert not admit(tree, gate.usage, "t", H100, 8).ok
+    with gate.lifted(req.uid):
+        assert admit(tree, gate.usage, "t", H100, 8).ok
+    assert gate.usage.charged(req.uid) == ("t", {H100: 8}), "back when not placed"
+    with gate.lifted(req.uid):
+        gate.charge(req, H100)  # placed: charged for its placement
+    assert gate.usage.charged(req.uid) == ("t", {H100: 8})
+    with gate.lifted("nobody"):
+        pass
