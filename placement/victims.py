@@ -55,15 +55,14 @@ from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.victimblocks import (
-    Block,
     Bound,
     Estimate,
     SetKey,
     cheapest,
     estimates,
-    set_key,
     victim_key,
 )
+from gpufed.placement.victimsets import search
 from gpufed.placement.whatif import OnlyMember, freed
 
 
@@ -171,6 +170,11 @@ class Search:
                 return False
         return True
 
+    def allowed(self, victims: Sequence[Victim]) -> bool:
+        """set-level quota rule: whether removing these victims together respects each victim
+        queue's nominal; the guarantees change fills it in"""
+        return True
+
     @property
     def spent(self) -> bool:
         return self.whatifs >= self.rules.max_whatifs
@@ -186,53 +190,6 @@ def _row(tree: QueueTree, usage: QuotaUsage, queue: str, product: str) -> tuple[
         if r.key == entry.gpu_product:
             return (r.nominal, r.used)
     return None
-
-
-def _search_block(
-    s: Search, cluster: str, b: Block, chosen: list[Victim], rest: list[Victim]
-) -> tuple[list[Victim], Decision] | None:
-    """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring).
-
-    Growing doubles the number of victims added until the job fits, then bisects back to the
-    shortest prefix of the cost order that fits (freeing more never makes a job not fit), so
-    O(log victims) what-ifs; pruning skips the what-if for a victim without which the
-    block's free GPUs would fall below the job's demand (it cannot fit, the victim stays)."""
-    order = chosen + rest
-    lo = len(chosen)  # shorter prefixes cannot reach the demand's GPU count
-    d = s.fits(cluster, order[:lo])
-    if d is None:
-        fail, step, hit = lo, 1, None
-        while hit is None and fail < len(order) and not s.spent:
-            n = min(len(order), fail + step)
-            d = s.fits(cluster, order[:n])
-            if d is None:
-                fail, step = n, step * 2
-            else:
-                hit = n
-        if hit is None:
-            return None
-        while hit - fail > 1 and not s.spent:
-            mid = (fail + hit) // 2
-            d2 = s.fits(cluster, order[:mid])
-            if d2 is None:
-                fail = mid
-            else:
-                hit, d = mid, d2
-        lo = hit
-    assert d is not None
-    chosen = order[:lo]
-    # prune, most expensive first: by monotonicity one pass leaves every victim necessary
-    inside = all(b.freed[v.running.uid] == v.running.gpu_count for v in chosen)
-    for v in sorted(chosen, key=victim_key, reverse=True):
-        if s.spent or len(chosen) == 1:
-            break
-        trial = [x for x in chosen if x is not v]
-        if inside and b.free + sum(b.freed[x.running.uid] for x in trial) < s.job.demand:
-            continue
-        d2 = s.fits(cluster, trial)
-        if d2 is not None:
-            chosen, d = trial, d2
-    return chosen, d
 
 
 def _runs(running: Iterable[Running] | Mapping[str, Sequence[Running]]) -> Iterable[Running]:
@@ -319,21 +276,9 @@ def plan_preemption(
             (e.cluster, e.block(s, snapshot.cluster(e.cluster), skip, {}))
             for e in cheapest(everywhere, rules.max_blocks)
         ]
-    found: dict[str, SetKey] = {}
-    for cluster, (block, (chosen, rest)) in tried:
-        if s.spent:
-            break
-        r = _search_block(s, cluster, block, list(chosen), list(rest))
-        if r is None:
-            if cluster not in found:
-                members[cluster] = "the job does not fit even with the candidate victims gone"
-            continue
-        k = set_key(cluster, r[0])
-        if cluster not in found or k < found[cluster]:
-            found[cluster] = k
-            members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
-        if best is None or k < best[0]:
-            best = (k, r[0], r[1], cluster)
+    found = search(s, [(cluster, block, split) for cluster, (block, split) in tried])
+    members.update(found.members)
+    best = found.best
     if best is None:
         reason = "no member can place the job by preempting lower-priority or borrowing jobs"
         if s.spent:
@@ -348,7 +293,7 @@ def plan_preemption(
         f"preempting {len(victims)} job(s) in {cluster} ({names}; priority at most {key[0]}, "
         f"{cost / 3600:.2f} GPU-hours of work lost) frees "
         + (", ".join(decision.nvlink_domains) or f"{len(nodes)} node(s)")
-        + f" for {preemptor.request.job} (priority {preemptor.request.priority})"
+        + f" for {preemptor.request.job} (priority {preemptor.request.priority}; {found.how})"
     )
     return PreemptionPlan(
         preemptor=uid,
@@ -360,4 +305,5 @@ def plan_preemption(
         cost_gpu_s=cost,
         reason=reason,
         whatifs=s.whatifs,
+        search=found.how,
     )
