@@ -20,11 +20,13 @@ for a one-pod or ``nvlink: Required`` job, else its rack / block when required, 
 member), read from the running jobs' index by block (:mod:`.runindex`; :mod:`.victimblocks`
 files them and estimates each block); per block the cheapest victims are counted in until the
 block's free GPUs reach the job's demand, the blocks of the whole fleet are ordered by that
-estimate and the ``max_blocks`` cheapest are tried; in each
-the greedy set grows until the what-if places the job, then every victim whose removal still
-lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
-pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
-(:attr:`~gpufed.placement.preemption.PreemptionPlan.whatifs` says how many ran).
+estimate and the ``max_blocks`` cheapest are tried (:mod:`.victimsets`): exactly, best-first
+over every subset of the blocks with at most 12 candidates (the first set that fits is the
+cheapest and minimal), and by a bounded search (greedy prefix, prune, swaps) over larger
+blocks or when the exact one stops early. Every set is first asked of :meth:`Search.allowed`.
+At most ``max_whatifs`` what-if placements per decision
+(:attr:`~gpufed.placement.preemption.PreemptionPlan.whatifs` says how many ran,
+:attr:`~gpufed.placement.preemption.PreemptionPlan.search` which search found the plan).
 
 The snapshot is borrowed: each what-if changes it and puts it back before returning (not
 thread-safe, like ``place()``).
