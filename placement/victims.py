@@ -99,6 +99,8 @@ class Search:
         self.quota = quota
         self.placed = placed
         self.whatifs = 0
+        #: place() placed the job before any preemption (it then waits on quota only)
+        self.fit_before = False
         self.names = snapshot.cluster_names
         self._within: dict[tuple[str, str], bool] = {}
 
@@ -235,6 +237,7 @@ def plan_preemption(
         fits = place(preemptor.request, snapshot, policy, now, hold=hold)
     if fits.outcome == Outcome.PLACED and (quota is None or s.admitted(fits, ())):
         return NoPreemption(uid, f"fits without preemption ({fits.message})", whatifs=1)
+    s.fit_before = fits.outcome == Outcome.PLACED
     skip = {r.uid for r in gone} | {uid}
     index = running if isinstance(running, RunningIndex) else RunningIndex(snapshot, _runs(running))
     products = s.job.products

@@ -77,8 +77,10 @@ class Found:
 def could_fit(s: Search, b: Block, victims: Sequence[Victim]) -> bool:
     """False when arithmetic shows the job cannot fit with ``victims`` gone, while every victim
     sits wholly inside the block (nothing else changes); True otherwise (the what-if decides).
-    Necessary conditions, in one GPU product (a whole-member block counts each product apart;
-    a smaller block counts all its GPUs as one): the free GPUs plus those freed reach the job's
+    Necessary conditions, in one GPU product the set frees GPUs of (a whole-member block counts
+    each product apart; a smaller block counts all its GPUs as one; unless ``place()`` placed
+    the job before preemption, a product where nothing is freed cannot hold it): the free GPUs
+    plus those freed reach the job's
     demand; for each pod size ``t`` of the job, its pods of ``t`` GPUs or more fit
     ``floor(free / t)`` to a node, counting the nodes the victims run on one by one and the
     rest of the free GPUs as if on one node (an upper bound)."""
@@ -97,6 +99,8 @@ def could_fit(s: Search, b: Block, victims: Sequence[Victim]) -> bool:
 def _room(s: Search, free: int, b: Block, avail: dict[str, int], product: str | None) -> bool:
     """:func:`could_fit`'s conditions over the nodes of ``product`` (None: all)."""
     mine = {n: a for n, a in avail.items() if product is None or b.node_free[n][1] == product}
+    if not mine:  # nothing freed in this product: the job did not fit there before
+        return s.fit_before  # unless it did, and waits on quota only
     freed = sum(a - b.node_free[n][0] for n, a in mine.items())
     if free + freed < s.job.demand:
         return False
