@@ -37,7 +37,7 @@ from gpufed.placement.whatif import OnlyMember, freed
 
 NOW = 50_000.0
 POLICY = Policy()
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
