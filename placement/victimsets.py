@@ -6,8 +6,8 @@ order of sets is :func:`~gpufed.placement.victimblocks.set_key`: the highest vic
 lowest first, then the least work lost, then the fewest victims, then member and UIDs. A set
 *fits* when the what-if ``place()`` places the job in its member (:meth:`Search.fits`); every
 set is first checked by :meth:`Search.allowed` (the set-level quota rule) and, when all its
-victims sit wholly inside the block, by arithmetic (the block's free GPUs plus those the set
-frees must reach the job's demand), and skipped without a what-if when either says no.
+victims sit wholly inside the block, by arithmetic (:func:`could_fit`: GPUs and pods per node,
+in one GPU product), and skipped without a what-if when either says no.
 
 * **Exact** (:func:`exact`), for the blocks with at most :data:`EXACT_MAX` candidates: one
   best-first enumeration of the subsets of every such block, in ``set_key`` order, from a heap
@@ -18,10 +18,11 @@ frees must reach the job's demand), and skipped without a what-if when either sa
   what-ifs left to the decision or after :data:`EXACT_SETS` sets; then the bounded search runs
   over every block with the rest.
 * **Bounded** (:func:`bounded`), for a block with more candidates (or every block when the
-  exact search stopped at :data:`EXACT_SETS`): the shortest prefix of the victim order that
+  exact search stopped early): the shortest prefix of the victim order that
   fits (doubling, then bisection), pruned most expensive first, then improved by swaps: for each
   other candidate, cheapest first, the set with that one victim in place of the most expensive
-  victims its GPUs make up for, tried when its key is lower, then pruned again.
+  victims its GPUs make up for, tried when its key is lower, then pruned again (at most
+  :data:`SWAPS` what-ifs a block).
 
 Both keep within ``max_whatifs`` what-ifs per decision (the bounded search of a block may stop
 with a fitting set not yet pruned when the budget runs out). :attr:`Found.exact` says whether
