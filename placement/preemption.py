@@ -134,7 +134,9 @@ class PreemptionPlan:
     """What to preempt for one job: stop ``victims`` in ``cluster``, which frees ``nodes``, and
     the job is placed as ``decision`` says (its NVLink ``domains``). ``cost_gpu_s``: the work
     lost, GPU-seconds. ``reason``: one line for events and ``gpufed explain``. ``whatifs``:
-    what-if placements this decision ran."""
+    what-if placements this decision ran. ``search``: how the victims were found, ``exact
+    search`` (the cheapest set of the blocks tried) or ``bounded search (why)``
+    (:mod:`.victimsets`)."""
 
     preemptor: str
     cluster: str
@@ -145,6 +147,7 @@ class PreemptionPlan:
     cost_gpu_s: float
     reason: str
     whatifs: int
+    search: str = "exact search"
 
     @property
     def victim_uids(self) -> tuple[str, ...]:

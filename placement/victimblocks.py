@@ -74,6 +74,12 @@ class Block:
     freed: dict[str, int] = field(default_factory=dict)  # victim uid -> GPUs freed in the block
     #: node -> (its free GPUs, its victims' uids): to order a whole-member block by node
     nodes: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    #: node -> (its free GPUs, its GPU product), for every node of the block a victim runs on
+    #: (any level): the pods-per-node arithmetic of :func:`~gpufed.placement.victimsets.could_fit`
+    node_free: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: a whole-member block's free GPUs per GPU product (a job's pods share one product);
+    #: empty for a smaller block, whose free GPUs count as one
+    product_free: dict[str, int] = field(default_factory=dict)
 
 
 def file_blocks(
@@ -112,6 +118,7 @@ def file_blocks(
                 b = blocks[key] = Block(key, free, cap)
             b.victims[run.uid] = v
             b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
+            b.node_free[name] = (n.gpu_free, n.pool.product)
             if level is None:
                 b.nodes.setdefault(name, (n.gpu_free, []))[1].append(run.uid)
     if level is None and "" in blocks:
@@ -121,6 +128,8 @@ def file_blocks(
             pools = [p for p in pools if p.product in products]
         b.free = sum(p.free for p in pools)
         b.cap = sum(p.cap for p in pools)
+        for p in pools:
+            b.product_free[p.product] = b.product_free.get(p.product, 0) + p.free
     return [b for b in blocks.values() if b.cap >= s.job.demand]
 
 

@@ -20,11 +20,13 @@ for a one-pod or ``nvlink: Required`` job, else its rack / block when required, 
 member), read from the running jobs' index by block (:mod:`.runindex`; :mod:`.victimblocks`
 files them and estimates each block); per block the cheapest victims are counted in until the
 block's free GPUs reach the job's demand, the blocks of the whole fleet are ordered by that
-estimate and the ``max_blocks`` cheapest are tried; in each
-the greedy set grows until the what-if places the job, then every victim whose removal still
-lets it fit is dropped (most expensive first; freeing more never makes a job not fit, so one
-pass leaves every victim necessary). At most ``max_whatifs`` what-if placements per decision
-(:attr:`~gpufed.placement.preemption.PreemptionPlan.whatifs` says how many ran).
+estimate and the ``max_blocks`` cheapest are tried (:mod:`.victimsets`): exactly, best-first
+over every subset of the blocks with at most 12 candidates (the first set that fits is the
+cheapest and minimal), and by a bounded search (greedy prefix, prune, swaps) over larger
+blocks or when the exact one stops early. Every set is first asked of :meth:`Search.allowed`.
+At most ``max_whatifs`` what-if placements per decision
+(:attr:`~gpufed.placement.preemption.PreemptionPlan.whatifs` says how many ran,
+:attr:`~gpufed.placement.preemption.PreemptionPlan.search` which search found the plan).
 
 The snapshot is borrowed: each what-if changes it and puts it back before returning (not
 thread-safe, like ``place()``).
@@ -56,15 +58,14 @@ from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.victimblocks import (
-    Block,
     Bound,
     Estimate,
     SetKey,
     cheapest,
     estimates,
-    set_key,
     victim_key,
 )
+from gpufed.placement.victimsets import search
 from gpufed.placement.whatif import OnlyMember, freed
 
 
@@ -104,6 +105,8 @@ class Search:
         self.quota = quota
         self.placed = placed
         self.whatifs = 0
+        #: place() placed the job before any preemption (it then waits on quota only)
+        self.fit_before = False
         self.names = snapshot.cluster_names
         self._views: dict[str, KeyView] = {}
         self._above: dict[tuple[str, str], str] = {}
@@ -303,53 +306,6 @@ class Search:
         return self.whatifs >= self.rules.max_whatifs
 
 
-def _search_block(
-    s: Search, cluster: str, b: Block, chosen: list[Victim], rest: list[Victim]
-) -> tuple[list[Victim], Decision] | None:
-    """Grow ``chosen`` from ``rest`` until the what-if fits, then prune (module docstring).
-
-    Growing doubles the number of victims added until the job fits, then bisects back to the
-    shortest prefix of the cost order that fits (freeing more never makes a job not fit), so
-    O(log victims) what-ifs; pruning skips the what-if for a victim without which the
-    block's free GPUs would fall below the job's demand (it cannot fit, the victim stays)."""
-    order = chosen + rest
-    lo = len(chosen)  # shorter prefixes cannot reach the demand's GPU count
-    d = s.fits(cluster, order[:lo])
-    if d is None:
-        fail, step, hit = lo, 1, None
-        while hit is None and fail < len(order) and not s.spent:
-            n = min(len(order), fail + step)
-            d = s.fits(cluster, order[:n])
-            if d is None:
-                fail, step = n, step * 2
-            else:
-                hit = n
-        if hit is None:
-            return None
-        while hit - fail > 1 and not s.spent:
-            mid = (fail + hit) // 2
-            d2 = s.fits(cluster, order[:mid])
-            if d2 is None:
-                fail = mid
-            else:
-                hit, d = mid, d2
-        lo = hit
-    assert d is not None
-    chosen = order[:lo]
-    # prune, most expensive first: by monotonicity one pass leaves every victim necessary
-    inside = all(b.freed[v.running.uid] == v.running.gpu_count for v in chosen)
-    for v in sorted(chosen, key=victim_key, reverse=True):
-        if s.spent or len(chosen) == 1:
-            break
-        trial = [x for x in chosen if x is not v]
-        if inside and b.free + sum(b.freed[x.running.uid] for x in trial) < s.job.demand:
-            continue
-        d2 = s.fits(cluster, trial)
-        if d2 is not None:
-            chosen, d = trial, d2
-    return chosen, d
-
-
 def _runs(running: Iterable[Running] | Mapping[str, Sequence[Running]]) -> Iterable[Running]:
     if isinstance(running, Mapping):
         return (r for rs in running.values() for r in rs)
@@ -391,6 +347,7 @@ def plan_preemption(
         fits = place(preemptor.request, snapshot, policy, now, hold=hold)
     if fits.outcome == Outcome.PLACED and (quota is None or s.admitted(fits, ())):
         return NoPreemption(uid, f"fits without preemption ({fits.message})", whatifs=1)
+    s.fit_before = fits.outcome == Outcome.PLACED
     skip = {r.uid for r in gone} | {uid}
     index = running if isinstance(running, RunningIndex) else RunningIndex(snapshot, _runs(running))
     products = s.job.products
@@ -434,21 +391,9 @@ def plan_preemption(
             (e.cluster, e.block(s, snapshot.cluster(e.cluster), skip, {}))
             for e in cheapest(everywhere, rules.max_blocks)
         ]
-    found: dict[str, SetKey] = {}
-    for cluster, (block, (chosen, rest)) in tried:
-        if s.spent:
-            break
-        r = _search_block(s, cluster, block, list(chosen), list(rest))
-        if r is None:
-            if cluster not in found:
-                members[cluster] = "the job does not fit even with the candidate victims gone"
-            continue
-        k = set_key(cluster, r[0])
-        if cluster not in found or k < found[cluster]:
-            found[cluster] = k
-            members[cluster] = f"{len(r[0])} victims, {k[1]:.0f} GPU-s lost"
-        if best is None or k < best[0]:
-            best = (k, r[0], r[1], cluster)
+    found = search(s, [(cluster, block, split) for cluster, (block, split) in tried])
+    members.update(found.members)
+    best = found.best
     if best is None:
         reason = "no member can place the job by preempting lower-priority or borrowing jobs"
         if s.spent:
@@ -463,7 +408,7 @@ def plan_preemption(
         f"preempting {len(victims)} job(s) in {cluster} ({names}; priority at most {key[0]}, "
         f"{cost / 3600:.2f} GPU-hours of work lost) frees "
         + (", ".join(decision.nvlink_domains) or f"{len(nodes)} node(s)")
-        + f" for {preemptor.request.job} (priority {preemptor.request.priority})"
+        + f" for {preemptor.request.job} (priority {preemptor.request.priority}; {found.how})"
     )
     return PreemptionPlan(
         preemptor=uid,
@@ -475,4 +420,5 @@ def plan_preemption(
         cost_gpu_s=cost,
         reason=reason,
         whatifs=s.whatifs,
+        search=found.how,
     )

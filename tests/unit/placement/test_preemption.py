@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from placement_builders import GPU, fleet, gpus_on, job, member
+from placement_builders import GB200, GPU, fleet, gpus_on, job, member
 from preemption_builders import (
     busy_node,
     hgx_full_of_jobs,
@@ -253,6 +253,50 @@ def test_fewest_victims_break_a_tie_in_work_lost() -> None:
     out = _plan(snap, runs, job("p", gpus=8, nvlink="Required", priority=5))
     assert isinstance(out, PreemptionPlan)
     assert out.victim_uids == ("big",)
+
+
+@pytest.mark.parametrize(
+    ("trays", "search"),
+    [(4, "exact search"), (18, "bounded search (a block has more than 12 candidates)")],
+    ids=["small-clique-exact", "full-clique-bounded"],
+)
+def test_one_victim_that_loses_less_work_beats_two_smaller_ones(trays: int, search: str) -> None:
+    """Issue 23's bug report: in one NVLink clique a 2 x 4-GPU job needs 8 GPUs; A (8 GPUs,
+    800 GPU-s since its checkpoint), B and C (4 GPUs, 600 GPU-s each), all priority 1. A alone
+    loses less work than B + C (1,200 GPU-s), so A is the plan, not the cost-ordered greedy
+    B + C. With 18 trays the other 14 run dearer jobs (more than 12 candidates: the bounded
+    search, whose swaps find A)."""
+    clique = {"product": GB200, "clique": "b-fabric.0", "rack": "b-rack0"}
+    nodes = [
+        busy_node("b-t00", [("A", 4)], gpus=4, **clique),
+        busy_node("b-t01", [("A", 4)], gpus=4, **clique),
+        busy_node("b-t02", [("B", 4)], gpus=4, **clique),
+        busy_node("b-t03", [("C", 4)], gpus=4, **clique),
+    ]
+    start = NOW - 3600
+    runs = [
+        running(
+            "A",
+            "b",
+            {"b-t00": 4, "b-t01": 4},
+            priority=1,
+            started_at=start,
+            last_checkpoint=NOW - 100,
+        ),
+        running("B", "b", {"b-t02": 4}, priority=1, started_at=start, last_checkpoint=NOW - 150),
+        running("C", "b", {"b-t03": 4}, priority=1, started_at=start, last_checkpoint=NOW - 150),
+    ]
+    for t in range(4, trays):
+        nodes.append(busy_node(f"b-t{t:02d}", [(f"D{t}", 4)], gpus=4, **clique))
+        runs.append(running(f"D{t}", "b", {f"b-t{t:02d}": 4}, priority=1, started_at=start))
+    snap = fleet(member("b", nodes))
+    out = _plan(snap, runs, job("p", gpus=4, pods=2, nvlink="Required", priority=9))
+    assert isinstance(out, PreemptionPlan), out
+    assert out.victim_uids == ("A",)
+    assert out.cost_gpu_s == pytest.approx(800.0)
+    assert gpus_on(out.decision) == {"b-t00": 4, "b-t01": 4}
+    assert out.search == search
+    assert search in out.reason
 
 
 def test_victims_are_only_as_many_as_needed() -> None:
