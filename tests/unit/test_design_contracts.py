@@ -1,6 +1,7 @@
 """docs/design.md §12 lists the import contracts pyproject.toml declares, and nothing else: the
 same names in the same order, the same source modules and the same forbidden imports (short
-names in the page stand for ``gpufed.<name>``), and the same indirect-import rule."""
+names in the page stand for ``gpufed.<name>``), and the same indirect-import rule; for a
+``layers`` contract, the same container and the same layers in the same order."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class Row:
     source: str
     forbidden: frozenset[str]
     indirect_allowed: bool
+    #: The ticked names of the third cell in order: a ``layers`` contract's layers.
+    listed: tuple[str, ...] = ()
 
 
 def section(text: str, number: int) -> str:
@@ -69,6 +72,7 @@ def design_rows(text: str) -> list[Row]:
                 ),
                 indirect_allowed="indirect imports allowed" in forbids
                 or "direct imports only" in forbids,
+                listed=tuple(_TICKED.findall(listed)),
             )
         )
     return rows
@@ -100,6 +104,11 @@ def test_the_design_lists_every_contract_of_pyproject_by_name_in_order() -> None
 def test_each_contract_row_says_what_pyproject_declares(contract: dict[str, Any]) -> None:
     rows = design_rows(DESIGN.read_text(encoding="utf-8"))
     row = next(r for r in rows if r.name == contract["name"])
+    if contract["type"] == "layers":
+        # "`gpufed.hub` | `edge`, `components`, ...: a layer imports only the layers after it"
+        assert {row.source.strip("`")} == set(contract["containers"])
+        assert list(row.listed) == contract["layers"]
+        return
     sources = set(contract["source_modules"])
     if row.source.startswith("every other"):
         # "every other `gpufed.agent` module (listed)": all of the package but the one named
@@ -124,4 +133,5 @@ def test_the_parser_reads_a_row_as_meant() -> None:
         "`gpufed.sync`",
         frozenset({"gpufed.placement", "gpufed.hub"}),
         indirect_allowed=False,
+        listed=("placement", "hub"),
     )
