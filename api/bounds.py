@@ -2,7 +2,7 @@
 
 The one place that measures the shape of a value a tenant or an agent hands the hub before any
 recursive code (``copy.deepcopy``, ``json.dumps``, pydantic) or arithmetic touches it. Called by
-pod-set derivation (:mod:`gpufed.hub.podsets`) and manifest preparation
+pod-set derivation (:mod:`gpufed.hub.rules.podsets`) and manifest preparation
 (:mod:`gpufed.sync.manifests`) on every GPUJob template; the limits of quantities live with
 quantities (:mod:`gpufed.api.resources`), those of agent inventory with inventory
 (:mod:`gpufed.api.inventory`).

@@ -6,7 +6,7 @@ the KEP-1623 patterns the hub's writer enforces). Split out of :mod:`gpufed.api.
 still re-exports every name, so that GPUJob (:mod:`gpufed.api.gpujob`, its status in
 :mod:`gpufed.api.jobstatus`), MemberCluster and GPUQueue build on one base.
 
-Who uses it: the CRD models in ``api/``; the hub's condition writer (``hub/status.py``).
+Who uses it: the CRD models in ``api/``; the hub's condition writer (``hub/rules/status.py``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class StatusCondition(CRDModel):
 
     ``type``, ``status``, ``reason``, ``message`` (may be empty) and ``lastTransitionTime`` are
     required by the schema, as in ``metav1.Condition``;
-    the hub's writer (``hub/status.py`` ``set_condition``) always fills them, and turns a
+    the hub's writer (``hub/rules/status.py`` ``set_condition``) always fills them, and turns a
     member's free-text or empty reason into a CamelCase one. The model itself reads
     leniently (defaults, no patterns) so that a status written by an older hub still loads.
     """

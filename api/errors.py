@@ -7,8 +7,8 @@ from this tree, each in one place (docs/design.md §11):
 - the retry classifier, :func:`gpufed.sync.retry.verdict_of`: a :class:`TransientError` is
   ``Verdict.RETRY``, a :class:`PermanentError` ``Verdict.PERMANENT``; errors of other libraries
   (Kubernetes, etcd and HTTP clients) are recognised there by shape;
-- the agent stream's gRPC status (:func:`gpufed.hub.service.close_code`): a
-  :class:`~gpufed.hub.sessions.StreamClosedError` carries its code, a
+- the agent stream's gRPC status (:func:`gpufed.hub.edge.service.close_code`): a
+  :class:`~gpufed.hub.adapters.sessions.StreamClosedError` carries its code, a
   :class:`~gpufed.api.protocol.codec.ProtocolError` is ``INVALID_ARGUMENT``, anything else
   ``UNAVAILABLE`` (the agent reconnects);
 - the CLI's error line (:func:`gpufed.cli.errors.error_line`): a :class:`PermanentError` is

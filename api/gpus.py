@@ -3,7 +3,7 @@ reports for each (memory, family, compute capability, MIG profiles and their siz
 
 It also resolves the names people write (``H100``, ``A100-80GB``) into GFD product strings
 (:func:`resolve_gpu_products`), for ``spec.placement.gpuProducts`` (the hub's intake,
-``hub/podsets.py``). The fleet spec (:mod:`gpufed.api.fleet`) reads it to fill in what a pool leaves out and to
+``hub/rules/podsets.py``). The fleet spec (:mod:`gpufed.api.fleet`) reads it to fill in what a pool leaves out and to
 check MIG layouts; :func:`gpufed.api.fleet.node_specs` turns it into node labels. A product
 outside :data:`KNOWN_GPUS` still works when the pool gives its memory; its family is then
 derived from the name (:func:`family_from_product`).

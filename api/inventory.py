@@ -12,7 +12,7 @@ schedulable nodes and ignore taints; a node with the MIG ``single`` strategy exp
 under ``nvidia.com/gpu``, so it holds no whole GPUs.
 
 **What an agent may report** (checked by the hub where a report enters,
-:func:`gpufed.api.protocol.codec.node_from_pb` and :mod:`gpufed.hub.sessions`; a report past
+:func:`gpufed.api.protocol.codec.node_from_pb` and :mod:`gpufed.hub.adapters.sessions`; a report past
 these is refused whole and the last good inventory kept): node names are DNS-1123 subdomains
 (at most 253 characters, as Kubernetes Node names); label and taint keys are qualified names
 and values label values; every amount is between 0 and 2^63 - 1, and an extended resource

@@ -1,6 +1,6 @@
 """``GPUJob.status`` (docs/design.md §4): the phase, the placement explanation, conditions, restarts.
 
-The status models the hub writes (``hub/status.py``, ``hub/mirror.py``) and ``gpufed get jobs`` /
+The status models the hub writes (``hub/rules/status.py``, ``hub/components/mirror.py``) and ``gpufed get jobs`` /
 ``explain`` read: :class:`GPUJobStatus` and its parts (:class:`PlacementStatus` with each
 member's score or rejection, :class:`PreemptionStatus`, :class:`RestartRecord`, :class:`Timings`,
 :class:`WorkloadRef`, :class:`PodIssueStatus`), and the phase vocabulary (:data:`JobPhase`,

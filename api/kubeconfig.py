@@ -1,7 +1,7 @@
 """Where Kubernetes credentials come from: kubectl's kubeconfig resolution, as one pure rule.
 
 Every ``gpufed`` command that talks to an API server resolves its credentials here (through
-``cli/kube.py``), and so do the hub (``hub/kube.py``) and the agent (``member-agent/kube.py``)
+``cli/kube.py``), and so do the hub (``hub/adapters/kube.py``) and the agent (``member-agent/kube.py``)
 processes, so all of them agree with kubectl on which file and context they use:
 
 1. ``--kubeconfig FILE`` (it must exist);

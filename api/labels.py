@@ -41,7 +41,7 @@ MANAGED_NAMESPACE_LABEL: Final = "gpufed.io/managed"
 #: hub list+watches only labelled Secrets of the token namespaces.
 JOIN_TOKEN_LABEL: Final = "gpufed.io/join-token"
 #: On a hub replica's own Pod: ``leader`` or ``standby`` (the hub Service selects ``leader``,
-#: so agents reach the leader whichever replica is Ready; gpufed.hub.podrole).
+#: so agents reach the leader whichever replica is Ready; gpufed.hub.edge.podrole).
 HUB_ROLE_LABEL: Final = "gpufed.io/hub-role"
 #: Pod Security Admission's level label on a Namespace (``privileged``, ``baseline``,
 #: ``restricted``): read on the hub's namespaces, set on the member namespaces the agent creates.

@@ -1,6 +1,6 @@
 """What an agent stream carries besides work: the hello and the member's inventory, as models.
 
-The hub's transport edge (:mod:`gpufed.hub.sessions`) decodes the protocol messages of
+The hub's transport edge (:mod:`gpufed.hub.adapters.sessions`) decodes the protocol messages of
 ``api/protocol/agent.proto`` into these models after applying the stream's sequence rules
 (snapshot parts in order, deltas exactly ``seq + 1``); the hub's logic receives only these,
 :class:`gpufed.api.work.WorkAck` and :class:`gpufed.api.work.WorkloadStatus`, and never a

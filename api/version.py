@@ -2,7 +2,7 @@
 protocol's.
 
 Called by ``gpufed version`` (``cli/version.py``), the hub's ``/version`` endpoint
-(``hub/app.py`` builds its body) and the agent's ``Hello.agent_version``.
+(``hub/edge/app.py`` builds its body) and the agent's ``Hello.agent_version``.
 """
 
 from __future__ import annotations

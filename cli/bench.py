@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpufed.placement.bench import run_placement_bench, run_preemption_bench
+from gpufed.placement.sim.bench import run_placement_bench, run_preemption_bench
 
 app = typer.Typer(help="Benchmarks that print one JSON line.", no_args_is_help=True)
 

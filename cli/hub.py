@@ -1,6 +1,6 @@
 """``gpufed hub``: run the hub, and the small admin commands around it.
 
-- ``gpufed hub [flags]``: the hub process (:class:`gpufed.hub.app.Hub`) until SIGTERM/SIGINT;
+- ``gpufed hub [flags]``: the hub process (:class:`gpufed.hub.edge.app.Hub`) until SIGTERM/SIGINT;
 - ``gpufed hub certs --out DIR``: a sandbox CA and server certificate for the agent listener;
 - ``gpufed hub install``: apply the gpufed CRDs (and the join-token namespace) to the hub cluster;
 - ``gpufed hub join CLUSTER``: create a member's join-token Secret and its MemberCluster, and
@@ -30,11 +30,11 @@ from pydantic import ValidationError
 from gpufed.api.crdgen import all_crds
 from gpufed.api.labels import API_VERSION, JOIN_TOKEN_LABEL
 from gpufed.cli import kube
-from gpufed.hub import certs as hub_certs
-from gpufed.hub import log as hub_log
-from gpufed.hub.app import Hub
-from gpufed.hub.config import HubConfig, TLSConfig
-from gpufed.hub.store import parse_endpoint
+from gpufed.hub.adapters.store import parse_endpoint
+from gpufed.hub.components.config import HubConfig, TLSConfig
+from gpufed.hub.edge import certs as hub_certs
+from gpufed.hub.edge import log as hub_log
+from gpufed.hub.edge.app import Hub
 
 app = typer.Typer(
     help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
@@ -536,7 +536,7 @@ def register_member(
     core: Any = client.CoreV1Api(api)
     secret_name = f"gpufed-join-{cluster}"
     body = {
-        # The hub watches only Secrets with JOIN_TOKEN_LABEL (hub/tokens.py).
+        # The hub watches only Secrets with JOIN_TOKEN_LABEL (hub/components/tokens.py).
         "metadata": {
             "name": secret_name,
             "labels": {"gpufed.io/member": cluster, JOIN_TOKEN_LABEL: "true"},

@@ -43,7 +43,7 @@ from gpufed.api.labels import (
 from gpufed.api.membercluster import MemberCluster
 from gpufed.cli import kube
 from gpufed.cli.output import AsJSON
-from gpufed.hub.status import decision_from_status
+from gpufed.hub.rules.status import decision_from_status
 from gpufed.placement import render_explanation
 
 Kubeconfig = kube.Kubeconfig

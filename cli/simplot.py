@@ -4,11 +4,11 @@
    symlog axis in minutes, so the many zero waits and the long tail both show);
 2. GPU utilisation over time per policy (busy GPUs / fleet GPUs, hourly means over the run);
 3. mean wait by job size per policy (grouped bars, size classes of
-   :func:`gpufed.placement.simreport.size_bucket`, minutes on a log axis).
+   :func:`gpufed.placement.sim.simreport.size_bucket`, minutes on a log axis).
 
 matplotlib is imported here only (the Agg backend: no display needed), from
 :func:`gpufed.cli.simulate.simulate_command` when ``--plot`` is given. The figures come from
-:mod:`gpufed.placement.simreport`, the same numbers ``--per-size`` and ``--jobs-out`` print.
+:mod:`gpufed.placement.sim.simreport`, the same numbers ``--per-size`` and ``--jobs-out`` print.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import typer
 
-from gpufed.placement.simreport import size_buckets, utilization_series, wait_by_size, waits
-from gpufed.placement.simulate import SimResult
+from gpufed.placement.sim.simreport import size_buckets, utilization_series, wait_by_size, waits
+from gpufed.placement.sim.simulate import SimResult
 
 __all__ = ["plot_results"]
 

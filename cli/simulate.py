@@ -4,12 +4,12 @@
 ``--json``: one JSON line per policy (``SimResult.as_json``; ``--per-size`` adds
 ``wait_mean_s_by_size``) and nothing else; otherwise a rich table, one column per policy and
 one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
-classes of :func:`gpufed.placement.simreport.size_bucket`). ``--plot FILE.png``: the figures of
+classes of :func:`gpufed.placement.sim.simreport.size_bucket`). ``--plot FILE.png``: the figures of
 :mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
-(``policy`` + :data:`gpufed.placement.simreport.CSV_COLUMNS`). ``--intervals-out FILE.csv``: one
+(``policy`` + :data:`gpufed.placement.sim.simreport.CSV_COLUMNS`). ``--intervals-out FILE.csv``: one
 row per policy, job run and quota key (``policy`` +
-:data:`gpufed.placement.simreport.INTERVAL_COLUMNS`). ``--check-invariants``: recompute every
-queue's usage from those intervals (:mod:`gpufed.placement.siminvariants`), add
+:data:`gpufed.placement.sim.simreport.INTERVAL_COLUMNS`). ``--check-invariants``: recompute every
+queue's usage from those intervals (:mod:`gpufed.placement.sim.siminvariants`), add
 ``invariant_violations`` to the output, print the first few on stderr and exit 1 when any is
 found (after every output is written). Every ~10 s of wall time a progress line goes to stderr
 (jobs arrived / total, simulated day), with ``--json`` too.
@@ -30,12 +30,12 @@ import typer
 
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
-from gpufed.placement.priomix import load_mix
 from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
-from gpufed.placement.simfail import SimFailures
-from gpufed.placement.siminvariants import check_intervals
-from gpufed.placement.simpreempt import VICTIM_RULES, SimPreemption
-from gpufed.placement.simreport import (
+from gpufed.placement.sim.priomix import load_mix
+from gpufed.placement.sim.simfail import SimFailures
+from gpufed.placement.sim.siminvariants import check_intervals
+from gpufed.placement.sim.simpreempt import VICTIM_RULES, SimPreemption
+from gpufed.placement.sim.simreport import (
     CSV_COLUMNS,
     INTERVAL_COLUMNS,
     csv_rows,
@@ -43,7 +43,7 @@ from gpufed.placement.simreport import (
     size_buckets,
     wait_by_size,
 )
-from gpufed.placement.simulate import (
+from gpufed.placement.sim.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
     SimResult,

@@ -51,7 +51,7 @@ from gpufed.cli.jobs import (
     wrap,
 )
 from gpufed.cli.output import Output, output_format
-from gpufed.hub.podsets import placement_request
+from gpufed.hub.rules.podsets import placement_request
 from gpufed.sync.manifests import prepare_manifests
 
 __all__ = ["SubmitError", "dry_run_entry", "gpujobs_of", "read_sources", "submit"]

@@ -1,6 +1,6 @@
 """``gpufed version``: the client's version and agent protocol, and the hub's when one answers.
 
-The hub's version comes from its HTTP endpoint ``GET /version`` (``hub/http.py``: JSON
+The hub's version comes from its HTTP endpoint ``GET /version`` (``hub/edge/http.py``: JSON
 ``version``, ``protocolVersion``, ``hubId``), the same listener as ``/metrics`` and
 ``/healthz`` (``gpufed hub --http-listen``, default port 8080). Which hub: ``--hub-url``, else
 ``$GPUFED_HUB_URL``, else the running local sandbox's hub (``gpufed local up``); with none the

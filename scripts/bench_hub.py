@@ -33,8 +33,8 @@ from kubernetes_asyncio import watch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpufed.hub import certs  # noqa: E402
-from gpufed.hub.etcd import free_port  # noqa: E402
+from gpufed.hub.adapters.etcd import free_port  # noqa: E402
+from gpufed.hub.edge import certs  # noqa: E402
 from gpufed.sandbox.runtime import SandboxInfo  # noqa: E402
 from tests.integration.hub.harness import FakeAgent, HubAPI, gpu_job, hgx_nodes  # noqa: E402
 

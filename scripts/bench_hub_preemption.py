@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python scripts/bench_hub_preemption.py [--members 4] [--nodes 64] [--high 8]
 
-A leader term (``gpufed.hub.core.Controller``) over the typed fakes of the hub unit tests
+A leader term (``gpufed.hub.components.core.Controller``) over the typed fakes of the hub unit tests
 (tests/unit/hub/term.py: etcd and the hub API in memory), ``--members`` members of ``--nodes``
 8-GPU HGX nodes each, every node running one low-priority 8-GPU job (placed by the hub's own
 cycles, then reported bound), then ``--high`` high-priority 8-GPU jobs arrive. Prints one JSON
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import structlog  # noqa: E402
 
 from gpufed.api.stream import InventoryDelta  # noqa: E402
-from gpufed.hub.ports import WatchEvent  # noqa: E402
+from gpufed.hub.adapters.ports import WatchEvent  # noqa: E402
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node  # noqa: E402
 from tests.unit.hub.term import Term, settle  # noqa: E402
 from tests.unit.hub.test_priorities import priorityclass  # noqa: E402

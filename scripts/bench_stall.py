@@ -2,7 +2,7 @@
 
 Each case is the hub's synchronous work on one input, as the event loop runs it: a GPUJob's
 intake (``GPUJob.model_validate``, ``placement_request``, ``prepare_manifests``) or one agent
-message (``AgentSession.receive``, the decode and checks of ``hub/sessions.py``). Any exception
+message (``AgentSession.receive``, the decode and checks of ``hub/adapters/sessions.py``). Any exception
 is the hub refusing the input (its outcome is printed); the time is what the loop was held.
 
     .venv/bin/python scripts/bench_stall.py            # every case
@@ -38,8 +38,8 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_from_pb, node_to_pb
 from gpufed.api.stream import InventorySnapshot
-from gpufed.hub.podsets import placement_request
-from gpufed.hub.sessions import AgentSession
+from gpufed.hub.adapters.sessions import AgentSession
+from gpufed.hub.rules.podsets import placement_request
 from gpufed.sync.manifests import prepare_manifests
 
 
@@ -169,7 +169,7 @@ def snapshot_as_sent(count: int, max_message_bytes: int) -> list[pb.AgentMessage
 
 def apply_member(count: int) -> dict[str, Any]:
     """The hub applying a complete ``count``-node snapshot of a new member to its state and
-    the fleet snapshot (``hub/members.py``, on the unit tests' fakes for etcd and the hub API,
+    the fleet snapshot (``hub/components/members.py``, on the unit tests' fakes for etcd and the hub API,
     which it does not call): the worst step between two turns of the loop is the stall (one
     step where the checkout applies a snapshot in one go)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

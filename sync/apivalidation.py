@@ -1,7 +1,7 @@
 """What a member's API server would certainly refuse in an object's metadata: the Kubernetes
 validation rules for object names, label keys and values, annotation keys and total size.
 
-Called by the hub's intake (:mod:`gpufed.hub.admission`) over the prepared manifests of a
+Called by the hub's intake (:mod:`gpufed.hub.rules.admission`) over the prepared manifests of a
 GPUJob, so a job whose objects a member would refuse fails at once, naming the field and the
 rule, instead of being placed and then refused. Pure functions; no I/O. The rules are those of
 Kubernetes' apimachinery validation (``IsDNS1123Subdomain``, ``IsDNS1123Label``,

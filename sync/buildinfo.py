@@ -1,6 +1,6 @@
 """The build and process metrics every gpufed process exports (hub and agent alike).
 
-Called by :class:`gpufed.hub.metrics.HubMetrics` and :class:`gpufed.agent.metrics.AgentMetrics`
+Called by :class:`gpufed.hub.components.metrics.HubMetrics` and :class:`gpufed.agent.metrics.AgentMetrics`
 when they build their registries; it lives here because ``sync`` is what hub and agent share.
 """
 

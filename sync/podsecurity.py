@@ -1,7 +1,7 @@
 """Pod Security Standards: the checks of the ``privileged``, ``baseline`` and ``restricted``
 levels over one pod template, as Kubernetes' Pod Security Admission evaluates a Pod.
 
-Called by the hub's intake (:mod:`gpufed.hub.admission`) for every pod template of a GPUJob
+Called by the hub's intake (:mod:`gpufed.hub.rules.admission`) for every pod template of a GPUJob
 before placement, and shared with the agent (which labels the member namespaces it creates
 with the same level, so the member's own Pod Security Admission enforces it again). Pure
 functions over plain dicts (the JSON form of a pod template); no I/O.

@@ -6,7 +6,7 @@ set, in template order), the objects of a ``kind: List`` template (:func:`templa
 and the shapes refused because no operator would run them as sized (a RayJob on an existing
 cluster or with autoscaling, an MPIJob without a launcher, a suspended job or one managed by
 another controller ...). Called by pod-set derivation
-(``hub/podsets.py``), by manifest preparation (:mod:`gpufed.sync.manifests`, so both agree on
+(``hub/rules/podsets.py``), by manifest preparation (:mod:`gpufed.sync.manifests`, so both agree on
 pod set names), by admission and by the agent. A template that may not be sent raises
 :class:`~gpufed.api.errors.FieldError` naming the field, here and in preparation. Pure functions over plain dicts;
 split out of :mod:`gpufed.sync.manifests`, which re-exports every public name.

@@ -15,7 +15,7 @@ import asyncio
 import aetcd
 import pytest
 
-from gpufed.hub.store import parse_endpoint
+from gpufed.hub.adapters.store import parse_endpoint
 from tests.e2e.harness import E2E, H100, batch_job, unique, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -20,7 +20,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.labels import GROUP, VERSION
-from gpufed.hub.etcd import free_port
+from gpufed.hub.adapters.etcd import free_port
 from tests.e2e.harness import E2E, H100, batch_job, http_status, unique, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

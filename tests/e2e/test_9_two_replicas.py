@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.labels import HUB_ROLE_LABEL
-from gpufed.hub.etcd import free_port
+from gpufed.hub.adapters.etcd import free_port
 from gpufed.sandbox.controlplane import HUB_COMPONENT, TOKEN_NAMESPACE
 from tests.e2e.harness import E2E, batch_job, http_status, unique, wait_until
 

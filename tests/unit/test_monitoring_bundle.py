@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.components.metrics import HubMetrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
 #: A metric name inside a PromQL expression (label names and functions are not followed by

@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.cli.hub import install_crds
-from gpufed.hub.store import Store
+from gpufed.hub.adapters.store import Store
 from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.hub.harness import JOB_NAMESPACES, TOKEN_NAMESPACE, HubAPI, wait_until
 

@@ -23,9 +23,9 @@ from gpufed.api.labels import JOIN_TOKEN_LABEL
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import node_to_pb
-from gpufed.hub import certs
-from gpufed.hub.app import Hub
-from gpufed.hub.config import HubConfig, TLSConfig
+from gpufed.hub.components.config import HubConfig, TLSConfig
+from gpufed.hub.edge import certs
+from gpufed.hub.edge.app import Hub
 
 T = TypeVar("T")
 H100 = "NVIDIA-H100-80GB-HBM3"

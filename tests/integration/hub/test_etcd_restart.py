@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.hub.app import Hub
-from gpufed.hub.etcd import EmbeddedEtcd
+from gpufed.hub.adapters.etcd import EmbeddedEtcd
+from gpufed.hub.edge.app import Hub
 from gpufed.sandbox.binaries import BinDir
 from tests.integration.hub.harness import (
     FakeAgent,

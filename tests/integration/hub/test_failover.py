@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.cli.main import app
-from gpufed.hub import certs
-from gpufed.hub.etcd import free_port
-from gpufed.hub.store import Store
+from gpufed.hub.adapters.etcd import free_port
+from gpufed.hub.adapters.store import Store
+from gpufed.hub.edge import certs
 from tests.integration.hub.harness import FakeAgent, HubAPI, gpu_job, hgx_nodes, wait_for
 
 pytestmark = pytest.mark.integration

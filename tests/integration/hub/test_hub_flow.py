@@ -14,7 +14,7 @@ import pytest
 from gpufed.api.labels import FINALIZER, JOB_UID_LABEL, ORIGIN_LABEL
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_to_pb
-from gpufed.hub.store import Store
+from gpufed.hub.adapters.store import Store
 from tests.integration.hub.harness import (
     FakeAgent,
     HubAPI,

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.leader import LeaderElector
-from gpufed.hub.records import (
+from gpufed.hub.adapters.store import ConflictError, NotLeaderError, Store
+from gpufed.hub.edge.leader import LeaderElector
+from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
     JobRecord,
@@ -16,7 +17,6 @@ from gpufed.hub.records import (
     RequeueCause,
     WorkRecord,
 )
-from gpufed.hub.store import ConflictError, NotLeaderError, Store
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,12 @@ from typing import Any
 import grpc
 import pytest
 
-from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
-from gpufed.hub.core import Controller
-from gpufed.hub.kube import KubeAPI
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.kube import KubeAPI
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.core import Controller
+from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.rules import status as st
 from tests.integration.hub.harness import (
     FakeAgent,
     HubAPI,

@@ -20,7 +20,7 @@ from gpufed.agent.work import WorkManager
 from gpufed.api.inventory import MAX_NODES_PER_MEMBER, MAX_NODES_PER_PART, NodeInventory
 from gpufed.api.protocol.codec import node_to_pb
 from gpufed.api.work import WorkItem
-from gpufed.hub.sessions import MAX_SNAPSHOT_PARTS
+from gpufed.hub.adapters.sessions import MAX_SNAPSHOT_PARTS
 from tests.integration.agent.hub_peer import HubPeer
 
 from .builders import gpu_job, gpu_pod, hgx_node

@@ -61,7 +61,7 @@ def test_every_exception_class_of_the_project_has_the_one_root() -> None:
 
 TRANSIENT = {
     "gpufed.agent.hub_stream.HubUnavailableError",
-    "gpufed.hub.store.StoreUnavailableError",
+    "gpufed.hub.adapters.store.StoreUnavailableError",
 }
 PERMANENT = {
     "gpufed.api.errors.FieldError",
@@ -71,11 +71,11 @@ PERMANENT = {
     "gpufed.api.protocol.codec.ProtocolError",
     "gpufed.api.queue.QueueFileError",
     "gpufed.api.resources.QuantityError",
-    "gpufed.placement.trace.TraceError",
-    "gpufed.placement.simreport.IntervalFileError",
+    "gpufed.placement.sim.trace.TraceError",
+    "gpufed.placement.sim.simreport.IntervalFileError",
     "gpufed.sync.apply.ManifestRefusedError",
     "gpufed.agent.kube.KindNotServedError",
-    "gpufed.hub.store.NotLeaderError",
+    "gpufed.hub.adapters.store.NotLeaderError",
     "gpufed.cli.output.SelectorError",
     "gpufed.cli.submit.SubmitError",
 }
@@ -94,12 +94,12 @@ def test_errors_keep_the_built_in_base_callers_catch_them_by() -> None:
     classes = exception_classes()
     for name in PERMANENT - {
         "gpufed.agent.kube.KindNotServedError",
-        "gpufed.hub.store.NotLeaderError",
+        "gpufed.hub.adapters.store.NotLeaderError",
     }:
         assert issubclass(classes[name], ValueError), name
     assert issubclass(classes["gpufed.agent.kube.KindNotServedError"], LookupError)
     assert issubclass(classes["gpufed.agent.hub_stream.HubUnavailableError"], ConnectionError)
-    assert issubclass(classes["gpufed.hub.store.NotLeaderError"], RuntimeError)
+    assert issubclass(classes["gpufed.hub.adapters.store.NotLeaderError"], RuntimeError)
 
 
 def test_a_field_error_names_its_field_and_says_what_is_wrong() -> None:
@@ -156,7 +156,7 @@ def _too_deep() -> None:
 
 
 def _no_pods() -> None:
-    from gpufed.hub.podsets import derive_pod_sets
+    from gpufed.hub.rules.podsets import derive_pod_sets
 
     job = _batch_job()
     job["spec"]["parallelism"] = 0
@@ -182,7 +182,7 @@ def _empty_list() -> None:
 
 
 def _unknown_gpu() -> None:
-    from gpufed.hub.podsets import placement_request
+    from gpufed.hub.rules.podsets import placement_request
 
     placement_request(_job(_batch_job(), gpuProducts=["H999"]), submitted_at=0.0)
 
@@ -197,10 +197,10 @@ def _wrap_without_name() -> None:
     ("raise_it", "field"),
     [
         (_too_deep, "spec.template.spec"),  # api/bounds.py (was BoundsError)
-        (_no_pods, "spec.template"),  # hub/podsets.py (was InvalidJobError)
+        (_no_pods, "spec.template"),  # hub/rules/podsets.py (was InvalidJobError)
         (_foreign_namespace, "spec.template.metadata.namespace"),  # sync (was ManifestError)
         (_empty_list, "spec.template.items"),  # sync/workloads.py (was ManifestError)
-        (_unknown_gpu, "spec.placement.gpuProducts[0]"),  # hub/podsets.py
+        (_unknown_gpu, "spec.placement.gpuProducts[0]"),  # hub/rules/podsets.py
         (_wrap_without_name, "metadata.name"),  # gpufed submit's wrap
     ],
 )

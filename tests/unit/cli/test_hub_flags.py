@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gpufed.cli import hub as hub_cli
 from gpufed.cli import kube
 from gpufed.cli.main import app
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 
 
 @pytest.fixture(autouse=True)

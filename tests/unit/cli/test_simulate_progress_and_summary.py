@@ -9,8 +9,8 @@ import pytest
 
 from gpufed.cli import local
 from gpufed.cli.simulate import _Progress
-from gpufed.placement.simulate import load_fleet, simulate
-from gpufed.placement.trace import TraceJob
+from gpufed.placement.sim.simulate import load_fleet, simulate
+from gpufed.placement.sim.trace import TraceJob
 from gpufed.sandbox.state import SandboxInfo
 
 FLEET = Path(__file__).resolve().parents[3] / "manifests" / "fleets" / "sim-itp.yaml"

@@ -53,8 +53,8 @@ def test_a_named_hub_that_does_not_answer_exits_1() -> None:
 async def test_the_hub_serves_its_version() -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gpufed.hub.http import make_app
-    from gpufed.hub.metrics import HubMetrics
+    from gpufed.hub.components.metrics import HubMetrics
+    from gpufed.hub.edge.http import make_app
 
     about = {"version": "1.2.3", "protocolVersion": 1, "hubId": "h"}
     app_ = make_app(HubMetrics(), lambda: (True, "ok"), about)

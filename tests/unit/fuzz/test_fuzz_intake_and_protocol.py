@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.protocol import agent_pb2 as pb
-from gpufed.hub.podsets import placement_request
-from gpufed.hub.sessions import AgentSession, StreamClosedError
+from gpufed.hub.adapters.sessions import AgentSession, StreamClosedError
+from gpufed.hub.rules.podsets import placement_request
 from gpufed.sync.manifests import prepare_manifests
 
 EXAMPLES = int(os.environ.get("GPUFED_FUZZ_EXAMPLES", "25"))

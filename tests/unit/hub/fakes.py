@@ -1,9 +1,9 @@
-"""Typed in-memory fakes of a leader term's two ports (gpufed.hub.ports) and its clocks.
+"""Typed in-memory fakes of a leader term's two ports (gpufed.hub.adapters.ports) and its clocks.
 
 ``FakeStore`` keeps etcd's semantics that the hub relies on (one revision counter, the
 placement transaction's create-or-revision guard); ``FakeHubAPI`` serves lists and watches
 from memory and records every write. Both satisfy the Protocols under mypy, so tests build a
-real :class:`~gpufed.hub.core.Controller` over them and drive it through public methods only.
+real :class:`~gpufed.hub.components.core.Controller` over them and drive it through public methods only.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.ports import HubAPI, StateStore, WatchEvent
-from gpufed.hub.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
-from gpufed.hub.store import ConflictError, Loaded
+from gpufed.hub.adapters.ports import HubAPI, StateStore, WatchEvent
+from gpufed.hub.adapters.store import ConflictError, Loaded
+from gpufed.hub.rules.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
 
 
 @dataclass

@@ -9,11 +9,11 @@ from typing import Any
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import AgentHello, InventorySnapshot
-from gpufed.hub.config import HubConfig
-from gpufed.hub.core import Controller
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.sessions import PROTOCOL_VERSION, AgentSession
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.sessions import PROTOCOL_VERSION, AgentSession
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.core import Controller
+from gpufed.hub.components.metrics import HubMetrics
 from tests.unit.hub.builders import batch_job, gpujob_obj, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 

@@ -13,9 +13,9 @@ import yaml
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
-from gpufed.hub.admission import AdmissionPolicy, admit
-from gpufed.hub.config import HubConfig
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.rules.admission import AdmissionPolicy, admit
 from gpufed.sync.manifests import prepare_manifests
 from gpufed.sync.podsecurity import Level
 from tests.unit.hub.builders import (
@@ -265,7 +265,7 @@ async def test_the_hub_default_level_applies_to_unlabelled_namespaces() -> None:
 
 async def test_an_already_placed_job_is_not_admitted_again() -> None:
     """A later, stricter namespace label never fails a job that was placed before it."""
-    from gpufed.hub.records import JobRecord
+    from gpufed.hub.rules.records import JobRecord
 
     t = Term()
     t.ctrl.intake.namespaces.on_event("MODIFIED", namespace_obj("team-a", "restricted"))

@@ -1,5 +1,5 @@
 """The checkpoint an agent reports (WorkloadStatus.last_checkpoint_time) lands in the GPUJob's
-status.lastCheckpointTime (gpufed.hub.reports, gpufed.hub.status): only forward, and a value in
+status.lastCheckpointTime (gpufed.hub.components.reports, gpufed.hub.rules.status): only forward, and a value in
 the future or not RFC 3339 is ignored (logged), the last good one kept."""
 
 from __future__ import annotations

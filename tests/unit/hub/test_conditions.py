@@ -1,4 +1,4 @@
-"""KEP-1623 conditions (gpufed.hub.status): every condition the hub writes has a CamelCase,
+"""KEP-1623 conditions (gpufed.hub.rules.status): every condition the hub writes has a CamelCase,
 non-empty reason and a lastTransitionTime, and matches the CRD's condition schema; the
 kind-independent ``Finished`` condition is derived from the phase in one place, so one
 ``kubectl wait --for=condition=Finished`` covers Job, JobSet and PyTorchJob alike."""
@@ -13,7 +13,7 @@ from gpufed.api.crdgen import structural_schema
 from gpufed.api.decision import Outcome
 from gpufed.api.gpujob import GPUJobStatus, StatusCondition
 from gpufed.api.work import Condition, WorkloadStatus
-from gpufed.hub import status as st
+from gpufed.hub.rules import status as st
 from tests.unit.hub.test_status import T0, T1, placed, running_status, unschedulable
 
 SCHEMA = structural_schema(StatusCondition)

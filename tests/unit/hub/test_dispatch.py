@@ -1,10 +1,10 @@
-"""Dispatch (gpufed.hub.dispatch) and acks (gpufed.hub.reports) through a real leader term over
+"""Dispatch (gpufed.hub.components.dispatch) and acks (gpufed.hub.components.reports) through a real leader term over
 typed fakes and a fake clock: the in-flight cap, resends, and the desired set on reconnect."""
 
 from __future__ import annotations
 
 from gpufed.api.work import WorkAck
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
 

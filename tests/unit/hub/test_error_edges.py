@@ -1,8 +1,8 @@
 """The three edges translate gpufed's errors from the one tree (gpufed.api.errors): the retry
-classifier (sync/retry.py), the agent stream's gRPC status (hub/service.py) and the CLI's error
+classifier (sync/retry.py), the agent stream's gRPC status (hub/edge/service.py) and the CLI's error
 line (cli/errors.py); and the two places that judged errors themselves now ask the classifier:
-the finalizer refusal (hub/deletion.py) and the leader's campaign and lease renewal
-(hub/leader.py)."""
+the finalizer refusal (hub/components/deletion.py) and the leader's campaign and lease renewal
+(hub/edge/leader.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import FINALIZER
 from gpufed.api.protocol.codec import ProtocolError
 from gpufed.cli.errors import error_line
-from gpufed.hub.leader import LeaderElector
-from gpufed.hub.service import close_code, grpc_status
-from gpufed.hub.sessions import RefusedError, StreamClosedError
-from gpufed.hub.store import ConflictError, NotLeaderError, StoreUnavailableError
+from gpufed.hub.adapters.sessions import RefusedError, StreamClosedError
+from gpufed.hub.adapters.store import ConflictError, NotLeaderError, StoreUnavailableError
+from gpufed.hub.edge.leader import LeaderElector
+from gpufed.hub.edge.service import close_code, grpc_status
 from gpufed.sandbox.state import SandboxError
 from gpufed.sync.retry import Verdict, verdict_of
 from tests.unit.api.test_errors import exception_classes
@@ -147,7 +147,7 @@ def test_the_cli_judges_its_own_errors_by_the_tree_not_the_built_in_base() -> No
     )
 
 
-# --- hub/deletion.py: a refused finalizer -----------------------------------------------------
+# --- hub/components/deletion.py: a refused finalizer -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ async def test_only_a_permanent_api_refusal_of_the_finalizer_is_dropped(
     await ctrl.mirror.stop()
 
 
-# --- hub/leader.py: what the campaign and the renewal retry -------------------------------------
+# --- hub/edge/leader.py: what the campaign and the renewal retry -------------------------------------
 
 
 class FlakyLeaseStore:
@@ -215,7 +215,7 @@ def no_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     async def fast(_: float) -> None:
         await real_sleep(0)
 
-    monkeypatch.setattr("gpufed.hub.leader.asyncio.sleep", fast)
+    monkeypatch.setattr("gpufed.hub.edge.leader.asyncio.sleep", fast)
 
 
 @pytest.mark.usefixtures("no_waits")

@@ -1,4 +1,4 @@
-"""The Events the hub emits (gpufed.hub.scheduling, gpufed.hub.members, gpufed.hub.mirror):
+"""The Events the hub emits (gpufed.hub.components.scheduling, gpufed.hub.components.members, gpufed.hub.components.mirror):
 a job that cannot be placed gets one Warning per reason change, not one per new message; a
 MemberCluster gets one Event per health transition (Ready, NotReady, Lost), naming its UID so
 ``kubectl describe membercluster`` shows it."""
@@ -6,7 +6,7 @@ MemberCluster gets one Event per health transition (Ready, NotReady, Lost), nami
 from __future__ import annotations
 
 from gpufed.api.stream import Heartbeat, InventorySnapshot
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, settle
 

@@ -2,11 +2,11 @@
 API, a status computed from an older view never overwrites a newer one, and the leader corrects
 what it finds overwritten (level-triggered).
 
-- The fence: :meth:`gpufed.hub.term.Term.check_fence` before every status write and Event,
+- The fence: :meth:`gpufed.hub.components.term.Term.check_fence` before every status write and Event,
   false once the leader lease is not known to be held (:meth:`LeaderElector.holds`).
 - The precondition: every status write carries the resourceVersion the term last saw; a 409
   re-reads and writes again, behind the fence again.
-- The resync: :meth:`gpufed.hub.mirror.Mirror.resync_jobs`.
+- The resync: :meth:`gpufed.hub.components.mirror.Mirror.resync_jobs`.
 
 Two Controllers over one FakeHubAPI play the ex-leader and the new leader.
 """
@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 
 from gpufed.api.labels import FINALIZER
-from gpufed.hub import status as st
-from gpufed.hub.config import HubConfig
-from gpufed.hub.core import Controller
-from gpufed.hub.leader import LeaderElector
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.state import JobState
-from gpufed.hub.store import NotLeaderError
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.store import NotLeaderError
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.core import Controller
+from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.components.state import JobState
+from gpufed.hub.edge.leader import LeaderElector
+from gpufed.hub.rules import status as st
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpufed.api.errors import FieldError
-from gpufed.hub.podsets import placement_request
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.rules.podsets import placement_request
 from tests.unit.hub.builders import batch_job, gpujob, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, sent, settle
 

@@ -8,10 +8,10 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_to_pb
 from gpufed.api.stream import InventoryDelta, InventorySnapshot
-from gpufed.hub.config import HubConfig
-from gpufed.hub.health import health_at
-from gpufed.hub.service import bearer_token
-from gpufed.hub.sessions import AgentSession, StreamClosedError
+from gpufed.hub.adapters.sessions import AgentSession, StreamClosedError
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.edge.service import bearer_token
+from gpufed.hub.rules.health import health_at
 
 LEASE, LOST = 40.0, 600.0
 

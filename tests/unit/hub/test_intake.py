@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gpufed.hub.config import HubConfig
-from gpufed.hub.core import Controller
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.core import Controller
+from gpufed.hub.components.metrics import HubMetrics
 from tests.unit.hub.builders import gpujob_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpufed.api.stream import Heartbeat
 from gpufed.api.work import WorkAck
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
 
@@ -84,7 +84,7 @@ async def test_deleting_a_job_of_a_deleted_member_completes() -> None:
     await settle()
     obj = t.kube.objects["gpujobs"][0]
     obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z"
-    from gpufed.hub.ports import WatchEvent
+    from gpufed.hub.adapters.ports import WatchEvent
 
     t.ctrl.intake.on_job_event(WatchEvent("MODIFIED", obj))
     await settle()

@@ -1,9 +1,9 @@
-"""Member health (gpufed.hub.members) through a real leader term over typed fakes and a fake
+"""Member health (gpufed.hub.components.members) through a real leader term over typed fakes and a fake
 clock: the lease, the lost timeout, and what happens to a lost member's jobs."""
 
 from __future__ import annotations
 
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
 

@@ -1,4 +1,4 @@
-"""Metrics hygiene (gpufed.hub.metrics, gpufed.sync.buildinfo): build and process metrics on
+"""Metrics hygiene (gpufed.hub.components.metrics, gpufed.sync.buildinfo): build and process metrics on
 every hub and agent; a deleted member's series go; a replica that stops leading exports no
 fleet or queue series."""
 
@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.api.version import gpufed_version, protocol_version
-from gpufed.hub.metrics import HubMetrics
+from gpufed.hub.components.metrics import HubMetrics
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, settle
 

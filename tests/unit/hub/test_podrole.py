@@ -1,5 +1,5 @@
-"""The replica's role label on its own Pod (gpufed.hub.podrole) and what /readyz and /leaderz
-answer on a leader and a standby (gpufed.hub.app, gpufed.hub.http)."""
+"""The replica's role label on its own Pod (gpufed.hub.edge.podrole) and what /readyz and /leaderz
+answer on a leader and a standby (gpufed.hub.edge.app, gpufed.hub.edge.http)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import asyncio
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpufed.hub.app import Hub
-from gpufed.hub.config import HubConfig
-from gpufed.hub.http import make_app
-from gpufed.hub.leader import LeaderElector
-from gpufed.hub.metrics import HubMetrics
-from gpufed.hub.podrole import PodRole
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.edge.app import Hub
+from gpufed.hub.edge.http import make_app
+from gpufed.hub.edge.leader import LeaderElector
+from gpufed.hub.edge.podrole import PodRole
 
 
 class FlakyLabeller:

@@ -1,4 +1,4 @@
-"""Pod sets and placement requests derived from GPUJob templates (gpufed.hub.podsets)."""
+"""Pod sets and placement requests derived from GPUJob templates (gpufed.hub.rules.podsets)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from gpufed.api.errors import FieldError
 from gpufed.api.inventory import Taint
-from gpufed.hub.podsets import derive_pod_sets, placement_request
+from gpufed.hub.rules.podsets import derive_pod_sets, placement_request
 from tests.unit.hub.builders import (
     batch_job,
     container,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpufed.api.errors import FieldError
-from gpufed.hub.podsets import derive_pod_sets
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.rules.podsets import derive_pod_sets
 from tests.unit.hub.builders import gpujob_obj, hgx_node, mpijob
 from tests.unit.hub.term import Term, sent, settle
 

@@ -1,5 +1,5 @@
 """Pod sets of RayJob (ray.io/v1) and MPIJob (kubeflow.org/v2beta1) templates, and their
-pinning and ownership labels in the manifests a member gets (gpufed.hub.podsets,
+pinning and ownership labels in the manifests a member gets (gpufed.hub.rules.podsets,
 gpufed.sync.manifests)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpufed.api.errors import FieldError
-from gpufed.hub.podsets import derive_pod_sets, placement_request
+from gpufed.hub.rules.podsets import derive_pod_sets, placement_request
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 from tests.unit.hub.builders import gpujob, mpijob, rayjob
 

@@ -14,8 +14,8 @@ import pytest
 
 from gpufed.api.errors import FieldError
 from gpufed.api.resources import QuantityError, pod_requests
-from gpufed.hub.podsets import derive_pod_sets
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.rules.podsets import derive_pod_sets
 from tests.unit.hub.builders import (
     batch_job,
     gpujob_obj,

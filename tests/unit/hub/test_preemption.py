@@ -1,4 +1,4 @@
-"""Preemption at the hub (gpufed.hub.preemption) through a real leader term over typed fakes:
+"""Preemption at the hub (gpufed.hub.components.preemption) through a real leader term over typed fakes:
 the cheapest block is freed, the plan is committed in one etcd transaction before any Delete,
 the freed GPUs are held for the preemptor until it is placed there, the victims come back
 Pending with ``Preempted``, and a hub killed between the commit and the Deletes resumes them
@@ -15,9 +15,9 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
 from gpufed.cli.jobs import explain_text
-from gpufed.hub.config import HubConfig
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.sessions import AgentSession
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.sessions import AgentSession
+from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.fakes import FakeStore
 from tests.unit.hub.term import Term, sent, settle

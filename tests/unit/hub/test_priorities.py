@@ -1,4 +1,4 @@
-"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.priorities): where the class
+"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.components.priorities): where the class
 comes from, the deprecated free integer, resolution (default class, missing class, system
 classes, the GPUQueue's cap), and in a real leader term over typed fakes: a job whose class does
 not exist waits and is placed once it appears, a class above the queue's cap fails the job, the
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpufed.api.errors import FieldError
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.priorities import (
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.priorities import (
     PriorityClasses,
     PrioritySource,
     priority_source,

@@ -1,4 +1,4 @@
-"""GPUQueues in a real leader term over typed fakes (gpufed.hub.queues, gpufed.hub.scheduling):
+"""GPUQueues in a real leader term over typed fakes (gpufed.hub.components.queues, gpufed.hub.components.scheduling):
 admission by quota inside one pass, the ledger rebuilt from etcd records after a restart (never
 doubled), quota changes at the next cycle, broken queues, the job -> queue rule, the GPUQueue
 status and its gauges."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufed.api.work import WorkloadStatus
-from gpufed.hub.ports import WatchEvent
+from gpufed.hub.adapters.ports import WatchEvent
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.fakes import FakeStore
 from tests.unit.hub.term import Term, settle

@@ -1,5 +1,5 @@
 """A hub that lost (or restored an old copy of) its etcd state rebuilds its placements from the
-GPUJob status and the agents' held jobs (gpufed.hub.rebuild), places none of them a second
+GPUJob status and the agents' held jobs (gpufed.hub.components.rebuild), places none of them a second
 time, and sends no Delete while it does; its Welcome carries the state epoch."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 from gpufed.api.gpujob import GPUJobStatus
 from gpufed.api.stream import AgentHello, HeldJob
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.rebuild import Claim, claim_of
-from gpufed.hub.records import JobRecord, WorkRecord
-from gpufed.hub.sessions import PROTOCOL_VERSION
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.sessions import PROTOCOL_VERSION
+from gpufed.hub.components.rebuild import Claim, claim_of
+from gpufed.hub.rules.records import JobRecord, WorkRecord
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, sent, settle
 

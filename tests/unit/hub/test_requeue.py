@@ -1,4 +1,4 @@
-"""Requeue (gpufed.hub.requeue) through a real leader term over typed fakes: the stopping mark is
+"""Requeue (gpufed.hub.components.requeue) through a real leader term over typed fakes: the stopping mark is
 in etcd before the Delete is sent, the job goes back to Pending only once its copy is deleted
 AND its pods are gone from the member's inventory, and the next placement is attempt 2."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
-from gpufed.hub.records import RequeueCause
-from gpufed.hub.requeue import requeued
-from gpufed.hub.sessions import AgentSession
+from gpufed.hub.adapters.sessions import AgentSession
+from gpufed.hub.components.requeue import requeued
+from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
 
@@ -109,7 +109,7 @@ async def test_a_lost_member_fences_the_copy_and_requeues_at_once() -> None:
 
 
 def test_the_history_is_bounded_and_counted_by_kind() -> None:
-    from gpufed.hub.records import MAX_REQUEUE_HISTORY, JobRecord
+    from gpufed.hub.rules.records import MAX_REQUEUE_HISTORY, JobRecord
 
     rec = JobRecord(uid="u", job="ns/j", cluster="m1")
     for _ in range(MAX_REQUEUE_HISTORY + 3):

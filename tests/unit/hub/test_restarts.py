@@ -1,4 +1,4 @@
-"""Re-runs after infrastructure failures (gpufed.hub.restarts) through a real leader term over
+"""Re-runs after infrastructure failures (gpufed.hub.components.restarts) through a real leader term over
 typed fakes: an infrastructure cause requeues the job through hub.requeue (never Failed in
 between), the new attempt avoids the suspect node and its pods learn the attempt; an
 application failure stays Failed; a job without re-runs left fails for good."""
@@ -10,7 +10,7 @@ from typing import Any
 
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
-from gpufed.hub.sessions import AgentSession
+from gpufed.hub.adapters.sessions import AgentSession
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
 

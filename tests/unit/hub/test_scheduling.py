@@ -1,4 +1,4 @@
-"""The scheduling cycle and its commit (gpufed.hub.scheduling) through a real leader term over
+"""The scheduling cycle and its commit (gpufed.hub.components.scheduling) through a real leader term over
 typed fakes: one etcd transaction per placement, reservations that follow the commit, and
 "not placed" answers written once."""
 

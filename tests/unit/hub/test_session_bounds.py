@@ -9,8 +9,8 @@ import pytest
 from gpufed.api.inventory import MAX_NODES_PER_PART
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.stream import InventoryDelta, InventorySnapshot
-from gpufed.hub import sessions
-from gpufed.hub.sessions import MAX_SNAPSHOT_PARTS, AgentSession, StreamClosedError
+from gpufed.hub.adapters import sessions
+from gpufed.hub.adapters.sessions import MAX_SNAPSHOT_PARTS, AgentSession, StreamClosedError
 from tests.unit.hub.test_health_and_sessions import nodes, snap
 
 

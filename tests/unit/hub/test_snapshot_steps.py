@@ -1,4 +1,4 @@
-"""A large inventory snapshot is applied in steps (hub/members.py): the event loop runs between
+"""A large inventory snapshot is applied in steps (hub/components/members.py): the event loop runs between
 two steps, the result is the snapshot's nodes exactly, snapshots of one member are applied in
 order, and a member that left placement meanwhile is not brought back."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from gpufed.api.stream import InventorySnapshot
-from gpufed.hub import members as members_module
+from gpufed.hub.components import members as members_module
 from tests.unit.hub.builders import hgx_node, membercluster_obj
 from tests.unit.hub.term import Term
 

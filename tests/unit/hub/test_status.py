@@ -1,4 +1,4 @@
-"""GPUJob status rules (gpufed.hub.status): terminal phases are final, conditions keep order."""
+"""GPUJob status rules (gpufed.hub.rules.status): terminal phases are final, conditions keep order."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpufed.api.decision import (
 )
 from gpufed.api.gpujob import GPUJobStatus
 from gpufed.api.work import Condition, PodIssue, WorkloadStatus
-from gpufed.hub import status as st
+from gpufed.hub.rules import status as st
 
 T0 = "2026-01-01T00:00:00.000000Z"
 T1 = "2026-01-01T00:01:00.000000Z"

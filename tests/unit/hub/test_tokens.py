@@ -1,4 +1,4 @@
-"""Join tokens are watched, not read on demand (gpufed.hub.tokens; issue 10 item 7).
+"""Join tokens are watched, not read on demand (gpufed.hub.components.tokens; issue 10 item 7).
 
 - Rotating a member's token (its Secret rewritten) or revoking it (Secret deleted, or a new
   ``joinTokenRef``) closes the stream it authenticated at once, and the old token is refused.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpufed.hub.ports import WatchEvent
-from gpufed.hub.tokens import Credentials
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.tokens import Credentials
 from tests.unit.hub.builders import membercluster_obj
 from tests.unit.hub.fakes import token_secret
 from tests.unit.hub.term import Term, settle

@@ -11,8 +11,8 @@ import pytest
 from cryptography import x509
 
 from gpufed.cli.jobs import cluster_rows, explain_text, job_rows, wrap
-from gpufed.hub.certs import generate
-from gpufed.hub.writer import CoalescingWriter
+from gpufed.hub.adapters.writer import CoalescingWriter
+from gpufed.hub.edge.certs import generate
 from tests.unit.fake_time import FakeClock
 from tests.unit.hub.builders import batch_job
 
@@ -322,7 +322,7 @@ async def test_the_default_job_status_writer_keeps_up_with_25_job_endings_a_seco
     # loaded hub API server takes ~0.4 s a write (docs/benchmarks.md, "The hub at fleet
     # scale"). The writer keeps up only with 25 x 0.4 = 10 or more writes in flight; with 8 the
     # backlog grew for the whole run (status p50 76 s).
-    from gpufed.hub.config import HubConfig
+    from gpufed.hub.components.config import HubConfig
 
     needed = 10
     in_flight, most = 0, 0

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gpufed.api.decision import Decision
 from gpufed.api.request import PlacementRequest
 from gpufed.cli.main import app
-from gpufed.hub.config import HubConfig
+from gpufed.hub.components.config import HubConfig
 from gpufed.placement import (
     BackfillRule,
     FleetSnapshot,
@@ -25,8 +25,8 @@ from gpufed.placement import (
     place,
     schedule_pass,
 )
-from gpufed.placement.simulate import simulate
-from gpufed.placement.trace import TraceJob
+from gpufed.placement.sim.simulate import simulate
+from gpufed.placement.sim.trace import TraceJob
 
 POLICY = Policy()
 FLEET = Path(__file__).resolve().parents[3] / "manifests" / "fleets" / "sim-itp.yaml"

@@ -14,15 +14,15 @@ from typer.testing import CliRunner
 
 from gpufed.api.queue import GPUQueue
 from gpufed.cli.main import app
-from gpufed.placement.siminvariants import check_intervals
-from gpufed.placement.simpreempt import SimPreemption
-from gpufed.placement.simreport import (
+from gpufed.placement.sim.siminvariants import check_intervals
+from gpufed.placement.sim.simpreempt import SimPreemption
+from gpufed.placement.sim.simreport import (
     IntervalFileError,
     RunInterval,
     interval_rows,
     read_intervals,
 )
-from gpufed.placement.simulate import fleet_members, simulate
+from gpufed.placement.sim.simulate import fleet_members, simulate
 
 MIG = "nvidia.com/mig-1g.10gb"
 
@@ -224,7 +224,7 @@ def test_the_simulator_keeps_a_deep_lending_limit() -> None:
 
 
 def test_node_failures_and_the_horizon_end_runs_with_their_reason() -> None:
-    from gpufed.placement.simfail import SimFailures
+    from gpufed.placement.sim.simfail import SimFailures
 
     members = fleet_members(hgx_fleet(m=4))
     jobs = [tj(f"j{i}", 0, 8, 40_000, checkpoint_s=600.0) for i in range(4)]

@@ -1,4 +1,4 @@
-"""The simulator's reports for people (placement/simreport.py, cli/simulate.py): several
+"""The simulator's reports for people (placement/sim/simreport.py, cli/simulate.py): several
 policies in one run, mean wait by job size, per-job CSV, utilisation over time, the plot."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufed.cli.main import app
-from gpufed.placement.simreport import (
+from gpufed.placement.sim.simreport import (
     JobRecord,
     size_bucket,
     utilization_series,

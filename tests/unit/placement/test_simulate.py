@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.cli.main import app
-from gpufed.placement.simulate import (
+from gpufed.placement.sim.simulate import (
     TraceError,
     TraceJob,
     fleet_members,
@@ -345,7 +345,7 @@ def test_queues_enforce_keeps_quota_and_none_only_accounts(tmp_path: Path) -> No
     runs past its quota under none (quota_exceeded > 0) and within it under enforce, where
     the other tenant's job waits for nobody."""
     from gpufed.api.queue import load_queues
-    from gpufed.placement.trace import read_trace
+    from gpufed.placement.sim.trace import read_trace
 
     trace = tmp_path / "t.csv"
     rows = ["job_id,submit_s,gpus,duration_s,tenant"]

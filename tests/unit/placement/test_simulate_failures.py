@@ -13,8 +13,8 @@ from test_simulate import hgx_fleet, tj, trace
 from typer.testing import CliRunner
 
 from gpufed.cli.main import app
-from gpufed.placement.simfail import SimFailures, work_kept_s
-from gpufed.placement.simulate import fleet_members, simulate
+from gpufed.placement.sim.simfail import SimFailures, work_kept_s
+from gpufed.placement.sim.simulate import fleet_members, simulate
 
 
 @pytest.mark.parametrize(

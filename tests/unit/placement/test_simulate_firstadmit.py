@@ -1,4 +1,4 @@
-"""The simulator's first-admit baseline (placement/simfirstadmit.py): one global queue in
+"""The simulator's first-admit baseline (placement/sim/simfirstadmit.py): one global queue in
 arrival order, best effort, each job to the first member in fleet-file order that fits it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from test_simulate import hgx_fleet, tj
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.placement import Policy
-from gpufed.placement.simfirstadmit import run_first_admit
-from gpufed.placement.simulate import _drain, _Sim, fleet_members, simulate
+from gpufed.placement.sim.simfirstadmit import run_first_admit
+from gpufed.placement.sim.simulate import _drain, _Sim, fleet_members, simulate
 
 
 def _clusters(spec: FleetSpec, jobs: list, order: list[str] | None = None) -> dict[str, str]:  # type: ignore[type-arg]

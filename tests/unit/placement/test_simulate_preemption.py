@@ -11,9 +11,9 @@ from test_simulate import hgx_fleet, tj, trace
 from typer.testing import CliRunner
 
 from gpufed.cli.main import app
-from gpufed.placement.priomix import BUILTIN, load_mix
-from gpufed.placement.simpreempt import SimPreemption
-from gpufed.placement.simulate import TraceError, fleet_members, read_trace, simulate
+from gpufed.placement.sim.priomix import BUILTIN, load_mix
+from gpufed.placement.sim.simpreempt import SimPreemption
+from gpufed.placement.sim.simulate import TraceError, fleet_members, read_trace, simulate
 
 
 def test_a_high_priority_job_preempts_and_the_victim_redoes_its_lost_work() -> None:

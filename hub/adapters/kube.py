@@ -1,0 +1,441 @@
+"""The hub cluster's API server: the only hub module that imports a Kubernetes client.
+
+Implements :class:`gpufed.hub.adapters.ports.HubAPI` for the leader's components: intake (list+watch
+of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), status writes (with a resourceVersion
+precondition), finalizers, Events and the list+watch of join-token Secrets.
+Objects cross this edge as plain dicts (the JSON form); callers validate them into
+:mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
+retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
+other 4xx surface to the caller.
+
+Config resolution is kubectl's (:func:`gpufed.api.kubeconfig.resolve_kubeconfig`, the one rule
+every gpufed command uses): ``--kubeconfig``, else ``$KUBECONFIG`` (the first file with the
+context), else ``~/.kube/config``, else in a pod the in-cluster service account; ``--context``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.rest import RESTResponse
+
+from gpufed.api.kubeconfig import resolve_kubeconfig
+from gpufed.api.labels import GROUP, VERSION
+from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.sync.retry import kube_retry
+
+log = structlog.get_logger("gpufed.hub.adapters.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+#: The core resources intake lists and watches besides the gpufed ones.
+NAMESPACES = "namespaces"
+PRIORITYCLASSES = "priorityclasses"
+JSON_PATCH = "application/json-patch+json"
+
+
+#: The API server stores objects nested up to 10,000 levels deep (its JSON decoder's limit);
+#: Python's decoder recurses once per level and stops at the interpreter's recursion limit
+#: (1,000 by default), so one such GPUJob used to fail every list of the hub and end every
+#: leader term. Replies are decoded with this limit instead (about 3 MiB of C stack at most);
+#: intake then refuses the job for its depth (api/bounds.py) like any other bad job.
+DECODE_RECURSION_LIMIT = 12_000
+
+
+#: How many :func:`deep_decoding` blocks are open now, and the limit to restore after the last.
+_deep = {"open": 0, "saved": 0}
+
+
+@contextlib.contextmanager
+def deep_decoding() -> Iterator[None]:
+    """Raise the recursion limit to :data:`DECODE_RECURSION_LIMIT` while a reply is decoded.
+
+    The limit is process-wide and blocks overlap (coroutines await inside them): it is
+    restored only when the last open block ends, so one coroutine leaving never lowers it
+    under another one still decoding.
+    """
+    if _deep["open"] == 0:
+        _deep["saved"] = sys.getrecursionlimit()
+        if _deep["saved"] < DECODE_RECURSION_LIMIT:
+            sys.setrecursionlimit(DECODE_RECURSION_LIMIT)
+    _deep["open"] += 1
+    try:
+        yield
+    finally:
+        _deep["open"] -= 1
+        if _deep["open"] == 0 and _deep["saved"] < DECODE_RECURSION_LIMIT:
+            sys.setrecursionlimit(_deep["saved"])
+
+
+class _DictWatch(watch.Watch):
+    """A watch whose events carry the objects as decoded from the stream, once: for custom
+    objects the client would encode each one to JSON and decode it again (three passes per
+    event, and the hub sees every GPUJob status write come back). Events are decoded with
+    :func:`deep_decoding`."""
+
+    def get_return_type(self, func: object) -> str:
+        return ""
+
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        with deep_decoding():
+            return super().unmarshal_event(data, response_type)
+
+
+class KubeAPI:
+    """Async access to the hub cluster (one ``ApiClient``; close with :meth:`close`)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._api = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
+        """Load kubectl-style configuration and build the client (see module docstring)."""
+        cfg = client.Configuration()
+        source = resolve_kubeconfig(kubeconfig, context)
+        if source.path is None:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=str(source.path),
+                context=source.context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        return cls(client.ApiClient(configuration=cfg))
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    # --- list + watch -----------------------------------------------------------------------
+
+    async def list_objects(self, plural: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a gpufed resource (all namespaces), or every Namespace /
+        PriorityClass when ``plural`` is ``namespaces`` / ``priorityclasses``, and the list
+        resourceVersion."""
+        async for attempt in kube_retry():
+            with attempt:
+                if plural == NAMESPACES:
+                    resp = await _json(await self.core.list_namespace(_preload_content=False))
+                elif plural == PRIORITYCLASSES:
+                    resp = await _json(
+                        await self.scheduling.list_priority_class(_preload_content=False)
+                    )
+                else:
+                    resp = await _json(
+                        await self.custom.list_cluster_custom_object(
+                            GROUP,
+                            VERSION,
+                            plural,
+                            _preload_content=False,
+                        )
+                    )
+        items: list[dict[str, Any]] = resp.get("items") or []
+        return items, str(resp["metadata"]["resourceVersion"])
+
+    def watch_objects(
+        self, plural: str, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes since ``resource_version``; yields events and, for bookmarks, the new
+        resourceVersion as a ``str``. Ends when the server closes the watch (about
+        ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
+        caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
+        if plural in (NAMESPACES, PRIORITYCLASSES):
+            return _watch(
+                self.core.list_namespace
+                if plural == NAMESPACES
+                else self.scheduling.list_priority_class,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+            )
+        return _watch(
+            self.custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            plural,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+        )
+
+    # --- join-token Secrets -----------------------------------------------------------------
+
+    async def list_secrets(
+        self, namespace: str, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The Secrets of ``namespace`` that match ``label_selector`` (JSON form, values still
+        base64) and the list's resourceVersion."""
+        async for attempt in kube_retry():
+            with attempt:
+                # Raw JSON: the typed V1Secret models would be turned back into dicts anyway.
+                resp: Any = await self.core.list_namespaced_secret(
+                    namespace, label_selector=label_selector, _preload_content=False
+                )
+                body = json.loads(await _check_and_read(resp))
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items, str(body["metadata"]["resourceVersion"])
+
+    def watch_secrets(
+        self, namespace: str, resource_version: str, label_selector: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes of the matching Secrets since ``resource_version`` (as
+        :meth:`watch_objects`; a Secret that loses the label arrives as DELETED)."""
+        return _watch(
+            self.core.list_namespaced_secret,
+            namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+        )
+
+    # --- GPUJobs ----------------------------------------------------------------------------
+
+    async def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Merge-patch ``status`` of one GPUJob (``null`` values remove fields) if the object is
+        still at ``resource_version``; returns its new resourceVersion.
+
+        Raises ``ApiException`` 409 when it changed meanwhile (the caller re-reads: a status
+        computed from an older view must not overwrite a newer one), 404 when it is gone.
+        One attempt: status writes go through :class:`gpufed.hub.adapters.writer.CoalescingWriter`,
+        which is their one retry layer (it writes the latest value again after a failure).
+        """
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        resp: Any = await self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            body,
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+        )
+        return _resource_version(await _check_and_read(resp))
+
+    async def set_job_finalizers(
+        self, namespace: str, name: str, finalizers: list[str], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace ``metadata.finalizers`` if the object is still at ``resource_version``.
+
+        Returns the updated object. Raises ``ApiException`` 409 when it changed meanwhile
+        (re-read and try again), 404 when it is gone.
+        """
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
+        async for attempt in kube_retry():
+            # the client decodes the reply inside the call: with deep_decoding
+            with attempt, deep_decoding():
+                obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "gpujobs",
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+        return obj
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One GPUJob, or None when it does not exist."""
+        return await _get_or_none(
+            lambda: self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpujobs", name
+            )
+        )
+
+    # --- Namespaces -------------------------------------------------------------------------
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """One Namespace as JSON, or None when it does not exist."""
+
+        async def read() -> dict[str, Any]:
+            return await _json(await self.core.read_namespace(name, _preload_content=False))
+
+        return await _get_or_none(read)
+
+    # --- MemberClusters ---------------------------------------------------------------------
+
+    async def get_member(self, name: str) -> dict[str, Any] | None:
+        """One MemberCluster, or None when it does not exist."""
+        return await _get_or_none(
+            lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "memberclusters", name)
+        )
+
+    async def patch_member_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace ``status`` of one MemberCluster (a JSON patch ``add /status``) if it is still
+        at ``resource_version``; returns its new resourceVersion (409 when it changed).
+
+        Not a merge patch: the status holds maps keyed by GPU product (``gpusReserved`` …),
+        and a merge patch never removes a key the new status no longer has (reserved GPUs
+        would stay shown after their reservation ended). The precondition is the patch's
+        ``replace /metadata/resourceVersion``, which the API server checks like an update's.
+        One attempt, as for :meth:`patch_job_status`.
+        """
+        return await self._replace_cluster_status("memberclusters", name, status, resource_version)
+
+    # --- GPUQueues --------------------------------------------------------------------------
+
+    async def get_queue(self, name: str) -> dict[str, Any] | None:
+        """One GPUQueue, or None when it does not exist."""
+        return await _get_or_none(
+            lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "gpuqueues", name)
+        )
+
+    async def patch_queue_status(
+        self, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        """Replace ``status`` of one GPUQueue if it is still at ``resource_version`` (as
+        :meth:`patch_member_status`: ``usage`` rows of a key that is gone must go too)."""
+        return await self._replace_cluster_status("gpuqueues", name, status, resource_version)
+
+    async def _replace_cluster_status(
+        self, plural: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str:
+        patch = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        resp: Any = await self.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            plural,
+            name,
+            patch,
+            _content_type=JSON_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+        )
+        return _resource_version(await _check_and_read(resp))
+
+    # --- the replica's own Pod ------------------------------------------------------------------
+
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """Merge ``labels`` into the metadata of Pod ``namespace/name`` (the replica's own Pod:
+        :mod:`gpufed.hub.edge.podrole`). Retries transient errors; a 4xx (403 without the Role
+        ``gpufed-hub-pod-role``, 404 outside a Pod) raises ``ApiException``."""
+        body = {"metadata": {"labels": labels}}
+        async for attempt in kube_retry(attempts=3):
+            with attempt:
+                await self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    body,
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                )
+
+    # --- Events -----------------------------------------------------------------------------
+
+    async def emit_event(
+        self, involved: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        """Create a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid).
+
+        Best effort: a failure is logged, never raised (events are for people, not state).
+        """
+        namespace = involved.get("namespace") or "default"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ref = {
+            "apiVersion": involved.get("api_version"),
+            "kind": involved.get("kind"),
+            "name": involved.get("name"),
+            "namespace": involved.get("namespace"),
+            "uid": involved.get("uid"),
+        }
+        # Plain JSON in, raw response out: the typed models cost more CPU than the request
+        # itself (the hub emits several Events per job).
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {k: v for k, v in ref.items() if v is not None},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "gpufed-hub"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": "gpufed-hub",
+        }
+        try:
+            resp: Any = await self.core.create_namespaced_event(
+                namespace, body, _preload_content=False
+            )
+            await _check_and_release(resp)
+        except (TimeoutError, ApiException, OSError) as exc:
+            log.warning("hub.event.failed", reason=reason, error=str(exc))
+
+
+async def _check_and_release(resp: Any) -> None:
+    """For calls made with ``_preload_content=False`` (the client then skips its own check):
+    raise ``ApiException`` for a non-2xx reply, and give the connection back."""
+    await _check_and_read(resp)
+
+
+async def _get_or_none(read: Callable[[], Awaitable[Any]]) -> dict[str, Any] | None:
+    """``read()``'s object (transient errors retried through ``kube_retry``, the reply decoded
+    with :func:`deep_decoding`), or None when it does not exist (404)."""
+    try:
+        async for attempt in kube_retry():
+            with attempt, deep_decoding():
+                obj: dict[str, Any] = await read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+async def _check_and_read(resp: Any) -> bytes:
+    """As :func:`_check_and_release`, returning the reply's body."""
+    try:
+        body: bytes = await resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=RESTResponse(resp, body))  # type: ignore[arg-type]
+        return body
+    finally:
+        resp.release()
+
+
+def _resource_version(body: bytes) -> str:
+    """``metadata.resourceVersion`` of an object's JSON."""
+    with deep_decoding():
+        return str(json.loads(body)["metadata"]["resourceVersion"])
+
+
+async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEvent | str]:
+    """One watch of a list call, with bookmarks (see :meth:`KubeAPI.watch_objects`)."""
+    w = _DictWatch()
+    try:
+        stream = w.stream(func, *args, allow_watch_bookmarks=True, **kwargs)
+        async for event in stream:
+            etype = event["type"]
+            raw = event["raw_object"]
+            if etype == "BOOKMARK":
+                yield str(raw["metadata"]["resourceVersion"])
+            elif etype in ("ADDED", "MODIFIED", "DELETED"):
+                yield WatchEvent(etype, raw)
+    finally:
+        await w.close()
+
+
+async def _json(resp: Any) -> dict[str, Any]:
+    """The JSON body of a call made with ``_preload_content=False`` (plain dicts, without the
+    typed models' cost); ``ApiException`` for a non-2xx reply."""
+    body = await _check_and_read(resp)
+    with deep_decoding():
+        out: dict[str, Any] = json.loads(body)
+    return out

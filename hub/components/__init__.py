@@ -1,0 +1,1 @@
+"""One leader term: the Controller, the Term and its state, the components it builds."""

@@ -1,0 +1,500 @@
+"""Members: MemberClusters on the hub, their agents' identity and join tokens, their inventory,
+health (lease, lost) and the jobs of a lost member.
+
+- **Registry**: MemberCluster watch events set labels and taints in the fleet snapshot and
+  tell :mod:`gpufed.hub.components.tokens` which join-token Secret each member uses; a deleted
+  MemberCluster closes its stream and leaves placement. The member's Kubernetes identity
+  (kube-system Namespace UID) binds at its first join, and a stream from an agent that talks
+  to another cluster is refused.
+- **Inventory**: a complete snapshot replaces the member's nodes, a delta patches them; the
+  fleet snapshot follows at once (a snapshot in steps, the event loop free between two), etcd
+  at the next flush (or before a settled reservation is
+  dropped, see :mod:`gpufed.hub.components.reservations`).
+- **Health** from the hub's own receive times (pure rules in :mod:`gpufed.hub.rules.health`):
+  NotReady members are left out of placement; after the member-lost timeout their jobs become
+  Lost or, with ``reschedule: OnClusterLoss``, are placed again while the old copy is fenced
+  (docs/design.md §7 item 5).
+
+The MemberCluster status the hub writes is computed in :mod:`gpufed.hub.components.member_status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+import structlog
+from pydantic import ValidationError
+
+from gpufed.api.inventory import (
+    ClusterHealth,
+    ClusterInventory,
+    MemberClusterState,
+    NodeInventory,
+    Taint,
+)
+from gpufed.api.membercluster import MemberCluster, SuspectNode
+from gpufed.api.stream import AgentHello, Heartbeat, InventoryDelta, InventorySnapshot
+from gpufed.hub.adapters.sessions import StreamClosedError
+from gpufed.hub.components.deletion import Deletion
+from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.member_status import health_of, member_status
+from gpufed.hub.components.mirror import Mirror
+from gpufed.hub.components.requeue import Requeue
+from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.scheduling import Scheduler
+from gpufed.hub.components.state import MemberState
+from gpufed.hub.components.suspects import SuspectNodes
+from gpufed.hub.components.term import Term
+from gpufed.hub.components.tokens import JoinTokens
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.health import MemberHealth, health_at, silence
+from gpufed.hub.rules.records import JobRecord, MemberMeta
+from gpufed.placement import FleetSnapshot
+
+log = structlog.get_logger("gpufed.hub.components.members")
+
+#: Nodes of a snapshot diffed or applied to the fleet snapshot between two turns of the event
+#: loop (about 3 ms: placement adds a new node in about 40 µs).
+SNAPSHOT_STEP_NODES = 64
+
+_T = TypeVar("_T")
+
+
+def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    for i in range(0, len(items), SNAPSHOT_STEP_NODES):
+        yield items[i : i + SNAPSHOT_STEP_NODES]
+
+
+class Members:
+    """Member registry, inventory and health of one leader term (module docstring)."""
+
+    def __init__(
+        self,
+        term: Term,
+        snapshot: FleetSnapshot,
+        reservations: Reservations,
+        dispatch: Dispatch,
+        deletion: Deletion,
+        scheduler: Scheduler,
+        mirror: Mirror,
+        tokens: JoinTokens,
+        requeue: Requeue,
+        *,
+        suspects: SuspectNodes | None = None,
+    ) -> None:
+        self._requeue = requeue
+        self._suspects = suspects
+        self._term = term
+        self._tokens = tokens
+        self._snapshot = snapshot
+        self._reservations = reservations
+        self._dispatch = dispatch
+        self._deletion = deletion
+        self._scheduler = scheduler
+        self._mirror = mirror
+
+    def restore(self, meta: dict[str, MemberMeta], nodes: dict[str, dict[str, Any]]) -> None:
+        """Load the previous leader's member facts and inventories."""
+        for name in set(meta) | set(nodes):
+            m = self._term.state.member(name)
+            m.meta = meta.get(name, MemberMeta())
+            m.nodes = dict(nodes.get(name, {}))
+            if m.lost:
+                m.health = "Lost"
+
+    # --- MemberClusters ----------------------------------------------------------------------------
+
+    def on_event(self, type_: str, obj: dict[str, Any]) -> None:
+        """A MemberCluster watch event (ADDED, MODIFIED, DELETED)."""
+        name = str(obj.get("metadata", {}).get("name", ""))
+        if type_ == "DELETED":
+            self.gone(name)
+            return
+        try:
+            mc = MemberCluster.model_validate(obj)
+        except ValidationError as exc:
+            log.warning("hub.member.invalid", cluster=name, error=str(exc.errors()[0]))
+            return
+        m = self._term.state.member(name)
+        m.spec = mc.spec
+        m.uid = mc.metadata.uid or ""
+        self._tokens.member_changed(m)
+        if mc.status is not None:
+            m.conditions_seen = list(mc.status.conditions)
+        self._mirror.member_seen(name, mc.status)
+        labels = dict(mc.spec.labels)
+        taints = tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in mc.spec.taints)
+        if name in self._snapshot.cluster_names:
+            self._snapshot.set_metadata(name, labels=labels, taints=taints)
+        else:
+            self._snapshot.set_member(self._member_state(m))
+        m.status_dirty = True
+        self._scheduler.kick()
+
+    def listed(self, names: set[str]) -> None:
+        """After a (re)list: members we knew that are gone were deleted while unwatched (also
+        those known only from etcd, whose MemberCluster was deleted while no hub ran)."""
+        for m in list(self._term.state.members.values()):
+            if m.name not in names and (m.spec is not None or self._has_work(m.name)):
+                self.gone(m.name)
+
+    def gone(self, name: str) -> None:
+        """The MemberCluster was deleted: close its stream, leave placement."""
+        m = self._term.state.members.get(name)
+        if m is None:
+            return
+        m.spec = None
+        if m.meta.cluster_uid:
+            # A re-joined member may live in another (rebuilt) Kubernetes cluster.
+            m.meta = m.meta.model_copy(update={"cluster_uid": ""})
+            m.meta_dirty = True
+        if m.session is not None:
+            m.session.close("PERMISSION_DENIED", f"MemberCluster {name} was deleted on the hub")
+        self._tokens.member_gone(name)
+        if name in self._snapshot.cluster_names:
+            self._snapshot.remove_member(name)
+        self._mirror.forget_member(name)
+        self._term.metrics.forget_member(name)
+        log.info("hub.member.removed", cluster=name)
+        if not m.lost and self._has_work(name):
+            # Its jobs follow the member-lost policy now, and deleting them completes (the
+            # finalizer of a job on a lost member is dropped without waiting for an ack).
+            self._set_health(m, "Lost")
+            self._term.spawn(self._declare_lost(m, deleted=True))
+
+    def _has_work(self, cluster: str) -> bool:
+        return any(c == cluster for c, _ in self._term.state.work)
+
+    def _member_state(
+        self, m: MemberState, *, nodes: tuple[NodeInventory, ...] | None = None
+    ) -> MemberClusterState:
+        """The member as placement sees it; ``nodes``: instead of its inventory."""
+        spec = m.spec
+        return MemberClusterState(
+            name=m.name,
+            labels=dict(spec.labels) if spec else {},
+            taints=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in spec.taints)
+            if spec
+            else (),
+            health=self._health(m),
+            inventory=ClusterInventory(
+                cluster=m.name,
+                nodes=tuple(m.nodes[n] for n in sorted(m.nodes)) if nodes is None else nodes,
+                served_kinds=frozenset(m.meta.served_kinds),
+                agent_version=m.meta.agent_version,
+            ),
+        )
+
+    def _health(self, m: MemberState) -> ClusterHealth:
+        return health_of(m, self._term.config)
+
+    # --- agents ----------------------------------------------------------------------------------
+
+    def admit(self, hello: AgentHello) -> MemberState:
+        """Check a new stream's Kubernetes identity against the member's and close the stream
+        it replaces. Raises :class:`StreamClosedError` (PERMISSION_DENIED) for an agent that
+        talks to another Kubernetes cluster than the one the member joined from."""
+        cluster = hello.cluster
+        m = self._term.state.member(cluster)
+        uid = hello.cluster_uid
+        if uid and m.meta.cluster_uid and uid != m.meta.cluster_uid:
+            # A valid token in an agent pointed at the wrong cluster (kubeconfig, context):
+            # it would report that cluster's nodes as this member's, find this member's jobs
+            # missing and delete the other cluster's gpufed objects as orphans.
+            log.warning(
+                "agent.refused",
+                cluster=cluster,
+                reason="another Kubernetes cluster",
+                joined_uid=m.meta.cluster_uid,
+                agent_uid=uid,
+            )
+            raise StreamClosedError(
+                "PERMISSION_DENIED",
+                f"member {cluster} joined from the Kubernetes cluster whose kube-system "
+                f"Namespace UID is {m.meta.cluster_uid}; this agent talks to {uid}: check its "
+                "--kubeconfig/--context (to move the member to a rebuilt cluster, delete and "
+                "re-join its MemberCluster)",
+            )
+        if uid and not m.meta.cluster_uid:
+            m.meta = m.meta.model_copy(update={"cluster_uid": uid})
+            self._term.spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
+        if m.session is not None:
+            m.session.close("ABORTED", "replaced by a newer stream from the same member")
+        m.held = {h.job_uid: h for h in hello.held_jobs}
+        return m
+
+    def note_agent_version(self, m: MemberState, version: str) -> None:
+        """Record the connected agent's version (written at the next flush)."""
+        if m.meta.agent_version != version:
+            m.meta = m.meta.model_copy(update={"agent_version": version})
+            m.meta_dirty = True
+
+    def heard(self, m: MemberState) -> None:
+        """The member's agent sent a message now: it is Ready (and no longer lost)."""
+        m.last_heard = self._term.mono()
+        m.last_heard_wall = self._term.wall()
+        if m.lost:  # before the health change, whose status write must not show lostTime
+            m.meta = m.meta.model_copy(update={"lost_at": None})
+            # Written through, not left to the next flush: a hub that crashed within that
+            # flush would start again believing the member lost.
+            self._term.spawn(self._persist_meta(m))
+            log.info("member.returned", cluster=m.name)
+        if m.health != "Ready":
+            self._set_health(m, "Ready")
+
+    async def _persist_meta(self, m: MemberState) -> None:
+        m.meta_dirty = False
+        try:
+            await self._term.store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
+        except BaseException:
+            m.meta_dirty = True  # the flush loop tries again
+            raise
+
+    def on_heartbeat(self, m: MemberState, hb: Heartbeat) -> None:
+        """A heartbeat: the member turns NotReady while its agent reports that it cannot reach
+        the member's API server, and Ready again when it can."""
+        if hb.member_api_error == m.member_api_error:
+            return
+        was, m.member_api_error = m.member_api_error, hb.member_api_error
+        if m.name in self._snapshot.cluster_names:
+            self._snapshot.set_health(m.name, self._health(m))
+        m.status_dirty = True
+        self.write_status(m)
+        if m.member_api_error:
+            log.warning("member.api_unreachable", cluster=m.name, error=m.member_api_error)
+            self._mirror.member_event(m, "Warning", "NotReady", m.member_api_error)
+        else:
+            log.info("member.api_reachable", cluster=m.name, was=was)
+            self._mirror.member_event(m, "Normal", "Ready", "its agent reaches its API server")
+            self._scheduler.kick()
+            self._dispatch.pump(m.name)
+
+    # --- inventory -------------------------------------------------------------------------------
+
+    async def take_snapshot(self, m: MemberState, snap: InventorySnapshot) -> None:
+        """A complete inventory snapshot replaces the member's nodes, applied in steps of
+        :data:`SNAPSHOT_STEP_NODES` nodes with the event loop free between two steps (a
+        15,000-node member would otherwise hold it for about a second). Snapshots of one member
+        are applied one at a time, in order (a newer stream's waits for the older's)."""
+        async with m.snapshot_lock:
+            for _ in self._snapshot_steps(m, snap):
+                await asyncio.sleep(0)
+
+    def on_snapshot(self, m: MemberState, snap: InventorySnapshot) -> None:
+        """:meth:`take_snapshot` in one go (no loop: restores and tests)."""
+        for _ in self._snapshot_steps(m, snap):
+            pass
+
+    def _snapshot_steps(self, m: MemberState, snap: InventorySnapshot) -> Iterator[None]:
+        """Apply ``snap`` to ``m``, yielding after every :data:`SNAPSHOT_STEP_NODES` nodes.
+
+        While it runs, the fleet snapshot shows the member part-way (new nodes missing, old
+        ones removed first): placement then sees less than there is, never more."""
+        # 1. Diff against the last good inventory (nothing changes yet).
+        nodes = list(snap.nodes)
+        new = {n.name: n for n in nodes}
+        changed: list[NodeInventory] = []
+        for chunk in _chunks(nodes):
+            changed += [n for n in chunk if m.nodes.get(n.name) != n]
+            yield
+        # 2. Memory follows, at once (etcd at the next flush).
+        removed = set(m.nodes) - set(new)
+        m.nodes = new
+        m.dirty_nodes |= {n.name for n in changed}
+        m.dirty_nodes -= removed
+        m.removed_nodes |= removed
+        served = tuple(sorted(set(snap.served_kinds))) or m.meta.served_kinds
+        if served != m.meta.served_kinds:
+            m.meta = m.meta.model_copy(update={"served_kinds": served})
+            m.meta_dirty = True
+        log.info("agent.inventory.snapshot", cluster=m.name, seq=snap.seq, nodes=len(nodes))
+        if m.spec is None:
+            return
+        # 3. The fleet snapshot, step by step; a member that left placement meanwhile (lost,
+        # deleted) is not brought back.
+        if m.name not in self._snapshot.cluster_names:
+            self._snapshot.set_member(self._member_state(m, nodes=()))
+            changed = nodes
+        else:
+            self._snapshot.set_metadata(m.name, served_kinds=frozenset(served))
+        for names in _chunks(sorted(removed)):
+            if m.name not in self._snapshot.cluster_names:
+                return
+            for name in names:
+                self._snapshot.remove_node(m.name, name)
+            yield
+        for chunk in _chunks(changed):
+            if m.name not in self._snapshot.cluster_names:
+                return
+            for n in chunk:
+                self._snapshot.upsert_node(m.name, n)
+            yield
+        self._inventory_changed(m)
+
+    def on_delta(self, m: MemberState, delta: InventoryDelta) -> None:
+        """An inventory delta patches the member's nodes."""
+        for n in delta.upserts:
+            m.nodes[n.name] = n
+            m.dirty_nodes.add(n.name)
+            m.removed_nodes.discard(n.name)
+        for name in delta.removed:
+            if m.nodes.pop(name, None) is not None:
+                m.removed_nodes.add(name)
+                m.dirty_nodes.discard(name)
+        if m.spec is None or m.name not in self._snapshot.cluster_names:
+            return
+        for name in delta.removed:
+            self._snapshot.remove_node(m.name, name)
+        for n in delta.upserts:
+            self._snapshot.upsert_node(m.name, n)
+        self._inventory_changed(m)
+
+    def _inventory_changed(self, m: MemberState) -> None:
+        m.status_dirty = True
+        self._reservations.settle(self.flush_nodes)
+        if self._requeue.awaiting_pods_gone:
+            self._term.spawn(self._requeue.inventory_changed(m.name))
+        self._scheduler.kick()
+
+    async def flush_nodes(self, name: str) -> None:
+        """Write the member's changed nodes to etcd (waits for a write already in flight)."""
+        m = self._term.state.members.get(name)
+        if m is None:
+            return
+        async with m.nodes_lock:
+            if m.dirty_nodes or m.removed_nodes:
+                upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
+                removed = list(m.removed_nodes)
+                m.dirty_nodes, m.removed_nodes = set(), set()
+                await self._term.store.write_nodes(m.name, upserts, removed)
+
+    # --- timers ----------------------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Re-classify every member's health now (the term's tick)."""
+        now = self._term.mono()
+        for m in list(self._term.state.members.values()):
+            if m.spec is None:
+                continue
+            h = health_at(
+                now=now,
+                last_heard=m.last_heard,
+                hub_start=self._term.started,
+                lease_s=self._term.config.member_lease_s,
+                lost_s=self._term.config.member_lost_s,
+                marked_lost=m.lost,
+            )
+            if h != m.health:
+                self._set_health(m, h)
+                if h == "Lost" and not m.lost:
+                    await self._declare_lost(m)
+
+    def _set_health(self, m: MemberState, health: MemberHealth) -> None:
+        was, m.health = m.health, health
+        if m.name in self._snapshot.cluster_names:
+            self._snapshot.set_health(m.name, self._health(m))
+        m.status_dirty = True
+        self.write_status(m)
+        quiet = silence(
+            now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
+        )
+        silent = f"no message from its agent for {quiet:.0f} s"
+        if health == "Ready":
+            log.info("member.ready", cluster=m.name, was=was)
+            self._mirror.member_event(m, "Normal", "Ready", f"its agent is heard again ({was})")
+            self._scheduler.kick()
+            self._dispatch.pump(m.name)
+        elif health == "NotReady":
+            log.warning("member.not_ready", cluster=m.name, silent_s=round(quiet, 1))
+            self._mirror.member_event(m, "Warning", "NotReady", f"{silent}: left out of placement")
+        else:
+            log.warning("member.lost", cluster=m.name, silent_s=round(quiet, 1))
+            why = silent if m.spec is not None else "the MemberCluster was deleted"
+            self._mirror.member_event(m, "Warning", "Lost", f"{why}: its jobs are lost or moved")
+
+    async def _declare_lost(self, m: MemberState, *, deleted: bool = False) -> None:
+        """The member-lost timeout passed (or, ``deleted``, its MemberCluster was deleted):
+        its jobs become Lost or are placed again."""
+        m.meta = m.meta.model_copy(update={"lost_at": self._term.wall()})
+        await self._term.store.put_member_meta(m.name, m.meta)
+        lost_for = silence(
+            now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
+        )
+        for cluster, uid in [k for k in self._term.state.work if k[0] == m.name]:
+            async with self._term.state.lock(uid):
+                ws = self._term.state.work.get((cluster, uid))
+                job = self._term.state.jobs.get(uid)
+                if ws is None or job is None or job.placed_cluster != cluster:
+                    continue
+                if job.deleting:
+                    await self._deletion.finalize(job)
+                    continue
+                if job.terminal or await self._requeue.member_lost(job, cluster):
+                    continue
+                self._reservations.release(uid, "the member was lost")
+                resched = job.obj.spec.placement.reschedule == "OnClusterLoss"
+                if resched and job.record is not None and job.record_rev is not None:
+                    requeued: JobRecord = job.record.model_copy(update={"cluster": None})
+                    job.record_rev = await self._term.store.put_job(
+                        requeued, expect_revision=job.record_rev
+                    )
+                    job.record = requeued
+                    await self._dispatch.ensure_delete(cluster, uid, fenced=True)
+                    job.last_unschedulable = None
+                    self._scheduler.want(uid)
+                self._mirror.set_status(
+                    job,
+                    st.cluster_lost(
+                        job.status,
+                        cluster=cluster,
+                        rescheduled=resched,
+                        lost_for_s=lost_for,
+                        now=self._mirror.now(),
+                        deleted=deleted,
+                    ),
+                )
+                self._mirror.event(job, "Warning", "ClusterLost", job.status.message)
+                log.warning(
+                    "job.lost", job=job.key, cluster=cluster, rescheduled=resched, deleted=deleted
+                )
+        self._scheduler.kick()
+
+    async def flush(self) -> None:
+        """Persist changed inventories and member facts (the term's flush loop)."""
+        for m in list(self._term.state.members.values()):
+            await self.flush_nodes(m.name)
+            if m.meta_dirty:
+                await self._persist_meta(m)
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def write_status(self, m: MemberState) -> None:
+        """Write the member's MemberCluster status soon (no-op once it is gone)."""
+        if m.spec is None:
+            return
+        m.status_dirty = False
+        status = member_status(
+            m,
+            self._term.config,
+            reservations=self._reservations.of_cluster(m.name),
+            previous_conditions=self._mirror.last_member_conditions(m.name),
+            metrics=self._term.metrics,
+            now=self._mirror.now(),
+        )
+        if self._suspects is not None:
+            status = status.model_copy(
+                update={
+                    "suspect_nodes": [
+                        SuspectNode(node=x.node, reason=x.reason, until=st.rfc3339(x.until_wall))
+                        for x in self._suspects.of_member(m.name, self._term.mono())
+                    ]
+                }
+            )
+        self._mirror.member_status(m.name, status)
+
+    def write_all_statuses(self) -> None:
+        """Refresh every registered member's status (and the metrics that come with it)."""
+        for m in self._term.state.registered_members():
+            self.write_status(m)

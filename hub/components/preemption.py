@@ -1,0 +1,411 @@
+"""Preemption at the hub: which waiting jobs may preempt, the running jobs they may preempt,
+and carrying each plan out (docs/design.md §7 item 9, docs/hub.md "Preemption").
+
+Called once per scheduling cycle (:meth:`gpufed.hub.components.scheduling.Scheduler.cycle`, phase 4)
+with the jobs ``place()`` left Unschedulable. The rules are placement's, pure and shared with
+the simulator (:class:`gpufed.placement.PreemptionCycle`, docs/placement.md "Preemption");
+this module feeds them and acts on their answer:
+
+1. **preemptors**: jobs left Unschedulable whose PriorityClass says ``PreemptLowerPriority``,
+   that hold no preemption hold yet and have no victim still being stopped for them (so a job
+   never preempts twice for one placement), above the lowest running priority (unless quotas
+   may be reclaimed), in queue order; at most ``preemption_max_preemptors`` are planned a
+   cycle, once a job of one priority and shape finds no plan the others of that shape are not
+   planned in that cycle (they would get the same answer), and a job that found no plan is
+   planned again only after :data:`NO_PLAN_RETRY_S` (a full fleet is not searched in every
+   cycle);
+2. **running**: every job whose record places it in a member (not being stopped, not
+   finished), with its priority and queue from the record, the GPUs it holds per node (the
+   member's ``job_requests``, else its reservation), its start (the first Applied ack, else
+   the placement), its submit time (the request's ``submitted_at``, for ``withinQueue:
+   LowerOrNewerEqualPriority``), ``status.lastCheckpointTime``,
+   ``spec.checkpoint.intervalSeconds`` and its past preemptions (``JobRecord.requeues``, for the hourly cap and no cycles);
+3. **plan**: one :class:`~gpufed.placement.PreemptionCycle` for all of them, in order (a
+   later plan never counts GPUs an earlier one freed);
+4. **commit**, per plan, in ONE etcd transaction before anything is deleted
+   (:meth:`gpufed.hub.adapters.ports.StateStore.preempt`): the preemptor's hold (a reservation of
+   exactly the plan's decision: no other job takes the freed GPUs) and each victim's record
+   marked ``stopping`` (by whom, when, the cost); a victim whose record changed meanwhile
+   drops the whole plan (nothing written). Then memory follows: the hold enters the ledger,
+   metrics, Events, the preemptor's ``status.preemption``;
+5. **stop**: each victim's member copy is deleted gracefully (:mod:`gpufed.hub.components.requeue`),
+   which returns it to Pending once its copy is gone.
+
+The preemptor is placed by the normal cycle once the member reports the freed GPUs free: its
+placement attempt lifts its own hold (:meth:`gpufed.hub.components.reservations.Reservations.lifted`),
+so it never sees the victims' GPUs while their pods still run, and the node is never
+promised twice. A hub killed between 4 and 5 resumes 5 from the records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from gpufed.api.decision import Decision, Outcome, Reservation
+from gpufed.api.gpujob import PreemptionStatus, PreemptionVictim
+from gpufed.api.labels import GPU_RESOURCE
+from gpufed.api.request import PlacementRequest
+from gpufed.hub.adapters.store import ConflictError
+from gpufed.hub.components.mirror import Mirror
+from gpufed.hub.components.requeue import Requeue, marked
+from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import Term
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.records import MAX_CAUSE_NODES, JobRecord, RequeueCause
+from gpufed.placement import FleetSnapshot, Policy
+from gpufed.placement.preemptcycle import PreemptionCycle
+from gpufed.placement.preemption import (
+    NoPreemption,
+    PreemptionEvent,
+    PreemptionPlan,
+    Preemptor,
+    QuotaView,
+    Running,
+    Victim,
+)
+from gpufed.placement.queue import queued_fit_key
+
+log = structlog.get_logger("gpufed.hub.components.preemption")
+
+#: Seconds before a job whose preemption plan found nothing is planned again (monotonic).
+NO_PLAN_RETRY_S = 30.0
+
+#: Nodes named in a victim's condition message (the rest are counted).
+_NODES_SHOWN = 8
+
+
+def _events(record: JobRecord | None) -> tuple[PreemptionEvent, ...]:
+    """The job's past preemptions, for the hourly cap and the no-cycle rule."""
+    if record is None:
+        return ()
+    return tuple(PreemptionEvent(c.at, c.by_uid) for c in record.requeues if c.kind == "Preempted")
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_NODES_SHOWN])
+    return shown + (f" and {len(items) - _NODES_SHOWN} more" if len(items) > _NODES_SHOWN else "")
+
+
+class Preemption:
+    """Preemption for one leader term (see the module docstring)."""
+
+    def __init__(
+        self,
+        term: Term,
+        snapshot: FleetSnapshot,
+        reservations: Reservations,
+        requeue: Requeue,
+        mirror: Mirror,
+    ) -> None:
+        self._term = term
+        self._snapshot = snapshot
+        self._reservations = reservations
+        self._requeue = requeue
+        self._mirror = mirror
+        #: job uid -> monotonic time before which a job whose plan found nothing is not
+        #: planned again (a full fleet would otherwise be searched in every cycle)
+        self._no_plan_until: dict[str, tuple[float, NoPreemption]] = {}
+
+    # --- 1. preemptors ----------------------------------------------------------------------------
+
+    def holders(self) -> set[str]:
+        """The preemptors whose victims are still stopping (their holds must not expire)."""
+        return {
+            j.record.stopping.by_uid
+            for j in self._requeue.stopping()
+            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
+        }
+
+    def victims_of(self, uid: str) -> list[JobState]:
+        """The jobs being stopped now for preemptor ``uid``."""
+        return [
+            j
+            for j in self._requeue.stopping()
+            if j.record is not None
+            and j.record.stopping is not None
+            and j.record.stopping.by_uid == uid
+        ]
+
+    def preemptors(self, decisions: Sequence[tuple[PlacementRequest, Decision]]) -> list[Preemptor]:
+        """The jobs of this pass that may preempt now (in the pass's order); not those whose
+        last plan found nothing less than :data:`NO_PLAN_RETRY_S` ago."""
+        if not self._term.config.preemption:
+            return []
+        mono = self._term.mono()
+        self._no_plan_until = {u: v for u, v in self._no_plan_until.items() if v[0] > mono}
+        stopping_for = {
+            j.record.stopping.by_uid
+            for j in self._requeue.stopping()
+            if j.record is not None and j.record.stopping is not None
+        }
+        out: list[Preemptor] = []
+        for req, decision in decisions:
+            if decision.outcome != Outcome.UNSCHEDULABLE:
+                continue
+            if req.preemption_policy != "PreemptLowerPriority":
+                continue
+            job = self._term.state.jobs.get(req.uid)
+            if job is None or not job.wants_placement:
+                continue
+            if req.uid in stopping_for or self._reservations.held(req.uid) is not None:
+                continue  # its earlier preemption is still under way: never twice
+            if req.uid in self._no_plan_until:
+                continue
+            out.append(Preemptor(req, preempted=_events(job.record)))
+        return out
+
+    # --- 2. running jobs ------------------------------------------------------------------------
+
+    def running(self) -> list[Running]:
+        """Every job placed in a member now, as a possible victim (module docstring, 2)."""
+        held: dict[tuple[str, str], dict[str, int]] = {}
+        for m in self._term.state.members.values():
+            for n in m.nodes.values():
+                for uid, reqs in n.job_requests.items():
+                    count = reqs.get(GPU_RESOURCE, 0)
+                    if count > 0:
+                        held.setdefault((m.name, uid), {})[n.name] = count
+        out: list[Running] = []
+        for uid, job in sorted(self._term.state.jobs.items()):
+            rec = job.record
+            if (
+                rec is None
+                or rec.cluster is None
+                or rec.stopping is not None
+                or job.terminal
+                or job.deleting
+                or job.claim is not None
+            ):
+                continue
+            gpus = held.get((rec.cluster, uid))
+            if not gpus:
+                res = self._snapshot.reservation(uid)
+                gpus = (
+                    {n: a.get(GPU_RESOURCE, 0) for n, a in res.nodes.items() if a.get(GPU_RESOURCE)}
+                    if res is not None
+                    else {}
+                )
+            if not gpus:
+                continue  # holds no whole GPU: freeing it frees nothing a GPU job needs
+            ws = self._term.state.work.get((rec.cluster, uid))
+            started = rec.placed_at
+            if ws is not None and ws.ack is not None and ws.ack.applied_at is not None:
+                started = ws.ack.applied_at
+            checkpoint = None
+            if job.status.last_checkpoint_time:
+                with contextlib.suppress(ValueError):
+                    checkpoint = st.parse_rfc3339(job.status.last_checkpoint_time)
+            request = job.request
+            priority = rec.priority
+            if priority is None:
+                priority = request.priority if request is not None else 0
+            out.append(
+                Running(
+                    uid=uid,
+                    job=job.key,
+                    cluster=rec.cluster,
+                    priority=priority,
+                    gpus=gpus,
+                    started_at=started,
+                    queue=rec.queue,
+                    last_checkpoint=checkpoint,
+                    checkpoint_interval_s=request.checkpoint_interval_s if request else None,
+                    preempted=_events(rec),
+                    submitted_at=request.submitted_at if request is not None else None,
+                )
+            )
+        return out
+
+    # --- 3-5. one cycle ---------------------------------------------------------------------------
+
+    async def run(
+        self,
+        decisions: Sequence[tuple[PlacementRequest, Decision]],
+        policy: Policy,
+        quota: QuotaView | None,
+        now: float,
+    ) -> dict[str, PreemptionPlan | NoPreemption]:
+        """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
+        preemptor's answer by UID (a plan only when it was committed)."""
+        preemptors = self.preemptors(decisions)
+        # jobs waiting out NO_PLAN_RETRY_S keep their last answer (their status stays put)
+        answers: dict[str, PreemptionPlan | NoPreemption] = {
+            r.uid: self._no_plan_until[r.uid][1]
+            for r, _ in decisions
+            if r.uid in self._no_plan_until
+        }
+        if not preemptors:
+            return answers
+        running = self.running()
+        if not running:
+            return answers
+        if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
+            lowest = min(r.priority for r in running)
+            preemptors = [p for p in preemptors if p.request.priority > lowest]
+        cycle = PreemptionCycle(
+            self._snapshot,
+            policy,
+            now,
+            running,
+            rules=self._term.config.preemption_rules,
+            quota=quota,
+        )
+        t0 = time.perf_counter()
+        planned = 0
+        hopeless: set[Any] = set()  # shapes that found no plan: the same answer for the rest
+        for p in preemptors:
+            shape = (p.request.priority, queued_fit_key(p.request))
+            if shape in hopeless:
+                continue
+            answers[p.request.uid] = answer = cycle.plan(p)
+            if isinstance(answer, NoPreemption):
+                hopeless.add(shape)
+                until = self._term.mono() + NO_PLAN_RETRY_S
+                self._no_plan_until[p.request.uid] = (until, answer)
+            else:
+                self._no_plan_until.pop(p.request.uid, None)
+            planned += 1
+            if planned >= self._term.config.preemption_max_preemptors:
+                break
+        self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
+        for uid, answer in answers.items():
+            if isinstance(answer, PreemptionPlan) and not await self._commit(answer, now):
+                answers[uid] = NoPreemption(uid, "a victim changed while the plan was made")
+        return answers
+
+    async def _commit(self, plan: PreemptionPlan, now: float) -> bool:
+        """Steps 4 and 5 for one plan; False when nothing was written."""
+        state = self._term.state
+        uids = sorted({plan.preemptor, *plan.victim_uids})
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in uids:  # sorted: two commits never wait on each other
+                await stack.enter_async_context(state.lock(uid))
+            pre = state.jobs.get(plan.preemptor)
+            if pre is None or not pre.wants_placement:
+                return False
+            victims: list[tuple[JobState, JobRecord, int]] = []
+            for v in plan.victims:
+                job = state.jobs.get(v.running.uid)
+                rec = job.record if job is not None else None
+                if (
+                    job is None
+                    or rec is None
+                    or job.record_rev is None
+                    or rec.cluster != plan.cluster
+                    or rec.stopping is not None
+                    or job.terminal
+                    or job.deleting
+                ):
+                    log.info("preemption.victim_changed", job=pre.key, victim=v.running.job)
+                    return False
+                victims.append((job, marked(rec, self._cause(plan, v, pre, now)), job.record_rev))
+            hold = Reservation.from_decision(
+                plan.decision, now=now, ttl_s=self._term.config.reservation_ttl_s
+            )
+            try:
+                rev = await self._term.store.preempt(
+                    plan.preemptor,
+                    hold.model_dump_json(),
+                    [(rec, rev) for _, rec, rev in victims],
+                )
+            except ConflictError:
+                log.warning("preemption.conflict", job=pre.key, cluster=plan.cluster)
+                return False
+            # Memory follows the commit.
+            self._reservations.hold(hold)
+            for job, rec, _ in victims:
+                job.record, job.record_rev = rec, rev
+            self._show(pre, plan)
+            for v in plan.victims:
+                self._term.metrics.preemptions.labels(plan.cluster, v.why).inc()
+                self._term.metrics.preemption_gpu_seconds_lost.inc(v.cost_gpu_s)
+            log.info(
+                "preemption.committed",
+                job=pre.key,
+                cluster=plan.cluster,
+                victims=[v.running.job for v in plan.victims],
+                nodes=sorted(plan.nodes)[:_NODES_SHOWN],
+                cost_gpu_s=round(plan.cost_gpu_s, 1),
+            )
+            # 5. stop the victims' copies (the mark is durable: a restart resumes this)
+            for job, rec, _ in victims:
+                assert rec.stopping is not None
+                self._mirror.event(job, "Warning", "Preempting", rec.stopping.message)
+                await self._requeue.stop_copy(job)
+        return True
+
+    def _cause(self, plan: PreemptionPlan, v: Victim, pre: JobState, now: float) -> RequeueCause:
+        """Why victim ``v`` stops (its record's ``stopping``; its condition's message)."""
+        run = v.running
+        nodes = sorted(run.gpus)
+        block = ", ".join(plan.domains[:4]) or _names(sorted(plan.nodes))
+        prio = pre.request.priority if pre.request is not None else 0
+        why = (
+            f"priority {prio} over {run.priority}"
+            if v.why == "priority"
+            else "its queue reclaims the quota this job's queue borrowed"
+        )
+        return RequeueCause(
+            kind="Preempted",
+            reason="Preempted" if v.why == "priority" else "Reclaimed",
+            message=(
+                f"preempted by {pre.key} in {plan.cluster} ({why}) to free {block}: "
+                f"nodes {_names(nodes)}; {v.cost_gpu_s:.0f} GPU-seconds since its last "
+                "checkpoint lost"
+            ),
+            at=now,
+            cluster=plan.cluster,
+            nodes=tuple(nodes[:MAX_CAUSE_NODES]),  # the message counts all of them
+            domains=tuple(plan.domains[:MAX_CAUSE_NODES]),
+            by_uid=pre.uid,
+            by=pre.key,
+            cost_gpu_s=v.cost_gpu_s,
+        )
+
+    def _show(self, pre: JobState, plan: PreemptionPlan) -> None:
+        """The preemptor's status and Event: what it preempted, where."""
+        names = [v.running.job or v.running.uid for v in plan.victims]
+        message = (
+            f"preempting {len(names)} job(s) in {plan.cluster} to free "
+            f"{', '.join(plan.domains[:4]) or _names(sorted(plan.nodes))} "
+            f"({plan.cost_gpu_s:.0f} GPU-seconds lost): {_names(names)}; placed once their "
+            "GPUs are free"
+        )
+        now = self._mirror.now()
+        info = PreemptionStatus(
+            cluster=plan.cluster,
+            nodes=sorted(plan.nodes)[:512],
+            nvlink_domains=list(plan.domains[:512]),
+            victims=[
+                PreemptionVictim(
+                    job=v.running.job or v.running.uid,
+                    priority=v.running.priority,
+                    cost_gpu_seconds=round(v.cost_gpu_s, 1),
+                    reason=v.why,
+                )
+                for v in plan.victims[:128]
+            ],
+            cost_gpu_seconds=round(plan.cost_gpu_s, 1),
+            time=now,
+            message=plan.reason,
+        )
+        pre.last_unschedulable = ("Preempting", message)
+        self._mirror.set_status(pre, st.preempting(pre.status, info, message=message, now=now))
+        self._mirror.event(pre, "Normal", "Preempting", message)
+
+    def waiting_message(self, uid: str) -> str | None:
+        """While a preemptor waits for its victims to stop: what it waits for (else None)."""
+        victims = self.victims_of(uid)
+        if not victims:
+            return None
+        names = [v.key for v in victims]
+        cluster = victims[0].record.cluster if victims[0].record is not None else "?"
+        return (
+            f"preempted {len(names)} job(s) in {cluster}; waiting for them to stop: {_names(names)}"
+        )

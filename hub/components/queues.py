@@ -1,0 +1,377 @@
+"""Queues on the hub: the GPUQueues of the hub cluster, the queue tree admission runs on, the
+one quota-usage ledger of the leader term, fair share, and every GPUQueue's status and metrics.
+
+Fed by :mod:`gpufed.hub.components.intake` (list+watch of ``gpuqueues``, the same loop as GPUJobs); asked
+by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and not repeated here
+(:mod:`gpufed.placement.quota`: tree, validation, a job's queue, admission with borrowing;
+:mod:`gpufed.placement.fairshare`: decayed usage and the queue order).
+
+- **Intake.** Each GPUQueue is validated (:class:`gpufed.api.queue.GPUQueue`; a spec that does
+  not validate is broken with the field and the fix in its message) and the tree is rebuilt
+  with :func:`~gpufed.placement.quota.build_tree`, which also refuses cycles of parents,
+  unknown parents, a namespace in two queues and keys listed twice. A broken queue admits
+  nothing: its jobs wait with its message; nothing else changes. Only a change of the specs
+  rebuilds the tree (our own status writes come back through the watch).
+- **Usage** (:meth:`Queues.rebuild_usage`) follows the placements: a job charges its queue
+  from the placement's etcd transaction (``JobRecord.queue`` / ``JobRecord.charged``) until it
+  ends, is deleted (its record forgotten), waits to be placed again (record without a
+  cluster) or is being stopped for a preemptor (its quota goes to the preemptor's hold, which
+  the scheduling cycle charges to the preemptor's queue until it is placed). The ledger is rebuilt from those records at every cycle, so a restart, a failover
+  or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
+  charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
+  of one pass never exceed a quota together. Not the reservation ledger: a reservation also
+  ends when the pods bind, while the job keeps its GPUs.
+- **Unlisted namespaces** (``--unlisted-namespaces``): a job whose namespace no GPUQueue
+  lists goes to the default queue, or, with ``reject``, waits until one does
+  (:meth:`Queues.unlisted`; jobs placed before are never refused). The default queue's cap
+  without a ``spec.maxPriority`` of its own is ``--default-queue-max-priority``.
+- **Before the first GPUQueue list** of a term nothing is admitted (:attr:`Queues.synced`):
+  placing before the quotas are known could exceed them.
+- **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``,
+  ``fairShare``, through :meth:`gpufed.hub.components.mirror.Mirror.queue_status` (coalesced, fenced,
+  resourceVersion-guarded); gauges ``gpufed_queue_gpus`` and ``gpufed_queue_pending_jobs``.
+
+Bounded: at most :data:`MAX_QUEUES` GPUQueues are admitted by (the rest, by name, are broken
+with a message saying so). One instance per leader term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import structlog
+from pydantic import ValidationError
+
+from gpufed.api.gpujob import StatusCondition
+from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue, GPUQueueStatus, QueueUsage
+from gpufed.hub.components.deletion import Deletion
+from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
+from gpufed.hub.components.mirror import Mirror
+from gpufed.hub.components.priorities import PriorityCap
+from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import Term
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.records import FairShareRecord
+from gpufed.placement.fairshare import DecayedUsage
+from gpufed.placement.quota import (
+    QueueChoice,
+    QueueTree,
+    QuotaGate,
+    QuotaUsage,
+    build_tree,
+    demand_of,
+    queue_of,
+    usage_rows,
+)
+
+log = structlog.get_logger("gpufed.hub.components.queues")
+
+#: Seconds between writes of the queues' decayed usage to etcd (key ``fairshare``).
+FAIR_SHARE_SAVE_S: Final = 60.0
+
+#: The hub flag that caps the default queue without a ``spec.maxPriority`` of its own.
+DEFAULT_QUEUE_CAP_FLAG: Final = "--default-queue-max-priority"
+
+#: Most GPUQueues the hub admits by; more are broken (bounded memory and cycle time).
+MAX_QUEUES: Final = 1000
+
+
+def _field_of(exc: ValidationError) -> str:
+    """``spec.quotas[0].nominal: Input should be ...`` for the first error."""
+    err = exc.errors()[0]
+    path = ""
+    for part in err.get("loc", ()):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return f"{path or 'spec'}: {err.get('msg', 'invalid')}"
+
+
+class Queues:
+    """The GPUQueues, the tree, the usage ledger and the queues' status (module docstring)."""
+
+    def __init__(self, term: Term, mirror: Mirror, deletion: Deletion) -> None:
+        self._term = term
+        self._mirror = mirror
+        self._deletion = deletion
+        cfg = term.config
+        self._specs: dict[str, GPUQueue] = {}
+        self._invalid: dict[str, str] = {}
+        #: conditions as last read or written (transition times survive a restart)
+        self._conditions: dict[str, list[StatusCondition]] = {}
+        #: queue -> the status last computed (what the mirror writes)
+        self.shown: dict[str, GPUQueueStatus] = {}
+        self._exported: set[tuple[str, str, str]] = set()
+        self._exported_pending: set[str] = set()
+        self.tree: QueueTree = build_tree([], default_queue=cfg.default_queue)
+        self.usage = QuotaUsage()
+        self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
+        self._saved_at: float | None = None
+        #: set once the first GPUQueue list of this term is in
+        self.synced = asyncio.Event()
+        #: the last error of the GPUQueue list+watch ("" after a good list)
+        self.list_error = ""
+
+    # --- intake ----------------------------------------------------------------------------------
+
+    def on_event(self, type_: str, obj: Mapping[str, Any]) -> bool:
+        """A GPUQueue watch event; True when the specs (so the tree) changed."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if type_ == "DELETED":
+            self._conditions.pop(name, None)
+            self.shown.pop(name, None)
+            self._mirror.forget_queue(name)
+            changed = self._specs.pop(name, None) is not None
+            changed |= self._invalid.pop(name, None) is not None
+            return self._rebuild() if changed else False
+        try:
+            q = GPUQueue.model_validate(obj)
+        except ValidationError as exc:
+            message = _field_of(exc)
+            if self._invalid.get(name) == message and name not in self._specs:
+                return False
+            self._specs.pop(name, None)
+            self._invalid[name] = message
+            log.info("hub.queue.invalid", queue=name, error=message)
+            return self._rebuild()
+        if q.status is not None and name not in self._conditions:
+            self._conditions[name] = list(q.status.conditions)
+        prev = self._specs.get(name)
+        if prev is not None and prev.spec == q.spec and name not in self._invalid:
+            return False
+        self._invalid.pop(name, None)
+        self._specs[name] = q
+        return self._rebuild()
+
+    def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """After a (re)list: queues gone meanwhile are deleted; the rest arrive as ADDED."""
+        items = list(items)
+        present = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+        for name in [n for n in (*self._specs, *self._invalid) if n not in present]:
+            self.on_event("DELETED", {"metadata": {"name": name}})
+        for obj in items:
+            self.on_event("ADDED", obj)
+        self.list_error = ""
+        self.synced.set()
+
+    def list_failed(self, exc: Exception) -> None:
+        """The GPUQueue list or watch failed (missing CRD or RBAC rule: jobs wait, see log)."""
+        self.list_error = str(exc)
+
+    def _rebuild(self) -> bool:
+        names = sorted(self._specs)
+        over = {n: "" for n in names[MAX_QUEUES:]}
+        invalid = dict(self._invalid)
+        for n in over:
+            invalid[n] = (
+                f"metadata.name: more than {MAX_QUEUES} GPUQueues; the hub admits by the first "
+                f"{MAX_QUEUES} by name: delete or merge queues"
+            )
+        self.tree = build_tree(
+            (self._specs[n] for n in names[:MAX_QUEUES]),
+            invalid=invalid,
+            default_queue=self._term.config.default_queue,
+        )
+        for name, message in sorted(self.tree.broken.items()):
+            log.info("hub.queue.broken", queue=name, reason=message)
+        return True
+
+    # --- a job's queue ---------------------------------------------------------------------------
+
+    def queue_of(self, job: JobState) -> QueueChoice:
+        """The queue of ``job`` (its namespace's, else the default queue), or the error of a
+        ``spec.placement.queue`` that names another queue."""
+        return queue_of(
+            self.tree, job.obj.metadata.namespace or "default", job.obj.spec.placement.queue
+        )
+
+    def max_priority(self, queue: str) -> PriorityCap | None:
+        """The highest priority a job of ``queue`` may use: the lowest ``spec.maxPriority`` of
+        the queue and its ancestors (None: no cap). The default queue's own cap, when no
+        GPUQueue of its name sets one, is ``--default-queue-max-priority`` (None: none); so it
+        caps the default queue's children too, as its ``spec.maxPriority`` would."""
+        cfg = self._term.config
+        cap: PriorityCap | None = None
+        seen: set[str] = set()
+        name: str | None = queue
+        while name is not None and name not in seen:
+            seen.add(name)
+            q = self._specs.get(name)
+            own: PriorityCap | None = None
+            if q is not None and q.spec.max_priority is not None:
+                own = PriorityCap(q.spec.max_priority)
+            elif name == cfg.default_queue and cfg.default_queue_max_priority is not None:
+                own = PriorityCap(cfg.default_queue_max_priority, flag=DEFAULT_QUEUE_CAP_FLAG)
+            if own is not None and (cap is None or own.value < cap.value):
+                cap = own
+            name = q.spec.parent if q is not None else None
+        return cap
+
+    def unlisted(self, job: JobState) -> str | None:
+        """Why ``job`` may not be placed: under ``--unlisted-namespaces reject``, a job never
+        placed (no job record) whose namespace no GPUQueue lists, whatever its
+        ``spec.placement.queue``; None when it may. Judged each cycle, so listing the
+        namespace lets the job in; a job placed before is never refused (it keeps running,
+        and a requeue sends it back to its queue)."""
+        if self._term.config.unlisted_namespaces != "reject" or job.record is not None:
+            return None
+        namespace = job.obj.metadata.namespace or "default"
+        if namespace in self.tree.namespaces:
+            return None
+        return (
+            f"namespace {namespace} is listed by no GPUQueue and this hub runs no job of an "
+            f"unlisted namespace: list namespace {namespace} in a GPUQueue's spec.namespaces, "
+            "or run the hub with --unlisted-namespaces default-queue"
+        )
+
+    # --- usage -----------------------------------------------------------------------------------
+
+    def rebuild_usage(self) -> None:
+        """Rebuild the ledger from the placements: the etcd records of jobs not finished, and
+        the records whose GPUJob this term has not seen (their copies still run). A record
+        without a queue (from before queues, or adopted after a loss of etcd state) charges its
+        job's queue now for the GPU product its status names."""
+        jobs = self._term.state.jobs.values()
+        charges: list[tuple[str, str, Mapping[str, int]]] = []
+        for j in jobs:
+            r = j.record
+            if r is None or j.terminal or r.cluster is None:
+                continue
+            if r.stopping is not None and r.stopping.by_uid:
+                # preempted: its quota went to the preemptor's hold (charged by the scheduling
+                # cycle while the preemptor waits), as Kueue releases an evicted workload's
+                continue
+            if r.queue is not None and r.charged:
+                charges.append((r.uid, r.queue, r.charged))
+            elif r.queue is None and j.request is not None:
+                # A record without a queue: written before queues existed, or adopted by the
+                # rebuild after a loss of etcd state (docs/design.md §7 item 7). Its job's
+                # queue now, and what it takes on the product its status names.
+                placed = j.status.placement
+                demand = demand_of(j.request, placed.gpu_product if placed else None)
+                if demand:
+                    charges.append((r.uid, self.queue_of(j).queue, demand))
+        charges.extend(
+            (r.uid, r.queue, r.charged)
+            for r in self._deletion.orphan_records()
+            if r.cluster is not None and r.queue is not None and r.charged
+        )
+        # A new ledger object: a pass's gate keeps charging the one it started with.
+        usage = QuotaUsage()
+        usage.rebuild(charges)
+        self.usage = usage
+
+    def gate(self) -> QuotaGate:
+        """Admission for one pass over the current tree and ledger (the pass charges it)."""
+        return QuotaGate(self.tree, self.usage)
+
+    def observe(self, now: float) -> dict[str, float]:
+        """Advance decayed usage to ``now`` (wall seconds) with each queue's own GPUs in use;
+        returns the queues' fair-share values."""
+        per_queue = {q: float(sum(self.usage.own(q).values())) for q in self.tree.nodes}
+        self.decayed.observe(now, per_queue)
+        return self.decayed.shares(self.tree)
+
+    def restore_history(self, record: FairShareRecord | None) -> None:
+        """Start decayed usage from what the last leader saved (``Controller.load``); a queue
+        deleted meanwhile keeps a value nothing reads, dropped at the next save."""
+        if record is not None:
+            self.decayed.restore(record.values, record.at)
+
+    async def save_history(self) -> None:
+        """Write decayed usage to etcd, at most every :data:`FAIR_SHARE_SAVE_S` (the term's
+        flush loop); a new leader restores it, so fair share survives a restart."""
+        now = self._term.wall()
+        if self._saved_at is not None and now - self._saved_at < FAIR_SHARE_SAVE_S:
+            return
+        self.decayed.advance(now)
+        values = {q: v for q in self.tree.nodes if (v := self.decayed.value(q)) > 0}
+        await self._term.store.put_fair_share(FairShareRecord(values=values, at=now))
+        self._saved_at = now
+
+    def refresh(self) -> None:
+        """Between cycles (the term's status loop): ledger, fair share and status again, so a
+        job that ended shows in its queue's usage without waiting for a cycle."""
+        self.rebuild_usage()
+        self.publish(self.observe(self._term.wall()))
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def publish(self, shares: Mapping[str, float]) -> None:
+        """Write every GPUQueue's status (skipped when unchanged) and refresh the gauges
+        (``shares``: from :meth:`observe`)."""
+        pending: Counter[str] = Counter()
+        admitted: Counter[str] = Counter()
+        for job in self._term.state.jobs.values():
+            charged = self.usage.queue_of_job(job.uid)
+            if charged is not None:
+                admitted[charged] += 1
+            elif job.wants_placement and self.unlisted(job) is None:
+                pending[self.queue_of(job).queue] += 1
+        now = self._mirror.now()
+        exported: set[tuple[str, str, str]] = set()
+        exported_pending: set[str] = set()
+        names = sorted({*self._specs, *self._invalid})
+        for i, name in enumerate(names):
+            rows = usage_rows(self.tree, self.usage, name)
+            status = self._status(name, rows, pending[name], admitted[name], shares, now)
+            self.shown[name] = status
+            self._mirror.queue_status(name, status)
+            if i < MAX_QUEUE_SERIES:
+                exported_pending.add(name)
+                self._term.metrics.queue_pending_jobs.labels(name).set(pending[name])
+                for row in status.usage:
+                    for state, value in (
+                        ("nominal", row.nominal),
+                        ("used", row.used),
+                        ("borrowed", row.borrowed),
+                    ):
+                        exported.add((name, row.gpu_product, state))
+                        self._term.metrics.queue_gpus.labels(name, row.gpu_product, state).set(
+                            value
+                        )
+        for labels in self._exported - exported:
+            self._term.metrics.queue_gpus.remove(*labels)
+        for name in self._exported_pending - exported_pending:
+            self._term.metrics.queue_pending_jobs.remove(name)
+        self._exported, self._exported_pending = exported, exported_pending
+
+    def _status(
+        self,
+        name: str,
+        rows: list[Any],
+        pending: int,
+        admitted: int,
+        shares: Mapping[str, float],
+        now: str,
+    ) -> GPUQueueStatus:
+        broken = self.tree.broken.get(name)
+        if broken is not None:
+            active, reason, message = "False", "InvalidSpec", broken
+        else:
+            node = self.tree.nodes[name]
+            keys = ", ".join(sorted(node.quotas)) or "none of its own"
+            active, reason = "True", "Admitting"
+            message = f"admitting by quotas: {keys}"
+        conditions = st.set_condition(
+            self._conditions.get(name, []),
+            ACTIVE_CONDITION,
+            active,
+            reason=reason,
+            message=message,
+            now=now,
+        )
+        self._conditions[name] = conditions
+        share = shares.get(name)
+        return GPUQueueStatus(
+            conditions=conditions,
+            usage=[
+                QueueUsage(gpu_product=r.key, nominal=r.nominal, used=r.used, borrowed=r.borrowed)
+                for r in rows
+            ],
+            pending_jobs=pending,
+            admitted_jobs=admitted,
+            fair_share=None if share is None else f"{share:.6g}",
+        )

@@ -1,0 +1,512 @@
+"""Scheduling: the cycle that places waiting GPUJobs, and the commit of each placement.
+
+A cycle (:meth:`Scheduler.cycle`) runs soon after anything that may let a job fit changes
+(a job arrives, an inventory or a member's health changes, a reservation ends: :meth:`kick`);
+a burst of changes becomes one cycle. Its phases read, then decide, then act:
+
+1. expire reservations whose pods never showed up;
+2. read the queue: the jobs that still want placement, each in its GPUQueue
+   (:mod:`gpufed.hub.components.queues`; a ``spec.placement.queue`` naming another queue fails the job;
+   with ``--unlisted-namespaces reject`` a never-placed job of a namespace no GPUQueue lists
+   stays Pending, ``NamespaceNotListed``)
+   at its PriorityClass's value (:mod:`gpufed.hub.components.priorities`; a class that does not exist
+   keeps the job Pending, one above the queue's ``maxPriority`` fails it), and the quota
+   ledger rebuilt from the placements; no cycle places anything before the term's first
+   GPUQueue and PriorityClass lists;
+3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: fair-share order
+   between queues, then :func:`gpufed.placement.pass_key`: priority, jobs past the starvation
+   age oldest first, the others fewer GPUs first; backfill holds) calls the pure ``place()``
+   on the long-lived :class:`~gpufed.placement.FleetSnapshot` with the job's ``Quota`` filter;
+   a ``Placed`` decision is reserved at once as a tentative reservation and charged to its
+   queue, so later jobs of the same pass see its GPUs and its quota taken;
+   a job that holds a preemption hold sees its own hold lifted for its own attempt
+   (:meth:`gpufed.hub.components.reservations.Reservations.lifted`), so it is placed on the GPUs its
+   victims freed once the member reports them free, and nobody else is;
+4. preempt (:mod:`gpufed.hub.components.preemption`): the jobs left Unschedulable that may preempt get
+   their plans, each committed (the preemptor's hold and the victims' marks, one etcd
+   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.requeue`);
+5. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
+   queue and charge), work item and reservation are written in ONE etcd transaction
+   (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
+   others get their "not placed" status (a quota's refusal in its words; a preemptor's what
+   it preempts or why it preempts nothing);
+6. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import structlog
+
+from gpufed.api.decision import Decision, Outcome, Reservation
+from gpufed.api.errors import FieldError
+from gpufed.api.labels import HOSTNAME_LABEL
+from gpufed.api.request import PlacementRequest
+from gpufed.hub.adapters.store import ConflictError
+from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.mirror import Mirror
+from gpufed.hub.components.preemption import Preemption
+from gpufed.hub.components.priorities import PriorityClasses
+from gpufed.hub.components.queues import Queues
+from gpufed.hub.components.requeue import Requeue
+from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.state import JobState, WorkState
+from gpufed.hub.components.suspects import SuspectNodes, with_suspects
+from gpufed.hub.components.term import Term
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.records import JobRecord, WorkRecord
+from gpufed.placement import (
+    FleetSnapshot,
+    Hold,
+    Policy,
+    hold_for,
+    place,
+    schedule_pass,
+)
+from gpufed.placement.fairshare import fair_sorted
+from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
+from gpufed.placement.queue import pass_key, queued_fit_key
+from gpufed.placement.quota import QuotaGate, demand_of
+from gpufed.sync.manifests import PodSetPinning, prepare_manifests
+
+log = structlog.get_logger("gpufed.hub.components.scheduling")
+
+#: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
+CYCLE_DEBOUNCE_S = 0.005
+
+
+def _why(answer: NoPreemption) -> str:
+    """Why nothing is preempted: the reason, then the first members' own reasons."""
+    members = sorted(answer.members.items())
+    if not members:
+        return answer.reason
+    shown = "; ".join(f"{c}: {why}" for c, why in members[:3])
+    more = f"; and {len(members) - 3} more members" if len(members) > 3 else ""
+    return f"{answer.reason} ({shown}{more})"
+
+
+class Scheduler:
+    """The scheduling loop of one leader term (see the module docstring)."""
+
+    def __init__(
+        self,
+        term: Term,
+        snapshot: FleetSnapshot,
+        reservations: Reservations,
+        dispatch: Dispatch,
+        mirror: Mirror,
+        queues: Queues,
+        priorities: PriorityClasses,
+        requeue: Requeue,
+        *,
+        suspects: SuspectNodes | None = None,
+    ) -> None:
+        self._term = term
+        self._suspects = suspects
+        self._preemption = Preemption(term, snapshot, reservations, requeue, mirror)
+        self._queues = queues
+        self._priorities = priorities
+        self._snapshot = snapshot
+        self._reservations = reservations
+        self._dispatch = dispatch
+        self._mirror = mirror
+        self._policy = Policy(
+            allocation=term.config.allocation,
+            reservation_ttl_s=term.config.reservation_ttl_s,
+        )
+        self._backfill = term.config.backfill_rule
+        self._kick = asyncio.Event()
+        #: jobs that may want placement (checked again each cycle)
+        self._waiting: set[str] = set()
+
+    def kick(self) -> None:
+        """Ask for a scheduling cycle soon."""
+        self._kick.set()
+
+    def want(self, uid: str) -> None:
+        """Job ``uid`` may want placement: consider it in the next cycle (and kick)."""
+        self._waiting.add(uid)
+        self.kick()
+
+    async def run(self) -> None:
+        """Run a cycle after every kick, forever."""
+        while True:
+            await self._kick.wait()
+            await asyncio.sleep(CYCLE_DEBOUNCE_S)
+            self._kick.clear()
+            await self.cycle()
+
+    async def cycle(self) -> None:
+        """One scheduling pass over every waiting job (numbered phases: module docstring)."""
+        now = self._term.wall()
+        # 1. drop reservations whose pods never showed up (a preemptor's hold lasts while its
+        #    victims stop)
+        await self._reservations.expire(now, keep=self._preemption.holders())
+        queues = self._queues
+        if not queues.synced.is_set() or not self._priorities.synced.is_set():
+            # Nothing is admitted before this term knows the quotas and the PriorityClasses
+            # (each first list kicks again).
+            return
+        # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
+        queues.rebuild_usage()
+        shares = queues.observe(now)
+        waiting = []
+        for uid in list(self._waiting):
+            job = self._term.state.jobs.get(uid)
+            if job is not None and job.wants_placement and self._enqueue(job):
+                waiting.append(job)
+            elif job is None or not job.wants_placement:
+                self._waiting.discard(uid)
+        self._term.metrics.queue_depth.set(len(waiting))
+        if not waiting:
+            queues.publish(shares)
+            return
+        gate = queues.gate()
+        self._charge_holds(gate, waiting)
+        requests = fair_sorted(
+            (j.request for j in waiting if j.request is not None),
+            queues.tree,
+            shares,
+            pass_key(now, self._backfill),
+        )
+        reservations: dict[str, Reservation] = {}
+        charges: dict[str, tuple[str, dict[str, int]]] = {}
+        # Small fleets: record every member's score or rejection for `gpufed explain`.
+        explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
+
+        # Suspect nodes (after an infrastructure failure) are held off every job this cycle.
+        suspect = self._suspects.holds(self._term.mono()) if self._suspects is not None else {}
+
+        def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
+            t0 = time.perf_counter()
+            if suspect:
+                hold = with_suspects(dict(hold), suspect)
+            # A waiting job's own ledger entry and quota charge are its preemption hold: not
+            # counted against it.
+            with self._reservations.lifted(req.uid), gate.lifted(req.uid):
+                decision = place(
+                    req,
+                    self._snapshot,
+                    self._policy,
+                    now,
+                    hold=hold,
+                    explain=explain,
+                    quota=gate.for_request(req),
+                )
+                if decision.outcome == Outcome.PLACED:
+                    reservations[req.uid] = self._reservations.reserve(decision, now)
+            self._term.metrics.placement_seconds.observe(time.perf_counter() - t0)
+            if decision.outcome == Outcome.PLACED:
+                # charged now: later jobs of this pass see the quota taken
+                gate.charge(req, decision.gpu_product)
+                charges[req.uid] = (gate.queue(req), demand_of(req, decision.gpu_product))
+            return decision
+
+        # 3. decide: placement's queue pass (fair-share order, backfill holds, quota admission,
+        #    place + tentative reserve and charge)
+        result = schedule_pass(
+            requests,
+            now,
+            attempt,
+            lambda r: hold_for(r, self._snapshot, self._policy, gate.for_request(r)),
+            self._backfill,
+            presorted=True,
+            key_of=queued_fit_key,
+        )
+        # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
+        answers = await self._preemption.run(
+            result.decisions,
+            self._policy,
+            QuotaView(gate.tree, gate.usage) if gate.enforce else None,
+            now,
+        )
+        # 5. act: commit placed jobs (etcd first, then dispatch); report the rest
+        commits = []
+        for req, decision in result.decisions:
+            self._term.metrics.decisions.labels(decision.outcome.value).inc()
+            job = self._term.state.jobs.get(req.uid)
+            if decision.outcome == Outcome.PLACED:
+                commits.append(
+                    self._commit(req.uid, decision, reservations[req.uid], charges[req.uid])
+                )
+            elif job is not None:
+                answer = answers.get(req.uid)
+                if isinstance(answer, PreemptionPlan):
+                    continue  # its status says what it preempts
+                self._not_placed(job, decision, answer)
+        if commits:
+            await asyncio.gather(*commits)
+        # 6. the queues' status, from the placements etcd now holds
+        queues.rebuild_usage()
+        queues.publish(shares)
+
+    def _charge_holds(self, gate: QuotaGate, waiting: list[JobState]) -> None:
+        """A preemptor's hold is charged to its queue while it waits (docs/hub.md,
+        "Preemption"): the quota it reclaimed stays its own, so its requeued victims cannot be
+        admitted on other free GPUs before it is placed (they would take the quota back)."""
+        for job in waiting:
+            req = job.request
+            res = self._reservations.held(job.uid)
+            if req is None or res is None or self._reservations.is_tentative(job.uid):
+                continue
+            gate.charge(req, self._product_of(res))
+
+    def _product_of(self, res: Reservation) -> str | None:
+        """The GPU product of the nodes a reservation holds (None when none is known)."""
+        if res.cluster not in self._snapshot.cluster_names:
+            return None
+        nodes = self._snapshot.cluster(res.cluster).nodes
+        for name in sorted(res.nodes):
+            n = nodes.get(name)
+            if n is not None and n.pool is not None:
+                return n.pool.product
+        return None
+
+    def _enqueue(self, job: JobState) -> bool:
+        """Put ``job``'s request in its GPUQueue at its PriorityClass's priority; False when it
+        cannot go in this cycle: Failed (naming the field) when its ``spec.placement.queue``
+        names a queue that does not list its namespace or its class is above the queue's cap;
+        Pending (the message naming the class) while its PriorityClass does not exist, and
+        (the message naming the namespace and the fix) while its namespace is listed by no
+        GPUQueue and the hub refuses such jobs (``--unlisted-namespaces reject``)."""
+        assert job.request is not None
+        refused = self._queues.unlisted(job)
+        if refused is not None:
+            self._wait(job, "NamespaceNotListed", refused, event_type="Warning")
+            return False
+        choice = self._queues.queue_of(job)
+        if choice.error is not None:
+            self._invalid(job, "spec.placement.queue", choice.error)
+            return False
+        res = self._priorities.resolve(
+            job.priority, queue=choice.queue, cap=self._queues.max_priority(choice.queue)
+        )
+        if res.error is not None:
+            self._invalid(job, res.error_field, res.error)
+            return False
+        if res.waiting is not None:
+            self._wait(job, "PriorityClassNotFound", res.waiting)
+            return False
+        update: dict[str, object] = {
+            "queue": choice.queue,
+            "priority": res.priority,
+            "preemption_policy": res.preemption_policy,
+        }
+        if any(getattr(job.request, k) != v for k, v in update.items()):
+            job.request = job.request.model_copy(update=update)
+        return True
+
+    def _invalid(self, job: JobState, field: str, message: str) -> None:
+        """Fail ``job`` for good: ``Valid=False`` naming ``field``, a Warning Event."""
+        if not message.startswith(f"{field}: "):
+            message = f"{field}: {message}"
+        job.request = None
+        job.error, job.error_field = message, field
+        self._reservations.release(job.uid, "the job is invalid")  # a preemption hold, if any
+        self._mirror.set_status(
+            job, st.invalid(job.status, field=field, message=message, now=self._mirror.now())
+        )
+        self._mirror.event(job, "Warning", "InvalidSpec", message)
+        log.info("hub.job.invalid", job=job.key, field=field)
+
+    def _wait(
+        self, job: JobState, reason: str, message: str, *, event_type: str = "Normal"
+    ) -> None:
+        """``job`` waits for something other than capacity (written once per message; the
+        Event of ``event_type``)."""
+        sig = (reason, message)
+        if sig == job.last_unschedulable:
+            return
+        job.last_unschedulable = sig
+        self._mirror.set_status(
+            job, st.waiting(job.status, reason=reason, message=message, now=self._mirror.now())
+        )
+        self._mirror.event(job, event_type, reason, message)
+        log.info("placement.waiting", job=job.key, reason=reason)
+
+    def _not_placed(
+        self, job: JobState, decision: Decision, preemption: NoPreemption | None = None
+    ) -> None:
+        """Write why ``job`` was not placed (once per answer): the decision's reason, what its
+        earlier preemption still waits for, or why it preempts nothing."""
+        still = self._preemption.waiting_message(job.uid)
+        if still is not None:
+            self._wait(job, "Preempting", still)
+            return
+        if preemption is not None and decision.outcome == Outcome.UNSCHEDULABLE:
+            decision = decision.model_copy(
+                update={"message": f"{decision.message}; preempting nothing: {_why(preemption)}"}
+            )
+        if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
+            waiting = self._term.state.awaiting_inventory()
+            decision = decision.model_copy(
+                update={
+                    "outcome": Outcome.UNSCHEDULABLE,
+                    "message": f"{decision.message} (waiting for member inventories: "
+                    f"{', '.join(waiting) or 'no member cluster registered yet'})",
+                }
+            )
+        sig = (decision.outcome, decision.message, decision.rejections)
+        if sig == job.last_unschedulable:
+            return
+        job.last_unschedulable = sig
+        self._show(job, decision, placement_ms=None)
+        reason = "Rejected" if decision.outcome == Outcome.REJECTED else "Unschedulable"
+        if reason != job.last_warning:
+            # One Warning per reason change: a waiting job's message changes with the fleet.
+            job.last_warning = reason
+            self._mirror.event(job, "Warning", reason, decision.message)
+        if reason == "Rejected":
+            log.info("placement.rejected", job=job.key, reason=decision.message)
+        else:
+            log.info("placement.unschedulable", job=job.key, reason=decision.message)
+
+    def _show(
+        self,
+        job: JobState,
+        decision: Decision,
+        *,
+        placement_ms: float | None,
+        attempt: int | None = None,
+    ) -> None:
+        """Write the decision into the job's status (``placement_ms``: intake to decision, on
+        the first placement only)."""
+        assert job.request is not None
+        self._mirror.set_status(
+            job,
+            st.decided(
+                job.status,
+                decision,
+                gpus=job.request.gpus,
+                placement_ms=placement_ms,
+                now=self._mirror.now(),
+                attempt=attempt,
+            ),
+        )
+
+    def pinning(self, decision: Decision) -> dict[str, PodSetPinning]:
+        """Where each pod set goes: nodes, their hostnames, the NVLink domains."""
+        assert decision.cluster is not None
+        member = self._term.state.members.get(decision.cluster)
+        known = member.nodes if member is not None else {}
+        return {
+            ps.name: PodSetPinning(
+                nodes=tuple(sorted(ps.nodes)),
+                hostnames={
+                    n: known[n].labels.get(HOSTNAME_LABEL, n) for n in ps.nodes if n in known
+                },
+                nvlink_domains=decision.nvlink_domains,
+            )
+            for ps in decision.pod_sets
+        }
+
+    async def _commit(
+        self,
+        uid: str,
+        decision: Decision,
+        res: Reservation,
+        charge: tuple[str, dict[str, int]],
+    ) -> None:
+        """Write the placement (one etcd transaction; the job record names the queue and what
+        it charges there: ``charge``), then dispatch and report it."""
+        async with self._term.state.lock(uid):
+            job = self._term.state.jobs.get(uid)
+            if job is None or not job.wants_placement or decision.cluster is None:
+                self._reservations.discard(uid, "the job no longer wants placement")
+                return
+            cluster = decision.cluster
+            ns = job.obj.metadata.namespace or "default"
+            attempt_no = (job.record.attempt + 1) if job.record is not None else 1
+            try:
+                manifests = prepare_manifests(
+                    job.obj.spec.template,
+                    job_uid=uid,
+                    job_name=job.obj.metadata.name,
+                    namespace=ns,
+                    origin=self._term.config.origin,
+                    pinning=self.pinning(decision),
+                    allowed_kinds=self._term.config.allowed_kinds,
+                    attempt=attempt_no,
+                )
+            except FieldError as exc:  # pragma: no cover - validated at intake
+                self._reservations.discard(uid, "its manifests are invalid")
+                self._mirror.set_status(
+                    job,
+                    st.invalid(
+                        job.status, field=exc.field, message=str(exc), now=self._mirror.now()
+                    ),
+                )
+                return
+            assert job.request is not None
+            now = self._term.wall()
+            record = JobRecord(
+                uid=uid,
+                job=job.key,
+                cluster=cluster,
+                attempt=attempt_no,
+                placed_at=now,
+                gpus=job.request.gpus,
+                queue=charge[0],
+                charged=charge[1],
+                priority=job.request.priority,
+                preemption_policy=job.request.preemption_policy,
+                # A re-placement keeps the job's past requeues: the retry budget after
+                # infrastructure failures and the preemption caps count across attempts.
+                requeues=job.record.requeues if job.record is not None else (),
+                requeue_counts=dict(job.record.requeue_counts) if job.record is not None else {},
+            )
+            work = WorkRecord(
+                job_uid=uid,
+                job=job.key,
+                namespace=ns,
+                op="Apply",
+                manifests=tuple(manifests),
+                created_at=now,
+                pod_security=job.pod_security,
+            )
+            expect = job.record_rev if job.record is not None else None
+            try:
+                rev, job_rev = await self._term.store.place(
+                    record, work, res.model_dump_json(), expect_job_revision=expect
+                )
+            except ConflictError:
+                got = await self._term.store.get_job(uid)
+                if got is None or got[0].cluster != cluster or got[0].attempt != attempt_no:
+                    # Someone else placed it: adopt what etcd says.
+                    self._reservations.discard(uid, "placed by another leader")
+                    if got is not None:
+                        job.record, job.record_rev = got
+                    log.warning("placement.conflict", job=job.key)
+                    return
+                stored = await self._term.store.get_work(cluster, uid)
+                assert stored is not None
+                rev, job_rev = stored[1], got[1]  # our own write committed; the reply was lost
+            self._reservations.confirm(uid)
+            job.record, job.record_rev = record, job_rev
+            self._term.state.work[(cluster, uid)] = WorkState(cluster, work, rev)
+            job.decided_mono = self._term.mono()
+            placement_s = job.decided_mono - job.seen_mono
+            if attempt_no == 1:
+                self._term.metrics.placement_latency_seconds.observe(placement_s)
+            first = attempt_no == 1
+            self._show(
+                job,
+                decision,
+                placement_ms=round(placement_s * 1000, 3) if first else None,
+                attempt=attempt_no,
+            )
+            log.info(
+                "placement.decided",
+                job=job.key,
+                cluster=cluster,
+                domains=list(decision.nvlink_domains[:8]),
+                score=decision.score,
+                revision=rev,
+                attempt=attempt_no,
+            )
+            job.last_warning = None
+            self._mirror.event(job, "Normal", "Placed", f"placed on {cluster}: {decision.message}")
+            self._dispatch.enqueue(cluster, uid)

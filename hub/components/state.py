@@ -1,0 +1,219 @@
+"""What one leader term knows: job, work and member state, and the queries over them.
+
+One :class:`HubState` exists per :class:`gpufed.hub.components.core.Controller` (a leader term); every
+component of the term reads and changes it (intake adds jobs, scheduling places them, dispatch
+tracks work items, members track inventories and streams). It holds no I/O: what is durable is
+written by the component that owns the change (etcd through :mod:`gpufed.hub.adapters.store`, the hub
+API through :mod:`gpufed.hub.components.mirror`).
+
+Concurrency: one asyncio loop; every read-modify-write of one job runs under that job's lock
+(:meth:`HubState.lock`, kopf's "one serial worker per object"), many jobs in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
+from gpufed.api.inventory import NodeInventory
+from gpufed.api.membercluster import MemberClusterSpec
+from gpufed.api.request import PlacementRequest
+from gpufed.api.stream import HeldJob
+from gpufed.api.work import PodSecurityLevel
+from gpufed.hub.adapters.sessions import AgentSession
+from gpufed.hub.components.priorities import PrioritySource
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.health import MemberHealth
+from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
+
+
+@dataclass
+class JobState:
+    """What the leader knows about one GPUJob (keyed by UID).
+
+    ``request``: its placement request (None when invalid: ``error`` and ``error_field`` say
+    why); ``record``/``record_rev``: its etcd job record and that key's revision (None: never
+    placed); ``seen_mono``/``decided_mono``: monotonic seconds of intake and of the latest
+    placement (for the latency metrics); ``last_unschedulable``: the last "not placed" answer
+    written, so an unchanged one is not written again; ``last_warning``: the reason of the last
+    Warning Event about not being placed (``Unschedulable``, ``Rejected``; None once placed), so
+    a job that keeps waiting gets one Event per reason change, not one per new message;
+    ``pod_security``: the Pod Security level
+    of its hub namespace seen at intake (sent with its work, so the agent labels a member
+    namespace it creates alike); ``priority``: where its priority comes from (its
+    PriorityClass, resolved each cycle while it waits: :mod:`gpufed.hub.components.priorities`).
+    """
+
+    uid: str
+    obj: GPUJob
+    status: GPUJobStatus
+    seen_mono: float
+    request: PlacementRequest | None = None
+    error: str | None = None
+    error_field: str | None = None
+    record: JobRecord | None = None
+    record_rev: int | None = None
+    decided_mono: float | None = None
+    last_unschedulable: Any = None
+    last_warning: str | None = None
+    pod_security: PodSecurityLevel | Literal[""] = ""
+    priority: PrioritySource = field(default_factory=PrioritySource)
+    #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.components.rebuild.Claim);
+    #: while set the job is never placed
+    claim: Any = None
+
+    @property
+    def key(self) -> str:
+        return self.obj.key
+
+    @property
+    def deleting(self) -> bool:
+        return self.obj.metadata.deletion_timestamp is not None
+
+    @property
+    def terminal(self) -> bool:
+        return st.is_terminal(self.status)
+
+    @property
+    def placed_cluster(self) -> str | None:
+        return self.record.cluster if self.record is not None else None
+
+    @property
+    def wants_placement(self) -> bool:
+        """Valid, not finished, not being deleted, and placed nowhere now."""
+        return (
+            self.request is not None
+            and not self.terminal
+            and not self.deleting
+            and self.claim is None
+            and (self.record is None or self.record.cluster is None)
+        )
+
+
+@dataclass
+class WorkState:
+    """One work item in the outbox, with the member's latest ack.
+
+    ``revision``: the etcd revision of the work record (the work item's revision);
+    ``sent_at``: monotonic seconds of the last send (None: not in flight); ``retry_at``: when a
+    retryable failure may be sent again; ``failures``: retryable failures of this revision in
+    a row (kept in memory only: a new leader starts counting again).
+    """
+
+    cluster: str
+    record: WorkRecord
+    revision: int
+    ack: AckRecord | None = None
+    sent_at: float | None = None
+    retry_at: float | None = None
+    failures: int = 0
+
+    @property
+    def applied_before(self) -> bool:
+        return self.ack is not None and self.ack.applied
+
+    @property
+    def settled(self) -> bool:
+        """The member acknowledged this revision (Applied for Apply, Deleted for Delete)."""
+        if self.ack is None or self.ack.revision < self.revision:
+            return False
+        want = "Applied" if self.record.op == "Apply" else "Deleted"
+        return self.ack.result == want
+
+
+@dataclass
+class MemberState:
+    """What the leader knows about one member cluster.
+
+    ``spec`` is None until its MemberCluster is seen (and again after it is deleted);
+    ``nodes``: the last good inventory; ``session``: its open agent stream, if any;
+    ``last_heard``/``last_heard_wall``: monotonic and wall seconds of its agent's last
+    message; ``outbox``/``queued``: job uids waiting to be sent to it, in order;
+    ``dirty_nodes``/``removed_nodes``: inventory changes not yet written to etcd.
+    """
+
+    name: str
+    spec: MemberClusterSpec | None = None
+    #: the MemberCluster's metadata.uid ("" until seen; the Events about it name it)
+    uid: str = ""
+    meta: MemberMeta = field(default_factory=MemberMeta)
+    nodes: dict[str, NodeInventory] = field(default_factory=dict)
+    session: AgentSession | None = None
+    last_heard: float | None = None
+    last_heard_wall: float | None = None
+    #: conditions of the MemberCluster as last read (keeps transition times across restarts)
+    conditions_seen: list[StatusCondition] = field(default_factory=list)
+    #: the lastHeartbeatTime written into the MemberCluster status (advances in steps)
+    heartbeat_shown: float | None = None
+    health: MemberHealth = "Ready"
+    outbox: collections.deque[str] = field(default_factory=collections.deque)
+    queued: set[str] = field(default_factory=set)
+    dirty_nodes: set[str] = field(default_factory=set)
+    removed_nodes: set[str] = field(default_factory=set)
+    #: serialises node writes, so a settle waits for a flush already in flight
+    nodes_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: serialises snapshot applications (each takes many turns of the event loop)
+    snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    meta_dirty: bool = False
+    status_dirty: bool = True
+    #: what the agent's last heartbeat said about its member's API server ("": reachable)
+    member_api_error: str = ""
+    #: job uid -> what the agent's latest Hello said it holds (at most MAX_HELD_JOBS)
+    held: dict[str, HeldJob] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        return self.meta.lost_at is not None
+
+
+class HubState:
+    """Jobs by UID, work items by (cluster, job UID), members by name, and per-job locks."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobState] = {}
+        self.work: dict[tuple[str, str], WorkState] = {}
+        self.members: dict[str, MemberState] = {}
+        self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        """The lock that serialises every read-modify-write of job ``uid``."""
+        return self._locks[uid]
+
+    def member(self, name: str) -> MemberState:
+        """The state of member ``name``, created empty the first time it is named."""
+        m = self.members.get(name)
+        if m is None:
+            m = self.members[name] = MemberState(name)
+        return m
+
+    def work_of(self, cluster: str) -> list[WorkState]:
+        """The work items of one member, oldest revision first."""
+        return sorted(
+            (ws for (c, _), ws in self.work.items() if c == cluster), key=lambda w: w.revision
+        )
+
+    def work_elsewhere(self, uid: str, cluster: str) -> str | None:
+        """The member other than ``cluster`` that job ``uid`` is assigned to, if any."""
+        for c, u in self.work:
+            if u == uid and c != cluster:
+                return c
+        job = self.jobs.get(uid)
+        if job is not None and job.placed_cluster not in (None, cluster):
+            return job.placed_cluster
+        return None
+
+    def registered_members(self) -> list[MemberState]:
+        """Members whose MemberCluster exists on the hub."""
+        return [m for m in self.members.values() if m.spec is not None]
+
+    def fleet_complete(self) -> bool:
+        """Every member the hub knows has reported an inventory (a Rejected is then final)."""
+        known = self.registered_members()
+        return bool(known) and all(m.nodes for m in known)
+
+    def awaiting_inventory(self) -> list[str]:
+        """Names of registered members that have not reported an inventory yet."""
+        return sorted(m.name for m in self.registered_members() if not m.nodes)

@@ -1,0 +1,108 @@
+"""Suspect nodes: member nodes an infrastructure failure happened on, kept out of placement
+for a cool-down.
+
+The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.restarts` marks the nodes a failure
+cause names (:meth:`SuspectNodes.mark`); the scheduler keeps them off every placement while the
+mark lasts (:meth:`SuspectNodes.holds`, merged into placement's ``hold`` argument, the same
+mechanism the backfill uses, so ``gpufed explain`` names them); the member status writer shows
+them (:meth:`SuspectNodes.of_member`, ``MemberCluster.status.suspectNodes``, ``gpufed get
+clusters``). A mark lasts ``cooldown_s`` (hub ``--suspect-node-cooldown``, default 3,600 s) on
+the hub's monotonic clock; a node marked again starts a new cool-down. Marks live in the
+leader's memory: a new leader starts with none (a node that fails again is marked again); a
+node that stays broken is NotReady or degraded in the member's inventory anyway, which
+placement already skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpufed.placement.queue import Hold
+
+#: Default cool-down of a suspect node, seconds.
+DEFAULT_SUSPECT_COOLDOWN_S = 3600.0
+#: Most suspect nodes kept per member (the oldest marks go first beyond it).
+MAX_SUSPECTS_PER_MEMBER = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """One suspect node: ``node`` of ``cluster``, why (``reason``, one line), and until when
+    (``until_mono``, hub monotonic seconds; ``until_wall``, wall seconds, for display)."""
+
+    cluster: str
+    node: str
+    reason: str
+    until_mono: float
+    until_wall: float
+
+
+class SuspectNodes:
+    """The suspect marks of one leader term (module docstring)."""
+
+    def __init__(self, cooldown_s: float = DEFAULT_SUSPECT_COOLDOWN_S) -> None:
+        if not cooldown_s >= 0:
+            raise ValueError(f"--suspect-node-cooldown: {cooldown_s} is not >= 0 seconds")
+        self.cooldown_s = cooldown_s
+        self._marks: dict[tuple[str, str], Suspect] = {}
+
+    def mark(
+        self, cluster: str, nodes: Iterable[str], reason: str, *, mono: float, wall: float
+    ) -> list[str]:
+        """Mark ``nodes`` of ``cluster`` suspect for the cool-down from now; returns them."""
+        out: list[str] = []
+        if self.cooldown_s <= 0:
+            return out
+        for node in nodes:
+            self._marks[(cluster, node)] = Suspect(
+                cluster, node, reason, mono + self.cooldown_s, wall + self.cooldown_s
+            )
+            out.append(node)
+        mine = sorted(
+            (s for s in self._marks.values() if s.cluster == cluster), key=lambda s: s.until_mono
+        )
+        for s in mine[: max(0, len(mine) - MAX_SUSPECTS_PER_MEMBER)]:
+            del self._marks[(s.cluster, s.node)]
+        return out
+
+    def expire(self, mono: float) -> bool:
+        """Drop the marks whose cool-down ended; True when any did (the fleet changed)."""
+        gone = [k for k, s in self._marks.items() if s.until_mono <= mono]
+        for k in gone:
+            del self._marks[k]
+        return bool(gone)
+
+    def holds(self, mono: float) -> dict[str, Hold]:
+        """Per member, a placement hold over its suspect nodes (none when there are none)."""
+        self.expire(mono)
+        nodes: dict[str, set[str]] = {}
+        for (cluster, node), _ in sorted(self._marks.items()):
+            nodes.setdefault(cluster, set()).add(node)
+        return {
+            c: Hold(
+                c,
+                frozenset(ns),
+                f"suspect nodes after an infrastructure failure: {', '.join(sorted(ns))}",
+            )
+            for c, ns in nodes.items()
+        }
+
+    def of_member(self, cluster: str, mono: float) -> list[Suspect]:
+        """The member's suspect nodes now, by node name."""
+        return sorted(
+            (s for s in self._marks.values() if s.cluster == cluster and s.until_mono > mono),
+            key=lambda s: s.node,
+        )
+
+    def next_expiry(self) -> float | None:
+        """Monotonic seconds of the next cool-down end, None without marks."""
+        return min((s.until_mono for s in self._marks.values()), default=None)
+
+
+def with_suspects(hold: dict[str, Hold] | None, suspects: dict[str, Hold]) -> dict[str, Hold]:
+    """Placement's holds with the suspect holds merged in (nodes unioned per member)."""
+    out = dict(hold or {})
+    for cluster, h in suspects.items():
+        out[cluster] = out[cluster].merged(h) if cluster in out else h
+    return out

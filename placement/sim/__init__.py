@@ -1,0 +1,1 @@
+"""The simulator and the placement benchmark: traces, synthetic fleets, offline runs."""
