@@ -93,19 +93,13 @@ def summarize_workload(
             job_uid=job_uid, revision=revision, kind=kind, name=name, phase="Missing"
         )
     status: Mapping[str, Any] = (obj or {}).get("status") or {}
-    conditions = tuple(_condition(c) for c in status.get("conditions") or [] if isinstance(c, dict))
-    if kind == "RayJob.ray.io":
-        own = {c.type for c in conditions}
-        conditions += tuple(c for c in ray_conditions(status) if c.type not in own)
+    conditions = _conditions(kind, status)
     active, succeeded, failed, ready = _counts(kind, status, pod_list)
 
     phase: WorkloadPhase = "Pending"
     terminal_at = ""
-    for ctype, cphase in _TERMINAL.get(kind, _GENERIC_TERMINAL):
-        cond = next((c for c in conditions if c.type == ctype and c.status == "True"), None)
-        if cond is not None:
-            phase, terminal_at = cphase, cond.last_transition_time
-            break
+    if (terminal := _terminal(kind, conditions)) is not None:
+        phase, terminal_at = terminal
     else:
         running_pod = any(_status(p).get("phase") == "Running" for p in pod_list)
         running_cond = any(c.type == "Running" and c.status == "True" for c in conditions)
@@ -141,6 +135,36 @@ def summarize_workload(
         pod_issues=() if phase == "Succeeded" else issues,
         nodes=nodes,
     )
+
+
+def terminal_phase(kind: str, obj: Mapping[str, Any] | None) -> WorkloadPhase | None:
+    """``Succeeded`` or ``Failed`` when the member object ``obj`` (of ``kind`` =
+    ``Kind.group``) shows its kind's terminal condition, by the rule of
+    :func:`summarize_workload`; None while it has not finished (or is None).
+
+    The agent asks it about the last state of a deleted object: a copy that finished before it
+    was deleted keeps its outcome instead of turning ``Missing``."""
+    status: Mapping[str, Any] = (obj or {}).get("status") or {}
+    terminal = _terminal(kind, _conditions(kind, status))
+    return terminal[0] if terminal is not None else None
+
+
+def _conditions(kind: str, status: Mapping[str, Any]) -> tuple[Condition, ...]:
+    """The object's conditions in its order (a RayJob's then those derived from its states)."""
+    conditions = tuple(_condition(c) for c in status.get("conditions") or [] if isinstance(c, dict))
+    if kind == "RayJob.ray.io":
+        own = {c.type for c in conditions}
+        conditions += tuple(c for c in ray_conditions(status) if c.type not in own)
+    return conditions
+
+
+def _terminal(kind: str, conditions: tuple[Condition, ...]) -> tuple[WorkloadPhase, str] | None:
+    """(phase, lastTransitionTime) of the kind's first terminal condition that is True."""
+    for ctype, cphase in _TERMINAL.get(kind, _GENERIC_TERMINAL):
+        cond = next((c for c in conditions if c.type == ctype and c.status == "True"), None)
+        if cond is not None:
+            return cphase, cond.last_transition_time
+    return None
 
 
 def ray_conditions(status: Mapping[str, Any]) -> tuple[Condition, ...]:

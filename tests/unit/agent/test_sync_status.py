@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.sync.status import MAX_POD_ISSUES, summarize_workload
+import pytest
+
+from gpufed.sync.status import MAX_POD_ISSUES, summarize_workload, terminal_phase
 
 
 def job_obj(status: dict[str, Any]) -> dict[str, Any]:
@@ -293,3 +295,44 @@ def test_an_mpijob_is_summarised_from_its_conditions_and_replica_statuses() -> N
         "conditions": [{"type": "Failed", "status": "True", "reason": "MPIJobFailed"}],
     }
     assert summarize(job_obj(failed), kind=kind).phase == "Failed"
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "phase"),
+    [
+        ("Job.batch", {"conditions": [{"type": "Complete", "status": "True"}]}, "Succeeded"),
+        ("Job.batch", {"conditions": [{"type": "Failed", "status": "True"}]}, "Failed"),
+        ("Job.batch", {"conditions": [{"type": "Complete", "status": "False"}]}, None),
+        ("Job.batch", {"active": 1}, None),
+        (
+            "JobSet.jobset.x-k8s.io",
+            {"conditions": [{"type": "Completed", "status": "True"}]},
+            "Succeeded",
+        ),
+        # a Job's Complete is not a JobSet's terminal condition
+        ("JobSet.jobset.x-k8s.io", {"conditions": [{"type": "Complete", "status": "True"}]}, None),
+        (
+            "PyTorchJob.kubeflow.org",
+            {"conditions": [{"type": "Succeeded", "status": "True"}]},
+            "Succeeded",
+        ),
+        (
+            "RayJob.ray.io",
+            {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+            "Succeeded",
+        ),
+        ("RayJob.ray.io", {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "Failed"),
+        ("RayJob.ray.io", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, None),
+    ],
+)
+def test_terminal_phase_follows_each_kinds_own_terminal_conditions(
+    kind: str, status: dict[str, Any], phase: str | None
+) -> None:
+    """The rule the agent applies to a deleted object's last state is summarize's rule."""
+    assert terminal_phase(kind, job_obj(status)) == phase
+    if phase is not None:
+        assert summarize(job_obj(status), kind=kind).phase == phase
+
+
+def test_terminal_phase_of_nothing_is_none() -> None:
+    assert terminal_phase("Job.batch", None) is None
