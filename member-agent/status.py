@@ -9,6 +9,15 @@ the last one sent. The summary carries the job's reported checkpoint time (the
 :func:`gpufed.sync.status.last_checkpoint`); a value that is not RFC 3339 or lies in the future
 is left out with one ``status.checkpoint_refused`` log line per new value. Jobs are tracked by the work manager (:mod:`gpufed.agent.work`) once applied
 and untracked when deleted; after every reconnect all tracked statuses are sent again.
+
+The member's last word counts: when a tracked job's main object is deleted in the member (its
+TTL controller after ``ttlSecondsAfterFinished``, a cleanup policy, an admin) and its final
+state — the object a watch's ``DELETED`` event carries, or the cached copy when a re-list shows
+it gone — is terminal (:func:`gpufed.sync.status.terminal_phase`), that final state and the
+pods cached at that moment keep being summarised: Succeeded stays Succeeded, Failed stays
+Failed with its reason, also after the work manager finds the object gone (``missing``). Only a
+copy that vanished before it finished is ``Missing``. The final state lives in this process's
+memory; an agent restarted after the deletion never saw it and reports ``Missing``.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from gpufed.api.labels import ATTEMPT_ANNOTATION, JOB_UID_LABEL, LAST_CHECKPOINT
 from gpufed.api.work import FailureCause, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
 from gpufed.sync.failure import NodeHealth, classify_failure
-from gpufed.sync.status import last_checkpoint, summarize_workload
+from gpufed.sync.status import last_checkpoint, summarize_workload, terminal_phase
 
 log = structlog.get_logger("gpufed.agent.status")
 
@@ -47,6 +56,19 @@ class _Tracked:
     failure: FailureCause | None = None
     gpus_seen: dict[str, int] = field(default_factory=dict)  # node -> most GPUs while bound
     attempt: str = ""  # gpufed.io/attempt of the copy's pods ("": any)
+
+
+@dataclass(frozen=True)
+class _Final:
+    """The last state of a tracked job's deleted main object, when it had finished."""
+
+    key: _ObjKey
+    obj: dict[str, Any]
+    pods: tuple[dict[str, Any], ...]  # the job's pods (of its attempt) cached at the deletion
+
+
+def _ref_key(ref: ObjectRef) -> _ObjKey:
+    return (ref.kind_group, ref.namespace, ref.name)
 
 
 def _job_uid(obj: dict[str, Any]) -> str:
@@ -109,6 +131,7 @@ class _ObjectEvents:
         key = self._key(obj)
         if self._relist is not None:
             self._relist.add(key)
+        self.r._revived(key, _job_uid(obj))
         self.r._objects[key] = {
             "metadata": obj.get("metadata") or {},
             "status": obj.get("status") or {},
@@ -118,13 +141,16 @@ class _ObjectEvents:
 
     def delete(self, obj: dict[str, Any]) -> None:
         key = self._key(obj)
-        gone = self.r._objects.pop(key, None)
-        self.r._mark(_job_uid(gone or obj))
+        cached = self.r._objects.pop(key, None)
+        # The DELETED event carries the object's final state; the cache is older.
+        final = obj if obj.get("status") or cached is None else cached
+        self.r._gone(key, final)
 
     def end_relist(self) -> None:
         seen, self._relist = self._relist or set(), None
         for key in [k for k in self.r._objects if k[0] == self.kind and k not in seen]:
-            self.r._mark(_job_uid(self.r._objects.pop(key)))
+            # Deleted while unwatched: the last cached state is the last word we have.
+            self.r._gone(key, self.r._objects.pop(key))
 
 
 class _PodEvents:
@@ -199,6 +225,7 @@ class StatusReporter:
         self._objects: dict[_ObjKey, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
         self._last: dict[str, WorkloadStatus] = {}
+        self._final: dict[str, _Final] = {}  # job uid -> its finished, deleted main object
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._informers: dict[str, Informer] = {}
@@ -222,10 +249,16 @@ class StatusReporter:
         prev = self._tracked.get(job_uid)
         same = bool(prev and prev.main == main and not missing and prev.attempt == attempt)
         seen = bool(prev and prev.seen and same)
+        final = self._final.get(job_uid)
+        if final is not None and (main is None or _ref_key(main) != final.key):
+            del self._final[job_uid]  # another main object: that copy's last word is not its
+            final = None
         self._tracked[job_uid] = _Tracked(
             revision=revision, main=main, missing=missing, seen=seen, attempt=attempt
         )
-        if prev is not None and same:  # the same copy: what it suffered still holds
+        # The same copy (or the finished one the work manager now finds gone): what it
+        # suffered still holds.
+        if prev is not None and (same or final is not None):
             self._tracked[job_uid].failure = prev.failure
             self._tracked[job_uid].gpus_seen = prev.gpus_seen
         self._mark(job_uid)
@@ -233,6 +266,7 @@ class StatusReporter:
     def untrack(self, job_uid: str) -> None:
         self._tracked.pop(job_uid, None)
         self._last.pop(job_uid, None)
+        self._final.pop(job_uid, None)
 
     def keep_only(self, job_uids: set[str]) -> None:
         """Forget tracked jobs outside ``job_uids`` (after a desired set)."""
@@ -352,6 +386,33 @@ class StatusReporter:
                     failed=status.failed,
                 )
 
+    def _gone(self, key: _ObjKey, final: dict[str, Any]) -> None:
+        """The object ``key`` was deleted in the member, ``final`` its last known state: kept
+        as the job's last word when it is the main object of a tracked job and finished."""
+        uid = _job_uid(final)
+        tracked = self._tracked.get(uid)
+        if (
+            tracked is not None
+            and tracked.main is not None
+            and _ref_key(tracked.main) == key
+            and terminal_phase(key[0], final) is not None
+        ):
+            pods = tuple(self._pods.get(uid, {}).values())
+            if tracked.attempt:
+                pods = tuple(p for p in pods if _attempt(p) in ("", tracked.attempt))
+            meta = {k: v for k, v in (final.get("metadata") or {}).items() if k != "managedFields"}
+            self._final[uid] = _Final(
+                key=key, obj={"metadata": meta, "status": final.get("status") or {}}, pods=pods
+            )
+            log.info("status.deleted_after_finishing", job_uid=uid, object="/".join(key))
+        self._mark(uid)
+
+    def _revived(self, key: _ObjKey, uid: str) -> None:
+        """The object ``key`` exists (again): what it is now counts, not a deleted copy's state."""
+        final = self._final.get(uid)
+        if final is not None and final.key == key:
+            del self._final[uid]
+
     def _mark(self, uid: str) -> None:
         if uid and uid in self._tracked:
             self._dirty.add(uid)
@@ -362,9 +423,20 @@ class StatusReporter:
         kind = main.kind_group if main else ""
         name = main.name if main else ""
         obj = self._objects.get((kind, main.namespace, main.name)) if main else None
+        pods: Iterable[dict[str, Any]] = self._pods.get(uid, {}).values()
+        final = self._final.get(uid)
+        if obj is None and final is not None and main is not None and final.key == _ref_key(main):
+            # Deleted after it finished: the member's last word, not Missing (module doc).
+            obj, pods = final.obj, final.pods
+        elif tracked.attempt:
+            pods = [p for p in pods if _attempt(p) in ("", tracked.attempt)]
         if obj is not None:
             tracked.seen = True
-        missing = tracked.missing or (obj is None and tracked.seen)
+        # Gone once seen, or found gone by the work manager: Missing unless the last state we
+        # hold of it (the watch may not have delivered the DELETED yet) is terminal.
+        missing = (obj is None and tracked.seen) or (
+            tracked.missing and terminal_phase(kind, obj) is None
+        )
         if (
             obj is None
             and not missing
@@ -372,9 +444,6 @@ class StatusReporter:
             and kind in {k for k in self._informers if k != "Pod"}
         ):
             return None  # applied, not observed yet: wait for the watch
-        pods: Iterable[dict[str, Any]] = self._pods.get(uid, {}).values()
-        if tracked.attempt:
-            pods = [p for p in pods if _attempt(p) in ("", tracked.attempt)]
         status = summarize_workload(
             job_uid=uid,
             revision=tracked.revision,

@@ -166,3 +166,218 @@ def test_pods_of_a_previous_attempt_do_not_break_the_new_copy() -> None:
     r.flush()
     assert sent.items[-1].failure is None
     assert sent.items[-1].nodes == ("n2",)
+
+
+# --- a copy deleted in the member: the member's last word counts (issue 24 item 5) ------------
+
+COMPLETE = {
+    "active": 0,
+    "succeeded": 1,
+    "startTime": "2026-01-02T03:00:00Z",
+    "completionTime": "2026-01-02T03:04:05Z",
+    "conditions": [
+        {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached"},
+        {"type": "Complete", "status": "True", "reason": "CompletionsReached"},
+    ],
+}
+FAILED = {
+    "active": 0,
+    "failed": 1,
+    "conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+        {
+            "type": "Failed",
+            "status": "True",
+            "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+            "lastTransitionTime": "2026-01-02T03:04:05Z",
+        },
+    ],
+}
+
+
+def exited(name: str, code: int) -> dict[str, Any]:
+    """A failed pod whose container exited with ``code``."""
+    p = pod(name, "Failed")
+    p["status"]["containerStatuses"] = [
+        {"name": "train", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}
+    ]
+    return p
+
+
+def test_a_job_deleted_by_its_ttl_controller_after_completing_stays_succeeded() -> None:
+    """ttlSecondsAfterFinished: 0 — the Job turns Complete and is deleted within one coalescing
+    window, so no Succeeded went out before; the DELETED event's final state is reported, with
+    its conditions and times, and stays so as its pods go and the work manager finds it gone."""
+    r, sent, jobs, pods = reporter()
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(pod("p0", "Running"))
+    r.flush()
+    pods.upsert(pod("p0", "Succeeded"))
+    jobs.upsert(job(COMPLETE))
+    jobs.delete(job(COMPLETE))  # the TTL controller (foreground: pods go with it)
+    pods.delete(pod("p0", "Succeeded"))
+    r.flush()
+    r.track("u1", revision=1, main=JOB, missing=True)  # a reconcile: gone, ran before
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Running", "Succeeded"]
+    done = sent.items[-1]
+    assert [c.type for c in done.conditions] == ["SuccessCriteriaMet", "Complete"]
+    assert (done.succeeded, done.completion_time) == (1, "2026-01-02T03:04:05Z")
+    assert done.nodes == ("n1",)  # the pods as cached when the Job went
+    assert r.current("u1") == done
+
+
+def test_a_failed_job_deleted_in_the_member_stays_failed_with_its_reason() -> None:
+    """An application failure deleted by a cleanup policy stays an application failure: Failed
+    with BackoffLimitExceeded and the exit code, never Missing (an infrastructure failure)."""
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    sent = Sent()
+    r = StatusReporter(None, send=sent, node_health=health.get)  # type: ignore[arg-type]
+    r._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs, pods = _ObjectEvents(r, "Job.batch"), _PodEvents(r)
+    r.track("u1", revision=3, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(pod("p0", "Running"))
+    r.flush()
+    pods.upsert(exited("p0", 3))
+    jobs.delete(job(FAILED))  # Failed and deleted before the next flush
+    pods.delete(exited("p0", 3))
+    r.flush()
+    last = sent.items[-1]
+    assert (last.phase, last.revision) == ("Failed", 3)
+    failed = next(c for c in last.conditions if c.type == "Failed")
+    assert (failed.reason, failed.message) == (
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    )
+    assert last.completion_time == "2026-01-02T03:04:05Z"
+    assert [i.reason for i in last.pod_issues] == ["Error"]
+    assert last.failure is not None
+    assert (last.failure.kind, last.failure.exit_codes) == ("Application", (3,))
+    assert "Missing" not in [s.phase for s in sent.items]
+
+
+def test_a_finished_job_gone_at_a_relist_keeps_its_cached_outcome() -> None:
+    """The DELETED event was missed (the watch expired, 410) and the re-list no longer shows the
+    Job: the last cached state, Complete, is its last word; also when the status could not be
+    sent then and goes out after the reconnect, whose reconcile finds the Job gone."""
+    r, sent, jobs, _pods = reporter()
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    r.flush()
+    sent.connected = False  # the hub is away: Succeeded is not delivered
+    jobs.upsert(job(COMPLETE))
+    r.flush()
+    jobs.begin_relist()
+    jobs.end_relist()  # gone
+    r.flush()
+    sent.connected = True
+    r.resend_all()
+    r.track("u1", revision=1, main=JOB, missing=True)  # the reconcile after the reconnect
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Pending", "Succeeded"]
+    assert sent.items[-1].conditions[-1].type == "Complete"
+
+
+def test_an_agent_that_never_saw_the_finished_job_reports_it_missing() -> None:
+    """After an agent restart the final state is not known (it lived in the old process's
+    memory): a Job found gone is Missing, the honest answer. The hub keeps a Succeeded it had
+    already received (terminal is final)."""
+    r, sent, _jobs, _pods = reporter()
+    r.track("u1", revision=1, main=JOB, missing=True)
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Missing"]
+
+
+def test_a_job_deleted_while_running_is_still_missing() -> None:
+    """Deleted before it finished (DELETED event with a running state, or gone at a re-list):
+    Missing, as before."""
+    r, sent, jobs, pods = reporter()
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(pod("p0", "Running"))
+    r.flush()
+    jobs.delete(job({"active": 1}))
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Running", "Missing"]
+
+    other = ObjectRef("batch/v1", "Job", "team-a", "train")
+    r.track("u2", revision=1, main=other)
+    jobs.upsert(job({"active": 1}, uid="u2"))
+    r.flush()
+    jobs.begin_relist()
+    jobs.end_relist()
+    r.flush()
+    assert [(s.job_uid, s.phase) for s in sent.items[2:]] == [("u2", "Pending"), ("u2", "Missing")]
+
+
+def test_a_job_the_work_manager_finds_gone_before_the_watch_says_so() -> None:
+    """The reconcile's read (404) can beat the DELETED event: a cached finished state is the
+    last word already (no Missing first, which the hub would make final); a cached running one
+    is Missing at once, as before."""
+    r, sent, jobs, _pods = reporter()
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job(COMPLETE))
+    r.track("u1", revision=1, main=JOB, missing=True)
+    r.flush()
+    jobs.delete(job(COMPLETE))
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Succeeded"]
+
+    r.track("u2", revision=1, main=ObjectRef("batch/v1", "Job", "team-a", "run"))
+    jobs.upsert(
+        {
+            **job({"active": 1}, uid="u2"),
+            "metadata": {
+                "name": "run",
+                "namespace": "team-a",
+                "labels": {"gpufed.io/job-uid": "u2"},
+            },
+        }
+    )
+    r.track("u2", revision=1, main=ObjectRef("batch/v1", "Job", "team-a", "run"), missing=True)
+    r.flush()
+    assert [(s.job_uid, s.phase) for s in sent.items[1:]] == [("u2", "Missing")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "final", "phase"),
+    [
+        (
+            "JobSet.jobset.x-k8s.io",
+            {"conditions": [{"type": "Completed", "status": "True"}]},
+            "Succeeded",
+        ),
+        (
+            "PyTorchJob.kubeflow.org",
+            {"conditions": [{"type": "Failed", "status": "True", "reason": "OOM"}]},
+            "Failed",
+        ),
+        (
+            "RayJob.ray.io",
+            {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+            "Succeeded",
+        ),
+        (
+            "JobSet.jobset.x-k8s.io",
+            {"conditions": [{"type": "Complete", "status": "True"}]},
+            "Missing",
+        ),
+    ],
+)
+def test_each_kind_keeps_its_own_terminal_state_when_deleted(
+    kind: str, final: dict[str, Any], phase: str
+) -> None:
+    sent = Sent()
+    r = StatusReporter(None, send=sent)  # type: ignore[arg-type]
+    r._informers[kind] = None  # type: ignore[assignment]
+    objs = _ObjectEvents(r, kind)
+    group = kind.split(".", 1)[1]
+    r.track("u1", revision=1, main=ObjectRef(f"{group}/v1", kind.split(".")[0], "team-a", "train"))
+    objs.upsert(job({}))
+    r.flush()
+    objs.delete(job(final))
+    r.flush()
+    assert [s.phase for s in sent.items] == ["Pending", phase]
