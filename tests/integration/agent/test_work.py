@@ -294,6 +294,43 @@ async def test_job_deleted_in_the_member_is_reported_missing_not_recreated(
     assert [a.revision for a in rig.view.acks_for(uid)] == [1]
 
 
+async def test_a_job_its_ttl_controller_deleted_after_it_succeeded_stays_succeeded(
+    rig: Rig, namespace: str
+) -> None:
+    """Issue 24 item 5: the Job (``ttlSecondsAfterFinished: 0``) completes while the hub is
+    away, so its Succeeded is not delivered, and the member's TTL controller deletes it at
+    once; after the reconnect the hub hears Succeeded (the DELETED event's final state), not
+    Missing, also for a later revision, and nothing is re-created."""
+    uid = new_uid()
+    manifest = job_manifest(uid, "brief", duration="3s")
+    manifest["spec"]["ttlSecondsAfterFinished"] = 0
+    rig.hub.send(rig.cluster, apply(uid, namespace, 1, manifest))
+    await final_status(rig, uid, "Running")
+    port = rig.hub.port
+    await rig.hub.stop()
+    seen = len(rig.view.statuses)
+    await poll(lambda: get_job(rig.admin, namespace, "brief"), lambda j: j is None, within=60)
+    rig.hub.desired[rig.cluster] = [apply(uid, namespace, 1, manifest, applied_before=True)]
+    try:
+        await rig.hub.start(port)
+        status = await final_status(rig, uid, "Succeeded", within=30)
+        assert status.succeeded == 1
+        assert [c.type for c in status.conditions][-1] == "Complete"
+        assert status.completion_time
+        # A later revision goes through the work manager, which finds the Job gone.
+        rig.hub.send(rig.cluster, apply(uid, namespace, 2, manifest, applied_before=True))
+        again = await rig.hub.wait_for(
+            lambda: (s := rig.view.latest_status(uid)) is not None and s.revision == 2 and s,
+            what="revision 2 status",
+        )
+        assert again.phase == "Succeeded"
+        after = [s.phase for s in rig.view.statuses[seen:] if s.job_uid == uid]
+        assert "Missing" not in after
+        assert await get_job(rig.admin, namespace, "brief") is None
+    finally:
+        rig.hub.desired.pop(rig.cluster, None)
+
+
 def schema_only_crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]:
     """A CRD of ``kind`` that accepts any object (no controller runs for it)."""
     return {
