@@ -18,7 +18,8 @@ directly:
   when the job ended; ``derived`` also stamps each condition's ``observedGeneration``;
 - phase from the member: ``Pending`` -> ``Placed``, ``Running`` -> ``Running``,
   ``Succeeded``/``Failed`` -> the same (with the member's reason and times), ``Missing`` (the
-  agent applied the job once and its objects are gone) -> ``Failed`` with reason
+  agent applied the job once and its objects went before they finished; a copy deleted after
+  it finished is reported with its outcome) -> ``Failed`` with reason
   ``MemberObjectsMissing``.
 
 Also the conversions between placement's ``Decision`` and ``status.placement``.
