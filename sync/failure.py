@@ -26,6 +26,18 @@ phase, so an infrastructure cause may be reported while the member Job still say
    is one the job declared, :func:`with_declared_exit_codes`).
 
 A job that succeeded, or runs with none of the above, has no cause.
+
+**Kubernetes' timing, not ours** (rules 2 and 3): a node that is not Ready, or offers fewer
+GPUs, is first only a *suspicion* (:func:`suspicions`). A kubelet hiccup or a device-plugin
+restart lasts seconds; Kubernetes itself tolerates a not-ready or unreachable node for 300 s
+(the default ``node.kubernetes.io/not-ready`` / ``unreachable`` NoExecute tolerations) before
+it evicts the pods, marking them ``DisruptionTarget`` (rule 1). So a suspicion becomes a
+cause only when ``grace_s`` (the job's ``spec.placement.retry.nodeNotReadySeconds``, default
+300) has passed since it began (the Ready condition's ``lastTransitionTime``; for GPUs, when
+the caller first saw the drop) while it persists, or at once when the member gives up on a
+pod there (``DisruptionTarget``, or an unfinished pod on that node being deleted). A node that
+recovers within the grace period leaves no cause. ``grace_s`` 0 (or no ``now``): at once. The
+caller passes ``now`` and the "since" times; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -68,16 +80,36 @@ PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
 NODE_EVIDENCE: frozenset[str] = frozenset(
     {NODE_LOST, NODE_NOT_READY, GPU_UNAVAILABLE, DELETION_BY_POD_GC, DELETION_BY_TAINT_MANAGER}
 )
+#: Seconds a not-Ready node or a GPU drop under a running job is only a suspicion, unless the
+#: job says otherwise (Kubernetes' default NoExecute ``tolerationSeconds`` for not-ready and
+#: unreachable nodes).
+DEFAULT_NODE_GRACE_S: Final = 300
 _FINISHED = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
 class NodeHealth:
-    """What classification needs of one member node: its ``Ready`` condition and the whole
-    GPUs it offers (``status.allocatable[nvidia.com/gpu]``)."""
+    """What classification needs of one member node: its ``Ready`` condition, the whole
+    GPUs it offers (``status.allocatable[nvidia.com/gpu]``) and since when (seconds since the
+    epoch) it has not been Ready (the Ready condition's ``lastTransitionTime``; None: Ready,
+    or unknown)."""
 
     ready: bool
     gpus: int
+    not_ready_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspicion:
+    """A node under a running job that is not Ready or withdrew GPUs, within the grace period
+    (module docstring): ``reason`` ``NodeNotReady`` or ``GPUUnavailable``; ``since`` seconds
+    since the epoch; ``deadline``: when it becomes a failure if it persists."""
+
+    node: str
+    reason: str
+    since: float
+    deadline: float
+    message: str
 
 
 def classify_failure(
@@ -87,13 +119,21 @@ def classify_failure(
     pods: Iterable[Mapping[str, Any]] = (),
     nodes: Mapping[str, NodeHealth] | None = None,
     gpus_seen: Mapping[str, int] | None = None,
+    now: float | None = None,
+    grace_s: float = 0,
+    gpus_dropped_since: Mapping[str, float] | None = None,
 ) -> FailureCause | None:
     """The cause of a job's failure, or None (module docstring, rules 1-4).
 
     ``phase``: the summarised workload phase; ``conditions``: the main object's conditions;
     ``pods``: the job's pods (API server dicts); ``nodes``: every node of the member by name
     (None: unknown, rules 2 and 3 are skipped); ``gpus_seen``: per node, the most whole GPUs
-    it offered while an unfinished pod of the job was bound there. Never raises on odd input.
+    it offered while an unfinished pod of the job was bound there. ``now`` (seconds since the
+    epoch), ``grace_s`` (seconds; 0: at once) and ``gpus_dropped_since`` (per node, when the
+    caller first saw it offer fewer GPUs than ``gpus_seen``) time rules 2 and 3: a not-Ready
+    node or a GPU drop is a cause only once ``grace_s`` has passed since it began, or when an
+    unfinished pod on that node is being deleted; a missing "since" counts as elapsed. Never
+    raises on odd input.
     """
     if phase in ("Succeeded", "Missing"):
         return None
@@ -113,25 +153,28 @@ def classify_failure(
             "Infrastructure", reason, messages, [n for ns in disrupted.values() for n in ns]
         )
     if nodes is not None:
-        bound = sorted(
-            {n for p in pod_list if (n := _node(p)) and _status(p).get("phase") not in _FINISHED}
-        )
+        lost, not_ready, dropped = _node_trouble(pod_list, nodes, gpus_seen or {})
         # 2. node gone or not Ready
-        lost = [n for n in bound if n not in nodes]
         if lost:
             return _cause(
                 "Infrastructure", NODE_LOST, [f"node {n} was deleted" for n in lost], lost
             )
-        not_ready = [n for n in bound if not nodes[n].ready]
+        timing = _Timing(now, grace_s, _deleting_on(pod_list))
+        not_ready = [n for n in not_ready if timing.due(n, nodes[n].not_ready_since)]
         if not_ready:
-            msgs = [f"node {n} is not Ready" for n in not_ready]
+            msgs = [
+                f"node {n} is not Ready{timing.how_long(nodes[n].not_ready_since)}"
+                for n in not_ready
+            ]
             return _cause("Infrastructure", NODE_NOT_READY, msgs, not_ready)
         # 3. a GPU withdrawn under the job
         seen = gpus_seen or {}
-        dropped = [n for n in bound if nodes[n].gpus < seen.get(n, 0)]
+        since = gpus_dropped_since or {}
+        dropped = [n for n in dropped if timing.due(n, since.get(n))]
         if dropped:
             msgs = [
                 f"node {n} offers {nodes[n].gpus} GPUs, {seen[n]} while the job ran there"
+                f"{timing.how_long(since.get(n))}"
                 for n in dropped
             ]
             return _cause("Infrastructure", GPU_UNAVAILABLE, msgs, dropped)
@@ -151,6 +194,56 @@ def classify_failure(
         nodes=tuple(sorted({n for p in pod_list if (n := _node(p))}))[:MAX_FAILURE_ITEMS],
         exit_codes=tuple(codes),
     )
+
+
+def suspicions(
+    *,
+    pods: Iterable[Mapping[str, Any]],
+    nodes: Mapping[str, NodeHealth],
+    gpus_seen: Mapping[str, int],
+    now: float,
+    grace_s: float,
+    gpus_dropped_since: Mapping[str, float] | None = None,
+) -> tuple[Suspicion, ...]:
+    """The not-Ready nodes and GPU drops under the job's unfinished pods that are not (yet)
+    causes for :func:`classify_failure` with the same arguments: within ``grace_s`` of their
+    "since" time. Sorted by node; empty when ``grace_s`` is 0. A "since" in the future counts
+    from ``now``."""
+    if grace_s <= 0:
+        return ()
+    pod_list = list(pods)
+    _lost, not_ready, dropped = _node_trouble(pod_list, nodes, gpus_seen)
+    timing = _Timing(now, grace_s, _deleting_on(pod_list))
+    since_gpus = gpus_dropped_since or {}
+    out: list[Suspicion] = []
+    for node, reason, since, what in [
+        *((n, NODE_NOT_READY, nodes[n].not_ready_since, "is not Ready") for n in not_ready),
+        *(
+            (
+                n,
+                GPU_UNAVAILABLE,
+                since_gpus.get(n),
+                f"offers {nodes[n].gpus} of {gpus_seen[n]} GPUs",
+            )
+            for n in dropped
+        ),
+    ]:
+        if since is None or timing.due(node, since):
+            continue
+        start = min(since, now)
+        out.append(
+            Suspicion(
+                node=node,
+                reason=reason,
+                since=start,
+                deadline=start + grace_s,
+                message=(
+                    f"node {node} {what} for {now - start:.0f} s; an infrastructure failure "
+                    f"after {grace_s:.0f} s unless it recovers"
+                ),
+            )
+        )
+    return tuple(sorted(out, key=lambda s: (s.node, s.reason)))
 
 
 def with_declared_exit_codes(cause: FailureCause, declared: Iterable[int]) -> FailureCause:
@@ -196,6 +289,49 @@ def exit_codes(pods: Iterable[Mapping[str, Any]]) -> list[int]:
                     codes.append(code)
                 break  # the latest termination decides
     return codes
+
+
+def _node_trouble(
+    pod_list: list[Mapping[str, Any]], nodes: Mapping[str, NodeHealth], seen: Mapping[str, int]
+) -> tuple[list[str], list[str], list[str]]:
+    """The nodes under the job's unfinished pods that are gone, not Ready, or offer fewer
+    GPUs than while the job ran there (each sorted; a node in at most one, in that order)."""
+    bound = sorted(
+        {n for p in pod_list if (n := _node(p)) and _status(p).get("phase") not in _FINISHED}
+    )
+    lost = [n for n in bound if n not in nodes]
+    not_ready = [n for n in bound if n in nodes and not nodes[n].ready]
+    dropped = [n for n in bound if n in nodes and nodes[n].ready and nodes[n].gpus < seen.get(n, 0)]
+    return lost, not_ready, dropped
+
+
+def _deleting_on(pod_list: list[Mapping[str, Any]]) -> frozenset[str]:
+    """Nodes where an unfinished pod of the job is being deleted: the member gave up on it."""
+    return frozenset(
+        n
+        for p in pod_list
+        if (n := _node(p))
+        and _meta(p).get("deletionTimestamp")
+        and _status(p).get("phase") not in _FINISHED
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    now: float | None
+    grace_s: float
+    deleting: frozenset[str]
+
+    def due(self, node: str, since: float | None) -> bool:
+        """Whether trouble on ``node`` that began at ``since`` is a cause now."""
+        if self.grace_s <= 0 or self.now is None or since is None or node in self.deleting:
+            return True
+        return self.now - since >= self.grace_s
+
+    def how_long(self, since: float | None) -> str:
+        if self.grace_s <= 0 or self.now is None or since is None:
+            return ""
+        return f" for {self.now - since:.0f} s (grace {self.grace_s:.0f} s)"
 
 
 def _cause(kind: str, reason: str, messages: list[str], nodes: Iterable[str]) -> FailureCause:

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from gpufed.api.work import Condition, FailureCause
-from gpufed.sync.failure import NodeHealth, classify_failure, exit_codes, with_declared_exit_codes
+from gpufed.sync.failure import (
+    NodeHealth,
+    classify_failure,
+    exit_codes,
+    suspicions,
+    with_declared_exit_codes,
+)
 
 JOB_FAILED = Condition(
     type="Failed",
@@ -258,3 +264,110 @@ def test_node_evidence_is_only_what_kubernetes_saw_of_the_node() -> None:
         "PreemptionByScheduler",
     }
     assert not tenant_caused & f.NODE_EVIDENCE
+
+
+# --- Kubernetes' timing: a not-Ready node or a GPU drop is a suspicion for the grace period ---
+
+T0 = 1_800_000_000.0  # when the trouble began (seconds since the epoch)
+GRACE = 300.0
+
+
+def not_ready_since(since: float) -> dict[str, NodeHealth]:
+    return {"n1": NodeHealth(ready=False, gpus=8, not_ready_since=since)}
+
+
+def test_a_20s_not_ready_blip_is_no_failure() -> None:
+    """20 s into a NotReady spell, the job has no cause, only a suspicion with its deadline."""
+    args: dict[str, Any] = {
+        "pods": [pod("p0", "Running")],
+        "nodes": not_ready_since(T0),
+        "gpus_seen": {"n1": 8},
+        "now": T0 + 20,
+        "grace_s": GRACE,
+    }
+    assert classify_failure(phase="Running", **args) is None
+    (s,) = suspicions(**args)
+    assert (s.node, s.reason, s.since, s.deadline) == ("n1", "NodeNotReady", T0, T0 + GRACE)
+
+
+def test_not_ready_past_the_grace_period_fails_with_node_not_ready() -> None:
+    cause = classify_failure(
+        phase="Running",
+        pods=[pod("p0", "Running")],
+        nodes=not_ready_since(T0),
+        now=T0 + GRACE,
+        grace_s=GRACE,
+    )
+    assert cause is not None
+    assert (cause.kind, cause.reason, cause.nodes) == ("Infrastructure", "NodeNotReady", ("n1",))
+    assert (
+        suspicions(
+            pods=[pod("p0", "Running")],
+            nodes=not_ready_since(T0),
+            gpus_seen={},
+            now=T0 + GRACE,
+            grace_s=GRACE,
+        )
+        == ()
+    )
+
+
+def test_a_10s_gpu_drop_is_no_failure_until_the_grace_period_passes() -> None:
+    args: dict[str, Any] = {
+        "pods": [pod("p0", "Running")],
+        "nodes": {"n1": NodeHealth(ready=True, gpus=7)},
+        "gpus_seen": {"n1": 8},
+        "gpus_dropped_since": {"n1": T0},
+        "grace_s": GRACE,
+    }
+    assert classify_failure(phase="Running", now=T0 + 10, **args) is None
+    (s,) = suspicions(now=T0 + 10, **args)
+    assert (s.node, s.reason) == ("n1", "GPUUnavailable")
+    cause = classify_failure(phase="Running", now=T0 + GRACE + 1, **args)
+    assert cause is not None
+    assert cause.reason == "GPUUnavailable"
+
+
+def test_disruption_target_fails_at_once_within_the_grace_period() -> None:
+    cause = classify_failure(
+        phase="Running",
+        pods=[pod("p0", "Running", disruption="DeletionByTaintManager")],
+        nodes=not_ready_since(T0),
+        now=T0 + 1,
+        grace_s=GRACE,
+    )
+    assert cause is not None
+    assert cause.reason == "DeletionByTaintManager"
+
+
+def test_a_pod_deleted_on_a_not_ready_node_fails_at_once() -> None:
+    """The member gave up on the pod (it is being deleted): no need to wait."""
+    deleting = pod("p0", "Running")
+    deleting["metadata"]["deletionTimestamp"] = "2027-01-15T08:00:05Z"
+    cause = classify_failure(
+        phase="Running", pods=[deleting], nodes=not_ready_since(T0), now=T0 + 5, grace_s=GRACE
+    )
+    assert cause is not None
+    assert cause.reason == "NodeNotReady"
+
+
+def test_grace_zero_keeps_the_immediate_verdict() -> None:
+    cause = classify_failure(
+        phase="Running",
+        pods=[pod("p0", "Running")],
+        nodes=not_ready_since(T0),
+        now=T0 + 1,
+        grace_s=0,
+    )
+    assert cause is not None
+    assert cause.reason == "NodeNotReady"
+    assert (
+        suspicions(
+            pods=[pod("p0", "Running")],
+            nodes=not_ready_since(T0),
+            gpus_seen={},
+            now=T0 + 1,
+            grace_s=0,
+        )
+        == ()
+    )
