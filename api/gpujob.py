@@ -51,10 +51,12 @@ __all__ = [
     "CONDITION_REASON_PATTERN",
     "CONDITION_TYPE_PATTERN",
     "DEFAULT_INFRASTRUCTURE_RETRIES",
+    "DEFAULT_NODE_NOT_READY_S",
     "KIND",
     "MAX_CHECKPOINT_INTERVAL_S",
     "MAX_INFRASTRUCTURE_EXIT_CODES",
     "MAX_INFRASTRUCTURE_RETRIES",
+    "MAX_NODE_NOT_READY_S",
     "MAX_RESTART_HISTORY",
     "PLURAL",
     "PRINTER_COLUMNS",
@@ -199,7 +201,8 @@ class Placement(CRDModel):
     the hub's `--allocation`; unset: the hub's."""
     retry: Retry | None = None
     """What happens when infrastructure fails under the job (re-runs; exit codes that mean an
-    infrastructure failure). Absent: 6 re-runs, no exit codes."""
+    infrastructure failure; how long a not-Ready node is waited out). Absent: 6 re-runs, no exit
+    codes, 300 s."""
 
 
 #: Re-runs after infrastructure failures when ``spec.placement.retry`` does not say.
@@ -207,6 +210,12 @@ DEFAULT_INFRASTRUCTURE_RETRIES = 6
 #: Most re-runs a job may ask for, and most exit codes it may declare as infrastructure.
 MAX_INFRASTRUCTURE_RETRIES = 100
 MAX_INFRASTRUCTURE_EXIT_CODES = 32
+#: Seconds a not-Ready node or a GPU drop under a running job is waited out before it counts as
+#: an infrastructure failure: Kubernetes' own default (the ``tolerationSeconds`` of the
+#: ``node.kubernetes.io/not-ready`` and ``unreachable`` NoExecute tolerations), and the most a
+#: job may ask for (an hour).
+DEFAULT_NODE_NOT_READY_S = 300
+MAX_NODE_NOT_READY_S = 3600
 
 
 class Retry(CRDModel):
@@ -220,6 +229,11 @@ class Retry(CRDModel):
     (an ordinary non-zero exit) is never re-run. ``infrastructureExitCodes``: exit codes
     (1-255, at most 32) that mean an infrastructure failure when every failed container exited
     with one of them (e.g. a wrapper that exits 134 on an NCCL timeout or a GPU XID error).
+    ``nodeNotReadySeconds``: how long a node under the running job may stay not Ready (or
+    offer fewer GPUs, as while a device plugin restarts) before that counts as an
+    infrastructure failure (0 to 3,600, default 300 as Kubernetes' own not-ready/unreachable
+    tolerations; 0: at once). A node that recovers sooner changes nothing; a pod Kubernetes
+    evicts or deletes there (``DisruptionTarget``) fails the job at once whatever this says.
     """
 
     on_infrastructure_failure: int = Field(
@@ -233,6 +247,11 @@ class Retry(CRDModel):
     )
     """Exit codes (1-255, at most 32) that mean an infrastructure failure when every failed
     container exited with one of them (e.g. a wrapper's code for an NCCL timeout or a GPU XID)."""
+    node_not_ready_seconds: int = Field(
+        default=DEFAULT_NODE_NOT_READY_S, ge=0, le=MAX_NODE_NOT_READY_S
+    )
+    """Seconds a node under the running job may stay not Ready, or offer fewer GPUs, before it
+    counts as an infrastructure failure (0 to 3,600, default 300; 0: at once)."""
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).
