@@ -27,6 +27,10 @@ JOB_UID_LABEL: Final = "gpufed.io/job-uid"
 JOB_ANNOTATION: Final = "gpufed.io/job"
 #: Pod template annotation: the placement attempt the pods belong to (1, 2 after a re-run).
 ATTEMPT_ANNOTATION: Final = "gpufed.io/attempt"
+#: Annotation on every prepared object of a job whose ``spec.placement.retry.nodeNotReadySeconds``
+#: is not the default (300): how long the agent waits out a not-Ready node or a GPU drop under
+#: it before reporting an infrastructure failure (absent: 300).
+NODE_NOT_READY_ANNOTATION: Final = "gpufed.io/node-not-ready-seconds"
 #: Environment variable every container of a job gets: the placement attempt (resume from
 #: the checkpoint when above 1).
 ATTEMPT_ENV: Final = "GPUFED_ATTEMPT"

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpufed.api.gpujob import DEFAULT_NODE_NOT_READY_S
 from gpufed.api.work import (
     MAX_FAILURE_ITEMS,
     MAX_FAILURE_MESSAGE,
@@ -83,7 +84,7 @@ NODE_EVIDENCE: frozenset[str] = frozenset(
 #: Seconds a not-Ready node or a GPU drop under a running job is only a suspicion, unless the
 #: job says otherwise (Kubernetes' default NoExecute ``tolerationSeconds`` for not-ready and
 #: unreachable nodes).
-DEFAULT_NODE_GRACE_S: Final = 300
+DEFAULT_NODE_GRACE_S: Final = DEFAULT_NODE_NOT_READY_S
 _FINISHED = frozenset({"Succeeded", "Failed"})
 
 

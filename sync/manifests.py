@@ -30,7 +30,12 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
    every container and init container the environment variable ``GPUFED_ATTEMPT`` (replacing
    one the template set), so a job re-run after an infrastructure failure knows to resume
    from its checkpoint.
-6. **Priority stays at the hub**: ``spec.priorityClassName`` and ``spec.priority`` are removed
+6. **Node grace** (when given and not the default 300 s): every object gets the annotation
+   ``gpufed.io/node-not-ready-seconds``, the job's ``spec.placement.retry.nodeNotReadySeconds``,
+   which the agent reads from the work item (:func:`node_not_ready_of`) to time its failure
+   classification (:mod:`gpufed.sync.failure`). Object metadata, not the pod templates: a
+   batch/v1 Job's template is immutable, its annotations are not.
+7. **Priority stays at the hub**: ``spec.priorityClassName`` and ``spec.priority`` are removed
    from every pod template. The hub placed and may preempt the job by its PriorityClass on the
    hub cluster (docs/hub.md "Priorities"); the member need not have that class (a pod naming a
    class the member lacks is refused by its Priority admission, and the job would hang), and a
@@ -50,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.bounds import measure
 from gpufed.api.errors import FieldError
+from gpufed.api.gpujob import DEFAULT_NODE_NOT_READY_S, MAX_NODE_NOT_READY_S
 from gpufed.api.labels import (
     ATTEMPT_ANNOTATION,
     ATTEMPT_ENV,
@@ -57,6 +63,7 @@ from gpufed.api.labels import (
     HOSTNAME_LABEL,
     JOB_ANNOTATION,
     JOB_UID_LABEL,
+    NODE_NOT_READY_ANNOTATION,
     ORIGIN_LABEL,
 )
 
@@ -79,6 +86,7 @@ __all__ = [
     "attempt_of",
     "is_valid_label_value",
     "label_value",
+    "node_not_ready_of",
     "object_kind",
     "pin_pod_template",
     "prepare_manifests",
@@ -169,14 +177,17 @@ def prepare_manifests(
     allowed_kinds: Iterable[str] = DEFAULT_ALLOWED_KINDS,
     clique_label: str = GPU_CLIQUE_LABEL,
     attempt: int | None = None,
+    node_not_ready_s: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The objects of ``template`` ready to apply in a member (steps 1-5 of the module doc).
+    """The objects of ``template`` ready to apply in a member (steps 1-7 of the module doc).
 
         ``job_uid``: the GPUJob ``metadata.uid``; ``job_name``: its name (the default name of a
         single-object template without one); ``namespace``: the GPUJob's namespace; ``origin``:
         the hub's id; ``pinning``: pod set name -> where placement put it (names as
         :func:`workload_pod_templates` gives them); ``attempt``: the placement attempt (None: not
-    stamped, as when intake only validates). The input is not modified.
+    stamped, as when intake only validates); ``node_not_ready_s``: the job's
+    ``spec.placement.retry.nodeNotReadySeconds`` (None or 300: not stamped). The input is not
+    modified.
 
         Raises :class:`~gpufed.api.errors.FieldError` naming the field for a refused kind, a foreign namespace, a
         cluster-scoped attempt or a List item without a name, and for a template past the
@@ -221,6 +232,8 @@ def prepare_manifests(
             meta["name"] = job_name
         meta.pop("generateName", None)
         _own(meta, job_uid=job_uid, job_key=f"{namespace}/{job_name}", origin=origin)
+        if node_not_ready_s is not None and node_not_ready_s != DEFAULT_NODE_NOT_READY_S:
+            meta["annotations"][NODE_NOT_READY_ANNOTATION] = str(node_not_ready_s)
         prepared.append(out)
 
     # Pod templates: labels and pinning. Walk the prepared copies with the same rules.
@@ -267,6 +280,23 @@ def attempt_of(manifests: Iterable[Mapping[str, Any]]) -> str:
         if isinstance(annotations, Mapping) and ATTEMPT_ANNOTATION in annotations:
             return str(annotations[ATTEMPT_ANNOTATION])
     return ""
+
+
+def node_not_ready_of(manifests: Iterable[Mapping[str, Any]]) -> int:
+    """The ``gpufed.io/node-not-ready-seconds`` of prepared ``manifests`` (the first object
+    carrying one), in seconds: how long the agent waits out a not-Ready node or a GPU drop
+    under the job. 300 (Kubernetes' default not-ready toleration) when none carries one, and
+    for a value that is not a whole number within 0-3,600."""
+    for obj in manifests:
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if not isinstance(annotations, Mapping) or NODE_NOT_READY_ANNOTATION not in annotations:
+            continue
+        value = str(annotations[NODE_NOT_READY_ANNOTATION])
+        if value.isdigit() and int(value) <= MAX_NODE_NOT_READY_S:
+            return int(value)
+        return DEFAULT_NODE_NOT_READY_S
+    return DEFAULT_NODE_NOT_READY_S
 
 
 def _stamp_attempt(pod_template: dict[str, Any], pod_meta: dict[str, Any], attempt: int) -> None:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import structlog
 
 from gpufed.api.errors import FieldError
-from gpufed.api.gpujob import GPUJobStatus
+from gpufed.api.gpujob import GPUJobStatus, Retry
 from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.mirror import Mirror
@@ -151,6 +151,7 @@ class Rebuild:
                 pinning=self._pinning(job, claim.cluster),
                 allowed_kinds=self._term.config.allowed_kinds,
                 attempt=claim.attempt,
+                node_not_ready_s=(job.obj.spec.placement.retry or Retry()).node_not_ready_seconds,
             )
         except FieldError as exc:
             log.warning("hub.rebuild.unpreparable", job=job.key, error=str(exc))

@@ -43,6 +43,7 @@ import structlog
 
 from gpufed.api.decision import Decision, Outcome, Reservation
 from gpufed.api.errors import FieldError
+from gpufed.api.gpujob import Retry
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
@@ -430,6 +431,9 @@ class Scheduler:
                     pinning=self.pinning(decision),
                     allowed_kinds=self._term.config.allowed_kinds,
                     attempt=attempt_no,
+                    node_not_ready_s=(
+                        job.obj.spec.placement.retry or Retry()
+                    ).node_not_ready_seconds,
                 )
             except FieldError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")

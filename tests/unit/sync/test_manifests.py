@@ -12,6 +12,7 @@ from gpufed.sync.manifests import (
     PodSetPinning,
     is_valid_label_value,
     label_value,
+    node_not_ready_of,
     prepare_manifests,
     workload_pod_templates,
 )
@@ -255,3 +256,21 @@ def test_priority_stays_at_the_hub_no_pod_template_carries_it_to_the_member() ->
         assert "priorityClassName" not in pod
         assert "priority" not in pod
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "low"
+
+
+def test_a_non_default_node_grace_reaches_the_agent_on_the_objects_metadata() -> None:
+    """spec.placement.retry.nodeNotReadySeconds travels as an object annotation (a Job's pod
+    template is immutable); the default 300 s and an unreadable value are not stamped or read
+    as 300, so a default job's manifests are unchanged."""
+    template = manifest_list(batch_job(name="train"), jobset(("workers", 2, 1, 8), name="js"))
+    out = prepare(template, node_not_ready_s=0)
+    assert [o["metadata"]["annotations"]["gpufed.io/node-not-ready-seconds"] for o in out] == [
+        "0",
+        "0",
+    ]
+    assert node_not_ready_of(out) == 0
+    default = prepare(template, node_not_ready_s=300)
+    assert default == prepare(template)
+    assert node_not_ready_of(default) == 300
+    out[0]["metadata"]["annotations"]["gpufed.io/node-not-ready-seconds"] = "-5"
+    assert node_not_ready_of(out) == 300
