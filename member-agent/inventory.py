@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 from gpufed.api.inventory import (
@@ -58,6 +59,9 @@ class NodeFacts:
     problems: tuple[str, ...] = ()
     #: condition types other than Ready whose status is True (at most 32), with their reason
     true_conditions: Mapping[str, str] = field(default_factory=dict)
+    #: when the Ready condition last changed (its ``lastTransitionTime``, seconds since the
+    #: epoch; None when absent or unreadable): since when a not-Ready node has been so
+    ready_changed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,20 @@ class PodFacts:
 
 def _intern(s: str) -> str:
     return sys.intern(s)
+
+
+def _epoch(value: Any) -> float | None:
+    """An RFC 3339 time (``2026-12-03T06:40:00Z``) as seconds since the epoch; None when it
+    is not one."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip().replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
@@ -118,10 +136,16 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
             except QuantityError as exc:
                 problems.append(str(exc))
 
-    ready = any(
-        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    ready_cond = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ),
+        None,
     )
+    ready = ready_cond is not None and ready_cond.get("status") == "True"
+    ready_changed = _epoch(ready_cond.get("lastTransitionTime")) if ready_cond else None
     true_conditions: dict[str, str] = {}
     for c in status.get("conditions") or []:
         if (
@@ -144,6 +168,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         taints=tuple(taints),
         unschedulable=bool(spec.get("unschedulable", False)),
         ready=ready,
+        ready_changed=ready_changed,
         allocatable=allocatable,
         problems=tuple(problems),
         true_conditions=true_conditions,
@@ -373,7 +398,11 @@ class InventoryState:
         facts = self._nodes.get(name)
         if facts is None:
             return None
-        return NodeHealth(ready=facts.ready, gpus=facts.allocatable.get(GPU_RESOURCE, 0))
+        return NodeHealth(
+            ready=facts.ready,
+            gpus=facts.allocatable.get(GPU_RESOURCE, 0),
+            not_ready_since=None if facts.ready else facts.ready_changed,
+        )
 
     def node_inventory(self, name: str) -> NodeInventory:
         """The :class:`NodeInventory` of one known node (KeyError when unknown)."""

@@ -18,14 +18,25 @@ pods cached at that moment keep being summarised: Succeeded stays Succeeded, Fai
 Failed with its reason, also after the work manager finds the object gone (``missing``). Only a
 copy that vanished before it finished is ``Missing``. The final state lives in this process's
 memory; an agent restarted after the deletion never saw it and reports ``Missing``.
+
+A not-Ready node or a GPU drop under a running job is first a suspicion, for the job's grace
+period (``spec.placement.retry.nodeNotReadySeconds``, from the work item; default 300 s, as
+Kubernetes' own not-ready tolerations), timed with the wall clock ``wall``: since the Ready
+condition's ``lastTransitionTime`` (else since the agent first saw it), since the agent first
+saw the GPU drop. While it lasts, the status carries it as a pod issue (reason
+``NodeNotReady`` or ``GPUUnavailable``, the node and since when); the job is re-summarised
+when the grace period ends (:meth:`StatusReporter.recheck`, driven by :meth:`run`), and only
+then, if the trouble persists, does it get a failure cause (which sticks). A node that
+recovers in time leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -34,9 +45,15 @@ from gpufed.agent.informer import Informer
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.api.labels import ATTEMPT_ANNOTATION, JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
-from gpufed.api.work import FailureCause, WorkloadStatus
+from gpufed.api.work import FailureCause, PodIssue, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
-from gpufed.sync.failure import NodeHealth, classify_failure
+from gpufed.sync.failure import (
+    DEFAULT_NODE_GRACE_S,
+    NodeHealth,
+    Suspicion,
+    classify_failure,
+    suspicions,
+)
 from gpufed.sync.status import last_checkpoint, summarize_workload, terminal_phase
 
 log = structlog.get_logger("gpufed.agent.status")
@@ -56,6 +73,13 @@ class _Tracked:
     failure: FailureCause | None = None
     gpus_seen: dict[str, int] = field(default_factory=dict)  # node -> most GPUs while bound
     attempt: str = ""  # gpufed.io/attempt of the copy's pods ("": any)
+    grace_s: float = DEFAULT_NODE_GRACE_S  # spec.placement.retry.nodeNotReadySeconds
+    # When the agent first saw a node not Ready (used when its Ready condition has no
+    # lastTransitionTime) or offering fewer GPUs than gpus_seen; dropped when it recovers.
+    not_ready_seen: dict[str, float] = field(default_factory=dict)
+    gpus_dropped_since: dict[str, float] = field(default_factory=dict)
+    suspected: tuple[Suspicion, ...] = ()  # within the grace period, as last classified
+    recheck_at: float | None = None  # wall time the earliest suspicion's grace period ends
 
 
 @dataclass(frozen=True)
@@ -200,9 +224,10 @@ class StatusReporter:
     after the next reconnect). ``coalesce_s``: changes within this window go out together.
     ``wall``: the wall clock (seconds since the epoch) a checkpoint time is checked against.
     ``node_health``: a node's Ready and whole GPUs by name (None: unknown node), from the
-    inventory; with it a job whose node is lost, not Ready or withdrew a GPU is reported with
-    an infrastructure :attr:`WorkloadStatus.failure` (:mod:`gpufed.sync.failure`); call
-    :meth:`node_changed` when a node changes.
+    inventory; with it a job whose node is lost is reported with an infrastructure
+    :attr:`WorkloadStatus.failure` (:mod:`gpufed.sync.failure`), and one whose node is not
+    Ready or withdrew a GPU too once the job's grace period has passed (module docstring);
+    call :meth:`node_changed` when a node changes.
     """
 
     def __init__(
@@ -242,10 +267,13 @@ class StatusReporter:
         main: ObjectRef | None,
         missing: bool = False,
         attempt: str = "",
+        node_grace_s: float = DEFAULT_NODE_GRACE_S,
     ) -> None:
         """Report ``job_uid``'s workload ``main`` (at ``revision``). ``attempt``: the
         ``gpufed.io/attempt`` of its pod templates; pods of another attempt (a previous copy's,
-        still terminating on a lost node) are left out of its status ("": every pod counts)."""
+        still terminating on a lost node) are left out of its status ("": every pod counts).
+        ``node_grace_s``: seconds a not-Ready node or a GPU drop under it is only a suspicion
+        (the job's ``nodeNotReadySeconds``, :func:`gpufed.sync.manifests.node_not_ready_of`)."""
         prev = self._tracked.get(job_uid)
         same = bool(prev and prev.main == main and not missing and prev.attempt == attempt)
         seen = bool(prev and prev.seen and same)
@@ -254,13 +282,20 @@ class StatusReporter:
             del self._final[job_uid]  # another main object: that copy's last word is not its
             final = None
         self._tracked[job_uid] = _Tracked(
-            revision=revision, main=main, missing=missing, seen=seen, attempt=attempt
+            revision=revision,
+            main=main,
+            missing=missing,
+            seen=seen,
+            attempt=attempt,
+            grace_s=node_grace_s,
         )
         # The same copy (or the finished one the work manager now finds gone): what it
         # suffered still holds.
         if prev is not None and (same or final is not None):
             self._tracked[job_uid].failure = prev.failure
             self._tracked[job_uid].gpus_seen = prev.gpus_seen
+            self._tracked[job_uid].not_ready_seen = prev.not_ready_seen
+            self._tracked[job_uid].gpus_dropped_since = prev.gpus_dropped_since
         self._mark(job_uid)
 
     def untrack(self, job_uid: str) -> None:
@@ -286,6 +321,20 @@ class StatusReporter:
                 (p.get("spec") or {}).get("nodeName") == node for p in pods.values()
             ):
                 self._mark(uid)
+
+    def recheck(self) -> None:
+        """Re-summarise the tracked jobs whose earliest suspicion's grace period has ended by
+        now (``wall``): a node still not Ready then fails the job. :meth:`run` calls it."""
+        now = self._wall()
+        for uid, tracked in self._tracked.items():
+            if tracked.recheck_at is not None and tracked.recheck_at <= now:
+                tracked.recheck_at = None
+                self._mark(uid)
+
+    def _until_recheck(self) -> float | None:
+        """Seconds until the earliest grace period of a tracked job ends (None: none runs)."""
+        due = [t.recheck_at for t in self._tracked.values() if t.recheck_at is not None]
+        return max(0.0, min(due) - self._wall()) if due else None
 
     def set_send(self, send: Callable[[WorkloadStatus], bool]) -> None:
         self._send = send
@@ -352,9 +401,14 @@ class StatusReporter:
         """Send changed statuses until cancelled (informers are cancelled with it)."""
         try:
             while True:
-                await self._wake.wait()
+                # Wake on a change, or when a grace period ends (recheck() marks its job).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._until_recheck())
                 if self._crashed is not None:
                     raise self._crashed
+                self.recheck()
+                if not self._wake.is_set():
+                    continue
                 await asyncio.sleep(self.coalesce_s)
                 self._wake.clear()
                 self.flush()
@@ -458,6 +512,12 @@ class StatusReporter:
         failure = self._failure(uid, tracked, status, pods)
         if failure is not None:
             status = status.model_copy(update={"failure": failure})
+        elif tracked.suspected:
+            status = status.model_copy(
+                update={
+                    "pod_issues": (*_suspicion_issues(tracked.suspected, pods), *status.pod_issues)
+                }
+            )
         checkpoint = last_checkpoint(obj, pods, now=self._wall())
         if checkpoint.refused != tracked.refused:
             tracked.refused = checkpoint.refused
@@ -479,8 +539,10 @@ class StatusReporter:
     ) -> FailureCause | None:
         """The job's failure cause (sticky once observed), classified over its pods and the
         inventory's view of their nodes."""
+        tracked.suspected, tracked.recheck_at = (), None
         if tracked.failure is not None or status.phase == "Succeeded":
             return tracked.failure
+        now = self._wall()
         pod_list = list(pods)
         nodes: dict[str, NodeHealth] | None = None
         unfinished: set[str] = set()
@@ -494,17 +556,32 @@ class StatusReporter:
                     unfinished.add(node)
                 health = self._node_health(node)
                 if health is not None:
-                    nodes[node] = health
+                    nodes[node] = self._timed(tracked, node, health, now)
         cause = classify_failure(
             phase=status.phase,
             conditions=status.conditions,
             pods=pod_list,
             nodes=nodes,
             gpus_seen=tracked.gpus_seen,
+            now=now,
+            grace_s=tracked.grace_s,
+            gpus_dropped_since=tracked.gpus_dropped_since,
         )
         if nodes is not None:  # after classifying: a drop is measured against the past
             for node in unfinished & set(nodes):
                 tracked.gpus_seen[node] = max(tracked.gpus_seen.get(node, 0), nodes[node].gpus)
+            if cause is None:
+                tracked.suspected = suspicions(
+                    pods=pod_list,
+                    nodes=nodes,
+                    gpus_seen=tracked.gpus_seen,
+                    now=now,
+                    grace_s=tracked.grace_s,
+                    gpus_dropped_since=tracked.gpus_dropped_since,
+                )
+                if tracked.suspected:
+                    tracked.recheck_at = min(s.deadline for s in tracked.suspected)
+                    self._log_suspicions(uid, tracked.suspected)
         if cause is not None:
             tracked.failure = cause
             log.warning(
@@ -515,3 +592,42 @@ class StatusReporter:
                 nodes=list(cause.nodes),
             )
         return cause
+
+    def _timed(self, tracked: _Tracked, node: str, health: NodeHealth, now: float) -> NodeHealth:
+        """``health`` with the "since" times classification needs: a not-Ready node without
+        a Ready ``lastTransitionTime`` counts from when this job first saw it so; a GPU drop
+        (fewer GPUs than while the job ran there) from when this job first saw it. Both are
+        forgotten when the node recovers."""
+        if health.ready:
+            tracked.not_ready_seen.pop(node, None)
+        else:
+            first = tracked.not_ready_seen.setdefault(node, now)
+            if health.not_ready_since is None:
+                health = replace(health, not_ready_since=first)
+        if health.ready and health.gpus < tracked.gpus_seen.get(node, 0):
+            tracked.gpus_dropped_since.setdefault(node, now)
+        else:
+            tracked.gpus_dropped_since.pop(node, None)
+        return health
+
+    def _log_suspicions(self, uid: str, suspected: tuple[Suspicion, ...]) -> None:
+        for s in suspected:
+            log.info(
+                "status.node_suspected",
+                job_uid=uid,
+                node=s.node,
+                reason=s.reason,
+                since=s.since,
+                deadline=s.deadline,
+            )
+
+
+def _suspicion_issues(
+    suspected: tuple[Suspicion, ...], pods: Iterable[dict[str, Any]]
+) -> list[PodIssue]:
+    """One pod issue per suspicion, on the first pod (by name) bound to its node."""
+    on: dict[str, str] = {}
+    for p in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name") or "")):
+        node = str((p.get("spec") or {}).get("nodeName") or "")
+        on.setdefault(node, str((p.get("metadata") or {}).get("name") or ""))
+    return [PodIssue(pod=on.get(s.node, ""), reason=s.reason, message=s.message) for s in suspected]

@@ -51,7 +51,12 @@ from gpufed.sync.apply import (
     main_workload,
     ref_of,
 )
-from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS, WORKLOAD_KINDS, attempt_of
+from gpufed.sync.manifests import (
+    DEFAULT_ALLOWED_KINDS,
+    WORKLOAD_KINDS,
+    attempt_of,
+    node_not_ready_of,
+)
 from gpufed.sync.ownership import Owner, OwnershipConflictError, job_uid_of, origin_selector
 from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
 
@@ -79,6 +84,7 @@ class StatusTracker(Protocol):
         main: ObjectRef | None,
         missing: bool = False,
         attempt: str = "",
+        node_grace_s: float = ...,
     ) -> None: ...
 
     def untrack(self, job_uid: str) -> None: ...
@@ -355,7 +361,11 @@ class WorkManager:
         job.applied = True
         job.deleted = False
         self._status.track(
-            item.job_uid, revision=item.revision, main=main, attempt=attempt_of(item.manifests)
+            item.job_uid,
+            revision=item.revision,
+            main=main,
+            attempt=attempt_of(item.manifests),
+            node_grace_s=node_not_ready_of(item.manifests),
         )
         if self._metrics is not None:
             self._metrics.apply_seconds.observe(asyncio.get_running_loop().time() - start)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpufed.api.gpujob import DEFAULT_NODE_NOT_READY_S
@@ -239,8 +240,8 @@ def suspicions(
                 since=start,
                 deadline=start + grace_s,
                 message=(
-                    f"node {node} {what} for {now - start:.0f} s; an infrastructure failure "
-                    f"after {grace_s:.0f} s unless it recovers"
+                    f"node {node} {what} since {_rfc3339(start)}; an infrastructure failure "
+                    f"at {_rfc3339(start + grace_s)} unless it recovers"
                 ),
             )
         )
@@ -333,6 +334,10 @@ class _Timing:
         if self.grace_s <= 0 or self.now is None or since is None:
             return ""
         return f" for {self.now - since:.0f} s (grace {self.grace_s:.0f} s)"
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cause(kind: str, reason: str, messages: list[str], nodes: Iterable[str]) -> FailureCause:

@@ -170,6 +170,7 @@ class RecordingStatus:
         self.tracked: dict[str, tuple[int, ObjectRef | None, bool]] = {}
         self.untracked: list[str] = []
         self.sent: list[WorkloadStatus] = []
+        self.grace: dict[str, float] = {}  # job -> node_grace_s of its last track()
 
     def track(
         self,
@@ -179,8 +180,10 @@ class RecordingStatus:
         main: ObjectRef | None,
         missing: bool = False,
         attempt: str = "",
+        node_grace_s: float = 300,
     ) -> None:
         self.tracked[job_uid] = (revision, main, missing)
+        self.grace[job_uid] = node_grace_s
 
     def untrack(self, job_uid: str) -> None:
         self.tracked.pop(job_uid, None)

@@ -210,3 +210,22 @@ def test_node_conditions_the_hub_names_degrade_a_node_while_true() -> None:
     assert state.take_changes()[0][0].degraded == "condition GpuUnhealthy=True (XidError79)"
     state.upsert_node(node("False"))
     assert state.node_inventory("n1").degraded is None
+
+
+def test_node_health_says_since_when_a_node_is_not_ready() -> None:
+    """The Ready condition's lastTransitionTime times the grace period of the jobs on it."""
+    down = hgx_node("down", ready=False)
+    down["status"]["conditions"] = [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": "2027-01-15T08:00:00Z"}
+    ]
+    odd = hgx_node("odd", ready=False)
+    odd["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": "x"}]
+    state = state_with(down, odd, hgx_node("up"))
+    health = state.node_health("down")
+    assert health is not None
+    assert health.not_ready_since == 1_800_000_000.0
+    odd_health, up = state.node_health("odd"), state.node_health("up")
+    assert odd_health is not None
+    assert odd_health.not_ready_since is None  # unreadable: the agent counts from first sight
+    assert up is not None
+    assert (up.ready, up.not_ready_since) == (True, None)

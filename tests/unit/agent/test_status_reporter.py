@@ -381,3 +381,169 @@ def test_each_kind_keeps_its_own_terminal_state_when_deleted(
     objs.delete(job(final))
     r.flush()
     assert [s.phase for s in sent.items] == ["Pending", phase]
+
+
+# --- Kubernetes' timing: a not-Ready node or a GPU drop is a suspicion for the grace period ---
+
+T0 = 1_800_000_000.0  # seconds since the epoch
+
+
+class Clock:
+    """Fake wall clock: tests move it, nothing sleeps."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watched(
+    health: dict[str, Any], *, grace_s: float | None = None
+) -> tuple[StatusReporter, Sent, Clock, _PodEvents]:
+    """A reporter with one Running job (pod p0 on n1, 8 GPUs seen) and its first status sent."""
+    sent, clock = Sent(), Clock()
+    r = StatusReporter(None, send=sent, wall=clock, node_health=health.get, coalesce_s=0)  # type: ignore[arg-type]
+    r._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs, pods = _ObjectEvents(r, "Job.batch"), _PodEvents(r)
+    if grace_s is None:
+        r.track("u1", revision=1, main=JOB)
+    else:
+        r.track("u1", revision=1, main=JOB, node_grace_s=grace_s)
+    jobs.upsert(job({"active": 1}))
+    pods.upsert(pod("p0", "Running"))
+    r.flush()
+    assert sent.items[-1].failure is None
+    return r, sent, clock, pods
+
+
+def set_node(r: StatusReporter, health: dict[str, Any], **fields: Any) -> None:
+    health["n1"] = status_mod.NodeHealth(**{"ready": True, "gpus": 8, **fields})
+    r.node_changed("n1")
+    r.recheck()
+    r.flush()
+
+
+def test_a_20s_not_ready_blip_that_recovers_reports_no_failure() -> None:
+    """The suspicion is reported as a pod issue while it lasts, then vanishes; past the grace
+    period nothing is reported, and nothing sticks."""
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    clock.now = T0 + 5
+    set_node(r, health, ready=False, not_ready_since=T0)
+    assert sent.items[-1].failure is None
+    assert [(i.pod, i.reason) for i in sent.items[-1].pod_issues] == [("p0", "NodeNotReady")]
+    clock.now = T0 + 20
+    set_node(r, health)  # Ready again
+    assert sent.items[-1].pod_issues == ()
+    clock.now = T0 + 400
+    r.recheck()
+    r.flush()
+    assert all(s.failure is None for s in sent.items)
+    assert r._tracked["u1"].failure is None
+
+
+def test_not_ready_past_300s_fails_with_node_not_ready_and_sticks() -> None:
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    clock.now = T0 + 10
+    set_node(r, health, ready=False, not_ready_since=T0)
+    clock.now = T0 + 299
+    r.recheck()
+    r.flush()
+    assert all(s.failure is None for s in sent.items)
+    clock.now = T0 + 300
+    r.recheck()  # the grace period ended: re-summarised without any node event
+    r.flush()
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert (cause.kind, cause.reason, cause.nodes) == ("Infrastructure", "NodeNotReady", ("n1",))
+    set_node(r, health)  # Ready again: too late, the verdict stands
+    assert sent.items[-1].failure == cause
+
+
+def test_a_not_ready_node_without_transition_time_counts_from_when_the_agent_saw_it() -> None:
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    clock.now = T0 + 1000
+    set_node(r, health, ready=False)
+    assert sent.items[-1].failure is None
+    clock.now = T0 + 1300
+    r.recheck()
+    r.flush()
+    assert sent.items[-1].failure is not None
+
+
+def test_a_10s_gpu_drop_that_recovers_reports_nothing() -> None:
+    """A device-plugin restart: 8 -> 0 -> 8 GPUs within 10 s is no failure."""
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    clock.now = T0 + 1
+    set_node(r, health, gpus=0)
+    assert sent.items[-1].failure is None
+    assert [i.reason for i in sent.items[-1].pod_issues] == ["GPUUnavailable"]
+    clock.now = T0 + 11
+    set_node(r, health, gpus=8)
+    clock.now = T0 + 1000
+    r.recheck()
+    r.flush()
+    assert all(s.failure is None for s in sent.items)
+    assert sent.items[-1].pod_issues == ()
+
+
+def test_a_gpu_drop_past_the_grace_period_fails_with_gpu_unavailable() -> None:
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    set_node(r, health, gpus=7)
+    clock.now = T0 + 300
+    r.recheck()
+    r.flush()
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert cause.reason == "GPUUnavailable"
+
+
+def test_disruption_target_fails_at_once_while_the_node_is_suspected() -> None:
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, pods = watched(health)
+    set_node(r, health, ready=False, not_ready_since=T0)
+    evicted = pod("p0", "Running")
+    evicted["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    ]
+    clock.now = T0 + 2
+    pods.upsert(evicted)
+    r.flush()
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert cause.reason == "DeletionByTaintManager"
+
+
+def test_node_not_ready_seconds_zero_fails_at_once_as_before() -> None:
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, _clock, _pods = watched(health, grace_s=0)
+    set_node(r, health, ready=False, not_ready_since=T0)
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert cause.reason == "NodeNotReady"
+
+
+async def test_run_rechecks_when_the_grace_period_ends() -> None:
+    """No node event comes after the node went NotReady: run() itself re-summarises the job
+    once the grace period has passed (its wait is bounded by the deadline)."""
+    health = {"n1": status_mod.NodeHealth(ready=True, gpus=8)}
+    r, sent, clock, _pods = watched(health)
+    set_node(r, health, ready=False, not_ready_since=T0)
+    clock.now = T0 + 301
+    task = asyncio.create_task(r.run())
+    try:
+        for _ in range(50):
+            await asyncio.sleep(0)
+            if sent.items[-1].failure is not None:
+                break
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert cause.reason == "NodeNotReady"

@@ -207,3 +207,15 @@ async def test_the_namespace_is_read_once_and_recreated_when_deleted_meanwhile()
     assert h.api.namespaces["team-a"]["metadata"]["labels"] == {"gpufed.io/managed": "true"}
     assert "job-u4" in h.job_names()
     assert h.grant_creates() == 2  # the new namespace has its grant again
+
+
+async def test_the_jobs_node_grace_reaches_the_status_reporter() -> None:
+    """spec.placement.retry.nodeNotReadySeconds travels as the gpufed.io/node-not-ready-seconds
+    annotation of the job's objects; absent, the reporter waits Kubernetes' 300 s."""
+    h = Harness()
+    quick = gpu_job("u1", "job-u1")
+    quick["metadata"].setdefault("annotations", {})["gpufed.io/node-not-ready-seconds"] = "30"
+    h.work.submit(apply_item("u1", 1, quick))
+    h.work.submit(apply_item("u2", 1, gpu_job("u2", "job-u2")))
+    await h.work.idle()
+    assert h.status.grace == {"u1": 30, "u2": 300}
