@@ -539,7 +539,7 @@ class StatusReporter:
     ) -> FailureCause | None:
         """The job's failure cause (sticky once observed), classified over its pods and the
         inventory's view of their nodes."""
-        tracked.suspected, tracked.recheck_at = (), None
+        before, tracked.suspected, tracked.recheck_at = tracked.suspected, (), None
         if tracked.failure is not None or status.phase == "Succeeded":
             return tracked.failure
         now = self._wall()
@@ -581,7 +581,7 @@ class StatusReporter:
                 )
                 if tracked.suspected:
                     tracked.recheck_at = min(s.deadline for s in tracked.suspected)
-                    self._log_suspicions(uid, tracked.suspected)
+                    self._log_suspicions(uid, tracked.suspected, before)
         if cause is not None:
             tracked.failure = cause
             log.warning(
@@ -610,8 +610,14 @@ class StatusReporter:
             tracked.gpus_dropped_since.pop(node, None)
         return health
 
-    def _log_suspicions(self, uid: str, suspected: tuple[Suspicion, ...]) -> None:
+    def _log_suspicions(
+        self, uid: str, suspected: tuple[Suspicion, ...], before: tuple[Suspicion, ...]
+    ) -> None:
+        """One ``status.node_suspected`` line per new suspicion (not per re-summary)."""
+        known = {(s.node, s.reason, s.since) for s in before}
         for s in suspected:
+            if (s.node, s.reason, s.since) in known:
+                continue
             log.info(
                 "status.node_suspected",
                 job_uid=uid,
