@@ -195,3 +195,18 @@ async def test_the_retry_budget_counts_across_attempts() -> None:
     await settle()
     assert job.status.phase == "Failed"
     assert job.status.restarts == 1
+
+
+async def test_the_jobs_node_grace_reaches_the_agent_with_its_manifests() -> None:
+    """spec.placement.retry.nodeNotReadySeconds: 0 goes to the member as the annotation the
+    agent reads (node_not_ready_of); a job that does not say gets none (the agent's 300 s)."""
+    from gpufed.sync.manifests import node_not_ready_of
+
+    t, _s, _rev = await running({"retry": {"nodeNotReadySeconds": 0}})
+    work = t.store.work[("m1", "u1")][0]
+    manifests = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work.manifests]
+    assert node_not_ready_of(manifests) == 0
+    t2, _s2, _rev2 = await running()
+    work2 = t2.store.work[("m1", "u1")][0]
+    plain = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work2.manifests]
+    assert "gpufed.io/node-not-ready-seconds" not in plain[0]["metadata"]["annotations"]
