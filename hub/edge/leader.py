@@ -14,8 +14,11 @@ the lease for ``ttl_s`` (it cannot know whether the lease still exists).
 Which etcd errors are an outage is the retry classifier's call
 (:func:`gpufed.sync.retry.is_retryable`: connection failures, timeouts and
 :class:`~gpufed.hub.adapters.store.StoreUnavailableError`): a standby polls again and a leader keeps
-renewing until ``ttl_s`` passed. Any other error (etcd refused the request) ends the hold at
-once, and the campaign raises it.
+renewing until ``ttl_s`` passed. Any other etcd error (etcd refused the request, or gRPC
+said INTERNAL / UNKNOWN) ends the hold at once; the campaign logs it as an error and keeps
+polling (a hub must come back by itself once etcd does: the etcd restart drill,
+``tests/integration/hub/test_etcd_restart.py``, met INTERNAL / UNKNOWN there). Anything
+else is a bug and is raised.
 
 Writes to the hub API server cannot carry an etcd guard; they are fenced by
 :meth:`LeaderElector.holds`, the lease's **known-held deadline**: the time just before the
@@ -88,9 +91,19 @@ class LeaderElector:
                     log.info("hub.leader.standby", hub=self.store.hub_id, leader=leader)
                     announced = True
             except Exception as exc:
-                if not is_retryable(exc):
+                if is_retryable(exc):
+                    log.warning("hub.leader.etcd_unavailable", error=str(exc))
+                elif isinstance(exc, (aetcd.ClientError, StoreError)):
+                    # etcd answered but refused (or gRPC said INTERNAL / UNKNOWN, as it may
+                    # while etcd restarts): a standby keeps campaigning, loudly, so that the hub
+                    # recovers once etcd (or its credentials) is fixed without a restart
+                    log.error(
+                        "hub.leader.etcd_refused",
+                        error=str(exc),
+                        fix="check the hub's --etcd endpoints and credentials; it keeps trying",
+                    )
+                else:
                     raise
-                log.warning("hub.leader.etcd_unavailable", error=str(exc))
                 self._lease = None
                 self.reachable = False
             await asyncio.sleep(poll)

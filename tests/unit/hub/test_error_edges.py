@@ -234,11 +234,23 @@ async def test_the_campaign_polls_again_after_what_the_classifier_retries() -> N
 
 
 @pytest.mark.usefixtures("no_waits")
-async def test_the_campaign_raises_what_retrying_cannot_fix() -> None:
-    store = FlakyLeaseStore([aetcd.exceptions.UnauthenticatedError()])
+async def test_the_campaign_keeps_trying_through_what_etcd_refuses() -> None:
+    # A hub whose etcd refuses (bad credentials) or answers INTERNAL / UNKNOWN while it
+    # restarts campaigns on, so it comes back by itself; a bug is still raised.
+    store = FlakyLeaseStore(
+        [
+            aetcd.exceptions.UnauthenticatedError(),
+            aetcd.InternalError(),
+            aetcd.ClientError("UNKNOWN"),
+        ]
+    )
     elector = LeaderElector(store, ttl_s=3)  # type: ignore[arg-type]
-    with pytest.raises(aetcd.exceptions.UnauthenticatedError):
-        await asyncio.wait_for(elector.acquire(), 5)
+    await asyncio.wait_for(elector.acquire(), 5)
+    assert elector.is_leader
+    assert not store.errors
+    store2 = FlakyLeaseStore([KeyError("a bug")])
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(LeaderElector(store2, ttl_s=3).acquire(), 5)  # type: ignore[arg-type]
 
 
 @pytest.mark.usefixtures("no_waits")
