@@ -235,7 +235,9 @@ class Hub:
 
 
 async def _first(acquire: Awaitable[None], stopped: Awaitable[bool]) -> bool:
-    """True when ``acquire`` finished first (elected), False when ``stopped`` did."""
+    """True when ``acquire`` finished first (elected), False when ``stopped`` did; an error of
+    ``acquire`` is raised (never taken for an election: a controller that is not the leader
+    would start)."""
     a = asyncio.ensure_future(acquire)
     s = asyncio.ensure_future(stopped)
     done, pending = await asyncio.wait({a, s}, return_when=asyncio.FIRST_COMPLETED)
@@ -243,4 +245,7 @@ async def _first(acquire: Awaitable[None], stopped: Awaitable[bool]) -> bool:
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await t
-    return a in done
+    if a in done:
+        a.result()
+        return True
+    return False

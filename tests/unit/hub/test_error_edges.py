@@ -268,3 +268,21 @@ async def test_the_leader_keeps_renewing_through_an_outage_and_steps_down_on_a_r
     reason = await asyncio.wait_for(elector.hold(), 5)
     assert reason.startswith("could not renew the lease")
     assert not elector.is_leader
+
+
+async def test_a_failed_campaign_is_raised_not_taken_for_an_election() -> None:
+    # hub/edge/app.py's _first returned True for a campaign that raised, so a controller that
+    # was not the leader started (its writes fenced at once).
+    from gpufed.hub.edge.app import _first
+
+    async def broken() -> None:
+        raise KeyError("a bug")
+
+    never = asyncio.Event()
+    with pytest.raises(KeyError):
+        await _first(broken(), never.wait())
+
+    async def elected() -> None:
+        return None
+
+    assert await _first(elected(), never.wait()) is True
