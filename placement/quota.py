@@ -384,11 +384,11 @@ def _shares(path: tuple[QueueNode, ...], key: str, other: str) -> list[bool]:
     return out
 
 
-def _first_overload(
-    view: KeyView, path: tuple[QueueNode, ...], shares: list[bool], gpus: int
-) -> tuple[int, int, int, int] | None:
-    """(path index, cap, load, reserves kept by others) of the first node of ``path`` that
-    ``gpus`` more, counted where ``shares`` says, would take above its cap; None when none.
+def _loads(
+    view: KeyView, path: tuple[QueueNode, ...], shares: list[bool]
+) -> Iterator[tuple[int, int, int, int]]:
+    """(path index, cap, load, reserves kept by others) of each node of ``path`` with a cap
+    that a charge counts in (``shares``), queue first.
 
     The load of a node is its used plus the reserves of every subtree off the path below it
     (module docstring); a path node the charge counts in drops its own reserve term (the job
@@ -399,15 +399,13 @@ def _first_overload(
         inner += sum(view.reserve(c) for c in node.children if c != below)
         if shares[j]:
             cap = view.cap(node)
-            load = view.used(node.name) + inner
-            if cap < UNLIMITED and load + gpus > cap:
-                return j, cap, load, inner
+            if cap < UNLIMITED:
+                yield j, cap, view.used(node.name) + inner, inner
         else:
             e = node.entry(view.key)
             if e is not None and e.lending_limit is not None:
                 inner = max(inner, e.nominal - e.lending_limit - view.used(node.name))
         below = node.name
-    return None
 
 
 def _implied(
@@ -468,7 +466,7 @@ def admit(
         if not any(shares):
             continue
         v = view if other == key else KeyView(tree, usage, other, caches and caches(other))
-        hit = _first_overload(v, path, shares, gpus)
+        hit = next((x for x in _loads(v, path, shares) if x[2] + gpus > x[1]), None)
         if hit is None:
             continue
         i, cap, load, kept = hit
@@ -496,23 +494,16 @@ def ceiling(tree: QueueTree, queue: str, key: str) -> int:
     if not path:
         return 0
     empty = QuotaUsage()
-    top = UNLIMITED
-    for other in pool_keys(tree, empty, key):
-        shares = _shares(path, key, other)
-        view = KeyView(tree, empty, other)
-        inner = 0
-        below: str | None = None
-        for j, node in enumerate(path):
-            inner += sum(view.reserve(c) for c in node.children if c != below)
-            cap = view.cap(node)
-            if shares[j]:
-                if cap < UNLIMITED:
-                    top = min(top, cap - inner)
-            else:
-                e = node.entry(other)
-                if e is not None and e.lending_limit is not None:
-                    inner = max(inner, e.nominal - e.lending_limit)
-            below = node.name
+    top = min(
+        (
+            cap - load
+            for other in pool_keys(tree, empty, key)
+            for _, cap, load, _ in _loads(
+                KeyView(tree, empty, other), path, _shares(path, key, other)
+            )
+        ),
+        default=UNLIMITED,
+    )
     return max(0, top)
 
 
