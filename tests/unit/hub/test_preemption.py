@@ -225,32 +225,44 @@ async def test_a_hub_killed_between_the_commit_and_the_deletes_resumes_them() ->
     assert all(t2.ctrl.state.jobs[v].status.phase == "Pending" for v in f.n1)
 
 
-async def test_a_queue_below_its_nominal_reclaims_from_a_borrowing_queue() -> None:
-    # team-b borrows team-a's unused 8 GPUs; team-a's job (same priority) reclaims them.
+async def team_b_borrows(
+    t: Term, *, team_a: int, jobs: tuple[str, ...], cls: str, free: tuple[str, ...] = ()
+) -> tuple[Fleet, dict[str, str]]:
+    """GPUQueues org over team-a (nominal ``team_a``) and team-b (nominal 8); m1 (plus the
+    free nodes ``free``) runs team-b's 8-GPU ``jobs`` of class ``cls``, one a node, reported
+    by the member; returns the fleet and each job's node."""
     from tests.unit.hub.test_queues import gpuqueue
 
-    t = Term()
     t.ctrl.intake.namespaces.seen("team-b", {})
     t.kube.objects["gpuqueues"] += [
         gpuqueue("org"),
-        gpuqueue("team-a", namespaces=("team-a",), nominal=8, parent="org"),
+        gpuqueue("team-a", namespaces=("team-a",), nominal=team_a, parent="org"),
         gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org"),
     ]
     t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
     f = Fleet(t)
-    for uid in ("b0", "b1"):
+    if free:
+        f.report(*(node(n) for n in free))
+    for uid in jobs:
         obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
         obj["metadata"]["namespace"] = "team-b"
-        obj["spec"]["placement"] = {"priorityClassName": "low"}
+        obj["spec"]["placement"] = {"priorityClassName": cls}
         t.kube.objects["gpujobs"].append(obj)
         t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
     await settle()
     await t.ctrl.scheduler.cycle()
-    assert {t.store.jobs[u][0].cluster for u in ("b0", "b1")} == {"m1"}, "team-b borrows"
+    assert {t.store.jobs[u][0].cluster for u in jobs} == {"m1"}, "team-b borrows"
     await f.ack("apply", "Applied")
-    nodes = {u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1")}
+    nodes = {u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in jobs}
     f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
     await settle()
+    return f, nodes
+
+
+async def test_a_queue_below_its_nominal_reclaims_from_a_borrowing_queue() -> None:
+    # team-b borrows team-a's unused 8 GPUs; team-a's job (same priority) reclaims them.
+    t = Term()
+    f, _ = await team_b_borrows(t, team_a=8, jobs=("b0", "b1"), cls="low")
     await f.submit("a", "ua", 8, "low")
     await t.ctrl.scheduler.cycle()
     stopping = {u: t.store.jobs[u][0].stopping for u in ("b0", "b1")}
@@ -335,32 +347,10 @@ async def test_a_victim_whose_pods_go_first_does_not_take_the_reclaimed_quota_ba
     # nodes; the first victim's pods go first and it is requeued while the reclaimer still
     # waits for the second. It must not be admitted on another free node with the quota its
     # queue just lost.
-    from tests.unit.hub.test_queues import gpuqueue
-
     t = Term()
-    t.ctrl.intake.namespaces.seen("team-b", {})
-    t.kube.objects["gpuqueues"] += [
-        gpuqueue("org"),
-        gpuqueue("team-a", namespaces=("team-a",), nominal=16, parent="org"),
-        gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org"),
-    ]
-    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
-    f = Fleet(t)
-    f.report(node("m1-n2"))
-    for uid in ("b0", "b1", "b2"):
-        obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
-        obj["metadata"]["namespace"] = "team-b"
-        obj["spec"]["placement"] = {"priorityClassName": "high"}
-        t.kube.objects["gpujobs"].append(obj)
-        t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
-    await settle()
-    await t.ctrl.scheduler.cycle()
-    await f.ack("apply", "Applied")
-    nodes = {
-        u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1", "b2")
-    }
-    f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
-    await settle()
+    f, nodes = await team_b_borrows(
+        t, team_a=16, jobs=("b0", "b1", "b2"), cls="high", free=("m1-n2",)
+    )
     obj = gpujob_obj("a", "ua", template=batch_job(8, parallelism=2, completions=2))
     obj["spec"]["placement"] = {"priorityClassName": "low"}
     t.kube.objects["gpujobs"].append(obj)
@@ -370,6 +360,9 @@ async def test_a_victim_whose_pods_go_first_does_not_take_the_reclaimed_quota_ba
     victims = sorted(u for u in nodes if t.store.jobs[u][0].stopping is not None)
     assert len(victims) == 2, "team-b borrowed 16: two 8-GPU jobs go"
     first, second = victims
+    # the victims' quota went to the reclaimer's hold: team-b is charged its survivor only
+    t.ctrl.queues.rebuild_usage()
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 8
     f.report(node("m1-n3"))  # a free node elsewhere
     assert await f.ack("delete", "Deleted") == victims
     f.report(node(nodes[first]))  # the first victim's pods are gone, the second's are not
