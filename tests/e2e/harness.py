@@ -5,11 +5,12 @@ agents and the clusters are external processes: there is nothing in-process to a
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from kubernetes import client as k8s
@@ -60,6 +61,33 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return int(exc.code)
     except OSError:
         return None
+
+
+@contextlib.contextmanager
+def priority_classes(api: k8s.ApiClient, classes: Mapping[str, int]) -> Iterator[None]:
+    """PriorityClasses ``name -> value`` (``preemptionPolicy: PreemptLowerPriority``) on the
+    hub cluster for the length of the block (one left by an earlier run is reused)."""
+    scheduling: Any = k8s.SchedulingV1Api(api)
+    for name, value in classes.items():
+        try:
+            scheduling.create_priority_class(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "preemptionPolicy": "PreemptLowerPriority",
+                }
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    try:
+        yield
+    finally:
+        for name in classes:
+            with contextlib.suppress(ApiException):
+                scheduling.delete_priority_class(name)
 
 
 def unique(prefix: str) -> str:

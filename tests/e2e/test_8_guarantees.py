@@ -24,11 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.labels import GROUP, VERSION
-from tests.e2e.harness import DRILL_NS, E2E, H100, batch_job, wait_until
+from tests.e2e.harness import DRILL_NS, E2E, H100, batch_job, priority_classes, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -219,31 +218,12 @@ def guar(e2e: E2E) -> Iterator[Guarantees]:
     wait_until(
         lambda: e2e.hub.gpus_free(HGX, H100) == H100_TOTAL, "every H100 free at the start", ACT_S
     )
-    scheduling: Any = k8s.SchedulingV1Api(e2e.hub.api)
-    for name, value in CLASSES.items():
+    with priority_classes(e2e.hub.api, CLASSES):
+        g = Guarantees(e2e)
         try:
-            scheduling.create_priority_class(
-                {
-                    "apiVersion": "scheduling.k8s.io/v1",
-                    "kind": "PriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                    "preemptionPolicy": "PreemptLowerPriority",
-                }
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    g = Guarantees(e2e)
-    try:
-        yield g
-    finally:
-        try:
-            g.cleanup()
+            yield g
         finally:
-            for name in CLASSES:
-                with contextlib.suppress(ApiException):
-                    scheduling.delete_priority_class(name)
+            g.cleanup()
 
 
 def test_priority_never_overrides_another_teams_nominal(guar: Guarantees) -> None:

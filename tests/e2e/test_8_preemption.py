@@ -6,17 +6,14 @@ the queue (Pending) while the other clique's jobs run on untouched."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.harness import E2E, GB200, batch_job, wait_until
+from tests.e2e.harness import E2E, GB200, batch_job, priority_classes, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -27,28 +24,11 @@ CLASSES = {"e2e-low": 100, "e2e-high": 100_000}
 def classes(e2e: E2E) -> Iterator[E2E]:
     """PriorityClasses e2e-low (100) and e2e-high (100000, PreemptLowerPriority) on the hub
     cluster, removed afterwards."""
-    scheduling: Any = k8s.SchedulingV1Api(e2e.hub.api)
-    for name, value in CLASSES.items():
+    with priority_classes(e2e.hub.api, CLASSES):
         try:
-            scheduling.create_priority_class(
-                {
-                    "apiVersion": "scheduling.k8s.io/v1",
-                    "kind": "PriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                    "preemptionPolicy": "PreemptLowerPriority",
-                }
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    try:
-        yield e2e
-    finally:
-        e2e.hub.clear()
-        for name in CLASSES:
-            with contextlib.suppress(ApiException):
-                scheduling.delete_priority_class(name)
+            yield e2e
+        finally:
+            e2e.hub.clear()
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
