@@ -116,8 +116,9 @@ def _room(s: Search, free: int, b: Block, avail: dict[str, int], product: str | 
 
 
 def _try(s: Search, cluster: str, b: Block, victims: list[Victim]) -> Decision | None:
-    """The what-if for ``victims`` unless arithmetic or the set-level rule rule it out."""
-    if not could_fit(s, b, victims) or not s.allowed(victims):
+    """The what-if for ``victims`` unless arithmetic rules it out (:meth:`Search.fits` applies
+    the set-level rule itself, before any what-if)."""
+    if not could_fit(s, b, victims):
         return None
     return s.fits(cluster, victims)
 
