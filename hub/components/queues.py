@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from gpufed.api.gpujob import StatusCondition
 from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue, GPUQueueStatus, QueueUsage
-from gpufed.hub.components.deletion import Deletion
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.priorities import PriorityCap
@@ -91,10 +91,10 @@ def _field_of(exc: ValidationError) -> str:
 class Queues:
     """The GPUQueues, the tree, the usage ledger and the queues' status (module docstring)."""
 
-    def __init__(self, term: Term, mirror: Mirror, deletion: Deletion) -> None:
+    def __init__(self, term: Term, mirror: Mirror, lifecycle: Lifecycle) -> None:
         self._term = term
         self._mirror = mirror
-        self._deletion = deletion
+        self._lifecycle = lifecycle
         cfg = term.config
         self._specs: dict[str, GPUQueue] = {}
         self._invalid: dict[str, str] = {}
@@ -255,7 +255,7 @@ class Queues:
                     charges.append((r.uid, self.queue_of(j).queue, demand))
         charges.extend(
             (r.uid, r.queue, r.charged)
-            for r in self._deletion.orphan_records()
+            for r in self._lifecycle.orphan_records()
             if r.cluster is not None and r.queue is not None and r.charged
         )
         # A new ledger object: a pass's gate keeps charging the one it started with.

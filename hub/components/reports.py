@@ -11,7 +11,9 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   it fails, and whatever part was accepted is deleted.
 - A **workload status** becomes the GPUJob's status through the pure rules of
   :mod:`gpufed.hub.rules.status` (terminal phases are final); a finished job's reservation is
-  released. Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
+  released. A report that shows an infrastructure failure of the current copy is not mirrored:
+  it is recorded (``JobState.failure``) and the lifecycle decides (a re-run, or ``Failed``
+  for good). Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
   checked again with :func:`gpufed.sync.status.parse_checkpoint` on the hub's clock: a value
   in the future or not RFC 3339 is ignored with ``agent.checkpoint_refused`` and
   ``status.lastCheckpointTime`` keeps the last good one (it only moves forward). Agents
@@ -23,21 +25,18 @@ Called by the controller's message routing (:meth:`gpufed.hub.components.core.Co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.adapters.sessions import AgentSession, RefusedError
-from gpufed.hub.components.deletion import Deletion
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.restarts import Restarts
 from gpufed.hub.components.state import WorkState
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.lifecycle import infrastructure_cause
 from gpufed.hub.rules.records import AckRecord
 from gpufed.sync.retry import backoff_seconds
 from gpufed.sync.status import parse_checkpoint
@@ -46,31 +45,21 @@ log = structlog.get_logger("gpufed.hub.components.reports")
 
 
 class Reports:
-    """Acks and workload reports of one leader term (see the module docstring).
-
-    ``jobs_listed`` says whether this term's first GPUJob list is in.
-    """
+    """Acks and workload reports of one leader term (see the module docstring)."""
 
     def __init__(
         self,
         term: Term,
         dispatch: Dispatch,
-        deletion: Deletion,
         reservations: Reservations,
         mirror: Mirror,
-        requeue: Requeue,
-        *,
-        restarts: Restarts | None = None,
-        jobs_listed: Callable[[], bool],
+        lifecycle: Lifecycle,
     ) -> None:
         self._term = term
         self._dispatch = dispatch
-        self._deletion = deletion
         self._reservations = reservations
         self._mirror = mirror
-        self._requeue = requeue
-        self._restarts = restarts
-        self._jobs_listed = jobs_listed
+        self._lifecycle = lifecycle
         #: workload reports that came before this term's GPUJob list (latest per job uid)
         self._early: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
 
@@ -133,10 +122,10 @@ class Reports:
                 del self._term.state.work[(cluster, uid)]
                 log.info("work.deleted", job=ws.record.job, cluster=cluster)
                 job = self._term.state.jobs.get(uid)
-                if job is not None and job.deleting and job.placed_cluster == cluster:
-                    await self._deletion.copy_deleted(job)
-                elif job is not None:
-                    await self._requeue.copy_deleted(job, cluster)
+                if job is not None:
+                    # A deleted job lets go; a stopped copy's job is requeued once its pods
+                    # are gone.
+                    await self._lifecycle.reconcile_locked(job)
             elif ack.result == "Failed":
                 record = AckRecord(
                     revision=ack.revision,
@@ -249,16 +238,25 @@ class Reports:
             # Missing); stop re-sending it.
             self._dispatch.processed(s, report.job_uid)
         job = self._term.state.jobs.get(report.job_uid)
-        if job is None and not self._jobs_listed():
+        if job is None and not self._term.state.jobs_listed.is_set():
             # Dropping it left a job that finished during a failover Running forever.
+            if not self._early:
+                self._term.spawn(self._replay_after_list())
             self._early[report.job_uid] = (s, report)
             return
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
         if job.record is not None and job.record.stopping is not None:
             return  # its copy is being stopped for a requeue: what it reports now is not news
-        if self._restarts is not None and self._restarts.on_report(job, s.cluster, report):
-            return  # infrastructure failed under it: re-run (or failed for good), not mirrored
+        if job.failure is not None:
+            return  # an infrastructure failure is being acted on: what follows is not news
+        cause = None if job.terminal or job.deleting else infrastructure_cause(job.obj, report)
+        if cause is not None:
+            # Infrastructure failed under it: a re-run, or failed for good; never shown
+            # Failed in between.
+            job.failure = (s.cluster, cause)
+            self._term.spawn(self._lifecycle.reconcile(job.uid))
+            return
         if report.last_checkpoint_time:
             when, why = parse_checkpoint(report.last_checkpoint_time, now=self._term.wall())
             if why:
@@ -282,6 +280,10 @@ class Reports:
                 self._mirror.event(job, "Warning", "Failed", new.message)
         if new.phase in ("Succeeded", "Failed"):
             self._reservations.release(job.uid, f"the job {new.phase.lower()}")
+
+    async def _replay_after_list(self) -> None:
+        await self._term.state.jobs_listed.wait()
+        self.replay_early()
 
     def replay_early(self) -> None:
         """The term's first GPUJob list is in: apply the reports that waited for it (from

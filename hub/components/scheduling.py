@@ -24,7 +24,7 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    victims freed once the member reports them free, and nobody else is;
 4. preempt (:mod:`gpufed.hub.components.preemption`): the jobs left Unschedulable that may preempt get
    their plans, each committed (the preemptor's hold and the victims' marks, one etcd
-   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.requeue`);
+   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.lifecycle`);
 5. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
    queue and charge), work item and reservation are written in ONE etcd transaction
    (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
@@ -48,14 +48,14 @@ from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
 from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import JobState, WorkState
-from gpufed.hub.components.suspects import SuspectNodes, with_suspects
+from gpufed.hub.components.suspects import with_suspects
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord
@@ -101,13 +101,11 @@ class Scheduler:
         mirror: Mirror,
         queues: Queues,
         priorities: PriorityClasses,
-        requeue: Requeue,
-        *,
-        suspects: SuspectNodes | None = None,
+        lifecycle: Lifecycle,
     ) -> None:
         self._term = term
-        self._suspects = suspects
-        self._preemption = Preemption(term, snapshot, reservations, requeue, mirror)
+        self._suspects = lifecycle.suspects
+        self._preemption = Preemption(term, snapshot, reservations, lifecycle, mirror)
         self._queues = queues
         self._priorities = priorities
         self._snapshot = snapshot
@@ -119,25 +117,15 @@ class Scheduler:
             reservation_ttl_s=term.config.reservation_ttl_s,
         )
         self._backfill = term.config.backfill_rule
-        self._kick = asyncio.Event()
-        #: jobs that may want placement (checked again each cycle)
-        self._waiting: set[str] = set()
-
-    def kick(self) -> None:
-        """Ask for a scheduling cycle soon."""
-        self._kick.set()
-
-    def want(self, uid: str) -> None:
-        """Job ``uid`` may want placement: consider it in the next cycle (and kick)."""
-        self._waiting.add(uid)
-        self.kick()
 
     async def run(self) -> None:
-        """Run a cycle after every kick, forever."""
+        """Run a cycle each time one is due (:meth:`HubState.kick`, :meth:`HubState.want`),
+        forever."""
+        due = self._term.state.cycle_due
         while True:
-            await self._kick.wait()
+            await due.wait()
             await asyncio.sleep(CYCLE_DEBOUNCE_S)
-            self._kick.clear()
+            due.clear()
             await self.cycle()
 
     async def cycle(self) -> None:
@@ -155,12 +143,13 @@ class Scheduler:
         queues.rebuild_usage()
         shares = queues.observe(now)
         waiting = []
-        for uid in list(self._waiting):
+        wanted = self._term.state.wanted
+        for uid in list(wanted):
             job = self._term.state.jobs.get(uid)
             if job is not None and job.wants_placement and self._enqueue(job):
                 waiting.append(job)
             elif job is None or not job.wants_placement:
-                self._waiting.discard(uid)
+                wanted.discard(uid)
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
             queues.publish(shares)
@@ -179,7 +168,7 @@ class Scheduler:
         explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
 
         # Suspect nodes (after an infrastructure failure) are held off every job this cycle.
-        suspect = self._suspects.holds(self._term.mono()) if self._suspects is not None else {}
+        suspect = self._suspects.holds(self._term.mono())
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Suspect nodes: member nodes an infrastructure failure happened on, kept out of placement
 for a cool-down.
 
-The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.restarts` marks the nodes a failure
+The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.lifecycle` marks the nodes a failure
 cause names (:meth:`SuspectNodes.mark`); the scheduler keeps them off every placement while the
 mark lasts (:meth:`SuspectNodes.holds`, merged into placement's ``hold`` argument, the same
 mechanism the backfill uses, so ``gpufed explain`` names them); the member status writer shows

@@ -31,7 +31,7 @@ RequeueKind = Literal["Preempted", "InfrastructureFailure"]
 
 class RequeueCause(_Record):
     """Why a placed job's member copy is stopped and the job goes back to Pending for a new
-    attempt (:mod:`gpufed.hub.components.requeue`); stored in ``JobRecord.stopping`` while the copy is
+    attempt (:mod:`gpufed.hub.components.lifecycle`); stored in ``JobRecord.stopping`` while the copy is
     being deleted, then appended to ``JobRecord.requeues``.
 
     ``kind``: ``Preempted`` (issue 12) or ``InfrastructureFailure`` (issue 13); it is also the
@@ -70,7 +70,7 @@ class JobRecord(_Record):
     ``preemption_policy``: what the job was placed with (its PriorityClass then), which it
     keeps while placed (None in records from before PriorityClasses: the spec's integer).
     ``stopping``: set while the hub stops the current copy to requeue the job (preemption;
-    written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.components.requeue`);
+    written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.components.lifecycle`);
     ``requeues``: the latest past requeues, newest last (at most :data:`MAX_REQUEUE_HISTORY`);
     ``requeue_counts``: every requeue by kind (``status.preemptions`` shows ``Preempted``).
     """

@@ -299,12 +299,12 @@ async def test_a_job_that_found_no_plan_is_searched_again_only_after_a_pause() -
     assert plans() == 1
     message = t.ctrl.state.jobs["uh"].status.message
     assert "preempting nothing" in message
-    t.ctrl.scheduler.want("uh")
+    t.ctrl.state.want("uh")
     await t.ctrl.scheduler.cycle()
     assert plans() == 1, "not searched again at once"
     assert t.ctrl.state.jobs["uh"].status.message == message, "its answer stands meanwhile"
     t.clock.advance(31)
-    t.ctrl.scheduler.want("uh")
+    t.ctrl.state.want("uh")
     await t.ctrl.scheduler.cycle()
     assert plans() == 2
 

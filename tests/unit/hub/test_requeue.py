@@ -1,4 +1,4 @@
-"""Requeue (gpufed.hub.components.requeue) through a real leader term over typed fakes: the stopping mark is
+"""Requeue (gpufed.hub.components.lifecycle, rule 2) through a real leader term over typed fakes: the stopping mark is
 in etcd before the Delete is sent, the job goes back to Pending only once its copy is deleted
 AND its pods are gone from the member's inventory, and the next placement is attempt 2."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.requeue import requeued
+from gpufed.hub.rules.lifecycle import requeued
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -51,14 +51,14 @@ async def test_a_requeue_marks_the_record_before_the_delete_and_waits_for_the_po
     t, s = await running_job()
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
-        assert await t.ctrl.requeue.stop(job, preempted_cause())
+        assert await t.ctrl.lifecycle.stop(job, preempted_cause())
     calls = t.store.calls
     assert calls.index("put_job") < calls.index("put_work"), "the mark is durable first"
     assert t.store.jobs["u1"][0].stopping is not None
     [(op, uid, rev)] = sent(s)
     assert (op, uid) == ("delete", "u1")
     async with t.ctrl.state.lock("u1"):
-        assert not await t.ctrl.requeue.stop(job, preempted_cause()), "never stopped twice"
+        assert not await t.ctrl.lifecycle.stop(job, preempted_cause()), "never stopped twice"
     assert sent(s) == []
     await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Deleted"))
     await settle()
@@ -93,7 +93,7 @@ async def test_a_finished_job_is_not_requeued_by_a_late_delete() -> None:
     job = t.ctrl.state.jobs["u1"]
     job.status = job.status.model_copy(update={"phase": "Succeeded"})
     async with t.ctrl.state.lock("u1"):
-        assert not await t.ctrl.requeue.stop(job, preempted_cause())
+        assert not await t.ctrl.lifecycle.stop(job, preempted_cause())
     assert t.store.jobs["u1"][0].stopping is None
 
 
@@ -101,8 +101,10 @@ async def test_a_lost_member_fences_the_copy_and_requeues_at_once() -> None:
     t, _s = await running_job()
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
-        await t.ctrl.requeue.stop(job, preempted_cause())
-        assert await t.ctrl.requeue.member_lost(job, "m1")
+        await t.ctrl.lifecycle.stop(job, preempted_cause())
+    m = t.ctrl.state.members["m1"]
+    m.meta = m.meta.model_copy(update={"lost_at": 1000.0})
+    await t.ctrl.lifecycle.member_lost("m1")
     assert t.store.work[("m1", "u1")][0].fenced
     assert t.store.jobs["u1"][0].cluster is None
     assert job.status.phase == "Pending"

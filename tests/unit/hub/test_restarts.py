@@ -1,4 +1,4 @@
-"""Re-runs after infrastructure failures (gpufed.hub.components.restarts) through a real leader term over
+"""Re-runs after infrastructure failures (gpufed.hub.components.lifecycle, rule 5) through a real leader term over
 typed fakes: an infrastructure cause requeues the job through hub.requeue (never Failed in
 between), the new attempt avoids the suspect node and its pods learn the attempt; an
 application failure stays Failed; a job without re-runs left fails for good."""
