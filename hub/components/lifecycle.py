@@ -39,7 +39,7 @@ from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.finalizers import Finalizers
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState
+from gpufed.hub.components.state import JobState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import lifecycle as lc
@@ -205,7 +205,7 @@ class Lifecycle:
         rec = job.record
         cluster = rec.cluster if rec is not None else None
         work: lc.WorkOp = "none"
-        pods_left = lost = False
+        pods_left = lost = refused = False
         if cluster is not None:
             ws = self._term.state.work.get((cluster, job.uid))
             if ws is not None:
@@ -214,6 +214,7 @@ class Lifecycle:
                     if ws.record.op == "Apply"
                     else ("fenced" if ws.record.fenced else "delete")
                 )
+                refused = work == "apply" and self.refusal(ws) is not None
             m = self._term.state.members.get(cluster)
             if m is not None:
                 lost = m.lost
@@ -231,6 +232,7 @@ class Lifecycle:
             work=work,
             pods_left=pods_left,
             member_lost=lost,
+            refused=refused,
             failure_cluster=job.failure[0] if job.failure is not None else None,
             retries_left=max(0, retry.on_infrastructure_failure - used),
             reschedule_on_loss=job.obj.spec.placement.reschedule == "OnClusterLoss",
@@ -264,6 +266,8 @@ class Lifecycle:
                 await self._requeue(job)
             case lc.Lose(reschedule=reschedule):
                 await self._lose(job, reschedule)
+            case lc.FailRefused():
+                self._fail_refused(job)
             case lc.MarkSuspects():
                 self._mark_suspects(job)
             case lc.StopForRerun():
@@ -311,6 +315,31 @@ class Lifecycle:
             attempt=rec.attempt,
         )
         self._term.state.want(job.uid)
+
+    def refusal(self, ws: WorkState) -> str | None:
+        """Why the member refused this Apply for good (its ack ``Failed`` and not retryable,
+        or ``apply_retry_limit`` retryable failures in a row); None while it has not."""
+        ack = ws.ack
+        if ack is None or ack.revision != ws.revision or ack.result != "Failed":
+            return None
+        if not ack.retryable:
+            return ack.message
+        limit = self._term.config.apply_retry_limit
+        if ws.failures >= limit:
+            return f"gave up after {ws.failures} attempts: {ack.message}"
+        return None
+
+    def _fail_refused(self, job: JobState) -> None:
+        rec = job.record
+        assert rec is not None
+        assert rec.cluster is not None
+        ws = self._term.state.work[(rec.cluster, job.uid)]
+        message = self.refusal(ws) or ""
+        self._mirror.set_status(
+            job, st.member_refused(job.status, message=message, now=self._mirror.now())
+        )
+        self._mirror.event(job, "Warning", "MemberRejected", message)
+        self._reservations.release(job.uid, "the member refused the job")
 
     async def _lose(self, job: JobState, reschedule: bool) -> None:
         rec = job.record

@@ -6,9 +6,9 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   one slow etcd write does not hold up the agent's next messages: Applied is recorded (the
   job's objects exist: never re-create them) and the job turns dispatched; Deleted forgets the
   work item (and lets a deleted GPUJob go); Failed is retried later with backoff when
-  retryable (the job's status says "retrying in <member> …"; an Apply that keeps failing
-  gives up after ``apply_retry_limit`` attempts), and otherwise the member refused the job:
-  it fails, and whatever part was accepted is deleted.
+  retryable (the job's status says "retrying in <member> …"); an Apply refused for good, or
+  failing ``apply_retry_limit`` times in a row, is the lifecycle's to settle (the job fails,
+  whatever part was accepted is deleted).
 - A **workload status** becomes the GPUJob's status through the pure rules of
   :mod:`gpufed.hub.rules.status` (terminal phases are final); a finished job's reservation is
   released. A report that shows an infrastructure failure of the current copy is not mirrored:
@@ -147,8 +147,10 @@ class Reports:
                 )
                 if ack.retryable or op == "Delete":
                     await self._retry_later(cluster, ws, ack.message)
-                else:
-                    await self._member_refused(cluster, uid, ack.message)
+                job = self._term.state.jobs.get(uid)
+                if job is not None:
+                    # Refused for good (or retried too often): the lifecycle fails the job.
+                    await self._lifecycle.reconcile_locked(job)
             else:
                 log.info(
                     "agent.ack.mismatch",
@@ -166,10 +168,7 @@ class Reports:
         uid = ws.record.job_uid
         ws.failures += 1
         if ws.record.op == "Apply" and ws.failures >= cfg.apply_retry_limit:
-            await self._member_refused(
-                cluster, uid, f"gave up after {ws.failures} attempts: {message}"
-            )
-            return
+            return  # refused for good: the lifecycle's rule 5
         base = min(cfg.resend_after_s, 5.0)
         delay = backoff_seconds(
             ws.failures, base=base, cap=max(base, cfg.apply_retry_max_s), rng=lambda: 1.0
@@ -207,17 +206,6 @@ class Reports:
             ),
         )
         log.info("dispatch.acked", job=job.key, cluster=cluster, dispatch_s=dispatch_s)
-
-    async def _member_refused(self, cluster: str, uid: str, message: str) -> None:
-        job = self._term.state.jobs.get(uid)
-        if job is not None and job.placed_cluster == cluster:
-            self._mirror.set_status(
-                job, st.member_refused(job.status, message=message, now=self._mirror.now())
-            )
-            self._mirror.event(job, "Warning", "MemberRejected", message)
-        self._reservations.release(uid, "the member refused the job")
-        # Clean up whatever part of the objects the member did accept.
-        await self._dispatch.ensure_delete(cluster, uid)
 
     # --- workload status -----------------------------------------------------------------------------
 

@@ -21,11 +21,14 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
 3. **Finished**: nothing (terminal is final).
 4. **Its member is lost**: the copy is lost: the job is placed again (``reschedule:
    OnClusterLoss``, the old copy fenced) or ends ``Lost``.
-5. **An infrastructure failure of its current copy** (classified by the agent,
+5. **Its member refused the copy** (an Apply acknowledged ``Failed`` and not retryable, or
+   retried ``apply_retry_limit`` times in a row): the job fails (``MemberRejected``) and
+   whatever part the member accepted is deleted.
+6. **An infrastructure failure of its current copy** (classified by the agent,
    :mod:`gpufed.sync.failure`): the nodes it names become suspect when Kubernetes observed
    them; with a re-run left the copy is stopped (rule 2 then requeues it), else the job fails
    with ``RetriesExhausted``.
-6. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
+7. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
    considers it.
 
 Besides these, a job the hub may place gets the finalizer (:class:`AddFinalizer`), off the
@@ -57,6 +60,7 @@ class Facts:
     member still reports pods of the job (terminating ones included); ``member_lost``: that
     member was declared lost; ``failure``: an infrastructure failure of the current copy that
     no step has acted on yet (``failure_cluster`` is where it was observed);
+    ``refused``: the member refused the copy's Apply for good (rule 5);
     ``retries_left``: re-runs after infrastructure failures left
     (``spec.placement.retry.onInfrastructureFailure`` minus those used).
     """
@@ -71,6 +75,7 @@ class Facts:
     work: WorkOp = "none"
     pods_left: bool = False
     member_lost: bool = False
+    refused: bool = False
     failure_cluster: str | None = None
     retries_left: int = 0
     reschedule_on_loss: bool = False
@@ -108,6 +113,12 @@ class Lose:
 
 
 @dataclass(frozen=True)
+class FailRefused:
+    """The member refused the copy for good: ``Failed`` (``Dispatched=False``,
+    ``MemberRejected``), the reservation released."""
+
+
+@dataclass(frozen=True)
 class MarkSuspects:
     """Mark the nodes an infrastructure failure names suspect (when Kubernetes observed them)."""
 
@@ -133,7 +144,17 @@ class AddFinalizer:
     """Add the hub's finalizer to the GPUJob (off the placement path)."""
 
 
-Step = DeleteCopy | Forget | Requeue | Lose | MarkSuspects | StopForRerun | FailForGood | Want
+Step = (
+    DeleteCopy
+    | Forget
+    | Requeue
+    | Lose
+    | FailRefused
+    | MarkSuspects
+    | StopForRerun
+    | FailForGood
+    | Want
+)
 Steps = tuple[Step | AddFinalizer, ...]
 
 
@@ -163,6 +184,8 @@ def _fate(f: Facts) -> tuple[Step, ...]:
         return ()
     if placed and f.member_lost:
         return (Lose(reschedule=f.reschedule_on_loss),)
+    if placed and f.refused:
+        return (FailRefused(), DeleteCopy())
     if placed and f.failure_cluster == f.cluster:
         return (MarkSuspects(), StopForRerun() if f.retries_left > 0 else FailForGood())
     if f.valid and not placed and not f.claimed:

@@ -64,6 +64,8 @@ class World:
     pending_after_requeue: bool = False
     #: the finalizer was dropped: the API server removes the GPUJob and the hub forgets it
     gone: bool = False
+    #: the member refused the current copy's Apply for good (in that member)
+    refused_in: str | None = None
 
     def facts(self) -> lc.Facts:
         c = self.copies.get(self.cluster) if self.cluster else None
@@ -78,6 +80,7 @@ class World:
             work="none" if c is None else c.work,  # type: ignore[arg-type]
             pods_left=c is not None and c.pods,
             member_lost=self.cluster in self.lost,
+            refused=c is not None and c.work == "apply" and self.refused_in == self.cluster,
             failure_cluster=self.failure,
             retries_left=self.retries_left,
             reschedule_on_loss=self.reschedule,
@@ -142,6 +145,9 @@ class LifecycleModel(RuleBasedStateMachine):
                     w.cluster = None
                 else:
                     w.terminal = True
+            case lc.FailRefused():
+                assert w.refused_in == w.cluster
+                w.terminal = True
             case lc.MarkSuspects():
                 assert w.failure is not None
             case lc.StopForRerun():
@@ -170,6 +176,7 @@ class LifecycleModel(RuleBasedStateMachine):
         w.wanted = False
         w.cluster, w.has_record, w.pending_after_requeue = member, True, False
         w.copies[member] = Copy()
+        w.refused_in = None
 
     # --- the members -------------------------------------------------------------------------------
 
@@ -207,7 +214,7 @@ class LifecycleModel(RuleBasedStateMachine):
     def finish(self) -> None:
         w = self.w
         c = w.copies.get(w.cluster) if w.cluster else None
-        if c is not None and c.work == "apply" and w.cluster not in w.lost:
+        if c is not None and c.work == "apply" and c.pods and w.cluster not in w.lost:
             w.terminal = True
 
     @rule()
@@ -217,6 +224,13 @@ class LifecycleModel(RuleBasedStateMachine):
             c = w.copies.get(w.cluster)
             if c is not None and c.work == "apply":
                 w.failure = w.cluster
+
+    @rule()
+    def member_refuses(self) -> None:
+        w = self.w
+        c = w.copies.get(w.cluster) if w.cluster else None
+        if c is not None and c.work == "apply" and w.cluster not in w.lost and not w.terminal:
+            w.refused_in, c.pods = w.cluster, False  # nothing of it started
 
     @rule()
     def preempt(self) -> None:
@@ -258,11 +272,15 @@ class LifecycleModel(RuleBasedStateMachine):
             assert w.terminal or w.deleting or w.cluster not in w.lost, (
                 "a job is left placed in a lost member"
             )
+            refused = w.copies.get(w.refused_in) if w.refused_in else None
+            if refused is not None and w.cluster == w.refused_in and w.refused_in not in w.lost:
+                assert w.terminal or w.deleting or w.stopping, "a refused job does not fail"
+                assert refused.work != "apply", "a refused copy is not deleted"
         finally:
             self.w = saved
 
 
-LifecycleModel.TestCase.settings = settings(max_examples=600, stateful_step_count=20, deadline=None)
+LifecycleModel.TestCase.settings = settings(max_examples=400, stateful_step_count=20, deadline=None)
 test_lifecycle_model = LifecycleModel.TestCase
 
 
