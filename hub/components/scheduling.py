@@ -70,7 +70,7 @@ from gpufed.placement import (
 from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
-from gpufed.placement.quota import QuotaGate, demand_of
+from gpufed.placement.quota import demand_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.components.scheduling")
@@ -140,7 +140,8 @@ class Scheduler:
             # (each first list kicks again).
             return
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
-        queues.rebuild_usage()
+        #    and the waiting preemptors' holds
+        queues.rebuild_usage(holds=self._holds())
         shares = queues.observe(now)
         waiting = []
         wanted = self._term.state.wanted
@@ -155,7 +156,6 @@ class Scheduler:
             queues.publish(shares)
             return
         gate = queues.gate()
-        self._charge_holds(gate, waiting)
         requests = fair_sorted(
             (j.request for j in waiting if j.request is not None),
             queues.tree,
@@ -230,19 +230,18 @@ class Scheduler:
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
-        queues.rebuild_usage()
+        queues.rebuild_usage(holds=self._holds())
         queues.publish(shares)
 
-    def _charge_holds(self, gate: QuotaGate, waiting: list[JobState]) -> None:
-        """A preemptor's hold is charged to its queue while it waits (docs/hub.md,
-        "Preemption"): the quota it reclaimed stays its own, so its requeued victims cannot be
-        admitted on other free GPUs before it is placed (they would take the quota back)."""
-        for job in waiting:
-            req = job.request
-            res = self._reservations.held(job.uid)
-            if req is None or res is None or self._reservations.is_tentative(job.uid):
-                continue
-            gate.charge(req, self._product_of(res))
+    def _holds(self) -> list[tuple[str, str | None]]:
+        """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger
+        charges them to the preemptors' queues (:meth:`Queues.rebuild_usage`)."""
+        out = []
+        for uid in sorted(self._term.state.wanted):
+            res = self._reservations.held(uid)
+            if res is not None and not self._reservations.is_tentative(uid):
+                out.append((uid, self._product_of(res)))
+        return out
 
     def _product_of(self, res: Reservation) -> str | None:
         """The GPU product of the nodes a reservation holds (None when none is known)."""
