@@ -265,6 +265,7 @@ class Controller:
         while True:
             await asyncio.sleep(_TICK_S)
             await self.members.check_health()
+            await self.lifecycle.due()
             self.dispatch.resend_due(self._mono())
             if self.suspects.expire(self._mono()):
                 self.state.kick()  # nodes back in the fleet: waiting jobs may fit now

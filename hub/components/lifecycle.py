@@ -71,6 +71,8 @@ class Lifecycle:
         self.suspects = suspects
         #: jobs whose deleted copy waits for its pods to leave the inventory: uid -> member
         self._awaiting: dict[str, str] = {}
+        #: jobs waiting out a backoff: uid -> wall seconds when to reconcile them again
+        self._timers: dict[str, float] = {}
         #: job records in etcd whose GPUJob this term has not seen (yet): uid -> (record, rev)
         self._orphans: dict[str, tuple[JobRecord, int]] = {}
 
@@ -125,6 +127,13 @@ class Lifecycle:
         await self._put(job, lc.marked(rec, cause))
         await self.reconcile_locked(job)
         return True
+
+    async def due(self) -> None:
+        """Reconcile the jobs whose backoff has passed (the term's tick)."""
+        now = self._term.wall()
+        for uid in sorted(u for u, at in self._timers.items() if at <= now):
+            self._timers.pop(uid, None)
+            await self.reconcile(uid)
 
     async def member_lost(self, cluster: str) -> None:
         """Member ``cluster`` was declared lost (recorded in its meta): reconcile every job
@@ -220,7 +229,7 @@ class Lifecycle:
                 lost = m.lost
                 pods_left = any(job.uid in n.job_requests for n in m.nodes.values())
         retry = lc.retry_of(job.obj)
-        used = rec.requeue_counts.get(lc.INFRASTRUCTURE_FAILURE, 0) if rec is not None else 0
+        used = rec.budget_used if rec is not None else 0
         return lc.Facts(
             deleting=job.deleting,
             terminal=job.terminal,
@@ -234,6 +243,10 @@ class Lifecycle:
             member_lost=lost,
             refused=refused,
             failure_cluster=job.failure[0] if job.failure is not None else None,
+            failure_exempt=job.failure is not None
+            and job.failure[1].reason in lc.NO_BUDGET_REASONS,
+            now=self._term.wall(),
+            not_before=rec.not_before if rec is not None else None,
             retries_left=max(0, retry.on_infrastructure_failure - used),
             reschedule_on_loss=job.obj.spec.placement.reschedule == "OnClusterLoss",
             has_finalizer=FINALIZER in job.obj.metadata.finalizers,
@@ -275,7 +288,15 @@ class Lifecycle:
             case lc.FailForGood():
                 self._fail_for_good(job)
             case lc.Want():
+                self._timers.pop(job.uid, None)
+                if job.status.next_attempt_at is not None:
+                    self._mirror.set_status(
+                        job, job.status.model_copy(update={"next_attempt_at": None})
+                    )
                 self._term.state.want(job.uid)
+            case lc.WaitUntil(at=at):
+                self._timers[job.uid] = at
+                self._term.state.wanted.discard(job.uid)
             case lc.AddFinalizer():
                 # Off the placement path: a job deleted before its finalizer landed is cleaned
                 # up from its etcd record (DELETED event, or the orphan sweep after a restart).
@@ -291,21 +312,31 @@ class Lifecycle:
         assert rec is not None
         assert rec.stopping is not None
         cause = rec.stopping
-        new = lc.requeued(rec)
+        cfg = self._term.config
+        new = lc.requeued(
+            rec,
+            now=self._term.wall(),
+            base_s=cfg.rerun_backoff_base_s,
+            max_s=cfg.rerun_backoff_max_s,
+        )
         await self._put(job, new)
         job.failure = None
         self._term.metrics.requeues.labels(cause.kind).inc()
         self._reservations.release(job.uid, f"requeued: {cause.kind}")
         job.last_unschedulable = None
-        self._mirror.set_status(
-            job,
-            st.requeued(
-                job.status,
-                cause,
-                count=new.requeue_counts.get(cause.kind, 0),
-                now=self._mirror.now(),
-            ),
+        status = st.requeued(
+            job.status, cause, count=new.requeue_counts.get(cause.kind, 0), now=self._mirror.now()
         )
+        if new.not_before is not None:
+            at = st.rfc3339(new.not_before)
+            status = status.model_copy(
+                update={
+                    "next_attempt_at": at,
+                    "message": f"{status.message} at {at} (backoff after "
+                    f"{new.budget_used} re-run{'s' if new.budget_used != 1 else ''})",
+                }
+            )
+        self._mirror.set_status(job, status)
         self._mirror.event(job, "Warning", cause.reason, cause.message)
         log.info(
             "hub.requeue.done",
@@ -313,8 +344,9 @@ class Lifecycle:
             cluster=cause.cluster,
             cause=cause.kind,
             attempt=rec.attempt,
+            not_before=new.not_before,
         )
-        self._term.state.want(job.uid)
+        await self.reconcile_locked(job)  # placed again now, or after its backoff
 
     def refusal(self, ws: WorkState) -> str | None:
         """Why the member refused this Apply for good (its ack ``Failed`` and not retryable,
@@ -407,8 +439,7 @@ class Lifecycle:
         )
 
     def _used(self, job: JobState) -> int:
-        rec = job.record
-        return rec.requeue_counts.get(lc.INFRASTRUCTURE_FAILURE, 0) if rec is not None else 0
+        return job.record.budget_used if job.record is not None else 0
 
     async def _stop_for_rerun(self, job: JobState) -> None:
         rec = job.record
@@ -422,7 +453,11 @@ class Lifecycle:
             reason=failure.reason,
             message=(
                 f"infrastructure failure in {cluster}: {failure.message or failure.reason}; "
-                f"re-run {self._used(job) + 1} of {retry.on_infrastructure_failure}"
+                + (
+                    "re-run without using the budget (the member's own disruption)"
+                    if failure.reason in lc.NO_BUDGET_REASONS
+                    else f"re-run {self._used(job) + 1} of {retry.on_infrastructure_failure}"
+                )
             )[:1024],
             at=self._term.wall(),
             cluster=cluster,

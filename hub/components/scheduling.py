@@ -147,10 +147,11 @@ class Scheduler:
         wanted = self._term.state.wanted
         for uid in list(wanted):
             job = self._term.state.jobs.get(uid)
-            if job is not None and job.wants_placement and self._enqueue(job):
+            backing_off = job is not None and job.backing_off(now)
+            if job is not None and job.wants_placement and not backing_off and self._enqueue(job):
                 waiting.append(job)
-            elif job is None or not job.wants_placement:
-                wanted.discard(uid)
+            elif job is None or not job.wants_placement or backing_off:
+                wanted.discard(uid)  # a job in backoff comes back from the lifecycle
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
             queues.publish(shares)
@@ -449,6 +450,7 @@ class Scheduler:
                 # infrastructure failures and the preemption caps count across attempts.
                 requeues=job.record.requeues if job.record is not None else (),
                 requeue_counts=dict(job.record.requeue_counts) if job.record is not None else {},
+                budget_used=job.record.budget_used if job.record is not None else 0,
             )
             work = WorkRecord(
                 job_uid=uid,

@@ -84,6 +84,12 @@ class JobState:
     def placed_cluster(self) -> str | None:
         return self.record.cluster if self.record is not None else None
 
+    def backing_off(self, now: float) -> bool:
+        """Waiting out the backoff before a re-run at wall seconds ``now``
+        (``record.not_before``)."""
+        nb = self.record.not_before if self.record is not None else None
+        return nb is not None and now < nb
+
     @property
     def wants_placement(self) -> bool:
         """Valid, not finished, not being deleted, and placed nowhere now."""

@@ -27,9 +27,12 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
 6. **An infrastructure failure of its current copy** (classified by the agent,
    :mod:`gpufed.sync.failure`): the nodes it names become suspect when Kubernetes observed
    them; with a re-run left the copy is stopped (rule 2 then requeues it), else the job fails
-   with ``RetriesExhausted``.
+   with ``RetriesExhausted``. A drain (``EvictionByEvictionAPI``) or the member's own
+   preemption (``PreemptionByScheduler``) is not the job's failure: it re-runs without using
+   the budget and without a backoff.
 7. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
-   considers it.
+   considers it, once the backoff after a re-run (``record.not_before``, :func:`requeued`) has
+   passed.
 
 Besides these, a job the hub may place gets the finalizer (:class:`AddFinalizer`), off the
 placement path.
@@ -44,7 +47,17 @@ from gpufed.api.gpujob import GPUJob, GPUJobStatus, Retry
 from gpufed.api.work import FailureCause, WorkloadStatus
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import MAX_REQUEUE_HISTORY, JobRecord, RequeueCause
-from gpufed.sync.failure import with_declared_exit_codes
+from gpufed.sync.failure import (
+    EVICTION_BY_EVICTION_API,
+    PREEMPTION_BY_SCHEDULER,
+    with_declared_exit_codes,
+)
+
+#: The requeue kind (and GPUJob condition type) of a re-run after an infrastructure failure.
+INFRASTRUCTURE_FAILURE = "InfrastructureFailure"
+#: Infrastructure failure reasons that re-run a job without using its re-run budget and
+#: without a backoff: the member's own maintenance (a drain) and its scheduler's preemption.
+NO_BUDGET_REASONS: frozenset[str] = frozenset({EVICTION_BY_EVICTION_API, PREEMPTION_BY_SCHEDULER})
 
 #: The copy's work item in the job's member: none (never sent, or the member acknowledged its
 #: Delete), an Apply, a Delete, or a Delete fenced after its member was lost.
@@ -60,7 +73,9 @@ class Facts:
     member still reports pods of the job (terminating ones included); ``member_lost``: that
     member was declared lost; ``failure``: an infrastructure failure of the current copy that
     no step has acted on yet (``failure_cluster`` is where it was observed);
-    ``refused``: the member refused the copy's Apply for good (rule 5);
+    ``refused``: the member refused the copy's Apply for good (rule 5); ``failure_exempt``: the
+    failure is one of :data:`NO_BUDGET_REASONS`; ``now`` / ``not_before``: wall seconds now and
+    the end of the job's backoff (None: none);
     ``retries_left``: re-runs after infrastructure failures left
     (``spec.placement.retry.onInfrastructureFailure`` minus those used).
     """
@@ -77,6 +92,9 @@ class Facts:
     member_lost: bool = False
     refused: bool = False
     failure_cluster: str | None = None
+    failure_exempt: bool = False
+    now: float = 0.0
+    not_before: float | None = None
     retries_left: int = 0
     reschedule_on_loss: bool = False
     has_finalizer: bool = True
@@ -140,6 +158,13 @@ class Want:
 
 
 @dataclass(frozen=True)
+class WaitUntil:
+    """The job waits out its backoff: ask again at ``at`` (wall seconds)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
 class AddFinalizer:
     """Add the hub's finalizer to the GPUJob (off the placement path)."""
 
@@ -154,6 +179,7 @@ Step = (
     | StopForRerun
     | FailForGood
     | Want
+    | WaitUntil
 )
 Steps = tuple[Step | AddFinalizer, ...]
 
@@ -187,8 +213,11 @@ def _fate(f: Facts) -> tuple[Step, ...]:
     if placed and f.refused:
         return (FailRefused(), DeleteCopy())
     if placed and f.failure_cluster == f.cluster:
-        return (MarkSuspects(), StopForRerun() if f.retries_left > 0 else FailForGood())
+        rerun = f.failure_exempt or f.retries_left > 0
+        return (MarkSuspects(), StopForRerun() if rerun else FailForGood())
     if f.valid and not placed and not f.claimed:
+        if f.not_before is not None and f.now < f.not_before:
+            return (WaitUntil(f.not_before),)
         return (Want(),)
     return ()
 
@@ -208,21 +237,42 @@ def marked(record: JobRecord, cause: RequeueCause) -> JobRecord:
     return record.model_copy(update={"stopping": cause})
 
 
-def requeued(record: JobRecord) -> JobRecord:
+def rerun_delay(n: int, *, base_s: float, max_s: float) -> float:
+    """Seconds to wait before the ``n``-th budgeted re-run (n >= 1): ``base_s`` doubling per
+    re-run, at most ``max_s`` (Kueue's ``requeuingStrategy`` shape)."""
+    if n < 1 or base_s <= 0:
+        return 0.0
+    return float(min(max_s, base_s * 2.0 ** min(n - 1, 32)))
+
+
+def budgeted(cause: RequeueCause) -> bool:
+    """Whether a requeue for ``cause`` uses the job's re-run budget (and waits a backoff)."""
+    return cause.kind == INFRASTRUCTURE_FAILURE and cause.reason not in NO_BUDGET_REASONS
+
+
+def requeued(
+    record: JobRecord, *, now: float = 0.0, base_s: float = 0.0, max_s: float = 0.0
+) -> JobRecord:
     """``record`` back in the queue after its copy is gone (pure): no cluster, no
-    ``stopping``; the cause appended to ``requeues`` (bounded) and counted by kind. The
-    ``attempt`` is unchanged: the next placement writes ``attempt + 1``."""
+    ``stopping``; the cause appended to ``requeues`` (bounded) and counted by kind; a
+    budgeted re-run (:func:`budgeted`) counted in ``budget_used`` and, with ``base_s`` > 0,
+    not placed before ``now`` + :func:`rerun_delay`. The ``attempt`` is unchanged: the next
+    placement writes ``attempt + 1``."""
     cause = record.stopping
     if cause is None:
         return record
     counts = dict(record.requeue_counts)
     counts[cause.kind] = counts.get(cause.kind, 0) + 1
+    used = record.budget_used + (1 if budgeted(cause) else 0)
+    delay = rerun_delay(used, base_s=base_s, max_s=max_s) if budgeted(cause) else 0.0
     return record.model_copy(
         update={
             "cluster": None,
             "stopping": None,
             "requeues": (*record.requeues, cause)[-MAX_REQUEUE_HISTORY:],
             "requeue_counts": counts,
+            "budget_used": used,
+            "not_before": now + delay if delay > 0 else None,
         }
     )
 
@@ -243,10 +293,6 @@ def infrastructure_cause(job: GPUJob, report: WorkloadStatus) -> FailureCause | 
         return None
     cause = with_declared_exit_codes(report.failure, retry_of(job).infrastructure_exit_codes)
     return cause if cause.kind == "Infrastructure" else None
-
-
-#: The requeue kind (and GPUJob condition type) of a re-run after an infrastructure failure.
-INFRASTRUCTURE_FAILURE = "InfrastructureFailure"
 
 
 def infrastructure_failed(

@@ -73,6 +73,10 @@ class JobRecord(_Record):
     written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.components.lifecycle`);
     ``requeues``: the latest past requeues, newest last (at most :data:`MAX_REQUEUE_HISTORY`);
     ``requeue_counts``: every requeue by kind (``status.preemptions`` shows ``Preempted``).
+    ``budget_used``: re-runs after infrastructure failures that count against
+    ``spec.placement.retry.onInfrastructureFailure`` (a drain or a member-side preemption does
+    not); ``not_before``: wall seconds before which the job is not placed again (the backoff
+    between re-runs; None: no wait).
     """
 
     uid: str
@@ -88,6 +92,8 @@ class JobRecord(_Record):
     stopping: RequeueCause | None = None
     requeues: tuple[RequeueCause, ...] = ()
     requeue_counts: dict[str, int] = {}
+    budget_used: int = 0
+    not_before: float | None = None
 
 
 class WorkRecord(_Record):

@@ -27,6 +27,7 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gpufed.hub.rules import lifecycle as lc
+from gpufed.hub.rules.records import JobRecord, RequeueCause
 
 MEMBERS = ("m1", "m2")
 
@@ -331,3 +332,44 @@ def test_a_copy_being_stopped_in_a_member_that_is_lost_is_requeued_at_once() -> 
     m.reconcile()
     assert m.w.pending_after_requeue, "requeued for its own cause, not lost"
     assert m.w.copies["m1"].fenced
+
+
+def test_the_backoff_doubles_from_the_base_up_to_the_cap() -> None:
+    # Kueue's requeuingStrategy shape with gpufed's defaults: 60 s doubling, 3,600 s at most.
+    got = [lc.rerun_delay(n, base_s=60, max_s=3600) for n in range(1, 9)]
+    assert got == [60, 120, 240, 480, 960, 1920, 3600, 3600]
+    assert lc.rerun_delay(10_000, base_s=60, max_s=3600) == 3600
+    assert lc.rerun_delay(1, base_s=0, max_s=3600) == 0
+
+
+def test_a_job_in_backoff_waits_and_is_wanted_once_it_passed() -> None:
+    f = lc.Facts(has_record=True, now=100.0, not_before=160.0)
+    assert lc.decide(f) == (lc.WaitUntil(160.0),)
+    assert lc.decide(lc.Facts(has_record=True, now=160.0, not_before=160.0)) == (lc.Want(),)
+
+
+def test_a_drain_re_runs_without_budget_or_backoff() -> None:
+    # No re-run left, but the member drained the node: not the job's failure.
+    f = lc.Facts(
+        has_record=True, cluster="m1", work="apply", failure_cluster="m1", failure_exempt=True
+    )
+    assert lc.decide(f) == (lc.MarkSuspects(), lc.StopForRerun())
+    drained = JobRecord(uid="u", job="ns/j", cluster="m1", stopping=_cause("EvictionByEvictionAPI"))
+    after = lc.requeued(drained, now=100.0, base_s=60, max_s=3600)
+    assert (after.budget_used, after.not_before) == (0, None)
+    lost = JobRecord(uid="u", job="ns/j", cluster="m1", stopping=_cause("NodeLost"))
+    after = lc.requeued(lost, now=100.0, base_s=60, max_s=3600)
+    assert (after.budget_used, after.not_before) == (1, 160.0)
+    again = lc.requeued(
+        after.model_copy(update={"cluster": "m1", "stopping": _cause("NodeLost")}),
+        now=1000.0,
+        base_s=60,
+        max_s=3600,
+    )
+    assert (again.budget_used, again.not_before) == (2, 1120.0)
+
+
+def _cause(reason: str) -> RequeueCause:
+    return RequeueCause(
+        kind="InfrastructureFailure", reason=reason, message="m", at=1.0, cluster="m1"
+    )

@@ -86,9 +86,21 @@ async def test_a_lost_node_re_runs_the_job_elsewhere_as_attempt_2() -> None:
         ["m1-n0"],
         "NodeLost",
     )
+    # The backoff before the first re-run (--rerun-backoff-base, 60 s): not placed before.
+    assert job.status.next_attempt_at is not None
+    assert t.store.jobs["u1"][0].not_before == t.clock.wall() + 60
+    await t.ctrl.scheduler.cycle()
+    assert job.status.attempt == 1, "re-run before its backoff passed"
+    t.clock.advance(59)
+    await t.ctrl.lifecycle.due()
+    await t.ctrl.scheduler.cycle()
+    assert job.status.attempt == 1, "re-run before its backoff passed"
+    t.clock.advance(1)
+    await t.ctrl.lifecycle.due()
     # m1-n0 is idle again in the inventory, but suspect: the new attempt goes to m1-n1.
     await t.ctrl.scheduler.cycle()
     assert job.status.attempt == 2
+    assert job.status.next_attempt_at is None
     assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
     attempt, env = _manifest_env(t, "m1", "u1")
     assert attempt == "2"
@@ -186,6 +198,8 @@ async def test_the_retry_budget_counts_across_attempts() -> None:
         t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
     )
     await settle()
+    t.clock.advance(60)
+    await t.ctrl.lifecycle.due()
     await t.ctrl.scheduler.cycle()
     assert t.store.jobs["u1"][0].requeue_counts == {"InfrastructureFailure": 1}
     [(_, _, rev2)] = [x for x in sent(s) if x[0] == "apply"]
