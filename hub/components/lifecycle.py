@@ -227,7 +227,12 @@ class Lifecycle:
             m = self._term.state.members.get(cluster)
             if m is not None:
                 lost = m.lost
-                pods_left = any(job.uid in n.job_requests for n in m.nodes.values())
+                confirm = lc.retry_of(job.obj).require_confirmed_termination
+                # Pods on a node that is not Ready may never be confirmed gone (its kubelet is
+                # unreachable): they hold a re-run back only when the job asks for that.
+                pods_left = any(
+                    job.uid in n.job_requests and (n.ready or confirm) for n in m.nodes.values()
+                )
         retry = lc.retry_of(job.obj)
         used = rec.budget_used if rec is not None else 0
         return lc.Facts(
@@ -313,6 +318,7 @@ class Lifecycle:
         assert rec.stopping is not None
         cause = rec.stopping
         cfg = self._term.config
+        self._mark_unconfirmed(job, rec.cluster)
         new = lc.requeued(
             rec,
             now=self._term.wall(),
@@ -436,6 +442,27 @@ class Lifecycle:
             suspect=marked,
             used=self._used(job),
             allowed=retry.on_infrastructure_failure,
+        )
+
+    def _mark_unconfirmed(self, job: JobState, cluster: str | None) -> None:
+        """The old copy's pods left on nodes that are not Ready (unreachable: never confirmed
+        gone) do not hold the re-run back; those nodes become suspect (Kubernetes observed
+        them not Ready) and their GPUs stay counted as used by the inventory."""
+        m = self._term.state.members.get(cluster) if cluster is not None else None
+        if m is None or m.lost:
+            return
+        nodes = sorted(n.name for n in m.nodes.values() if job.uid in n.job_requests and not n.ready)
+        if not nodes:
+            return
+        marked = self.suspects.mark(
+            m.name,
+            tuple(nodes),
+            f"pods of {job.key} not confirmed gone (node not Ready)",
+            mono=self._term.mono(),
+            wall=self._term.wall(),
+        )
+        log.warning(
+            "hub.requeue.unconfirmed_pods", job=job.key, cluster=m.name, nodes=nodes, suspect=marked
         )
 
     def _used(self, job: JobState) -> int:

@@ -118,3 +118,57 @@ def test_the_history_is_bounded_and_counted_by_kind() -> None:
         rec = requeued(rec.model_copy(update={"cluster": "m1", "stopping": preempted_cause()}))
     assert len(rec.requeues) == MAX_REQUEUE_HISTORY
     assert rec.requeue_counts == {"Preempted": MAX_REQUEUE_HISTORY + 3}
+
+
+async def _stopped_on_an_unreachable_node(placement: dict[str, object] | None) -> tuple[Term, str]:
+    """Job u1 running in m1 on m1-n0 (optionally with ``spec.placement``), stopped for a
+    preemption; m1-n0 turns not Ready with the job's pod still on it (the kubelet unreachable:
+    the pod stays Terminating); the member acknowledged the Delete of the job's objects."""
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    s = t.connect("m1")
+    sent(s)
+    await t.submit("j", "u1", gpus=8, placement=placement)
+    await t.ctrl.scheduler.cycle()
+    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
+    await settle()
+    on_it = hgx_node("m1-n0", requested=8, job_uid="u1")
+    t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, upserts=(on_it,)))
+    await settle()
+    job = t.ctrl.state.jobs["u1"]
+    async with t.ctrl.state.lock("u1"):
+        assert await t.ctrl.lifecycle.stop(job, preempted_cause())
+    [(_, _, del_rev)] = sent(s)
+    unreachable = on_it.model_copy(update={"ready": False})
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(unreachable,))
+    )
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    await settle()
+    return t, "u1"
+
+
+async def test_pods_on_an_unreachable_node_do_not_hold_the_requeue_back() -> None:
+    # issue 24 item 2: the kubelet never confirms them gone; the job must not be stranded.
+    t, uid = await _stopped_on_an_unreachable_node(None)
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase == "Pending", "stranded behind pods nobody can confirm gone"
+    assert t.store.jobs[uid][0].cluster is None
+    suspect = [x.node for x in t.ctrl.suspects.of_member("m1", t.ctrl._term.mono())]
+    assert suspect == ["m1-n0"]
+    # Its GPUs stay counted as used (the pod may still run there): placed on m1-n1.
+    await t.ctrl.scheduler.cycle()
+    assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
+
+
+async def test_a_job_may_require_confirmed_termination_first() -> None:
+    t, uid = await _stopped_on_an_unreachable_node({"retry": {"requireConfirmedTermination": True}})
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase != "Pending"
+    assert t.store.jobs[uid][0].cluster == "m1"
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=4, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    assert job.status.phase == "Pending"
