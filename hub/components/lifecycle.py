@@ -451,7 +451,9 @@ class Lifecycle:
         m = self._term.state.members.get(cluster) if cluster is not None else None
         if m is None or m.lost:
             return
-        nodes = sorted(n.name for n in m.nodes.values() if job.uid in n.job_requests and not n.ready)
+        nodes = sorted(
+            n.name for n in m.nodes.values() if job.uid in n.job_requests and not n.ready
+        )
         if not nodes:
             return
         marked = self.suspects.mark(
