@@ -191,6 +191,8 @@ class Controller:
     def restore(self, loaded: Loaded) -> None:
         """Take over what etcd holds: members, work items, job records, reservations."""
         self.members.restore(loaded.members, loaded.nodes)
+        for name, meta in loaded.members.items():
+            self.suspects.restore(name, meta.suspects, mono=self._mono(), wall=self._wall())
         for (cluster, uid), (record, rev) in loaded.work.items():
             self.state.work[(cluster, uid)] = WorkState(
                 cluster, record, rev, ack=loaded.acks.get((cluster, uid))

@@ -422,13 +422,7 @@ class Lifecycle:
         # member-side preemption): else one tenant could walk the fleet marking nodes and keep
         # every other tenant off them for the cool-down.
         marked = (
-            self.suspects.mark(
-                cluster,
-                cause.nodes,
-                f"{cause.reason} under {job.key}",
-                mono=self._term.mono(),
-                wall=self._term.wall(),
-            )
+            self._suspect(cluster, cause.nodes, f"{cause.reason} under {job.key}")
             if cause.reason in NODE_EVIDENCE
             else []
         )
@@ -456,16 +450,23 @@ class Lifecycle:
         )
         if not nodes:
             return
-        marked = self.suspects.mark(
-            m.name,
-            tuple(nodes),
-            f"pods of {job.key} not confirmed gone (node not Ready)",
-            mono=self._term.mono(),
-            wall=self._term.wall(),
+        marked = self._suspect(
+            m.name, tuple(nodes), f"pods of {job.key} not confirmed gone (node not Ready)"
         )
         log.warning(
             "hub.requeue.unconfirmed_pods", job=job.key, cluster=m.name, nodes=nodes, suspect=marked
         )
+
+    def _suspect(self, cluster: str, nodes: tuple[str, ...], reason: str) -> list[str]:
+        """Mark ``nodes`` suspect and keep the member's marks in its etcd meta record (written
+        at the term's next flush)."""
+        mono = self._term.mono()
+        marked = self.suspects.mark(cluster, nodes, reason, mono=mono, wall=self._term.wall())
+        if marked:
+            m = self._term.state.member(cluster)
+            m.meta = m.meta.model_copy(update={"suspects": self.suspects.records_of(cluster, mono)})
+            m.meta_dirty = True
+        return marked
 
     def _used(self, job: JobState) -> int:
         return job.record.budget_used if job.record is not None else 0

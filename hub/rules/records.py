@@ -152,6 +152,13 @@ class FairShareRecord(_Record):
     at: float = 0.0
 
 
+class SuspectRecord(_Record):
+    """One suspect node of a member as etcd keeps it: why, and until when (wall seconds)."""
+
+    reason: str
+    until: float
+
+
 class MemberMeta(_Record):
     """Per-member facts besides nodes (key ``clusters/<name>/meta``)."""
 
@@ -163,3 +170,6 @@ class MemberMeta(_Record):
     #: UID of the member's kube-system Namespace, from the first agent that connected ("":
     #: not known yet); a stream from an agent of another Kubernetes cluster is refused
     cluster_uid: str = ""
+    #: node -> its suspect mark (:mod:`gpufed.hub.components.suspects`), so a restarted hub or a
+    #: new leader keeps the marks and their expiry
+    suspects: dict[str, SuspectRecord] = {}

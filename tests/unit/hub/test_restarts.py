@@ -224,3 +224,19 @@ async def test_the_jobs_node_grace_reaches_the_agent_with_its_manifests() -> Non
     work2 = t2.store.work[("m1", "u1")][0]
     plain = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work2.manifests]
     assert "gpufed.io/node-not-ready-seconds" not in plain[0]["metadata"]["annotations"]
+
+
+async def test_suspect_marks_survive_a_leader_change_until_their_expiry() -> None:
+    # issue 24 item 3: the marks were leader memory; a new leader placed on the broken node.
+    t, s, rev = await running()
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    await t.ctrl.members.flush()
+    t.clock.advance(600)
+    successor = Term(store=t.store, kube=t.kube, clock=t.clock)
+    await successor.ctrl.load()
+    [mark] = successor.ctrl.suspects.of_member("m1", t.clock.mono())
+    assert mark.node == "m1-n0"
+    assert mark.until_wall == t.clock.wall() - 600 + 3600, "the same expiry, not a new one"
+    t.clock.advance(3000)
+    assert successor.ctrl.suspects.of_member("m1", t.clock.mono()) == []
