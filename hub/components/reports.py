@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import structlog
 
+from gpufed.api.gpujob import GPUJobStatus
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.adapters.sessions import AgentSession, RefusedError
 from gpufed.hub.components.dispatch import Dispatch
@@ -38,6 +39,7 @@ from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.lifecycle import infrastructure_cause
 from gpufed.hub.rules.records import AckRecord
+from gpufed.sync.failure import GPU_UNAVAILABLE, NODE_NOT_READY
 from gpufed.sync.retry import backoff_seconds
 from gpufed.sync.status import parse_checkpoint
 
@@ -258,8 +260,14 @@ class Reports:
                 )
             report = report.model_copy(update={"last_checkpoint_time": when})
         before = job.status.phase
+        suspected = _suspicions(job.status)
         new = st.workload(job.status, report, now=self._mirror.now())
         self._mirror.set_status(job, new)
+        for kind, message in sorted(_suspicions(new).items()):
+            if kind not in suspected:
+                # A node under the job is not Ready (or withdrew GPUs): a suspicion, shown at
+                # once; a failure only if it lasts (spec.placement.retry.nodeNotReadySeconds).
+                self._mirror.event(job, "Warning", kind, message)
         if new.phase != before:
             log.info("job.phase", job=job.key, cluster=s.cluster, phase=new.phase, was=before)
             if new.phase in ("Running", "Succeeded"):
@@ -287,3 +295,16 @@ class Reports:
                 log.warning("agent.report_refused", cluster=s.cluster, reason=str(exc))
         if early:
             log.info("hub.early_reports_applied", reports=len(early))
+
+
+#: The job conditions that show a suspicion (:func:`gpufed.sync.failure.suspicion_conditions`).
+_SUSPICION_TYPES = frozenset({NODE_NOT_READY, GPU_UNAVAILABLE})
+
+
+def _suspicions(status: GPUJobStatus) -> dict[str, str]:
+    """The job's suspicion conditions that are True: type -> message."""
+    return {
+        c.type: c.message
+        for c in status.conditions
+        if c.type in _SUSPICION_TYPES and c.status == "True"
+    }

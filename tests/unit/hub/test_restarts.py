@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from gpufed.api.stream import InventoryDelta
-from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
+from gpufed.api.work import Condition, FailureCause, WorkAck, WorkloadStatus
 from gpufed.hub.adapters.sessions import AgentSession
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -240,3 +240,33 @@ async def test_suspect_marks_survive_a_leader_change_until_their_expiry() -> Non
     assert mark.until_wall == t.clock.wall() - 600 + 3600, "the same expiry, not a new one"
     t.clock.advance(3000)
     assert successor.ctrl.suspects.of_member("m1", t.clock.mono()) == []
+
+
+async def test_a_suspicion_is_shown_at_once_and_gone_when_the_node_recovers() -> None:
+    # issue 24 item 1, the hub side: condition NodeNotReady and a Warning Event while the
+    # agent's grace period runs; no re-run, no suspect mark; gone once the node is Ready.
+    t, s, rev = await running()
+    job = t.ctrl.state.jobs["u1"]
+    suspicion = Condition(
+        type="NodeNotReady",
+        status="True",
+        reason="NodeNotReady",
+        message="node m1-n0 not Ready since 2026-01-01T00:00:00Z; an infrastructure failure "
+        "at 2026-01-01T00:05:00Z unless it recovers",
+        last_transition_time="2026-01-01T00:00:00Z",
+    )
+    blip = report("u1", rev, "Running", None).model_copy(update={"conditions": (suspicion,)})
+    await t.ctrl.handle(s, blip)
+    await t.ctrl.handle(s, blip)
+    await settle()
+    [cond] = [c for c in job.status.conditions if c.type == "NodeNotReady"]
+    assert (cond.status, cond.last_transition_time) == ("True", "2026-01-01T00:00:00Z")
+    assert [r for _, r, _ in t.kube.events].count("NodeNotReady") == 1, (
+        "one Event, not one a report"
+    )
+    await t.ctrl.handle(s, report("u1", rev, "Running", None))
+    await settle()
+    assert not [c for c in job.status.conditions if c.type == "NodeNotReady"]
+    assert job.status.phase == "Running"
+    assert t.store.jobs["u1"][0].stopping is None
+    assert t.ctrl.suspects.of_member("m1", t.clock.mono()) == []
