@@ -71,6 +71,8 @@ class Lifecycle:
         self.suspects = suspects
         #: jobs whose deleted copy waits for its pods to leave the inventory: uid -> member
         self._awaiting: dict[str, str] = {}
+        #: jobs whose finalizer is being added (one patch at a time)
+        self._adding: set[str] = set()
         #: jobs waiting out a backoff: uid -> wall seconds when to reconcile them again
         self._timers: dict[str, float] = {}
         #: job records in etcd whose GPUJob this term has not seen (yet): uid -> (record, rev)
@@ -305,7 +307,15 @@ class Lifecycle:
             case lc.AddFinalizer():
                 # Off the placement path: a job deleted before its finalizer landed is cleaned
                 # up from its etcd record (DELETED event, or the orphan sweep after a restart).
-                self._term.spawn(self._finalizers.add_finalizer(job.uid))
+                if job.uid not in self._adding:
+                    self._adding.add(job.uid)
+                    self._term.spawn(self._add_finalizer(job.uid))
+
+    async def _add_finalizer(self, uid: str) -> None:
+        try:
+            await self._finalizers.add_finalizer(uid)
+        finally:
+            self._adding.discard(uid)
 
     async def _put(self, job: JobState, new: JobRecord) -> None:
         assert job.record_rev is not None
