@@ -52,6 +52,7 @@ from gpufed.sync.failure import (
     NodeHealth,
     Suspicion,
     classify_failure,
+    pinned_nodes,
     suspicion_conditions,
     suspicions,
 )
@@ -562,6 +563,12 @@ class StatusReporter:
                 health = self._node_health(node)
                 if health is not None:
                     nodes[node] = self._timed(tracked, node, health, now)
+            for p in pod_list:
+                # the nodes a replacement pod is pinned to (gone ones make it NodeLost)
+                for node in pinned_nodes(p):
+                    health = self._node_health(node)
+                    if health is not None and node not in nodes:
+                        nodes[node] = self._timed(tracked, node, health, now)
         cause = classify_failure(
             phase=status.phase,
             conditions=status.conditions,

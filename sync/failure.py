@@ -326,10 +326,55 @@ def _node_trouble(
     bound = sorted(
         {n for p in pod_list if (n := _node(p)) and _status(p).get("phase") not in _FINISHED}
     )
-    lost = [n for n in bound if n not in nodes]
+    lost = sorted({n for n in bound if n not in nodes} | _pinned_to_gone(pod_list, nodes))
     not_ready = [n for n in bound if n in nodes and not nodes[n].ready]
     dropped = [n for n in bound if n in nodes and nodes[n].ready and nodes[n].gpus < seen.get(n, 0)]
     return lost, not_ready, dropped
+
+
+def pinned_nodes(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The nodes an unbound, unfinished pod is pinned to by name (``matchFields``
+    ``metadata.name In``, as :func:`gpufed.sync.manifests.pin_pod_template` pins a one-node pod
+    set); empty when it is bound or finished, or when any term of its required node affinity
+    does not pin it by name (it may go elsewhere)."""
+    if _node(pod) or _status(pod).get("phase") in _FINISHED:
+        return frozenset()
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    affinity = (spec or {}).get("affinity") or {}
+    required = ((affinity.get("nodeAffinity") or {}) if isinstance(affinity, Mapping) else {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    pinned: set[str] = set()
+    for term in terms if isinstance(terms, list) else []:
+        fields = term.get("matchFields") if isinstance(term, Mapping) else None
+        names = {
+            str(v)
+            for f in (fields if isinstance(fields, list) else [])
+            if isinstance(f, Mapping)
+            and f.get("key") == "metadata.name"
+            and f.get("operator") == "In"
+            and isinstance(f.get("values"), list)
+            for v in f["values"]
+        }
+        if not names:
+            return frozenset()
+        pinned |= names
+    return frozenset(pinned)
+
+
+def _pinned_to_gone(pod_list: list[Mapping[str, Any]], nodes: Mapping[str, NodeHealth]) -> set[str]:
+    """Nodes that unbound pods of the job are pinned to (:func:`pinned_nodes`) and that no
+    longer exist: after a node is deleted, the pod garbage collector removes the pods bound to
+    it and the workload's controller creates new ones, pinned to the gone node, so they wait
+    forever. An agent that restarted after the old pods were gone sees only these. A pod counts
+    when none of the nodes it may go to exists."""
+    out: set[str] = set()
+    for pod in pod_list:
+        pinned = pinned_nodes(pod)
+        if pinned and not (pinned & set(nodes)):
+            out |= pinned
+    return out
 
 
 def _deleting_on(pod_list: list[Mapping[str, Any]]) -> frozenset[str]:

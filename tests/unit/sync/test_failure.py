@@ -371,3 +371,46 @@ def test_grace_zero_keeps_the_immediate_verdict() -> None:
         )
         == ()
     )
+
+
+def _pinned_pending(name: str, *terms: list[str] | None) -> dict[str, Any]:
+    """A Pending pod not bound yet whose required node affinity has one term per entry: a
+    ``metadata.name In`` pin to those nodes, or (None) a term that pins nothing by name."""
+    p = pod(name, "Pending", node="")
+    p["spec"] = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": t}]}
+                        if t is not None
+                        else {
+                            "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]
+                        }
+                        for t in terms
+                    ]
+                }
+            }
+        }
+    }
+    return p
+
+
+def test_new_pods_pinned_to_a_deleted_node_are_node_lost() -> None:
+    # issue 24 item 3: an agent restarted after the pods of a deleted node were collected
+    # sees only their replacements, pinned to the gone node and Pending forever.
+    cause = classify_failure(phase="Running", pods=[_pinned_pending("p0", ["n9"])], nodes=HEALTHY)
+    assert cause is not None
+    assert (cause.kind, cause.reason, cause.nodes) == ("Infrastructure", "NodeLost", ("n9",))
+    # pinned to a node that exists (it is just busy): no failure
+    assert (
+        classify_failure(phase="Running", pods=[_pinned_pending("p0", ["n1"])], nodes=HEALTHY)
+        is None
+    )
+    # another term lets it go elsewhere: no failure
+    assert (
+        classify_failure(phase="Running", pods=[_pinned_pending("p0", ["n9"], None)], nodes=HEALTHY)
+        is None
+    )
+    # the nodes unknown (inventory not synced): no verdict
+    assert classify_failure(phase="Running", pods=[_pinned_pending("p0", ["n9"])]) is None
