@@ -35,6 +35,8 @@ KEPT_ATTRIBUTES: Final = frozenset(
 )
 #: Device capacities gpufed keeps (``memory``: bytes).
 KEPT_CAPACITY: Final = frozenset({"memory"})
+#: JSON type of each plain attribute kind (bool is not an int here).
+_TYPES: Final[dict[str, type]] = {"string": str, "bool": bool, "int": int}
 #: The ``type`` attribute of a whole GPU (MIG devices say ``mig``).
 WHOLE_GPU_TYPE: Final = "gpu"
 
@@ -81,11 +83,7 @@ def device_facts(raw: Mapping[str, Any], *, field: str) -> DeviceFacts:
         ((kind, v),) = value.items()
         if kind == "version" and isinstance(v, str):
             versions[short] = v
-        elif kind == "string" and isinstance(v, str):
-            attributes[short] = v
-        elif kind == "bool" and isinstance(v, bool):
-            attributes[short] = v
-        elif kind == "int" and isinstance(v, int) and not isinstance(v, bool):
+        elif _TYPES.get(kind) is type(v) and isinstance(v, bool | int | str):
             attributes[short] = v
         else:
             raise ValueError(f"{field}.attributes[{key}]: {kind}: {v!r} is not a valid {kind}")

@@ -194,7 +194,9 @@ class Agent:
                     self.api, self.inventory, on_event=self.metrics.watch_event
                 )
                 for informer in self.dra_informers:
-                    tasks.append(asyncio.create_task(informer.run(), name=f"informer:{informer.name}"))
+                    tasks.append(
+                        asyncio.create_task(informer.run(), name=f"informer:{informer.name}")
+                    )
             log.info(
                 "agent.started",
                 cluster=self.config.cluster,

@@ -167,9 +167,12 @@ class DraState:
             self._slice_relist.add(name)
         facts = slice_facts(raw)
         old_pool = self._slice_pool.get(name)
-        if facts is not None and old_pool is not None and old_pool == facts.pool:
-            if self._pools[old_pool].slices.get(name) == facts:
-                return
+        if (
+            facts is not None
+            and old_pool == facts.pool
+            and self._pools[old_pool].slices.get(name) == facts
+        ):
+            return
         if old_pool is not None:
             self._pools[old_pool].slices.pop(name, None)
             del self._slice_pool[name]
@@ -381,4 +384,3 @@ class ClaimHandler:
 
     def end_relist(self) -> None:
         self.state.end_claim_relist()
-

@@ -265,7 +265,9 @@ def _node_problem(msg: pb.Node) -> str | None:
                 return f"dra_gpus[{i}].attributes[{name}]: longer than 64 characters"
         for name, amount in g.capacity.items():
             if not _qualified_name(name) or not 0 <= amount <= MAX_AMOUNT:
-                return f"dra_gpus[{i}].capacity[{_quote(name)}]: not a name or outside 0..{MAX_AMOUNT}"
+                return (
+                    f"dra_gpus[{i}].capacity[{_quote(name)}]: not a name or outside 0..{MAX_AMOUNT}"
+                )
     for field, amounts in maps:
         for resource, amount in amounts.items():
             if not _qualified_name(resource):

@@ -111,7 +111,9 @@ def gpu_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": driver}}]}},
+        "spec": {
+            "devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": driver}}]}
+        },
         "status": {
             "allocation": {
                 "devices": {

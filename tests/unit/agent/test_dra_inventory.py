@@ -79,7 +79,8 @@ def test_dra_node_offers_its_published_gpus_named_like_gfd() -> None:
     assert node.gpu_product == "NVIDIA-H100-80GB-HBM3"  # "NVIDIA H100 80GB HBM3" as GFD writes it
     assert node.gpus_via_dra
     (group,) = node.dra_gpus
-    assert group.count == 8 and group.allocated == 0
+    assert group.count == 8
+    assert group.allocated == 0
     assert group.attributes["productName"] == "NVIDIA H100 80GB HBM3"
     assert group.attributes["type"] == "gpu"
     assert group.versions["driverVersion"] == "580.82.7"
@@ -106,10 +107,14 @@ def test_incomplete_newest_generation_degrades_the_node_instead_of_half_counting
     part = gpu_slice("n1", 4, generation=2, slice_count=2, name="n1-a")
     state = state_of([dra_node("n1")], gpu_slice("n1", 8, generation=1), part)
     node = state.node_inventory("n1")
-    assert node.degraded is not None and "1 of 2 ResourceSlices" in node.degraded
-    state.dra.upsert_slice(gpu_slice("n1", 4, generation=2, slice_count=2, name="n1-b", first_minor=4))
+    assert node.degraded is not None
+    assert "1 of 2 ResourceSlices" in node.degraded
+    state.dra.upsert_slice(
+        gpu_slice("n1", 4, generation=2, slice_count=2, name="n1-b", first_minor=4)
+    )
     node = state.node_inventory("n1")
-    assert node.degraded is None and node.allocatable[GPU] == 8
+    assert node.degraded is None
+    assert node.allocatable[GPU] == 8
 
 
 def test_claims_hold_devices_once_and_per_job_through_reserved_pods() -> None:
@@ -126,7 +131,8 @@ def test_claims_hold_devices_once_and_per_job_through_reserved_pods() -> None:
     )
     node = state.node_inventory("n1")
     assert node.requested[GPU] == 3  # a claim shared by two pods holds its GPUs once
-    assert node.job_requests["j1"][GPU] == 2 and node.job_requests["j2"][GPU] == 1
+    assert node.job_requests["j1"][GPU] == 2
+    assert node.job_requests["j2"][GPU] == 1
     assert node.dra_gpus[0].allocated == 3
     state.dra.delete_claim("team-a/shared")
     assert state.node_inventory("n1").requested[GPU] == 1
@@ -139,7 +145,8 @@ def test_extended_resource_request_on_a_dra_node_is_not_counted_twice() -> None:
     claim = gpu_claim("p0-extended", [("n1", "gpu-0"), ("n1", "gpu-1")], pods=["p0"])
     state = state_of([dra_node("n1", gpu_plugin=8)], gpu_slice("n1", 8), pod, claim)
     node = state.node_inventory("n1")
-    assert node.allocatable[GPU] == 8 and node.requested[GPU] == 2
+    assert node.allocatable[GPU] == 8
+    assert node.requested[GPU] == 2
     assert node.job_requests["j1"][GPU] == 2
 
 
@@ -151,7 +158,8 @@ def test_mig_devices_other_drivers_and_unknown_pools_are_not_whole_gpus() -> Non
     stray = gpu_claim("stray", [("nowhere", "gpu-0"), ("n1", "gpu-9")])
     state = state_of([dra_node("n1")], gpu_slice("n1", devices=devices), other, stray)
     node = state.node_inventory("n1")
-    assert node.allocatable[GPU] == 2 and node.requested.get(GPU, 0) == 0
+    assert node.allocatable[GPU] == 2
+    assert node.requested.get(GPU, 0) == 0
 
 
 def test_slice_changes_mark_the_node_changed_and_relists_drop_vanished_objects() -> None:
