@@ -163,3 +163,104 @@ async def test_dra_gpus_reach_the_hub_once_with_claims_and_jobs(
     await rig.hub.wait_for(
         lambda: rig.view.nodes[dra_node].requested.get(GPU, 0) == 0, what="claim released"
     )
+
+
+async def test_kube_scheduler_allocates_a_templated_claim_the_agent_counts(
+    rig: Rig, dra_node: str, namespace: str
+) -> None:
+    """The member's own control plane does the DRA work: kube-controller-manager makes the
+    pod's claim from the template, kube-scheduler allocates two of the node's published GPUs
+    (the CEL selector evaluated by Kubernetes), and the agent reports them held by the job."""
+    admin = rig.admin
+    await admin.request("POST", SLICES, body=gpu_slice(dra_node, 4, "H100", generation=1))
+    await rig.hub.wait_for(
+        lambda: rig.view.nodes[dra_node].allocatable.get(GPU) == 4, what="4 DRA GPUs"
+    )
+    classes = "/apis/resource.k8s.io/v1/deviceclasses"
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                    }
+                }
+            ]
+        },
+    }
+    try:
+        await admin.request("POST", classes, body=device_class)
+    except Exception as exc:
+        if getattr(exc, "status", None) != 409:
+            raise
+    try:
+        await ensure_namespace(admin, namespace)
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "h100x2"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpus",
+                                "exactly": {
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "count": 2,
+                                    "selectors": [
+                                        {
+                                            "cel": {
+                                                "expression": "device.attributes['gpu.nvidia.com']"
+                                                ".productName.startsWith('NVIDIA H100')"
+                                            }
+                                        }
+                                    ],
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+        await admin.request(
+            "POST",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+            body=template,
+        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "claimer", "labels": {"gpufed.io/job-uid": "job-dra-2"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": dra_node},
+                "tolerations": [{"operator": "Exists"}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "h100x2"}],
+                "containers": [
+                    {"name": "c", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}
+                ],
+            },
+        }
+        await admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+        node = await rig.hub.wait_for(
+            lambda: (
+                (n := rig.view.nodes[dra_node]).job_requests.get("job-dra-2", {}).get(GPU) == 2
+                and n
+            ),
+            what="the scheduler's allocation counted for the pod's job",
+            within=60,
+        )
+        assert node.requested[GPU] == 2
+        assert node.dra_gpus[0].allocated == 2
+        await admin.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/claimer")
+        await rig.hub.wait_for(
+            lambda: rig.view.nodes[dra_node].requested.get(GPU, 0) == 0,
+            what="the claim released with its pod",
+            within=60,
+        )
+    finally:
+        await admin.request("DELETE", f"{classes}/gpu.nvidia.com")

@@ -4,6 +4,7 @@ every shape gpufed cannot size exactly is refused naming the field and what is s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -187,3 +188,21 @@ def test_shapes_gpufed_cannot_size_exactly_are_refused_naming_the_field(
         derive_pod_sets(manifest_list(tpl, job))
     assert err.value.field == field
     assert says in str(err.value)
+
+
+def test_the_worked_example_is_sized_from_its_claim_template() -> None:
+    """manifests/examples/dra/claim-h100.yaml: 2 pods x 4 GPUs, the H100 selector carried."""
+    import yaml
+
+    from gpufed.api.gpujob import GPUJob
+    from gpufed.hub.rules.podsets import placement_request
+
+    path = Path(__file__).resolve().parents[3] / "manifests/examples/dra/claim-h100.yaml"
+    obj = yaml.safe_load(path.read_text())
+    obj["metadata"]["uid"] = "u-dra"
+    request = placement_request(GPUJob.model_validate(obj), submitted_at=0)
+    (ps,) = request.pod_sets
+    assert (ps.count, ps.gpus_per_pod) == (2, 4)
+    assert ps.claim_selectors is not None
+    assert len(ps.claim_selectors) == 1
+    assert "startsWith('NVIDIA H100')" in ps.claim_selectors[0]
