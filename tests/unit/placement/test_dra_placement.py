@@ -141,3 +141,27 @@ def test_a_device_lacking_an_attribute_does_not_match() -> None:
     group = group_json(DeviceGroup(count=1, attributes={"type": "gpu"}))
     assert not matches((f"{ATTR}.productName == 'x'",), group)
     assert not matches((f"{ATTR}.productName != 'x'",), group)
+
+
+def test_synthetic_mix_places_claiming_pods_on_dra_nodes_only() -> None:
+    """Over the benchmark's DRA mix (`gpufed bench placement --dra`), every placed pod set
+    lands on nodes whose GPUs are claimed the way it asks for them (checked from the nodes'
+    reported dra_gpus, not from the pools)."""
+    from gpufed.placement.sim.synthetic import synthetic_fleet, synthetic_jobs
+
+    members, shape = synthetic_fleet(4, 40, seed=3, dra=True)
+    dra_nodes = {n.name for m in members for n in m.inventory.nodes if n.dra_gpus}
+    assert dra_nodes
+    s = FleetSnapshot(members)
+    placed = {"dra": 0, "plain": 0}
+    for i, req in enumerate(synthetic_jobs(150, 3, shape.products, dra=True)):
+        d = place(req, s, POLICY, float(i))
+        if d.outcome != Outcome.PLACED:
+            continue
+        claims = req.pod_sets[0].claim_selectors is not None
+        nodes = set(d.node_requests())
+        assert nodes <= dra_nodes if claims else not nodes & dra_nodes, (req.job, nodes)
+        placed["dra" if claims else "plain"] += 1
+        s.reserve(d, float(i), 3600.0)
+    assert placed["dra"] > 10
+    assert placed["plain"] > 10

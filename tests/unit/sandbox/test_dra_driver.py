@@ -26,7 +26,11 @@ def dra_cluster(**pool: object) -> ClusterSpec:
                     "nvlink": {"nodesPerDomain": 2},
                     **pool,
                 },
-                {"name": "hgx", "nodes": 1, "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8}},
+                {
+                    "name": "hgx",
+                    "nodes": 1,
+                    "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8},
+                },
             ],
         }
     )
