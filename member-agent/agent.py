@@ -124,7 +124,11 @@ class Agent:
             served_kinds=self.served_kinds,
             metrics=self.metrics,
             cluster_uid=self.cluster_uid,
-            member_api_error=lambda: self.node_informer.failing or self.pod_informer.failing,
+            member_api_error=lambda: (
+                self.node_informer.failing
+                or self.pod_informer.failing
+                or next((i.failing for i in self.dra_informers if i.failing), "")
+            ),
         )
         self.work.set_ack(self.hub.send_ack)
         self.status.set_send(self.hub.send_status)
@@ -264,7 +268,8 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
     """The JSON object of ``gpufed agent inventory --once --json``.
 
     ``{"cluster", "nodes": [{"name", "gpu_product", "nvlink_domain", "ready", "schedulable",
-    "taints", "allocatable", "requested", "free"}], "summary": {"gpus_total", "gpus_free"}}``;
+    "taints", "allocatable", "requested", "free", "gpus_via_dra"}], "summary": {"gpus_total",
+    "gpus_free"}}`` (``gpus_via_dra``: the node's GPUs are published through DRA);
     per-node maps go from resource name to a Kubernetes quantity string, except
     ``nvidia.com/gpu`` and MIG resources as integers; ``free`` = max(0, allocatable -
     requested) per allocatable resource; the summary maps GPU product to whole GPUs on Ready,
@@ -285,6 +290,7 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
                 "allocatable": _amounts(n.allocatable),
                 "requested": _amounts(n.requested),
                 "free": _amounts({r: n.free(r) for r in n.allocatable}),
+                "gpus_via_dra": n.gpus_via_dra,
             }
             for n in node_list
         ],
