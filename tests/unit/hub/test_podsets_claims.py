@@ -206,3 +206,22 @@ def test_the_worked_example_is_sized_from_its_claim_template() -> None:
     assert ps.claim_selectors is not None
     assert len(ps.claim_selectors) == 1
     assert "startsWith('NVIDIA H100')" in ps.claim_selectors[0]
+
+
+def test_claimed_gpus_charge_the_queue_like_any_other() -> None:
+    """Quotas count a job's claimed GPUs under the product it lands on (2 pods x 4 GPUs of
+    the worked example, read from its YAML), as they count nvidia.com/gpu limits."""
+    import yaml
+
+    from gpufed.api.gpujob import GPUJob
+    from gpufed.hub.rules.podsets import placement_request
+    from gpufed.placement.quotausage import demand_of
+
+    path = Path(__file__).resolve().parents[3] / "manifests/examples/dra/claim-h100.yaml"
+    obj = yaml.safe_load(path.read_text())
+    obj["metadata"]["uid"] = "u-dra"
+    items = obj["spec"]["template"]["items"]
+    count = items[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"]
+    pods = items[1]["spec"]["parallelism"]
+    request = placement_request(GPUJob.model_validate(obj), submitted_at=0)
+    assert demand_of(request, "NVIDIA-H100-80GB-HBM3") == {"NVIDIA-H100-80GB-HBM3": count * pods}
