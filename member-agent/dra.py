@@ -26,7 +26,7 @@ from typing import Any
 from gpufed.api.dra import DeviceFacts, device_facts
 from gpufed.api.gpus import gfd_product_name
 from gpufed.api.inventory import MAX_DEVICE_GROUPS, DeviceGroup
-from gpufed.api.labels import DRA_GPU_DRIVER
+from gpufed.api.labels import DRA_GPU_DRIVER, GPU_RESOURCE
 
 _Device = tuple[str, str]  # (pool, device name)
 
@@ -346,6 +346,33 @@ class DraState:
 def _group_order(item: tuple[tuple[Any, ...], list[int]]) -> tuple[int, str]:
     """Largest group first, then by its attributes: the first group names the product."""
     return (-item[1][0], repr(item[0]))
+
+
+def count_once(
+    dra: NodeGPUs,
+    job_of: Mapping[str, str | None],
+    allocatable: dict[str, int],
+    requested: dict[str, int],
+    job_requests: dict[str, dict[str, int]],
+) -> None:
+    """Count a DRA node's GPUs once, in place: allocatable ``nvidia.com/gpu`` = the published
+    devices, requested = those claims hold, per job through ``job_of`` (pod key -> its
+    ``gpufed.io/job-uid``). A pod's own ``nvidia.com/gpu`` request on such a node is served by
+    a claim (the DeviceClass's ``extendedResourceName``), so it is not added again."""
+    allocatable[GPU_RESOURCE] = dra.offered
+    if dra.held:
+        requested[GPU_RESOURCE] = dra.held
+    else:
+        requested.pop(GPU_RESOURCE, None)
+    for amounts in job_requests.values():
+        amounts.pop(GPU_RESOURCE, None)
+    for pod, gpus in dra.held_by_pod.items():
+        uid = job_of.get(pod)
+        if uid:
+            per_job = job_requests.setdefault(uid, {})
+            per_job[GPU_RESOURCE] = per_job.get(GPU_RESOURCE, 0) + gpus
+    for uid in [u for u, r in job_requests.items() if not r]:
+        del job_requests[uid]
 
 
 class SliceHandler:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
 
-from gpufed.agent.dra import DraState, NodeGPUs
+from gpufed.agent.dra import DraState, count_once
 from gpufed.api.inventory import (
     MIG_STRATEGIES,
     NodeInventory,
@@ -215,13 +215,6 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts | None:
         requests={_intern(k): v for k, v in req.items()},
         job_uid=_intern(str(job_uid)) if job_uid else None,
     )
-
-
-def _set(target: dict[str, int], resource: str, amount: int) -> None:
-    if amount:
-        target[resource] = amount
-    else:
-        target.pop(resource, None)
 
 
 def _add(target: dict[str, int], amounts: Mapping[str, int], sign: int) -> None:
@@ -440,7 +433,8 @@ class InventoryState:
         dra = self.dra.node_gpus(name)
         if dra is not None:
             problems.extend(dra.problems)
-            self._count_dra(dra, allocatable, requested, job_requests)
+            job_of = {pod: f.job_uid for pod in dra.held_by_pod if (f := self._pods.get(pod))}
+            count_once(dra, job_of, allocatable, requested, job_requests)
         degraded = "; ".join(problems) or None
         if degraded != self._degraded_seen.get(name):  # log each new reason once
             if degraded is None:
@@ -463,29 +457,6 @@ class InventoryState:
             gpu_product=dra.product if dra is not None else None,
             dra_gpus=dra.groups if dra is not None else (),
         )
-
-    def _count_dra(
-        self,
-        dra: NodeGPUs,
-        allocatable: dict[str, int],
-        requested: dict[str, int],
-        job_requests: dict[str, dict[str, int]],
-    ) -> None:
-        """Count a DRA node's GPUs once: its whole GPUs are the published devices and its
-        held GPUs those claims hold. A pod's own ``nvidia.com/gpu`` request on such a node is
-        served by a claim (the DeviceClass's ``extendedResourceName``), so it is not added
-        again."""
-        allocatable[GPU_RESOURCE] = dra.offered
-        _set(requested, GPU_RESOURCE, dra.held)
-        for uid in list(job_requests):
-            job_requests[uid].pop(GPU_RESOURCE, None)
-        for pod, gpus in dra.held_by_pod.items():
-            facts = self._pods.get(pod)
-            if facts is not None and facts.job_uid:
-                per_job = job_requests.setdefault(facts.job_uid, {})
-                per_job[GPU_RESOURCE] = per_job.get(GPU_RESOURCE, 0) + gpus
-        for uid in [u for u, r in job_requests.items() if not r]:
-            del job_requests[uid]
 
     def snapshot(self) -> list[NodeInventory]:
         """Every known node, sorted by name; clears the pending changes (a snapshot carries
