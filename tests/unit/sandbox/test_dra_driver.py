@@ -81,3 +81,10 @@ def test_mig_through_dra_is_refused_naming_the_field() -> None:
         dra_cluster(mig={"strategy": "mixed", "gpus": 1, "profiles": {"1g.23gb": 7}})
     assert "dra" in str(err.value)
     assert "MIG through DRA" in str(err.value)
+
+
+def test_the_kind_provider_applies_the_driver_objects_after_the_nodes() -> None:
+    from gpufed.sandbox.kind import kwok_nodes
+
+    docs = kwok_nodes(dra_cluster())
+    assert [d["kind"] for d in docs] == ["Node"] * 3 + ["DeviceClass"] * 2 + ["ResourceSlice"] * 2
