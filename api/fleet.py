@@ -251,6 +251,9 @@ class NodePoolSpec(_Model):
     ``racks_per_block``: racks per block label value (default: all racks of the pool in one
     block); ``mig``; ``taints`` and extra node ``labels``; ``cpu``/``memory`` (Kubernetes
     quantities per node, default 16 cores and 256Gi per GPU) and ``pods`` (max pods per node).
+    ``dra``: the pool's GPUs are published through DRA (ResourceSlices of ``gpu.nvidia.com``
+    with the driver's device names and attributes, by the sandbox's simulated driver) instead
+    of the ``nvidia.com/gpu`` extended resource; not with ``mig``.
     """
 
     name: str
@@ -265,6 +268,7 @@ class NodePoolSpec(_Model):
     cpu: str | None = None
     memory: str | None = None
     pods: int = 110
+    dra: bool = False
 
     @field_validator("name")
     @classmethod
@@ -317,6 +321,14 @@ class NodePoolSpec(_Model):
             )
         if self.mig is not None:
             issues.extend(_mig_issues(self.mig, self.gpu))
+            if self.dra:
+                issues.append(
+                    FleetIssue(
+                        "dra",
+                        "MIG through DRA is not simulated (gpufed reads whole GPUs only); "
+                        "remove mig, or dra",
+                    )
+                )
         for key, value in self.labels.items():
             if key.startswith("nvidia.com/") or key in (HOSTNAME_LABEL, NODE_POOL_LABEL):
                 issues.append(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from gpufed.api.gpus import compute_capability_of_family, mig_profile_memory_mib
-from gpufed.api.inventory import Taint
+from gpufed.api.inventory import DeviceGroup, Taint
 from gpufed.api.labels import (
     DEFAULT_BLOCK_LABEL,
     DEFAULT_RACK_LABEL,
@@ -45,6 +45,8 @@ class NodeSpec(BaseModel):
     :data:`DEFAULT_BLOCK_LABEL`), ``nvidia.com/gpu.clique`` for multi-node NVLink domains, the
     pool's extra labels and :data:`NODE_POOL_LABEL`. ``taints``: ``spec.taints``.
     ``capacity``/``allocatable``: Kubernetes quantity strings as on ``Node.status``.
+    ``dra_gpus``: whole GPUs the node publishes through DRA (a ``dra: true`` pool; they are then
+    not in ``capacity``/``allocatable``), 0 otherwise; :func:`dra_group` says what kind.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -56,6 +58,7 @@ class NodeSpec(BaseModel):
     taints: tuple[Taint, ...] = ()
     capacity: dict[str, str]
     allocatable: dict[str, str]
+    dra_gpus: int = 0
 
 
 def _node_name(cluster: str, pool: str, index: int, pool_size: int) -> str:
@@ -105,7 +108,8 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
                 GPU_MEMORY_LABEL: str(gpu.resolved_memory_mib),
             }
         )
-        resources[GPU_RESOURCE] = str(gpu.count)
+        if not pool.dra:
+            resources[GPU_RESOURCE] = str(gpu.count)
     elif mig.strategy == "single":
         # GFD single strategy: the MIG devices are published as nvidia.com/gpu and the product
         # label names the profile, e.g. NVIDIA-A100-SXM4-80GB-MIG-1g.10gb.
@@ -155,7 +159,44 @@ def _pool_nodes(cluster: ClusterSpec, pool: NodePoolSpec) -> Iterator[NodeSpec]:
             taints=pool.taints,
             capacity=dict(resources),
             allocatable=dict(resources),
+            dra_gpus=gpu.count if pool.dra else 0,
         )
+
+
+def dra_product_name(product: str) -> str:
+    """The NVML name the simulated DRA driver publishes as ``productName`` for a GFD product
+    label: dashes back to spaces (``NVIDIA-H100-80GB-HBM3`` -> ``NVIDIA H100 80GB HBM3``), which
+    :func:`gpufed.api.gpus.gfd_product_name` turns back into the label."""
+    return product.replace("-", " ")
+
+
+def dra_group(spec: NodeSpec) -> DeviceGroup | None:
+    """The kind of the node's DRA GPUs, idle, as the agent reports what the sandbox's simulated
+    driver publishes for it (the simulator places on this); None without DRA GPUs."""
+    if not spec.dra_gpus:
+        return None
+    family = spec.labels.get(GPU_FAMILY_LABEL, "undefined")
+    return DeviceGroup(
+        count=spec.dra_gpus,
+        attributes={
+            "type": "gpu",
+            "productName": dra_product_name(spec.labels[GPU_PRODUCT_LABEL]),
+            "brand": "Nvidia",
+            "architecture": family.capitalize(),
+        },
+        versions={
+            "cudaComputeCapability": f"{spec.labels['nvidia.com/gpu.compute.major']}."
+            f"{spec.labels['nvidia.com/gpu.compute.minor']}.0",
+            "driverVersion": SIMULATED_DRIVER_VERSION,
+            "cudaDriverVersion": SIMULATED_CUDA_VERSION,
+        },
+        capacity={"memory": int(spec.labels[GPU_MEMORY_LABEL]) * 2**20},
+    )
+
+
+#: Versions the simulated DRA driver publishes (a 580 driver, CUDA 13).
+SIMULATED_DRIVER_VERSION = "580.82.7"
+SIMULATED_CUDA_VERSION = "13.0.0"
 
 
 def node_specs(cluster: ClusterSpec) -> list[NodeSpec]:

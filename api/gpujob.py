@@ -299,8 +299,10 @@ class GPUJobSpec(CRDModel):
     ``template``: the workload exactly as it would be applied to a cluster: a ``batch/v1``
     Job, a ``jobset.x-k8s.io/v1alpha2`` JobSet, a ``kubeflow.org/v1`` PyTorchJob, a
     ``ray.io/v1`` RayJob, a ``kubeflow.org/v2beta1`` MPIJob, or ``apiVersion: v1, kind: List``
-    with ``items`` (the workload plus its ConfigMaps, Secrets, Services). GPU needs are
-    derived from it (pod sets, docs/design.md §4). ``placement`` constrains where it may run.
+    with ``items`` (the workload plus its ConfigMaps, Secrets, Services, and the
+    ``resource.k8s.io/v1`` ResourceClaimTemplates its pods claim GPUs through). GPU needs are
+    derived from it (pod sets, docs/design.md §4; DRA claims: docs/placement.md "DRA and
+    ComputeDomains"). ``placement`` constrains where it may run.
     ``checkpoint`` (optional) declares how often it checkpoints. The spec is immutable once created: the job may already run in a member.
     """
 
@@ -323,7 +325,9 @@ class GPUJobSpec(CRDModel):
                     "type": "array",
                     "maxItems": 64,
                     "description": "With `kind: List`: the manifests to apply together (at "
-                    "most 64), e.g. a JobSet and the ConfigMap it mounts.",
+                    "most 64), e.g. a JobSet and the ConfigMap it mounts, or a Job and the "
+                    "ResourceClaimTemplates (resource.k8s.io/v1, device class gpu.nvidia.com) "
+                    "its pods claim GPUs through; gpufed creates them in the member with it.",
                     "items": {
                         "type": "object",
                         "x-kubernetes-embedded-resource": True,

@@ -31,6 +31,7 @@ __all__ = [
     "UnknownGPUError",
     "compute_capability_of_family",
     "family_from_product",
+    "gfd_product_name",
     "mig_profile_memory_mib",
     "resolve_gpu_name",
     "resolve_gpu_products",
@@ -142,6 +143,17 @@ _FAMILY_COMPUTE = {
     "hopper": (9, 0),
     "blackwell": (10, 0),
 }
+
+
+_GFD_DROPPED = re.compile(r"[^A-Za-z0-9\-_. ]")
+
+
+def gfd_product_name(name: str) -> str:
+    """The ``nvidia.com/gpu.product`` label GFD writes for an NVML device name, as the DRA
+    driver publishes it in the ``productName`` attribute (``NVIDIA H100 80GB HBM3`` ->
+    ``NVIDIA-H100-80GB-HBM3``): characters outside ``[A-Za-z0-9-_. ]`` dropped, spaces turned
+    into ``-`` (GFD ``internal/lm/resource.go`` ``sanitise``). Idempotent on label values."""
+    return _GFD_DROPPED.sub("", name).replace(" ", "-")
 
 
 def family_from_product(product: str) -> str | None:

@@ -55,6 +55,9 @@ MAX_NODE_RESOURCES = 256
 MAX_NODE_JOBS = 1024
 #: Largest amount of any resource (Kubernetes' int64).
 MAX_AMOUNT = 2**63 - 1
+#: Most DRA device groups per node, and attributes (versions, capacities) per group.
+MAX_DEVICE_GROUPS = 16
+MAX_GROUP_ATTRIBUTES = 32
 
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
@@ -140,6 +143,27 @@ def tolerates_all(tolerations: Iterable[Toleration], taints: Iterable[Taint]) ->
     )
 
 
+class DeviceGroup(_Frozen):
+    """Whole GPUs of one node that NVIDIA's DRA driver (``gpu.nvidia.com``) publishes in a
+    ResourceSlice with the same attributes and capacity; the agent groups a node's devices so
+    that a report grows with the kinds of GPU on a node, not with their number.
+
+    ``count``: devices of the group (``type: gpu`` devices of the pool's newest generation);
+    ``allocated``: how many of them ResourceClaims hold (``status.allocation``). Attributes
+    are those of :data:`gpufed.api.dra.KEPT_ATTRIBUTES` (per-device identities such as
+    ``uuid`` and ``pciBusID`` are not kept), keyed by their name without the driver's domain
+    (``productName``): ``attributes`` holds string, int and bool values, ``versions`` the
+    semantic versions (``driverVersion`` -> ``"580.82.7"``); ``capacity`` = canonical
+    integers (``memory`` in bytes).
+    """
+
+    count: int = Field(ge=1, le=MAX_DEVICES_PER_NODE)
+    allocated: int = Field(default=0, ge=0, le=MAX_DEVICES_PER_NODE)
+    attributes: dict[str, bool | int | str] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    capacity: dict[str, int] = Field(default_factory=dict)
+
+
 class NodeInventory(_Frozen):
     """One member node as placement sees it.
 
@@ -154,6 +178,13 @@ class NodeInventory(_Frozen):
     ``requested`` held by pods carrying the ``gpufed.io/job-uid`` label, by job UID (lets the
     reservation ledger see that a dispatched job's pods are bound). ``degraded`` carries the
     reason when the agent could not read the node fully (it then offers nothing).
+
+    ``dra_gpus``: the node's whole GPUs as NVIDIA's DRA driver publishes them (ResourceSlices
+    of ``gpu.nvidia.com``), empty for a node whose GPUs are the device plugin's extended
+    resource. On a DRA node ``allocatable[nvidia.com/gpu]`` is their count and
+    ``requested[nvidia.com/gpu]`` the ones ResourceClaims hold, so everything that counts GPUs
+    counts them once; only pods that claim GPUs through DRA can use them (placement keeps the
+    two kinds of node in separate pools).
     """
 
     name: str
@@ -170,6 +201,12 @@ class NodeInventory(_Frozen):
     requested: dict[str, int] = Field(default_factory=dict)
     job_requests: dict[str, dict[str, int]] = Field(default_factory=dict)
     degraded: str | None = None
+    dra_gpus: tuple[DeviceGroup, ...] = ()
+
+    @property
+    def gpus_via_dra(self) -> bool:
+        """True when the node's GPUs are claimed through DRA (it publishes ResourceSlices)."""
+        return bool(self.dra_gpus)
 
     @property
     def offers_capacity(self) -> bool:
@@ -308,6 +345,7 @@ def node_from_labels(
     labels: Mapping[str, str],
     *,
     topology: TopologyLabels | None = None,
+    gpu_product: str | None = None,
     **fields: Any,
 ) -> NodeInventory:
     """A :class:`NodeInventory` whose label-derived fields come from the Node's labels.
@@ -316,7 +354,9 @@ def node_from_labels(
     ("none" when absent or not a known strategy — callers that must flag odd values check
     :data:`MIG_STRATEGIES` themselves); ``nvlink_domain`` = the clique or the node
     (:func:`nvlink_domain_id`); ``rack`` / ``block`` = the configured topology labels.
-    ``fields`` sets everything else (``ready``, ``taints``, ``allocatable``, ``requested`` …).
+    ``gpu_product``: the product when the node has no ``nvidia.com/gpu.product`` label (a DRA
+    node's devices name it). ``fields`` sets everything else (``ready``, ``taints``,
+    ``allocatable``, ``requested`` …).
     The one place that reads these labels, for the agent, the sandbox and the simulator.
     """
     keys = topology or TopologyLabels()
@@ -324,7 +364,7 @@ def node_from_labels(
     return NodeInventory(
         name=name,
         labels=dict(labels),
-        gpu_product=labels.get(GPU_PRODUCT_LABEL) or None,
+        gpu_product=labels.get(GPU_PRODUCT_LABEL) or gpu_product or None,
         mig_strategy=mig if mig in MIG_STRATEGIES else "none",
         nvlink_domain=nvlink_domain_id(name, labels, keys.clique),
         rack=labels.get(keys.rack) or None,

@@ -84,6 +84,12 @@ GPU_FAMILY_LABEL: Final = "nvidia.com/gpu.family"
 GPU_CLIQUE_LABEL: Final = "nvidia.com/gpu.clique"
 MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"  # none | single | mixed
 
+# --- NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu) --------------------------------
+#: Driver (and DeviceClass) of whole GPUs and MIG devices in ResourceSlices.
+DRA_GPU_DRIVER: Final = "gpu.nvidia.com"
+#: DeviceClass of MIG devices published through DRA.
+DRA_MIG_CLASS: Final = "mig.nvidia.com"
+
 # --- Kubernetes well-known keys ------------------------------------------------------------------
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 

@@ -81,6 +81,12 @@ class PodSet(_Frozen):
     ``requests``: per-pod effective request in canonical units
     (:func:`gpufed.api.resources.pod_requests`). ``node_selector`` / ``tolerations``: from the
     pod template (``spec.nodeSelector``, ``spec.tolerations``).
+
+    ``claim_selectors``: None when the pods' GPUs (if any) are the ``nvidia.com/gpu`` extended
+    resource; when they claim their GPUs through DRA (ResourceClaimTemplates of the
+    ``gpu.nvidia.com`` class, counted into ``requests[nvidia.com/gpu]``), the CEL expressions
+    every claimed device must satisfy (sorted, de-duplicated; empty when none):
+    such pods go only to nodes that publish their GPUs through DRA, and those only to them.
     """
 
     name: str = Field(default="main", min_length=1)
@@ -88,6 +94,7 @@ class PodSet(_Frozen):
     requests: dict[str, int] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    claim_selectors: tuple[str, ...] | None = None
 
     @field_validator("requests")
     @classmethod

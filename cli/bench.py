@@ -43,11 +43,19 @@ def placement(
         "higher-priority jobs, each decision place() then plan_preemption(); prints both "
         "runs side by side (no_preemption, with_preemption) and the p99 ratio.",
     ),
+    dra: bool = typer.Option(
+        False,
+        "--dra",
+        help="Also run with every other rack of the HGX members publishing its GPUs through "
+        "DRA and 40% of "
+        "the HGX jobs claiming through DRA (half with a CEL selector); prints both runs side "
+        "by side (no_dra, with_dra) and the p99 ratio.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
 ) -> None:
     """Time place() over a seeded synthetic fleet (mixed HGX / NVL72, 50-80% occupied)."""
-    if preemption and queues:
-        raise typer.BadParameter("use one of --preemption and --queues at a time")
+    if sum((preemption, bool(queues), dra)) > 1:
+        raise typer.BadParameter("use one of --preemption, --queues and --dra at a time")
     result = run_placement_bench(clusters, nodes_per_cluster, decisions, seed, window=window)
     if preemption:
         with_p = run_preemption_bench(clusters, nodes_per_cluster, decisions, seed)
@@ -57,6 +65,11 @@ def placement(
             clusters, nodes_per_cluster, decisions, seed, window=window, queues=queues
         )
         result = _side_by_side("queues", result, with_q)
+    if dra:
+        with_dra = run_placement_bench(
+            clusters, nodes_per_cluster, decisions, seed, window=window, dra=True
+        )
+        result = _side_by_side("dra", result, with_dra)
     if as_json:
         typer.echo(json.dumps(result))
         return

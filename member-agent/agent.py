@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from gpufed.agent.config import AgentConfig
+from gpufed.agent.dra import ClaimHandler, SliceHandler
 from gpufed.agent.held import EpochGuard
 from gpufed.agent.hub_stream import HubStream
 from gpufed.agent.informer import Informer
@@ -40,6 +41,28 @@ log = structlog.get_logger("gpufed.agent")
 
 #: Pods that hold resources: the inventory watch skips finished pods at the server.
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+#: Where GPUs claimed through DRA are read (Kubernetes 1.34+).
+RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+async def serves_dra(api: MemberApi) -> bool:
+    """Whether the member serves ResourceSlices and ResourceClaims in ``resource.k8s.io/v1``;
+    False (with a warning) when discovery fails, so a member without DRA is read as before."""
+    try:
+        resources = await api.resources_of("resource.k8s.io/v1")
+    except Exception as exc:
+        log.warning("agent.dra.discovery_failed", error=(str(exc).splitlines() or [repr(exc)])[0])
+        return False
+    return {"ResourceSlice", "ResourceClaim"} <= resources.keys()
+
+
+def dra_informers(api: MemberApi, state: InventoryState, **kw: Any) -> list[Informer]:
+    """List + watch of the member's ResourceSlices and ResourceClaims into ``state.dra``."""
+    return [
+        Informer(api, RESOURCE_SLICES, SliceHandler(state.dra), name="resourceslices", **kw),
+        Informer(api, RESOURCE_CLAIMS, ClaimHandler(state.dra), name="resourceclaims", **kw),
+    ]
 
 
 def _log_degraded(node: str, reason: str) -> None:
@@ -101,10 +124,16 @@ class Agent:
             served_kinds=self.served_kinds,
             metrics=self.metrics,
             cluster_uid=self.cluster_uid,
-            member_api_error=lambda: self.node_informer.failing or self.pod_informer.failing,
+            member_api_error=lambda: (
+                self.node_informer.failing
+                or self.pod_informer.failing
+                or next((i.failing for i in self.dra_informers if i.failing), "")
+            ),
         )
         self.work.set_ack(self.hub.send_ack)
         self.status.set_send(self.hub.send_status)
+        #: ResourceSlice and ResourceClaim informers, started when the member serves DRA
+        self.dra_informers: list[Informer] = []
         self.health_port: int | None = None
         self._served: list[str] = []
         self._cluster_uid = ""
@@ -144,6 +173,7 @@ class Agent:
         return (
             self.node_informer.synced.is_set()
             and self.pod_informer.synced.is_set()
+            and all(i.synced.is_set() for i in self.dra_informers)
             and self.hub.welcomed.is_set()
         )
 
@@ -163,15 +193,30 @@ class Agent:
                 self.health_port = int(addrs[0][1]) if addrs else None
             tasks.append(asyncio.create_task(self.node_informer.run(), name="informer:nodes"))
             tasks.append(asyncio.create_task(self.pod_informer.run(), name="informer:pods"))
+            if await serves_dra(self.api):
+                self.dra_informers = dra_informers(
+                    self.api, self.inventory, on_event=self.metrics.watch_event
+                )
+                for informer in self.dra_informers:
+                    tasks.append(
+                        asyncio.create_task(informer.run(), name=f"informer:{informer.name}")
+                    )
             log.info(
                 "agent.started",
                 cluster=self.config.cluster,
                 member=self.api.server,
                 hub=self.config.hub,
             )
-            await asyncio.gather(self.node_informer.synced.wait(), self.pod_informer.synced.wait())
+            await asyncio.gather(
+                self.node_informer.synced.wait(),
+                self.pod_informer.synced.wait(),
+                *(i.synced.wait() for i in self.dra_informers),
+            )
             log.info(
-                "inventory.synced", nodes=self.inventory.node_count, pods=self.inventory.pod_count
+                "inventory.synced",
+                nodes=self.inventory.node_count,
+                pods=self.inventory.pod_count,
+                dra_nodes=len(self.inventory.dra.nodes()),
             )
             tasks.append(asyncio.create_task(self.status.run(), name="status"))
             tasks.append(asyncio.create_task(self.hub.run(), name="hub"))
@@ -193,14 +238,18 @@ class Agent:
 async def read_inventory(
     api: MemberApi, topology: TopologyLabels | None = None
 ) -> list[NodeInventory]:
-    """List Nodes and unfinished Pods once and build the inventory the agent would report."""
+    """List Nodes, unfinished Pods and (where served) ResourceSlices and ResourceClaims once
+    and build the inventory the agent would report."""
     state = InventoryState(topology, log_degraded=_log_degraded)
-    for informer in (
+    informers = [
         Informer(api, "/api/v1/nodes", NodeHandler(state), name="nodes"),
         Informer(
             api, "/api/v1/pods", PodHandler(state), name="pods", field_selector=UNFINISHED_PODS
         ),
-    ):
+    ]
+    if await serves_dra(api):
+        informers += dra_informers(api, state)
+    for informer in informers:
         await informer.relist()
     return state.snapshot()
 
@@ -219,7 +268,8 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
     """The JSON object of ``gpufed agent inventory --once --json``.
 
     ``{"cluster", "nodes": [{"name", "gpu_product", "nvlink_domain", "ready", "schedulable",
-    "taints", "allocatable", "requested", "free"}], "summary": {"gpus_total", "gpus_free"}}``;
+    "taints", "allocatable", "requested", "free", "gpus_via_dra"}], "summary": {"gpus_total",
+    "gpus_free"}}`` (``gpus_via_dra``: the node's GPUs are published through DRA);
     per-node maps go from resource name to a Kubernetes quantity string, except
     ``nvidia.com/gpu`` and MIG resources as integers; ``free`` = max(0, allocatable -
     requested) per allocatable resource; the summary maps GPU product to whole GPUs on Ready,
@@ -240,6 +290,7 @@ def inventory_report(cluster: str, nodes: Iterable[NodeInventory]) -> dict[str, 
                 "allocatable": _amounts(n.allocatable),
                 "requested": _amounts(n.requested),
                 "free": _amounts({r: n.free(r) for r in n.allocatable}),
+                "gpus_via_dra": n.gpus_via_dra,
             }
             for n in node_list
         ],

@@ -6,6 +6,12 @@ request, summed incrementally into ``requested`` per node (and per ``gpufed.io/j
 Raw API objects are reduced to these facts on arrival and dropped, so memory grows with the
 number of nodes and pods, not with the size of their manifests.
 
+A node whose GPUs NVIDIA's DRA driver publishes (ResourceSlices, :mod:`gpufed.agent.dra`,
+kept in :attr:`InventoryState.dra`) reports them as ``nvidia.com/gpu``: the devices offered as
+allocatable, the devices ResourceClaims hold as requested (and per job, through the pods the
+claims are reserved for), and the device groups in ``dra_gpus``; its pods' own
+``nvidia.com/gpu`` requests are not counted again.
+
 Fed by the informers of :mod:`gpufed.agent.informer` (list + watch), read by the hub stream
 (:mod:`gpufed.agent.hub_stream`: snapshot, then coalesced deltas) and by
 ``gpufed agent inventory --once``. Pure and synchronous: no I/O, no clock.
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
 
+from gpufed.agent.dra import DraState, count_once
 from gpufed.api.inventory import (
     MIG_STRATEGIES,
     NodeInventory,
@@ -256,6 +263,8 @@ class InventoryState:
         self._pod_relist: _Relist | None = None
         self._degraded_seen: dict[str, str] = {}
         self._degraded_conditions: frozenset[str] = frozenset()
+        #: GPUs published through DRA (ResourceSlices, ResourceClaims); see :meth:`node_inventory`
+        self.dra = DraState(on_node=self._touch)
 
     def set_degraded_conditions(self, types: Iterable[str]) -> None:
         """Node condition types that make a node degraded while True (from the hub's
@@ -398,9 +407,10 @@ class InventoryState:
         facts = self._nodes.get(name)
         if facts is None:
             return None
+        dra = self.dra.node_gpus(name)
         return NodeHealth(
             ready=facts.ready,
-            gpus=facts.allocatable.get(GPU_RESOURCE, 0),
+            gpus=dra.offered if dra is not None else facts.allocatable.get(GPU_RESOURCE, 0),
             not_ready_since=None if facts.ready else facts.ready_changed,
         )
 
@@ -417,6 +427,14 @@ class InventoryState:
             problems.append(bad_pods[key])
         if len(bad_pods) > _MAX_POD_REASONS:
             problems.append(f"and {len(bad_pods) - _MAX_POD_REASONS} more pods with bad requests")
+        allocatable = dict(facts.allocatable)
+        requested = dict(self._requested.get(name, {}))
+        job_requests = {uid: dict(r) for uid, r in self._job_requests.get(name, {}).items()}
+        dra = self.dra.node_gpus(name)
+        if dra is not None:
+            problems.extend(dra.problems)
+            job_of = {pod: f.job_uid for pod in dra.held_by_pod if (f := self._pods.get(pod))}
+            count_once(dra, job_of, allocatable, requested, job_requests)
         degraded = "; ".join(problems) or None
         if degraded != self._degraded_seen.get(name):  # log each new reason once
             if degraded is None:
@@ -432,10 +450,12 @@ class InventoryState:
             ready=facts.ready,
             unschedulable=facts.unschedulable,
             taints=facts.taints,
-            allocatable=dict(facts.allocatable),
-            requested=dict(self._requested.get(name, {})),
-            job_requests={uid: dict(r) for uid, r in self._job_requests.get(name, {}).items()},
+            allocatable=allocatable,
+            requested=requested,
+            job_requests=job_requests,
             degraded=degraded,
+            gpu_product=dra.product if dra is not None else None,
+            dra_gpus=dra.groups if dra is not None else (),
         )
 
     def snapshot(self) -> list[NodeInventory]:

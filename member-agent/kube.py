@@ -267,6 +267,11 @@ class MemberApi:
             self._resources[group_version] = infos
         return self._resources[group_version]
 
+    async def resources_of(self, group_version: str) -> dict[str, ResourceInfo]:
+        """The kinds a group version serves (``resource.k8s.io/v1``), by kind; empty when the
+        member does not serve the version. Cached until :meth:`forget_discovery`."""
+        return await self._resources_of(group_version)
+
     def forget_discovery(self) -> None:
         """Drop cached discovery (CRDs may have been installed or removed)."""
         self._resources.clear()

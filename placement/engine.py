@@ -66,13 +66,14 @@ _STAGE: Final = {
     "ClusterSelector": 2,
     "ClusterTaints": 3,
     "GPUProduct": 4,
-    "NodeTaints": 5,
-    QUOTA_PLUGIN: 6,
-    BACKFILL_PLUGIN: 7,
-    "ResourceFit": 8,
-    "TopologyFit": 9,
+    "DeviceSelectors": 5,
+    "NodeTaints": 6,
+    QUOTA_PLUGIN: 7,
+    BACKFILL_PLUGIN: 8,
+    "ResourceFit": 9,
+    "TopologyFit": 10,
 }
-_NO_POOL: Final = ("", False, ())
+_NO_POOL: Final = ("", False, (), ())
 _CODES: Final[dict[Code, RejectionCode]] = {
     Code.UNSCHEDULABLE: "Unschedulable",
     Code.UNRESOLVABLE: "UnschedulableAndUnresolvable",
@@ -257,7 +258,7 @@ def explain(
 def _keep(into: dict[str, Failure], cluster: str, failure: Failure) -> None:
     """Keep, per member, the failure from the latest stage (its most telling reason)."""
     prev = into.get(cluster)
-    if prev is None or _STAGE.get(failure[0], 10) > _STAGE.get(prev[0], 10):
+    if prev is None or _STAGE.get(failure[0], 11) > _STAGE.get(prev[0], 11):
         into[cluster] = failure
 
 
@@ -461,7 +462,7 @@ def _not_placed(
         outcome = Outcome.UNSCHEDULABLE
         closest = min(
             (r for r in rejections if r.code == Code.UNSCHEDULABLE.value),
-            key=lambda r: (-_STAGE.get(r.plugin, 10), r.cluster),
+            key=lambda r: (-_STAGE.get(r.plugin, 11), r.cluster),
         )
         message = (
             f"waiting: no member can hold {shape} now; closest: {closest.cluster} "
@@ -469,7 +470,7 @@ def _not_placed(
         )
     else:
         outcome = Outcome.REJECTED
-        first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 10), r.cluster))
+        first = min(rejections, key=lambda r: (-_STAGE.get(r.plugin, 11), r.cluster))
         # Which filters turned the members away: a product or selector mismatch on every
         # member must not read like a capacity problem of one of them.
         by_plugin = collections.Counter(r.plugin for r in rejections)

@@ -32,6 +32,7 @@ from sortedcontainers import SortedDict, SortedList
 
 from gpufed.api.inventory import NodeInventory, Taint
 from gpufed.api.labels import GPU_RESOURCE
+from gpufed.placement.devicecel import dra_kinds
 
 if TYPE_CHECKING:
     from gpufed.placement.member import ClusterState
@@ -39,8 +40,10 @@ if TYPE_CHECKING:
 #: Topology levels indexed per pool, finest first.
 LEVELS: Final = ("nvlink", "rack", "block")
 
-#: (product, MIG-single slices?, scheduling taints as sorted (key, value, effect) triples)
-PoolKey = tuple[str, bool, tuple[tuple[str, str, str], ...]]
+#: (product, MIG-single slices?, scheduling taints as sorted (key, value, effect) triples,
+#: DRA device kinds: :func:`~gpufed.placement.devicecel.group_json`
+#: of each group, empty for nodes whose GPUs are the extended resource)
+PoolKey = tuple[str, bool, tuple[tuple[str, str, str], ...], tuple[str, ...]]
 
 NodeEntry = tuple[bool, str, "NodeState"]
 #: a node's allocatable as sorted (resource, amount) pairs
@@ -121,6 +124,7 @@ class NodeState:
             and o.block == inv.block
             and o.taints == inv.taints
             and o.labels == inv.labels
+            and (not (o.dra_gpus or inv.dra_gpus) or dra_kinds(o) == dra_kinds(inv))
             and self.offers == (inv.ready and not inv.unschedulable and inv.degraded is None)
         )
 
@@ -177,6 +181,7 @@ class PoolState:
         "cap",
         "cluster",
         "counts",
+        "dra",
         "free",
         "gbuckets",
         "groups",
@@ -197,6 +202,8 @@ class PoolState:
         self.key = key
         self.product = key[0]
         self.slices = key[1]
+        #: the kinds of DRA GPU of the pool's nodes (empty: GPUs are the extended resource)
+        self.dra = key[3]
         self.taints = taints
         self.nodes: dict[str, NodeState] = {}
         #: nodes that are their own NVLink domain (HGX); the rest belong to a multi-node one

@@ -19,6 +19,7 @@ from sortedcontainers import SortedList
 
 from gpufed.api.inventory import ClusterHealth, NodeInventory, Taint
 from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
+from gpufed.placement.devicecel import dra_kinds
 from gpufed.placement.index import AllocShape, GroupState, NodeEntry, NodeState, PoolKey, PoolState
 from gpufed.placement.ledger import Ledger
 
@@ -229,5 +230,12 @@ def _taint_key(taints: Iterable[Taint]) -> tuple[tuple[str, str, str], ...]:
 
 
 def pool_key(inv: NodeInventory) -> PoolKey:
-    """The pool a node belongs to: (GPU product, MIG-single?, scheduling taints)."""
-    return (inv.gpu_product or "unknown", inv.mig_strategy == "single", _taint_key(inv.taints))
+    """The pool a node belongs to: (GPU product, MIG-single?, scheduling taints, kinds of DRA
+    GPU): nodes whose GPUs are claimed through DRA never share a pool with nodes of the
+    extended resource, whose pods could not use them."""
+    return (
+        inv.gpu_product or "unknown",
+        inv.mig_strategy == "single",
+        _taint_key(inv.taints),
+        dra_kinds(inv),
+    )

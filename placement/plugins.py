@@ -13,6 +13,9 @@ WorkloadKind          member    the member's API does not serve the job's worklo
 ClusterSelector       member    the member's labels do not match ``clusterSelector``
 ClusterTaints         member    the member carries a taint some pod set does not tolerate
 GPUProduct            pool      the pool's GPU product is not allowed (MIG-single slices only when named)
+DeviceSelectors       pool      a GPU pod set claims through DRA and the pool's GPUs are the extended
+                                resource, or the other way round, or a claim's CEL selectors reject the
+                                pool's DRA GPUs
 NodeTaints            pool      the pool's nodes carry a taint some GPU pod set does not tolerate
 ResourceFit           pool      the pool's free GPUs (histogram by node) cannot hold the pods
 TopologyFit           pool      no nodes / NVLink domain / rack / block hold every pod at once
@@ -21,7 +24,7 @@ TopologyFit           pool      no nodes / NVLink domain / rack / block hold eve
 The ``Quota`` filter (:class:`gpufed.placement.quota.JobQuota`, given to ``place()`` per job)
 judges each pool after NodeTaints: the job's queue cannot admit its GPUs of the pool's product.
 
-Member filters and the first two pool filters are *static*: they read only the job's constraints
+Member filters and the first three pool filters are *static*: they read only the job's constraints
 and the member's metadata, so ``place()`` memoises their results per fleet generation and runs
 them once per job shape, not once per decision. Scores (0-100 each, weighted mean):
 NVLinkBestFit, ResourceAllocation (binpack / spread), TopologyLocality.
@@ -36,6 +39,7 @@ from typing import ClassVar, Protocol
 
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.labels import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.placement.devicecel import matches
 from gpufed.placement.fit import Plan, plan
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.member import ClusterState
@@ -231,6 +235,52 @@ class GPUProduct:
         return SUCCESS
 
 
+class DeviceSelectors:
+    """How the pods get their GPUs must be how the pool's nodes offer them, and a claim's
+    device selectors must accept the pool's GPUs.
+
+    A pod that asks for ``nvidia.com/gpu`` cannot use GPUs a DRA driver publishes (unless the
+    DeviceClass maps the extended resource, not read yet), and a pod that claims GPUs
+    through DRA cannot use the device plugin's; the selectors (CEL,
+    :mod:`gpufed.placement.devicecel`) must hold for every kind of GPU the pool's nodes have.
+    """
+
+    name: ClassVar[str] = "DeviceSelectors"
+    static: ClassVar[bool] = True
+
+    def filter(
+        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
+    ) -> Status:
+        for s in job.gpu_sets:
+            if s.claim_selectors is None:
+                if pool.dra:
+                    return Status(
+                        Code.UNRESOLVABLE,
+                        f"{pool.product} nodes publish their GPUs through DRA; pod set {s.name} "
+                        "asks for nvidia.com/gpu (claim them with a ResourceClaimTemplate of "
+                        "device class gpu.nvidia.com)",
+                    )
+                continue
+            if not pool.dra:
+                return Status(
+                    Code.UNRESOLVABLE,
+                    f"{pool.product} nodes offer GPUs as nvidia.com/gpu, not through DRA; pod "
+                    f"set {s.name} claims its GPUs through DRA",
+                )
+            for expr in s.claim_selectors:
+                if not all(matches((expr,), kind) for kind in pool.dra):
+                    return Status(
+                        Code.UNRESOLVABLE,
+                        f"pod set {s.name}: selector {_short(expr)} rejects the {pool.product} "
+                        "GPUs",
+                    )
+        return SUCCESS
+
+
+def _short(expr: str) -> str:
+    return repr(expr) if len(expr) <= 120 else repr(expr[:100] + "…")
+
+
 class NodeTaints:
     """The pool's node taints must be tolerated by every GPU pod set."""
 
@@ -403,7 +453,12 @@ class Plugins:
 def plugins_for(policy: Policy) -> Plugins:
     """The plugins of ``policy`` (weights from ``policy.weights``), built once per policy."""
     w = policy.weights
-    pool_filters: tuple[PoolFilter, ...] = (GPUProduct(), NodeTaints(), ResourceFit())
+    pool_filters: tuple[PoolFilter, ...] = (
+        GPUProduct(),
+        DeviceSelectors(),
+        NodeTaints(),
+        ResourceFit(),
+    )
     return Plugins(
         cluster_filters=(Health(), WorkloadKind(), ClusterSelector(), ClusterTaints()),
         pool_filters=pool_filters,

@@ -160,7 +160,7 @@ class RunningIndex:
         keeps the index across decisions: no decision pays for it)."""
         for name in list(self._members):
             for level in levels:
-                self.blocks(name, level, ("", False, ()))
+                self.blocks(name, level, ("", False, (), ()))
 
     def blocks(self, cluster: str, level: str, pool: PoolKey) -> Iterable[BlockRuns]:
         """The blocks at ``level`` (one of :data:`LEVELS`) of one pool of ``cluster`` that run

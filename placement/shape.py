@@ -37,6 +37,8 @@ class PodSetShape:
     extended: tuple[str, ...]
     selector: tuple[tuple[str, str], ...]
     tolerations: tuple[Toleration, ...]
+    #: None: GPUs through the extended resource; else through DRA claims, with these selectors
+    claim_selectors: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class JobShape:
                     extended=tuple(r for r, _ in other if is_extended_resource(r)),
                     selector=tuple(sorted(ps.node_selector.items())),
                     tolerations=ps.tolerations,
+                    claim_selectors=ps.claim_selectors,
                 )
             )
         gpu_sets = tuple(sorted((s for s in sets if s.gpus > 0), key=lambda s: (-s.gpus, s.index)))
@@ -122,7 +125,9 @@ class JobShape:
             products,
             sel_key,
             request.workload_kind,
-            tuple((s.gpus > 0, s.tolerations, s.selector, s.extended) for s in sets),
+            tuple(
+                (s.gpus > 0, s.tolerations, s.selector, s.extended, s.claim_selectors) for s in sets
+            ),
         )
         return cls(
             request=request,

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gpufed.api.inventory import NodeInventory, Taint, node_from_labels, summarize
-from gpufed.api.labels import is_mig_resource
+from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
 from gpufed.api.resources import resource_list
 from gpufed.sandbox.kube import node_is_ready
 
@@ -40,13 +40,18 @@ class ClusterGPUs(BaseModel):
     taints: list[str] = Field(default_factory=list)
 
 
-def node_inventory(node: dict[str, Any]) -> NodeInventory:
+def node_inventory(node: dict[str, Any], dra_gpus: int = 0) -> NodeInventory:
     """A Node (JSON as served by the API) as :class:`NodeInventory`, with nothing requested
-    (the sandbox does not sum pods; the agent does)."""
+    (the sandbox does not sum pods; the agent does); ``dra_gpus``: whole GPUs its
+    ResourceSlices publish (:func:`gpufed.sandbox.kube.dra_gpus_by_node`), counted as
+    ``nvidia.com/gpu``."""
     meta = node.get("metadata", {})
     spec = node.get("spec", {})
     status = node.get("status", {})
     name = meta["name"]
+    allocatable = resource_list(status.get("allocatable"), field=f"node {name} allocatable")
+    if dra_gpus:
+        allocatable[GPU_RESOURCE] = dra_gpus
     return node_from_labels(
         name,
         meta.get("labels") or {},
@@ -57,13 +62,17 @@ def node_inventory(node: dict[str, Any]) -> NodeInventory:
             for t in spec.get("taints") or []
             if t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute")
         ),
-        allocatable=resource_list(status.get("allocatable"), field=f"node {name} allocatable"),
+        allocatable=allocatable,
     )
 
 
-def cluster_gpus(cluster: str, nodes: list[dict[str, Any]]) -> ClusterGPUs:
-    """Summarise raw Nodes of one cluster (see :class:`ClusterGPUs`)."""
-    inv = [node_inventory(n) for n in nodes]
+def cluster_gpus(
+    cluster: str, nodes: list[dict[str, Any]], dra: dict[str, int] | None = None
+) -> ClusterGPUs:
+    """Summarise raw Nodes of one cluster (see :class:`ClusterGPUs`); ``dra``: node name ->
+    whole GPUs published through DRA."""
+    dra = dra or {}
+    inv = [node_inventory(n, dra.get(n["metadata"]["name"], 0)) for n in nodes]
     summary = summarize(inv)
     mig: Counter[str] = Counter()
     domains: Counter[str] = Counter()

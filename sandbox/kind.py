@@ -26,6 +26,7 @@ import yaml
 from gpufed.api.fleet import HUB_CLUSTER_NAME, ClusterSpec, FleetSpec, node_specs
 from gpufed.sandbox.binaries import K8S_VERSION, KWOK_VERSION
 from gpufed.sandbox.components import KWOK_STAGES
+from gpufed.sandbox.dradriver import device_classes, node_slice
 from gpufed.sandbox.nodes import node_manifest
 from gpufed.sandbox.scheduler import scheduler_configuration
 from gpufed.sandbox.state import SandboxError
@@ -96,8 +97,12 @@ def stage_manifests() -> list[dict[str, Any]]:
 
 
 def kwok_nodes(cluster: ClusterSpec) -> list[dict[str, Any]]:
-    """The cluster's kwok Node manifests (labels, taints, capacity, ``kwok.x-k8s.io/node``)."""
-    return [node_manifest(s) for s in node_specs(cluster)]
+    """The cluster's kwok Node manifests (labels, taints, capacity, ``kwok.x-k8s.io/node``),
+    followed, when it has ``dra: true`` pools, by what the simulated DRA driver publishes
+    (:mod:`gpufed.sandbox.dradriver`: the DeviceClasses and one ResourceSlice per DRA node)."""
+    specs = node_specs(cluster)
+    slices = [s for s in (node_slice(spec) for spec in specs) if s is not None]
+    return [node_manifest(s) for s in specs] + (device_classes() + slices if slices else [])
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from gpufed.api.labels import DRA_GPU_DRIVER
 
 
 def api_client(kubeconfig: str | Path, context: str, *, pool_size: int = 8) -> k8s.ApiClient:
@@ -34,6 +37,44 @@ def list_nodes_raw(api: k8s.ApiClient, *, timeout_s: float = 30.0) -> list[dict[
     resp: Any = k8s.CoreV1Api(api).list_node(_preload_content=False, _request_timeout=timeout_s)
     items: list[dict[str, Any]] = json.loads(resp.data)["items"]
     return items
+
+
+def dra_gpus_by_node(api: k8s.ApiClient, *, timeout_s: float = 30.0) -> dict[str, int]:
+    """Node name -> whole GPUs (``type: gpu`` devices) its ResourceSlices of driver
+    ``gpu.nvidia.com`` publish, newest pool generation only; empty when the API server does
+    not serve ``resource.k8s.io/v1``."""
+    try:
+        resp: Any = k8s.CustomObjectsApi(api).list_cluster_custom_object(
+            "resource.k8s.io",
+            "v1",
+            "resourceslices",
+            _preload_content=False,
+            _request_timeout=timeout_s,
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    slices = [
+        s for s in json.loads(resp.data)["items"] if s["spec"].get("driver") == DRA_GPU_DRIVER
+    ]
+    newest: dict[str, int] = {}
+    for s in slices:
+        pool = s["spec"]["pool"]
+        newest[pool["name"]] = max(newest.get(pool["name"], 0), int(pool.get("generation", 0)))
+    out: dict[str, int] = {}
+    for s in slices:
+        spec = s["spec"]
+        node = spec.get("nodeName")
+        if not node or int(spec["pool"].get("generation", 0)) != newest[spec["pool"]["name"]]:
+            continue
+        whole = sum(
+            1
+            for d in spec.get("devices") or []
+            if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu"
+        )
+        out[node] = out.get(node, 0) + whole
+    return out
 
 
 def node_is_ready(node: dict[str, Any]) -> bool:

@@ -40,10 +40,11 @@ from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
 from gpufed.sandbox import components, controlplane, identities
+from gpufed.sandbox import dradriver as dra_driver
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions
 from gpufed.sandbox.inventory import ClusterGPUs, cluster_gpus
-from gpufed.sandbox.kube import list_nodes_raw, node_is_ready
+from gpufed.sandbox.kube import dra_gpus_by_node, list_nodes_raw, node_is_ready
 from gpufed.sandbox.nodes import create_nodes, node_manifest
 from gpufed.sandbox.pki import create_pki, load_pki
 from gpufed.sandbox.state import (
@@ -344,7 +345,9 @@ class Sandbox:
         for cluster in fleet.clusters:
             specs = node_specs(cluster)
             total += len(specs)
-            create_nodes(info.api_client(cluster.name, pool_size=16), specs)
+            client = info.api_client(cluster.name, pool_size=16)
+            create_nodes(client, specs)
+            dra_driver.publish(client, specs)  # the simulated DRA driver (dra: true pools)
         created = f"{total} node{'' if total == 1 else 's'} created"
         say(f"  {created:<44} in {time.monotonic() - t0:5.1f}s")
         t0 = time.monotonic()
@@ -500,7 +503,8 @@ class Sandbox:
             gpus = None
             if reachable and with_nodes and ep.role == "member":
                 with contextlib.suppress(ApiException, HTTPError, OSError):
-                    gpus = cluster_gpus(ep.name, list_nodes_raw(info.api_client(ep.name)))
+                    api = info.api_client(ep.name)
+                    gpus = cluster_gpus(ep.name, list_nodes_raw(api), dra_gpus_by_node(api))
             clusters.append(
                 ClusterStatus(
                     name=ep.name, role=ep.role, server=ep.server, reachable=reachable, gpus=gpus
@@ -525,4 +529,8 @@ class Sandbox:
     def inventory(self) -> list[ClusterGPUs]:
         """GPU inventory of every member, read from its API server's Nodes."""
         info = self.info()
-        return [cluster_gpus(m, list_nodes_raw(info.api_client(m))) for m in info.members]
+        return [
+            cluster_gpus(m, list_nodes_raw(api), dra_gpus_by_node(api))
+            for m in info.members
+            for api in (info.api_client(m),)
+        ]

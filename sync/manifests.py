@@ -105,6 +105,7 @@ DEFAULT_ALLOWED_KINDS: frozenset[str] = frozenset(
         "ConfigMap",
         "Secret",
         "Service",
+        "ResourceClaimTemplate.resource.k8s.io",
     }
 )
 _SERVER_METADATA = (

@@ -365,6 +365,7 @@ class Node(_message.Message):
     REQUESTED_FIELD_NUMBER: _builtins.int
     JOB_REQUESTS_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
+    DRA_GPUS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_product: _builtins.str
     """nvidia.com/gpu.product ("" when absent)"""
@@ -390,6 +391,10 @@ class Node(_message.Message):
     def job_requests(self) -> _containers.MessageMap[_builtins.str, Global___ResourceAmounts]:
         """gpufed.io/job-uid -> requested by its pods"""
 
+    @_builtins.property
+    def dra_gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceGroup]:
+        """whole GPUs published through DRA (empty: extended resource)"""
+
     def __init__(
         self,
         *,
@@ -407,14 +412,120 @@ class Node(_message.Message):
         requested: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         job_requests: _abc.Mapping[_builtins.str, Global___ResourceAmounts] | None = ...,
         degraded: _builtins.str = ...,
+        dra_gpus: _abc.Iterable[Global___DeviceGroup] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "block", b"block", "degraded", b"degraded", "gpu_product", b"gpu_product", "job_requests", b"job_requests", "labels", b"labels", "mig_strategy", b"mig_strategy", "name", b"name", "nvlink_domain", b"nvlink_domain", "rack", b"rack", "ready", b"ready", "requested", b"requested", "taints", b"taints", "unschedulable", b"unschedulable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "block", b"block", "degraded", b"degraded", "dra_gpus", b"dra_gpus", "gpu_product", b"gpu_product", "job_requests", b"job_requests", "labels", b"labels", "mig_strategy", b"mig_strategy", "name", b"name", "nvlink_domain", b"nvlink_domain", "rack", b"rack", "ready", b"ready", "requested", b"requested", "taints", b"taints", "unschedulable", b"unschedulable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
+
+@_typing.final
+class DeviceAttribute(_message.Message):
+    """A typed DRA device attribute value (ResourceSlice devices[].attributes)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STRING_FIELD_NUMBER: _builtins.int
+    INT_FIELD_NUMBER: _builtins.int
+    BOOL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    string: _builtins.str
+    int: _builtins.int
+    bool: _builtins.bool
+    version: _builtins.str
+    def __init__(
+        self,
+        *,
+        string: _builtins.str = ...,
+        int: _builtins.int = ...,
+        bool: _builtins.bool = ...,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bool", b"bool", "int", b"int", "string", b"string", "value", b"value", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bool", b"bool", "int", b"int", "string", b"string", "value", b"value", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["string", "int", "bool", "version"]  # noqa: Y015
+    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+
+Global___DeviceAttribute: _TypeAlias = DeviceAttribute  # noqa: Y015
+
+@_typing.final
+class DeviceGroup(_message.Message):
+    """Whole GPUs of one node with the same attributes, as gpufed.api.inventory.DeviceGroup."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AttributesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___DeviceAttribute: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___DeviceAttribute | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CapacityEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    ALLOCATED_FIELD_NUMBER: _builtins.int
+    ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    allocated: _builtins.int
+    @_builtins.property
+    def attributes(self) -> _containers.MessageMap[_builtins.str, Global___DeviceAttribute]: ...
+    @_builtins.property
+    def capacity(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        allocated: _builtins.int = ...,
+        attributes: _abc.Mapping[_builtins.str, Global___DeviceAttribute] | None = ...,
+        capacity: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "attributes", b"attributes", "capacity", b"capacity", "count", b"count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceGroup: _TypeAlias = DeviceGroup  # noqa: Y015
 
 @_typing.final
 class InventorySnapshot(_message.Message):

@@ -21,11 +21,14 @@ from gpufed.api.bounds import MAX_HELD_JOBS
 from gpufed.api.errors import PermanentError
 from gpufed.api.inventory import (
     MAX_AMOUNT,
+    MAX_DEVICE_GROUPS,
     MAX_DEVICES_PER_NODE,
+    MAX_GROUP_ATTRIBUTES,
     MAX_NODE_JOBS,
     MAX_NODE_LABELS,
     MAX_NODE_RESOURCES,
     MAX_NODE_TAINTS,
+    DeviceGroup,
     NodeInventory,
     Taint,
     is_dns1123_subdomain,
@@ -126,7 +129,37 @@ def node_to_pb(node: NodeInventory) -> pb.Node:
     )
     for uid, amounts in node.job_requests.items():
         msg.job_requests[uid].amounts.update(amounts)
+    for group in node.dra_gpus:
+        g = msg.dra_gpus.add(count=group.count, allocated=group.allocated)
+        for name, value in group.attributes.items():
+            if isinstance(value, bool):
+                g.attributes[name].bool = value
+            elif isinstance(value, int):
+                g.attributes[name].int = value
+            else:
+                g.attributes[name].string = value
+        for name, version in group.versions.items():
+            g.attributes[name].version = version
+        g.capacity.update(group.capacity)
     return msg
+
+
+def _group_from_pb(g: pb.DeviceGroup) -> DeviceGroup:
+    attributes: dict[str, bool | int | str] = {}
+    versions: dict[str, str] = {}
+    for name, a in g.attributes.items():
+        kind = a.WhichOneof("value")
+        if kind == "version":
+            versions[name] = a.version
+        elif kind is not None:
+            attributes[name] = getattr(a, kind)
+    return DeviceGroup(
+        count=g.count,
+        allocated=g.allocated,
+        attributes=attributes,
+        versions=versions,
+        capacity=dict(g.capacity),
+    )
 
 
 def node_from_pb(msg: pb.Node) -> NodeInventory:
@@ -159,6 +192,7 @@ def node_from_pb(msg: pb.Node) -> NodeInventory:
             requested={intern(k): v for k, v in msg.requested.items()},
             job_requests={uid: dict(r.amounts) for uid, r in msg.job_requests.items()},
             degraded=msg.degraded or None,
+            dra_gpus=tuple(_group_from_pb(g) for g in msg.dra_gpus),
         )
     except ValidationError as exc:
         raise ProtocolError(f"node {msg.name!r}: {_first_error(exc)}") from exc
@@ -219,6 +253,21 @@ def _node_problem(msg: pb.Node) -> str | None:
         if len(r.amounts) > MAX_NODE_RESOURCES:
             return f"job_requests[{uid}]: more than {MAX_NODE_RESOURCES} resources"
         maps.append((f"job_requests[{uid}]", r.amounts))
+    if len(msg.dra_gpus) > MAX_DEVICE_GROUPS:
+        return f"dra_gpus: {len(msg.dra_gpus)} groups, at most {MAX_DEVICE_GROUPS} allowed"
+    for i, g in enumerate(msg.dra_gpus):
+        if len(g.attributes) > MAX_GROUP_ATTRIBUTES or len(g.capacity) > MAX_GROUP_ATTRIBUTES:
+            return f"dra_gpus[{i}]: more than {MAX_GROUP_ATTRIBUTES} attributes or capacities"
+        for name, a in g.attributes.items():
+            if not _qualified_name(name):
+                return f"dra_gpus[{i}].attributes: {_quote(name)} is not a qualified name"
+            if a.WhichOneof("value") in ("string", "version") and len(a.string or a.version) > 64:
+                return f"dra_gpus[{i}].attributes[{name}]: longer than 64 characters"
+        for name, amount in g.capacity.items():
+            if not _qualified_name(name) or not 0 <= amount <= MAX_AMOUNT:
+                return (
+                    f"dra_gpus[{i}].capacity[{_quote(name)}]: not a name or outside 0..{MAX_AMOUNT}"
+                )
     for field, amounts in maps:
         for resource, amount in amounts.items():
             if not _qualified_name(resource):

@@ -24,6 +24,9 @@ member controller would never start is invalid, whatever the kind: ``suspend: tr
 another controller (:mod:`gpufed.sync.workloads`).
 - ``kind: List``: the pod sets of every workload in it (ConfigMaps, Secrets, Services carry
   none), names prefixed with the object's name when there are several workloads.
+- Pods that claim GPUs through DRA (``spec.resourceClaims`` naming ResourceClaimTemplates of
+  the List) count the templates' GPUs as ``nvidia.com/gpu`` and carry their CEL selectors
+  (:mod:`gpufed.hub.rules.claims`, which lists what is refused).
 
 Per-pod requests are the effective requests kube-scheduler computes
 (:func:`gpufed.api.resources.pod_requests`: limits fill missing requests, init containers count
@@ -47,6 +50,7 @@ from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.gpus import UnknownGPUError, resolve_gpu_products
 from gpufed.api.inventory import Toleration
+from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import (
     LabelSelector,
     LabelSelectorRequirement,
@@ -55,6 +59,7 @@ from gpufed.api.request import (
     TopologyRequest,
 )
 from gpufed.api.resources import QuantityError, pod_requests
+from gpufed.hub.rules.claims import claim_templates, claimed_gpus
 from gpufed.sync.manifests import (
     WORKLOAD_KINDS,
     PodTemplateRef,
@@ -79,6 +84,7 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
             "the template holds no workload; use a batch/v1 Job, a JobSet, a PyTorchJob, a "
             "RayJob, an MPIJob, or a List that contains one",
         )
+    claim_tpls = claim_templates(template)
     pod_sets: list[PodSet] = []
     for ref in templates:
         count = _pod_count(ref)
@@ -95,6 +101,9 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
             requests = pod_requests(spec, field=f"{path}.spec")
         except QuantityError as exc:
             raise FieldError(f"{path}.spec", str(exc)) from exc
+        claimed = claimed_gpus(spec, claim_tpls, f"{path}.spec", requests)
+        if claimed is not None and claimed.gpus:
+            requests[GPU_RESOURCE] = claimed.gpus
         _check_int64(requests, count, ref)
         try:
             pod_sets.append(
@@ -105,6 +114,9 @@ def derive_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
                     node_selector=_str_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector"),
                     tolerations=tuple(
                         Toleration.model_validate(t) for t in spec.get("tolerations") or []
+                    ),
+                    claim_selectors=(
+                        claimed.selectors if claimed is not None and claimed.gpus else None
                     ),
                 )
             )

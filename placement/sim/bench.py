@@ -99,18 +99,20 @@ def run_placement_bench(
     window: int | None = None,
     policy: Policy | None = None,
     queues: int = 0,
+    dra: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-ready result (see the module docstring).
 
-    ``queues``: 0 for none, else the size of the queue tree (module docstring)."""
+    ``queues``: 0 for none, else the size of the queue tree (module docstring); ``dra``: DRA
+    members and claiming jobs in the mix (:mod:`gpufed.placement.sim.synthetic`)."""
     policy = policy or Policy()
     t0 = time.perf_counter()
-    members, shape = synthetic_fleet(clusters, nodes_per_cluster, seed)
+    members, shape = synthetic_fleet(clusters, nodes_per_cluster, seed, dra=dra)
     t1 = time.perf_counter()
     snapshot = FleetSnapshot(members)
     t2 = time.perf_counter()
     del members
-    jobs = synthetic_jobs(decisions, seed, shape.products)
+    jobs = synthetic_jobs(decisions, seed, shape.products, dra=dra)
     gate: QuotaGate | None = None
     if queues > 0:
         gate, teams = _queue_tree(queues, shape.gpus)
@@ -161,6 +163,7 @@ def run_placement_bench(
         "snapshot_build_s": round(t2 - t1, 3),
         "seed": seed,
         "queues": queues,
+        "dra": dra,
     }
 
 

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from gpufed.api.decision import Decision, Outcome, PodSetAssignment
 from gpufed.api.fleet import FleetSpec, NodeSpec, node_specs
+from gpufed.api.fleetnodes import dra_group
 from gpufed.api.inventory import (
     ClusterInventory,
     MemberClusterState,
@@ -81,12 +82,18 @@ _NEVER = math.inf
 
 
 def node_inventory(spec: NodeSpec) -> NodeInventory:
-    """An idle node of a fleet spec as the agent would report it (nothing requested)."""
+    """An idle node of a fleet spec as the agent would report it (nothing requested; the GPUs
+    of a ``dra: true`` pool as the agent reads the sandbox's simulated driver's slices)."""
+    allocatable = resource_list(spec.allocatable, field=f"node {spec.name} allocatable")
+    group = dra_group(spec)
+    if group is not None:
+        allocatable[GPU_RESOURCE] = group.count
     return node_from_labels(
         spec.name,
         spec.labels,
         taints=spec.taints,
-        allocatable=resource_list(spec.allocatable, field=f"node {spec.name} allocatable"),
+        allocatable=allocatable,
+        dra_gpus=(group,) if group is not None else (),
     )
 
 

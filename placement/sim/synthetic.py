@@ -9,6 +9,12 @@ inference. Nodes are built with ``model_construct`` and shared dicts, because va
 Job mix: 1-64 GPUs (35% 1, 10% 2, 15% 4, 20% 8, 8% 16, 7% 32, 5% 64), ``min(gpus, 8)`` GPUs per
 pod (4 on GB200, one tray), NVLink Required / Preferred / None mixed, most jobs naming one GPU
 product, some two, some any; a tenth select a region; priorities 0-2.
+
+With ``dra`` (``gpufed bench placement --dra``): in every HGX member the nodes of every other
+rack publish their GPUs through DRA (each node one :class:`~gpufed.api.inventory.DeviceGroup`;
+placement pools them apart from the device-plugin nodes beside them), and 40% of the HGX jobs claim their GPUs through DRA, half of those with a CEL
+selector on the product name (drawn from a second seeded generator, so the rest of the mix is
+the same as without ``dra``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from gpufed.api.inventory import (
     ClusterHealth,
     ClusterInventory,
+    DeviceGroup,
     MemberClusterState,
     NodeInventory,
     Taint,
@@ -63,9 +70,10 @@ def _cluster_kind(i: int) -> str:
 
 
 def synthetic_fleet(
-    clusters: int, nodes_per_cluster: int, seed: int
+    clusters: int, nodes_per_cluster: int, seed: int, *, dra: bool = False
 ) -> tuple[list[MemberClusterState], FleetShape]:
-    """``clusters`` members of ``nodes_per_cluster`` nodes each, 50-80% of GPUs in use."""
+    """``clusters`` members of ``nodes_per_cluster`` nodes each, 50-80% of GPUs in use
+    (``dra``: every other rack of each HGX member publishes its GPUs through DRA)."""
     rng = random.Random(seed)
     members: list[MemberClusterState] = []
     total_gpus = 0
@@ -81,6 +89,15 @@ def synthetic_fleet(
         else:
             product, gpus, per_domain = HGX_PRODUCTS[hgx_i % len(HGX_PRODUCTS)], 8, 1
             hgx_i += 1
+        groups: tuple[DeviceGroup, ...] = ()
+        if dra and kind == "hgx":
+            groups = (
+                DeviceGroup(
+                    count=gpus,
+                    attributes={"type": "gpu", "productName": product.replace("-", " ")},
+                    capacity={"memory": 80 * _GIB},
+                ),
+            )
         products.add(product)
         tainted = i % 10 == 7
         taints = (INFERENCE_TAINT,) if tainted else ()
@@ -136,6 +153,7 @@ def synthetic_fleet(
                     requested=requested[used],
                     job_requests=empty,
                     degraded=None,
+                    dra_gpus=groups if rack % 2 else (),
                 )
             )
         total_gpus += gpus * nodes_per_cluster
@@ -160,9 +178,12 @@ def synthetic_fleet(
     )
 
 
-def synthetic_jobs(count: int, seed: int, products: tuple[str, ...]) -> list[PlacementRequest]:
+def synthetic_jobs(
+    count: int, seed: int, products: tuple[str, ...], *, dra: bool = False
+) -> list[PlacementRequest]:
     """``count`` seeded placement requests over ``products`` (see the module docstring)."""
     rng = random.Random(seed * 7919 + 1)
+    dra_rng = random.Random(seed * 104729 + 3)
     hgx = [p for p in products if p != NVL72_PRODUCT] or list(products)
     out: list[PlacementRequest] = []
     for i in range(count):
@@ -212,6 +233,7 @@ def synthetic_jobs(count: int, seed: int, products: tuple[str, ...]) -> list[Pla
                         tolerations=(
                             (Toleration(key="dedicated", operator="Exists"),) if inference else ()
                         ),
+                        claim_selectors=_claim(dra_rng, wanted) if dra and not nvl else None,
                     ),
                 ),
                 gpu_products=wanted,
@@ -222,3 +244,14 @@ def synthetic_jobs(count: int, seed: int, products: tuple[str, ...]) -> list[Pla
             )
         )
     return out
+
+
+def _claim(rng: random.Random, wanted: tuple[str, ...]) -> tuple[str, ...] | None:
+    """For 40% of jobs the CEL selectors of a DRA claim (empty or on one wanted product), else
+    None (the extended resource)."""
+    if rng.random() >= 0.4:
+        return None
+    if not wanted or rng.random() < 0.5:
+        return ()
+    name = wanted[0].replace("-", " ")
+    return (f"device.attributes['gpu.nvidia.com'].productName == '{name}'",)

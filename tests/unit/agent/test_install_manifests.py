@@ -123,6 +123,9 @@ def test_the_workload_role_manages_exactly_the_allowed_kinds() -> None:
     plural |= {"MPIJob.kubeflow.org": ("kubeflow.org", "mpijobs")}
     plural |= {"RayJob.ray.io": ("ray.io", "rayjobs")}
     plural |= {k: ("", k.lower() + "s") for k in ("ConfigMap", "Secret", "Service")}
+    plural |= {
+        "ResourceClaimTemplate.resource.k8s.io": ("resource.k8s.io", "resourceclaimtemplates")
+    }
     assert set(rules) == {plural[k] for k in DEFAULT_ALLOWED_KINDS}
     for verbs in rules.values():
         assert {"get", "list", "watch", "create", "delete"} <= verbs

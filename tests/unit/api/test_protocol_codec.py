@@ -103,3 +103,45 @@ def test_status_round_trip_keeps_condition_order() -> None:
 def test_ack_with_unknown_result_is_refused() -> None:
     with pytest.raises(ProtocolError, match="result"):
         work_ack_from_pb(pb.WorkAck(job_uid="u", revision=1))
+
+
+def _dra_node(**group: object) -> NodeInventory:
+    from gpufed.api.inventory import DeviceGroup
+
+    g = {
+        "count": 4,
+        "allocated": 1,
+        "attributes": {"type": "gpu", "productName": "NVIDIA GB200", "index": 3, "ok": True},
+        "versions": {"driverVersion": "580.82.7"},
+        "capacity": {"memory": 189471 * 2**20},
+        **group,
+    }
+    return NodeInventory(
+        name="gb200-08",
+        nvlink_domain="node:gb200-08",
+        allocatable={"nvidia.com/gpu": 4},
+        dra_gpus=(DeviceGroup.model_validate(g),),
+    )
+
+
+def test_dra_groups_keep_their_attribute_types_through_the_protocol() -> None:
+    node = _dra_node()
+    back = node_from_pb(pb.Node.FromString(node_to_pb(node).SerializeToString()))
+    assert back == node
+    attrs = back.dra_gpus[0].attributes
+    assert (type(attrs["index"]), type(attrs["ok"]), type(attrs["type"])) == (int, bool, str)
+    assert back.dra_gpus[0].versions == {"driverVersion": "580.82.7"}
+
+
+def test_dra_groups_past_the_reporting_limits_are_refused_naming_the_field() -> None:
+    many = node_to_pb(_dra_node())
+    for _ in range(16):
+        many.dra_gpus.add(count=1)
+    with pytest.raises(ProtocolError, match=r"'gb200-08'.*dra_gpus: 17 groups"):
+        node_from_pb(many)
+    long = node_to_pb(_dra_node(attributes={"productName": "x" * 65}))
+    with pytest.raises(ProtocolError, match=r"dra_gpus\[0\].attributes\[productName\]"):
+        node_from_pb(long)
+    bad = node_to_pb(_dra_node(capacity={"bad key!": 1}))
+    with pytest.raises(ProtocolError, match=r"dra_gpus\[0\].capacity"):
+        node_from_pb(bad)
