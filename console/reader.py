@@ -1,0 +1,216 @@
+"""What the console reads from the hub cluster, as the person who runs it: the one module of
+:mod:`gpufed.console` that talks to the Kubernetes API (kubernetes_asyncio).
+
+The console holds no credentials of its own: :meth:`HubReader.connect` resolves the user's
+kubeconfig as kubectl does (:func:`gpufed.api.kubeconfig.resolve_kubeconfig`), and every read
+goes to the hub cluster's API server with that identity, so the hub cluster's RBAC decides what
+each page shows. A read the identity may not make is not an error: it comes back empty with a
+:class:`Hidden` note naming what was not readable and the permission that would make it so.
+
+GPUJobs are listed cluster-wide when the identity may; otherwise namespace by namespace over the
+namespaces it might read (the context's namespace, those named with ``--namespace``, and those
+the readable GPUQueues list), skipping each one RBAC refuses. Lists are paged (``limit``) and
+capped at :data:`MAX_OBJECTS` objects per kind (a note says when the cap cut one).
+
+Who calls it: :mod:`gpufed.console.server` (every page), ``gpufed console`` (connect/close).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpufed.api.errors import TransientError
+from gpufed.api.kubeconfig import KubeSource, resolve_kubeconfig
+from gpufed.api.labels import GROUP, VERSION
+
+__all__ = ["MAX_OBJECTS", "PAGE", "Hidden", "HubReadError", "HubReader", "JobRead", "Listed"]
+
+#: Objects read per request (``limit``) and most objects of one kind the console reads.
+PAGE = 500
+MAX_OBJECTS = 20_000
+#: Most Events read for one job's timeline (the newest are kept).
+MAX_EVENTS = 200
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Something the identity may not read: ``what`` (``GPUJobs in namespace team-b``) and
+    ``need`` (the RBAC rule that would show it: ``list gpujobs.gpufed.io``)."""
+
+    what: str
+    need: str
+
+
+@dataclass
+class Listed:
+    """Objects as the API server returned them (dicts), and what could not be read."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    hidden: list[Hidden] = field(default_factory=list)
+    #: True when :data:`MAX_OBJECTS` cut the list
+    truncated: bool = False
+
+
+@dataclass
+class JobRead:
+    """One GPUJob (None when absent or not readable), its Events, and what was hidden."""
+
+    job: dict[str, Any] | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    hidden: list[Hidden] = field(default_factory=list)
+    #: 404 (no such job) or 403 (not readable) when ``job`` is None
+    status: int = 200
+
+
+class HubReadError(TransientError):
+    """The API server answered something other than 2xx, 401, 403 or 404 (the message says
+    what); the page shows it and the next refresh tries again."""
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or b"")["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"{exc.status} {exc.reason}"
+
+
+class HubReader:
+    """Reads the hub cluster with one identity. ``namespaces``: extra namespaces to try when
+    GPUJobs cannot be listed cluster-wide (the context's namespace is always tried)."""
+
+    def __init__(
+        self, api: client.ApiClient, source: KubeSource, namespaces: Iterable[str] = ()
+    ) -> None:
+        self._api = api
+        self.source = source
+        self.server = str(api.configuration.host)
+        self.namespaces = sorted({source.namespace, *namespaces})
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+
+    @classmethod
+    async def connect(
+        cls, kubeconfig: Path | None, context: str | None, namespaces: Iterable[str] = ()
+    ) -> HubReader:
+        """Resolve credentials as kubectl does and build a client (no request is sent).
+
+        Raises ``KubeconfigError`` (resolution) or ``kubernetes_asyncio.config.ConfigException``
+        (a context without a cluster or user)."""
+        source = resolve_kubeconfig(kubeconfig, context)
+        cfg = client.Configuration()
+        if source.path is None:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=str(source.path),
+                context=source.context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        return cls(client.ApiClient(configuration=cfg), source, namespaces)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    # --- lists ------------------------------------------------------------------------------
+
+    async def _pages(self, call: Any, *args: Any, **kw: Any) -> tuple[list[dict[str, Any]], bool]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            resp = await call(*args, limit=PAGE, **kw, **extra)
+            body = resp if isinstance(resp, dict) else resp.to_dict()
+            items.extend(body.get("items") or [])
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items, False
+            if len(items) >= MAX_OBJECTS:
+                return items[:MAX_OBJECTS], True
+
+    async def _cluster_list(self, plural: str, kind: str) -> Listed:
+        try:
+            items, cut = await self._pages(
+                self._custom.list_cluster_custom_object, GROUP, VERSION, plural
+            )
+        except ApiException as exc:
+            if exc.status in (401, 403, 404):
+                return Listed(hidden=[Hidden(f"{kind}s", f"list {plural}.{GROUP}")])
+            raise HubReadError(f"listing {plural}.{GROUP}: {_message(exc)}") from exc
+        return Listed(items, truncated=cut)
+
+    async def clusters(self) -> Listed:
+        """Every MemberCluster the identity may list (cluster-scoped)."""
+        return await self._cluster_list("memberclusters", "MemberCluster")
+
+    async def queues(self) -> Listed:
+        """Every GPUQueue the identity may list (cluster-scoped)."""
+        return await self._cluster_list("gpuqueues", "GPUQueue")
+
+    async def jobs(self, queue_namespaces: Iterable[str] = ()) -> Listed:
+        """Every GPUJob the identity may list: cluster-wide when allowed, else per namespace
+        over :attr:`namespaces` and ``queue_namespaces`` (each refused one is left out,
+        noted once for all)."""
+        try:
+            items, cut = await self._pages(
+                self._custom.list_cluster_custom_object, GROUP, VERSION, "gpujobs"
+            )
+            return Listed(items, truncated=cut)
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise HubReadError(f"listing gpujobs.{GROUP}: {_message(exc)}") from exc
+        out = Listed()
+        refused: list[str] = []
+        for ns in sorted({*self.namespaces, *queue_namespaces}):
+            try:
+                items, cut = await self._pages(
+                    self._custom.list_namespaced_custom_object, GROUP, VERSION, ns, "gpujobs"
+                )
+            except ApiException as exc:
+                if exc.status in (401, 403, 404):
+                    refused.append(ns)
+                    continue
+                raise HubReadError(f"listing gpujobs.{GROUP} in {ns}: {_message(exc)}") from exc
+            out.items.extend(items)
+            out.truncated |= cut
+        out.hidden.append(Hidden("GPUJobs of all namespaces", f"list gpujobs.{GROUP} (cluster)"))
+        if refused:
+            out.hidden.append(
+                Hidden(f"GPUJobs in {', '.join(refused)}", f"list gpujobs.{GROUP} there")
+            )
+        return out
+
+    async def job(self, namespace: str, name: str) -> JobRead:
+        """One GPUJob and its Events (newest :data:`MAX_EVENTS`), as far as readable."""
+        try:
+            job = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpujobs", name
+            )
+        except ApiException as exc:
+            if exc.status in (401, 403, 404):
+                return JobRead(None, status=404 if exc.status == 404 else 403)
+            raise HubReadError(f"reading gpujob {namespace}/{name}: {_message(exc)}") from exc
+        read = JobRead(job)
+        selector = f"involvedObject.kind=GPUJob,involvedObject.name={name}"
+        try:
+            resp = await self._core.list_namespaced_event(namespace, field_selector=selector)
+            body = self._api.sanitize_for_serialization(resp)
+            events = [
+                e
+                for e in body.get("items") or []
+                if (e.get("involvedObject") or {}).get("uid") in (None, job["metadata"].get("uid"))
+            ]
+            read.events = events[-MAX_EVENTS:]
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise HubReadError(f"listing Events in {namespace}: {_message(exc)}") from exc
+            read.hidden.append(Hidden(f"Events in {namespace}", "list events (core) there"))
+        return read

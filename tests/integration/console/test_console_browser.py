@@ -1,0 +1,535 @@
+"""``gpufed console`` in a real browser (headless Chromium) against the real hub API server,
+with two identities: the admin, and a team ServiceAccount that may read GPUJobs and Events
+only in its own namespace (plus MemberClusters and GPUQueues cluster-wide).
+
+Pins: every page loads and is complete without JavaScript (the server renders it); the fleet
+page shows each member's state and GPUs used / reserved / free with the largest free block; the
+queues page shows the tree with usage and borrowing; the jobs page lists every phase newest
+first and filters; a job's page shows its timeline with the placement (member, nodes, NVLink
+block) and the preemption, and "why pending" as ``gpufed explain`` gives it; a change on the
+hub shows up in an open page without a reload; and the team identity sees neither the other
+team's jobs in the list nor the other team's job page (RBAC decides, not the console).
+
+With ``GPUFED_CONSOLE_SCREENSHOTS=DIR`` it saves a PNG of each page there (docs/console.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from gpufed.sandbox.runtime import SandboxInfo
+from tests.integration.console.harness import (
+    GROUP,
+    SCREENSHOTS_ENV,
+    VERSION,
+    batch_job,
+    browser,
+    condition,
+    console,
+    event,
+    now_rfc3339,
+    service_account_kubeconfig,
+)
+
+pytestmark = [pytest.mark.integration]
+
+TEAM_A, TEAM_B = "console-a", "console-b"
+H100, GB200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-GB200"
+MEMBERS = ("console-hgx", "console-nvl72")
+QUEUES = ("console-org", "console-team-a", "console-team-b")
+
+
+class World:
+    """The hub objects of this module (made once, removed at the end)."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.custom = k8s.CustomObjectsApi(api)
+        self.core = k8s.CoreV1Api(api)
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+
+    def status(self, plural: str, name: str, status: dict[str, Any], ns: str = "") -> None:
+        if ns:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, plural, name, {"status": status}
+            )
+        else:
+            self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, plural, name, {"status": status}
+            )
+
+    def member(self, name: str, labels: dict[str, str], status: dict[str, Any]) -> None:
+        self.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "memberclusters",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "MemberCluster",
+                "metadata": {"name": name},
+                "spec": {"labels": labels, "joinTokenRef": {"name": f"{name}-join"}},
+            },
+        )
+        self.status("memberclusters", name, status)
+
+    def queue(self, name: str, spec: dict[str, Any], status: dict[str, Any]) -> None:
+        self.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpuqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUQueue",
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+        self.status("gpuqueues", name, status)
+
+    def job(self, ns: str, name: str, gpus: int, status: dict[str, Any]) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            "gpujobs",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUJob",
+                "metadata": {"name": name},
+                "spec": {"template": batch_job(gpus)},
+            },
+        )
+        self.status("gpujobs", name, status, ns)
+        return obj
+
+    def remove(self) -> None:
+        for ns in (TEAM_A, TEAM_B):
+            with contextlib.suppress(k8s.ApiException):
+                self.core.delete_namespace(ns)
+        for plural, names in (("memberclusters", MEMBERS), ("gpuqueues", QUEUES)):
+            for name in names:
+                with contextlib.suppress(k8s.ApiException):
+                    self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+        with contextlib.suppress(k8s.ApiException):
+            self.rbac.delete_cluster_role_binding("console-test-fleet-reader")
+        with contextlib.suppress(k8s.ApiException):
+            self.rbac.delete_cluster_role("console-test-fleet-reader")
+
+
+def _build(w: World) -> None:
+    """Two members (one Ready and busy, one NotReady), a queue tree where team-b borrows, a
+    running preemptor in team-a and its victim pending in team-b, and a finished job."""
+    for ns in (TEAM_A, TEAM_B):
+        w.core.create_namespace({"metadata": {"name": ns}})
+    ready = condition("Ready", "True", "AgentConnected", "the agent is connected")
+    w.member(
+        MEMBERS[0],
+        {"region": "us-east"},
+        {
+            "conditions": [ready],
+            "gpusTotal": {H100: 64},
+            "gpusFree": {H100: 20},
+            "gpusReserved": {H100: 8},
+            "largestFreeNVLinkBlock": 8,
+            "largestFreeNVLinkBlockByProduct": {H100: 8},
+            "nodes": 8,
+            "agentVersion": "0.1.0",
+            "lastHeartbeatTime": now_rfc3339(),
+            "suspectNodes": [{"node": "hgx-3", "reason": "NodeNotReady"}],
+        },
+    )
+    w.member(
+        MEMBERS[1],
+        {"region": "eu"},
+        {
+            "conditions": [
+                condition("Ready", "False", "LeaseExpired", "no message from the agent for 40 s")
+            ],
+            "gpusTotal": {GB200: 144},
+            "gpusFree": {GB200: 144},
+            "largestFreeNVLinkBlock": 72,
+            "largestFreeNVLinkBlockByProduct": {GB200: 72},
+            "nodes": 36,
+        },
+    )
+    active = [condition("Active", "True", "Admitting", "")]
+    w.queue(
+        QUEUES[0],
+        {"quotas": [{"gpuProduct": H100, "nominal": 64}]},
+        {"conditions": active, "usage": [{"gpuProduct": H100, "nominal": 64, "used": 40}]},
+    )
+    w.queue(
+        QUEUES[1],
+        {
+            "parent": QUEUES[0],
+            "namespaces": [TEAM_A],
+            "quotas": [{"gpuProduct": H100, "nominal": 48}],
+            "fairShare": {"weight": 2},
+        },
+        {
+            "conditions": active,
+            "usage": [{"gpuProduct": H100, "nominal": 48, "used": 32}],
+            "pendingJobs": 0,
+            "admittedJobs": 1,
+            "fairShare": "1200.5",
+        },
+    )
+    w.queue(
+        QUEUES[2],
+        {
+            "parent": QUEUES[0],
+            "namespaces": [TEAM_B],
+            "quotas": [{"gpuProduct": H100, "nominal": 0, "borrowingLimit": 16}],
+        },
+        {
+            "conditions": active,
+            "usage": [{"gpuProduct": H100, "nominal": 0, "used": 8, "borrowed": 8}],
+            "pendingJobs": 1,
+            "admittedJobs": 1,
+        },
+    )
+    # Times from now on (a status cannot predate the object's creation, which is now).
+    t0, t1, t2, t3 = (now_rfc3339(k) for k in (0, 1, 2, 3))
+    victim = w.job(
+        TEAM_B,
+        "borrower-b",
+        8,
+        {
+            "phase": "Pending",
+            "message": "preempted by console-a/pretrain-a; waiting for GPUs",
+            "gpus": 8,
+            "preemptions": 1,
+            "conditions": [
+                condition("Valid", "True", "Valid", "", t0),
+                condition("Preempted", "True", "Reclaim", "preempted by console-a/pretrain-a", t1),
+            ],
+            "placement": {
+                "outcome": "Unschedulable",
+                "message": "no member has 8 free H100 GPUs in one NVLink domain",
+                "rejections": [
+                    {
+                        "cluster": MEMBERS[0],
+                        "plugin": "Quota",
+                        "code": "Unschedulable",
+                        "reason": "queue console-team-b may borrow at most 16",
+                    },
+                    {
+                        "cluster": MEMBERS[1],
+                        "plugin": "Health",
+                        "code": "Unschedulable",
+                        "reason": "member is not Ready (LeaseExpired)",
+                    },
+                ],
+                "explained": True,
+            },
+        },
+    )
+    event(w.core, victim, "Normal", "Placed", f"placed on {MEMBERS[0]}: hgx-1", t0)
+    event(w.core, victim, "Warning", "Preempted", "preempted by console-a/pretrain-a", t1)
+    preemptor = w.job(
+        TEAM_A,
+        "pretrain-a",
+        32,
+        {
+            "phase": "Running",
+            "message": f"running on {MEMBERS[0]}",
+            "cluster": MEMBERS[0],
+            "gpus": 32,
+            "attempt": 1,
+            "conditions": [
+                condition("Valid", "True", "Valid", "", t0),
+                condition("Placed", "True", "Placed", f"on {MEMBERS[0]}", t2),
+                condition("Dispatched", "True", "Applied", "objects exist in the member", t2),
+            ],
+            "placement": {
+                "outcome": "Placed",
+                "cluster": MEMBERS[0],
+                "gpuProduct": H100,
+                "nvlinkDomains": ["node:hgx-0", "node:hgx-1", "node:hgx-2", "node:hgx-4"],
+                "podSets": [
+                    {
+                        "name": "main",
+                        "requests": {"nvidia.com/gpu": 8},
+                        "nodes": {"hgx-0": 1, "hgx-1": 1, "hgx-2": 1, "hgx-4": 1},
+                    }
+                ],
+                "score": 91.0,
+                "message": f"placed on {MEMBERS[0]}",
+                "decidedTime": t2,
+            },
+            "preemption": {
+                "cluster": MEMBERS[0],
+                "nodes": ["hgx-1"],
+                "nvlinkDomains": ["node:hgx-1"],
+                "victims": [
+                    {
+                        "job": f"{TEAM_B}/borrower-b",
+                        "priority": 0,
+                        "costGpuSeconds": 2400,
+                        "reason": "reclaim",
+                    }
+                ],
+                "costGpuSeconds": 2400,
+                "time": t1,
+                "message": "team-b borrowed from team-a",
+            },
+            "startTime": t3,
+        },
+    )
+    event(w.core, preemptor, "Normal", "Preempting", f"preempting {TEAM_B}/borrower-b", t1)
+    event(w.core, preemptor, "Normal", "Placed", f"placed on {MEMBERS[0]}", t2)
+    w.job(
+        TEAM_A,
+        "eval-a",
+        8,
+        {
+            "phase": "Succeeded",
+            "message": "completed",
+            "cluster": MEMBERS[0],
+            "gpus": 8,
+            "conditions": [condition("Finished", "True", "Succeeded", "", t1)],
+            "completionTime": t1,
+        },
+    )
+
+
+def _team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
+    """ServiceAccount console-a/viewer: GPUJobs and Events of console-a only; MemberClusters
+    and GPUQueues cluster-wide (read)."""
+    w.rbac.create_namespaced_role(
+        TEAM_A,
+        {
+            "metadata": {"name": "console-viewer"},
+            "rules": [
+                {"apiGroups": [GROUP], "resources": ["gpujobs"], "verbs": ["get", "list"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+            ],
+        },
+    )
+    w.rbac.create_namespaced_role_binding(
+        TEAM_A,
+        {
+            "metadata": {"name": "console-viewer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "console-viewer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": TEAM_A}],
+        },
+    )
+    w.rbac.create_cluster_role(
+        {
+            "metadata": {"name": "console-test-fleet-reader"},
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "resources": ["memberclusters", "gpuqueues"],
+                    "verbs": ["get", "list"],
+                }
+            ],
+        }
+    )
+    w.rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": "console-test-fleet-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "console-test-fleet-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": TEAM_A}],
+        }
+    )
+    return service_account_kubeconfig(w.custom.api_client, admin_kubeconfig, TEAM_A, "viewer", out)
+
+
+@pytest.fixture(scope="module")
+def world(sandbox: SandboxInfo, hub_kubeconfig: Path) -> Iterator[World]:
+    w = World(sandbox.api_client("hub"))
+    w.remove()
+    for ns in (TEAM_A, TEAM_B):  # a namespace from an earlier run may still be terminating
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                w.core.read_namespace(ns)
+            except k8s.ApiException:
+                break
+            time.sleep(0.5)
+    _build(w)
+    try:
+        yield w
+    finally:
+        w.remove()
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    d = browser()
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait(check: Callable[[], bool], what: str, limit_s: float = 30) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _shot(d: Any, name: str) -> None:
+    where = os.environ.get(SCREENSHOTS_ENV)
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        d.save_screenshot(str(Path(where) / f"{name}.png"))
+
+
+def _texts(d: Any, css: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [e.text for e in d.find_elements(By.CSS_SELECTOR, css)]
+
+
+def test_admin_sees_every_page_rendered_and_live(
+    world: World, hub_kubeconfig: Path, driver: Any
+) -> None:
+    """The admin identity: fleet, queues, jobs and a job page load in Chromium with what the
+    hub objects say, and an open page follows a change without a reload."""
+    from selenium.webdriver.common.by import By
+
+    with console(hub_kubeconfig) as url:
+        # Server-rendered: the HTML alone already carries the state (no JavaScript needed).
+        code, html = _get(f"{url}/")
+        assert code == 200
+        assert 'data-member="console-hgx" data-state="Ready"' in html
+        assert 'data-member="console-nvl72" data-state="NotReady"' in html
+
+        driver.get(f"{url}/")
+        hgx = driver.find_element(By.CSS_SELECTOR, '[data-member="console-hgx"] .product')
+        assert hgx.get_attribute("data-product") == H100
+        assert (hgx.get_attribute("data-total"), hgx.get_attribute("data-free")) == ("64", "20")
+        assert "36 used · 8 reserved · 20 free of 64" in hgx.text
+        assert "largest free block 8 of 20 free" in hgx.text
+        nvl = driver.find_element(By.CSS_SELECTOR, '[data-member="console-nvl72"]')
+        assert "LeaseExpired" in nvl.text
+        assert "1 suspect node(s)" in driver.find_element(
+            By.CSS_SELECTOR, '[data-member="console-hgx"]'
+        ).text
+        _shot(driver, "fleet")
+
+        driver.get(f"{url}/queues")
+        names = [n for n in _texts(driver, "td.qname") if n.startswith("console-")]
+        assert names == list(QUEUES)  # the tree: the org, then its teams by name
+        row_b = driver.find_element(By.CSS_SELECTOR, '[data-queue="console-team-b"]')
+        assert "8" in row_b.find_element(By.CSS_SELECTOR, "td.borrowing").text
+        _shot(driver, "queues")
+
+        driver.get(f"{url}/jobs")
+        jobs = [
+            r.get_attribute("data-job")
+            for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")
+            if (r.get_attribute("data-job") or "").startswith("console-")
+        ]
+        # newest first: creation order was borrower-b, pretrain-a, eval-a (same second: by name)
+        assert set(jobs) == {f"{TEAM_B}/borrower-b", f"{TEAM_A}/pretrain-a", f"{TEAM_A}/eval-a"}
+        _shot(driver, "jobs")
+        driver.get(f"{url}/jobs?phase=Succeeded&namespace={TEAM_A}")
+        assert [r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")] == [
+            f"{TEAM_A}/eval-a"
+        ]
+        driver.get(f"{url}/jobs?queue=console-team-b")
+        assert [r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")] == [
+            f"{TEAM_B}/borrower-b"
+        ]
+        assert _get(f"{url}/jobs?phase=Sleeping")[0] == 400
+
+        driver.get(f"{url}/jobs/{TEAM_A}/pretrain-a")
+        timeline = driver.find_element(By.ID, "timeline").text
+        assert "placement decided: console-hgx" in timeline
+        assert "hgx-0, hgx-1, hgx-2, hgx-4" in timeline
+        assert "node:hgx-1" in timeline
+        assert f"preempted 1 job(s) in console-hgx" in timeline
+        assert f"{TEAM_B}/borrower-b" in timeline
+        kinds = [e.get_attribute("data-kind") for e in driver.find_elements(By.CSS_SELECTOR, "#timeline li")]
+        assert kinds[0] == "submitted"
+        assert kinds.index("preempted") < kinds.index("running")
+        _shot(driver, "job")
+
+        driver.get(f"{url}/jobs/{TEAM_B}/borrower-b")
+        assert "Preempted" in driver.find_element(By.ID, "timeline").text
+        explain = driver.find_element(By.ID, "explain").text
+        assert "Quota" in explain and "queue console-team-b may borrow at most 16" in explain
+        _shot(driver, "job-pending")
+
+        # Live: the job starts running on the hub; the open page shows it without a reload.
+        driver.execute_script("window.__notReloaded = true;")
+        world.status(
+            "gpujobs",
+            "borrower-b",
+            {"phase": "Running", "message": "running again", "cluster": MEMBERS[0]},
+            TEAM_B,
+        )
+        _wait(
+            lambda: driver.find_element(By.ID, "phase").text == "Running",
+            "the open job page to show Running",
+        )
+        assert driver.execute_script("return window.__notReloaded === true;")
+
+
+def test_team_identity_sees_only_its_namespace(
+    world: World, hub_kubeconfig: Path, driver: Any, tmp_path: Path
+) -> None:
+    """A ServiceAccount that may list GPUJobs only in console-a sees console-a's jobs and none
+    of console-b's, is refused console-b's job page, and is told what it cannot see."""
+    from selenium.webdriver.common.by import By
+
+    team_a = _team_a_identity(world, hub_kubeconfig, tmp_path / "team-a.kubeconfig")
+    with console(team_a) as url:
+        driver.get(f"{url}/jobs")
+        jobs = {r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")}
+        assert jobs == {f"{TEAM_A}/pretrain-a", f"{TEAM_A}/eval-a"}
+        hidden = driver.find_element(By.ID, "hidden").text
+        assert "GPUJobs in console-b" in hidden  # tried (console-team-b lists it), refused
+        _shot(driver, "jobs-team-a")
+
+        code, html = _get(f"{url}/jobs/{TEAM_B}/borrower-b")
+        assert code == 403
+        assert "borrower-b" not in html.split("<main>", 1)[1].replace(
+            f"{TEAM_B}/borrower-b:", ""
+        ) or "not readable" in html
+        assert "preempted by" not in html and "console-team-b may borrow" not in html
+
+        driver.get(f"{url}/jobs/{TEAM_A}/pretrain-a")
+        assert "placement decided: console-hgx" in driver.find_element(By.ID, "timeline").text
+
+        # Fleet and queues are cluster-wide reads this identity was granted.
+        driver.get(f"{url}/")
+        assert driver.find_elements(By.CSS_SELECTOR, '[data-member="console-hgx"]')
+
+
+def test_console_answers_loopback_host_names_only(world: World, hub_kubeconfig: Path) -> None:
+    """Served on loopback, the console refuses a request whose Host is another name (DNS
+    rebinding), and answers no method but GET."""
+    with console(hub_kubeconfig) as url:
+        assert _get(f"{url}/healthz", {"Host": "evil.example"})[0] == 421
+        req = urllib.request.Request(f"{url}/jobs", method="POST", data=b"")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 405
