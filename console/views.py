@@ -415,4 +415,11 @@ def timeline(raw: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> lis
         if s.completion_time:
             out.append(TimelineEntry(s.completion_time, "end", f"ended: {s.phase}"))
     never = datetime.max.replace(tzinfo=UTC)
-    return sorted(out, key=lambda e: _time(e.time) or never)
+    out.sort(key=lambda e: _time(e.time) or never)
+    return [TimelineEntry(_rfc3339(e.time), e.kind, e.title, e.detail) for e in out]
+
+
+def _rfc3339(value: str) -> str:
+    """One spelling for every time shown (Events say ``+00:00``, statuses ``Z``)."""
+    t = _time(value)
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else value
