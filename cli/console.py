@@ -20,6 +20,7 @@ import typer
 from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.cli import kube
 from gpufed.cli.jobs import explain_text
+from gpufed.cli.version import HUB_URL_ENV
 
 __all__ = ["DEFAULT_LISTEN", "console_command", "parse_listen"]
 
@@ -44,13 +45,14 @@ async def _serve(
     host: str,
     port: int,
     refresh_s: float,
+    hub_url: str | None,
 ) -> None:
     from aiohttp import web
 
     from gpufed.console.reader import HubReader
     from gpufed.console.server import make_app
 
-    reader = await HubReader.connect(kubeconfig, context, namespaces)
+    reader = await HubReader.connect(kubeconfig, context, namespaces, hub_url=hub_url)
     try:
         runner = web.AppRunner(
             make_app(reader, explain=explain_text, refresh_s=refresh_s, listen_host=host),
@@ -101,12 +103,27 @@ def console_command(
     refresh_s: Annotated[
         float, typer.Option("--refresh", help="seconds between live updates in the browser")
     ] = 5.0,
+    hub_url: Annotated[
+        str | None,
+        typer.Option(
+            "--hub-url",
+            envvar=HUB_URL_ENV,
+            help="the hub's HTTP endpoint (its --http-listen, e.g. through kubectl "
+            "port-forward): the fleet page then draws each member's NVLink blocks, asked with "
+            "your token; without it, totals only",
+        ),
+    ] = None,
 ) -> None:
     """A read-only web console of the fleet, its queues and jobs, as your identity sees them."""
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--listen'") from None
+    if hub_url is not None and not hub_url.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"{hub_url}: use http://HOST:PORT or https://HOST:PORT (the hub's --http-listen)",
+            param_hint="'--hub-url'",
+        )
     if not 0.5 <= refresh_s <= 3600:
         raise typer.BadParameter(f"{refresh_s}: use 0.5 to 3600 seconds", param_hint="'--refresh'")
     try:
@@ -116,7 +133,9 @@ def console_command(
         raise typer.Exit(1) from None
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            asyncio.run(_serve(kubeconfig, context, namespace or [], host, port, refresh_s))
+            asyncio.run(
+                _serve(kubeconfig, context, namespace or [], host, port, refresh_s, hub_url)
+            )
         except OSError as exc:
             typer.echo(f"error: --listen {listen}: cannot serve there: {exc}", err=True)
             raise typer.Exit(1) from None

@@ -12,17 +12,25 @@ namespaces it might read (the context's namespace, those named with ``--namespac
 the readable GPUQueues list), skipping each one RBAC refuses. Lists are paged (``limit``) and
 capped at :data:`MAX_OBJECTS` objects per kind (a note says when the cap cut one).
 
+Node- and block-level state lives in the hub process, not in API objects: with ``hub_url``,
+:meth:`HubReader.blocks` asks the hub's ``GET /fleet/members/<name>/blocks`` with the same
+identity's bearer token, and the hub asks the hub cluster (TokenReview, SubjectAccessReview)
+whether that identity may ``get`` the MemberCluster: the same RBAC decides. A kubeconfig user
+without a bearer token (client certificates, an exec plugin) gets totals only, and a note.
+
 Who calls it: :mod:`gpufed.console.server` (every page), ``gpufed console`` (connect/close).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -37,6 +45,11 @@ PAGE = 500
 MAX_OBJECTS = 20_000
 #: Most Events read for one job's timeline (the newest are kept).
 MAX_EVENTS = 200
+#: Largest answer accepted from the hub's blocks endpoint (a 5,000-node member is ~1 MB).
+MAX_BLOCKS_BYTES = 8 * 1024 * 1024
+#: Members whose blocks are asked for at once, and how long one answer may take (seconds).
+BLOCKS_CONCURRENCY = 8
+BLOCKS_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -86,18 +99,30 @@ class HubReader:
     GPUJobs cannot be listed cluster-wide (the context's namespace is always tried)."""
 
     def __init__(
-        self, api: client.ApiClient, source: KubeSource, namespaces: Iterable[str] = ()
+        self,
+        api: client.ApiClient,
+        source: KubeSource,
+        namespaces: Iterable[str] = (),
+        *,
+        hub_url: str | None = None,
     ) -> None:
         self._api = api
         self.source = source
         self.server = str(api.configuration.host)
         self.namespaces = sorted({source.namespace, *namespaces})
+        self.hub_url = hub_url.rstrip("/") if hub_url else None
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
+        self._http: aiohttp.ClientSession | None = None
 
     @classmethod
     async def connect(
-        cls, kubeconfig: Path | None, context: str | None, namespaces: Iterable[str] = ()
+        cls,
+        kubeconfig: Path | None,
+        context: str | None,
+        namespaces: Iterable[str] = (),
+        *,
+        hub_url: str | None = None,
     ) -> HubReader:
         """Resolve credentials as kubectl does and build a client (no request is sent).
 
@@ -114,11 +139,13 @@ class HubReader:
                 client_configuration=cfg,
                 persist_config=False,
             )
-        return cls(client.ApiClient(configuration=cfg), source, namespaces)
+        return cls(client.ApiClient(configuration=cfg), source, namespaces, hub_url=hub_url)
 
     async def close(self) -> None:
-        """Close the HTTP session."""
+        """Close the HTTP sessions."""
         await self._api.close()
+        if self._http is not None:
+            await self._http.close()
 
     # --- lists ------------------------------------------------------------------------------
 
@@ -214,3 +241,74 @@ class HubReader:
                 raise HubReadError(f"listing Events in {namespace}: {_message(exc)}") from exc
             read.hidden.append(Hidden(f"Events in {namespace}", "list events (core) there"))
         return read
+
+    # --- the hub's blocks endpoint ----------------------------------------------------------
+
+    def _bearer(self) -> str | None:
+        cfg = self._api.configuration
+        value = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        if not value:
+            return None
+        return value if str(value).lower().startswith("bearer ") else f"Bearer {value}"
+
+    async def blocks(
+        self, members: Iterable[str]
+    ) -> tuple[dict[str, dict[str, Any]], list[Hidden]]:
+        """Each member's NVLink blocks from the hub (member -> the hub's JSON answer, see
+        :func:`gpufed.hub.rules.blocks.member_blocks`), and notes for what was not had: no
+        ``hub_url``, no bearer token, refused (401/403), or the hub not answering. Never
+        raises for the hub's or the network's failures: the fleet page then shows totals."""
+        names = list(members)
+        if self.hub_url is None or not names:
+            return {}, []
+        bearer = self._bearer()
+        if bearer is None:
+            return {}, [
+                Hidden(
+                    "NVLink blocks (your kubeconfig user has no bearer token)",
+                    "a token user (the hub authenticates callers with a TokenReview)",
+                )
+            ]
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=BLOCKS_TIMEOUT_S)
+            )
+        http = self._http
+        gate = asyncio.Semaphore(BLOCKS_CONCURRENCY)
+        out: dict[str, dict[str, Any]] = {}
+        refused: list[str] = []
+        failed: list[str] = []
+
+        async def one(name: str) -> None:
+            url = f"{self.hub_url}/fleet/members/{name}/blocks"
+            async with gate:
+                try:
+                    async with http.get(url, headers={"Authorization": bearer}) as resp:
+                        body = await resp.content.read(MAX_BLOCKS_BYTES + 1)
+                        if resp.status in (401, 403):
+                            refused.append(name)
+                        elif resp.status != 200 or len(body) > MAX_BLOCKS_BYTES:
+                            failed.append(f"{name} ({resp.status})")
+                        else:
+                            out[name] = json.loads(body)
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    failed.append(f"{name} ({type(exc).__name__})")
+
+        await asyncio.gather(*(one(n) for n in names))
+        hidden = []
+        if refused:
+            hidden.append(
+                Hidden(
+                    f"NVLink blocks of {', '.join(sorted(refused))}",
+                    f"get memberclusters.{GROUP} (the hub asks the hub cluster)",
+                )
+            )
+        if failed:
+            hidden.append(
+                Hidden(
+                    f"NVLink blocks of {', '.join(sorted(failed))}: the hub at {self.hub_url} "
+                    "did not answer",
+                    "a leader hub reachable at --hub-url",
+                )
+            )
+        return out, hidden

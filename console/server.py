@@ -129,7 +129,15 @@ def make_app(
     async def fleet_page(request: web.Request) -> web.Response:
         listed = await reader.clusters()
         members = views.fleet(listed.items)
-        return render(request, "fleet.html", members=members, hidden=listed.hidden)
+        answers, notes = await reader.blocks(m.name for m in members)
+        members = views.with_blocks(members, answers)
+        return render(
+            request,
+            "fleet.html",
+            members=members,
+            hidden=[*listed.hidden, *notes],
+            hub_url=reader.hub_url,
+        )
 
     async def queues_page(request: web.Request) -> web.Response:
         items, hidden, _ = await namespace_queues()

@@ -8,6 +8,9 @@ against hand-built objects.
 * :func:`fleet`: one :class:`MemberView` per MemberCluster: its state (``Ready``, ``NotReady``
   with the reason, ``Lost``), and per GPU product the GPUs used / reserved / free and the
   largest free NVLink block (``fragmentation`` = the share of free GPUs outside that block).
+* :func:`with_blocks`: the same, with each member's NVLink blocks from the hub
+  (:class:`BlockView`: one cell per GPU, or one per block when a member has too many GPUs to
+  draw each), suspect nodes' blocks marked.
 * :func:`queue_tree`: the GPUQueue tree depth first (roots and siblings by name), with each
   quota key's nominal, used, borrowed and idle (nominal not used, what others may borrow).
 * :func:`job_rows`: GPUJobs filtered by namespace, queue and phase, newest first.
@@ -17,7 +20,7 @@ against hand-built objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +29,9 @@ from gpufed.api.membercluster import READY_CONDITION, MemberCluster
 from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue
 
 __all__ = [
+    "MAX_CELLS",
     "PHASES",
+    "BlockView",
     "JobRow",
     "MemberView",
     "ProductBar",
@@ -38,6 +43,7 @@ __all__ = [
     "queue_of",
     "queue_tree",
     "timeline",
+    "with_blocks",
 ]
 
 PHASES = ("Pending", "Placed", "Running", "Succeeded", "Failed", "Lost")
@@ -108,6 +114,94 @@ class MemberView:
     products: list[ProductBar]
     largest_block: int
     suspects: list[tuple[str, str, str]]
+    #: the hub's NVLink blocks (None: not had, see the page's notes)
+    blocks: list[BlockView] | None = None
+    #: blocks the hub left out of its answer (its bound)
+    blocks_truncated: int = 0
+    #: True when the member has more than :data:`MAX_CELLS` GPUs: one cell per block
+    compact: bool = False
+
+
+#: Most GPU cells drawn for one member; above it each block is one cell coloured by its state.
+MAX_CELLS = 4096
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One NVLink domain of a member (an HGX node, an NVL72 clique): whole GPUs ``used``,
+    ``reserved``, ``free`` and ``unavailable`` (nodes not Ready, cordoned or degraded), and
+    ``suspect`` when one of its nodes is on the member's suspect list."""
+
+    domain: str
+    product: str
+    used: int
+    reserved: int
+    free: int
+    unavailable: int
+    suspect: bool
+    nodes: tuple[str, ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.used + self.reserved + self.free + self.unavailable
+
+    def cells(self) -> list[str]:
+        """One CSS class per GPU, in the order used, reserved, unavailable, free."""
+        bad = "suspect" if self.suspect else "unavailable"
+        return (
+            ["used"] * self.used
+            + ["reserved"] * self.reserved
+            + [bad] * self.unavailable
+            + ["free"] * self.free
+        )
+
+    @property
+    def state(self) -> str:
+        """One word for the whole block (compact drawing): ``free`` (all free), ``partial``
+        (some free), ``full`` (none free), ``suspect`` or ``unavailable``."""
+        if self.suspect:
+            return "suspect"
+        if self.unavailable == self.gpus:
+            return "unavailable"
+        if self.free == self.gpus:
+            return "free"
+        return "partial" if self.free else "full"
+
+
+def with_blocks(
+    members: list[MemberView], answers: Mapping[str, Mapping[str, Any]]
+) -> list[MemberView]:
+    """``members`` with the hub's blocks of each member that has an answer in ``answers``
+    (member -> the JSON of ``GET /fleet/members/<name>/blocks``)."""
+    out = []
+    for m in members:
+        answer = answers.get(m.name)
+        if answer is None:
+            out.append(m)
+            continue
+        suspects = {node for node, _, _ in m.suspects}
+        blocks = [
+            BlockView(
+                domain=str(b.get("domain", "")),
+                product=str(b.get("product", "")),
+                used=int(b.get("used", 0)),
+                reserved=int(b.get("reserved", 0)),
+                free=int(b.get("free", 0)),
+                unavailable=int(b.get("unavailable", 0)),
+                suspect=bool(suspects.intersection(b.get("nodes") or [])),
+                nodes=tuple(str(n) for n in b.get("nodes") or []),
+            )
+            for b in answer.get("blocks") or []
+        ]
+        out.append(
+            replace(
+                m,
+                blocks=blocks,
+                blocks_truncated=int(answer.get("truncated") or 0),
+                compact=sum(b.gpus for b in blocks) > MAX_CELLS,
+            )
+        )
+    return out
 
 
 def fleet(items: Iterable[Mapping[str, Any]]) -> list[MemberView]:

@@ -382,7 +382,6 @@ class KubeAPI:
         except (TimeoutError, ApiException, OSError) as exc:
             log.warning("hub.event.failed", reason=reason, error=str(exc))
 
-
     # --- callers of the hub's HTTP endpoints --------------------------------------------------
 
     async def review_access(

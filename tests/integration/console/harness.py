@@ -209,3 +209,44 @@ def event(
             "count": 1,
         },
     )
+
+
+@contextlib.contextmanager
+def hub_blocks_endpoint(kubeconfig: Path, snapshot: Any) -> Iterator[str]:
+    """The hub's real HTTP app (``hub/edge/http.py``) on a free loopback port, in a thread of
+    its own, serving ``/fleet/members/<name>/blocks`` from ``snapshot`` (a
+    :class:`~gpufed.placement.FleetSnapshot`) and reviewing callers with the hub cluster as
+    ``kubeconfig``'s identity; yields its URL."""
+    import asyncio
+    import threading
+
+    from gpufed.hub.adapters.kube import KubeAPI
+    from gpufed.hub.components.metrics import HubMetrics
+    from gpufed.hub.edge.access import AccessCheck
+    from gpufed.hub.edge.http import make_app, serve
+    from gpufed.hub.rules.blocks import member_blocks
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[Any, Any, int]:
+        kube = await KubeAPI.connect(kubeconfig, None)
+        app = make_app(
+            HubMetrics(),
+            lambda: (True, "leader"),
+            blocks=lambda name: member_blocks(snapshot, name),
+            access=AccessCheck(kube.review_access),
+        )
+        runner, port = await serve(app, "127.0.0.1", 0)
+        return kube, runner, port
+
+    kube, runner, port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(kube.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -27,6 +27,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from gpufed.api.decision import Reservation
+from gpufed.api.inventory import ClusterInventory, MemberClusterState, NodeInventory
+from gpufed.placement import FleetSnapshot
+from gpufed.sandbox import identities
 from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.console.harness import (
     GROUP,
@@ -37,6 +41,7 @@ from tests.integration.console.harness import (
     condition,
     console,
     event,
+    hub_blocks_endpoint,
     now_rfc3339,
     service_account_kubeconfig,
 )
@@ -372,6 +377,97 @@ def world(sandbox: SandboxInfo, hub_kubeconfig: Path) -> Iterator[World]:
         w.remove()
 
 
+def _fleet_snapshot() -> FleetSnapshot:
+    """What the hub would hold for the two members: console-hgx's 8 HGX nodes (hgx-0..3 full,
+    hgx-4 half used, 8 GPUs reserved on hgx-5, hgx-3 NotReady) and console-nvl72's two idle
+    72-GPU cliques."""
+
+    def node(name: str, domain: str, product: str, gpus: int, used: int = 0, **kw: Any) -> Any:
+        return NodeInventory(
+            name=name,
+            gpu_product=product,
+            nvlink_domain=domain,
+            allocatable={"nvidia.com/gpu": gpus},
+            requested={"nvidia.com/gpu": used} if used else {},
+            **kw,
+        )
+
+    hgx = [
+        node(
+            f"hgx-{i}",
+            f"node:hgx-{i}",
+            H100,
+            8,
+            used=8 if i < 4 else 4 if i == 4 else 0,
+            ready=i != 3,
+        )
+        for i in range(8)
+    ]
+    trays = [node(f"tray-{i}", f"clique:c{i // 18}", GB200, 4) for i in range(36)]
+    snap = FleetSnapshot(
+        [
+            MemberClusterState(
+                name=MEMBERS[0], inventory=ClusterInventory(cluster=MEMBERS[0], nodes=tuple(hgx))
+            ),
+            MemberClusterState(
+                name=MEMBERS[1], inventory=ClusterInventory(cluster=MEMBERS[1], nodes=tuple(trays))
+            ),
+        ]
+    )
+    snap.add_reservation(
+        Reservation(
+            job_uid="u1",
+            cluster=MEMBERS[0],
+            nodes={"hgx-5": {"nvidia.com/gpu": 8}},
+            created_at=0.0,
+            ttl_s=3600.0,
+        )
+    )
+    return snap
+
+
+@pytest.fixture(scope="module")
+def hub_url(
+    world: World, hub_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The hub's blocks endpoint, reviewing callers as the hub's own ServiceAccount with the
+    shipped RBAC (manifests/hub/rbac.yaml): proof that it grants the two reviews."""
+    from kubernetes import utils
+
+    api = world.custom.api_client
+    made: list[dict[str, Any]] = []
+    for doc in identities.documents("hub"):
+        if doc.get("kind") in ("Namespace", "ServiceAccount"):
+            continue
+        try:
+            utils.create_from_dict(api, doc)
+            made.append(doc)
+        except utils.FailToCreateError:
+            pass  # already there (409): another test's, left as it was
+    hub_identity = service_account_kubeconfig(
+        api,
+        hub_kubeconfig,
+        identities.NAMESPACE,
+        identities.HUB_ACCOUNT,
+        tmp_path_factory.mktemp("hub") / "hub.kubeconfig",
+    )
+    try:
+        with hub_blocks_endpoint(hub_identity, _fleet_snapshot()) as url:
+            yield url
+    finally:
+        for doc in made:
+            name = doc["metadata"]["name"]
+            with contextlib.suppress(k8s.ApiException):
+                if doc["kind"] == "ClusterRole":
+                    world.rbac.delete_cluster_role(name)
+                elif doc["kind"] == "ClusterRoleBinding":
+                    world.rbac.delete_cluster_role_binding(name)
+                elif doc["kind"] == "Role":
+                    world.rbac.delete_namespaced_role(name, doc["metadata"]["namespace"])
+                elif doc["kind"] == "RoleBinding":
+                    world.rbac.delete_namespaced_role_binding(name, doc["metadata"]["namespace"])
+
+
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
     d = browser()
@@ -412,13 +508,14 @@ def _texts(d: Any, css: str) -> list[str]:
 
 
 def test_admin_sees_every_page_rendered_and_live(
-    world: World, hub_kubeconfig: Path, driver: Any
+    world: World, hub_kubeconfig: Path, driver: Any, hub_url: str
 ) -> None:
-    """The admin identity: fleet, queues, jobs and a job page load in Chromium with what the
-    hub objects say, and an open page follows a change without a reload."""
+    """The admin identity: fleet (with the hub's NVLink blocks), queues, jobs and a job page
+    load in Chromium with what the hub objects say, and an open page follows a change without
+    a reload."""
     from selenium.webdriver.common.by import By
 
-    with console(hub_kubeconfig) as url:
+    with console(hub_kubeconfig, "--hub-url", hub_url) as url:
         # Server-rendered: the HTML alone already carries the state (no JavaScript needed).
         code, html = _get(f"{url}/")
         assert code == 200
@@ -535,6 +632,30 @@ def test_team_identity_sees_only_its_namespace(
         # Fleet and queues are cluster-wide reads this identity was granted.
         driver.get(f"{url}/")
         assert driver.find_elements(By.CSS_SELECTOR, '[data-member="console-hgx"]')
+
+
+def test_hub_blocks_endpoint_obeys_the_hub_clusters_rbac(
+    world: World, hub_kubeconfig: Path, hub_url: str, tmp_path: Path
+) -> None:
+    """The hub's blocks endpoint, reviewing with the hub cluster: a token whose identity may
+    get MemberClusters gets the blocks; one that may not gets 403; none or a bad one 401."""
+    import yaml
+
+    api = world.custom.api_client
+    nobody = service_account_kubeconfig(
+        api, hub_kubeconfig, TEAM_B, "nobody", tmp_path / "nobody.kubeconfig"
+    )
+    admin_token = yaml.safe_load(hub_kubeconfig.read_text())["users"][0]["user"]["token"]
+    nobody_token = yaml.safe_load(nobody.read_text())["users"][0]["user"]["token"]
+    target = f"{hub_url}/fleet/members/{MEMBERS[0]}/blocks"
+    code, body = _get(target, {"Authorization": f"Bearer {admin_token}"})
+    assert code == 200
+    assert '"node:hgx-7"' in body
+    code, body = _get(target, {"Authorization": f"Bearer {nobody_token}"})
+    assert code == 403
+    assert "memberclusters" in body
+    assert _get(target, {"Authorization": "Bearer not-a-token"})[0] == 401
+    assert _get(target)[0] == 401
 
 
 def test_console_answers_loopback_host_names_only(world: World, hub_kubeconfig: Path) -> None:
