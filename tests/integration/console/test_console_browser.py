@@ -512,10 +512,18 @@ def test_admin_sees_every_page_rendered_and_live(
 ) -> None:
     """The admin identity: fleet (with the hub's NVLink blocks), queues, jobs and a job page
     load in Chromium with what the hub objects say, and an open page follows a change without
-    a reload."""
+    a reload; the console answers loopback host names and GET only."""
     from selenium.webdriver.common.by import By
 
     with console(hub_kubeconfig, "--hub-url", hub_url) as url:
+        # Served on loopback: a request naming another host (DNS rebinding) is refused, and
+        # nothing but GET is answered (read-only).
+        assert _get(f"{url}/healthz", {"Host": "evil.example"})[0] == 421
+        post = urllib.request.Request(f"{url}/jobs", method="POST", data=b"")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(post, timeout=10)
+        assert refused.value.code == 405
+
         # Server-rendered: the HTML alone already carries the state (no JavaScript needed).
         code, html = _get(f"{url}/")
         assert code == 200
@@ -656,14 +664,3 @@ def test_hub_blocks_endpoint_obeys_the_hub_clusters_rbac(
     assert "memberclusters" in body
     assert _get(target, {"Authorization": "Bearer not-a-token"})[0] == 401
     assert _get(target)[0] == 401
-
-
-def test_console_answers_loopback_host_names_only(world: World, hub_kubeconfig: Path) -> None:
-    """Served on loopback, the console refuses a request whose Host is another name (DNS
-    rebinding), and answers no method but GET."""
-    with console(hub_kubeconfig) as url:
-        assert _get(f"{url}/healthz", {"Host": "evil.example"})[0] == 421
-        req = urllib.request.Request(f"{url}/jobs", method="POST", data=b"")
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(req, timeout=10)
-        assert err.value.code == 405
