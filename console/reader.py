@@ -284,10 +284,11 @@ class HubReader:
             async with gate:
                 try:
                     async with http.get(url, headers={"Authorization": bearer}) as resp:
-                        body = await resp.content.read(MAX_BLOCKS_BYTES + 1)
                         if resp.status in (401, 403):
                             refused.append(name)
-                        elif resp.status != 200 or len(body) > MAX_BLOCKS_BYTES:
+                            return
+                        body = await _read_bounded(resp, MAX_BLOCKS_BYTES)
+                        if resp.status != 200 or body is None:
                             failed.append(f"{name} ({resp.status})")
                         else:
                             out[name] = json.loads(body)
@@ -312,3 +313,15 @@ class HubReader:
                 )
             )
         return out, hidden
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None once it grows past ``limit`` bytes (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -7,10 +7,11 @@ against hand-built objects.
 
 * :func:`fleet`: one :class:`MemberView` per MemberCluster: its state (``Ready``, ``NotReady``
   with the reason, ``Lost``), and per GPU product the GPUs used / reserved / free and the
-  largest free NVLink block (``fragmentation`` = the share of free GPUs outside that block).
+  largest free NVLink block.
 * :func:`with_blocks`: the same, with each member's NVLink blocks from the hub
   (:class:`BlockView`: one cell per GPU, or one per block when a member has too many GPUs to
-  draw each), suspect nodes' blocks marked.
+  draw each), suspect nodes' blocks marked, and the fragmentation they show (blocks wholly
+  free, free GPUs stranded in partly used blocks).
 * :func:`queue_tree`: the GPUQueue tree depth first (roots and siblings by name), with each
   quota key's nominal, used, borrowed and idle (nominal not used, what others may borrow).
 * :func:`job_rows`: GPUJobs filtered by namespace, queue and phase, newest first.
@@ -77,8 +78,7 @@ def age(value: str | None, now: datetime) -> str:
 @dataclass(frozen=True)
 class ProductBar:
     """One GPU product of a member: whole GPUs ``total`` = ``used`` + ``reserved`` + ``free``
-    (on Ready, schedulable nodes), ``largest_block`` free GPUs in one NVLink domain, and
-    ``fragmentation`` (0-1: the share of free GPUs outside the largest free block)."""
+    (on Ready, schedulable nodes) and ``largest_block`` free GPUs in one NVLink domain."""
 
     product: str
     total: int
@@ -86,12 +86,6 @@ class ProductBar:
     reserved: int
     free: int
     largest_block: int
-
-    @property
-    def fragmentation(self) -> float:
-        if self.free <= 0:
-            return 0.0
-        return max(0.0, 1.0 - min(self.largest_block, self.free) / self.free)
 
     def percent(self, part: int) -> float:
         """``part`` as a percentage of ``total`` (bar widths)."""
@@ -120,6 +114,16 @@ class MemberView:
     blocks_truncated: int = 0
     #: True when the member has more than :data:`MAX_CELLS` GPUs: one cell per block
     compact: bool = False
+
+    @property
+    def whole_free_blocks(self) -> int:
+        """Blocks with every GPU free (what a job that needs a whole domain can have)."""
+        return sum(1 for b in self.blocks or [] if b.gpus and b.free == b.gpus)
+
+    @property
+    def stranded(self) -> int:
+        """Free GPUs in partly used blocks: the fragmentation a whole-domain job cannot use."""
+        return sum(b.free for b in self.blocks or [] if 0 < b.free < b.gpus)
 
 
 #: Most GPU cells drawn for one member; above it each block is one cell coloured by its state.

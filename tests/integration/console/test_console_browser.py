@@ -535,7 +535,7 @@ def test_admin_sees_every_page_rendered_and_live(
         assert hgx.get_attribute("data-product") == H100
         assert (hgx.get_attribute("data-total"), hgx.get_attribute("data-free")) == ("64", "20")
         assert "36 used · 8 reserved · 20 free of 64" in hgx.text
-        assert "largest free block 8 of 20 free" in hgx.text
+        assert "largest free NVLink block 8 GPUs" in hgx.text
         nvl = driver.find_element(By.CSS_SELECTOR, '[data-member="console-nvl72"]')
         assert "LeaseExpired" in nvl.text
         assert (

@@ -42,8 +42,7 @@ def job(ns: str, name: str, created: str, phase: str | None = None, **spec: Any)
 
 
 def test_a_busy_member_splits_its_gpus_into_used_reserved_and_free() -> None:
-    """64 GPUs, 20 free, 8 reserved: 36 used; the largest free block 8 of 20 free leaves 60%
-    of the free GPUs outside it."""
+    """64 GPUs, 20 free, 8 reserved: 36 used."""
     (m,) = views.fleet(
         [
             member(
@@ -58,7 +57,6 @@ def test_a_busy_member_splits_its_gpus_into_used_reserved_and_free() -> None:
     )
     (bar,) = m.products
     assert (bar.used, bar.reserved, bar.free, bar.total) == (36, 8, 20, 64)
-    assert bar.fragmentation == pytest.approx(0.6)
     assert bar.percent(bar.used) == pytest.approx(56.25)
     assert m.state == "Ready"
 
@@ -71,6 +69,39 @@ def test_reserved_never_makes_used_negative() -> None:
     )
     (bar,) = m.products
     assert (bar.used, bar.reserved, bar.free) == (0, 2, 6)
+
+
+def test_blocks_attach_with_suspects_and_fragmentation() -> None:
+    """Three 8-GPU blocks: one wholly free, one with 3 free (stranded), one full whose node is
+    suspect; a member without an answer keeps no blocks."""
+    members = views.fleet(
+        [member("a", suspectNodes=[{"node": "n2", "reason": "NodeLost"}]), member("b")]
+    )
+    answer = {
+        "blocks": [
+            {"domain": "node:n0", "free": 8, "nodes": ["n0"]},
+            {"domain": "node:n1", "used": 5, "free": 3, "nodes": ["n1"]},
+            {"domain": "node:n2", "unavailable": 8, "nodes": ["n2"]},
+        ],
+        "truncated": 4,
+    }
+    a, b = views.with_blocks(members, {"a": answer})
+    assert b.blocks is None
+    assert a.blocks is not None
+    assert [(x.state, x.suspect) for x in a.blocks] == [
+        ("free", False),
+        ("partial", False),
+        ("suspect", True),
+    ]
+    assert a.blocks[1].cells() == ["used"] * 5 + ["free"] * 3
+    assert a.blocks[2].cells() == ["suspect"] * 8
+    assert (a.whole_free_blocks, a.stranded, a.blocks_truncated, a.compact) == (1, 3, 4, False)
+
+
+def test_a_member_past_the_cell_bound_is_drawn_one_cell_per_block() -> None:
+    blocks = [{"domain": f"node:n{i}", "free": 8} for i in range(views.MAX_CELLS // 8 + 1)]
+    (m,) = views.with_blocks(views.fleet([member("a")]), {"a": {"blocks": blocks}})
+    assert m.compact
 
 
 @pytest.mark.parametrize(
