@@ -47,25 +47,14 @@ async def _serve(
     refresh_s: float,
     hub_url: str | None,
 ) -> None:
-    from aiohttp import web
-
     from gpufed.console.reader import HubReader
     from gpufed.console.server import make_app
+    from gpufed.hub.edge.http import serve  # the hub's aiohttp start-and-report-the-port
 
     reader = await HubReader.connect(kubeconfig, context, namespaces, hub_url=hub_url)
     try:
-        runner = web.AppRunner(
-            make_app(reader, explain=explain_text, refresh_s=refresh_s, listen_host=host),
-            access_log=None,
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = port
-        for addr in runner.addresses:
-            if isinstance(addr, tuple) and len(addr) >= 2:
-                bound = int(addr[1])
-                break
+        app = make_app(reader, explain=explain_text, refresh_s=refresh_s, listen_host=host)
+        runner, bound = await serve(app, host, port)
         shown = f"[{host}]" if ":" in host else host
         typer.echo(
             f"gpufed console on http://{shown}:{bound}/ as {reader.source.describe()} "

@@ -18,14 +18,11 @@ answer size and time. Removes what it created at the end.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import random
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,12 +33,12 @@ from kubernetes import client as k8s
 from kubernetes import config
 
 from gpufed.api.inventory import ClusterInventory, MemberClusterState, NodeInventory
-from gpufed.hub.adapters.kube import KubeAPI
-from gpufed.hub.components.metrics import HubMetrics
-from gpufed.hub.edge.access import AccessCheck
-from gpufed.hub.edge.http import make_app, serve
-from gpufed.hub.rules.blocks import member_blocks
 from gpufed.placement import FleetSnapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.console.harness import console, hub_blocks_endpoint  # noqa: E402
+from tests.integration.hub.harness import gpu_job  # noqa: E402
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 NS = "console-scale"
@@ -75,12 +72,6 @@ def snapshot(members: int, nodes: int, seed: int) -> tuple[FleetSnapshot, dict[s
     for st in states:
         stats[st.name] = snap.summary(st.name)
     return snap, stats
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -150,99 +141,39 @@ def main() -> None:
                     "apiVersion": f"{G}/{V}",
                     "kind": "GPUJob",
                     "metadata": {"name": f"job-{j:05d}"},
-                    "spec": {
-                        "template": {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "spec": {
-                                "template": {
-                                    "spec": {
-                                        "restartPolicy": "Never",
-                                        "containers": [{"name": "m", "image": "x"}],
-                                    }
-                                }
-                            },
-                        }
-                    },
+                    "spec": {"template": gpu_job(8)},
                 },
             )
     setup_s = time.monotonic() - t0
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> tuple[Any, Any, int]:
-        kube = await KubeAPI.connect(args.kubeconfig, None)
-        app = make_app(
-            HubMetrics(),
-            lambda: (True, "leader"),
-            blocks=lambda n: member_blocks(snap, n),
-            access=AccessCheck(kube.review_access),
-        )
-        runner, port = await serve(app, "127.0.0.1", 0)
-        return kube, runner, port
-
-    kube, runner, hub_port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    hub_url = f"http://127.0.0.1:{hub_port}"
     token = yaml.safe_load(args.kubeconfig.read_text())["users"][0]["user"].get("token", "")
-    t = time.monotonic()
-    req = urllib.request.Request(
-        f"{hub_url}/fleet/members/{names[0]}/blocks", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        body = resp.read()
-    blocks_ms = (time.monotonic() - t) * 1000
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufed.cli",
-            "console",
-            "--kubeconfig",
-            str(args.kubeconfig),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--hub-url",
-            hub_url,
-            "--refresh",
-            "3600",
-        ]
-    )
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        shots = subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("console_shots.py")),
-                url,
-                str(args.out),
-                "--prefix",
-                f"scale{args.members}x{args.nodes_per_member}-",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        with hub_blocks_endpoint(args.kubeconfig, snap) as hub_url:
+            t = time.monotonic()
+            req = urllib.request.Request(
+                f"{hub_url}/fleet/members/{names[0]}/blocks",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                body = resp.read()
+            blocks_ms = (time.monotonic() - t) * 1000
+            # the last --refresh wins: no live updates while the pages are timed
+            with console(args.kubeconfig, "--hub-url", hub_url, "--refresh", "3600") as url:
+                shots = subprocess.run(
+                    [
+                        sys.executable,
+                        str(Path(__file__).with_name("console_shots.py")),
+                        url,
+                        str(args.out),
+                        "--prefix",
+                        f"scale{args.members}x{args.nodes_per_member}-",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
         result = json.loads(shots.stdout.strip().splitlines()[-1])
     finally:
-        proc.terminate()
-        proc.wait(10)
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        asyncio.run_coroutine_threadsafe(kube.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
         for name in names:
             with contextlib.suppress(k8s.ApiException):
                 custom.delete_cluster_custom_object(G, V, "memberclusters", name)

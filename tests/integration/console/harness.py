@@ -161,29 +161,6 @@ def condition(type_: str, status: str, reason: str, message: str = "", at: str =
     }
 
 
-def batch_job(gpus: int) -> dict[str, Any]:
-    """A batch/v1 Job template of one pod with ``gpus`` GPUs."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train"},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "trainer:1.0",
-                            "resources": {"limits": {"nvidia.com/gpu": gpus}},
-                        }
-                    ],
-                }
-            }
-        },
-    }
-
-
 def event(
     core: k8s.CoreV1Api, job: dict[str, Any], type_: str, reason: str, message: str, at: str
 ) -> None:

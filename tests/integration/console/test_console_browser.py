@@ -36,7 +36,6 @@ from tests.integration.console.harness import (
     GROUP,
     SCREENSHOTS_ENV,
     VERSION,
-    batch_job,
     browser,
     condition,
     console,
@@ -45,6 +44,7 @@ from tests.integration.console.harness import (
     now_rfc3339,
     service_account_kubeconfig,
 )
+from tests.integration.hub.harness import gpu_job
 
 pytestmark = [pytest.mark.integration]
 
@@ -110,7 +110,7 @@ class World:
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "GPUJob",
                 "metadata": {"name": name},
-                "spec": {"template": batch_job(gpus)},
+                "spec": {"template": gpu_job(gpus)},
             },
         )
         self.status("gpujobs", name, status, ns)
