@@ -83,3 +83,38 @@ def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(classes: E2
         assert ks["phase"] == "Running"
         assert condition(ks, "Preempted") is None
     assert "Preempting" in hub.events("high")
+
+    # The same preemption in the web console (headless Chromium; skipped without it): the
+    # fleet page draws eu-nvl72's two cliques from the real hub, the preemptor's page shows
+    # its placement and what it preempted, a victim's page its preemption.
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.console.harness import browser, console
+
+    cp = classes.info.control_plane
+    assert cp is not None
+    driver = browser()
+    try:
+        with console(classes.info.kubeconfig, "--hub-url", cp.hub_http) as url:
+            driver.get(f"{url}/")
+            cliques = driver.find_elements(By.CSS_SELECTOR, '[data-member="eu-nvl72"] .blk')
+            assert len(cliques) == 2
+            cells = {
+                b.get_attribute("data-domain"): len(b.find_elements(By.CSS_SELECTOR, ".c"))
+                for b in cliques
+            }
+            assert cells == dict.fromkeys(cells, 72)
+            assert freed in cells
+            driver.get(f"{url}/jobs/drill/high")
+            timeline = driver.find_element(By.ID, "timeline").text
+            assert "placement decided: eu-nvl72" in timeline
+            assert freed in timeline
+            assert f"preempted {len(victims)} job(s) in eu-nvl72" in timeline
+            driver.get(f"{url}/jobs/drill/{victims[0]}")
+            kinds = {
+                e.get_attribute("data-kind")
+                for e in driver.find_elements(By.CSS_SELECTOR, "#timeline li")
+            }
+            assert {"submitted", "placed", "preempted"} <= kinds
+    finally:
+        driver.quit()
