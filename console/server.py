@@ -5,7 +5,8 @@ Pages (GET only; any other method answers 405):
 
 * ``/``: the fleet: each member's state, GPU products, GPUs used / reserved / free and the
   largest free NVLink block (:func:`gpufed.console.views.fleet`);
-* ``/queues``: the GPUQueue tree with quotas, usage and borrowing;
+* ``/queues``: the GPUQueue tree with quotas, usage and borrowing, and each queue's fair share
+  over the last day as the console sampled it (:class:`ShareHistory`, once a minute);
 * ``/jobs``: GPUJobs of every phase, newest first, with ``?namespace=&queue=&phase=`` filters
   (at most :data:`MAX_ROWS` rows; a note says how many more matched);
 * ``/jobs/<namespace>/<name>``: one job: its timeline, its conditions, its Events and "why
@@ -26,8 +27,12 @@ Who calls it: ``gpufed console`` (``cli/console.py``) and the console tests.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
-from collections.abc import Awaitable, Callable
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,10 @@ __all__ = ["MAX_ROWS", "make_app"]
 
 #: Most job rows one ``/jobs`` page shows.
 MAX_ROWS = 500
+#: Fair-share history: one sample a minute for a day, for at most this many queues.
+SHARE_EVERY_S = 60.0
+SHARE_SAMPLES = 1440
+SHARE_QUEUES = 500
 _HERE = Path(__file__).resolve().parent
 _LIVE_HEADER = "X-Console-Live"
 _SECURITY_HEADERS = {
@@ -53,6 +62,40 @@ _SECURITY_HEADERS = {
 }
 
 Explain = Callable[[dict[str, Any]], str]
+
+
+class ShareHistory:
+    """Each queue's ``status.fairShare`` as the console saw it over the last day (the hub keeps
+    no history): at most :data:`SHARE_SAMPLES` samples per queue, :data:`SHARE_QUEUES` queues,
+    one sample per queue per :data:`SHARE_EVERY_S` at most. Lost when the console stops."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+
+    def note(self, queues: Iterable[Mapping[str, Any]]) -> None:
+        now = self._clock()
+        for q in queues:
+            name = (q.get("metadata") or {}).get("name", "")
+            raw = (q.get("status") or {}).get("fairShare")
+            if raw is None:
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                continue
+            line = self._samples.get(name)
+            if line is None:
+                if len(self._samples) >= SHARE_QUEUES:
+                    continue
+                line = self._samples[name] = deque(maxlen=SHARE_SAMPLES)
+            if line and now - line[-1][0] < SHARE_EVERY_S:
+                line[-1] = (line[-1][0], value)  # keep the latest value of this minute
+            else:
+                line.append((now, value))
+
+    def of(self, name: str) -> list[tuple[float, float]]:
+        return list(self._samples.get(name, ()))
 
 
 def _loopback(host: str) -> bool:
@@ -90,6 +133,7 @@ def make_app(
     turns on the ``Host`` check)."""
     env = _environment()
     check_host = _loopback(listen_host)
+    shares = ShareHistory()
 
     @web.middleware
     async def guard(
@@ -119,6 +163,7 @@ def make_app(
 
     async def namespace_queues() -> tuple[list[dict[str, Any]], list[Hidden], dict[str, str]]:
         queues = await reader.queues()
+        shares.note(queues.items)
         mapping = {
             ns: (q.get("metadata") or {}).get("name", "")
             for q in queues.items
@@ -141,7 +186,9 @@ def make_app(
 
     async def queues_page(request: web.Request) -> web.Response:
         items, hidden, _ = await namespace_queues()
-        return render(request, "queues.html", queues=views.queue_tree(items), hidden=hidden)
+        tree = views.queue_tree(items)
+        lines = {q.name: views.sparkline(shares.of(q.name)) for q in tree}
+        return render(request, "queues.html", queues=tree, shares=lines, hidden=hidden)
 
     async def jobs_page(request: web.Request) -> web.Response:
         q = request.query
@@ -212,7 +259,24 @@ def make_app(
 
         return handler
 
+    async def sample_shares(_: web.Application) -> AsyncIterator[None]:
+        """Read the queues once a minute while the console runs, so the fair-share lines grow
+        even when no one has the queues page open."""
+
+        async def loop() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # a failed read: the next minute tries
+                    shares.note((await reader.queues()).items)
+                await asyncio.sleep(SHARE_EVERY_S)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     app = web.Application(middlewares=[guard])
+    app.cleanup_ctx.append(sample_shares)
     app.router.add_get("/", guarded(fleet_page))
     app.router.add_get("/queues", guarded(queues_page))
     app.router.add_get("/jobs", guarded(jobs_page))

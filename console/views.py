@@ -14,6 +14,7 @@ against hand-built objects.
   free, free GPUs stranded in partly used blocks).
 * :func:`queue_tree`: the GPUQueue tree depth first (roots and siblings by name), with each
   quota key's nominal, used, borrowed and idle (nominal not used, what others may borrow).
+* :func:`sparkline`: an SVG polyline of a queue's fair share over time.
 * :func:`job_rows`: GPUJobs filtered by namespace, queue and phase, newest first.
 * :func:`timeline`: what happened to one job, oldest first, from its status and its Events.
 """
@@ -43,6 +44,7 @@ __all__ = [
     "job_rows",
     "queue_of",
     "queue_tree",
+    "sparkline",
     "timeline",
     "with_blocks",
 ]
@@ -354,6 +356,21 @@ def queue_tree(items: Iterable[Mapping[str, Any]]) -> list[QueueView]:
     for name in sorted(queues):  # members of a cycle: no root leads to them
         visit(name, 0)
     return out
+
+
+def sparkline(points: Iterable[tuple[float, float]], *, width: int = 160, height: int = 28) -> str:
+    """The ``points`` attribute of an SVG ``<polyline>`` drawing ``(time, value)`` samples in a
+    ``width`` x ``height`` box: time left to right over the samples' span, value bottom (0) to
+    top (the largest value); ``""`` with fewer than 2 samples. Times in seconds, any origin."""
+    pts = sorted(points)
+    if len(pts) < 2:
+        return ""
+    t0, t1 = pts[0][0], pts[-1][0]
+    top = max(v for _, v in pts) or 1.0
+    span = (t1 - t0) or 1.0
+    return " ".join(
+        f"{(t - t0) / span * width:.1f},{height - v / top * height:.1f}" for t, v in pts
+    )
 
 
 # --- jobs --------------------------------------------------------------------------------------

@@ -238,3 +238,12 @@ def test_timeline_orders_status_facts_and_events_by_time() -> None:
 )
 def test_age(then: str | None, shown: str) -> None:
     assert views.age(then, NOW) == shown
+
+
+def test_sparkline_maps_time_and_value_into_the_box() -> None:
+    """Samples at t=0, 50, 100 with values 0, 5, 10 in a 100 x 10 box: left-bottom,
+    middle-middle, right-top; fewer than two samples draw nothing."""
+    assert views.sparkline([(100, 10), (0, 0), (50, 5)], width=100, height=10) == (
+        "0.0,10.0 50.0,5.0 100.0,0.0"
+    )
+    assert views.sparkline([(0, 1.0)]) == ""
