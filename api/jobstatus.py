@@ -274,6 +274,10 @@ class GPUJobStatus(CRDModel):
         default_factory=list, max_length=MAX_RESTART_HISTORY
     )
     """The newest 16 re-runs: attempt, cluster, nodes, reason, message, time."""
+    next_attempt_at: DateTime | None = None
+    """While the job waits out the backoff between re-runs after infrastructure failures: when it
+    may be placed again (RFC 3339; `--rerun-backoff-base` doubling per re-run up to
+    `--rerun-backoff-max`)."""
     timings: Timings | None = None
     observed_generation: int | None = None
     """The `metadata.generation` this status was computed from."""

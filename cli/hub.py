@@ -243,6 +243,16 @@ def run(
             "(0: never)"
         ),
     ] = 3600.0,
+    rerun_backoff_base: Annotated[
+        float,
+        typer.Option(
+            help="seconds a job waits before its first re-run after an infrastructure failure; "
+            "doubles per re-run (0: no wait)"
+        ),
+    ] = 60.0,
+    rerun_backoff_max: Annotated[
+        float, typer.Option(help="the most seconds a job waits between two re-runs")
+    ] = 3600.0,
     degraded_node_condition: Annotated[
         list[str] | None,
         typer.Option(
@@ -314,6 +324,8 @@ def run(
         "preemption_cooldown_s": preemption_cooldown,
         "preemption_max_preemptors": preemption_max_preemptors,
         "suspect_node_cooldown_s": suspect_node_cooldown,
+        "rerun_backoff_base_s": rerun_backoff_base,
+        "rerun_backoff_max_s": rerun_backoff_max,
         "degraded_node_conditions": tuple(degraded_node_condition or ()),
     }
     if hub_id:
@@ -380,6 +392,8 @@ FLAG_OF: dict[str, str] = {
     "preemption_cooldown_s": "--preemption-cooldown",
     "preemption_max_preemptors": "--preemption-max-preemptors",
     "suspect_node_cooldown_s": "--suspect-node-cooldown",
+    "rerun_backoff_base_s": "--rerun-backoff-base",
+    "rerun_backoff_max_s": "--rerun-backoff-max",
     "degraded_node_conditions": "--degraded-node-condition",
 }
 """HubConfig field -> the ``gpufed hub`` flag that sets it (errors name the flag)."""

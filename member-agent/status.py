@@ -52,6 +52,7 @@ from gpufed.sync.failure import (
     NodeHealth,
     Suspicion,
     classify_failure,
+    suspicion_conditions,
     suspicions,
 )
 from gpufed.sync.status import last_checkpoint, summarize_workload, terminal_phase
@@ -515,7 +516,11 @@ class StatusReporter:
         elif tracked.suspected:
             status = status.model_copy(
                 update={
-                    "pod_issues": (*_suspicion_issues(tracked.suspected, pods), *status.pod_issues)
+                    "pod_issues": (*_suspicion_issues(tracked.suspected, pods), *status.pod_issues),
+                    "conditions": (
+                        *status.conditions,
+                        *suspicion_conditions(tracked.suspected),
+                    ),
                 }
             )
         checkpoint = last_checkpoint(obj, pods, now=self._wall())

@@ -73,7 +73,7 @@ TERMINATION_BY_KUBELET: Final = "TerminationByKubelet"
 EVICTION_BY_EVICTION_API: Final = "EvictionByEvictionAPI"
 PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
 #: Infrastructure reasons that are evidence about the node itself, which alone mark nodes
-#: suspect (the hub's ``hub/components/suspects.py``, via ``hub/components/restarts.py``): the node gone or NotReady,
+#: suspect (the hub's ``hub/components/suspects.py``, via ``hub/components/lifecycle.py``): the node gone or NotReady,
 #: GPUs withdrawn by the device plugin, the pod garbage collector after the node's deletion, a
 #: NoExecute taint. Not: ``InfrastructureExitCode`` (the tenant declares it),
 #: ``TerminationByKubelet`` (a pressure eviction the tenant's own pod can provoke),
@@ -246,6 +246,31 @@ def suspicions(
             )
         )
     return tuple(sorted(out, key=lambda s: (s.node, s.reason)))
+
+
+def suspicion_conditions(suspected: Iterable[Suspicion]) -> list[Condition]:
+    """The job's conditions for its suspicions: one per reason (``NodeNotReady``,
+    ``GPUUnavailable``), True since the earliest, its message naming each node (at most 8),
+    since when and the deadline. Shown at once, while the grace period runs; gone when the
+    nodes recover."""
+    by_reason: dict[str, list[Suspicion]] = {}
+    for s in suspected:
+        by_reason.setdefault(s.reason, []).append(s)
+    out = []
+    for reason, items in sorted(by_reason.items()):
+        items.sort(key=lambda s: (s.since, s.node))
+        shown = "; ".join(s.message for s in items[:8])
+        more = f"; and {len(items) - 8} more nodes" if len(items) > 8 else ""
+        out.append(
+            Condition(
+                type=reason,
+                status="True",
+                reason=reason,
+                message=(shown + more)[:1024],
+                last_transition_time=_rfc3339(items[0].since),
+            )
+        )
+    return out
 
 
 def with_declared_exit_codes(cause: FailureCause, declared: Iterable[int]) -> FailureCause:

@@ -124,6 +124,10 @@ class HubConfig(BaseModel):
       what-if placements; the others wait for the next cycle).
     - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
       placement this long (0: never suspect; :mod:`gpufed.hub.components.suspects`).
+    - ``rerun_backoff_base_s`` / ``rerun_backoff_max_s``: the wait before a re-run after an
+      infrastructure failure, doubling per re-run from the base up to the max (Kueue's
+      ``requeuingStrategy``: 60 s and 3,600 s); 0 base: no wait. A drain or a member-side
+      preemption waits not and uses no re-run budget (:mod:`gpufed.hub.rules.lifecycle`).
     - ``degraded_node_conditions``: Node condition types (at most 32) that make a node degraded
       for placement while True (e.g. a GPU health checker's); sent to every agent in
       ``Welcome``, which reports such nodes degraded.
@@ -186,6 +190,8 @@ class HubConfig(BaseModel):
     preemption_cooldown_s: float = Field(default=600.0, ge=0)
     preemption_max_preemptors: int = Field(default=8, ge=1, le=1000)
     suspect_node_cooldown_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    rerun_backoff_base_s: float = Field(default=60.0, ge=0, le=86400)
+    rerun_backoff_max_s: float = Field(default=3600.0, ge=0, le=7 * 86400)
     degraded_node_conditions: tuple[
         Annotated[
             str, Field(min_length=1, max_length=316, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")

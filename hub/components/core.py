@@ -9,13 +9,14 @@ resumes where the previous leader stopped and creates nothing twice (docs/design
 The components, each in its own module (docs/design.md §9 walks a job through them):
 
 ==========================  ==================================================================
-:mod:`~gpufed.hub.components.intake`   list+watch of GPUJobs, MemberClusters, Namespaces, GPUQueues; admission, reconcile
+:mod:`~gpufed.hub.components.intake`   list+watch of GPUJobs, MemberClusters, Namespaces, GPUQueues; admission
+:mod:`~gpufed.hub.components.lifecycle` a job's next step: one level-triggered reconcile (deletion, requeue, re-runs, lost members, orphans)
 :mod:`~gpufed.hub.components.queues`   GPUQueues: the queue tree, the quota-usage ledger, fair share, queue status
 :mod:`~gpufed.hub.components.scheduling`  the scheduling cycle and the placement commit (one etcd txn)
 :mod:`~gpufed.hub.components.reservations`  the one owner of reservations
 :mod:`~gpufed.hub.components.dispatch` the per-member work outbox, resends, desired set on (re)connect
 :mod:`~gpufed.hub.components.reports`  acks and workload status from members
-:mod:`~gpufed.hub.components.deletion` finalizers, member cleanup, orphaned job records
+:mod:`~gpufed.hub.components.finalizers` the hub's finalizer on GPUJobs
 :mod:`~gpufed.hub.components.members`  member registry, inventory, health, lost members
 :mod:`~gpufed.hub.components.tokens`   join tokens (watched Secrets), the agents' credential check
 :mod:`~gpufed.hub.components.mirror`   GPUJob / MemberCluster / GPUQueue status writes and Events
@@ -50,8 +51,8 @@ from gpufed.hub.adapters.ports import HubAPI, StateStore
 from gpufed.hub.adapters.sessions import AgentSession, StreamClosedError
 from gpufed.hub.adapters.store import Loaded
 from gpufed.hub.components.config import HubConfig
-from gpufed.hub.components.deletion import Deletion
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.finalizers import Finalizers
 from gpufed.hub.components.intake import (
     GPUJOBS,
     GPUQUEUES,
@@ -60,6 +61,7 @@ from gpufed.hub.components.intake import (
     PRIORITYCLASSES,
     Intake,
 )
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.components.mirror import Mirror
@@ -67,9 +69,7 @@ from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.reports import Reports
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.restarts import Restarts
 from gpufed.hub.components.scheduling import Scheduler
 from gpufed.hub.components.state import HubState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
@@ -125,22 +125,18 @@ class Controller:
             leading=lambda: leading() and not self._stopped.is_set(),
         )
         self._term = term
-        # Built in dependency order (docs/design.md §9): each takes the peers it calls.
+        # Built in dependency order (docs/design.md §9): each takes the peers it calls; they
+        # also meet through the term's state (HubState: wanted jobs, kicks, the first list).
         self.mirror = Mirror(term)
         self.tokens = JoinTokens(term)
         self.reservations = Reservations(term, self.snapshot)
         self.dispatch = Dispatch(term)
-        self.deletion = Deletion(term, self.dispatch, self.reservations, self.mirror)
-        self.requeue = Requeue(
-            term,
-            self.dispatch,
-            self.reservations,
-            self.mirror,
-            want=lambda uid: self.scheduler.want(uid),
-        )
+        self.finalizers = Finalizers(term)
         self.suspects = SuspectNodes(term.config.suspect_node_cooldown_s)
-        self.restarts = Restarts(term, self.requeue, self.reservations, self.mirror, self.suspects)
-        self.queues = Queues(term, self.mirror, self.deletion)
+        self.lifecycle = Lifecycle(
+            term, self.dispatch, self.reservations, self.mirror, self.finalizers, self.suspects
+        )
+        self.queues = Queues(term, self.mirror, self.lifecycle)
         self.priorities = PriorityClasses()
         self.scheduler = Scheduler(
             term,
@@ -150,43 +146,27 @@ class Controller:
             self.mirror,
             self.queues,
             self.priorities,
-            self.requeue,
-            suspects=self.suspects,
+            self.lifecycle,
         )
         self.members = Members(
             term,
             self.snapshot,
             self.reservations,
             self.dispatch,
-            self.deletion,
-            self.scheduler,
+            self.lifecycle,
             self.mirror,
             self.tokens,
-            self.requeue,
-            suspects=self.suspects,
         )
-        self.reports = Reports(
-            term,
-            self.dispatch,
-            self.deletion,
-            self.reservations,
-            self.mirror,
-            self.requeue,
-            restarts=self.restarts,
-            jobs_listed=lambda: self.intake.jobs_synced.is_set(),
-        )
+        self.reports = Reports(term, self.dispatch, self.reservations, self.mirror, self.lifecycle)
         self.rebuild = Rebuild(term, self.scheduler, self.dispatch, self.mirror)
         self.intake = Intake(
             term,
             self.members,
-            self.deletion,
-            self.reports,
-            self.scheduler,
+            self.lifecycle,
             self.mirror,
             self.rebuild,
             self.queues,
             self.priorities,
-            self.requeue,
         )
         #: the hub state epoch (set by :meth:`load`; "" until then)
         self.epoch = ""
@@ -211,11 +191,13 @@ class Controller:
     def restore(self, loaded: Loaded) -> None:
         """Take over what etcd holds: members, work items, job records, reservations."""
         self.members.restore(loaded.members, loaded.nodes)
+        for name, meta in loaded.members.items():
+            self.suspects.restore(name, meta.suspects, mono=self._mono(), wall=self._wall())
         for (cluster, uid), (record, rev) in loaded.work.items():
             self.state.work[(cluster, uid)] = WorkState(
                 cluster, record, rev, ack=loaded.acks.get((cluster, uid))
             )
-        self.deletion.restore(loaded.jobs, loaded.job_revisions)
+        self.lifecycle.restore(loaded.jobs, loaded.job_revisions)
         self.reservations.restore(loaded.reservations, self._wall())
         self.queues.restore_history(loaded.fair_share)
 
@@ -279,15 +261,16 @@ class Controller:
     @property
     def ready(self) -> bool:
         """Both initial lists are done (the leader's ``/readyz`` and ``/leaderz``)."""
-        return self.intake.members_synced.is_set() and self.intake.jobs_synced.is_set()
+        return self.intake.members_synced.is_set() and self.state.jobs_listed.is_set()
 
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(_TICK_S)
             await self.members.check_health()
+            await self.lifecycle.due()
             self.dispatch.resend_due(self._mono())
             if self.suspects.expire(self._mono()):
-                self.scheduler.kick()  # nodes back in the fleet: waiting jobs may fit now
+                self.state.kick()  # nodes back in the fleet: waiting jobs may fit now
 
     async def _flush_loop(self) -> None:
         """Persist changed inventories and member facts; refresh member and queue status and
@@ -375,7 +358,7 @@ class Controller:
             desired=desired,
         )
         s.syncing = False
-        self.rebuild.reported(m, self.intake.jobs_synced.is_set())
+        self.rebuild.reported(m)
         self.dispatch.pump(hello.cluster)
         return s
 

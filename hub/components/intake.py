@@ -1,5 +1,6 @@
 """Intake: list+watch of GPUJobs, MemberClusters, Namespaces, GPUQueues and PriorityClasses on
-the hub cluster, GPUJob validation and admission, and the reconcile that routes each job to deletion or the queue.
+the hub cluster, GPUJob validation and admission; each job taken in is handed to the lifecycle
+(:mod:`gpufed.hub.components.lifecycle`), which decides what comes next.
 
 Each resource is listed, then watched (:func:`gpufed.hub.adapters.listwatch.list_watch`); objects
 missing from a re-list were deleted while unwatched. Transient errors back off; anything else
@@ -17,7 +18,8 @@ namespace the Namespace watch has not shown yet waits for one read of that names
 invalid or refused job gets phase Failed, condition ``Valid=False`` naming the field and a
 Warning Event, and never reaches a member. Any unexpected error while reading one job marks only
 that job invalid: one GPUJob must never stop the leader for every other job. A valid job gets
-the finalizer, then waits in the queue (:mod:`gpufed.hub.components.scheduling`).
+the finalizer, then waits in the queue (:mod:`gpufed.hub.components.scheduling`). The term's first
+GPUJob list sets ``HubState.jobs_listed``.
 """
 
 from __future__ import annotations
@@ -30,19 +32,15 @@ from pydantic import ValidationError
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
-from gpufed.api.labels import FINALIZER
 from gpufed.hub.adapters.listwatch import list_watch
 from gpufed.hub.adapters.ports import WatchEvent
-from gpufed.hub.components.deletion import Deletion
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.namespaces import NamespaceLevels
 from gpufed.hub.components.priorities import PriorityClasses, priority_source
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
-from gpufed.hub.components.reports import Reports
-from gpufed.hub.components.requeue import Requeue
-from gpufed.hub.components.scheduling import Scheduler
 from gpufed.hub.components.state import JobState
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
@@ -70,24 +68,18 @@ class Intake:
         self,
         term: Term,
         members: Members,
-        deletion: Deletion,
-        reports: Reports,
-        scheduler: Scheduler,
+        lifecycle: Lifecycle,
         mirror: Mirror,
         rebuild: Rebuild,
         queues: Queues,
         priorities: PriorityClasses,
-        requeue: Requeue,
     ) -> None:
-        self._requeue = requeue
+        self._lifecycle = lifecycle
         self._rebuild = rebuild
         self._priorities = priorities
         self._term = term
         self._queues = queues
         self._members = members
-        self._deletion = deletion
-        self._reports = reports
-        self._scheduler = scheduler
         self._mirror = mirror
         self._reconciling: set[str] = set()
         self.namespaces = NamespaceLevels(term.config.default_pod_security)
@@ -97,9 +89,9 @@ class Intake:
         )
         #: namespace -> (job uid -> its latest object): new jobs waiting for the namespace's level
         self._awaiting: dict[str, dict[str, GPUJob]] = {}
-        #: set once the first MemberCluster / GPUJob list of this term is in
+        #: set once the first MemberCluster list of this term is in (the first GPUJob list:
+        #: ``HubState.jobs_listed``)
         self.members_synced = asyncio.Event()
-        self.jobs_synced = asyncio.Event()
 
     # --- list + watch --------------------------------------------------------------------------------
 
@@ -124,10 +116,10 @@ class Intake:
     def _on_event(self, plural: str, ev: WatchEvent) -> None:
         if plural == GPUQUEUES:
             if self._queues.on_event(ev.type, ev.obj):
-                self._scheduler.kick()
+                self._term.state.kick()
         elif plural == PRIORITYCLASSES:
             if self._priorities.on_event(ev.type, ev.obj):
-                self._scheduler.kick()
+                self._term.state.kick()
         elif plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
         elif plural == NAMESPACES:
@@ -143,18 +135,18 @@ class Intake:
         rest arrive as ADDED."""
         if plural == GPUQUEUES:
             self._queues.listed(items)
-            self._scheduler.kick()
+            self._term.state.kick()
             return
         if plural == PRIORITYCLASSES:
             self._priorities.listed(items)
-            self._scheduler.kick()
+            self._term.state.kick()
             return
         present = (
             {str(o.get("metadata", {}).get("uid")) for o in items} if plural == GPUJOBS else set()
         )
         if plural == GPUJOBS:
             for uid in [u for u in self._term.state.jobs if u not in present]:
-                self._deletion.job_gone(uid)
+                self._lifecycle.job_gone(uid)
             for waiting in self._awaiting.values():
                 for uid in [u for u in waiting if u not in present]:
                     del waiting[uid]
@@ -167,12 +159,8 @@ class Intake:
         if plural == MEMBERCLUSTERS:
             self.members_synced.set()
         elif plural == GPUJOBS:
-            self._deletion.sweep_orphans(present)
-            first = not self.jobs_synced.is_set()
-            self.jobs_synced.set()
-            if first:
-                self._reports.replay_early()
-                self._rebuild.check_unclaimed()
+            self._lifecycle.sweep_orphans(present)
+            self._term.state.jobs_listed.set()
 
     # --- GPUJobs -------------------------------------------------------------------------------------
 
@@ -182,7 +170,7 @@ class Intake:
         uid = str(meta.get("uid", ""))
         if ev.type == "DELETED":
             self._awaiting.get(str(meta.get("namespace", "")), {}).pop(uid, None)
-            self._deletion.job_gone(uid)
+            self._lifecycle.job_gone(uid)
             return
         try:
             obj = GPUJob.model_validate(ev.obj)
@@ -243,12 +231,7 @@ class Intake:
         job = JobState(
             uid=uid, obj=obj, status=status, seen_mono=self._term.mono(), pod_security=level
         )
-        adopted = self._deletion.adopt(uid)
-        if adopted is not None:
-            job.record, job.record_rev = adopted
-            if job.record.stopping is not None:
-                # A previous leader was stopping its copy for a requeue: carry on.
-                self._term.spawn(self._requeue.resume(uid))
+        self._lifecycle.adopt(job)
         # No record, or an older one than the status: a lost or restored etcd state
         # (docs/design.md §7 item 7); the placement is adopted in the reconcile, never redone.
         self._rebuild.claim(job)
@@ -336,15 +319,4 @@ class Intake:
                 return
             # First, so that a deleted job's member copy is cleaned up from the adopted record.
             await self._rebuild.adopt(job)
-            if job.deleting:
-                await self._deletion.finalize(job)
-                return
-            if job.wants_placement:
-                self._scheduler.want(uid)
-            needs_finalizer = job.record is not None or (
-                job.request is not None and not job.terminal
-            )
-            if needs_finalizer and FINALIZER not in job.obj.metadata.finalizers:
-                # Off the placement path: a job deleted before its finalizer landed is cleaned
-                # up from its etcd record (DELETED event, or the orphan sweep after a restart).
-                self._term.spawn(self._deletion.add_finalizer(uid))
+            await self._lifecycle.reconcile_locked(job)

@@ -37,20 +37,17 @@ from gpufed.api.inventory import (
 from gpufed.api.membercluster import MemberCluster, SuspectNode
 from gpufed.api.stream import AgentHello, Heartbeat, InventoryDelta, InventorySnapshot
 from gpufed.hub.adapters.sessions import StreamClosedError
-from gpufed.hub.components.deletion import Deletion
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.member_status import health_of, member_status
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.scheduling import Scheduler
 from gpufed.hub.components.state import MemberState
-from gpufed.hub.components.suspects import SuspectNodes
 from gpufed.hub.components.term import Term
 from gpufed.hub.components.tokens import JoinTokens
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import MemberHealth, health_at, silence
-from gpufed.hub.rules.records import JobRecord, MemberMeta
+from gpufed.hub.rules.records import MemberMeta
 from gpufed.placement import FleetSnapshot
 
 log = structlog.get_logger("gpufed.hub.components.members")
@@ -76,23 +73,17 @@ class Members:
         snapshot: FleetSnapshot,
         reservations: Reservations,
         dispatch: Dispatch,
-        deletion: Deletion,
-        scheduler: Scheduler,
+        lifecycle: Lifecycle,
         mirror: Mirror,
         tokens: JoinTokens,
-        requeue: Requeue,
-        *,
-        suspects: SuspectNodes | None = None,
     ) -> None:
-        self._requeue = requeue
-        self._suspects = suspects
+        self._lifecycle = lifecycle
+        self._suspects = lifecycle.suspects
         self._term = term
         self._tokens = tokens
         self._snapshot = snapshot
         self._reservations = reservations
         self._dispatch = dispatch
-        self._deletion = deletion
-        self._scheduler = scheduler
         self._mirror = mirror
 
     def restore(self, meta: dict[str, MemberMeta], nodes: dict[str, dict[str, Any]]) -> None:
@@ -131,7 +122,7 @@ class Members:
         else:
             self._snapshot.set_member(self._member_state(m))
         m.status_dirty = True
-        self._scheduler.kick()
+        self._term.state.kick()
 
     def listed(self, names: set[str]) -> None:
         """After a (re)list: members we knew that are gone were deleted while unwatched (also
@@ -162,7 +153,7 @@ class Members:
             # Its jobs follow the member-lost policy now, and deleting them completes (the
             # finalizer of a job on a lost member is dropped without waiting for an ack).
             self._set_health(m, "Lost")
-            self._term.spawn(self._declare_lost(m, deleted=True))
+            self._term.spawn(self._declare_lost(m))
 
     def _has_work(self, cluster: str) -> bool:
         return any(c == cluster for c, _ in self._term.state.work)
@@ -268,7 +259,7 @@ class Members:
         else:
             log.info("member.api_reachable", cluster=m.name, was=was)
             self._mirror.member_event(m, "Normal", "Ready", "its agent reaches its API server")
-            self._scheduler.kick()
+            self._term.state.kick()
             self._dispatch.pump(m.name)
 
     # --- inventory -------------------------------------------------------------------------------
@@ -354,9 +345,9 @@ class Members:
     def _inventory_changed(self, m: MemberState) -> None:
         m.status_dirty = True
         self._reservations.settle(self.flush_nodes)
-        if self._requeue.awaiting_pods_gone:
-            self._term.spawn(self._requeue.inventory_changed(m.name))
-        self._scheduler.kick()
+        if self._lifecycle.awaiting_pods_gone(m.name):
+            self._term.spawn(self._lifecycle.inventory_changed(m.name))
+        self._term.state.kick()
 
     async def flush_nodes(self, name: str) -> None:
         """Write the member's changed nodes to etcd (waits for a write already in flight)."""
@@ -404,7 +395,7 @@ class Members:
         if health == "Ready":
             log.info("member.ready", cluster=m.name, was=was)
             self._mirror.member_event(m, "Normal", "Ready", f"its agent is heard again ({was})")
-            self._scheduler.kick()
+            self._term.state.kick()
             self._dispatch.pump(m.name)
         elif health == "NotReady":
             log.warning("member.not_ready", cluster=m.name, silent_s=round(quiet, 1))
@@ -414,52 +405,13 @@ class Members:
             why = silent if m.spec is not None else "the MemberCluster was deleted"
             self._mirror.member_event(m, "Warning", "Lost", f"{why}: its jobs are lost or moved")
 
-    async def _declare_lost(self, m: MemberState, *, deleted: bool = False) -> None:
-        """The member-lost timeout passed (or, ``deleted``, its MemberCluster was deleted):
-        its jobs become Lost or are placed again."""
+    async def _declare_lost(self, m: MemberState) -> None:
+        """The member-lost timeout passed (or its MemberCluster was deleted): recorded, then
+        its jobs become Lost or are placed again (:mod:`gpufed.hub.components.lifecycle`)."""
         m.meta = m.meta.model_copy(update={"lost_at": self._term.wall()})
         await self._term.store.put_member_meta(m.name, m.meta)
-        lost_for = silence(
-            now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
-        )
-        for cluster, uid in [k for k in self._term.state.work if k[0] == m.name]:
-            async with self._term.state.lock(uid):
-                ws = self._term.state.work.get((cluster, uid))
-                job = self._term.state.jobs.get(uid)
-                if ws is None or job is None or job.placed_cluster != cluster:
-                    continue
-                if job.deleting:
-                    await self._deletion.finalize(job)
-                    continue
-                if job.terminal or await self._requeue.member_lost(job, cluster):
-                    continue
-                self._reservations.release(uid, "the member was lost")
-                resched = job.obj.spec.placement.reschedule == "OnClusterLoss"
-                if resched and job.record is not None and job.record_rev is not None:
-                    requeued: JobRecord = job.record.model_copy(update={"cluster": None})
-                    job.record_rev = await self._term.store.put_job(
-                        requeued, expect_revision=job.record_rev
-                    )
-                    job.record = requeued
-                    await self._dispatch.ensure_delete(cluster, uid, fenced=True)
-                    job.last_unschedulable = None
-                    self._scheduler.want(uid)
-                self._mirror.set_status(
-                    job,
-                    st.cluster_lost(
-                        job.status,
-                        cluster=cluster,
-                        rescheduled=resched,
-                        lost_for_s=lost_for,
-                        now=self._mirror.now(),
-                        deleted=deleted,
-                    ),
-                )
-                self._mirror.event(job, "Warning", "ClusterLost", job.status.message)
-                log.warning(
-                    "job.lost", job=job.key, cluster=cluster, rescheduled=resched, deleted=deleted
-                )
-        self._scheduler.kick()
+        await self._lifecycle.member_lost(m.name)
+        self._term.state.kick()
 
     async def flush(self) -> None:
         """Persist changed inventories and member facts (the term's flush loop)."""
@@ -483,15 +435,14 @@ class Members:
             metrics=self._term.metrics,
             now=self._mirror.now(),
         )
-        if self._suspects is not None:
-            status = status.model_copy(
-                update={
-                    "suspect_nodes": [
-                        SuspectNode(node=x.node, reason=x.reason, until=st.rfc3339(x.until_wall))
-                        for x in self._suspects.of_member(m.name, self._term.mono())
-                    ]
-                }
-            )
+        status = status.model_copy(
+            update={
+                "suspect_nodes": [
+                    SuspectNode(node=x.node, reason=x.reason, until=st.rfc3339(x.until_wall))
+                    for x in self._suspects.of_member(m.name, self._term.mono())
+                ]
+            }
+        )
         self._mirror.member_status(m.name, status)
 
     def write_all_statuses(self) -> None:

@@ -28,7 +28,7 @@ this module feeds them and acts on their answer:
    marked ``stopping`` (by whom, when, the cost); a victim whose record changed meanwhile
    drops the whole plan (nothing written). Then memory follows: the hold enters the ledger,
    metrics, Events, the preemptor's ``status.preemption``;
-5. **stop**: each victim's member copy is deleted gracefully (:mod:`gpufed.hub.components.requeue`),
+5. **stop**: each victim's member copy is deleted gracefully (:mod:`gpufed.hub.components.lifecycle`),
    which returns it to Pending once its copy is gone.
 
 The preemptor is placed by the normal cycle once the member reports the freed GPUs free: its
@@ -51,12 +51,13 @@ from gpufed.api.gpujob import PreemptionStatus, PreemptionVictim
 from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.requeue import Requeue, marked
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import JobState
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.lifecycle import marked
 from gpufed.hub.rules.records import MAX_CAUSE_NODES, JobRecord, RequeueCause
 from gpufed.placement import FleetSnapshot, Policy
 from gpufed.placement.preemptcycle import PreemptionCycle
@@ -100,13 +101,13 @@ class Preemption:
         term: Term,
         snapshot: FleetSnapshot,
         reservations: Reservations,
-        requeue: Requeue,
+        lifecycle: Lifecycle,
         mirror: Mirror,
     ) -> None:
         self._term = term
         self._snapshot = snapshot
         self._reservations = reservations
-        self._requeue = requeue
+        self._lifecycle = lifecycle
         self._mirror = mirror
         #: job uid -> monotonic time before which a job whose plan found nothing is not
         #: planned again (a full fleet would otherwise be searched in every cycle)
@@ -118,7 +119,7 @@ class Preemption:
         """The preemptors whose victims are still stopping (their holds must not expire)."""
         return {
             j.record.stopping.by_uid
-            for j in self._requeue.stopping()
+            for j in self._term.state.stopping()
             if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
         }
 
@@ -126,7 +127,7 @@ class Preemption:
         """The jobs being stopped now for preemptor ``uid``."""
         return [
             j
-            for j in self._requeue.stopping()
+            for j in self._term.state.stopping()
             if j.record is not None
             and j.record.stopping is not None
             and j.record.stopping.by_uid == uid
@@ -141,7 +142,7 @@ class Preemption:
         self._no_plan_until = {u: v for u, v in self._no_plan_until.items() if v[0] > mono}
         stopping_for = {
             j.record.stopping.by_uid
-            for j in self._requeue.stopping()
+            for j in self._term.state.stopping()
             if j.record is not None and j.record.stopping is not None
         }
         out: list[Preemptor] = []
@@ -337,7 +338,7 @@ class Preemption:
             for job, rec, _ in victims:
                 assert rec.stopping is not None
                 self._mirror.event(job, "Warning", "Preempting", rec.stopping.message)
-                await self._requeue.stop_copy(job)
+                await self._lifecycle.reconcile_locked(job)
         return True
 
     def _cause(self, plan: PreemptionPlan, v: Victim, pre: JobState, now: float) -> RequeueCause:

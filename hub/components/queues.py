@@ -16,7 +16,8 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   from the placement's etcd transaction (``JobRecord.queue`` / ``JobRecord.charged``) until it
   ends, is deleted (its record forgotten), waits to be placed again (record without a
   cluster) or is being stopped for a preemptor (its quota goes to the preemptor's hold, which
-  the scheduling cycle charges to the preemptor's queue until it is placed). The ledger is rebuilt from those records at every cycle, so a restart, a failover
+  the ledger charges to the preemptor's queue until it is placed, so the GPUQueue status shows
+  it). The ledger is rebuilt from those records at every cycle, so a restart, a failover
   or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import structlog
@@ -47,7 +48,7 @@ from pydantic import ValidationError
 
 from gpufed.api.gpujob import StatusCondition
 from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue, GPUQueueStatus, QueueUsage
-from gpufed.hub.components.deletion import Deletion
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.priorities import PriorityCap
@@ -91,10 +92,12 @@ def _field_of(exc: ValidationError) -> str:
 class Queues:
     """The GPUQueues, the tree, the usage ledger and the queues' status (module docstring)."""
 
-    def __init__(self, term: Term, mirror: Mirror, deletion: Deletion) -> None:
+    def __init__(self, term: Term, mirror: Mirror, lifecycle: Lifecycle) -> None:
         self._term = term
         self._mirror = mirror
-        self._deletion = deletion
+        self._lifecycle = lifecycle
+        #: the waiting preemptors' holds the last cycle charged: (job uid, GPU product)
+        self._holds: tuple[tuple[str, str | None], ...] = ()
         cfg = term.config
         self._specs: dict[str, GPUQueue] = {}
         self._invalid: dict[str, str] = {}
@@ -228,13 +231,26 @@ class Queues:
 
     # --- usage -----------------------------------------------------------------------------------
 
-    def rebuild_usage(self) -> None:
+    def rebuild_usage(self, holds: Sequence[tuple[str, str | None]] | None = None) -> None:
         """Rebuild the ledger from the placements: the etcd records of jobs not finished, and
         the records whose GPUJob this term has not seen (their copies still run). A record
         without a queue (from before queues, or adopted after a loss of etcd state) charges its
-        job's queue now for the GPU product its status names."""
+        job's queue now for the GPU product its status names.
+
+        ``holds``: (job uid, GPU product) of each waiting preemptor's confirmed hold, charged
+        to its queue while it waits (docs/hub.md, "Preemption"): the quota it reclaimed stays
+        its own, so its requeued victims cannot take it back on other free GPUs. The
+        scheduling cycle passes them; between cycles (:meth:`refresh`) the last ones count."""
+        if holds is not None:
+            self._holds = tuple(holds)
         jobs = self._term.state.jobs.values()
         charges: list[tuple[str, str, Mapping[str, int]]] = []
+        for uid, product in self._holds:
+            held = self._term.state.jobs.get(uid)
+            if held is None or held.request is None or not held.wants_placement:
+                continue
+            if demand := demand_of(held.request, product):
+                charges.append((uid, self.queue_of(held).queue, demand))
         for j in jobs:
             r = j.record
             if r is None or j.terminal or r.cluster is None:
@@ -255,7 +271,7 @@ class Queues:
                     charges.append((r.uid, self.queue_of(j).queue, demand))
         charges.extend(
             (r.uid, r.queue, r.charged)
-            for r in self._deletion.orphan_records()
+            for r in self._lifecycle.orphan_records()
             if r.cluster is not None and r.queue is not None and r.charged
         )
         # A new ledger object: a pass's gate keeps charging the one it started with.

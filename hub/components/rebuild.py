@@ -92,6 +92,8 @@ class Rebuild:
         self._scheduler = scheduler
         self._dispatch = dispatch
         self._mirror = mirror
+        #: a check for held jobs without a GPUJob waits for the term's first GPUJob list
+        self._checking = False
 
     def held_on(self, uid: str) -> list[str]:
         """Members whose agent's latest Hello listed job ``uid`` as held."""
@@ -102,10 +104,14 @@ class Rebuild:
         if job.claim is None:
             job.claim = claim_of(job.record, job.status, self.held_on(job.uid))
 
-    def reported(self, m: MemberState, jobs_listed: bool) -> None:
+    def reported(self, m: MemberState) -> None:
         """An agent's Hello listed what it holds (``m.held``): claim the jobs that no record
         places and no status names; log and count those with no GPUJob on the hub (once the
-        term's first GPUJob list is in, ``jobs_listed``)."""
+        term's first GPUJob list is in, ``HubState.jobs_listed``)."""
+        jobs_listed = self._term.state.jobs_listed.is_set()
+        if not jobs_listed and m.held and not self._checking:
+            self._checking = True
+            self._term.spawn(self._check_after_list())
         for uid, held in sorted(m.held.items()):
             job = self._term.state.jobs.get(uid)
             if job is None:
@@ -115,6 +121,10 @@ class Rebuild:
             if job.record is None and job.claim is None and job.status.cluster is None:
                 job.claim = Claim(m.name, 1, "agent")
                 self._term.spawn(self._adopt_locked(uid))
+
+    async def _check_after_list(self) -> None:
+        await self._term.state.jobs_listed.wait()
+        self.check_unclaimed()
 
     def check_unclaimed(self) -> None:
         """After the term's first GPUJob list: every held job of a connected member that has no

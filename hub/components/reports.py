@@ -6,12 +6,14 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   one slow etcd write does not hold up the agent's next messages: Applied is recorded (the
   job's objects exist: never re-create them) and the job turns dispatched; Deleted forgets the
   work item (and lets a deleted GPUJob go); Failed is retried later with backoff when
-  retryable (the job's status says "retrying in <member> …"; an Apply that keeps failing
-  gives up after ``apply_retry_limit`` attempts), and otherwise the member refused the job:
-  it fails, and whatever part was accepted is deleted.
+  retryable (the job's status says "retrying in <member> …"); an Apply refused for good, or
+  failing ``apply_retry_limit`` times in a row, is the lifecycle's to settle (the job fails,
+  whatever part was accepted is deleted).
 - A **workload status** becomes the GPUJob's status through the pure rules of
   :mod:`gpufed.hub.rules.status` (terminal phases are final); a finished job's reservation is
-  released. Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
+  released. A report that shows an infrastructure failure of the current copy is not mirrored:
+  it is recorded (``JobState.failure``) and the lifecycle decides (a re-run, or ``Failed``
+  for good). Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
   checked again with :func:`gpufed.sync.status.parse_checkpoint` on the hub's clock: a value
   in the future or not RFC 3339 is ignored with ``agent.checkpoint_refused`` and
   ``status.lastCheckpointTime`` keeps the last good one (it only moves forward). Agents
@@ -23,22 +25,21 @@ Called by the controller's message routing (:meth:`gpufed.hub.components.core.Co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
+from gpufed.api.gpujob import GPUJobStatus
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.adapters.sessions import AgentSession, RefusedError
-from gpufed.hub.components.deletion import Deletion
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.restarts import Restarts
 from gpufed.hub.components.state import WorkState
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.lifecycle import infrastructure_cause
 from gpufed.hub.rules.records import AckRecord
+from gpufed.sync.failure import GPU_UNAVAILABLE, NODE_NOT_READY
 from gpufed.sync.retry import backoff_seconds
 from gpufed.sync.status import parse_checkpoint
 
@@ -46,31 +47,21 @@ log = structlog.get_logger("gpufed.hub.components.reports")
 
 
 class Reports:
-    """Acks and workload reports of one leader term (see the module docstring).
-
-    ``jobs_listed`` says whether this term's first GPUJob list is in.
-    """
+    """Acks and workload reports of one leader term (see the module docstring)."""
 
     def __init__(
         self,
         term: Term,
         dispatch: Dispatch,
-        deletion: Deletion,
         reservations: Reservations,
         mirror: Mirror,
-        requeue: Requeue,
-        *,
-        restarts: Restarts | None = None,
-        jobs_listed: Callable[[], bool],
+        lifecycle: Lifecycle,
     ) -> None:
         self._term = term
         self._dispatch = dispatch
-        self._deletion = deletion
         self._reservations = reservations
         self._mirror = mirror
-        self._requeue = requeue
-        self._restarts = restarts
-        self._jobs_listed = jobs_listed
+        self._lifecycle = lifecycle
         #: workload reports that came before this term's GPUJob list (latest per job uid)
         self._early: dict[str, tuple[AgentSession, WorkloadStatus]] = {}
 
@@ -133,10 +124,10 @@ class Reports:
                 del self._term.state.work[(cluster, uid)]
                 log.info("work.deleted", job=ws.record.job, cluster=cluster)
                 job = self._term.state.jobs.get(uid)
-                if job is not None and job.deleting and job.placed_cluster == cluster:
-                    await self._deletion.copy_deleted(job)
-                elif job is not None:
-                    await self._requeue.copy_deleted(job, cluster)
+                if job is not None:
+                    # A deleted job lets go; a stopped copy's job is requeued once its pods
+                    # are gone.
+                    await self._lifecycle.reconcile_locked(job)
             elif ack.result == "Failed":
                 record = AckRecord(
                     revision=ack.revision,
@@ -158,8 +149,10 @@ class Reports:
                 )
                 if ack.retryable or op == "Delete":
                     await self._retry_later(cluster, ws, ack.message)
-                else:
-                    await self._member_refused(cluster, uid, ack.message)
+                job = self._term.state.jobs.get(uid)
+                if job is not None:
+                    # Refused for good (or retried too often): the lifecycle fails the job.
+                    await self._lifecycle.reconcile_locked(job)
             else:
                 log.info(
                     "agent.ack.mismatch",
@@ -177,10 +170,7 @@ class Reports:
         uid = ws.record.job_uid
         ws.failures += 1
         if ws.record.op == "Apply" and ws.failures >= cfg.apply_retry_limit:
-            await self._member_refused(
-                cluster, uid, f"gave up after {ws.failures} attempts: {message}"
-            )
-            return
+            return  # refused for good: the lifecycle's rule 5
         base = min(cfg.resend_after_s, 5.0)
         delay = backoff_seconds(
             ws.failures, base=base, cap=max(base, cfg.apply_retry_max_s), rng=lambda: 1.0
@@ -219,17 +209,6 @@ class Reports:
         )
         log.info("dispatch.acked", job=job.key, cluster=cluster, dispatch_s=dispatch_s)
 
-    async def _member_refused(self, cluster: str, uid: str, message: str) -> None:
-        job = self._term.state.jobs.get(uid)
-        if job is not None and job.placed_cluster == cluster:
-            self._mirror.set_status(
-                job, st.member_refused(job.status, message=message, now=self._mirror.now())
-            )
-            self._mirror.event(job, "Warning", "MemberRejected", message)
-        self._reservations.release(uid, "the member refused the job")
-        # Clean up whatever part of the objects the member did accept.
-        await self._dispatch.ensure_delete(cluster, uid)
-
     # --- workload status -----------------------------------------------------------------------------
 
     def on_workload(self, s: AgentSession, report: WorkloadStatus) -> None:
@@ -249,16 +228,25 @@ class Reports:
             # Missing); stop re-sending it.
             self._dispatch.processed(s, report.job_uid)
         job = self._term.state.jobs.get(report.job_uid)
-        if job is None and not self._jobs_listed():
+        if job is None and not self._term.state.jobs_listed.is_set():
             # Dropping it left a job that finished during a failover Running forever.
+            if not self._early:
+                self._term.spawn(self._replay_after_list())
             self._early[report.job_uid] = (s, report)
             return
         if ws.record.op != "Apply" or job is None or job.placed_cluster != s.cluster:
             return
         if job.record is not None and job.record.stopping is not None:
             return  # its copy is being stopped for a requeue: what it reports now is not news
-        if self._restarts is not None and self._restarts.on_report(job, s.cluster, report):
-            return  # infrastructure failed under it: re-run (or failed for good), not mirrored
+        if job.failure is not None:
+            return  # an infrastructure failure is being acted on: what follows is not news
+        cause = None if job.terminal or job.deleting else infrastructure_cause(job.obj, report)
+        if cause is not None:
+            # Infrastructure failed under it: a re-run, or failed for good; never shown
+            # Failed in between.
+            job.failure = (s.cluster, cause)
+            self._term.spawn(self._lifecycle.reconcile(job.uid))
+            return
         if report.last_checkpoint_time:
             when, why = parse_checkpoint(report.last_checkpoint_time, now=self._term.wall())
             if why:
@@ -272,8 +260,14 @@ class Reports:
                 )
             report = report.model_copy(update={"last_checkpoint_time": when})
         before = job.status.phase
+        suspected = _suspicions(job.status)
         new = st.workload(job.status, report, now=self._mirror.now())
         self._mirror.set_status(job, new)
+        for kind, message in sorted(_suspicions(new).items()):
+            if kind not in suspected:
+                # A node under the job is not Ready (or withdrew GPUs): a suspicion, shown at
+                # once; a failure only if it lasts (spec.placement.retry.nodeNotReadySeconds).
+                self._mirror.event(job, "Warning", kind, message)
         if new.phase != before:
             log.info("job.phase", job=job.key, cluster=s.cluster, phase=new.phase, was=before)
             if new.phase in ("Running", "Succeeded"):
@@ -282,6 +276,10 @@ class Reports:
                 self._mirror.event(job, "Warning", "Failed", new.message)
         if new.phase in ("Succeeded", "Failed"):
             self._reservations.release(job.uid, f"the job {new.phase.lower()}")
+
+    async def _replay_after_list(self) -> None:
+        await self._term.state.jobs_listed.wait()
+        self.replay_early()
 
     def replay_early(self) -> None:
         """The term's first GPUJob list is in: apply the reports that waited for it (from
@@ -297,3 +295,16 @@ class Reports:
                 log.warning("agent.report_refused", cluster=s.cluster, reason=str(exc))
         if early:
             log.info("hub.early_reports_applied", reports=len(early))
+
+
+#: The job conditions that show a suspicion (:func:`gpufed.sync.failure.suspicion_conditions`).
+_SUSPICION_TYPES = frozenset({NODE_NOT_READY, GPU_UNAVAILABLE})
+
+
+def _suspicions(status: GPUJobStatus) -> dict[str, str]:
+    """The job's suspicion conditions that are True: type -> message."""
+    return {
+        c.type: c.message
+        for c in status.conditions
+        if c.type in _SUSPICION_TYPES and c.status == "True"
+    }

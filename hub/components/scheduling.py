@@ -24,7 +24,7 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    victims freed once the member reports them free, and nobody else is;
 4. preempt (:mod:`gpufed.hub.components.preemption`): the jobs left Unschedulable that may preempt get
    their plans, each committed (the preemptor's hold and the victims' marks, one etcd
-   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.requeue`);
+   transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.lifecycle`);
 5. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
    queue and charge), work item and reservation are written in ONE etcd transaction
    (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
@@ -48,14 +48,14 @@ from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
+from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
 from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
-from gpufed.hub.components.requeue import Requeue
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import JobState, WorkState
-from gpufed.hub.components.suspects import SuspectNodes, with_suspects
+from gpufed.hub.components.suspects import with_suspects
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord
@@ -70,7 +70,7 @@ from gpufed.placement import (
 from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
-from gpufed.placement.quota import QuotaGate, demand_of
+from gpufed.placement.quota import demand_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.components.scheduling")
@@ -101,13 +101,11 @@ class Scheduler:
         mirror: Mirror,
         queues: Queues,
         priorities: PriorityClasses,
-        requeue: Requeue,
-        *,
-        suspects: SuspectNodes | None = None,
+        lifecycle: Lifecycle,
     ) -> None:
         self._term = term
-        self._suspects = suspects
-        self._preemption = Preemption(term, snapshot, reservations, requeue, mirror)
+        self._suspects = lifecycle.suspects
+        self._preemption = Preemption(term, snapshot, reservations, lifecycle, mirror)
         self._queues = queues
         self._priorities = priorities
         self._snapshot = snapshot
@@ -119,25 +117,15 @@ class Scheduler:
             reservation_ttl_s=term.config.reservation_ttl_s,
         )
         self._backfill = term.config.backfill_rule
-        self._kick = asyncio.Event()
-        #: jobs that may want placement (checked again each cycle)
-        self._waiting: set[str] = set()
-
-    def kick(self) -> None:
-        """Ask for a scheduling cycle soon."""
-        self._kick.set()
-
-    def want(self, uid: str) -> None:
-        """Job ``uid`` may want placement: consider it in the next cycle (and kick)."""
-        self._waiting.add(uid)
-        self.kick()
 
     async def run(self) -> None:
-        """Run a cycle after every kick, forever."""
+        """Run a cycle each time one is due (:meth:`HubState.kick`, :meth:`HubState.want`),
+        forever."""
+        due = self._term.state.cycle_due
         while True:
-            await self._kick.wait()
+            await due.wait()
             await asyncio.sleep(CYCLE_DEBOUNCE_S)
-            self._kick.clear()
+            due.clear()
             await self.cycle()
 
     async def cycle(self) -> None:
@@ -152,21 +140,23 @@ class Scheduler:
             # (each first list kicks again).
             return
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
-        queues.rebuild_usage()
+        #    and the waiting preemptors' holds
+        queues.rebuild_usage(holds=self._holds())
         shares = queues.observe(now)
         waiting = []
-        for uid in list(self._waiting):
+        wanted = self._term.state.wanted
+        for uid in list(wanted):
             job = self._term.state.jobs.get(uid)
-            if job is not None and job.wants_placement and self._enqueue(job):
+            backing_off = job is not None and job.backing_off(now)
+            if job is not None and job.wants_placement and not backing_off and self._enqueue(job):
                 waiting.append(job)
-            elif job is None or not job.wants_placement:
-                self._waiting.discard(uid)
+            elif job is None or not job.wants_placement or backing_off:
+                wanted.discard(uid)  # a job in backoff comes back from the lifecycle
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
             queues.publish(shares)
             return
         gate = queues.gate()
-        self._charge_holds(gate, waiting)
         requests = fair_sorted(
             (j.request for j in waiting if j.request is not None),
             queues.tree,
@@ -179,7 +169,7 @@ class Scheduler:
         explain = len(self._snapshot.cluster_names) <= self._term.config.explain_members
 
         # Suspect nodes (after an infrastructure failure) are held off every job this cycle.
-        suspect = self._suspects.holds(self._term.mono()) if self._suspects is not None else {}
+        suspect = self._suspects.holds(self._term.mono())
 
         def attempt(req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
             t0 = time.perf_counter()
@@ -241,19 +231,18 @@ class Scheduler:
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
-        queues.rebuild_usage()
+        queues.rebuild_usage(holds=self._holds())
         queues.publish(shares)
 
-    def _charge_holds(self, gate: QuotaGate, waiting: list[JobState]) -> None:
-        """A preemptor's hold is charged to its queue while it waits (docs/hub.md,
-        "Preemption"): the quota it reclaimed stays its own, so its requeued victims cannot be
-        admitted on other free GPUs before it is placed (they would take the quota back)."""
-        for job in waiting:
-            req = job.request
-            res = self._reservations.held(job.uid)
-            if req is None or res is None or self._reservations.is_tentative(job.uid):
-                continue
-            gate.charge(req, self._product_of(res))
+    def _holds(self) -> list[tuple[str, str | None]]:
+        """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger
+        charges them to the preemptors' queues (:meth:`Queues.rebuild_usage`)."""
+        out = []
+        for uid in sorted(self._term.state.wanted):
+            res = self._reservations.held(uid)
+            if res is not None and not self._reservations.is_tentative(uid):
+                out.append((uid, self._product_of(res)))
+        return out
 
     def _product_of(self, res: Reservation) -> str | None:
         """The GPU product of the nodes a reservation holds (None when none is known)."""
@@ -461,6 +450,7 @@ class Scheduler:
                 # infrastructure failures and the preemption caps count across attempts.
                 requeues=job.record.requeues if job.record is not None else (),
                 requeue_counts=dict(job.record.requeue_counts) if job.record is not None else {},
+                budget_used=job.record.budget_used if job.record is not None else 0,
             )
             work = WorkRecord(
                 job_uid=uid,

@@ -22,7 +22,7 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
 from gpufed.api.stream import HeldJob
-from gpufed.api.work import PodSecurityLevel
+from gpufed.api.work import FailureCause, PodSecurityLevel
 from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.components.priorities import PrioritySource
 from gpufed.hub.rules import status as st
@@ -64,6 +64,9 @@ class JobState:
     #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.components.rebuild.Claim);
     #: while set the job is never placed
     claim: Any = None
+    #: an infrastructure failure of the current copy not acted on yet: (member, cause), recorded
+    #: by reports and acted on by the lifecycle (gpufed.hub.rules.lifecycle, rule 5)
+    failure: tuple[str, FailureCause] | None = None
 
     @property
     def key(self) -> str:
@@ -80,6 +83,12 @@ class JobState:
     @property
     def placed_cluster(self) -> str | None:
         return self.record.cluster if self.record is not None else None
+
+    def backing_off(self, now: float) -> bool:
+        """Waiting out the backoff before a re-run at wall seconds ``now``
+        (``record.not_before``)."""
+        nb = self.record.not_before if self.record is not None else None
+        return nb is not None and now < nb
 
     @property
     def wants_placement(self) -> bool:
@@ -170,13 +179,40 @@ class MemberState:
 
 
 class HubState:
-    """Jobs by UID, work items by (cluster, job UID), members by name, and per-job locks."""
+    """Jobs by UID, work items by (cluster, job UID), members by name, per-job locks, and where
+    the term's components meet: the jobs that want placement (:meth:`want`, read by the
+    scheduler), the scheduler's wake-up (:meth:`kick`) and whether the term's first GPUJob list
+    is in (``jobs_listed``)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobState] = {}
         self.work: dict[tuple[str, str], WorkState] = {}
         self.members: dict[str, MemberState] = {}
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        #: jobs that may want placement (the scheduler checks each again in its next cycle)
+        self.wanted: set[str] = set()
+        #: set to ask for a scheduling cycle soon (the scheduler clears it)
+        self.cycle_due = asyncio.Event()
+        #: set once this term's first GPUJob list is in (intake sets it)
+        self.jobs_listed = asyncio.Event()
+
+    def kick(self) -> None:
+        """Ask for a scheduling cycle soon (something changed that may let a job fit)."""
+        self.cycle_due.set()
+
+    def want(self, uid: str) -> None:
+        """Job ``uid`` may want placement: the next scheduling cycle considers it (and comes
+        soon)."""
+        self.wanted.add(uid)
+        self.cycle_due.set()
+
+    def stopping(self) -> list[JobState]:
+        """The jobs whose copy is being stopped for a requeue now (by UID)."""
+        return [
+            j
+            for _, j in sorted(self.jobs.items())
+            if j.record is not None and j.record.stopping is not None
+        ]
 
     def lock(self, uid: str) -> asyncio.Lock:
         """The lock that serialises every read-modify-write of job ``uid``."""

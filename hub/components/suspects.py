@@ -1,16 +1,16 @@
 """Suspect nodes: member nodes an infrastructure failure happened on, kept out of placement
 for a cool-down.
 
-The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.restarts` marks the nodes a failure
+The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.lifecycle` marks the nodes a failure
 cause names (:meth:`SuspectNodes.mark`); the scheduler keeps them off every placement while the
 mark lasts (:meth:`SuspectNodes.holds`, merged into placement's ``hold`` argument, the same
 mechanism the backfill uses, so ``gpufed explain`` names them); the member status writer shows
 them (:meth:`SuspectNodes.of_member`, ``MemberCluster.status.suspectNodes``, ``gpufed get
 clusters``). A mark lasts ``cooldown_s`` (hub ``--suspect-node-cooldown``, default 3,600 s) on
-the hub's monotonic clock; a node marked again starts a new cool-down. Marks live in the
-leader's memory: a new leader starts with none (a node that fails again is marked again); a
-node that stays broken is NotReady or degraded in the member's inventory anyway, which
-placement already skips.
+the hub's monotonic clock; a node marked again starts a new cool-down. The marks of a member are
+also kept in its etcd meta record (:meth:`SuspectNodes.records_of`, written by the lifecycle that
+marks them; :meth:`SuspectNodes.restore` at a new term), so a hub restart or a leader change
+keeps them until their wall-clock expiry.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpufed.hub.rules.records import SuspectRecord
 from gpufed.placement.queue import Hold
 
 #: Default cool-down of a suspect node, seconds.
@@ -65,6 +66,25 @@ class SuspectNodes:
         for s in mine[: max(0, len(mine) - MAX_SUSPECTS_PER_MEMBER)]:
             del self._marks[(s.cluster, s.node)]
         return out
+
+    def records_of(self, cluster: str, mono: float) -> dict[str, SuspectRecord]:
+        """The member's marks still on at ``mono``, as its etcd meta record keeps them."""
+        return {
+            s.node: SuspectRecord(reason=s.reason, until=s.until_wall)
+            for s in self.of_member(cluster, mono)
+        }
+
+    def restore(
+        self, cluster: str, records: dict[str, SuspectRecord], *, mono: float, wall: float
+    ) -> None:
+        """A new term: take the member's marks from etcd; each ends at its wall-clock expiry
+        (marks already over are dropped)."""
+        for node, rec in records.items():
+            left = min(rec.until - wall, self.cooldown_s)
+            if left > 0:
+                self._marks[(cluster, node)] = Suspect(
+                    cluster, node, rec.reason, mono + left, wall + left
+                )
 
     def expire(self, mono: float) -> bool:
         """Drop the marks whose cool-down ended; True when any did (the fleet changed)."""

@@ -31,7 +31,7 @@ RequeueKind = Literal["Preempted", "InfrastructureFailure"]
 
 class RequeueCause(_Record):
     """Why a placed job's member copy is stopped and the job goes back to Pending for a new
-    attempt (:mod:`gpufed.hub.components.requeue`); stored in ``JobRecord.stopping`` while the copy is
+    attempt (:mod:`gpufed.hub.components.lifecycle`); stored in ``JobRecord.stopping`` while the copy is
     being deleted, then appended to ``JobRecord.requeues``.
 
     ``kind``: ``Preempted`` (issue 12) or ``InfrastructureFailure`` (issue 13); it is also the
@@ -70,9 +70,13 @@ class JobRecord(_Record):
     ``preemption_policy``: what the job was placed with (its PriorityClass then), which it
     keeps while placed (None in records from before PriorityClasses: the spec's integer).
     ``stopping``: set while the hub stops the current copy to requeue the job (preemption;
-    written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.components.requeue`);
+    written before any Delete is sent, so a restarted hub resumes it: :mod:`gpufed.hub.components.lifecycle`);
     ``requeues``: the latest past requeues, newest last (at most :data:`MAX_REQUEUE_HISTORY`);
     ``requeue_counts``: every requeue by kind (``status.preemptions`` shows ``Preempted``).
+    ``budget_used``: re-runs after infrastructure failures that count against
+    ``spec.placement.retry.onInfrastructureFailure`` (a drain or a member-side preemption does
+    not); ``not_before``: wall seconds before which the job is not placed again (the backoff
+    between re-runs; None: no wait).
     """
 
     uid: str
@@ -88,6 +92,8 @@ class JobRecord(_Record):
     stopping: RequeueCause | None = None
     requeues: tuple[RequeueCause, ...] = ()
     requeue_counts: dict[str, int] = {}
+    budget_used: int = 0
+    not_before: float | None = None
 
 
 class WorkRecord(_Record):
@@ -146,6 +152,13 @@ class FairShareRecord(_Record):
     at: float = 0.0
 
 
+class SuspectRecord(_Record):
+    """One suspect node of a member as etcd keeps it: why, and until when (wall seconds)."""
+
+    reason: str
+    until: float
+
+
 class MemberMeta(_Record):
     """Per-member facts besides nodes (key ``clusters/<name>/meta``)."""
 
@@ -157,3 +170,6 @@ class MemberMeta(_Record):
     #: UID of the member's kube-system Namespace, from the first agent that connected ("":
     #: not known yet); a stream from an agent of another Kubernetes cluster is refused
     cluster_uid: str = ""
+    #: node -> its suspect mark (:mod:`gpufed.hub.components.suspects`), so a restarted hub or a
+    #: new leader keeps the marks and their expiry
+    suspects: dict[str, SuspectRecord] = {}

@@ -1,9 +1,8 @@
 """The restart fields of ``GPUJob.status``: ``restarts`` and ``restartHistory``.
 
 Pure rules, called by :func:`gpufed.hub.rules.status.requeued` when a job goes back to Pending after
-an infrastructure failure (:mod:`gpufed.hub.components.restarts` decided it, :mod:`gpufed.hub.components.requeue`
-carried it out). Kept apart from :mod:`gpufed.hub.rules.status` so that module stays about phases
-and conditions.
+an infrastructure failure (:mod:`gpufed.hub.rules.lifecycle` decided it, rule 5). Kept
+apart from :mod:`gpufed.hub.rules.status` so that module stays about phases and conditions.
 """
 
 from __future__ import annotations

@@ -471,7 +471,7 @@ def cluster_lost(
 
 def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str) -> GPUJobStatus:
     """The job's copy in ``cause.cluster`` is gone and it waits to be placed again
-    (:mod:`gpufed.hub.components.requeue`): phase Pending, no cluster, condition ``cause.kind`` True with
+    (:mod:`gpufed.hub.components.lifecycle`): phase Pending, no cluster, condition ``cause.kind`` True with
     the cause's reason and message, ``Placed=False``; the member's conditions and counts go.
     ``count``: the job's requeues of that kind so far (``status.preemptions`` for
     ``Preempted``). A terminal status is returned unchanged."""
@@ -503,7 +503,7 @@ def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str)
     }
     if cause.kind == "Preempted":
         update["preemptions"] = count
-    else:  # issue 13: a re-run after an infrastructure failure (gpufed.hub.components.restarts)
+    else:  # issue 13: a re-run after an infrastructure failure (gpufed.hub.components.lifecycle)
         update.update(restart_update(status, cause, count=count, now=now))
     return status.model_copy(update=update)
 

@@ -26,7 +26,13 @@ from tests.e2e.harness import DRILL_NS, E2E
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_FLEET = REPO_ROOT / "manifests" / "fleets" / "example.yaml"
 E2E_OPTIONS = ControlPlaneOptions(
-    member_lease_s=5, member_lost_s=30, heartbeat_s=1, leader_lease_s=5, ready_timeout_s=120
+    member_lease_s=5,
+    member_lost_s=30,
+    heartbeat_s=1,
+    leader_lease_s=5,
+    ready_timeout_s=120,
+    # the backoff between re-runs, 2 s doubling instead of 60 s (the drills wait about a minute)
+    hub_args=["--rerun-backoff-base", "2", "--rerun-backoff-max", "30"],
 )
 
 

@@ -4,6 +4,7 @@ when, and what is not sent again."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -433,9 +434,17 @@ def test_a_20s_not_ready_blip_that_recovers_reports_no_failure() -> None:
     set_node(r, health, ready=False, not_ready_since=T0)
     assert sent.items[-1].failure is None
     assert [(i.pod, i.reason) for i in sent.items[-1].pod_issues] == [("p0", "NodeNotReady")]
+    # ... and as the job's condition NodeNotReady, True since the node turned not Ready
+    [cond] = [c for c in sent.items[-1].conditions if c.type == "NodeNotReady"]
+    assert (cond.status, cond.reason) == ("True", "NodeNotReady")
+    assert "n1" in cond.message
+    assert cond.last_transition_time == datetime.fromtimestamp(T0, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     clock.now = T0 + 20
     set_node(r, health)  # Ready again
     assert sent.items[-1].pod_issues == ()
+    assert not [c for c in sent.items[-1].conditions if c.type == "NodeNotReady"]
     clock.now = T0 + 400
     r.recheck()
     r.flush()

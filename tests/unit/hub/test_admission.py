@@ -269,7 +269,7 @@ async def test_an_already_placed_job_is_not_admitted_again() -> None:
 
     t = Term()
     t.ctrl.intake.namespaces.on_event("MODIFIED", namespace_obj("team-a", "restricted"))
-    t.ctrl.deletion.restore(
+    t.ctrl.lifecycle.restore(
         {"p1": JobRecord(uid="p1", job="team-a/p1", cluster="m1", attempt=1, gpus=8)}, {"p1": 3}
     )
     await submit(t, "p1", batch_job())

@@ -59,7 +59,7 @@ async def listed(ctrl: Controller, plural: str) -> asyncio.Task[None]:
     list is in."""
     ctrl.tokens.start()
     task = asyncio.create_task(ctrl.intake.list_watch(plural))
-    synced = ctrl.intake.members_synced if plural == "memberclusters" else ctrl.intake.jobs_synced
+    synced = ctrl.intake.members_synced if plural == "memberclusters" else ctrl.state.jobs_listed
     await asyncio.wait_for(synced.wait(), 5)
     return task
 

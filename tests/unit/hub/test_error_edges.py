@@ -1,7 +1,7 @@
 """The three edges translate gpufed's errors from the one tree (gpufed.api.errors): the retry
 classifier (sync/retry.py), the agent stream's gRPC status (hub/edge/service.py) and the CLI's error
 line (cli/errors.py); and the two places that judged errors themselves now ask the classifier:
-the finalizer refusal (hub/components/deletion.py) and the leader's campaign and lease renewal
+the finalizer refusal (hub/components/finalizers.py) and the leader's campaign and lease renewal
 (hub/edge/leader.py)."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_the_cli_judges_its_own_errors_by_the_tree_not_the_built_in_base() -> No
     )
 
 
-# --- hub/components/deletion.py: a refused finalizer -----------------------------------------------------
+# --- hub/components/finalizers.py: a refused finalizer -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -173,9 +173,9 @@ async def test_only_a_permanent_api_refusal_of_the_finalizer_is_dropped(
     kube.set_job_finalizers = refuse  # type: ignore[method-assign,assignment]
     if raises:
         with pytest.raises(type(exc)):
-            await ctrl.deletion.add_finalizer(job.uid)
+            await ctrl.finalizers.add_finalizer(job.uid)
     else:
-        await ctrl.deletion.add_finalizer(job.uid)
+        await ctrl.finalizers.add_finalizer(job.uid)
     await ctrl.mirror.stop()
 
 

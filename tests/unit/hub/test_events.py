@@ -30,14 +30,14 @@ async def test_an_unschedulable_job_gets_one_warning_while_its_message_changes()
     t.ctrl.members.on_snapshot(
         m1, InventorySnapshot(seq=2, nodes=(hgx_node("m1-n0", requested=2),))
     )
-    t.ctrl.scheduler.want("u1")
+    t.ctrl.state.want("u1")
     await t.ctrl.scheduler.cycle()
     await settle()
     assert t.ctrl.state.jobs["u1"].status.message != first, "the status follows the fleet"
     assert warnings_about(t, "GPUJob") == ["Unschedulable"], "no second Warning"
     # Room appears: the job is placed (Normal), and a later wait warns again.
     t.member("m3", hgx_node("m3-n0"))
-    t.ctrl.scheduler.want("u1")
+    t.ctrl.state.want("u1")
     await t.ctrl.scheduler.cycle()
     await settle()
     assert t.ctrl.state.jobs["u1"].placed_cluster == "m3"

@@ -219,13 +219,13 @@ async def test_a_replica_that_lost_its_lease_adds_and_drops_no_finalizer() -> No
     assert FINALIZER in job.obj.metadata.finalizers
     lease.held = False
     with pytest.raises(NotLeaderError):
-        await ctrl.deletion.drop_finalizer(job)
+        await ctrl.finalizers.drop_finalizer(job)
     job.obj.metadata.finalizers.remove(FINALIZER)
     with pytest.raises(NotLeaderError):
-        await ctrl.deletion.add_finalizer(job.uid)
+        await ctrl.finalizers.add_finalizer(job.uid)
     assert kube.requests["set_job_finalizers"] == 0
     lease.held = True  # the same write from a leader goes out
-    await ctrl.deletion.add_finalizer(job.uid)
+    await ctrl.finalizers.add_finalizer(job.uid)
     assert kube.finalizer_writes == [("team-a", job.obj.metadata.name, [FINALIZER])]
     await ctrl.mirror.stop()
 

@@ -72,4 +72,4 @@ async def test_watch_resumes_from_bookmarks_and_relists_on_410() -> None:
     assert set(ctrl.state.jobs) == {"ub"}, "a and c vanished while unwatched: treated as deleted"
     assert ctrl.state.jobs["ub"].obj.metadata.resource_version == "30"
     assert ctrl.ready is False, "no MemberCluster list in this test"
-    assert ctrl.intake.jobs_synced.is_set()
+    assert ctrl.state.jobs_listed.is_set()

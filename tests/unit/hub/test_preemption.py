@@ -299,12 +299,12 @@ async def test_a_job_that_found_no_plan_is_searched_again_only_after_a_pause() -
     assert plans() == 1
     message = t.ctrl.state.jobs["uh"].status.message
     assert "preempting nothing" in message
-    t.ctrl.scheduler.want("uh")
+    t.ctrl.state.want("uh")
     await t.ctrl.scheduler.cycle()
     assert plans() == 1, "not searched again at once"
     assert t.ctrl.state.jobs["uh"].status.message == message, "its answer stands meanwhile"
     t.clock.advance(31)
-    t.ctrl.scheduler.want("uh")
+    t.ctrl.state.want("uh")
     await t.ctrl.scheduler.cycle()
     assert plans() == 2
 
@@ -360,9 +360,11 @@ async def test_a_victim_whose_pods_go_first_does_not_take_the_reclaimed_quota_ba
     victims = sorted(u for u in nodes if t.store.jobs[u][0].stopping is not None)
     assert len(victims) == 2, "team-b borrowed 16: two 8-GPU jobs go"
     first, second = victims
-    # the victims' quota went to the reclaimer's hold: team-b is charged its survivor only
-    t.ctrl.queues.rebuild_usage()
+    # the victims' quota went to the reclaimer's hold: team-b is charged its survivor only,
+    # and team-a its hold, between cycles too (what the GPUQueue status shows)
+    t.ctrl.queues.refresh()
     assert sum(t.ctrl.queues.usage.own("team-b").values()) == 8
+    assert sum(t.ctrl.queues.usage.own("team-a").values()) == 16, "the hold is team-a's usage"
     f.report(node("m1-n3"))  # a free node elsewhere
     assert await f.ack("delete", "Deleted") == victims
     f.report(node(nodes[first]))  # the first victim's pods are gone, the second's are not

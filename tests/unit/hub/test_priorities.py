@@ -187,7 +187,7 @@ async def test_a_job_whose_class_is_missing_waits_and_is_placed_once_it_appears(
     assert "place" not in t.store.calls
     # The class appears: the watch event kicks a cycle that places the job at its value.
     t.ctrl.intake._on_event("priorityclasses", WatchEvent("ADDED", priorityclass("prod", 7000)))
-    assert t.ctrl.scheduler._kick.is_set()
+    assert t.ctrl.state.cycle_due.is_set()
     await t.ctrl.scheduler.cycle()
     assert job.status.phase == "Placed"
     assert job.request is not None

@@ -185,7 +185,7 @@ async def test_a_job_that_ends_gives_its_quota_back() -> None:
     rev = t.store.work[("m1", first)][1]
     t.ctrl.heard(s)
     await t.ctrl.handle(s, WorkloadStatus(job_uid=first, revision=rev, phase="Succeeded"))
-    t.ctrl.scheduler.want(second)
+    t.ctrl.state.want(second)
     await t.ctrl.scheduler.cycle()
     assert phases(t)[second] == "Placed"
 

@@ -117,7 +117,7 @@ async def test_held_jobs_without_a_gpujob_are_counted_not_deleted() -> None:
     t = Term()
     await t.ctrl.load()
     t.member("m1", hgx_node("n1"))
-    t.ctrl.intake.jobs_synced.set()
+    t.ctrl.state.jobs_listed.set()
     s = t.ctrl.open_session(
         AgentHello(
             cluster="m1", protocol_version=PROTOCOL_VERSION, held_jobs=(HeldJob(job_uid="zz"),)

@@ -1,4 +1,4 @@
-"""Requeue (gpufed.hub.components.requeue) through a real leader term over typed fakes: the stopping mark is
+"""Requeue (gpufed.hub.components.lifecycle, rule 2) through a real leader term over typed fakes: the stopping mark is
 in etcd before the Delete is sent, the job goes back to Pending only once its copy is deleted
 AND its pods are gone from the member's inventory, and the next placement is attempt 2."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.requeue import requeued
+from gpufed.hub.rules.lifecycle import requeued
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -51,14 +51,14 @@ async def test_a_requeue_marks_the_record_before_the_delete_and_waits_for_the_po
     t, s = await running_job()
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
-        assert await t.ctrl.requeue.stop(job, preempted_cause())
+        assert await t.ctrl.lifecycle.stop(job, preempted_cause())
     calls = t.store.calls
     assert calls.index("put_job") < calls.index("put_work"), "the mark is durable first"
     assert t.store.jobs["u1"][0].stopping is not None
     [(op, uid, rev)] = sent(s)
     assert (op, uid) == ("delete", "u1")
     async with t.ctrl.state.lock("u1"):
-        assert not await t.ctrl.requeue.stop(job, preempted_cause()), "never stopped twice"
+        assert not await t.ctrl.lifecycle.stop(job, preempted_cause()), "never stopped twice"
     assert sent(s) == []
     await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Deleted"))
     await settle()
@@ -93,7 +93,7 @@ async def test_a_finished_job_is_not_requeued_by_a_late_delete() -> None:
     job = t.ctrl.state.jobs["u1"]
     job.status = job.status.model_copy(update={"phase": "Succeeded"})
     async with t.ctrl.state.lock("u1"):
-        assert not await t.ctrl.requeue.stop(job, preempted_cause())
+        assert not await t.ctrl.lifecycle.stop(job, preempted_cause())
     assert t.store.jobs["u1"][0].stopping is None
 
 
@@ -101,8 +101,10 @@ async def test_a_lost_member_fences_the_copy_and_requeues_at_once() -> None:
     t, _s = await running_job()
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
-        await t.ctrl.requeue.stop(job, preempted_cause())
-        assert await t.ctrl.requeue.member_lost(job, "m1")
+        await t.ctrl.lifecycle.stop(job, preempted_cause())
+    m = t.ctrl.state.members["m1"]
+    m.meta = m.meta.model_copy(update={"lost_at": 1000.0})
+    await t.ctrl.lifecycle.member_lost("m1")
     assert t.store.work[("m1", "u1")][0].fenced
     assert t.store.jobs["u1"][0].cluster is None
     assert job.status.phase == "Pending"
@@ -116,3 +118,57 @@ def test_the_history_is_bounded_and_counted_by_kind() -> None:
         rec = requeued(rec.model_copy(update={"cluster": "m1", "stopping": preempted_cause()}))
     assert len(rec.requeues) == MAX_REQUEUE_HISTORY
     assert rec.requeue_counts == {"Preempted": MAX_REQUEUE_HISTORY + 3}
+
+
+async def _stopped_on_an_unreachable_node(placement: dict[str, object] | None) -> tuple[Term, str]:
+    """Job u1 running in m1 on m1-n0 (optionally with ``spec.placement``), stopped for a
+    preemption; m1-n0 turns not Ready with the job's pod still on it (the kubelet unreachable:
+    the pod stays Terminating); the member acknowledged the Delete of the job's objects."""
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    s = t.connect("m1")
+    sent(s)
+    await t.submit("j", "u1", gpus=8, placement=placement)
+    await t.ctrl.scheduler.cycle()
+    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
+    await settle()
+    on_it = hgx_node("m1-n0", requested=8, job_uid="u1")
+    t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, upserts=(on_it,)))
+    await settle()
+    job = t.ctrl.state.jobs["u1"]
+    async with t.ctrl.state.lock("u1"):
+        assert await t.ctrl.lifecycle.stop(job, preempted_cause())
+    [(_, _, del_rev)] = sent(s)
+    unreachable = on_it.model_copy(update={"ready": False})
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(unreachable,))
+    )
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    await settle()
+    return t, "u1"
+
+
+async def test_pods_on_an_unreachable_node_do_not_hold_the_requeue_back() -> None:
+    # issue 24 item 2: the kubelet never confirms them gone; the job must not be stranded.
+    t, uid = await _stopped_on_an_unreachable_node(None)
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase == "Pending", "stranded behind pods nobody can confirm gone"
+    assert t.store.jobs[uid][0].cluster is None
+    suspect = [x.node for x in t.ctrl.suspects.of_member("m1", t.ctrl._term.mono())]
+    assert suspect == ["m1-n0"]
+    # Its GPUs stay counted as used (the pod may still run there): placed on m1-n1.
+    await t.ctrl.scheduler.cycle()
+    assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
+
+
+async def test_a_job_may_require_confirmed_termination_first() -> None:
+    t, uid = await _stopped_on_an_unreachable_node({"retry": {"requireConfirmedTermination": True}})
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase != "Pending"
+    assert t.store.jobs[uid][0].cluster == "m1"
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=4, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    assert job.status.phase == "Pending"

@@ -1,4 +1,4 @@
-"""Re-runs after infrastructure failures (gpufed.hub.components.restarts) through a real leader term over
+"""Re-runs after infrastructure failures (gpufed.hub.components.lifecycle, rule 5) through a real leader term over
 typed fakes: an infrastructure cause requeues the job through hub.requeue (never Failed in
 between), the new attempt avoids the suspect node and its pods learn the attempt; an
 application failure stays Failed; a job without re-runs left fails for good."""
@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from gpufed.api.stream import InventoryDelta
-from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
+from gpufed.api.work import Condition, FailureCause, WorkAck, WorkloadStatus
 from gpufed.hub.adapters.sessions import AgentSession
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -86,9 +86,21 @@ async def test_a_lost_node_re_runs_the_job_elsewhere_as_attempt_2() -> None:
         ["m1-n0"],
         "NodeLost",
     )
+    # The backoff before the first re-run (--rerun-backoff-base, 60 s): not placed before.
+    assert job.status.next_attempt_at is not None
+    assert t.store.jobs["u1"][0].not_before == t.clock.wall() + 60
+    await t.ctrl.scheduler.cycle()
+    assert job.status.attempt == 1, "re-run before its backoff passed"
+    t.clock.advance(59)
+    await t.ctrl.lifecycle.due()
+    await t.ctrl.scheduler.cycle()
+    assert job.status.attempt == 1, "re-run before its backoff passed"
+    t.clock.advance(1)
+    await t.ctrl.lifecycle.due()
     # m1-n0 is idle again in the inventory, but suspect: the new attempt goes to m1-n1.
     await t.ctrl.scheduler.cycle()
     assert job.status.attempt == 2
+    assert job.status.next_attempt_at is None
     assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
     attempt, env = _manifest_env(t, "m1", "u1")
     assert attempt == "2"
@@ -186,6 +198,8 @@ async def test_the_retry_budget_counts_across_attempts() -> None:
         t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
     )
     await settle()
+    t.clock.advance(60)
+    await t.ctrl.lifecycle.due()
     await t.ctrl.scheduler.cycle()
     assert t.store.jobs["u1"][0].requeue_counts == {"InfrastructureFailure": 1}
     [(_, _, rev2)] = [x for x in sent(s) if x[0] == "apply"]
@@ -210,3 +224,49 @@ async def test_the_jobs_node_grace_reaches_the_agent_with_its_manifests() -> Non
     work2 = t2.store.work[("m1", "u1")][0]
     plain = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work2.manifests]
     assert "gpufed.io/node-not-ready-seconds" not in plain[0]["metadata"]["annotations"]
+
+
+async def test_suspect_marks_survive_a_leader_change_until_their_expiry() -> None:
+    # issue 24 item 3: the marks were leader memory; a new leader placed on the broken node.
+    t, s, rev = await running()
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    await t.ctrl.members.flush()
+    t.clock.advance(600)
+    successor = Term(store=t.store, kube=t.kube, clock=t.clock)
+    await successor.ctrl.load()
+    [mark] = successor.ctrl.suspects.of_member("m1", t.clock.mono())
+    assert mark.node == "m1-n0"
+    assert mark.until_wall == t.clock.wall() - 600 + 3600, "the same expiry, not a new one"
+    t.clock.advance(3000)
+    assert successor.ctrl.suspects.of_member("m1", t.clock.mono()) == []
+
+
+async def test_a_suspicion_is_shown_at_once_and_gone_when_the_node_recovers() -> None:
+    # issue 24 item 1, the hub side: condition NodeNotReady and a Warning Event while the
+    # agent's grace period runs; no re-run, no suspect mark; gone once the node is Ready.
+    t, s, rev = await running()
+    job = t.ctrl.state.jobs["u1"]
+    suspicion = Condition(
+        type="NodeNotReady",
+        status="True",
+        reason="NodeNotReady",
+        message="node m1-n0 not Ready since 2026-01-01T00:00:00Z; an infrastructure failure "
+        "at 2026-01-01T00:05:00Z unless it recovers",
+        last_transition_time="2026-01-01T00:00:00Z",
+    )
+    blip = report("u1", rev, "Running", None).model_copy(update={"conditions": (suspicion,)})
+    await t.ctrl.handle(s, blip)
+    await t.ctrl.handle(s, blip)
+    await settle()
+    [cond] = [c for c in job.status.conditions if c.type == "NodeNotReady"]
+    assert (cond.status, cond.last_transition_time) == ("True", "2026-01-01T00:00:00Z")
+    assert [r for _, r, _ in t.kube.events].count("NodeNotReady") == 1, (
+        "one Event, not one a report"
+    )
+    await t.ctrl.handle(s, report("u1", rev, "Running", None))
+    await settle()
+    assert not [c for c in job.status.conditions if c.type == "NodeNotReady"]
+    assert job.status.phase == "Running"
+    assert t.store.jobs["u1"][0].stopping is None
+    assert t.ctrl.suspects.of_member("m1", t.clock.mono()) == []

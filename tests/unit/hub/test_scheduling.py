@@ -69,7 +69,7 @@ async def test_an_unchanged_unschedulable_answer_is_written_once() -> None:
     assert first.phase == "Pending"
     events = list(t.kube.events)
     assert [reason for _, reason, _ in events] == ["Unschedulable"]
-    t.ctrl.scheduler.want("u1")
+    t.ctrl.state.want("u1")
     await t.ctrl.scheduler.cycle()
     await settle()
     assert t.ctrl.state.jobs["u1"].status == first

@@ -28,6 +28,9 @@ async def test_exit_1_declared_infrastructure_walks_and_denies_the_fleet() -> No
     job = t.ctrl.state.jobs["u1"]
     seq = 2
     for attempt in range(1, 5):
+        if attempt > 1:  # the backoff between re-runs: 60 s doubling
+            t.clock.advance(60 * 2 ** (attempt - 2))
+            await t.ctrl.lifecycle.due()
         await t.ctrl.scheduler.cycle()
         applies = [x for x in sent(s) if x[0] == "apply" and x[1] == "u1"]
         assert applies, f"attempt {attempt} not placed"

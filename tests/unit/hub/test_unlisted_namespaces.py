@@ -124,7 +124,7 @@ async def test_a_refused_job_is_placed_once_a_gpuqueue_lists_its_namespace() -> 
     listed = gpuqueue("team-b", namespaces=("team-b", "team-a"))
     listed["metadata"]["resourceVersion"] = "2"
     t.ctrl.intake._on_event("gpuqueues", WatchEvent("MODIFIED", listed))
-    assert t.ctrl.scheduler._kick.is_set()
+    assert t.ctrl.state.cycle_due.is_set()
     await t.ctrl.scheduler.cycle()
     assert t.ctrl.state.jobs["ua"].status.phase == "Placed"
     assert t.store.jobs["ua"][0].queue == "team-b"
