@@ -23,7 +23,7 @@ binaries: install  ## build the pinned control-plane binaries into ~/.cache/gpuf
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p gpufed.api -p gpufed.placement -p gpufed.sync -p gpufed.hub -p gpufed.agent -p gpufed.sandbox -p gpufed.cli
+	$(BIN)/mypy -p gpufed.api -p gpufed.placement -p gpufed.sync -p gpufed.hub -p gpufed.agent -p gpufed.sandbox -p gpufed.console -p gpufed.cli
 	$(BIN)/mypy tests/unit/hub/fakes.py tests/unit/hub/term.py  # the fakes satisfy the hub's ports
 	$(BIN)/lint-imports
 

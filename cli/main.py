@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import typer
 
-from gpufed.cli import agent, bench, demo, get, hub, jobs, local, simulate, submit, version
+from gpufed.cli import (
+    agent,
+    bench,
+    console,
+    demo,
+    get,
+    hub,
+    jobs,
+    local,
+    simulate,
+    submit,
+    version,
+)
 from gpufed.cli.errors import GpufedGroup
 
 app = typer.Typer(
@@ -28,6 +40,7 @@ app.command("submit")(submit.submit)
 app.add_typer(get.get_app, name="get")
 app.command("explain")(jobs.explain)
 app.command("delete")(jobs.delete)
+app.command("console")(console.console_command)
 app.add_typer(agent.app, name="agent")
 app.command("version")(version.version_command)
 

@@ -33,6 +33,7 @@ step() {
 
 step setup       make --no-print-directory install
 step prometheus  ./scripts/ensure_prometheus.sh
+step browser     ./scripts/ensure_browser.sh
 step binaries    "$BIN/gpufed" local build
 step lint        make --no-print-directory lint
 step unit        "$BIN/pytest" tests/unit

@@ -2,7 +2,9 @@
 
 Implements :class:`gpufed.hub.adapters.ports.HubAPI` for the leader's components: intake (list+watch
 of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), status writes (with a resourceVersion
-precondition), finalizers, Events and the list+watch of join-token Secrets.
+precondition), finalizers, Events and the list+watch of join-token Secrets; and, for the hub's
+HTTP endpoints that serve people (``hub/edge/http.py``), who presents a bearer token and whether
+the hub cluster's RBAC lets them read something (:meth:`KubeAPI.review_access`).
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
 :mod:`gpufed.api.gpujob` / :mod:`gpufed.api.membercluster` models. Calls retry transient errors through :func:`gpufed.sync.retry.kube_retry` (the one
 retry policy), except status writes, whose one retry layer is the coalescing writer; 409 and
@@ -97,6 +99,8 @@ class KubeAPI:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
+        self.authn = client.AuthenticationV1Api(api_client)
+        self.authz = client.AuthorizationV1Api(api_client)
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
@@ -377,6 +381,46 @@ class KubeAPI:
             await _check_and_release(resp)
         except (TimeoutError, ApiException, OSError) as exc:
             log.warning("hub.event.failed", reason=reason, error=str(exc))
+
+    # --- callers of the hub's HTTP endpoints --------------------------------------------------
+
+    async def review_access(
+        self, token: str, attributes: dict[str, str]
+    ) -> tuple[bool | None, str]:
+        """Who presents ``token`` (a TokenReview) and whether the hub cluster's RBAC lets them
+        do ``attributes`` (a SubjectAccessReview's ``resourceAttributes``: ``verb``,
+        ``group``, ``resource``, ``name`` ...). Returns ``(True, username)``, ``(False,
+        reason)`` when denied, ``(None, reason)`` when the token is not valid. Raises
+        ``ApiException`` / ``OSError`` when the API server cannot answer (the hub's
+        ServiceAccount needs ``create`` on tokenreviews and subjectaccessreviews)."""
+        review: Any = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        got = await _json(await self.authn.create_token_review(review, _preload_content=False))
+        status = got.get("status") or {}
+        if not status.get("authenticated"):
+            return None, str(status.get("error") or "the token was not accepted")
+        user = status.get("user") or {}
+        sar: Any = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user.get("username", ""),
+                "uid": user.get("uid", ""),
+                "groups": user.get("groups") or [],
+                "extra": user.get("extra") or {},
+                "resourceAttributes": attributes,
+            },
+        }
+        got = await _json(
+            await self.authz.create_subject_access_review(sar, _preload_content=False)
+        )
+        status = got.get("status") or {}
+        if status.get("allowed"):
+            return True, str(user.get("username", ""))
+        return False, str(status.get("reason") or "RBAC allows no such access")
 
 
 async def _check_and_release(resp: Any) -> None:

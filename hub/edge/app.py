@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -33,11 +34,13 @@ from gpufed.hub.adapters.store import Store
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.edge.access import AccessCheck
 from gpufed.hub.edge.certs import not_after
 from gpufed.hub.edge.http import make_app, serve
 from gpufed.hub.edge.leader import LeaderElector
 from gpufed.hub.edge.podrole import PodRole
 from gpufed.hub.edge.service import AgentService, server_credentials
+from gpufed.hub.rules.blocks import member_blocks
 
 log = structlog.get_logger("gpufed.hub.edge.app")
 
@@ -124,7 +127,16 @@ class Hub:
             "hubId": cfg.hub_id,
         }
         runner, self.http_port = await serve(
-            make_app(self.metrics, self.readiness, about, leading=self.leading), hhost, hport
+            make_app(
+                self.metrics,
+                self.readiness,
+                about,
+                leading=self.leading,
+                blocks=self.member_blocks,
+                access=AccessCheck(self._kube.review_access),
+            ),
+            hhost,
+            hport,
         )
         self._http = runner
         log.info(
@@ -153,6 +165,15 @@ class Hub:
         if not ctrl.ready:
             return False, "leader: initial lists not done yet"
         return True, "leader"
+
+    def member_blocks(self, name: str) -> dict[str, Any] | None:
+        """One member's NVLink blocks from the leader's placement snapshot (``/fleet/members/
+        <name>/blocks``); None on a standby or before the lists are done; ``KeyError`` for a
+        member the snapshot does not hold."""
+        ctrl = self.controller
+        if ctrl is None or not ctrl.ready:
+            return None
+        return member_blocks(ctrl.snapshot, name)
 
     def leading(self) -> tuple[bool, str]:
         """(leading, reason) for ``/leaderz``: 200 only on the leader with its lists done."""

@@ -1,5 +1,5 @@
-"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``, ``/leaderz``
-and ``/version``.
+"""The hub's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``, ``/leaderz``,
+``/version`` and ``/fleet/members/<name>/blocks``.
 
 Served by the hub process (:mod:`gpufed.hub.edge.app`) on ``--http-listen`` with aiohttp.
 ``/healthz`` answers 200 while the event loop runs (liveness). ``/readyz`` answers 200 on the
@@ -10,6 +10,15 @@ healthy Deployment is Ready; the Service reaches the leader by its Pod label,
 the sandbox wait for). ``/version``
 answers JSON ``{"version": <gpufed distribution version>, "protocolVersion": <agent protocol
 version>, "hubId": <replica id>}`` on every replica (``gpufed version --hub-url``).
+
+``/fleet/members/<name>/blocks`` answers one member's NVLink blocks as the leader sees them now
+(JSON of :func:`gpufed.hub.rules.blocks.member_blocks`: per block the GPUs used, reserved, free
+and unavailable; what ``gpufed console`` draws). It is the one endpoint that shows fleet state,
+so it asks for ``Authorization: Bearer <token>`` of the hub cluster and serves only a caller
+whom the hub cluster's RBAC lets ``get`` that MemberCluster (:mod:`gpufed.hub.edge.access`):
+401 without a valid token, 403 when denied, 404 for an unknown member, 503 on a standby or
+before the leader's lists are done. Bounded: at most
+:data:`gpufed.hub.rules.blocks.MAX_BLOCKS` blocks per answer.
 """
 
 from __future__ import annotations
@@ -20,6 +29,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.edge.access import AccessCheck
+
+#: ``blocks(member)``: the body of ``/fleet/members/<member>/blocks``; None when this replica
+#: cannot answer (a standby, lists not done); ``KeyError`` for an unknown member.
+Blocks = Callable[[str], Mapping[str, object] | None]
 
 
 def make_app(
@@ -28,10 +42,14 @@ def make_app(
     version: Mapping[str, object] | None = None,
     *,
     leading: Callable[[], tuple[bool, str]] | None = None,
+    blocks: Blocks | None = None,
+    access: AccessCheck | None = None,
 ) -> web.Application:
     """The aiohttp application; ``readiness()`` and ``leading()`` return (ok, reason) for
     ``/readyz`` and ``/leaderz`` (``leading`` None: ``/leaderz`` answers as ``/readyz``);
-    ``version``: the body of ``/version`` (``version``, ``protocolVersion``, ``hubId``)."""
+    ``version``: the body of ``/version`` (``version``, ``protocolVersion``, ``hubId``);
+    ``blocks`` and ``access``: ``/fleet/members/<name>/blocks`` and who may read it (served only
+    when both are given)."""
     leader_check = leading or readiness
     version_body = dict(version or {})
 
@@ -53,12 +71,32 @@ def make_app(
     async def version_handler(_: web.Request) -> web.Response:
         return web.json_response(version_body)
 
+    async def blocks_handler(request: web.Request) -> web.Response:
+        assert blocks is not None
+        assert access is not None
+        name = request.match_info["name"]
+        code, why = await access.check(request.headers.get("Authorization"), name)
+        if code != 200:
+            headers = {"WWW-Authenticate": 'Bearer realm="gpufed-hub"'} if code == 401 else {}
+            return web.json_response({"error": why}, status=code, headers=headers)
+        try:
+            body = blocks(name)
+        except KeyError:
+            return web.json_response({"error": f"no member cluster {name!r}"}, status=404)
+        if body is None:
+            return web.json_response(
+                {"error": "this hub replica is not the leader with its lists done"}, status=503
+            )
+        return web.json_response(dict(body))
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/leaderz", leaderz)
     app.router.add_get("/version", version_handler)
+    if blocks is not None and access is not None:
+        app.router.add_get("/fleet/members/{name}/blocks", blocks_handler)
     return app
 
 

@@ -6,12 +6,15 @@ the queue (Pending) while the other clique's jobs run on untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from tests.e2e.harness import E2E, GB200, batch_job, priority_classes, wait_until
 
@@ -35,7 +38,9 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions", []) if c.get("type") == type_), None)
 
 
-def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(classes: E2E) -> None:
+def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(
+    classes: E2E, tmp_path: Path
+) -> None:
     hub = classes.hub
     clique = {"nvlink": "Required"}
     low = {"gpuProducts": [GB200], "priorityClassName": "e2e-low", "topology": clique}
@@ -83,3 +88,82 @@ def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(classes: E2
         assert ks["phase"] == "Running"
         assert condition(ks, "Preempted") is None
     assert "Preempting" in hub.events("high")
+
+    # The same preemption in the web console (headless Chromium; skipped without it): the
+    # fleet page draws eu-nvl72's two cliques from the real hub, the preemptor's page shows
+    # its placement and what it preempted, a victim's page its preemption; an identity that
+    # may read GPUJobs only in another namespace sees none of these.
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.console.harness import browser, console
+
+    outsider = _outsider_kubeconfig(hub.api, classes.info.kubeconfig, tmp_path)
+
+    cp = classes.info.control_plane
+    assert cp is not None
+    driver = browser()
+    try:
+        with console(classes.info.kubeconfig, "--hub-url", cp.hub_http) as url:
+            driver.get(f"{url}/")
+            cliques = driver.find_elements(By.CSS_SELECTOR, '[data-member="eu-nvl72"] .blk')
+            assert len(cliques) == 2
+            cells = {
+                b.get_attribute("data-domain"): len(b.find_elements(By.CSS_SELECTOR, ".c"))
+                for b in cliques
+            }
+            assert cells == dict.fromkeys(cells, 72)
+            assert freed in cells
+            driver.get(f"{url}/jobs/drill/high")
+            timeline = driver.find_element(By.ID, "timeline").text
+            assert "placement decided: eu-nvl72" in timeline
+            assert freed in timeline
+            assert f"preempted {len(victims)} job(s) in eu-nvl72" in timeline
+            driver.get(f"{url}/jobs/drill/{victims[0]}")
+            kinds = {
+                e.get_attribute("data-kind")
+                for e in driver.find_elements(By.CSS_SELECTOR, "#timeline li")
+            }
+            assert {"submitted", "placed", "preempted"} <= kinds
+        with console(outsider) as url:
+            driver.get(f"{url}/jobs")
+            assert driver.find_elements(By.CSS_SELECTOR, "tr[data-job]") == []
+            driver.get(f"{url}/jobs/drill/high")
+            assert "not readable with your identity" in driver.find_element(By.ID, "missing").text
+    finally:
+        driver.quit()
+        with contextlib.suppress(k8s.ApiException):
+            k8s.CoreV1Api(hub.api).delete_namespace(OUTSIDER_NS)
+
+
+OUTSIDER_NS = "e2e-console-outsider"
+
+
+def _outsider_kubeconfig(api: k8s.ApiClient, admin: Path, tmp_path: Path) -> Path:
+    """A ServiceAccount of namespace e2e-console-outsider that may list GPUJobs there only."""
+    from tests.integration.console.harness import service_account_kubeconfig
+
+    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
+    with contextlib.suppress(k8s.ApiException):
+        core.create_namespace({"metadata": {"name": OUTSIDER_NS}})
+    rbac.create_namespaced_role(
+        OUTSIDER_NS,
+        {
+            "metadata": {"name": "gpujob-reader"},
+            "rules": [
+                {"apiGroups": ["gpufed.io"], "resources": ["gpujobs"], "verbs": ["get", "list"]}
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        OUTSIDER_NS,
+        {
+            "metadata": {"name": "gpujob-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "gpujob-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "outsider", "namespace": OUTSIDER_NS}],
+        },
+    )
+    return service_account_kubeconfig(api, admin, OUTSIDER_NS, "outsider", tmp_path / "outsider")

@@ -31,8 +31,9 @@ NUMBERS = [
     "eleven",
     "twelve",
     "thirteen",
+    "fourteen",
 ]
-COMPONENTS = frozenset({"api", "placement", "sync", "hub", "agent", "sandbox", "cli"})
+COMPONENTS = frozenset({"api", "placement", "sync", "hub", "agent", "sandbox", "console", "cli"})
 _TICKED = re.compile(r"`([^`]+)`")
 
 

@@ -1,0 +1,286 @@
+"""The console's web server: four read-only pages at stable paths, rendered by the server and
+kept live by a small script (aiohttp + Jinja2, no build step).
+
+Pages (GET only; any other method answers 405):
+
+* ``/``: the fleet: each member's state, GPU products, GPUs used / reserved / free and the
+  largest free NVLink block (:func:`gpufed.console.views.fleet`);
+* ``/queues``: the GPUQueue tree with quotas, usage and borrowing, and each queue's fair share
+  over the last day as the console sampled it (:class:`ShareHistory`, once a minute);
+* ``/jobs``: GPUJobs of every phase, newest first, with ``?namespace=&queue=&phase=`` filters
+  (at most :data:`MAX_ROWS` rows; a note says how many more matched);
+* ``/jobs/<namespace>/<name>``: one job: its timeline, its conditions, its Events and "why
+  pending" as ``gpufed explain`` gives it;
+* ``/healthz``: ``ok``.
+
+Every page is complete HTML without JavaScript. ``static/console.js`` re-fetches the page every
+``refresh_s`` seconds with the header ``X-Console-Live: 1`` and swaps in the part that changes
+(the server then renders only the template's ``live`` block). Reads go through
+:class:`gpufed.console.reader.HubReader`, with the identity of whoever started the console:
+what it may not read is left out and named at the foot of the page.
+
+Served on loopback by default; there the server answers only requests whose ``Host`` is a
+loopback name (a web page elsewhere cannot reach it through DNS rebinding).
+
+Who calls it: ``gpufed console`` (``cli/console.py``) and the console tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from gpufed.console import views
+from gpufed.console.reader import Hidden, HubReader, HubReadError
+
+__all__ = ["MAX_ROWS", "make_app"]
+
+#: Most job rows one ``/jobs`` page shows.
+MAX_ROWS = 500
+#: Fair-share history: one sample a minute for a day, for at most this many queues.
+SHARE_EVERY_S = 60.0
+SHARE_SAMPLES = 1440
+SHARE_QUEUES = 500
+_HERE = Path(__file__).resolve().parent
+_LIVE_HEADER = "X-Console-Live"
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; script-src 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+Explain = Callable[[dict[str, Any]], str]
+
+
+class ShareHistory:
+    """Each queue's ``status.fairShare`` as the console saw it over the last day (the hub keeps
+    no history): at most :data:`SHARE_SAMPLES` samples per queue, :data:`SHARE_QUEUES` queues,
+    one sample per queue per :data:`SHARE_EVERY_S` at most. Lost when the console stops."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+
+    def note(self, queues: Iterable[Mapping[str, Any]]) -> None:
+        now = self._clock()
+        for q in queues:
+            name = (q.get("metadata") or {}).get("name", "")
+            raw = (q.get("status") or {}).get("fairShare")
+            if raw is None:
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                continue
+            line = self._samples.get(name)
+            if line is None:
+                if len(self._samples) >= SHARE_QUEUES:
+                    continue
+                line = self._samples[name] = deque(maxlen=SHARE_SAMPLES)
+            if line and now - line[-1][0] < SHARE_EVERY_S:
+                line[-1] = (line[-1][0], value)  # keep the latest value of this minute
+            else:
+                line.append((now, value))
+
+    def of(self, name: str) -> list[tuple[float, float]]:
+        return list(self._samples.get(name, ()))
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pct"] = lambda x: f"{x:.1f}"
+    return env
+
+
+def make_app(
+    reader: HubReader,
+    *,
+    explain: Explain,
+    refresh_s: float = 5.0,
+    listen_host: str = "127.0.0.1",
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> web.Application:
+    """The aiohttp application. ``explain(job_object) -> text``: the ``gpufed explain`` text
+    (passed in by the CLI, so the console imports no CLI code); ``refresh_s``: seconds between
+    live updates in the browser (0: none); ``listen_host``: the address served (a loopback one
+    turns on the ``Host`` check)."""
+    env = _environment()
+    check_host = _loopback(listen_host)
+    shares = ShareHistory()
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if check_host and not _loopback(request.url.host or ""):
+            return web.Response(status=421, text="the console answers loopback host names only\n")
+        resp = await handler(request)
+        resp.headers.update(_SECURITY_HEADERS)
+        return resp
+
+    def render(request: web.Request, name: str, code: int = 200, **ctx: Any) -> web.Response:
+        ctx.setdefault("hidden", [])
+        ctx.update(
+            identity=reader.source.describe(),
+            server=reader.server,
+            refresh_ms=int(refresh_s * 1000),
+            now=now().strftime("%Y-%m-%d %H:%M:%S UTC"),
+            path=request.path,
+        )
+        tmpl = env.get_template(name)
+        if request.headers.get(_LIVE_HEADER) == "1":
+            text = "".join(tmpl.blocks["live"](tmpl.new_context(ctx)))
+        else:
+            text = tmpl.render(ctx)
+        return web.Response(text=text, status=code, content_type="text/html")
+
+    async def namespace_queues() -> tuple[list[dict[str, Any]], list[Hidden], dict[str, str]]:
+        queues = await reader.queues()
+        shares.note(queues.items)
+        mapping = {
+            ns: (q.get("metadata") or {}).get("name", "")
+            for q in queues.items
+            for ns in (q.get("spec") or {}).get("namespaces") or []
+        }
+        return queues.items, queues.hidden, mapping
+
+    async def fleet_page(request: web.Request) -> web.Response:
+        listed = await reader.clusters()
+        members = views.fleet(listed.items)
+        answers, notes = await reader.blocks(m.name for m in members)
+        members = views.with_blocks(members, answers)
+        return render(
+            request,
+            "fleet.html",
+            members=members,
+            hidden=[*listed.hidden, *notes],
+            hub_url=reader.hub_url,
+        )
+
+    async def queues_page(request: web.Request) -> web.Response:
+        items, hidden, _ = await namespace_queues()
+        tree = views.queue_tree(items)
+        lines = {q.name: views.sparkline(shares.of(q.name)) for q in tree}
+        return render(request, "queues.html", queues=tree, shares=lines, hidden=hidden)
+
+    async def jobs_page(request: web.Request) -> web.Response:
+        q = request.query
+        filters = {k: q.get(k, "").strip() for k in ("namespace", "queue", "phase")}
+        if filters["phase"] and filters["phase"] not in views.PHASES:
+            raise web.HTTPBadRequest(
+                text=f"phase: {filters['phase']!r} is not one of {', '.join(views.PHASES)}\n"
+            )
+        queue_items, hidden, mapping = await namespace_queues()
+        listed = await reader.jobs(mapping.keys())
+        rows = views.job_rows(listed.items, mapping, **filters)
+        return render(
+            request,
+            "jobs.html",
+            rows=rows[:MAX_ROWS],
+            more=max(0, len(rows) - MAX_ROWS),
+            truncated=listed.truncated,
+            filters=filters,
+            phases=views.PHASES,
+            namespaces=sorted(
+                {(j.get("metadata") or {}).get("namespace", "") for j in listed.items}
+            ),
+            queue_names=sorted((x.get("metadata") or {}).get("name", "") for x in queue_items),
+            hidden=[*hidden, *listed.hidden],
+            at=now(),
+            age=views.age,
+        )
+
+    async def job_page(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        read = await reader.job(ns, name)
+        if read.job is None:
+            what = "not found" if read.status == 404 else "not readable with your identity"
+            return render(request, "missing.html", code=read.status, key=f"{ns}/{name}", what=what)
+        job_status = read.job.get("status") or {}
+        return render(
+            request,
+            "job.html",
+            key=f"{ns}/{name}",
+            job=read.job,
+            phase=job_status.get("phase") or "Pending",
+            status=job_status,
+            conditions=job_status.get("conditions") or [],
+            events=read.events,
+            timeline=views.timeline(read.job, read.events),
+            explanation=explain(read.job),
+            hidden=read.hidden,
+        )
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    def guarded(
+        page: Callable[[web.Request], Awaitable[web.Response]],
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                return await page(request)
+            except HubReadError as exc:
+                return render(request, "error.html", code=502, error=str(exc))
+            except OSError as exc:
+                return render(
+                    request,
+                    "error.html",
+                    code=502,
+                    error=f"cannot reach the hub cluster's API server {reader.server}: {exc}",
+                )
+
+        return handler
+
+    async def sample_shares(_: web.Application) -> AsyncIterator[None]:
+        """Read the queues once a minute while the console runs, so the fair-share lines grow
+        even when no one has the queues page open."""
+
+        async def loop() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # a failed read: the next minute tries
+                    shares.note((await reader.queues()).items)
+                await asyncio.sleep(SHARE_EVERY_S)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app = web.Application(middlewares=[guard])
+    app.cleanup_ctx.append(sample_shares)
+    app.router.add_get("/", guarded(fleet_page))
+    app.router.add_get("/queues", guarded(queues_page))
+    app.router.add_get("/jobs", guarded(jobs_page))
+    app.router.add_get("/jobs/{namespace}/{name}", guarded(job_page))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_static("/static/", _HERE / "static", show_index=False)
+    return app
