@@ -43,6 +43,7 @@ def test_inventory_once_json_has_the_documented_shape(member: Member) -> None:
         "allocatable",
         "requested",
         "free",
+        "gpus_via_dra",  # whole GPUs published through DRA ResourceSlices (0: none)
     }
     gpu_nodes = [n for n in report["nodes"] if GPU in n["allocatable"]]
     assert gpu_nodes
