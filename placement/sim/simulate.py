@@ -68,7 +68,8 @@ from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simfirstadmit import run_first_admit
 from gpufed.placement.sim.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.sim.simquota import QueueSim
-from gpufed.placement.sim.simreport import JobRecord, RunInterval
+from gpufed.placement.sim.simreport import JobRecord, RunInterval, topology_class
+from gpufed.placement.sim.timelimits import SCATTER_SLOWDOWN
 from gpufed.placement.sim.trace import TraceError, TraceJob, read_trace
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -193,6 +194,9 @@ class _Run:
     seg_start: float = _NEVER
     preempted: list[PreemptionEvent] = field(default_factory=list)
     product: str | None = None  # the GPU product of the current (or last) run
+    slowdown: float = 1.0  # the current run's: SCATTER_SLOWDOWN when scattered, else 1
+    limit_hit: bool = False  # the current run ends at the job's time limit, work undone
+    backfill: str | None = None  # the hold its (first) run borrowed, if it ran as backfill
     # earlier runs: (start, end, member, GPU product, why it ended: .simreport.ENDINGS)
     past: list[tuple[float, float, str | None, str | None, str]] = field(default_factory=list)
 
@@ -223,6 +227,8 @@ class _Sim:
         self.stranded = 0
         self.live: dict[str, _Run] = {}
         self.arrived = 0
+        #: run-time factor of a scattered NVLink-Required job (:data:`.timelimits.SCATTER_SLOWDOWN`)
+        self.scatter_slowdown = SCATTER_SLOWDOWN
         self.progress: Callable[[int, int, float], None] | None = None
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
@@ -238,12 +244,15 @@ class _Sim:
         self.seq += 1
 
     def start(self, run: _Run, decision: Decision, now: float) -> None:
+        """Run ``run`` from ``now`` as ``decision`` places it: reserve, then schedule its end
+        (its remaining work, times :attr:`scatter_slowdown` for an NVLink-Required job of
+        several pods spread over several NVLink domains, cut at its time limit)."""
         self.snapshot.reserve(decision, now, ttl_s=1e18)
         run.start = min(run.start, now)
         run.seg_start = now
-        run.end = now + run.remaining
         run.cluster = decision.cluster
         run.product = decision.gpu_product
+        run.slowdown = 1.0
         self.live[run.request.uid] = run
         if decision.cluster:
             cluster = decision.cluster
@@ -260,6 +269,12 @@ class _Sim:
             run.domains = tuple(sorted(domains))
             if run.job.topology == "Required" and run.job.pods > 1:
                 run.single_domain = len(domains) == 1
+                if len(domains) > 1:
+                    run.slowdown = self.scatter_slowdown
+        took = run.remaining * run.slowdown
+        limit = run.job.time_limit_s
+        run.limit_hit = limit is not None and took > limit
+        run.end = now + (limit if run.limit_hit and limit is not None else took)
         self._push(run.end, 0, run.request.uid)
 
     def result(self, policy: str, horizon: float) -> SimResult:
@@ -296,6 +311,15 @@ class _Sim:
     def _record(r: _Run, horizon: float) -> JobRecord:
         started = r.start < _NEVER
         runs = r.segments() if started else []
+        pools: dict[str, float] = {}
+        if started:
+            for s, e, member, product, _ in (
+                *r.past,
+                (r.seg_start, r.end, r.cluster, r.product, ""),
+            ):
+                if s < min(e, horizon):
+                    key = f"{member or ''}/{product or ''}"
+                    pools[key] = pools.get(key, 0.0) + min(e, horizon) - s
         return JobRecord(
             job_id=r.job.job_id,
             gpus=r.job.gpus,
@@ -305,6 +329,11 @@ class _Sim:
             member=r.cluster,
             nvlink_domains=r.domains,
             runs=tuple((s, min(e, horizon)) for s, e in runs if s < _NEVER),
+            topology=topology_class(r.job.pods, r.job.topology),
+            pool_s=tuple(sorted(pools.items())),
+            limit_hit=r.limit_hit and r.end <= horizon,
+            backfill=r.backfill,
+            time_limit_s=r.job.time_limit_s,
         )
 
     def intervals(self, horizon: float, queue: Callable[[_Run], str]) -> list[RunInterval]:
@@ -317,7 +346,11 @@ class _Sim:
                 continue
             runs = list(r.past)
             if r.seg_start < r.end:
-                why = "succeeded" if r.end <= horizon else "still-running"
+                why = (
+                    "still-running"
+                    if r.end > horizon
+                    else ("time-limit" if r.limit_hit else "succeeded")
+                )
                 runs.append((r.seg_start, min(r.end, horizon), r.cluster, r.product, why))
             q = queue(r)
             for n, (s, e, member, product, why) in enumerate(runs, start=1):
@@ -389,6 +422,7 @@ def simulate(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     preemption: SimPreemption | None = None,
     failures: SimFailures | None = None,
+    scatter_slowdown: float = SCATTER_SLOWDOWN,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
@@ -418,7 +452,10 @@ def simulate(
         raise ValueError(f"preemption: only the gpufed policy preempts, not {policy}")
     if failures is not None and policy != "gpufed":
         raise ValueError(f"node failures: only the gpufed policy re-runs jobs, not {policy}")
+    if not (math.isfinite(scatter_slowdown) and scatter_slowdown >= 1):
+        raise ValueError(f"scatter_slowdown: {scatter_slowdown!r} must be a number >= 1")
     sim = _Sim(members, jobs)
+    sim.scatter_slowdown = scatter_slowdown
     sim.progress = progress
     capacity = sim.capacity()
     if failures is not None and jobs:
