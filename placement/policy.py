@@ -18,6 +18,8 @@ class ScoreWeights(BaseModel):
     ``nvlink_fit``: NVLinkBestFit (fewest stranded GPUs in the domains used).
     ``allocation``: ResourceAllocation (``binpack`` or ``spread`` over the member's GPUs of the
     product used). ``topology``: TopologyLocality (NVLink / rack / block wishes met).
+    ``topology_cost``: TopologyCost (what the placement destroys: whole nodes and trays broken,
+    the pool's largest free NVLink block; :mod:`gpufed.placement.topocost`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -25,19 +27,21 @@ class ScoreWeights(BaseModel):
     nvlink_fit: float = Field(default=2.0, ge=0)
     allocation: float = Field(default=1.0, ge=0)
     topology: float = Field(default=1.0, ge=0)
+    topology_cost: float = Field(default=1.0, ge=0)
 
     @model_validator(mode="after")
     def _some_weight(self) -> ScoreWeights:
-        if self.nvlink_fit + self.allocation + self.topology <= 0:
+        if self.total <= 0:
             raise ValueError(
-                "weights: at least one of nvlink_fit, allocation, topology must be > 0"
+                "weights: at least one of nvlink_fit, allocation, topology, topology_cost "
+                "must be > 0"
             )
         return self
 
     @property
     def total(self) -> float:
         """Sum of the weights (the divisor of the weighted mean)."""
-        return self.nvlink_fit + self.allocation + self.topology
+        return self.nvlink_fit + self.allocation + self.topology + self.topology_cost
 
 
 class Policy(BaseModel):
