@@ -168,6 +168,12 @@ def simulate_command(
         help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
         "--queue-oldest-first (0: no holds at all).",
     ),
+    backfill_limits: str = typer.Option(
+        "on",
+        "--queue-backfill-by-limit",
+        help="Policy gpufed: on, a job whose time limit ends before a starving job's expected "
+        "start may run on the nodes it holds (backfill); off, nothing runs inside a hold.",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
@@ -239,6 +245,8 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--preemption")
     if victims not in VICTIM_RULES:
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
+    if backfill_limits not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -282,6 +290,7 @@ def simulate_command(
         max_holds=max_holds,
         oldest_first_s=oldest_first_s,
         order=queue_order,
+        backfill_by_limit=backfill_limits == "on",
     )
     try:
         members = load_fleet(fleet)

@@ -149,7 +149,7 @@ def place(
             ordered.append((0, -ub, name, _NO_POOL, c, None, None))
             continue
         pmemo = memo.pool(pool)
-        tier = clique_tier(job, pool)
+        tier = clique_tier(job, pool) if policy.keep_cliques else 0
         if fkey is not None:
             if held is None:
                 hit = pmemo.recall(fkey)
@@ -366,7 +366,7 @@ def _placed(
         + f": {_n(len(nodes), 'node')}"
         + (f", {_n(len(domains), 'NVLink domain')}" if domains else "")
         + f", score {total:.1f}"
-        + cost_note(job, plan)
+        + cost_note(job, plan, policy.keep_cliques)
     )
     return Decision.model_construct(
         job=job.request.job,

@@ -52,6 +52,8 @@ class Policy(BaseModel):
     member; for inference replicas), the default of jobs that do not choose
     (``spec.placement.allocation`` overrides it per job). ``reservation_ttl_s``: how long a reservation holds
     capacity when the job's pods never show up in the member's inventory (seconds).
+    ``keep_cliques``: plan a job that has no use for an NVL72 clique in clique pools only when
+    no other pool fits it (:func:`gpufed.placement.topocost.clique_tier`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,3 +62,14 @@ class Policy(BaseModel):
     allocation: Literal["binpack", "spread"] = "binpack"
     weights: ScoreWeights = ScoreWeights()
     reservation_ttl_s: float = Field(default=600.0, gt=0)
+    keep_cliques: bool = True
+
+    def without_topology_cost(self) -> Policy:
+        """This policy as placement was before issue 29: no TopologyCost, no clique tier (the
+        simulator's ``first-admit`` baseline, which must not change)."""
+        return self.model_copy(
+            update={
+                "weights": self.weights.model_copy(update={"topology_cost": 0.0}),
+                "keep_cliques": False,
+            }
+        )

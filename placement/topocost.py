@@ -149,7 +149,7 @@ class TopologyCost:
         return 100.0 * d.placed / (d.placed + d.lost)
 
 
-def cost_note(job: JobShape, plan: Plan) -> str:
+def cost_note(job: JobShape, plan: Plan, keep_cliques: bool = True) -> str:
     """The part of a ``Placed`` message (``gpufed explain``) that says what the plan destroys
     and why an NVL72 pool took a job that needs no clique: ``"; breaks 1 whole node (7 GPUs
     stranded)"``, ``"; NVL72 clique pool: no other pool fits it now"``; empty when neither."""
@@ -157,6 +157,6 @@ def cost_note(job: JobShape, plan: Plan) -> str:
     text = destroyed(job, plan).text()
     if text:
         out += f"; {text}"
-    if clique_tier(job, plan.pool):
+    if keep_cliques and clique_tier(job, plan.pool):
         out += "; NVL72 clique pool: no other pool fits it now"
     return out

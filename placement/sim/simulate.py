@@ -17,7 +17,8 @@ finished, or until the horizon (default: 30 simulated days after the last arriva
   (``member_fit="spread"``; ``"pack"`` takes the fullest first).
 * ``first-admit`` (MultiKueue with topology-aware workers): one global queue in arrival order,
   best effort, each job to the first member in fleet-file order whose own ``place()`` fits it
-  now (:mod:`.simfirstadmit`).
+  now (:mod:`.simfirstadmit`), placement without TopologyCost and the clique tier
+  (``Policy.without_topology_cost``: the baseline as it was before issue 29).
 
 Trace defaults when a column is absent (docs/placement.md, "Simulator"): ``gpus_per_pod =
 min(gpus, 8)``; ``topology`` ``required`` for a one-pod job, ``preferred`` otherwise; any GPU
@@ -54,6 +55,7 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.queue import GPUQueue
 from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
+from gpufed.placement.backfill import expected_start
 from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.fit import fill
@@ -61,7 +63,7 @@ from gpufed.placement.holds import hold_for
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
-from gpufed.placement.queue import BackfillRule, Hold, fit_key, pass_key, schedule_pass
+from gpufed.placement.queue import BackfillRule, Hold, fit_key, gpus_of, pass_key, schedule_pass
 from gpufed.placement.quota import demand_of
 from gpufed.placement.shape import JobShape
 from gpufed.placement.sim.simfail import SimFailures
@@ -176,6 +178,7 @@ def request_of(job: TraceJob) -> PlacementRequest:
         priority=job.priority,
         queue=job.queue,
         submitted_at=job.submit_s,
+        time_limit_s=job.time_limit_s,
     )
 
 
@@ -229,6 +232,9 @@ class _Sim:
         self.arrived = 0
         #: run-time factor of a scattered NVLink-Required job (:data:`.timelimits.SCATTER_SLOWDOWN`)
         self.scatter_slowdown = SCATTER_SLOWDOWN
+        #: (member, node) -> uid -> (run start, GPUs there) of the runs started there (stale
+        #: entries, of runs ended or restarted since, are skipped and pruned by hold_start)
+        self.node_runs: dict[tuple[str, str], dict[str, tuple[float, int]]] = {}
         self.progress: Callable[[int, int, float], None] | None = None
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
@@ -267,6 +273,10 @@ class _Sim:
                 for n in ps.nodes
             }
             run.domains = tuple(sorted(domains))
+            for ps in decision.pod_sets:
+                g = ps.requests.get(GPU_RESOURCE, 0)
+                for n, pods in ps.nodes.items():
+                    self.node_runs.setdefault((cluster, n), {})[run.request.uid] = (now, g * pods)
             if run.job.topology == "Required" and run.job.pods > 1:
                 run.single_domain = len(domains) == 1
                 if len(domains) > 1:
@@ -362,6 +372,28 @@ class _Sim:
                     for k, a in sorted(keys.items())
                 ]
         return out
+
+    def hold_start(self, req: PlacementRequest, hold: Hold, now: float) -> float | None:
+        """When ``req`` is expected to start on ``hold``'s nodes (:func:`.backfill.expected_start`
+        over the runs there and their time limits); None for a whole-member hold."""
+        if not hold.nodes:
+            return None
+        free = 0
+        releases: dict[str, tuple[float | None, int]] = {}
+        for n in hold.nodes:
+            free += self.snapshot.free(hold.cluster, n)
+            runs = self.node_runs.get((hold.cluster, n))
+            if not runs:
+                continue
+            for uid, (began, gpus) in list(runs.items()):
+                run = self.live.get(uid)
+                if run is None or run.seg_start != began or run.end <= now:
+                    del runs[uid]  # ended or restarted since
+                    continue
+                limit = run.job.time_limit_s
+                end, total = releases.get(uid, (None if limit is None else began + limit, 0))
+                releases[uid] = (end, total + gpus)
+        return expected_start(now, gpus_of(req), free, releases.values())
 
     def capacity(self) -> dict[tuple[str, str], int]:
         """(member, GPU product) -> whole GPUs of its pools now ('' for pools with no
@@ -469,7 +501,8 @@ def simulate(
         _run_gpufed(sim, horizon, placement_policy or Policy(), rule, qs, pre, failures)
     elif policy == "first-admit":
         order = [m.name for m in members]
-        run_first_admit(sim, _drain(sim, horizon), placement_policy or Policy(), order)
+        base = (placement_policy or Policy()).without_topology_cost()
+        run_first_admit(sim, _drain(sim, horizon), base, order)
     else:
         _run_baseline(sim, horizon, policy, member_fit)
     result = sim.result(policy, horizon)
@@ -544,6 +577,9 @@ def _run_gpufed(
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
         return hold_for(req, snapshot, policy, gate.for_request(req) if gate is not None else None)
 
+    def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
+        return sim.hold_start(req, hold, now)
+
     def key_of(req: PlacementRequest) -> Any:
         key = sim.by_uid[req.uid].key
         return (req.queue, key) if gate is not None and gate.enforce else key
@@ -570,7 +606,7 @@ def _run_gpufed(
         requests = (r.request for r in pending.values())
         within = pass_key(now, rule)
         queue = qs.order(now, requests, within) if qs is not None else sorted(requests, key=within)
-        schedule_pass(
+        result = schedule_pass(
             queue,
             now,
             attempt,
@@ -579,7 +615,12 @@ def _run_gpufed(
             presorted=True,
             record_skipped=False,
             key_of=key_of,
+            hold_start=hold_start if rule.backfill_by_limit else None,
         )
+        for uid, borrowed in result.backfilled.items():
+            run = sim.by_uid[uid]
+            if run.backfill is None:
+                run.backfill = borrowed.reason
         if pre is not None and pending:
             preempt_after_pass(sim, pending, now, policy, qs, pre)
         if qs is not None:
