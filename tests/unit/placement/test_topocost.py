@@ -63,7 +63,8 @@ def test_with_its_weight_at_zero_and_no_tier_scores_are_as_before() -> None:
     s = FleetSnapshot([hgx_cluster("a", free=[3, 8]), hgx_cluster("b", free=[8, 8])])
     old = Policy(weights=ScoreWeights(topology_cost=0), keep_cliques=False)
     d = place(job(gpus=1, requests={GPU: 1}), s, old, 0)
-    assert d.cluster == "a" and gpus_on(d) == {"a-n000": 1}
+    assert d.cluster == "a"
+    assert gpus_on(d) == {"a-n000": 1}
     assert "TopologyCost" in d.score_parts  # shown, weighted 0
 
 
@@ -151,7 +152,8 @@ def test_place_keeps_cliques_and_scores_the_cost_as_brute_force_does(
     if not options:
         assert not d.placed
         return
-    assert d.placed and d.score is not None
+    assert d.placed
+    assert d.score is not None
     clique = {m.name: c for m, _, c in fleet}[d.cluster or ""]
     [chosen] = gpus_on(d)
     tier, total = options[(d.cluster or "", *_where(chosen, clique))]
