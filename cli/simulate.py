@@ -168,6 +168,13 @@ def simulate_command(
         help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
         "--queue-oldest-first (0: no holds at all).",
     ),
+    holds_per_shape: int = typer.Option(
+        1,
+        "--queue-holds-per-shape",
+        min=1,
+        help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
+        "one pass, within --queue-max-holds.",
+    ),
     backfill_limits: str = typer.Option(
         "on",
         "--queue-backfill-by-limit",
@@ -291,6 +298,7 @@ def simulate_command(
         oldest_first_s=oldest_first_s,
         order=queue_order,
         backfill_by_limit=backfill_limits == "on",
+        holds_per_shape=holds_per_shape,
     )
     try:
         members = load_fleet(fleet)

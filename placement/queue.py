@@ -97,7 +97,10 @@ class BackfillRule(BaseModel):
     are ordered within a priority (``smallest-first``: fewer GPUs first; ``fifo``: earlier
     first, and then ``oldest_first_s`` changes nothing); ``backfill_by_limit``: a job whose
     time limit ends before a hold's expected start may run on the held nodes (:mod:`.backfill`;
-    used where the caller estimates starts: ``schedule_pass(hold_start=...)``).
+    used where the caller estimates starts: ``schedule_pass(hold_start=...)``);
+    ``holds_per_shape``: starving jobs of one shape (:func:`fit_key`) that may hold nodes in
+    one pass, each other nodes (where the caller gives ``schedule_pass(hold_avoiding=...)``;
+    else 1), within ``max_holds``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -107,6 +110,7 @@ class BackfillRule(BaseModel):
     oldest_first_s: float = Field(default=57600.0, ge=0)
     order: QueueOrder = "smallest-first"
     backfill_by_limit: bool = True
+    holds_per_shape: int = Field(default=1, ge=1)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -220,6 +224,7 @@ def schedule_pass(
     record_skipped: bool = True,
     key_of: Callable[[PlacementRequest], Any] = fit_key,
     hold_start: Callable[[PlacementRequest, Hold], float | None] | None = None,
+    hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -233,12 +238,18 @@ def schedule_pass(
     hold)``: when the holder is expected to start on the hold's nodes (None: unknown); with it,
     a job whose ``time_limit_s`` ends by a hold's start may be placed on that hold's nodes
     (backfill, :mod:`.backfill`; its decision's message names the hold; ``PassResult.backfilled``);
-    without it (or for a job without a limit) holds bind as before.
+    without it (or for a job without a limit) holds bind as before. ``hold_avoiding(request,
+    holds)``: ``hold_for`` that does not name nodes of the pass's ``holds`` so far
+    (:func:`gpufed.placement.hold_for` with ``avoid``); with it, up to
+    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass.
     """
     rule = rule or BackfillRule()
     out = PassResult()
     failed: dict[Any, tuple[Any, Decision]] = {}
-    asked: set[Any] = set()
+    # jobs of one shape would all name the same nodes: ask once per shape, or up to
+    # holds_per_shape times when the caller can name other nodes (hold_avoiding)
+    per_shape = rule.holds_per_shape if hold_avoiding is not None else 1
+    asked: dict[Any, int] = {}
     # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
     holders: list[tuple[int, float, Hold]] = []
     capped = 0  # holds taken by jobs that had not waited oldest_first_s (the ones max_holds caps)
@@ -269,14 +280,13 @@ def schedule_pass(
         old = waited >= rule.oldest_first_s
         if (
             d.outcome == Outcome.UNSCHEDULABLE
-            and key not in asked
+            and asked.get(key, 0) < per_shape
             and waited >= rule.starvation_s
             and rule.max_holds > 0
             and (old or capped < rule.max_holds)
         ):
-            # jobs of one shape would all name the same nodes: ask once per shape
-            asked.add(key)
-            hold = hold_for(req)
+            asked[key] = asked.get(key, 0) + 1
+            hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
             if hold is not None:
                 hold = Hold(
                     hold.cluster,

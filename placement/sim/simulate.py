@@ -577,6 +577,10 @@ def _run_gpufed(
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
         return hold_for(req, snapshot, policy, gate.for_request(req) if gate is not None else None)
 
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
+        quota = gate.for_request(req) if gate is not None else None
+        return hold_for(req, snapshot, policy, quota, avoid=held)
+
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
         return sim.hold_start(req, hold, now)
 
@@ -616,6 +620,7 @@ def _run_gpufed(
             record_skipped=False,
             key_of=key_of,
             hold_start=hold_start if rule.backfill_by_limit else None,
+            hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
         )
         for uid, borrowed in result.backfilled.items():
             run = sim.by_uid[uid]
