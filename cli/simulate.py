@@ -175,6 +175,13 @@ def simulate_command(
         help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
         "one pass, within --queue-max-holds.",
     ),
+    size_aging_s: float = typer.Option(
+        0.0,
+        "--queue-size-aging",
+        min=0,
+        help="Policy gpufed, smallest-first: a job's size in the order is divided by 1 + "
+        "waited / this (seconds; 0: sizes do not age).",
+    ),
     backfill_limits: str = typer.Option(
         "on",
         "--queue-backfill-by-limit",
@@ -299,6 +306,7 @@ def simulate_command(
         order=queue_order,
         backfill_by_limit=backfill_limits == "on",
         holds_per_shape=holds_per_shape,
+        size_aging_s=size_aging_s,
     )
     try:
         members = load_fleet(fleet)

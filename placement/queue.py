@@ -100,7 +100,9 @@ class BackfillRule(BaseModel):
     used where the caller estimates starts: ``schedule_pass(hold_start=...)``);
     ``holds_per_shape``: starving jobs of one shape (:func:`fit_key`) that may hold nodes in
     one pass, each other nodes (where the caller gives ``schedule_pass(hold_avoiding=...)``;
-    else 1), within ``max_holds``.
+    else 1), within ``max_holds``; ``size_aging_s``: with ``smallest-first``, a job's size in
+    the order is divided by ``1 + waited / size_aging_s`` (0: not at all), so a bigger job that
+    has waited goes ahead of smaller fresh ones before ``oldest_first_s``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -111,6 +113,7 @@ class BackfillRule(BaseModel):
     order: QueueOrder = "smallest-first"
     backfill_by_limit: bool = True
     holds_per_shape: int = Field(default=1, ge=1)
+    size_aging_s: float = Field(default=0.0, ge=0)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -164,9 +167,14 @@ def pass_key(
     limit = rule.oldest_first_s
     by_size = rule.order == "smallest-first"
 
+    aging = rule.size_aging_s
+
     def key(r: PlacementRequest) -> tuple[int, int, float, float, str, str]:
-        fresh = by_size and now - r.submitted_at < limit
+        waited = now - r.submitted_at
+        fresh = by_size and waited < limit
         size = gpu_size_of(r) if fresh else 0.0
+        if fresh and aging > 0 and waited > 0:
+            size /= 1.0 + waited / aging
         return (-r.priority, int(fresh), size, r.submitted_at, r.job, r.uid)
 
     return key
