@@ -3,14 +3,13 @@ the hold's expected start, and the starvation bound with limits on."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 from placement_builders import GPU, hgx_cluster, job
+from test_queue_order import Loop as QueueLoop
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.request import PlacementRequest
-from gpufed.placement import BackfillRule, FleetSnapshot, Hold, Policy, place, schedule_pass
+from gpufed.placement import BackfillRule, FleetSnapshot, Hold, Policy, schedule_pass
 from gpufed.placement.backfill import expected_start
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simulate import simulate
@@ -26,17 +25,13 @@ def limited(name: str, gpus: int, limit: float | None, at: float = 10.0) -> Plac
     )
 
 
-class Loop:
-    """Place and reserve; the holder of every hold is expected to start at ``starts``."""
+class Loop(QueueLoop):
+    """test_queue_order's loop; every hold is a-n000, its holder expected to start at
+    ``starts``."""
 
     def __init__(self, snapshot: FleetSnapshot, starts: float | None) -> None:
-        self.s, self.starts = snapshot, starts
-
-    def attempt(self, req: PlacementRequest, hold: Mapping[str, Hold]) -> Decision:
-        d = place(req, self.s, POLICY, 0.0, hold=hold)
-        if d.placed:
-            self.s.reserve(d, now=0.0, ttl_s=10**9)
-        return d
+        super().__init__(snapshot)
+        self.starts = starts
 
     def hold_for(self, req: PlacementRequest) -> Hold | None:
         return Hold("a", frozenset({"a-n000"}), "held")
