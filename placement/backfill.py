@@ -18,14 +18,16 @@ carry no start and lend nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpufed.api.decision import Decision
+from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import PlacementRequest
 
 if TYPE_CHECKING:
     from gpufed.placement.queue import Hold
+    from gpufed.placement.snapshot import FleetSnapshot
 
 
 def expected_start(
@@ -50,6 +52,34 @@ def expected_start(
         if have >= demand:
             return max(now, end)
     return None
+
+
+def releases_on(
+    snapshot: FleetSnapshot, hold: Hold, end_of: Callable[[str], float | None]
+) -> tuple[int, list[tuple[float | None, int]]]:
+    """(free GPUs now, releases) of ``hold``'s nodes for :func:`expected_start`, read from the
+    snapshot: the GPUs each job holds there, bound (``NodeInventory.job_requests``) or only
+    reserved (the ledger), and ``end_of(job_uid)``, its start + time limit in the pass clock
+    (None: no limit, or unknown). A whole-member hold: ``(0, [])``. For the hub's
+    ``hold_start`` (not wired yet: docs/placement.md, "Choices and limits")."""
+    if not hold.nodes:
+        return 0, []
+    free = 0
+    held: dict[str, int] = {}
+    for name in hold.nodes:
+        free += snapshot.free(hold.cluster, name)
+        for uid, req in snapshot.node(hold.cluster, name).job_requests.items():
+            held[uid] = held.get(uid, 0) + req.get(GPU_RESOURCE, 0)
+    for res in snapshot.reservations():
+        if res.cluster != hold.cluster:
+            continue
+        for name, req in res.nodes.items():
+            if name in hold.nodes:
+                bound = snapshot.node(hold.cluster, name).job_requests.get(res.job_uid, {})
+                extra = req.get(GPU_RESOURCE, 0) - bound.get(GPU_RESOURCE, 0)
+                if extra > 0:
+                    held[res.job_uid] = held.get(res.job_uid, 0) + extra
+    return free, [(end_of(uid), g) for uid, g in sorted(held.items()) if g > 0]
 
 
 def borrowable(

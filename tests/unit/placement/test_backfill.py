@@ -4,13 +4,13 @@ the hold's expected start, and the starvation bound with limits on."""
 from __future__ import annotations
 
 import pytest
-from placement_builders import GPU, hgx_cluster, job
+from placement_builders import GPU, gpus_on, hgx_cluster, job
 from test_queue_order import Loop as QueueLoop
 
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.request import PlacementRequest
-from gpufed.placement import BackfillRule, FleetSnapshot, Hold, Policy, schedule_pass
-from gpufed.placement.backfill import expected_start
+from gpufed.placement import BackfillRule, FleetSnapshot, Hold, Policy, place, schedule_pass
+from gpufed.placement.backfill import expected_start, releases_on
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simulate import simulate
 from gpufed.placement.sim.timelimits import TimeLimitModel, with_time_limits
@@ -134,3 +134,14 @@ def test_drawn_limits_follow_the_f_model_rounded_up_to_modal_values() -> None:
     assert model.draw("7", 3000.0) == TimeLimitModel().draw("7", 3000.0)
     with pytest.raises(ValueError, match="time limit factor"):
         TimeLimitModel(factor=0.5)
+
+
+def test_releases_on_reads_what_runs_on_the_held_nodes_from_the_snapshot() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 8])])
+    d = place(limited("run", 4, 600.0), s, POLICY, 0.0)
+    s.reserve(d, now=0.0, ttl_s=10**9)
+    [node] = gpus_on(d)
+    free, releases = releases_on(s, Hold("a", frozenset({node}), "held"), {"uid-run": 600.0}.get)
+    assert (free, releases) == (4, [(600.0, 4)])
+    assert expected_start(0.0, 8, free, releases) == 600.0
+    assert releases_on(s, Hold("a", frozenset(), "whole member"), {}.get) == (0, [])
