@@ -22,7 +22,7 @@ def class_report(records: Sequence[JobRecord]) -> dict[str, Any]:
     """The ``--per-class`` JSON object (keys in a fixed order):
 
     ``by_size`` / ``by_topology``: class -> ``{jobs, started, wait_mean_s, wait_p95_s,
-    completion_mean_s, gpu_hours}`` (seconds, GPU-hours; waits over started jobs, completion
+    wait_max_s, completion_mean_s, gpu_hours}`` (seconds, GPU-hours; waits over started jobs, completion
     over ended ones); ``pools``: pool -> ``{gpu_hours, by_size: {class: share},
     by_topology: {class: share}}`` (shares of that pool's GPU-hours, summing to 1);
     ``time_limit_stops``: jobs stopped at their limit; ``backfilled``: jobs that ran as
@@ -58,6 +58,7 @@ def _table(
             "started": len(waits),
             "wait_mean_s": round(sum(waits) / len(waits), 1) if waits else 0.0,
             "wait_p95_s": round(percentile(waits, 0.95), 1),
+            "wait_max_s": round(waits[-1], 1) if waits else 0.0,
             "completion_mean_s": round(sum(done) / len(done), 1) if done else 0.0,
             "gpu_hours": round(sum(r.gpus * s for r in rs for _, s in r.pool_s) / 3600.0, 1),
         }

@@ -40,6 +40,7 @@ def test_classes_add_up_as_worked_out_by_hand() -> None:
         "started": 2,
         "wait_mean_s": 200.0,
         "wait_p95_s": 300.0,
+        "wait_max_s": 300.0,
         "completion_mean_s": 2300.0,
         "gpu_hours": round((3600 + 600) / 3600, 1),
     }
