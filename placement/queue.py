@@ -246,7 +246,8 @@ def schedule_pass(
     hold)``: when the holder is expected to start on the hold's nodes (None: unknown); with it,
     a job whose ``time_limit_s`` ends by a hold's start may be placed on that hold's nodes
     (backfill, :mod:`.backfill`; its decision's message names the hold; ``PassResult.backfilled``);
-    without it (or for a job without a limit) holds bind as before. ``hold_avoiding(request,
+    without it, with ``rule.backfill_by_limit`` off, or for a job without a limit, holds bind
+    as before. ``hold_avoiding(request,
     holds)``: ``hold_for`` that does not name nodes of the pass's ``holds`` so far
     (:func:`gpufed.placement.hold_for` with ``avoid``); with it, up to
     ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass.
@@ -257,6 +258,7 @@ def schedule_pass(
     # jobs of one shape would all name the same nodes: ask once per shape, or up to
     # holds_per_shape times when the caller can name other nodes (hold_avoiding)
     per_shape = rule.holds_per_shape if hold_avoiding is not None else 1
+    lend = hold_start is not None and rule.backfill_by_limit  # holds may lend (backfill)
     asked: dict[Any, int] = {}
     # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
     holders: list[tuple[int, float, Hold]] = []
@@ -265,7 +267,7 @@ def schedule_pass(
         key = key_of(req)
         seen, holds = _holds_binding(req, holders, out.holds)
         borrowed: list[Hold] = []
-        if hold_start is not None and req.time_limit_s is not None and holds:
+        if lend and req.time_limit_s is not None and holds:
             seen, holds, borrowed = borrowable(req, now, seen, holds)
         prev = failed.get(key)
         if prev is not None and prev[0] == seen:
@@ -301,7 +303,7 @@ def schedule_pass(
                     hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
                     f"{waited:.0f} s) by the backfill rule",
-                    hold_start(req, hold) if hold_start is not None else None,
+                    hold_start(req, hold) if lend and hold_start is not None else None,
                 )
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold

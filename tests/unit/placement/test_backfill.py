@@ -145,3 +145,19 @@ def test_releases_on_reads_what_runs_on_the_held_nodes_from_the_snapshot() -> No
     assert (free, releases) == (4, [(600.0, 4)])
     assert expected_start(0.0, 8, free, releases) == 600.0
     assert releases_on(s, Hold("a", frozenset(), "whole member"), {}.get) == (0, [])
+
+
+def test_the_rule_can_turn_backfill_off_whatever_the_caller_estimates() -> None:
+    loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 0])]), 5000.0)
+    big = limited("big", 8, None, at=0.0).model_copy(update={"priority": 1})
+    off = BackfillRule(backfill_by_limit=False)
+    result = schedule_pass(
+        [big, limited("short", 2, 1000.0)],
+        4000.0,
+        loop.attempt,
+        loop.hold_for,
+        off,
+        hold_start=loop.hold_start,
+    )
+    assert result.backfilled == {}
+    assert [d.outcome for _, d in result.decisions] == [Outcome.UNSCHEDULABLE] * 2
