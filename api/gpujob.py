@@ -145,6 +145,10 @@ class Topology(CRDModel):
     `--block-label`); unset: no constraint."""
 
 
+#: Longest run-time limit a job may declare (``spec.placement.timeLimitSeconds``): 30 days.
+MAX_TIME_LIMIT_S = 30 * 86_400
+
+
 class Placement(CRDModel):
     """``spec.placement``: constraints on where the job may run (all optional).
 
@@ -199,6 +203,10 @@ class Placement(CRDModel):
     allocation: Allocation | None = None
     """`binpack` (fill used nodes first) or `spread` (use idle nodes first): this job's choice over
     the hub's `--allocation`; unset: the hub's."""
+    time_limit_seconds: int | None = Field(default=None, ge=1, le=MAX_TIME_LIMIT_S)
+    """The job's declared run-time limit, seconds (1 to 2,592,000, 30 days), whatever its workload
+    kind; absent: a batch/v1 Job's `activeDeadlineSeconds`, else none. Only a job with a limit
+    may run as backfill in nodes held for a starving job."""
     retry: Retry | None = None
     """What happens when infrastructure fails under the job (re-runs; exit codes that mean an
     infrastructure failure; how long a not-Ready node is waited out). Absent: 6 re-runs, no exit

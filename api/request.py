@@ -142,7 +142,10 @@ class PlacementRequest(_Frozen):
     value of the job's PriorityClass on the hub (higher is placed first; 0 without one) and
     ``preemption_policy`` its ``preemptionPolicy`` (``Never``: the job may not preempt others).
     ``checkpoint_interval_s``: seconds between the job's checkpoints
-    (``spec.checkpoint.intervalSeconds``), None when it declared none.
+    (``spec.checkpoint.intervalSeconds``), None when it declared none. ``time_limit_s``: the
+    job's declared run-time limit, seconds (``spec.placement.timeLimitSeconds``, else a Job's
+    ``activeDeadlineSeconds``), None when it declared none: only a job with a limit may run
+    as backfill inside a hold (docs/placement.md, "Backfill by time limit").
     """
 
     job: str = Field(min_length=1)
@@ -154,6 +157,7 @@ class PlacementRequest(_Frozen):
     priority: int = 0
     preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
     checkpoint_interval_s: int | None = Field(default=None, ge=1)
+    time_limit_s: float | None = Field(default=None, gt=0)
     queue: str | None = None
     allocation: AllocationPolicy | None = None
     workload_kind: str = "Job.batch"

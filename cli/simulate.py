@@ -2,7 +2,8 @@
 
 ``--policy a,b,c`` runs each policy on the same fleet and trace, in the order given. Output:
 ``--json``: one JSON line per policy (``SimResult.as_json``; ``--per-size`` adds
-``wait_mean_s_by_size``) and nothing else; otherwise a rich table, one column per policy and
+``wait_mean_s_by_size``, ``--per-class`` the object ``classes`` of
+:func:`gpufed.placement.sim.simclasses.class_report`) and nothing else; otherwise a rich table, one column per policy and
 one row per metric, then the per-queue and per-priority rows of each. ``--per-size``: mean wait by job size (size
 classes of :func:`gpufed.placement.sim.simreport.size_bucket`). ``--plot FILE.png``: the figures of
 :mod:`gpufed.cli.simplot`. ``--jobs-out FILE.csv``: one row per policy and job
@@ -30,8 +31,10 @@ import typer
 
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
+from gpufed.cli.simclasses import print_classes
 from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
 from gpufed.placement.sim.priomix import load_mix
+from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.siminvariants import check_intervals
 from gpufed.placement.sim.simpreempt import VICTIM_RULES, SimPreemption
@@ -51,6 +54,12 @@ from gpufed.placement.sim.simulate import (
     load_fleet,
     read_trace,
     simulate,
+)
+from gpufed.placement.sim.timelimits import (
+    DEFAULT_FACTOR,
+    SCATTER_SLOWDOWN,
+    TimeLimitModel,
+    with_time_limits,
 )
 
 
@@ -159,12 +168,55 @@ def simulate_command(
         help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
         "--queue-oldest-first (0: no holds at all).",
     ),
+    holds_per_shape: int = typer.Option(
+        1,
+        "--queue-holds-per-shape",
+        min=1,
+        help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
+        "one pass, within --queue-max-holds.",
+    ),
+    size_aging_s: float = typer.Option(
+        0.0,
+        "--queue-size-aging",
+        min=0,
+        help="Policy gpufed, smallest-first: a job's size in the order is divided by 1 + "
+        "waited / this (seconds; 0: sizes do not age).",
+    ),
+    backfill_limits: str = typer.Option(
+        "on",
+        "--queue-backfill-by-limit",
+        help="Policy gpufed: on, a job whose time limit ends before a starving job's expected "
+        "start may run on the nodes it holds (backfill); off, nothing runs inside a hold.",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
-    seed: int = typer.Option(0, "--seed", help="Seed of the node failures."),
+    time_limit_factor: float = typer.Option(
+        DEFAULT_FACTOR,
+        "--time-limit-factor",
+        help="Jobs without a time_limit_s in the trace get a declared limit drawn uniformly in "
+        "[runtime, F x runtime], rounded up to a round value users pick (docs/placement.md, "
+        '"Simulator"); 0: they get none (no job without a trace limit may backfill or is '
+        "stopped).",
+    ),
+    scatter_slowdown: float = typer.Option(
+        SCATTER_SLOWDOWN,
+        "--scatter-slowdown",
+        help="Run-time factor of an NVLink-Required job of several pods that a policy spreads "
+        "over several NVLink domains (>= 1).",
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the node failures and of the drawn time limits."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
+    per_class: bool = typer.Option(
+        False,
+        "--per-class",
+        help="Where the time goes: per job-size and topology class, wait mean / p95, "
+        "completion time, GPU-hours; each pool's GPU-hours by class; time-limit stops and "
+        "backfilled runs (adds the key classes).",
+    ),
     plot: Path | None = typer.Option(
         None,
         "--plot",
@@ -207,6 +259,8 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--preemption")
     if victims not in VICTIM_RULES:
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
+    if backfill_limits not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -231,6 +285,14 @@ def simulate_command(
         raise typer.BadParameter("must be a number of seconds >= 0", param_hint=oldest_flag)
     if max_holds < 0:
         raise typer.BadParameter("must be >= 0", param_hint=holds_flag)
+    if not (
+        time_limit_factor == 0 or (math.isfinite(time_limit_factor) and time_limit_factor >= 1)
+    ):
+        raise typer.BadParameter(
+            "must be 0 (no drawn limits) or a number >= 1", param_hint="--time-limit-factor"
+        )
+    if not (math.isfinite(scatter_slowdown) and scatter_slowdown >= 1):
+        raise typer.BadParameter("must be a number >= 1", param_hint="--scatter-slowdown")
     if "gpufed" not in policies and queue_order != "smallest-first":
         typer.echo(
             "gpufed simulate: warning: --queue-order applies to the gpufed policy only "
@@ -242,6 +304,9 @@ def simulate_command(
         max_holds=max_holds,
         oldest_first_s=oldest_first_s,
         order=queue_order,
+        backfill_by_limit=backfill_limits == "on",
+        holds_per_shape=holds_per_shape,
+        size_aging_s=size_aging_s,
     )
     try:
         members = load_fleet(fleet)
@@ -251,6 +316,8 @@ def simulate_command(
             jobs = load_mix(priority_mix).apply(jobs)
         if checkpoint_s is not None:
             jobs = [j if j.checkpoint_s else replace(j, checkpoint_s=checkpoint_s) for j in jobs]
+        model = TimeLimitModel(time_limit_factor, seed) if time_limit_factor else None
+        jobs = with_time_limits(jobs, model)
         failures = (
             SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
             if failure_interval is not None
@@ -280,6 +347,7 @@ def simulate_command(
                     else None
                 ),
                 failures=failures,
+                scatter_slowdown=scatter_slowdown,
                 progress=_Progress(name),
             )
         except ValueError as exc:
@@ -290,7 +358,7 @@ def simulate_command(
             violations += _check(result, queue_objs or ())
         results.append(result)
         if as_json:  # each line as soon as its policy is done
-            typer.echo(json.dumps(_json_line(result, per_size)))
+            typer.echo(json.dumps(_json_line(result, per_size, per_class)))
     if jobs_out is not None:
         _write_csv(
             jobs_out, "--jobs-out", CSV_COLUMNS, [(r.policy, csv_rows(r.records)) for r in results]
@@ -308,6 +376,8 @@ def simulate_command(
         plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
     if not as_json:
         _print_results(results, per_size)
+        if per_class:
+            print_classes(results)
     if violations:
         raise typer.Exit(1)
 
@@ -335,8 +405,10 @@ class _Progress:
         )
 
 
-def _json_line(result: SimResult, per_size: bool) -> dict[str, Any]:
+def _json_line(result: SimResult, per_size: bool, per_class: bool = False) -> dict[str, Any]:
     line = result.as_json()
+    if per_class:
+        line["classes"] = class_report(result.records)
     if per_size:
         line["wait_mean_s_by_size"] = {
             str(size): round(mean, 1) for size, (_, mean) in wait_by_size(result.records).items()

@@ -16,9 +16,11 @@ Phases:
    that could take the job at all, pruned in bulk;
 3. the ``Quota`` filter (pools of a product the job's queue cannot admit now, when a quota is
    given: :mod:`.quota`); dynamic bound (ResourceFit over each pool's free-GPU histogram) and an upper bound of each
-   candidate's score; candidates ordered by that bound, then member name;
+   candidate's score; candidates ordered by the clique tier (:func:`.topocost.clique_tier`:
+   NVL72 pools last for jobs that do not need a clique), then that bound, then member name;
 4. plan candidates in that order (TopologyFit), scoring each plan; stop as soon as no later
-   candidate can beat the best (branch and bound; with ``explain`` every candidate is planned);
+   candidate can beat the best (a later tier never does; branch and bound; with ``explain``
+   every candidate is planned);
 5. the :class:`~gpufed.api.decision.Decision`: the best plan, or, when none, ``Rejected`` if
    no member could ever hold the job and ``Unschedulable`` otherwise. Rejections are built
    only when the job did not fit or when ``explain`` is set.
@@ -56,6 +58,7 @@ from gpufed.placement.queue import Hold
 from gpufed.placement.quota import QUOTA_PLUGIN, JobQuota
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
+from gpufed.placement.topocost import clique_tier, cost_note
 
 #: The plugin name used for members held back by the backfill rule (see :mod:`.queue`).
 BACKFILL_PLUGIN: Final = "Backfill"
@@ -144,16 +147,17 @@ def place(
             continue
         if pool is None:
             ub = sum(sc.weight * sc.bound(job, None, None) for sc in scorers) / total_w
-            ordered.append((-ub, name, _NO_POOL, c, None, None))
+            ordered.append((0, -ub, name, _NO_POOL, c, None, None))
             continue
         pmemo = memo.pool(pool)
+        tier = clique_tier(job, pool) if policy.keep_cliques else 0
         if fkey is not None:
             if held is None:
                 hit = pmemo.recall(fkey)
                 if hit is not None:
                     if isinstance(hit, Plan):
                         total = _total(job, hit, scorers, total_w)
-                        ordered.append((-total, name, pool.key, c, pool, hit))
+                        ordered.append((tier, -total, name, pool.key, c, pool, hit))
                     else:
                         _keep(failures, name, hit)
                     continue
@@ -161,7 +165,7 @@ def place(
             cached = pmemo.recall(rkey)
             if cached is not None:
                 if isinstance(cached, float):
-                    ordered.append((-cached, name, pool.key, c, pool, None))
+                    ordered.append((tier, -cached, name, pool.key, c, pool, None))
                 else:
                     _keep(failures, name, cached)
                 continue
@@ -179,17 +183,19 @@ def place(
         ub = sum(sc.weight * sc.bound(job, pool, pmemo) for sc in scorers if sc.weight) / total_w
         if fkey is not None:
             pmemo.remember(rkey, ub)
-        ordered.append((-ub, name, pool.key, c, pool, None))
+        ordered.append((tier, -ub, name, pool.key, c, pool, None))
     ordered.sort(key=_row_order)
     # 4. plan in bound order (branch and bound)
     # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
-    best: tuple[float, str, Any, Plan] | None = None
+    best: tuple[int, float, str, Any, Plan] | None = None
     scored: dict[str, tuple[float, Plan, Any]] = {}
-    for neg, name, pkey, c, pool, known in ordered:
+    for tier, neg, name, pkey, c, pool, known in ordered:
         if best is not None and not explain:
             ub = -neg
-            if ub < best[0] or (ub == best[0] and (name, pkey) >= (best[1], best[2])):
+            if tier > best[0] or (
+                ub < best[1] or (ub == best[1] and (name, pkey) >= (best[2], best[3]))
+            ):
                 break
         if known is None:
             held = hold.get(name) if hold else None
@@ -215,12 +221,8 @@ def place(
         prev = scored.get(name)
         if prev is None or total > prev[0] or (total == prev[0] and pkey < prev[2]):
             scored[name] = (total, result, pkey)
-        if (
-            best is None
-            or total > best[0]
-            or (total == best[0] and (name, pkey) < (best[1], best[2]))
-        ):
-            best = (total, name, pkey, result)
+        if best is None or (tier, -total, name, pkey) < (best[0], -best[1], best[2], best[3]):
+            best = (tier, total, name, pkey, result)
     # 5. decision
     if best is not None:
         if explain:
@@ -230,18 +232,18 @@ def place(
                 all_failures.pop(name, None)
         else:
             all_failures = {}
-        winner = (best[0], best[1], best[3])
+        winner = (best[1], best[2], best[4])
         return _placed(job, policy, now, winner, scored, all_failures, explain, plugins, snapshot)
     all_failures = dict(static.failures)
     all_failures.update(failures)
     return _not_placed(job, policy, now, all_failures, snapshot, plugins)
 
 
-_Row = tuple[float, str, Any, ClusterState, PoolState | None, Plan | None]
+_Row = tuple[int, float, str, Any, ClusterState, PoolState | None, Plan | None]
 
 
-def _row_order(row: _Row) -> tuple[float, str, Any]:
-    return (row[0], row[1], row[2])
+def _row_order(row: _Row) -> tuple[int, float, str, Any]:
+    return (row[0], row[1], row[2], row[3])
 
 
 def _total(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> float:
@@ -365,6 +367,7 @@ def _placed(
         + f": {_n(len(nodes), 'node')}"
         + (f", {_n(len(domains), 'NVLink domain')}" if domains else "")
         + f", score {total:.1f}"
+        + cost_note(job, plan, policy.keep_cliques)
     )
     return Decision.model_construct(
         job=job.request.job,

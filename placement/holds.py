@@ -7,6 +7,8 @@ which member it should hold so that the work running there drains until it fits 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.engine import static_candidates
@@ -26,8 +28,13 @@ def hold_for(
     snapshot: FleetSnapshot,
     policy: Policy,
     quota: JobQuota | None = None,
+    avoid: Mapping[str, Hold] | None = None,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
+
+    ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
+    again (a whole-member hold: that member is skipped), so several starving jobs of one shape
+    drain different nodes.
 
     ``quota``: the job's ``Quota`` filter; pools of a product its queue cannot admit now are
     never held (the job could not use them once drained, and holding them would only keep
@@ -51,12 +58,16 @@ def hold_for(
             continue
         if quota is not None and pool is not None and not quota.status(pool.product).ok:
             continue
+        taken = avoid.get(c.name) if avoid else None
+        if taken is not None and not taken.nodes:
+            continue  # the whole member is held already
+        skip = taken.nodes if taken is not None else frozenset()
         if pool is None:
             found: tuple[int, frozenset[str]] | None = (
-                (0, frozenset()) if _drained_fits_other(job, c) else None
+                (0, frozenset()) if not skip and _drained_fits_other(job, c) else None
             )
         else:
-            found = _nodes_to_hold(job, pool)
+            found = _nodes_to_hold(job, pool, skip)
         if found is None:
             continue
         if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
@@ -66,8 +77,11 @@ def hold_for(
     return Hold(best[1], best[2], f"held for {request.job}")
 
 
-def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]] | None:
-    """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``."""
+def _nodes_to_hold(
+    job: JobShape, pool: PoolState, skip: frozenset[str] = frozenset()
+) -> tuple[int, frozenset[str]] | None:
+    """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``, none of them
+    in ``skip`` (a group with a node in ``skip`` is not chosen)."""
     level = next(
         (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
         "nvlink" if job.gpu_pods == 1 else None,
@@ -76,13 +90,15 @@ def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]]
         best: tuple[int, str, list[str]] | None = None
         if level == "nvlink" and pool.single_count:
             for n in pool.iter_nodes_descending(1):
-                if n.domain is None and _drained_fits(job, [n]):
+                if n.domain is None and n.name not in skip and _drained_fits(job, [n]):
                     best = (n.gpu_free, n.name, [n.name])
                     break
         groups = pool.groups[level]
         for g in sorted(groups.values(), key=lambda g: (-g.free, g.key)):
             if best is not None and g.free <= best[0]:
                 break
+            if skip and not skip.isdisjoint(g.nodes):
+                continue
             if _drained_fits(job, list(g.nodes.values())):
                 best = (g.free, g.key, sorted(g.nodes))
                 break
@@ -94,6 +110,8 @@ def _nodes_to_hold(job: JobShape, pool: PoolState) -> tuple[int, frozenset[str]]
     for f in range(len(pool.buckets) - 1, -1, -1):
         for entry in pool.buckets[f]:
             n = entry[2]
+            if n.name in skip:
+                continue
             k = _drained_slots(big, n)
             if k <= 0:
                 continue

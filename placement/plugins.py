@@ -27,7 +27,8 @@ judges each pool after NodeTaints: the job's queue cannot admit its GPUs of the 
 Member filters and the first three pool filters are *static*: they read only the job's constraints
 and the member's metadata, so ``place()`` memoises their results per fleet generation and runs
 them once per job shape, not once per decision. Scores (0-100 each, weighted mean):
-NVLinkBestFit, ResourceAllocation (binpack / spread), TopologyLocality.
+NVLinkBestFit, ResourceAllocation (binpack / spread), TopologyLocality, TopologyCost
+(:mod:`.topocost`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PoolMemo
 from gpufed.placement.policy import Policy
 from gpufed.placement.shape import JobShape
+from gpufed.placement.topocost import TopologyCost
 
 
 class Code(StrEnum):
@@ -468,6 +470,7 @@ def plugins_for(policy: Policy) -> Plugins:
             NVLinkBestFit(w.nvlink_fit),
             ResourceAllocation(w.allocation, policy.allocation),
             TopologyLocality(w.topology),
+            TopologyCost(w.topology_cost),
         ),
         total_weight=w.total,
     )

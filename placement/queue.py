@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpufed.api.request import PlacementRequest
+from gpufed.placement.backfill import backfill_note, borrowable, ran_inside
 
 #: ``BackfillRule.order`` values
 QUEUE_ORDERS = ("smallest-first", "fifo")
@@ -60,16 +61,30 @@ QueueOrder = Literal["smallest-first", "fifo"]
 
 @dataclass(frozen=True)
 class Hold:
-    """Nodes of one member kept for a starving job (``nodes`` empty: the whole member)."""
+    """Nodes of one member kept for a starving job (``nodes`` empty: the whole member).
+
+    ``starts_at``: when the holder is expected to start there (seconds, the pass clock;
+    :func:`gpufed.placement.backfill.expected_start`), for a hold the backfill rule took and
+    whose start could be estimated; a job with a time limit that ends by then may use the
+    nodes (backfill). None: nothing else may use them (a preemptor's hold, suspect nodes, a
+    start that depends on a job without a limit).
+    """
 
     cluster: str
     nodes: frozenset[str]
     reason: str
+    starts_at: float | None = None
 
     def merged(self, other: Hold) -> Hold:
-        """Both holds on the same member: the union of their nodes (whole member if either)."""
+        """Both holds on the same member: the union of their nodes (whole member if either);
+        borrowable until the earlier of the two starts (not at all if either is not)."""
         nodes = frozenset() if not self.nodes or not other.nodes else self.nodes | other.nodes
-        return Hold(self.cluster, nodes, f"{self.reason}; {other.reason}")
+        starts = (
+            None
+            if self.starts_at is None or other.starts_at is None
+            else min(self.starts_at, other.starts_at)
+        )
+        return Hold(self.cluster, nodes, f"{self.reason}; {other.reason}", starts)
 
 
 class BackfillRule(BaseModel):
@@ -80,7 +95,14 @@ class BackfillRule(BaseModel):
     always may (0: no holds at all); ``oldest_first_s``: seconds a job waits before it is walked
     ahead of every younger job of its priority (oldest first); ``order``: how the other jobs
     are ordered within a priority (``smallest-first``: fewer GPUs first; ``fifo``: earlier
-    first, and then ``oldest_first_s`` changes nothing).
+    first, and then ``oldest_first_s`` changes nothing); ``backfill_by_limit``: a job whose
+    time limit ends before a hold's expected start may run on the held nodes (:mod:`.backfill`;
+    used where the caller estimates starts: ``schedule_pass(hold_start=...)``);
+    ``holds_per_shape``: starving jobs of one shape (:func:`fit_key`) that may hold nodes in
+    one pass, each other nodes (where the caller gives ``schedule_pass(hold_avoiding=...)``;
+    else 1), within ``max_holds``; ``size_aging_s``: with ``smallest-first``, a job's size in
+    the order is divided by ``1 + waited / size_aging_s`` (0: not at all), so a bigger job that
+    has waited goes ahead of smaller fresh ones before ``oldest_first_s``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -89,6 +111,9 @@ class BackfillRule(BaseModel):
     max_holds: int = Field(default=4, ge=0)
     oldest_first_s: float = Field(default=57600.0, ge=0)
     order: QueueOrder = "smallest-first"
+    backfill_by_limit: bool = True
+    holds_per_shape: int = Field(default=1, ge=1)
+    size_aging_s: float = Field(default=0.0, ge=0)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -142,9 +167,14 @@ def pass_key(
     limit = rule.oldest_first_s
     by_size = rule.order == "smallest-first"
 
+    aging = rule.size_aging_s
+
     def key(r: PlacementRequest) -> tuple[int, int, float, float, str, str]:
-        fresh = by_size and now - r.submitted_at < limit
+        waited = now - r.submitted_at
+        fresh = by_size and waited < limit
         size = gpu_size_of(r) if fresh else 0.0
+        if fresh and aging > 0 and waited > 0:
+            size /= 1.0 + waited / aging
         return (-r.priority, int(fresh), size, r.submitted_at, r.job, r.uid)
 
     return key
@@ -182,6 +212,8 @@ class PassResult:
 
     decisions: list[tuple[PlacementRequest, Decision]] = field(default_factory=list)
     holds: dict[str, Hold] = field(default_factory=dict)
+    #: job UID -> the hold it ran inside as backfill (placed on nodes of a borrowed hold)
+    backfilled: dict[str, Hold] = field(default_factory=dict)
 
     @property
     def placed(self) -> list[tuple[PlacementRequest, Decision]]:
@@ -199,6 +231,8 @@ def schedule_pass(
     presorted: bool = False,
     record_skipped: bool = True,
     key_of: Callable[[PlacementRequest], Any] = fit_key,
+    hold_start: Callable[[PlacementRequest, Hold], float | None] | None = None,
+    hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -208,18 +242,33 @@ def schedule_pass(
     ``queue`` is already in :func:`pass_key` order for ``now`` and ``rule`` (or a fair-share
     order built on it); else it is sorted so. ``record_skipped``: also return a decision (a
     copy of the earlier failure) for jobs answered without calling ``attempt``; the simulator
-    turns it off. ``key_of``: :func:`fit_key`, or a cached equivalent.
+    turns it off. ``key_of``: :func:`fit_key`, or a cached equivalent. ``hold_start(holder,
+    hold)``: when the holder is expected to start on the hold's nodes (None: unknown); with it,
+    a job whose ``time_limit_s`` ends by a hold's start may be placed on that hold's nodes
+    (backfill, :mod:`.backfill`; its decision's message names the hold; ``PassResult.backfilled``);
+    without it, with ``rule.backfill_by_limit`` off, or for a job without a limit, holds bind
+    as before. ``hold_avoiding(request,
+    holds)``: ``hold_for`` that does not name nodes of the pass's ``holds`` so far
+    (:func:`gpufed.placement.hold_for` with ``avoid``); with it, up to
+    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass.
     """
     rule = rule or BackfillRule()
     out = PassResult()
     failed: dict[Any, tuple[Any, Decision]] = {}
-    asked: set[Any] = set()
+    # jobs of one shape would all name the same nodes: ask once per shape, or up to
+    # holds_per_shape times when the caller can name other nodes (hold_avoiding)
+    per_shape = rule.holds_per_shape if hold_avoiding is not None else 1
+    lend = hold_start is not None and rule.backfill_by_limit  # holds may lend (backfill)
+    asked: dict[Any, int] = {}
     # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
     holders: list[tuple[int, float, Hold]] = []
     capped = 0  # holds taken by jobs that had not waited oldest_first_s (the ones max_holds caps)
     for req in queue if presorted else sorted(queue, key=pass_key(now, rule)):
         key = key_of(req)
         seen, holds = _holds_binding(req, holders, out.holds)
+        borrowed: list[Hold] = []
+        if lend and req.time_limit_s is not None and holds:
+            seen, holds, borrowed = borrowable(req, now, seen, holds)
         prev = failed.get(key)
         if prev is not None and prev[0] == seen:
             if not record_skipped:
@@ -231,25 +280,30 @@ def schedule_pass(
             d = attempt(req, holds)
             if d.outcome == Outcome.UNSCHEDULABLE:
                 failed[key] = (seen, d)
+            elif borrowed and d.outcome == Outcome.PLACED:
+                inside = ran_inside(d, borrowed)
+                if inside is not None:
+                    out.backfilled[req.uid] = inside
+                    d = d.model_copy(update={"message": backfill_note(d, req, now, inside)})
             out.decisions.append((req, d))
         waited = now - req.submitted_at
         old = waited >= rule.oldest_first_s
         if (
             d.outcome == Outcome.UNSCHEDULABLE
-            and key not in asked
+            and asked.get(key, 0) < per_shape
             and waited >= rule.starvation_s
             and rule.max_holds > 0
             and (old or capped < rule.max_holds)
         ):
-            # jobs of one shape would all name the same nodes: ask once per shape
-            asked.add(key)
-            hold = hold_for(req)
+            asked[key] = asked.get(key, 0) + 1
+            hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
             if hold is not None:
                 hold = Hold(
                     hold.cluster,
                     hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
                     f"{waited:.0f} s) by the backfill rule",
+                    hold_start(req, hold) if lend and hold_start is not None else None,
                 )
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold

@@ -316,4 +316,27 @@ def _request(
         queue=placement.queue,
         workload_kind=main_workload_kind(template),
         submitted_at=submitted_at,
+        time_limit_s=time_limit_of(job),
     )
+
+
+def time_limit_of(job: GPUJob) -> int | None:
+    """The job's declared run-time limit, seconds: ``spec.placement.timeLimitSeconds``, else the
+    ``spec.activeDeadlineSeconds`` of its first batch/v1 Job (the smallest when a List holds
+    several), else None. Raises :class:`FieldError` for an ``activeDeadlineSeconds`` that is not
+    a positive integer."""
+    if job.spec.placement.time_limit_seconds is not None:
+        return job.spec.placement.time_limit_seconds
+    found: int | None = None
+    for path, obj in template_objects(job.spec.template):
+        if object_kind(obj, path) != "Job.batch":
+            continue
+        spec = obj.get("spec")
+        raw = spec.get("activeDeadlineSeconds") if isinstance(spec, Mapping) else None
+        if raw is None:
+            continue
+        field = f"{path}.spec.activeDeadlineSeconds"
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise FieldError(field, f"{raw!r} is not a positive integer (seconds)")
+        found = raw if found is None else min(found, raw)
+    return found

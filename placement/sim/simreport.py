@@ -24,6 +24,7 @@ __all__ = [
     "CSV_COLUMNS",
     "ENDINGS",
     "INTERVAL_COLUMNS",
+    "TOPOLOGY_CLASSES",
     "IntervalFileError",
     "JobRecord",
     "RunInterval",
@@ -32,6 +33,7 @@ __all__ = [
     "read_intervals",
     "size_bucket",
     "size_buckets",
+    "topology_class",
     "utilization_series",
     "wait_by_size",
     "waits",
@@ -55,7 +57,11 @@ class JobRecord:
     """One trace job's run: ``submit_s``, first ``start_s`` and final ``end_s`` (simulated
     seconds; None when it never started, or did not end by the horizon), the ``member`` and the
     NVLink domain ids (``clique:<v>`` or ``node:<name>``) of its last run, and every run's
-    ``(start, end)`` (several after preemptions) for utilisation."""
+    ``(start, end)`` (several after preemptions) for utilisation. ``topology``: its class
+    (:func:`topology_class`); ``pool_s``: ``(member/GPU product, seconds run there)`` per run,
+    up to the horizon; ``limit_hit``: its last run was stopped at its declared time limit;
+    ``backfill``: the hold its first run borrowed (it ran as backfill), else None;
+    ``time_limit_s``: its declared (or drawn) limit, None without one."""
 
     job_id: str
     gpus: int
@@ -65,11 +71,32 @@ class JobRecord:
     member: str | None
     nvlink_domains: tuple[str, ...]
     runs: tuple[tuple[float, float], ...]
+    topology: str = "one-pod"
+    pool_s: tuple[tuple[str, float], ...] = ()
+    limit_hit: bool = False
+    backfill: str | None = None
+    time_limit_s: float | None = None
+
+    @property
+    def completion_s(self) -> float | None:
+        """Seconds from submission to the end of its last run (None: not ended)."""
+        return None if self.end_s is None else self.end_s - self.submit_s
 
     @property
     def wait_s(self) -> float | None:
         """Seconds from submission to the first start (None: never started)."""
         return None if self.start_s is None else self.start_s - self.submit_s
+
+
+#: :func:`topology_class` values, in report order.
+TOPOLOGY_CLASSES: Final = ("one-pod", "Required", "Preferred", "None")
+
+
+def topology_class(pods: int, nvlink: str) -> str:
+    """A job's topology class: ``one-pod`` (one pod: always inside one node), else its
+    multi-pod NVLink wish ``Required`` (must share one NVLink domain), ``Preferred`` or
+    ``None``."""
+    return "one-pod" if pods <= 1 else nvlink
 
 
 def waits(records: Iterable[JobRecord]) -> list[float]:
@@ -169,8 +196,9 @@ INTERVAL_COLUMNS = (
 )
 
 #: Why a run ended: it finished its work; a higher-priority (or reclaiming) job took its GPUs;
-#: a node it ran on failed (it re-runs, or fails when out of retries); the horizon came first.
-ENDINGS: Final = ("succeeded", "preempted", "node-failure", "still-running")
+#: a node it ran on failed (it re-runs, or fails when out of retries); the horizon came first;
+#: it reached its declared time limit with work left and was stopped (final).
+ENDINGS: Final = ("succeeded", "preempted", "node-failure", "still-running", "time-limit")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ finished, or until the horizon (default: 30 simulated days after the last arriva
   (``member_fit="spread"``; ``"pack"`` takes the fullest first).
 * ``first-admit`` (MultiKueue with topology-aware workers): one global queue in arrival order,
   best effort, each job to the first member in fleet-file order whose own ``place()`` fits it
-  now (:mod:`.simfirstadmit`).
+  now (:mod:`.simfirstadmit`), placement without TopologyCost and the clique tier
+  (``Policy.without_topology_cost``: the baseline as it was before issue 29).
 
 Trace defaults when a column is absent (docs/placement.md, "Simulator"): ``gpus_per_pod =
 min(gpus, 8)``; ``topology`` ``required`` for a one-pod job, ``preferred`` otherwise; any GPU
@@ -55,6 +56,7 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.queue import GPUQueue
 from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
 from gpufed.api.resources import resource_list
+from gpufed.placement.backfill import expected_start
 from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.fit import fill
@@ -62,14 +64,15 @@ from gpufed.placement.holds import hold_for
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import PreemptionEvent
-from gpufed.placement.queue import BackfillRule, Hold, fit_key, pass_key, schedule_pass
+from gpufed.placement.queue import BackfillRule, Hold, fit_key, gpus_of, pass_key, schedule_pass
 from gpufed.placement.quota import demand_of
 from gpufed.placement.shape import JobShape
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simfirstadmit import run_first_admit
 from gpufed.placement.sim.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.sim.simquota import QueueSim
-from gpufed.placement.sim.simreport import JobRecord, RunInterval
+from gpufed.placement.sim.simreport import JobRecord, RunInterval, topology_class
+from gpufed.placement.sim.timelimits import SCATTER_SLOWDOWN
 from gpufed.placement.sim.trace import TraceError, TraceJob, read_trace
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -182,6 +185,7 @@ def request_of(job: TraceJob) -> PlacementRequest:
         priority=job.priority,
         queue=job.queue,
         submitted_at=job.submit_s,
+        time_limit_s=job.time_limit_s,
     )
 
 
@@ -200,6 +204,9 @@ class _Run:
     seg_start: float = _NEVER
     preempted: list[PreemptionEvent] = field(default_factory=list)
     product: str | None = None  # the GPU product of the current (or last) run
+    slowdown: float = 1.0  # the current run's: SCATTER_SLOWDOWN when scattered, else 1
+    limit_hit: bool = False  # the current run ends at the job's time limit, work undone
+    backfill: str | None = None  # the hold its (first) run borrowed, if it ran as backfill
     # earlier runs: (start, end, member, GPU product, why it ended: .simreport.ENDINGS)
     past: list[tuple[float, float, str | None, str | None, str]] = field(default_factory=list)
 
@@ -230,6 +237,11 @@ class _Sim:
         self.stranded = 0
         self.live: dict[str, _Run] = {}
         self.arrived = 0
+        #: run-time factor of a scattered NVLink-Required job (:data:`.timelimits.SCATTER_SLOWDOWN`)
+        self.scatter_slowdown = SCATTER_SLOWDOWN
+        #: (member, node) -> uid -> (run start, GPUs there) of the runs started there (stale
+        #: entries, of runs ended or restarted since, are skipped and pruned by hold_start)
+        self.node_runs: dict[tuple[str, str], dict[str, tuple[float, int]]] = {}
         self.progress: Callable[[int, int, float], None] | None = None
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
@@ -245,12 +257,15 @@ class _Sim:
         self.seq += 1
 
     def start(self, run: _Run, decision: Decision, now: float) -> None:
+        """Run ``run`` from ``now`` as ``decision`` places it: reserve, then schedule its end
+        (its remaining work, times :attr:`scatter_slowdown` for an NVLink-Required job of
+        several pods spread over several NVLink domains, cut at its time limit)."""
         self.snapshot.reserve(decision, now, ttl_s=1e18)
         run.start = min(run.start, now)
         run.seg_start = now
-        run.end = now + run.remaining
         run.cluster = decision.cluster
         run.product = decision.gpu_product
+        run.slowdown = 1.0
         self.live[run.request.uid] = run
         if decision.cluster:
             cluster = decision.cluster
@@ -265,8 +280,18 @@ class _Sim:
                 for n in ps.nodes
             }
             run.domains = tuple(sorted(domains))
+            for ps in decision.pod_sets:
+                g = ps.requests.get(GPU_RESOURCE, 0)
+                for n, pods in ps.nodes.items():
+                    self.node_runs.setdefault((cluster, n), {})[run.request.uid] = (now, g * pods)
             if run.job.topology == "Required" and run.job.pods > 1:
                 run.single_domain = len(domains) == 1
+                if len(domains) > 1:
+                    run.slowdown = self.scatter_slowdown
+        took = run.remaining * run.slowdown
+        limit = run.job.time_limit_s
+        run.limit_hit = limit is not None and took > limit
+        run.end = now + (limit if run.limit_hit and limit is not None else took)
         self._push(run.end, 0, run.request.uid)
 
     def result(self, policy: str, horizon: float) -> SimResult:
@@ -303,6 +328,15 @@ class _Sim:
     def _record(r: _Run, horizon: float) -> JobRecord:
         started = r.start < _NEVER
         runs = r.segments() if started else []
+        pools: dict[str, float] = {}
+        if started:
+            for s, e, member, product, _ in (
+                *r.past,
+                (r.seg_start, r.end, r.cluster, r.product, ""),
+            ):
+                if s < min(e, horizon):
+                    key = f"{member or ''}/{product or ''}"
+                    pools[key] = pools.get(key, 0.0) + min(e, horizon) - s
         return JobRecord(
             job_id=r.job.job_id,
             gpus=r.job.gpus,
@@ -312,6 +346,11 @@ class _Sim:
             member=r.cluster,
             nvlink_domains=r.domains,
             runs=tuple((s, min(e, horizon)) for s, e in runs if s < _NEVER),
+            topology=topology_class(r.job.pods, r.job.topology),
+            pool_s=tuple(sorted(pools.items())),
+            limit_hit=r.limit_hit and r.end <= horizon,
+            backfill=r.backfill,
+            time_limit_s=r.job.time_limit_s,
         )
 
     def intervals(self, horizon: float, queue: Callable[[_Run], str]) -> list[RunInterval]:
@@ -324,7 +363,11 @@ class _Sim:
                 continue
             runs = list(r.past)
             if r.seg_start < r.end:
-                why = "succeeded" if r.end <= horizon else "still-running"
+                why = (
+                    "still-running"
+                    if r.end > horizon
+                    else ("time-limit" if r.limit_hit else "succeeded")
+                )
                 runs.append((r.seg_start, min(r.end, horizon), r.cluster, r.product, why))
             q = queue(r)
             for n, (s, e, member, product, why) in enumerate(runs, start=1):
@@ -336,6 +379,28 @@ class _Sim:
                     for k, a in sorted(keys.items())
                 ]
         return out
+
+    def hold_start(self, req: PlacementRequest, hold: Hold, now: float) -> float | None:
+        """When ``req`` is expected to start on ``hold``'s nodes (:func:`.backfill.expected_start`
+        over the runs there and their time limits); None for a whole-member hold."""
+        if not hold.nodes:
+            return None
+        free = 0
+        releases: dict[str, tuple[float | None, int]] = {}
+        for n in hold.nodes:
+            free += self.snapshot.free(hold.cluster, n)
+            runs = self.node_runs.get((hold.cluster, n))
+            if not runs:
+                continue
+            for uid, (began, gpus) in list(runs.items()):
+                run = self.live.get(uid)
+                if run is None or run.seg_start != began or run.end <= now:
+                    del runs[uid]  # ended or restarted since
+                    continue
+                limit = run.job.time_limit_s
+                end, total = releases.get(uid, (None if limit is None else began + limit, 0))
+                releases[uid] = (end, total + gpus)
+        return expected_start(now, gpus_of(req), free, releases.values())
 
     def capacity(self) -> dict[tuple[str, str], int]:
         """(member, GPU product) -> whole GPUs of its pools now ('' for pools with no
@@ -396,6 +461,7 @@ def simulate(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     preemption: SimPreemption | None = None,
     failures: SimFailures | None = None,
+    scatter_slowdown: float = SCATTER_SLOWDOWN,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
@@ -425,7 +491,10 @@ def simulate(
         raise ValueError(f"preemption: only the gpufed policy preempts, not {policy}")
     if failures is not None and policy != "gpufed":
         raise ValueError(f"node failures: only the gpufed policy re-runs jobs, not {policy}")
+    if not (math.isfinite(scatter_slowdown) and scatter_slowdown >= 1):
+        raise ValueError(f"scatter_slowdown: {scatter_slowdown!r} must be a number >= 1")
     sim = _Sim(members, jobs)
+    sim.scatter_slowdown = scatter_slowdown
     sim.progress = progress
     capacity = sim.capacity()
     if failures is not None and jobs:
@@ -439,7 +508,8 @@ def simulate(
         _run_gpufed(sim, horizon, placement_policy or Policy(), rule, qs, pre, failures)
     elif policy == "first-admit":
         order = [m.name for m in members]
-        run_first_admit(sim, _drain(sim, horizon), placement_policy or Policy(), order)
+        base = (placement_policy or Policy()).without_topology_cost()
+        run_first_admit(sim, _drain(sim, horizon), base, order)
     else:
         _run_baseline(sim, horizon, policy, member_fit)
     result = sim.result(policy, horizon)
@@ -514,6 +584,13 @@ def _run_gpufed(
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
         return hold_for(req, snapshot, policy, gate.for_request(req) if gate is not None else None)
 
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
+        quota = gate.for_request(req) if gate is not None else None
+        return hold_for(req, snapshot, policy, quota, avoid=held)
+
+    def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
+        return sim.hold_start(req, hold, now)
+
     def key_of(req: PlacementRequest) -> Any:
         key = sim.by_uid[req.uid].key
         return (req.queue, key) if gate is not None and gate.enforce else key
@@ -540,7 +617,7 @@ def _run_gpufed(
         requests = (r.request for r in pending.values())
         within = pass_key(now, rule)
         queue = qs.order(now, requests, within) if qs is not None else sorted(requests, key=within)
-        schedule_pass(
+        result = schedule_pass(
             queue,
             now,
             attempt,
@@ -549,7 +626,13 @@ def _run_gpufed(
             presorted=True,
             record_skipped=False,
             key_of=key_of,
+            hold_start=hold_start if rule.backfill_by_limit else None,
+            hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
         )
+        for uid, borrowed in result.backfilled.items():
+            run = sim.by_uid[uid]
+            if run.backfill is None:
+                run.backfill = borrowed.reason
         if pre is not None and pending:
             preempt_after_pass(sim, pending, now, policy, qs, pre)
         if qs is not None:

@@ -41,6 +41,8 @@ class TraceJob:
     priority: int = 0
     #: checkpoint interval, seconds (None: the job does not checkpoint)
     checkpoint_s: float | None = None
+    #: declared time limit, seconds (None: none; :mod:`.timelimits` draws one by default)
+    time_limit_s: float | None = None
 
     @property
     def pods(self) -> int:
@@ -75,7 +77,7 @@ def read_trace(
                 raise TraceError(
                     f"{where}: missing column(s) {', '.join(missing)}; a trace needs "
                     "job_id,submit_s,gpus,duration_s (optional gpus_per_pod,topology,gpu_product,"
-                    "queue,priority,checkpoint_s)"
+                    "queue,priority,checkpoint_s,time_limit_s)"
                 )
             for row in reader:
                 line = reader.line_num
@@ -153,17 +155,24 @@ def _row(
             _number(where, line, row, "priority", int) if (row.get("priority") or "").strip() else 0
         ),
         checkpoint_s=_checkpoint(where, line, row),
+        time_limit_s=_positive(where, line, row, "time_limit_s", "a job without a limit"),
     )
 
 
 def _checkpoint(where: str, line: int, row: Mapping[str, str]) -> float | None:
     """The optional ``checkpoint_s`` column: an interval > 0, or empty for none."""
-    if not (row.get("checkpoint_s") or "").strip():
+    return _positive(where, line, row, "checkpoint_s", "a job that does not checkpoint")
+
+
+def _positive(
+    where: str, line: int, row: Mapping[str, str], col: str, empty_means: str
+) -> float | None:
+    """An optional column of seconds > 0, or None when empty or absent."""
+    if not (row.get(col) or "").strip():
         return None
-    value: float = _number(where, line, row, "checkpoint_s", float)
+    value: float = _number(where, line, row, col, float)
     if value <= 0:
         raise TraceError(
-            f"{where} line {line}: checkpoint_s: must be > 0 (leave it empty for a job that "
-            "does not checkpoint)"
+            f"{where} line {line}: {col}: must be > 0 (leave it empty for {empty_means})"
         )
     return value

@@ -133,6 +133,19 @@ def test_placement_request_carries_spec_placement() -> None:
     assert req.submitted_at == 12.5
 
 
+def test_the_time_limit_is_spec_placement_else_the_jobs_active_deadline() -> None:
+    job = batch_job(8)
+    job["spec"]["activeDeadlineSeconds"] = 7200
+    assert placement_request(gpujob(job), submitted_at=0.0).time_limit_s == 7200
+    ours = gpujob(job, placement={"timeLimitSeconds": 3600})
+    assert placement_request(ours, submitted_at=0.0).time_limit_s == 3600
+    assert placement_request(gpujob(jobset(("w", 1, 1, 8))), submitted_at=0.0).time_limit_s is None
+    job["spec"]["activeDeadlineSeconds"] = "soon"
+    with pytest.raises(FieldError) as err:
+        placement_request(gpujob(job), submitted_at=0.0)
+    assert err.value.field == "spec.template.spec.activeDeadlineSeconds"
+
+
 @pytest.mark.parametrize(
     "expression",
     [

@@ -150,13 +150,15 @@ def test_weights_are_configurable() -> None:
         [hgx_cluster("a-holes", free=[1, 8, 8, 8]), hgx_cluster("b-fuller", free=[8, 0, 0, 0])]
     )
     assert place(job(gpus=1), s, POLICY, 0).cluster == "a-holes"
-    pack_only = Policy(weights=ScoreWeights(nvlink_fit=0, allocation=1, topology=0))
+    pack_only = Policy(
+        weights=ScoreWeights(nvlink_fit=0, allocation=1, topology=0, topology_cost=0)
+    )
     assert place(job(gpus=1), s, pack_only, 0).cluster == "b-fuller"
 
 
 def test_weights_must_not_all_be_zero() -> None:
     with pytest.raises(ValidationError, match="at least one"):
-        ScoreWeights(nvlink_fit=0, allocation=0, topology=0)
+        ScoreWeights(nvlink_fit=0, allocation=0, topology=0, topology_cost=0)
 
 
 def test_preferred_nvlink_scores_one_domain_above_several() -> None:

@@ -89,6 +89,29 @@ def test_the_table_has_a_column_per_policy_and_the_size_table(tmp_path: Path) ->
     assert "64" in out.split("mean wait by job size")[1]
 
 
+def test_per_class_adds_the_class_tables_and_bad_time_limit_knobs_name_their_flag(
+    tmp_path: Path,
+) -> None:
+    code, out = run(tmp_path, "--policy", "gpufed", "--json", "--per-class")
+    assert code == 0, out
+    classes = json.loads(out)["classes"]
+    assert set(classes["by_size"]) == {"4", "8", "64"}
+    assert set(classes["by_topology"]) == {"one-pod", "Preferred"}
+    assert classes["time_limited"] == 3  # drawn for every job by default
+    code, out = run(
+        tmp_path, "--policy", "gpufed", "--json", "--per-class", "--time-limit-factor", "0"
+    )
+    assert json.loads(out)["classes"]["time_limited"] == 0
+    code, out = run(tmp_path, "--policy", "gpufed", "--per-class")
+    assert code == 0, out
+    assert "gpufed: by size" in out
+    assert "pool GPU-hours by class" in out
+    for flag, value in (("--time-limit-factor", "0.5"), ("--scatter-slowdown", "0.9")):
+        code, out = run(tmp_path, "--policy", "gpufed", flag, value)
+        assert code == 2
+        assert flag in out
+
+
 def test_jobs_out_writes_each_jobs_run_per_policy(tmp_path: Path) -> None:
     path = tmp_path / "jobs.csv"
     code, out = run(tmp_path, "--policy", "gpufed,round-robin", "--jobs-out", str(path), "--json")

@@ -1,0 +1,163 @@
+"""Backfill by declared time limit (issue 29 item 1): who may run inside a starving job's hold,
+the hold's expected start, and the starvation bound with limits on."""
+
+from __future__ import annotations
+
+import pytest
+from placement_builders import GPU, gpus_on, hgx_cluster, job
+from test_queue_order import Loop as QueueLoop
+
+from gpufed.api.decision import Decision, Outcome
+from gpufed.api.request import PlacementRequest
+from gpufed.placement import BackfillRule, FleetSnapshot, Hold, Policy, place, schedule_pass
+from gpufed.placement.backfill import expected_start, releases_on
+from gpufed.placement.sim.simclasses import class_report
+from gpufed.placement.sim.simulate import simulate
+from gpufed.placement.sim.timelimits import TimeLimitModel, with_time_limits
+from gpufed.placement.sim.trace import TraceJob
+
+POLICY = Policy()
+
+
+def limited(name: str, gpus: int, limit: float | None, at: float = 10.0) -> PlacementRequest:
+    return job(name, gpus=gpus, requests={GPU: gpus}, submitted_at=at).model_copy(
+        update={"time_limit_s": limit}
+    )
+
+
+class Loop(QueueLoop):
+    """test_queue_order's loop; every hold is a-n000, its holder expected to start at
+    ``starts``."""
+
+    def __init__(self, snapshot: FleetSnapshot, starts: float | None) -> None:
+        super().__init__(snapshot)
+        self.starts = starts
+
+    def hold_for(self, req: PlacementRequest) -> Hold | None:
+        return Hold("a", frozenset({"a-n000"}), "held")
+
+    def hold_start(self, req: PlacementRequest, hold: Hold) -> float | None:
+        return self.starts
+
+
+def _pass(
+    small: PlacementRequest, starts: float | None = 5000.0
+) -> tuple[Decision, dict[str, Hold]]:
+    # a-n000 has 4 free, a-n001 none: the starving 8-GPU job holds a-n000
+    loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 0])]), starts)
+    big = limited("big", 8, None, at=0.0).model_copy(update={"priority": 1})
+    result = schedule_pass(
+        [big, small], 4000.0, loop.attempt, loop.hold_for, hold_start=loop.hold_start
+    )
+    [d] = [d for r, d in result.decisions if r.uid == small.uid]
+    return d, result.backfilled
+
+
+def test_a_job_whose_limit_ends_before_the_holders_start_runs_inside_the_hold() -> None:
+    d, backfilled = _pass(limited("short", 2, 1000.0))
+    assert d.outcome == Outcome.PLACED
+    assert set(backfilled) == {"uid-short"}
+    assert "backfill: runs on nodes held for ns/big" in d.message
+    assert "ends 0 s before the holder's expected start (in 1000 s)" in d.message
+
+
+@pytest.mark.parametrize(
+    ("limit", "starts"),
+    [(None, 5000.0), (1001.0, 5000.0), (10.0, None)],
+    ids=["no limit never backfills", "a limit past the start", "a hold without an estimate"],
+)
+def test_nothing_else_runs_inside_a_hold(limit: float | None, starts: float | None) -> None:
+    d, backfilled = _pass(limited("small", 2, limit), starts)
+    assert d.outcome == Outcome.UNSCHEDULABLE
+    assert backfilled == {}
+
+
+def test_merged_holds_lend_until_the_earliest_start_and_not_at_all_if_one_cannot() -> None:
+    a = Hold("a", frozenset({"x"}), "A", 100.0)
+    assert a.merged(Hold("a", frozenset({"y"}), "B", 50.0)).starts_at == 50.0
+    assert a.merged(Hold("a", frozenset({"y"}), "B")).starts_at is None
+
+
+def test_expected_start_is_when_enough_gpus_are_freed_by_the_limits() -> None:
+    assert expected_start(10.0, 4, 4, []) == 10.0
+    assert expected_start(10.0, 8, 2, [(500.0, 4), (300.0, 2), (900.0, 8)]) == 500.0
+    # the job without a limit is not needed before 900 s, but is after
+    assert expected_start(10.0, 8, 2, [(300.0, 2), (None, 4), (900.0, 8)]) == 900.0
+    assert expected_start(10.0, 8, 2, [(300.0, 2), (None, 4), (900.0, 2)]) is None
+    assert expected_start(10.0, 8, 0, [(5.0, 4)]) is None
+    assert expected_start(10.0, 4, 0, [(5.0, 4)]) == 10.0
+
+
+def _stream(until: float) -> list[TraceJob]:
+    """As test_queue_order's: a 16-GPU job at t=50 among 1-GPU jobs every 100 s of 1,500 s."""
+    small = [
+        TraceJob(f"s{i}", i * 100.0, 1, 1500.0, 1, "Required") for i in range(int(until / 100))
+    ]
+    big = TraceJob("big", 50.0, 16, 1000.0, 8, "Preferred")
+    return sorted([*small, big], key=lambda j: j.submit_s)
+
+
+def test_with_drawn_limits_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain() -> None:
+    """The starvation bound with backfill on: the limits drawn by the simulator's default model
+    let small jobs run inside the big job's hold only when they end before its expected start,
+    so it still starts within 16 h plus one drain (the longest small job's limit here)."""
+    jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
+    drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
+    res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=BackfillRule())
+    assert res.placed == res.jobs
+    [rec] = [r for r in res.records if r.job_id == "big"]
+    assert rec.wait_s is not None
+    assert 57_600 <= rec.wait_s <= 57_600 + drain
+    report = class_report(res.records)
+    assert report["time_limited"] == res.jobs
+    assert report["backfill_limit_hits"] == 0  # drawn limits are never below the runtime
+
+
+def test_a_job_past_its_limit_is_stopped_there_and_counted() -> None:
+    jobs = [
+        TraceJob("over", 0.0, 1, 1000.0, 1, "Required", time_limit_s=600.0),
+        TraceJob("under", 0.0, 1, 1000.0, 1, "Required", time_limit_s=1200.0),
+    ]
+    res = simulate([hgx_cluster("a", nodes=1)], jobs, "gpufed")
+    ends = {r.job_id: r.end_s for r in res.records}
+    assert ends == {"over": 600.0, "under": 1000.0}
+    assert [i.ended for i in res.intervals] == ["time-limit", "succeeded"]
+    assert class_report(res.records)["time_limit_stops"] == 1
+
+
+def test_drawn_limits_follow_the_f_model_rounded_up_to_modal_values() -> None:
+    model = TimeLimitModel()
+    for i, runtime in enumerate([1.0, 700.0, 3000.0, 20_000.0, 200_000.0]):
+        limit = model.draw(str(i), runtime)
+        assert runtime <= limit
+        assert limit <= max(5 * runtime * 1.5, 300.0) or limit % 86_400 == 0
+    assert model.draw("7", 3000.0) == TimeLimitModel().draw("7", 3000.0)
+    with pytest.raises(ValueError, match="time limit factor"):
+        TimeLimitModel(factor=0.5)
+
+
+def test_releases_on_reads_what_runs_on_the_held_nodes_from_the_snapshot() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 8])])
+    d = place(limited("run", 4, 600.0), s, POLICY, 0.0)
+    s.reserve(d, now=0.0, ttl_s=10**9)
+    [node] = gpus_on(d)
+    free, releases = releases_on(s, Hold("a", frozenset({node}), "held"), {"uid-run": 600.0}.get)
+    assert (free, releases) == (4, [(600.0, 4)])
+    assert expected_start(0.0, 8, free, releases) == 600.0
+    assert releases_on(s, Hold("a", frozenset(), "whole member"), {}.get) == (0, [])
+
+
+def test_the_rule_can_turn_backfill_off_whatever_the_caller_estimates() -> None:
+    loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 0])]), 5000.0)
+    big = limited("big", 8, None, at=0.0).model_copy(update={"priority": 1})
+    off = BackfillRule(backfill_by_limit=False)
+    result = schedule_pass(
+        [big, limited("short", 2, 1000.0)],
+        4000.0,
+        loop.attempt,
+        loop.hold_for,
+        off,
+        hold_start=loop.hold_start,
+    )
+    assert result.backfilled == {}
+    assert [d.outcome for _, d in result.decisions] == [Outcome.UNSCHEDULABLE] * 2
