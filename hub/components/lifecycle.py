@@ -252,6 +252,7 @@ class Lifecycle:
             failure_cluster=job.failure[0] if job.failure is not None else None,
             failure_exempt=job.failure is not None
             and job.failure[1].reason in lc.NO_BUDGET_REASONS,
+            limit_at=self._limit_at(job),
             now=self._term.wall(),
             not_before=rec.not_before if rec is not None else None,
             retries_left=max(0, retry.on_infrastructure_failure - used),
@@ -288,6 +289,8 @@ class Lifecycle:
                 await self._lose(job, reschedule)
             case lc.FailRefused():
                 self._fail_refused(job)
+            case lc.FailTimeLimit():
+                self._fail_time_limit(job)
             case lc.MarkSuspects():
                 self._mark_suspects(job)
             case lc.StopForRerun():
@@ -363,6 +366,28 @@ class Lifecycle:
             not_before=new.not_before,
         )
         await self.reconcile_locked(job)  # placed again now, or after its backoff
+
+    @staticmethod
+    def _limit_at(job: JobState) -> float | None:
+        """Wall seconds when the running copy reaches ``spec.placement.timeLimitSeconds``
+        (from the workload's start in the member); None without a limit or a start."""
+        limit = job.obj.spec.placement.time_limit_seconds
+        start = job.status.start_time
+        if limit is None or not start or job.status.phase != "Running":
+            return None
+        try:
+            return st.parse_rfc3339(start) + limit
+        except ValueError:
+            return None
+
+    def _fail_time_limit(self, job: JobState) -> None:
+        limit = job.obj.spec.placement.time_limit_seconds or 0
+        new = lc.time_limit_exceeded(job.status, limit_s=limit, now=self._mirror.now())
+        self._mirror.set_status(job, new)
+        self._mirror.event(job, "Warning", "TimeLimitExceeded", new.message)
+        self._reservations.release(job.uid, "the job reached its time limit")
+        self._timers.pop(job.uid, None)
+        log.info("hub.job.time_limit", job=job.key, limit_s=limit)
 
     def refusal(self, ws: WorkState) -> str | None:
         """Why the member refused this Apply for good (its ack ``Failed`` and not retryable,

@@ -276,6 +276,13 @@ class Reports:
                 self._mirror.event(job, "Warning", "Failed", new.message)
         if new.phase in ("Succeeded", "Failed"):
             self._reservations.release(job.uid, f"the job {new.phase.lower()}")
+        elif (
+            job.obj.spec.placement.time_limit_seconds is not None
+            and new.phase == "Running"
+            and before != "Running"
+        ):
+            # it started: the lifecycle times its limit (rule 6b)
+            self._term.spawn(self._lifecycle.reconcile(job.uid))
 
     async def _replay_after_list(self) -> None:
         await self._term.state.jobs_listed.wait()

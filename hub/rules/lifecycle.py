@@ -30,6 +30,10 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
    with ``RetriesExhausted``. A drain (``EvictionByEvictionAPI``) or the member's own
    preemption (``PreemptionByScheduler``) is not the job's failure: it re-runs without using
    the budget and without a backoff.
+6b. **Its time limit** (``spec.placement.timeLimitSeconds``, counted from the workload's start
+   in the member): the job fails (``TimeLimitExceeded``) and its copy is deleted once it is
+   reached; until then a timer waits for it. (A batch/v1 Job's own ``activeDeadlineSeconds`` is
+   the member's Job controller's to enforce.)
 7. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
    considers it, once the backoff after a re-run (``record.not_before``, :func:`requeued`) has
    passed.
@@ -74,7 +78,8 @@ class Facts:
     member was declared lost; ``failure``: an infrastructure failure of the current copy that
     no step has acted on yet (``failure_cluster`` is where it was observed);
     ``refused``: the member refused the copy's Apply for good (rule 5); ``failure_exempt``: the
-    failure is one of :data:`NO_BUDGET_REASONS`; ``now`` / ``not_before``: wall seconds now and
+    failure is one of :data:`NO_BUDGET_REASONS`; ``limit_at``: wall seconds when the running
+    copy reaches the job's time limit (None: no limit, or not started); ``now`` / ``not_before``: wall seconds now and
     the end of the job's backoff (None: none);
     ``retries_left``: re-runs after infrastructure failures left
     (``spec.placement.retry.onInfrastructureFailure`` minus those used).
@@ -93,6 +98,7 @@ class Facts:
     refused: bool = False
     failure_cluster: str | None = None
     failure_exempt: bool = False
+    limit_at: float | None = None
     now: float = 0.0
     not_before: float | None = None
     retries_left: int = 0
@@ -137,6 +143,12 @@ class FailRefused:
 
 
 @dataclass(frozen=True)
+class FailTimeLimit:
+    """The running copy reached the job's time limit: ``Failed`` (``TimeLimitExceeded``), the
+    reservation released."""
+
+
+@dataclass(frozen=True)
 class MarkSuspects:
     """Mark the nodes an infrastructure failure names suspect (when Kubernetes observed them)."""
 
@@ -175,6 +187,7 @@ Step = (
     | Requeue
     | Lose
     | FailRefused
+    | FailTimeLimit
     | MarkSuspects
     | StopForRerun
     | FailForGood
@@ -215,6 +228,8 @@ def _fate(f: Facts) -> tuple[Step, ...]:
     if placed and f.failure_cluster == f.cluster:
         rerun = f.failure_exempt or f.retries_left > 0
         return (MarkSuspects(), StopForRerun() if rerun else FailForGood())
+    if placed and f.limit_at is not None:
+        return (FailTimeLimit(), DeleteCopy()) if f.now >= f.limit_at else (WaitUntil(f.limit_at),)
     if f.valid and not placed and not f.claimed:
         if f.not_before is not None and f.now < f.not_before:
             return (WaitUntil(f.not_before),)
@@ -337,4 +352,26 @@ def restarting(status: GPUJobStatus, cause: RequeueCause, *, now: str) -> GPUJob
                 now=now,
             ),
         }
+    )
+
+
+def time_limit_exceeded(status: GPUJobStatus, *, limit_s: int, now: str) -> GPUJobStatus:
+    """Final: the running copy reached ``spec.placement.timeLimitSeconds`` (phase Failed,
+    condition ``TimeLimitExceeded`` True, reason ``DeadlineExceeded`` as a Job's own)."""
+    if st.is_terminal(status):
+        return status
+    message = (
+        f"stopped at its time limit: ran {limit_s} s since it started "
+        "(spec.placement.timeLimitSeconds)"
+    )
+    conds = st.set_condition(
+        status.conditions,
+        "TimeLimitExceeded",
+        "True",
+        reason="DeadlineExceeded",
+        message=message,
+        now=now,
+    )
+    return status.model_copy(
+        update={"phase": "Failed", "message": message, "conditions": conds, "completion_time": now}
     )
