@@ -131,8 +131,15 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
 
 
 def _wait(check: Callable[[], bool], what: str, limit_s: float = 30) -> None:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     deadline = time.monotonic() + limit_s
-    while not check():
+    while True:
+        try:
+            if check():
+                return
+        except (StaleElementReferenceException, NoSuchElementException):
+            pass  # the live update replaced the element between the find and the read: again
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s:.0f} s waiting for {what}")
         time.sleep(0.2)
