@@ -229,9 +229,11 @@ class Lifecycle:
             m = self._term.state.members.get(cluster)
             if m is not None:
                 lost = m.lost
+            if m is not None and rec is not None and rec.stopping is not None and work == "none":
+                # Only rule 2 asks, and only then (a scan of the member's nodes). Pods on a node
+                # that is not Ready may never be confirmed gone (its kubelet is unreachable):
+                # they hold a re-run back only when the job asks for that.
                 confirm = lc.retry_of(job.obj).require_confirmed_termination
-                # Pods on a node that is not Ready may never be confirmed gone (its kubelet is
-                # unreachable): they hold a re-run back only when the job asks for that.
                 pods_left = any(
                     job.uid in n.job_requests and (n.ready or confirm) for n in m.nodes.values()
                 )

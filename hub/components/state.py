@@ -208,11 +208,12 @@ class HubState:
 
     def stopping(self) -> list[JobState]:
         """The jobs whose copy is being stopped for a requeue now (by UID)."""
-        return [
-            j
-            for _, j in sorted(self.jobs.items())
+        stopping = [
+            (uid, j)
+            for uid, j in self.jobs.items()
             if j.record is not None and j.record.stopping is not None
         ]
+        return [j for _, j in sorted(stopping, key=lambda x: x[0])]  # filter first: jobs are many
 
     def lock(self, uid: str) -> asyncio.Lock:
         """The lock that serialises every read-modify-write of job ``uid``."""
