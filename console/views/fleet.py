@@ -78,8 +78,9 @@ MAX_CELLS = 4096
 @dataclass(frozen=True)
 class BlockView:
     """One NVLink domain of a member (an HGX node, an NVL72 clique): whole GPUs ``used``,
-    ``reserved``, ``free`` and ``unavailable`` (nodes not Ready, cordoned or degraded), and
-    ``suspect`` when one of its nodes is on the member's suspect list."""
+    ``reserved``, ``held`` (for a waiting preemptor), ``free`` and ``unavailable`` (nodes not
+    Ready, cordoned or degraded), and ``suspect`` when one of its nodes is on the member's
+    suspect list."""
 
     domain: str
     product: str
@@ -89,17 +90,19 @@ class BlockView:
     unavailable: int
     suspect: bool
     nodes: tuple[str, ...]
+    held: int = 0
 
     @property
     def gpus(self) -> int:
-        return self.used + self.reserved + self.free + self.unavailable
+        return self.used + self.reserved + self.held + self.free + self.unavailable
 
     def cells(self) -> list[str]:
-        """One CSS class per GPU, in the order used, reserved, unavailable, free."""
+        """One CSS class per GPU, in the order used, reserved, held, unavailable, free."""
         bad = "suspect" if self.suspect else "unavailable"
         return (
             ["used"] * self.used
             + ["reserved"] * self.reserved
+            + ["held"] * self.held
             + [bad] * self.unavailable
             + ["free"] * self.free
         )
@@ -135,6 +138,7 @@ def with_blocks(
                 product=str(b.get("product", "")),
                 used=int(b.get("used", 0)),
                 reserved=int(b.get("reserved", 0)),
+                held=int(b.get("held", 0)),
                 free=int(b.get("free", 0)),
                 unavailable=int(b.get("unavailable", 0)),
                 suspect=bool(suspects.intersection(b.get("nodes") or [])),

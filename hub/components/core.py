@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import structlog
 
+from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.stream import (
     AgentEvent,
     AgentHello,
@@ -252,6 +253,21 @@ class Controller:
     def stopped(self) -> bool:
         """True once :meth:`stop` was called: this term accepts nothing any more."""
         return self._stopped.is_set()
+
+    def held_gpus(self, member: str) -> dict[str, int]:
+        """Per node of ``member``, the whole GPUs held for waiting preemptors now (their
+        confirmed holds; the console's "held for a preemptor")."""
+        out: dict[str, int] = {}
+        for uid in sorted(self.state.wanted):
+            res = self.reservations.held(uid)
+            job = self.state.jobs.get(uid)
+            if res is None or res.cluster != member or job is None or not job.wants_placement:
+                continue
+            if self.reservations.is_tentative(uid):
+                continue
+            for node, amounts in res.nodes.items():
+                out[node] = out.get(node, 0) + amounts.get(GPU_RESOURCE, 0)
+        return out
 
     @property
     def members_synced(self) -> asyncio.Event:

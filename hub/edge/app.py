@@ -173,7 +173,7 @@ class Hub:
         ctrl = self.controller
         if ctrl is None or not ctrl.ready:
             return None
-        return member_blocks(ctrl.snapshot, name)
+        return member_blocks(ctrl.snapshot, name, held=ctrl.held_gpus(name))
 
     def leading(self) -> tuple[bool, str]:
         """(leading, reason) for ``/leaderz``: 200 only on the leader with its lists done."""

@@ -15,6 +15,7 @@ for a 5,000-node member.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gpufed.api.labels import GPU_RESOURCE
@@ -29,12 +30,19 @@ MAX_NODES_PER_BLOCK = 72
 
 
 def member_blocks(
-    snapshot: FleetSnapshot, member: str, *, max_blocks: int = MAX_BLOCKS
+    snapshot: FleetSnapshot,
+    member: str,
+    *,
+    held: Mapping[str, int] | None = None,
+    max_blocks: int = MAX_BLOCKS,
 ) -> dict[str, Any]:
     """``{"member", "ready", "nodes", "blocks": [{"domain", "product", "gpus", "used",
-    "reserved", "free", "unavailable", "nodes"}], "truncated"}`` for one member, blocks by
-    domain. GPU counts are whole GPUs; ``gpus`` = used + reserved + free + unavailable.
-    Raises ``KeyError`` naming the member when the snapshot has no such member."""
+    "reserved", "held", "free", "unavailable", "nodes"}], "truncated"}`` for one member,
+    blocks by domain. GPU counts are whole GPUs; ``gpus`` = used + reserved + held + free +
+    unavailable. ``held``: per node, the GPUs a waiting preemptor's hold keeps there (part of
+    what the snapshot shows reserved; shown apart). Raises ``KeyError`` naming the member when
+    the snapshot has no such member."""
+    held = held or {}
     state = snapshot.member(member)
     blocks: dict[str, dict[str, Any]] = {}
     for inv in state.inventory.nodes:
@@ -50,6 +58,7 @@ def member_blocks(
                 "gpus": 0,
                 "used": 0,
                 "reserved": 0,
+                "held": 0,
                 "free": 0,
                 "unavailable": 0,
                 "nodes": [],
@@ -65,8 +74,10 @@ def member_blocks(
         reserved = min(
             snapshot.outstanding(member, inv.name).get(GPU_RESOURCE, 0), max(0, alloc - free)
         )
+        kept = min(held.get(inv.name, 0), reserved)
         b["free"] += free
-        b["reserved"] += reserved
+        b["reserved"] += reserved - kept
+        b["held"] += kept
         b["used"] += max(0, alloc - free - reserved)
     ordered = [blocks[k] for k in sorted(blocks)]
     return {

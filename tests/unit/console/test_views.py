@@ -247,3 +247,14 @@ def test_sparkline_maps_time_and_value_into_the_box() -> None:
         "0.0,10.0 50.0,5.0 100.0,0.0"
     )
     assert views.sparkline([(0, 1.0)]) == ""
+
+
+def test_gpus_held_for_a_preemptor_have_their_own_cells() -> None:
+    answer = {
+        "blocks": [{"domain": "node:n0", "used": 2, "reserved": 1, "held": 3, "free": 2}],
+        "truncated": 0,
+    }
+    [a] = views.with_blocks(views.fleet([member("a")]), {"a": answer})
+    assert a.blocks is not None
+    assert a.blocks[0].cells() == ["used"] * 2 + ["reserved"] + ["held"] * 3 + ["free"] * 2
+    assert a.blocks[0].gpus == 8

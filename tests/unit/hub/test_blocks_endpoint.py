@@ -72,6 +72,16 @@ def test_blocks_count_used_reserved_free_and_unavailable_per_domain() -> None:
     assert (got["member"], got["nodes"], got["truncated"]) == ("m1", 5, 0)
 
 
+def test_gpus_held_for_a_preemptor_are_shown_apart_from_reserved() -> None:
+    # u1's 2 reserved GPUs on hgx-0 are a waiting preemptor's hold (the controller says so)
+    got = member_blocks(snapshot(), "m1", held={"hgx-0": 2, "tray-1": 3})
+    hgx0 = next(b for b in got["blocks"] if b["domain"] == "node:hgx-0")
+    assert (hgx0["used"], hgx0["reserved"], hgx0["held"], hgx0["free"]) == (3, 0, 2, 3)
+    # a hold is never more than what the snapshot shows reserved there
+    c1 = next(b for b in got["blocks"] if b["domain"] == "clique:c1")
+    assert (c1["held"], c1["free"]) == (0, 4)
+
+
 def test_blocks_are_bounded() -> None:
     got = member_blocks(snapshot(), "m1", max_blocks=1)
     assert [b["domain"] for b in got["blocks"]] == ["clique:c1"]

@@ -335,6 +335,8 @@ async def test_a_hold_outlives_its_ttl_while_its_victims_stop() -> None:
     t.clock.advance(300)  # the victims' pods are still terminating, long past the TTL
     await t.ctrl.scheduler.cycle()
     assert t.ctrl.reservations.held("uh") is not None, "the hold expired under its victims"
+    # the console shows these GPUs as held for a preemptor (the blocks endpoint's "held")
+    assert sum(t.ctrl.held_gpus("m1").values()) == 8
     f.report(node("m1-n1"))
     await settle()
     await t.ctrl.scheduler.cycle()
