@@ -25,7 +25,7 @@ from typing import Annotated, Any, Final, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
-from gpufed.api.crdbase import CRDModel, ObjectMeta, StatusCondition
+from gpufed.api.crdbase import CRDModel, DateTime, ObjectMeta, StatusCondition
 from gpufed.api.errors import PermanentError
 from gpufed.api.labels import API_VERSION
 
@@ -207,6 +207,21 @@ class QueueUsage(CRDModel):
     """The part of `used` above `nominal`."""
 
 
+#: Fair-share samples a GPUQueue status keeps: one per 15 minutes over a day.
+MAX_SHARE_SAMPLES: Final = 96
+#: Seconds between two fair-share samples in a GPUQueue status.
+SHARE_SAMPLE_S: Final = 900
+
+
+class ShareSample(CRDModel):
+    """One past value of a queue's fair share."""
+
+    time: DateTime
+    """When (RFC 3339)."""
+    value: str = Field(max_length=32)
+    """``status.fairShare`` then."""
+
+
 class GPUQueueStatus(CRDModel):
     """``GPUQueue.status``, written only by the hub.
 
@@ -230,6 +245,11 @@ class GPUQueueStatus(CRDModel):
     """The queue's own jobs reserved or running."""
     fair_share: str | None = Field(default=None, max_length=32)
     """Decayed usage (GPU-seconds) divided by the weight, as a decimal string."""
+    fair_share_history: list[ShareSample] = Field(
+        default_factory=list, max_length=MAX_SHARE_SAMPLES
+    )
+    """`fairShare` over the last day, one sample per 15 minutes, oldest first (the console's
+    plot; a new leader carries it on)."""
 
 
 class GPUQueue(CRDModel):

@@ -65,18 +65,23 @@ Explain = Callable[[dict[str, Any]], str]
 
 
 class ShareHistory:
-    """Each queue's ``status.fairShare`` as the console saw it over the last day (the hub keeps
-    no history): at most :data:`SHARE_SAMPLES` samples per queue, :data:`SHARE_QUEUES` queues,
-    one sample per queue per :data:`SHARE_EVERY_S` at most. Lost when the console stops."""
+    """Each queue's fair share over the last day: the hub's ``status.fairShareHistory`` (one
+    sample per 15 minutes, kept across hub restarts), then what the console saw since the hub's
+    last sample: at most :data:`SHARE_SAMPLES` samples per queue, :data:`SHARE_QUEUES` queues,
+    one sample per queue per :data:`SHARE_EVERY_S` at most."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._hub: dict[str, list[tuple[float, float]]] = {}
 
     def note(self, queues: Iterable[Mapping[str, Any]]) -> None:
         now = self._clock()
         for q in queues:
             name = (q.get("metadata") or {}).get("name", "")
+            hub = _hub_samples((q.get("status") or {}).get("fairShareHistory"))
+            if hub and (name in self._hub or len(self._hub) < SHARE_QUEUES):
+                self._hub[name] = hub
             raw = (q.get("status") or {}).get("fairShare")
             if raw is None:
                 continue
@@ -95,7 +100,23 @@ class ShareHistory:
                 line.append((now, value))
 
     def of(self, name: str) -> list[tuple[float, float]]:
-        return list(self._samples.get(name, ()))
+        hub = self._hub.get(name, [])
+        since = hub[-1][0] if hub else float("-inf")
+        return [*hub, *(s for s in self._samples.get(name, ()) if s[0] > since)]
+
+
+def _hub_samples(raw: Any) -> list[tuple[float, float]]:
+    """``status.fairShareHistory`` as (epoch seconds, value), the unreadable samples left out."""
+    out: list[tuple[float, float]] = []
+    for sample in raw if isinstance(raw, list) else []:
+        if not isinstance(sample, Mapping):
+            continue
+        try:
+            when = datetime.fromisoformat(str(sample.get("time", "")).replace("Z", "+00:00"))
+            out.append((when.timestamp(), float(sample.get("value", ""))))
+        except (TypeError, ValueError):
+            continue
+    return out[-SHARE_SAMPLES:]
 
 
 def _loopback(host: str) -> bool:

@@ -47,7 +47,15 @@ import structlog
 from pydantic import ValidationError
 
 from gpufed.api.gpujob import StatusCondition
-from gpufed.api.queue import ACTIVE_CONDITION, GPUQueue, GPUQueueStatus, QueueUsage
+from gpufed.api.queue import (
+    ACTIVE_CONDITION,
+    MAX_SHARE_SAMPLES,
+    SHARE_SAMPLE_S,
+    GPUQueue,
+    GPUQueueStatus,
+    QueueUsage,
+    ShareSample,
+)
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
@@ -103,6 +111,9 @@ class Queues:
         self._invalid: dict[str, str] = {}
         #: conditions as last read or written (transition times survive a restart)
         self._conditions: dict[str, list[StatusCondition]] = {}
+        #: per queue, its fair share over the last day (``status.fairShareHistory``; a new
+        #: leader takes it from the status it lists)
+        self._history: dict[str, list[ShareSample]] = {}
         #: queue -> the status last computed (what the mirror writes)
         self.shown: dict[str, GPUQueueStatus] = {}
         self._exported: set[tuple[str, str, str]] = set()
@@ -124,6 +135,7 @@ class Queues:
         name = str(meta.get("name", ""))
         if type_ == "DELETED":
             self._conditions.pop(name, None)
+            self._history.pop(name, None)
             self.shown.pop(name, None)
             self._mirror.forget_queue(name)
             changed = self._specs.pop(name, None) is not None
@@ -141,6 +153,8 @@ class Queues:
             return self._rebuild()
         if q.status is not None and name not in self._conditions:
             self._conditions[name] = list(q.status.conditions)
+        if q.status is not None and name not in self._history:
+            self._history[name] = _readable(q.status.fair_share_history)[-MAX_SHARE_SAMPLES:]
         prev = self._specs.get(name)
         if prev is not None and prev.spec == q.spec and name not in self._invalid:
             return False
@@ -381,6 +395,7 @@ class Queues:
         )
         self._conditions[name] = conditions
         share = shares.get(name)
+        value = None if share is None else f"{share:.6g}"
         return GPUQueueStatus(
             conditions=conditions,
             usage=[
@@ -389,5 +404,31 @@ class Queues:
             ],
             pending_jobs=pending,
             admitted_jobs=admitted,
-            fair_share=None if share is None else f"{share:.6g}",
+            fair_share=value,
+            fair_share_history=self._sampled(name, value),
         )
+
+    def _sampled(self, name: str, value: str | None) -> list[ShareSample]:
+        """The queue's fair-share history with ``value`` added when the last sample is
+        :data:`SHARE_SAMPLE_S` old (at most :data:`MAX_SHARE_SAMPLES`, oldest first)."""
+        line = self._history.setdefault(name, [])
+        if value is None:
+            return list(line)
+        wall = self._term.wall()
+        last = st.parse_rfc3339(line[-1].time) if line else None
+        if last is None or wall - last >= SHARE_SAMPLE_S:
+            line.append(ShareSample(time=st.rfc3339(wall), value=value))
+            del line[:-MAX_SHARE_SAMPLES]
+        return list(line)
+
+
+def _readable(samples: Iterable[ShareSample]) -> list[ShareSample]:
+    """The samples whose time parses (a status edited by hand must not stop the term)."""
+    out = []
+    for sample in samples:
+        try:
+            st.parse_rfc3339(sample.time)
+        except ValueError:
+            continue
+        out.append(sample)
+    return out

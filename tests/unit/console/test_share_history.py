@@ -38,3 +38,17 @@ def test_a_day_of_samples_and_a_bounded_number_of_queues(monkeypatch: Any) -> No
     assert line[-1][1] == server.SHARE_SAMPLES + 9
     assert line[0][1] == 10  # the oldest went first
     assert h.of("c") == []
+
+
+def test_the_hubs_day_comes_first_then_what_the_console_saw_since() -> None:
+    # the hub keeps a day of samples in the GPUQueue status: a console started a minute ago
+    # still plots the day (issue 30)
+    now = [1_767_225_600.0 + 1800]  # 2026-01-01T00:30:00Z
+    h = ShareHistory(clock=lambda: now[0])
+    hub = [
+        {"time": "2026-01-01T00:00:00Z", "value": "1"},
+        {"time": "not a time", "value": "9"},
+        {"time": "2026-01-01T00:15:00.000000Z", "value": "2"},
+    ]
+    h.note([{"metadata": {"name": "a"}, "status": {"fairShare": "3", "fairShareHistory": hub}}])
+    assert h.of("a") == [(1_767_225_600.0, 1.0), (1_767_226_500.0, 2.0), (now[0], 3.0)]

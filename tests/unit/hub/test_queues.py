@@ -327,3 +327,32 @@ async def test_queue_status_is_written_fenced_at_the_resource_version_it_read() 
         assert t.kube.queue_statuses[-1][1]["pendingJobs"] == 1
     finally:
         await t.ctrl.mirror.stop()
+
+
+async def test_the_status_keeps_a_days_fair_share_one_sample_per_15_minutes() -> None:
+    # issue 30: the console's fair-share plot over the last day, from the hub, not the console
+    t = team_a_term(8)
+    t.ctrl.queues.refresh()
+    assert len(t.ctrl.queues.shown["team-a"].fair_share_history) == 1
+    t.clock.advance(600)
+    t.ctrl.queues.refresh()
+    assert len(t.ctrl.queues.shown["team-a"].fair_share_history) == 1, "one per 15 minutes"
+    t.clock.advance(300)
+    t.ctrl.queues.refresh()
+    history = t.ctrl.queues.shown["team-a"].fair_share_history
+    assert len(history) == 2
+    for _ in range(200):
+        t.clock.advance(900)
+        t.ctrl.queues.refresh()
+    assert len(t.ctrl.queues.shown["team-a"].fair_share_history) == 96, "a day, bounded"
+    # a new leader carries the day on from the status it lists (a bad sample is dropped)
+    obj = gpuqueue("team-a", namespaces=("team-a",), nominal=8)
+    samples = [
+        s.model_dump(by_alias=True) for s in t.ctrl.queues.shown["team-a"].fair_share_history
+    ]
+    obj["status"] = {"fairShareHistory": [{"time": "yesterday", "value": "1"}, *samples[1:]]}
+    t2 = Term(store=t.store, clock=t.clock)
+    t2.ctrl.queues.listed([obj])
+    t2.ctrl.queues.refresh()
+    kept = t2.ctrl.queues.shown["team-a"].fair_share_history
+    assert [s.time for s in kept] == [s["time"] for s in samples[1:]], "carried on, not resampled"
