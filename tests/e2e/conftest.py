@@ -31,8 +31,17 @@ E2E_OPTIONS = ControlPlaneOptions(
     heartbeat_s=1,
     leader_lease_s=5,
     ready_timeout_s=120,
-    # the backoff between re-runs, 2 s doubling instead of 60 s (the drills wait about a minute)
-    hub_args=["--rerun-backoff-base", "2", "--rerun-backoff-max", "30"],
+    # the backoff between re-runs, 2 s doubling instead of 60 s (the drills wait about a minute),
+    # and suspect marks for 90 s instead of an hour (a drill's marks must not shrink the fleet
+    # of the tests after it: they wait for the marks to end, see wait_no_suspects)
+    hub_args=[
+        "--rerun-backoff-base",
+        "2",
+        "--rerun-backoff-max",
+        "30",
+        "--suspect-node-cooldown",
+        "90",
+    ],
 )
 
 

@@ -257,6 +257,11 @@ class Hub:
                 return c.status, c.reason
         return "Unknown", ""
 
+    def suspects(self, member: str) -> list[str]:
+        """The member's suspect nodes as its MemberCluster status shows them."""
+        st = self.member(member).status
+        return [s.node for s in (st.suspect_nodes if st else [])]
+
     def gpus_free(self, member: str, product: str) -> int:
         st = self.member(member).status
         return (st.gpus_free if st else {}).get(product, 0)

@@ -218,6 +218,8 @@ def guar(e2e: E2E) -> Iterator[Guarantees]:
     wait_until(
         lambda: e2e.hub.gpus_free(HGX, H100) == H100_TOTAL, "every H100 free at the start", ACT_S
     )
+    # a suspect node counts as free but takes no job: an earlier drill's marks must end first
+    wait_until(lambda: not e2e.hub.suspects(HGX), "no suspect H100 node at the start", ACT_S)
     with priority_classes(e2e.hub.api, CLASSES):
         g = Guarantees(e2e)
         try:
