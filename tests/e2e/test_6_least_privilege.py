@@ -100,7 +100,19 @@ def test_the_agent_identity_may_create_in_a_tenant_namespace_once_granted(e2e: E
             k8s.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
                 "gpufed-drill", grant_manifest("gpufed-drill", DEFAULT_ORIGIN)
             )
-        core.create_namespaced_config_map("gpufed-drill", cm)
+
+        def created() -> bool:
+            # A new RoleBinding reaches the API server's authorizer through its informer: a
+            # moment later, longer on a loaded machine (CI met a 403 right after the grant).
+            try:
+                core.create_namespaced_config_map("gpufed-drill", cm)
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                return False
+            return True
+
+        wait_until(created, "the grant to take effect", 30)
     finally:
         api.close()  # type: ignore[no-untyped-call]
 
