@@ -258,12 +258,9 @@ class Controller:
         """Per node of ``member``, the whole GPUs held for waiting preemptors now (their
         confirmed holds; the console's "held for a preemptor")."""
         out: dict[str, int] = {}
-        for uid in sorted(self.state.wanted):
-            res = self.reservations.held(uid)
-            job = self.state.jobs.get(uid)
-            if res is None or res.cluster != member or job is None or not job.wants_placement:
-                continue
-            if self.reservations.is_tentative(uid):
+        for res in self.reservations.confirmed_holds(self.state.wanted):
+            job = self.state.jobs.get(res.job_uid)
+            if res.cluster != member or job is None or not job.wants_placement:
                 continue
             for node, amounts in res.nodes.items():
                 out[node] = out.get(node, 0) + amounts.get(GPU_RESOURCE, 0)

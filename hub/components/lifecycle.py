@@ -374,13 +374,10 @@ class Lifecycle:
         """Wall seconds when the running copy reaches ``spec.placement.timeLimitSeconds``
         (from the workload's start in the member); None without a limit or a start."""
         limit = job.obj.spec.placement.time_limit_seconds
-        start = job.status.start_time
-        if limit is None or not start or job.status.phase != "Running":
+        start = job.started_at
+        if limit is None or start is None or job.status.phase != "Running":
             return None
-        try:
-            return st.parse_rfc3339(start) + limit
-        except ValueError:
-            return None
+        return start + limit
 
     def _fail_time_limit(self, job: JobState) -> None:
         limit = job.obj.spec.placement.time_limit_seconds or 0

@@ -29,7 +29,7 @@ Called by the scheduling cycle, dispatch, deletion and member handling of one le
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import structlog
@@ -131,6 +131,16 @@ class Reservations:
                 self._replaced[uid] = res
             else:
                 self._snapshot.add_reservation(res)
+
+    def confirmed_holds(self, uids: Iterable[str]) -> list[Reservation]:
+        """The confirmed entries of ``uids`` (by UID), tentative ones left out: for jobs that
+        wait to be placed, their preemption holds (the quota ledger and the console's "held")."""
+        out = []
+        for uid in sorted(uids):
+            res = self._snapshot.reservation(uid)
+            if res is not None and uid not in self._tentative:
+                out.append(res)
+        return out
 
     def is_tentative(self, uid: str) -> bool:
         """True between :meth:`reserve` and :meth:`confirm` / :meth:`discard`."""

@@ -246,12 +246,7 @@ class Scheduler:
         job = self._term.state.jobs.get(uid)
         if job is None or job.request is None or job.request.time_limit_s is None:
             return None
-        start: float | None = None
-        if job.status.start_time:
-            try:
-                start = st.parse_rfc3339(job.status.start_time)
-            except ValueError:
-                start = None
+        start = job.started_at
         if start is None and job.record is not None and job.record.placed_at:
             start = job.record.placed_at
         return None if start is None else start + job.request.time_limit_s
@@ -259,12 +254,8 @@ class Scheduler:
     def _holds(self) -> list[tuple[str, str | None]]:
         """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger
         charges them to the preemptors' queues (:meth:`Queues.rebuild_usage`)."""
-        out = []
-        for uid in sorted(self._term.state.wanted):
-            res = self._reservations.held(uid)
-            if res is not None and not self._reservations.is_tentative(uid):
-                out.append((uid, self._product_of(res)))
-        return out
+        holds = self._reservations.confirmed_holds(self._term.state.wanted)
+        return [(res.job_uid, self._product_of(res)) for res in holds]
 
     def _product_of(self, res: Reservation) -> str | None:
         """The GPU product of the nodes a reservation holds (None when none is known)."""

@@ -84,6 +84,17 @@ class JobState:
     def placed_cluster(self) -> str | None:
         return self.record.cluster if self.record is not None else None
 
+    @property
+    def started_at(self) -> float | None:
+        """Wall seconds the member started its workload (``status.startTime``); None when it
+        has not or the value does not parse."""
+        if not self.status.start_time:
+            return None
+        try:
+            return st.parse_rfc3339(self.status.start_time)
+        except ValueError:
+            return None
+
     def backing_off(self, now: float) -> bool:
         """Waiting out the backoff before a re-run at wall seconds ``now``
         (``record.not_before``)."""

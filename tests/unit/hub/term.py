@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.api.stream import AgentHello, InventorySnapshot
+from gpufed.api.stream import AgentHello, InventoryDelta, InventorySnapshot
+from gpufed.api.work import WorkAck
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.adapters.sessions import PROTOCOL_VERSION, AgentSession
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
-from tests.unit.hub.builders import batch_job, gpujob_obj, membercluster_obj
+from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock
 
 
@@ -99,3 +100,24 @@ def sent(s: AgentSession) -> list[tuple[str, str, int]]:
             uids = ",".join(i.job_uid for i in msg.desired_set.items)
             out.append(("desired_set", uids, msg.desired_set.part))
     return out
+
+
+async def running(
+    placement: dict[str, Any] | None = None,
+) -> tuple[Term, AgentSession, int]:
+    """Job u1 (8 GPUs) applied in m1 on m1-n0 with its pods bound; m1 also has m1-n1 idle."""
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    s = t.connect("m1")
+    sent(s)
+    await t.submit("j", "u1", gpus=8, placement=placement)
+    await t.ctrl.scheduler.cycle()
+    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
+    assert t.ctrl.state.jobs["u1"].status.placement.pod_sets[0].nodes == {"m1-n0": 1}  # type: ignore[union-attr]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"],
+        InventoryDelta(seq=2, upserts=(hgx_node("m1-n0", requested=8, job_uid="u1"),)),
+    )
+    await settle()
+    return t, s, rev

@@ -10,7 +10,7 @@ from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.rules.lifecycle import requeued
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
-from tests.unit.hub.term import Term, sent, settle
+from tests.unit.hub.term import Term, running, sent, settle
 
 
 def preempted_cause(cluster: str = "m1") -> RequeueCause:
@@ -124,18 +124,8 @@ async def _stopped_on_an_unreachable_node(placement: dict[str, object] | None) -
     """Job u1 running in m1 on m1-n0 (optionally with ``spec.placement``), stopped for a
     preemption; m1-n0 turns not Ready with the job's pod still on it (the kubelet unreachable:
     the pod stays Terminating); the member acknowledged the Delete of the job's objects."""
-    t = Term()
-    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
-    s = t.connect("m1")
-    sent(s)
-    await t.submit("j", "u1", gpus=8, placement=placement)
-    await t.ctrl.scheduler.cycle()
-    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
-    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
-    await settle()
+    t, s, _ = await running(placement)
     on_it = hgx_node("m1-n0", requested=8, job_uid="u1")
-    t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, upserts=(on_it,)))
-    await settle()
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
         assert await t.ctrl.lifecycle.stop(job, preempted_cause())

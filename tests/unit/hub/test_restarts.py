@@ -10,9 +10,8 @@ from typing import Any
 
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import Condition, FailureCause, WorkAck, WorkloadStatus
-from gpufed.hub.adapters.sessions import AgentSession
 from tests.unit.hub.builders import hgx_node
-from tests.unit.hub.term import Term, sent, settle
+from tests.unit.hub.term import Term, running, sent, settle
 
 
 def report(uid: str, rev: int, phase: str, failure: FailureCause | None) -> WorkloadStatus:
@@ -24,27 +23,6 @@ def report(uid: str, rev: int, phase: str, failure: FailureCause | None) -> Work
 NODE_LOST = FailureCause(
     kind="Infrastructure", reason="NodeLost", message="node m1-n0 was deleted", nodes=("m1-n0",)
 )
-
-
-async def running(
-    placement: dict[str, Any] | None = None,
-) -> tuple[Term, AgentSession, int]:
-    """Job u1 (8 GPUs) applied in m1 on m1-n0 with its pods bound; m1 also has m1-n1 idle."""
-    t = Term()
-    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
-    s = t.connect("m1")
-    sent(s)
-    await t.submit("j", "u1", gpus=8, placement=placement)
-    await t.ctrl.scheduler.cycle()
-    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
-    assert t.ctrl.state.jobs["u1"].status.placement.pod_sets[0].nodes == {"m1-n0": 1}  # type: ignore[union-attr]
-    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
-    t.ctrl.members.on_delta(
-        t.ctrl.state.members["m1"],
-        InventoryDelta(seq=2, upserts=(hgx_node("m1-n0", requested=8, job_uid="u1"),)),
-    )
-    await settle()
-    return t, s, rev
 
 
 def _manifest_env(t: Term, cluster: str, uid: str) -> tuple[str, list[dict[str, Any]]]:
