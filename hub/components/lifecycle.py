@@ -214,6 +214,7 @@ class Lifecycle:
     def facts(self, job: JobState) -> lc.Facts:
         """What is recorded about ``job`` now (the input of the pure rule)."""
         rec = job.record
+        retry = lc.retry_of(job.obj)
         cluster = rec.cluster if rec is not None else None
         work: lc.WorkOp = "none"
         pods_left = lost = refused = False
@@ -233,12 +234,10 @@ class Lifecycle:
                 # Only rule 2 asks, and only then (a scan of the member's nodes). Pods on a node
                 # that is not Ready may never be confirmed gone (its kubelet is unreachable):
                 # they hold a re-run back only when the job asks for that.
-                confirm = lc.retry_of(job.obj).require_confirmed_termination
+                confirm = retry.require_confirmed_termination
                 pods_left = any(
                     job.uid in n.job_requests and (n.ready or confirm) for n in m.nodes.values()
                 )
-        retry = lc.retry_of(job.obj)
-        used = rec.budget_used if rec is not None else 0
         return lc.Facts(
             deleting=job.deleting,
             terminal=job.terminal,
@@ -257,7 +256,7 @@ class Lifecycle:
             limit_at=self._limit_at(job),
             now=self._term.wall(),
             not_before=rec.not_before if rec is not None else None,
-            retries_left=max(0, retry.on_infrastructure_failure - used),
+            retries_left=max(0, retry.on_infrastructure_failure - self._used(job)),
             reschedule_on_loss=job.obj.spec.placement.reschedule == "OnClusterLoss",
             has_finalizer=FINALIZER in job.obj.metadata.finalizers,
         )
