@@ -1,5 +1,6 @@
 """``gpufed console``: the read-only web console (:mod:`gpufed.console`), served locally with
-the user's own kubeconfig.
+the user's own kubeconfig, or (``--identity caller``) for many people, each read with the
+caller's own token (the hub chart's ``console`` value runs it that way beside the hub).
 
 Resolves credentials as every other command does (``cli/kube.py``: ``--kubeconfig``,
 ``$KUBECONFIG``, ``~/.kube/config``, in-cluster; ``--context``), then serves until Ctrl-C;
@@ -46,18 +47,26 @@ async def _serve(
     port: int,
     refresh_s: float,
     hub_url: str | None,
+    identity: str,
 ) -> None:
+    from gpufed.console.callers import CallerReaders
     from gpufed.console.reader import HubReader
     from gpufed.console.server import make_app
     from gpufed.hub.edge.http import serve  # the hub's aiohttp start-and-report-the-port
 
-    reader = await HubReader.connect(kubeconfig, context, namespaces, hub_url=hub_url)
+    reader: HubReader | CallerReaders
+    if identity == "caller":
+        reader = await CallerReaders.connect(kubeconfig, context, namespaces, hub_url=hub_url)
+        who = "each caller (their bearer token or the login page)"
+    else:
+        reader = await HubReader.connect(kubeconfig, context, namespaces, hub_url=hub_url)
+        who = reader.source.describe()
     try:
         app = make_app(reader, explain=explain_text, refresh_s=refresh_s, listen_host=host)
         runner, bound = await serve(app, host, port)
         shown = f"[{host}]" if ":" in host else host
         typer.echo(
-            f"gpufed console on http://{shown}:{bound}/ as {reader.source.describe()} "
+            f"gpufed console on http://{shown}:{bound}/ as {who} "
             f"(hub cluster {reader.server}); Ctrl-C stops it",
             err=True,
         )
@@ -102,6 +111,16 @@ def console_command(
             "your token; without it, totals only",
         ),
     ] = None,
+    identity: Annotated[
+        str,
+        typer.Option(
+            "--identity",
+            help="whose identity reads the hub cluster: 'kubeconfig' (yours, resolved as "
+            "kubectl does) or 'caller' (each request's own bearer token, from an "
+            "authenticating proxy's Authorization header or the login page; the kubeconfig "
+            "or the Pod then gives only the API server's address and CA)",
+        ),
+    ] = "kubeconfig",
 ) -> None:
     """A read-only web console of the fleet, its queues and jobs, as your identity sees them."""
     try:
@@ -113,6 +132,10 @@ def console_command(
             f"{hub_url}: use http://HOST:PORT or https://HOST:PORT (the hub's --http-listen)",
             param_hint="'--hub-url'",
         )
+    if identity not in ("kubeconfig", "caller"):
+        raise typer.BadParameter(
+            f"{identity!r}: use 'kubeconfig' or 'caller'", param_hint="'--identity'"
+        )
     if not 0.5 <= refresh_s <= 3600:
         raise typer.BadParameter(f"{refresh_s}: use 0.5 to 3600 seconds", param_hint="'--refresh'")
     try:
@@ -123,7 +146,9 @@ def console_command(
     with contextlib.suppress(KeyboardInterrupt):
         try:
             asyncio.run(
-                _serve(kubeconfig, context, namespace or [], host, port, refresh_s, hub_url)
+                _serve(
+                    kubeconfig, context, namespace or [], host, port, refresh_s, hub_url, identity
+                )
             )
         except OSError as exc:
             typer.echo(f"error: --listen {listen}: cannot serve there: {exc}", err=True)

@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -38,7 +38,17 @@ from gpufed.api.errors import TransientError
 from gpufed.api.kubeconfig import KubeSource, resolve_kubeconfig
 from gpufed.api.labels import GROUP, VERSION
 
-__all__ = ["MAX_OBJECTS", "PAGE", "Hidden", "HubReadError", "HubReader", "JobRead", "Listed"]
+__all__ = [
+    "MAX_OBJECTS",
+    "PAGE",
+    "Hidden",
+    "HubReadError",
+    "HubReader",
+    "Identity",
+    "JobRead",
+    "Listed",
+    "configuration",
+]
 
 #: Objects read per request (``limit``) and most objects of one kind the console reads.
 PAGE = 500
@@ -94,6 +104,36 @@ def _message(exc: ApiException) -> str:
         return f"{exc.status} {exc.reason}"
 
 
+async def configuration(
+    kubeconfig: Path | None, context: str | None
+) -> tuple[KubeSource, client.Configuration]:
+    """The credentials resolved as kubectl does and the client configuration they give (the
+    Pod's in-cluster one when no kubeconfig is found). Raises ``KubeconfigError`` (resolution)
+    or ``kubernetes_asyncio.config.ConfigException`` (a context without a cluster or user)."""
+    source = resolve_kubeconfig(kubeconfig, context)
+    cfg = client.Configuration()
+    if source.path is None:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(
+            config_file=str(source.path),
+            context=source.context,
+            client_configuration=cfg,
+            persist_config=False,
+        )
+    return source, cfg
+
+
+class Identity(Protocol):
+    """Who a reader reads as: :class:`gpufed.api.kubeconfig.KubeSource` (a kubeconfig or the
+    Pod's service account) or :class:`gpufed.console.callers.CallerSource` (a caller's token)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+
 class HubReader:
     """Reads the hub cluster with one identity. ``namespaces``: extra namespaces to try when
     GPUJobs cannot be listed cluster-wide (the context's namespace is always tried)."""
@@ -101,7 +141,7 @@ class HubReader:
     def __init__(
         self,
         api: client.ApiClient,
-        source: KubeSource,
+        source: Identity,
         namespaces: Iterable[str] = (),
         *,
         hub_url: str | None = None,
@@ -128,17 +168,7 @@ class HubReader:
 
         Raises ``KubeconfigError`` (resolution) or ``kubernetes_asyncio.config.ConfigException``
         (a context without a cluster or user)."""
-        source = resolve_kubeconfig(kubeconfig, context)
-        cfg = client.Configuration()
-        if source.path is None:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            await config.load_kube_config(
-                config_file=str(source.path),
-                context=source.context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
+        source, cfg = await configuration(kubeconfig, context)
         return cls(client.ApiClient(configuration=cfg), source, namespaces, hub_url=hub_url)
 
     async def close(self) -> None:

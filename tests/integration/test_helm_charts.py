@@ -232,6 +232,36 @@ def test_the_queue_values_become_hub_flags_only_when_set(
     assert [a for a in args if a.startswith(("--unlisted", "--default-queue"))] == flags
 
 
+def test_the_console_value_adds_a_caller_identity_console_beside_the_hub(
+    helm: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """``console.enabled``: a second container serving ``gpufed console --identity caller``
+    (never the Pod's own identity) on the leader Service's ``console`` port, asking the hub in
+    its own Pod for the blocks, admitted by the NetworkPolicy only from ``consoleFrom``. Off by
+    default: no container, no port."""
+    off = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/test-values.yaml")
+    (deployment,) = [d for d in off if d["kind"] == "Deployment"]
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["hub"]
+    docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/all-features-values.yaml")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    console = containers["console"]
+    assert console["args"][:2] == ["console", "--identity=caller"]
+    assert "--listen=0.0.0.0:8765" in console["args"]
+    assert "--hub-url=http://127.0.0.1:8080" in console["args"]
+    assert console["securityContext"]["readOnlyRootFilesystem"] is True
+    service = next(
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gpufed-hub"
+    )
+    assert service["spec"]["selector"]["gpufed.io/hub-role"] == "leader"
+    assert {"name": "console", "port": 8765, "targetPort": "console"} in service["spec"]["ports"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "console")
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    ]
+
+
 @pytest.mark.parametrize("chart", list(CHART_TARGETS))
 def test_chart_with_test_values_renders_the_kustomize_base(
     helm: Callable[..., subprocess.CompletedProcess[str]], chart: str

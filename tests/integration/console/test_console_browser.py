@@ -315,3 +315,99 @@ def test_hub_blocks_endpoint_obeys_the_hub_clusters_rbac(
     assert "memberclusters" in body
     assert _get(target, {"Authorization": "Bearer not-a-token"})[0] == 401
     assert _get(target)[0] == 401
+
+
+def _token(kubeconfig: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"])
+
+
+def _post(url: str, form: dict[str, str], headers: dict[str, str]) -> tuple[int, str, Any]:
+    """POST a form without following the redirect: (status, body, headers)."""
+    import urllib.parse
+
+    class _Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kw: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(_Stay)
+    req = urllib.request.Request(
+        url, data=urllib.parse.urlencode(form).encode(), headers=headers, method="POST"
+    )
+    try:
+        with opener.open(req, timeout=10) as resp:
+            return resp.status, resp.read().decode(), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), exc.headers
+
+
+def test_console_served_for_callers_reads_with_each_callers_token(
+    world: World, hub_kubeconfig: Path, hub_url: str, driver: Any, tmp_path: Path
+) -> None:
+    """``gpufed console --identity caller`` (the hub chart's console): started with the admin
+    kubeconfig, it drops those credentials and reads with each caller's token. No token: the
+    login page, no job named. Team A's token (header or the login cookie): console-a's jobs
+    only, console-b's job page refused. A token with no grants: no jobs. A bad token and a
+    cross-site login: refused. In the browser: sign in with the form, see team A's jobs."""
+    from selenium.webdriver.common.by import By
+
+    team_a = _token(team_a_identity(world, hub_kubeconfig, tmp_path / "a.kubeconfig"))
+    nobody = _token(
+        service_account_kubeconfig(
+            world.custom.api_client, hub_kubeconfig, TEAM_B, "nobody", tmp_path / "n.kubeconfig"
+        )
+    )
+    with console(hub_kubeconfig, "--identity", "caller", "--hub-url", hub_url) as url:
+        code, html = _get(f"{url}/jobs")
+        assert code == 401
+        assert 'id="login"' in html
+        assert "pretrain-a" not in html
+        assert "borrower-b" not in html
+
+        code, html = _get(f"{url}/jobs", {"Authorization": f"Bearer {team_a}"})
+        assert code == 200
+        assert f'data-job="{TEAM_A}/pretrain-a"' in html
+        assert f'data-job="{TEAM_B}/borrower-b"' not in html
+        assert "system:serviceaccount:console-a:viewer" in html
+        code, _ = _get(f"{url}/jobs/{TEAM_B}/borrower-b", {"Authorization": f"Bearer {team_a}"})
+        assert code == 403
+
+        code, html = _get(f"{url}/jobs", {"Authorization": f"Bearer {nobody}"})
+        assert code == 200
+        assert "data-job=" not in html
+        assert "GPUJobs of all namespaces" in html  # named as hidden, not shown
+
+        code, html = _get(f"{url}/jobs", {"Authorization": "Bearer not-a-token"})
+        assert code == 401
+        assert 'id="login-error"' in html
+
+        code, _, _ = _post(f"{url}/login", {"token": team_a}, {"Origin": "http://evil.example"})
+        assert code == 403
+        code, _, _ = _post(f"{url}/login", {"token": team_a}, {"Sec-Fetch-Site": "cross-site"})
+        assert code == 403
+        code, _, headers = _post(f"{url}/login", {"token": team_a}, {})
+        assert code == 303
+        cookie = headers["Set-Cookie"]
+        assert "HttpOnly" in cookie
+        assert "SameSite=Strict" in cookie
+        code, html = _get(f"{url}/jobs", {"Cookie": cookie.split(";")[0]})
+        assert code == 200
+        assert f'data-job="{TEAM_A}/eval-a"' in html
+
+        driver.delete_all_cookies()
+        driver.get(f"{url}/jobs")
+        driver.find_element(By.ID, "token").send_keys(team_a)
+        driver.find_element(By.CSS_SELECTOR, "form#login button").click()
+        _wait(lambda: driver.current_url.rstrip("/") == url, "the login to land on the fleet")
+        driver.get(f"{url}/jobs")
+        jobs = {
+            r.get_attribute("data-job")
+            for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")
+        }
+        assert jobs == {f"{TEAM_A}/pretrain-a", f"{TEAM_A}/eval-a"}
+        _shot(driver, "login")
+        driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        _wait(lambda: driver.current_url.endswith("/login"), "the logout to land on the login")
+        driver.get(f"{url}/jobs")
+        assert not driver.find_elements(By.CSS_SELECTOR, "tr[data-job]")

@@ -297,10 +297,20 @@ def build(w: World) -> None:
     )
 
 
+def _created(create: Any, *args: Any) -> None:
+    """``create(*args)``, an object already there (409) left as it is."""
+    try:
+        create(*args)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
     """ServiceAccount console-a/viewer: GPUJobs and Events of console-a only; MemberClusters
-    and GPUQueues cluster-wide (read)."""
-    w.rbac.create_namespaced_role(
+    and GPUQueues cluster-wide (read). Made once; a second call reuses the grants."""
+    _created(
+        w.rbac.create_namespaced_role,
         TEAM_A,
         {
             "metadata": {"name": "console-viewer"},
@@ -310,7 +320,8 @@ def team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
             ],
         },
     )
-    w.rbac.create_namespaced_role_binding(
+    _created(
+        w.rbac.create_namespaced_role_binding,
         TEAM_A,
         {
             "metadata": {"name": "console-viewer"},
@@ -322,7 +333,8 @@ def team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
             "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": TEAM_A}],
         },
     )
-    w.rbac.create_cluster_role(
+    _created(
+        w.rbac.create_cluster_role,
         {
             "metadata": {"name": "console-test-fleet-reader"},
             "rules": [
@@ -332,9 +344,10 @@ def team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
                     "verbs": ["get", "list"],
                 }
             ],
-        }
+        },
     )
-    w.rbac.create_cluster_role_binding(
+    _created(
+        w.rbac.create_cluster_role_binding,
         {
             "metadata": {"name": "console-test-fleet-reader"},
             "roleRef": {
@@ -343,7 +356,7 @@ def team_a_identity(w: World, admin_kubeconfig: Path, out: Path) -> Path:
                 "name": "console-test-fleet-reader",
             },
             "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": TEAM_A}],
-        }
+        },
     )
     return service_account_kubeconfig(w.custom.api_client, admin_kubeconfig, TEAM_A, "viewer", out)
 
