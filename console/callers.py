@@ -12,7 +12,9 @@ every page, as it does for ``gpufed console`` run locally.
 
 Bounded: a token longer than :data:`MAX_TOKEN_BYTES` or with characters outside visible ASCII
 is refused before any request; at most :data:`MAX_CALLERS` readers are kept (least recently
-used evicted, each closed), and one unused for :data:`IDLE_S` seconds is dropped. The cache is
+used evicted, each closed), and one unused for :data:`IDLE_S` seconds is dropped; a refused
+token is remembered for :data:`REFUSED_S` seconds (at most :data:`MAX_REFUSED`), so repeating it
+sends the API server nothing. The cache is
 keyed by the token's SHA-256; the token itself is kept only inside its reader's client.
 
 Who calls it: :mod:`gpufed.console.server` (per request) and ``gpufed console`` (building it).
@@ -37,7 +39,9 @@ __all__ = [
     "COOKIE",
     "IDLE_S",
     "MAX_CALLERS",
+    "MAX_REFUSED",
     "MAX_TOKEN_BYTES",
+    "REFUSED_S",
     "CallerReaders",
     "CallerSource",
     "TokenRefused",
@@ -51,6 +55,10 @@ MAX_TOKEN_BYTES = 16 * 1024
 #: Most callers whose reader is kept at once, and seconds an unused one is kept.
 MAX_CALLERS = 64
 IDLE_S = 600.0
+#: Tokens the API server refused, remembered (by hash) so that a client repeating one costs
+#: the API server nothing: at most this many, each for this many seconds.
+MAX_REFUSED = 1024
+REFUSED_S = 60.0
 
 
 class TokenRefused(Exception):  # noqa: N818 - a verdict on the caller's input, not a crash
@@ -127,6 +135,7 @@ class CallerReaders:
         self._max = max_callers
         self._idle_s = idle_s
         self._readers: OrderedDict[str, _Entry] = OrderedDict()
+        self._refused: OrderedDict[str, float] = OrderedDict()
 
     @classmethod
     async def connect(
@@ -158,15 +167,26 @@ class CallerReaders:
             entry.used = now
             self._readers.move_to_end(key)
             return entry.reader
+        refused_at = self._refused.get(key)
+        if refused_at is not None and now - refused_at < REFUSED_S:
+            raise TokenRefused("the hub cluster's API server did not accept the token")
         cfg = copy.copy(self._base)
         cfg.api_key = {"BearerToken": token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         api = client.ApiClient(configuration=cfg)
         try:
             user = await _whoami(api)
+        except TokenRefused:
+            await api.close()
+            self._refused[key] = now
+            self._refused.move_to_end(key)
+            while len(self._refused) > MAX_REFUSED:
+                self._refused.popitem(last=False)
+            raise
         except BaseException:
             await api.close()
             raise
+        self._refused.pop(key, None)
         reader = HubReader(
             api,
             CallerSource(user, _namespace_of(user)),

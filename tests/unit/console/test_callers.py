@@ -117,6 +117,29 @@ async def test_readers_are_bounded_and_idle_ones_dropped(whoami: dict[str, str])
         await readers.close()
 
 
+async def test_a_refused_token_is_not_asked_about_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+
+    async def fake(api: client.ApiClient) -> str:
+        asked.append(api.configuration.api_key["BearerToken"])
+        raise TokenRefused("the hub cluster's API server did not accept the token")
+
+    monkeypatch.setattr(callers_mod, "_whoami", fake)
+    now = [0.0]
+    readers = CallerReaders(_base(), clock=lambda: now[0])
+    for _ in range(3):
+        with pytest.raises(TokenRefused):
+            await readers.reader("forged")
+    assert asked == ["forged"]
+    now[0] = callers_mod.REFUSED_S + 1
+    with pytest.raises(TokenRefused):
+        await readers.reader("forged")
+    assert asked == ["forged", "forged"]
+    assert len(readers) == 0
+
+
 class _Reader:
     """What a page reads: nothing, as the named user."""
 
