@@ -218,14 +218,15 @@ def _member_condition(gs: GPUJobStatus, type_: str) -> tuple[str, str, str] | No
 
 def _failure(gs: GPUJobStatus, member_type: str) -> tuple[str, str]:
     """Reason and message of a failed or lost job: the member's own failure condition, else
-    the hub's (``Valid``/``Dispatched`` False: an invalid or refused job; ``Lost``)."""
+    the hub's (``Valid``/``Placed``/``Dispatched`` False: an invalid, never placeable or refused
+    job; ``Lost``)."""
     own = _member_condition(gs, member_type)
     if own is not None and own[0]:
         return condition_reason(own[0]), own[1] or gs.message
     if gs.phase == "Lost":
         return "ClusterLost", gs.message
     for c in gs.conditions:
-        if c.type in ("Valid", "Dispatched") and c.status == "False":
+        if c.type in ("Valid", "Placed", "Dispatched") and c.status == "False":
             return condition_reason(c.reason), gs.message
     return "Failed", gs.message
 

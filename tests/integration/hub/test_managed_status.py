@@ -62,6 +62,7 @@ SEQUENCES = [
     ("rerun", "running", "succeeded", "failed"),
     ("placed", "lost"),
     ("invalid",),
+    ("pending", "rejected"),
     ("succeeded-bare",),
     ("pending", "failed", "succeeded"),
 ]

@@ -135,6 +135,13 @@ GPUJOB_STATUSES: dict[str, GPUJobStatus] = {
         }
     ),
     "lost": GPUJobStatus(phase="Lost", message="member alpha stopped reporting"),
+    "rejected": GPUJobStatus.model_validate(
+        {
+            "phase": "Failed",
+            "message": "no member cluster can ever hold this job",
+            "conditions": [_cond("Valid"), _cond("Placed", "False", reason="Rejected")],
+        }
+    ),
 }
 
 
@@ -160,7 +167,7 @@ def test_the_first_terminal_gpujob_status_decides_the_job_and_nothing_changes_it
     length: int,
 ) -> None:
     outcome = {"succeeded": "Complete", "succeeded-bare": "Complete", "failed": "Failed"}
-    outcome |= {"invalid": "Failed", "lost": "Failed"}
+    outcome |= {"invalid": "Failed", "lost": "Failed", "rejected": "Failed"}
     for sequence in itertools.product(GPUJOB_STATUSES, repeat=length):
         states = _run(sequence)
         first = next((i for i, s in enumerate(sequence) if s in outcome), None)
@@ -192,6 +199,8 @@ def test_a_failed_job_carries_the_members_reason_and_a_lost_one_says_cluster_los
     invalid = job_status(GPUJOB_STATUSES["invalid"], {}, now=NOW)
     assert {c["reason"] for c in invalid["conditions"]} == {"InvalidSpec"}
     assert invalid["conditions"][1]["message"] == "spec.template.kind: not allowed"
+    rejected = job_status(GPUJOB_STATUSES["rejected"], {}, now=NOW)
+    assert {c["reason"] for c in rejected["conditions"]} == {"Rejected"}
 
 
 def test_a_jobset_shows_its_end_once_as_terminal_state_and_condition() -> None:
