@@ -280,17 +280,13 @@ class KubeAPI:
         status subresource, as :meth:`patch_member_status`) if it is still at
         ``resource_version``; returns its new resourceVersion. ``ApiException`` 409 when it
         changed, 422 when the API server refuses the status. One attempt."""
-        patch = [
-            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/status", "value": status},
-        ]
         resp: Any = await self.custom.patch_namespaced_custom_object_status(
             group,
             version,
             namespace,
             plural,
             name,
-            patch,
+            _status_replacement(status, resource_version),
             _content_type=JSON_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
@@ -433,16 +429,12 @@ class KubeAPI:
     async def _replace_cluster_status(
         self, plural: str, name: str, status: dict[str, Any], resource_version: str
     ) -> str:
-        patch = [
-            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/status", "value": status},
-        ]
         resp: Any = await self.custom.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
             plural,
             name,
-            patch,
+            _status_replacement(status, resource_version),
             _content_type=JSON_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
@@ -576,6 +568,15 @@ async def _check_and_read(resp: Any) -> bytes:
         return body
     finally:
         resp.release()
+
+
+def _status_replacement(status: dict[str, Any], resource_version: str) -> list[dict[str, Any]]:
+    """The JSON patch that replaces a whole ``status`` if the object is still at
+    ``resource_version`` (the API server checks the ``replace`` like an update's precondition)."""
+    return [
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/status", "value": status},
+    ]
 
 
 def _resource_version(body: bytes) -> str:
