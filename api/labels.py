@@ -62,6 +62,14 @@ SIM_EXIT_CODE_ANNOTATION: Final = "gpufed.io/sim-exit-code"
 GPU_PRODUCTS_ANNOTATION: Final = "gpufed.io/gpu-products"  # comma-separated GFD products
 NVLINK_ANNOTATION: Final = "gpufed.io/nvlink"  # Required | Preferred | None
 PRIORITY_ANNOTATION: Final = "gpufed.io/priority"  # integer
+#: Label on a plain workload (wrapped by `gpufed submit`, or applied to the hub with
+#: ``managedBy: gpufed.io/hub``): the GPUQueue it is charged to (``spec.placement.queue``).
+QUEUE_LABEL: Final = "gpufed.io/queue"
+#: The ``managedBy`` value (Job ``spec.managedBy``, JobSet ``spec.managedBy``) that hands a plain
+#: workload applied to the hub cluster to gpufed (docs/hub.md, "Plain workloads on the hub").
+MANAGED_BY: Final = "gpufed.io/hub"
+#: On a GPUJob the hub made for a plain workload: the workload's kind (``Job``, ``JobSet``).
+MANAGED_KIND_LABEL: Final = "gpufed.io/managed-kind"
 #: On a member Job or its pods, set by the running job: when it last saved a checkpoint
 #: (RFC 3339). The agent forwards it in WorkloadStatus; the hub shows it as
 #: ``GPUJob.status.lastCheckpointTime`` (preemption's cost of lost work).

@@ -260,6 +260,13 @@ def run(
             "(e.g. one a GPU health checker sets); repeatable"
         ),
     ] = None,
+    managed_kinds: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated kinds of plain workloads (Job, JobSet) the hub federates "
+            "when applied to the hub cluster with spec.managedBy gpufed.io/hub; '' for none"
+        ),
+    ] = "Job,JobSet",
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -327,6 +334,7 @@ def run(
         "rerun_backoff_base_s": rerun_backoff_base,
         "rerun_backoff_max_s": rerun_backoff_max,
         "degraded_node_conditions": tuple(degraded_node_condition or ()),
+        "managed_kinds": frozenset(k.strip() for k in managed_kinds.split(",") if k.strip()),
     }
     if hub_id:
         values["hub_id"] = hub_id
@@ -395,6 +403,7 @@ FLAG_OF: dict[str, str] = {
     "rerun_backoff_base_s": "--rerun-backoff-base",
     "rerun_backoff_max_s": "--rerun-backoff-max",
     "degraded_node_conditions": "--degraded-node-condition",
+    "managed_kinds": "--managed-kinds",
 }
 """HubConfig field -> the ``gpufed hub`` flag that sets it (errors name the flag)."""
 

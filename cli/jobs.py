@@ -7,7 +7,8 @@ resolution (``cli/kube.py``: ``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config
 - :func:`wrap` (``submit``, ``cli/submit.py``): a GPUJob as it is, or a plain batch/v1 Job,
   JobSet, PyTorchJob, RayJob or MPIJob wrapped into a GPUJob of the same name, with
   ``spec.placement`` read from the annotations ``gpufed.io/gpu-products`` (comma-separated),
-  ``gpufed.io/nvlink`` and ``gpufed.io/priority`` (docs/design.md §4).
+  ``gpufed.io/nvlink``, ``gpufed.io/priority`` and the label ``gpufed.io/queue``
+  (:func:`gpufed.api.hints.placement_hints`, docs/design.md §4).
 - ``get jobs`` / ``get clusters`` rows (:func:`job_rows`, :func:`cluster_rows`; the commands
   and their printing are ``cli/get.py`` and ``cli/output.py``): a job's name, namespace, phase,
   cluster, GPUs, message and timings; a member's Ready, whole GPUs total/free per product on
@@ -31,13 +32,11 @@ import typer
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, PreemptionStatus
+from gpufed.api.hints import placement_hints
 from gpufed.api.kubeconfig import KubeconfigError
 from gpufed.api.labels import (
     API_VERSION,
-    GPU_PRODUCTS_ANNOTATION,
     GROUP,
-    NVLINK_ANNOTATION,
-    PRIORITY_ANNOTATION,
     VERSION,
 )
 from gpufed.api.membercluster import MemberCluster
@@ -138,31 +137,8 @@ def wrap(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     name = meta.get("name")
     if not name:
         raise FieldError("metadata.name", "required to name the GPUJob")
+    placement = placement_hints(meta)
     ann = meta.get("annotations") or {}
-    if not isinstance(ann, dict):
-        raise FieldError("metadata.annotations", "must be a mapping of strings")
-    for key, value in ann.items():
-        if not isinstance(value, str):
-            raise FieldError(
-                f"metadata.annotations[{key}]", f"{value!r} must be a string (quote it in YAML)"
-            )
-    placement: dict[str, Any] = {}
-    if products := ann.get(GPU_PRODUCTS_ANNOTATION):
-        placement["gpuProducts"] = [p.strip() for p in products.split(",") if p.strip()]
-    if nvlink := ann.get(NVLINK_ANNOTATION):
-        if nvlink not in ("Required", "Preferred", "None"):
-            raise FieldError(
-                f"metadata.annotations[{NVLINK_ANNOTATION}]",
-                f"{nvlink!r} is not Required, Preferred or None",
-            )
-        placement["topology"] = {"nvlink": nvlink}
-    if priority := ann.get(PRIORITY_ANNOTATION):
-        try:
-            placement["priority"] = int(priority)
-        except ValueError as exc:
-            raise FieldError(
-                f"metadata.annotations[{PRIORITY_ANNOTATION}]", f"{priority!r} is not an integer"
-            ) from exc
     template = json.loads(json.dumps(obj))
     template_meta = template.setdefault("metadata", {})
     template_meta.pop("namespace", None)

@@ -1,8 +1,9 @@
 """The hub cluster's API server: the only hub module that imports a Kubernetes client.
 
 Implements :class:`gpufed.hub.adapters.ports.HubAPI` for the leader's components: intake (list+watch
-of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), status writes (with a resourceVersion
-precondition), finalizers, Events and the list+watch of join-token Secrets; and, for the hub's
+of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), plain workloads and the
+GPUJobs made for them (any namespaced resource: list+watch, get, create, delete with a uid
+precondition, status replace), status writes (with a resourceVersion precondition), finalizers, Events and the list+watch of join-token Secrets; and, for the hub's
 HTTP endpoints that serve people (``hub/edge/http.py``), who presents a bearer token and whether
 the hub cluster's RBAC lets them read something (:meth:`KubeAPI.review_access`).
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
@@ -172,6 +173,125 @@ class KubeAPI:
             timeout_seconds=timeout_s,
         )
 
+    # --- any namespaced resource (plain workloads and their GPUJobs) -------------------------
+
+    async def list_resource(
+        self, group: str, version: str, plural: str, *, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of ``group/version`` ``plural`` in all namespaces (``batch``, ``v1``,
+        ``jobs``), matching ``label_selector``, and the list's resourceVersion. Raises
+        ``ApiException`` 404 when the API server does not serve the resource (no CRD), 403
+        without the RBAC rule (neither is retried)."""
+        async for attempt in kube_retry():
+            with attempt:
+                resp = await _json(
+                    await self.custom.list_cluster_custom_object(
+                        group,
+                        version,
+                        plural,
+                        label_selector=label_selector,
+                        _preload_content=False,
+                    )
+                )
+        items: list[dict[str, Any]] = resp.get("items") or []
+        return items, str(resp["metadata"]["resourceVersion"])
+
+    def watch_resource(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes of what :meth:`list_resource` lists, as :meth:`watch_objects`."""
+        return _watch(
+            self.custom.list_cluster_custom_object,
+            group,
+            version,
+            plural,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+        )
+
+    async def get_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """One namespaced object, or None when it does not exist."""
+        return await _get_or_none(
+            lambda: self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name
+            )
+        )
+
+    async def create_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create ``body`` in ``namespace``; returns the object created. Raises
+        ``ApiException`` (409 when the name is taken). Not retried: a create whose reply was
+        lost would be refused as taken, and the caller reads again."""
+        return await _json(
+            await self.custom.create_namespaced_custom_object(
+                group, version, namespace, plural, body, _preload_content=False
+            )
+        )
+
+    async def delete_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str
+    ) -> bool:
+        """Delete ``namespace/name`` if its uid is still ``uid`` (a precondition: an object
+        created again under the name is never deleted by mistake). False when it was gone
+        already; ``ApiException`` 409 when the uid differs."""
+        body: Any = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    await _check_and_release(
+                        await self.custom.delete_namespaced_custom_object(
+                            group,
+                            version,
+                            namespace,
+                            plural,
+                            name,
+                            body=body,
+                            _preload_content=False,
+                        )
+                    )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def replace_status(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str,
+    ) -> str:
+        """Replace ``status`` of one namespaced object (a JSON patch ``add /status`` on the
+        status subresource, as :meth:`patch_member_status`) if it is still at
+        ``resource_version``; returns its new resourceVersion. ``ApiException`` 409 when it
+        changed, 422 when the API server refuses the status. One attempt."""
+        resp: Any = await self.custom.patch_namespaced_custom_object_status(
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            _status_replacement(status, resource_version),
+            _content_type=JSON_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+        )
+        return _resource_version(await _check_and_read(resp))
+
     # --- join-token Secrets -----------------------------------------------------------------
 
     async def list_secrets(
@@ -309,16 +429,12 @@ class KubeAPI:
     async def _replace_cluster_status(
         self, plural: str, name: str, status: dict[str, Any], resource_version: str
     ) -> str:
-        patch = [
-            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/status", "value": status},
-        ]
         resp: Any = await self.custom.patch_cluster_custom_object_status(
             GROUP,
             VERSION,
             plural,
             name,
-            patch,
+            _status_replacement(status, resource_version),
             _content_type=JSON_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
@@ -452,6 +568,15 @@ async def _check_and_read(resp: Any) -> bytes:
         return body
     finally:
         resp.release()
+
+
+def _status_replacement(status: dict[str, Any], resource_version: str) -> list[dict[str, Any]]:
+    """The JSON patch that replaces a whole ``status`` if the object is still at
+    ``resource_version`` (the API server checks the ``replace`` like an update's precondition)."""
+    return [
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/status", "value": status},
+    ]
 
 
 def _resource_version(body: bytes) -> str:

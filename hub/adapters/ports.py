@@ -181,6 +181,58 @@ class HubAPI(Protocol):
         changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
         ...
 
+    async def list_resource(
+        self, group: str, version: str, plural: str, *, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a namespaced resource (all namespaces, ``label_selector``) and the
+        list's resourceVersion (``ApiException`` 404: not served, no CRD)."""
+        ...
+
+    def watch_resource(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent | str]:
+        """Changes of what :meth:`list_resource` lists (as :meth:`watch_objects`)."""
+        ...
+
+    async def get_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """One namespaced object, or None."""
+        ...
+
+    async def create_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create a namespaced object; returns it (409 when the name is taken)."""
+        ...
+
+    async def delete_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str
+    ) -> bool:
+        """Delete a namespaced object whose uid is ``uid``; False when it was gone."""
+        ...
+
+    async def replace_status(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str,
+    ) -> str:
+        """Replace a namespaced object's status at ``resource_version`` (409 when it changed);
+        returns the new resourceVersion. One attempt."""
+        ...
+
     async def list_secrets(
         self, namespace: str, label_selector: str
     ) -> tuple[list[dict[str, Any]], str]:

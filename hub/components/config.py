@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufed.api.queue import MAX_PRIORITY
+from gpufed.hub.rules.managed import KINDS as MANAGED_KINDS
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
 from gpufed.placement.queue import BackfillRule, QueueOrder
@@ -78,6 +79,9 @@ class HubConfig(BaseModel):
     - ``max_message_bytes``: larger agent messages close that stream.
     - ``reservation_ttl_s``: a reservation whose pods never show up expires after this.
     - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
+    - ``managed_kinds``: kinds of plain workloads (``Job``, ``JobSet``) the hub federates when
+      applied to the hub cluster with ``spec.managedBy: gpufed.io/hub``
+      (:mod:`gpufed.hub.components.managed`); empty: none.
     - ``default_pod_security``: the Pod Security level of a hub namespace without the
       ``pod-security.kubernetes.io/enforce`` label (docs/hub.md, "Admission").
     - ``reserved_namespaces``: hub namespaces whose GPUJobs are refused, besides
@@ -161,6 +165,7 @@ class HubConfig(BaseModel):
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     reservation_ttl_s: float = Field(default=600.0, gt=0)
     allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS
+    managed_kinds: frozenset[str] = frozenset(MANAGED_KINDS)
     default_pod_security: Level = "baseline"
     reserved_namespaces: frozenset[str] = frozenset()
     allow_exposed_services: bool = False
@@ -234,4 +239,9 @@ class HubConfig(BaseModel):
             )
         if self.tls is None and not self.insecure:
             raise ValueError("tls: give a certificate and key, or set insecure for plaintext")
+        unknown = sorted(self.managed_kinds - set(MANAGED_KINDS))
+        if unknown:
+            raise ValueError(
+                f"managed_kinds: {', '.join(unknown)} not among {', '.join(MANAGED_KINDS)}"
+            )
         return self

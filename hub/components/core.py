@@ -20,6 +20,7 @@ The components, each in its own module (docs/design.md §9 walks a job through t
 :mod:`~gpufed.hub.components.members`  member registry, inventory, health, lost members
 :mod:`~gpufed.hub.components.tokens`   join tokens (watched Secrets), the agents' credential check
 :mod:`~gpufed.hub.components.mirror`   GPUJob / MemberCluster / GPUQueue status writes and Events
+:mod:`~gpufed.hub.components.managed`  plain Jobs/JobSets with managedBy gpufed.io/hub: their GPUJobs and status
 :mod:`~gpufed.hub.components.state`    the job, work and member state they share
 ==========================  ==================================================================
 
@@ -63,6 +64,7 @@ from gpufed.hub.components.intake import (
     Intake,
 )
 from gpufed.hub.components.lifecycle import Lifecycle
+from gpufed.hub.components.managed import ManagedWorkloads
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.components.mirror import Mirror
@@ -169,6 +171,7 @@ class Controller:
             self.queues,
             self.priorities,
         )
+        self.managed = ManagedWorkloads(term)
         #: the hub state epoch (set by :meth:`load`; "" until then)
         self.epoch = ""
 
@@ -217,6 +220,7 @@ class Controller:
             self._tick_loop(),
             self._flush_loop(),
             self._resync_loop(),
+            *self.managed.loops(),
         ]
         tasks = [asyncio.create_task(self._term.tasks.supervise(c)) for c in loops]
         try:

@@ -32,6 +32,12 @@ NUMBERS = [
     "twelve",
     "thirteen",
     "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
 ]
 COMPONENTS = frozenset({"api", "placement", "sync", "hub", "agent", "sandbox", "console", "cli"})
 _TICKED = re.compile(r"`([^`]+)`")

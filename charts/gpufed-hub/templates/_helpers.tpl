@@ -80,3 +80,20 @@ default (so the default install renders the kustomize base); a bad value fails n
 - --default-queue-max-priority={{ $n }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The --managed-kinds argument (only when the kinds differ from the hub's default Job,JobSet),
+after checking every kind.
+*/}}
+{{- define "gpufed.managedKinds" -}}
+{{- $kinds := .Values.managedKinds | default list -}}
+{{- range $kinds -}}
+{{- if not (has . (list "Job" "JobSet")) -}}
+{{- fail (printf "managedKinds: %q is not Job or JobSet (the kinds the hub federates with spec.managedBy gpufed.io/hub)" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- $joined := join "," (sortAlpha $kinds) -}}
+{{- if ne $joined "Job,JobSet" }}
+- --managed-kinds={{ $joined }}
+{{- end -}}
+{{- end -}}

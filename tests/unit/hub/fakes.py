@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import copy
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,6 +241,12 @@ class FakeHubAPI:
     listed: dict[str, int] = field(default_factory=dict)
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
     revision: int = 100
+    #: plurals whose list fails with 404 (a CRD not installed)
+    unserved: set[str] = field(default_factory=set)
+    #: (plural, namespace, name) of each create_object / delete_object, and each replace_status
+    created: list[tuple[str, str, str]] = field(default_factory=list)
+    deleted: list[tuple[str, str, str]] = field(default_factory=list)
+    statuses: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
 
     def bump(self, obj: dict[str, Any]) -> str:
         """Give ``obj`` a new resourceVersion (as every write on the API server does)."""
@@ -351,6 +358,80 @@ class FakeHubAPI:
         while True:
             yield await queue.get()
 
+    async def list_resource(
+        self, group: str, version: str, plural: str, *, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """``objects[plural]`` (a selector is one label key that must be present)."""
+        self.requests["list_resource"] += 1
+        if plural in self.unserved:
+            raise ApiNotFoundError(f"the server could not find the requested resource {plural}")
+        items = self.objects.get(plural, [])
+        if label_selector:
+            items = [o for o in items if label_selector in (o["metadata"].get("labels") or {})]
+        return list(items), "1"
+
+    async def watch_resource(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent | str]:
+        queue = self.watch_events.setdefault(f"{plural}/{label_selector}", asyncio.Queue())
+        while True:
+            yield await queue.get()
+
+    async def get_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        self.requests["get_object"] += 1
+        return self._find(plural, namespace, name)
+
+    async def create_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.requests["create_object"] += 1
+        if self._find(plural, namespace, body["metadata"]["name"]) is not None:
+            raise ApiConflictError(f"{plural} {body['metadata']['name']} already exists")
+        obj = copy.deepcopy(body)
+        self.revision += 1
+        obj["metadata"].update(namespace=namespace, uid=f"uid-{self.revision}")
+        self.bump(obj)
+        self.objects.setdefault(plural, []).append(obj)
+        self.created.append((plural, namespace, obj["metadata"]["name"]))
+        return obj
+
+    async def delete_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str
+    ) -> bool:
+        self.requests["delete_object"] += 1
+        obj = self._find(plural, namespace, name)
+        if obj is None:
+            return False
+        if obj["metadata"].get("uid") != uid:
+            raise ApiConflictError(f"{plural} {name}: uid precondition failed")
+        self.objects[plural].remove(obj)
+        self.deleted.append((plural, namespace, name))
+        return True
+
+    async def replace_status(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str,
+    ) -> str:
+        self.requests["replace_status"] += 1
+        rv = self._write_status(plural, namespace, name, status, resource_version)
+        self.statuses.append((plural, namespace, name, status))
+        return rv
+
     async def emit_event(
         self, involved: dict[str, Any], *, type_: str, reason: str, message: str
     ) -> None:
@@ -369,6 +450,12 @@ class ApiForbiddenError(Exception):
     """403, as the API server answers a request RBAC does not allow."""
 
     status = 403
+
+
+class ApiNotFoundError(Exception):
+    """404, as the API server answers a list of a resource it does not serve (no CRD)."""
+
+    status = 404
 
 
 def token_secret(name: str, token: str, *, key: str = "token") -> dict[str, Any]:
