@@ -19,6 +19,7 @@ inventory is never mutated in place, only replaced.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +41,14 @@ from gpufed.api.protocol.codec import (
     _qualified_name,
     _quote,
     node_from_pb,
-    node_to_pb,
 )
 from gpufed.api.resources import is_extended_resource
 
 #: Most shapes one stream's table may hold (an agent past it sends a new snapshot, which
 #: starts a new table). Each shape is bounded as a node is.
 MAX_SHAPES = 4096
+#: Most nodes in one packed message (a few µs a node for the hub, so a few ms a message).
+MAX_PACKED_NODES_PER_PART = 512
 #: Labels an encoder keeps out of shapes by default: they differ from node to node.
 NODE_LABELS: frozenset[str] = frozenset(
     {"kubernetes.io/hostname", DEFAULT_RACK_LABEL, DEFAULT_BLOCK_LABEL, GPU_CLIQUE_LABEL}
@@ -91,27 +93,29 @@ class ShapeTable:
 
     @property
     def full(self) -> bool:
-        """True once a new shape could cross :data:`MAX_SHAPES` (send a snapshot instead)."""
-        return len(self.index) >= MAX_SHAPES - MAX_NODE_JOBS
+        """True once one more message of new shapes could cross :data:`MAX_SHAPES` (send a
+        snapshot, with a new table, instead of a delta)."""
+        return len(self.index) > MAX_SHAPES - MAX_PACKED_NODES_PER_PART
 
 
 # --- encode (agent) ------------------------------------------------------------------------------
 
 
 def pack_nodes(
-    nodes: Sequence[NodeInventory],
+    nodes: Sequence[pb.Node],
     table: ShapeTable,
     *,
     node_labels: frozenset[str] = NODE_LABELS,
 ) -> pb.PackedNodes:
-    """Encode ``nodes`` against ``table`` (new shapes are added to both the table and the
-    message). ``node_labels``: label keys sent per node rather than in the shape (pass the
-    agent's topology label keys too); any choice decodes to the same nodes, this one only
-    keeps the number of shapes down. Raises ValueError past :data:`MAX_SHAPES`."""
+    """Encode ``nodes`` (as :func:`~gpufed.api.protocol.codec.node_to_pb` gives them) against
+    ``table``; new shapes are added to both the table and the message. ``node_labels``: label
+    keys sent per node rather than in the shape (pass the agent's topology label keys too); any
+    choice decodes to the same nodes, this one only keeps the number of shapes down. Raises
+    ValueError past :data:`MAX_SHAPES` (send a snapshot with a new table instead)."""
     msg = pb.PackedNodes()
     strings: dict[str, int] = {}
 
-    def ref(text: str | None) -> int:
+    def ref(text: str) -> int:
         if not text:
             return 0
         i = strings.get(text)
@@ -120,34 +124,31 @@ def pack_nodes(
         return i
 
     for node in nodes:
-        own = {k: v for k, v in node.labels.items() if k in node_labels}
-        shared = {k: v for k, v in node.labels.items() if k not in node_labels} if own else node.labels
+        labels = node.labels
+        own = [(k, v) for k, v in labels.items() if k in node_labels]
+        shared = sorted((k, v) for k, v in labels.items() if k not in node_labels)
         key = (
-            tuple(sorted(shared.items())),
-            node.gpu_product or "",
+            tuple(shared),
+            node.gpu_product,
             node.mig_strategy,
-            node.taints,
+            tuple((t.key, t.value, t.effect) for t in node.taints),
             tuple(sorted(node.allocatable.items())),
-            tuple(g.model_dump_json() for g in node.dra_gpus),
+            tuple(g.SerializeToString(deterministic=True) for g in node.dra_gpus),
         )
         index = table.index.get(key)
         if index is None:
             if len(table.index) >= MAX_SHAPES:
                 raise ValueError(f"more than {MAX_SHAPES} node shapes in one stream")
             index = table.index[key] = len(table.index)
-            shape = node.model_copy(
-                update={
-                    "name": "",
-                    "labels": shared,
-                    "nvlink_domain": "",
-                    "rack": None,
-                    "block": None,
-                    "requested": {},
-                    "job_requests": {},
-                    "degraded": None,
-                }
+            shape = msg.shapes.add(
+                labels=dict(shared),
+                gpu_product=node.gpu_product,
+                mig_strategy=node.mig_strategy,
+                taints=node.taints,
+                allocatable=node.allocatable,
+                dra_gpus=node.dra_gpus,
             )
-            msg.shapes.append(node_to_pb(shape))
+            shape.ready = True
         msg.names.append(node.name)
         msg.shape.append(index)
         msg.flags.append((1 if node.ready else 0) | (2 if node.unschedulable else 0))
@@ -157,7 +158,7 @@ def pack_nodes(
         msg.block.append(ref(node.block))
         msg.degraded.append(ref(node.degraded))
         msg.label_count.append(len(own))
-        for k, v in own.items():
+        for k, v in own:
             msg.label_key.append(ref(k))
             msg.label_value.append(ref(v))
         msg.requested_count.append(len(node.requested))
@@ -165,14 +166,39 @@ def pack_nodes(
             msg.requested_key.append(ref(k))
             msg.requested_value.append(amount)
         msg.job_count.append(len(node.job_requests))
-        for uid, amounts in node.job_requests.items():
+        for uid, r in node.job_requests.items():
             msg.job_uid.append(ref(uid))
-            msg.job_amount_count.append(len(amounts))
-            for k, amount in amounts.items():
+            msg.job_amount_count.append(len(r.amounts))
+            for k, amount in r.amounts.items():
                 msg.job_amount_key.append(ref(k))
                 msg.job_amount_value.append(amount)
     msg.strings.extend(strings)
     return msg
+
+
+def packed_parts(
+    nodes: Sequence[pb.Node],
+    table: ShapeTable,
+    limit: int,
+    *,
+    node_labels: frozenset[str] = NODE_LABELS,
+    max_nodes: int = MAX_PACKED_NODES_PER_PART,
+) -> list[pb.PackedNodes]:
+    """:func:`pack_nodes` in messages of at most ``max_nodes`` nodes and ``limit`` encoded bytes
+    (a part over the budget is packed again at half the nodes; a single node over it travels
+    alone and the hub decides). At least one message: an empty cluster is a snapshot too."""
+    out: list[pb.PackedNodes] = []
+    i, step = 0, max_nodes
+    while i < len(nodes) or not out:
+        chunk = nodes[i : i + step]
+        saved = dict(table.index)
+        msg = pack_nodes(chunk, table, node_labels=node_labels)
+        if len(chunk) > 1 and msg.ByteSize() > limit:
+            table.index, step = saved, max(1, len(chunk) // 2)
+            continue
+        out.append(msg)
+        i, step = i + len(chunk), max_nodes
+    return out
 
 
 # --- decode (hub) --------------------------------------------------------------------------------
@@ -272,6 +298,32 @@ def _amounts(keys: Sequence[int], values: Sequence[int], ext: set[int], where: s
             raise ProtocolError(f"packed nodes: {where}: {v} is outside 0..{MAX_DEVICES_PER_NODE}")
 
 
+_NAMES = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"(\n[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)*"
+)
+
+
+def _check_names(names: list[str]) -> None:
+    """Every name a DNS-1123 subdomain (the rule of node_from_pb), checked in one match of the
+    names joined by newlines (which no valid name holds); the first bad one is named."""
+    if not names:
+        return
+    joined = "\n".join(names)
+    if (
+        max(map(len, names)) <= 253
+        and joined.count("\n") == len(names) - 1
+        and _NAMES.fullmatch(joined) is not None
+    ):
+        return
+    for name in names:
+        if not is_dns1123_subdomain(name):
+            raise ProtocolError(
+                f"node {_quote(name)}: name must be a DNS-1123 subdomain (lowercase a-z, 0-9, "
+                "'-', '.'; 1-253 characters)"
+            )
+
+
 def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
     """Decode and validate ``msg`` against ``book``; new shapes are added to ``book`` only when
     the whole message decodes. Raises :class:`ProtocolError` naming the column, shape or node
@@ -289,40 +341,44 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
     ext = _check_strings(msg, strings)
     _amounts(msg.requested_key, msg.requested_value, ext, "requested")
     _amounts(msg.job_amount_key, msg.job_amount_value, ext, "job_requests")
-    # 3. The nodes: one dict and one model object each, no validation beyond the names'.
+    # 3. The names, in one regular-expression match for the whole message.
+    names = list(msg.names)
+    _check_names(names)
+    # 4. The nodes: one dict and one model object each, no validation left to do.
     shapes = trial.shapes
     out: list[NodeInventory] = []
-    lk, lv = msg.label_key, msg.label_value
-    rk, rv = msg.requested_key, msg.requested_value
-    ju, jc, jk, jv = msg.job_uid, msg.job_amount_count, msg.job_amount_key, msg.job_amount_value
+    lkeys = [strings[i] for i in msg.label_key]
+    lvals = [strings[i] or "" for i in msg.label_value]
+    rkeys = [strings[i] for i in msg.requested_key]
+    rvals = list(msg.requested_value)
+    juids = [strings[i] for i in msg.job_uid]
+    jcounts = list(msg.job_amount_count)
+    jkeys = [strings[i] for i in msg.job_amount_key]
+    jvals = list(msg.job_amount_value)
     li = ri = ji = jai = 0
     rows = zip(
-        msg.names, msg.shape, msg.flags, msg.nvlink_domain, msg.rack, msg.block, msg.degraded,
+        names, msg.shape, msg.flags, msg.nvlink_domain, msg.rack, msg.block, msg.degraded,
         msg.label_count, msg.requested_count, msg.job_count, strict=True,
     )  # fmt: skip
+    fields_set = _FIELDS_SET
     for name, si, flags, dom, rack, block, deg, nl, nr, nj in rows:
-        if not is_dns1123_subdomain(name):
-            raise ProtocolError(
-                f"node {_quote(name)}: name must be a DNS-1123 subdomain (lowercase a-z, 0-9, "
-                "'-', '.'; 1-253 characters)"
-            )
         s = shapes[si]
         labels = s.labels
         if nl:
-            labels = dict(labels)
-            for j in range(li, li + nl):
-                labels[strings[lk[j]]] = strings[lv[j]] or ""
+            labels = labels.copy()
+            labels.update(zip(lkeys[li : li + nl], lvals[li : li + nl]))
             li += nl
             if len(labels) > MAX_NODE_LABELS:
                 raise ProtocolError(f"node {_quote(name)}: labels: more than {MAX_NODE_LABELS}")
-        requested = {strings[rk[j]]: rv[j] for j in range(ri, ri + nr)}
+        requested = dict(zip(rkeys[ri : ri + nr], rvals[ri : ri + nr])) if nr else {}
         ri += nr
         jobs: dict[str, dict[str, int]] = {}
-        for j in range(ji, ji + nj):
-            n = jc[j]
-            jobs[strings[ju[j]]] = {strings[jk[x]]: jv[x] for x in range(jai, jai + n)}
-            jai += n
-        ji += nj
+        if nj:
+            for j in range(ji, ji + nj):
+                n = jcounts[j]
+                jobs[juids[j]] = dict(zip(jkeys[jai : jai + n], jvals[jai : jai + n]))
+                jai += n
+            ji += nj
         node = _new(NodeInventory)
         _set(
             node,
@@ -332,11 +388,11 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
                 "labels": labels,
                 "gpu_product": s.gpu_product,
                 "mig_strategy": s.mig_strategy,
-                "nvlink_domain": strings[dom] if dom else f"node:{name}",
+                "nvlink_domain": strings[dom] if dom else "node:" + name,
                 "rack": strings[rack],
                 "block": strings[block],
-                "ready": bool(flags & 1),
-                "unschedulable": bool(flags & 2),
+                "ready": flags & 1 == 1,
+                "unschedulable": flags & 2 == 2,
                 "taints": s.taints,
                 "allocatable": s.allocatable,
                 "requested": requested,
@@ -345,7 +401,7 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
                 "dra_gpus": s.dra_gpus,
             },
         )
-        _set(node, "__pydantic_fields_set__", _FIELDS_SET)
+        _set(node, "__pydantic_fields_set__", fields_set)
         _set(node, "__pydantic_extra__", None)
         _set(node, "__pydantic_private__", None)
         out.append(node)

@@ -48,7 +48,7 @@ from gpufed.api.protocol.codec import (
     work_item_to_pb,
     workload_status_from_pb,
 )
-from gpufed.api.protocol.packed import ShapeBook, unpack_nodes
+from gpufed.api.protocol.packed import MAX_PACKED_NODES_PER_PART, ShapeBook, unpack_nodes
 from gpufed.api.stream import (
     AgentEvent,
     Heartbeat,
@@ -64,8 +64,6 @@ log = structlog.get_logger("gpufed.hub.adapters.sessions")
 #: still serves (docs/hub.md, "Version skew"): a stream uses the lower of the agent's and this.
 PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_PACKED_NODES
 MIN_PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
-#: Most nodes in one packed message (protocol version 2: a few µs a node, so a few ms a part).
-MAX_PACKED_NODES_PER_PART = 512
 #: Budget of one DesiredSet part (agents' gRPC clients accept 4 MiB by default).
 DESIRED_PART_BYTES = 1024 * 1024
 

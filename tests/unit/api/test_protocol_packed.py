@@ -21,7 +21,7 @@ from gpufed.api.inventory import (
 )
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import ProtocolError, node_from_pb, node_to_pb
-from gpufed.api.protocol.packed import ShapeBook, ShapeTable, pack_nodes, unpack_nodes
+from gpufed.api.protocol.packed import ShapeBook, ShapeTable, pack_nodes, packed_parts, unpack_nodes
 from gpufed.api.resources import resource_list
 from gpufed.sandbox.simagent import sim_cluster
 
@@ -57,6 +57,11 @@ def fleet_nodes(member: str, n: int, seed: int = 1) -> list[NodeInventory]:
     return out
 
 
+def pack(nodes: list[NodeInventory], table: ShapeTable, **kw: frozenset[str]) -> pb.PackedNodes:
+    """The agent's encoding: each node as node_to_pb gives it, then packed."""
+    return pack_nodes([node_to_pb(n) for n in nodes], table, **kw)
+
+
 def reference(nodes: list[NodeInventory]) -> list[NodeInventory]:
     return [node_from_pb(node_to_pb(n)) for n in nodes]
 
@@ -66,7 +71,7 @@ def test_a_fleet_decodes_to_what_the_version_1_form_decodes_to() -> None:
     table, book = ShapeTable(), ShapeBook()
     got: list[NodeInventory] = []
     for i in range(0, len(nodes), 128):
-        got += unpack_nodes(pack_nodes(nodes[i : i + 128], table), book)
+        got += unpack_nodes(pack(nodes[i : i + 128], table), book)
     assert got == reference(nodes)
     assert [n.model_dump() for n in got] == [n.model_dump() for n in reference(nodes)]
 
@@ -74,8 +79,8 @@ def test_a_fleet_decodes_to_what_the_version_1_form_decodes_to() -> None:
 def test_each_shape_is_sent_once_per_stream() -> None:
     nodes = fleet_nodes("m1", 400)
     table = ShapeTable()
-    first = pack_nodes(nodes[:200], table)
-    again = pack_nodes(nodes[:200], table)
+    first = pack(nodes[:200], table)
+    again = pack(nodes[:200], table)
     assert 0 < len(first.shapes) < 40, "a pool's nodes share few shapes"
     assert len(again.shapes) == 0, "nothing new the second time"
     distinct = {
@@ -90,18 +95,18 @@ def test_each_shape_is_sent_once_per_stream() -> None:
 def test_a_delta_reuses_the_snapshots_shapes_and_adds_its_own() -> None:
     nodes = fleet_nodes("m1", 100)
     table, book = ShapeTable(), ShapeBook()
-    unpack_nodes(pack_nodes(nodes, table), book)
+    unpack_nodes(pack(nodes, table), book)
     before = len(book.shapes)
     changed = [nodes[3].model_copy(update={"requested": {"nvidia.com/gpu": 1}})]
     changed.append(nodes[4].model_copy(update={"allocatable": {"nvidia.com/gpu": 2}}))
-    msg = pack_nodes(changed, table)
+    msg = pack(changed, table)
     assert len(msg.shapes) == 1
     assert unpack_nodes(msg, book) == reference(changed)
     assert len(book.shapes) == before + 1
 
 
 def packed(nodes: list[NodeInventory] | None = None) -> pb.PackedNodes:
-    return pack_nodes(nodes or fleet_nodes("m1", 40), ShapeTable())
+    return pack(nodes or fleet_nodes("m1", 40), ShapeTable())
 
 
 def refused(msg: pb.PackedNodes, match: str) -> None:
@@ -173,5 +178,16 @@ def test_bad_strings_and_amounts_are_refused_for_their_use() -> None:
 def test_counts_are_bounded_as_for_version_1() -> None:
     node = fleet_nodes("m1", 1)[0]
     many = {f"k{i}": "v" for i in range(MAX_NODE_LABELS + 1)}
-    msg = pack_nodes([node.model_copy(update={"labels": many})], ShapeTable(), node_labels=frozenset(many))
+    msg = pack([node.model_copy(update={"labels": many})], ShapeTable(), node_labels=frozenset(many))
     refused(msg, f"label_count: {MAX_NODE_LABELS + 1} entries, at most {MAX_NODE_LABELS}")
+
+
+def test_parts_stay_under_the_byte_budget_and_decode_to_the_same_nodes() -> None:
+    nodes = fleet_nodes("m1", 300)
+    table, book = ShapeTable(), ShapeBook()
+    parts = packed_parts([node_to_pb(n) for n in nodes], table, 4096)
+    assert len(parts) > 1
+    assert all(p.ByteSize() <= 4096 for p in parts)
+    got = [n for p in parts for n in unpack_nodes(p, book)]
+    assert got == reference(nodes)
+    assert len(packed_parts([], ShapeTable(), 4096)) == 1, "an empty cluster is one message"

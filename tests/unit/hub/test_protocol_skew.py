@@ -15,7 +15,7 @@ import pytest
 
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import node_from_pb, node_to_pb
-from gpufed.api.protocol.packed import ShapeTable, pack_nodes
+from gpufed.api.protocol.packed import ShapeTable
 from gpufed.api.stream import InventoryDelta, InventorySnapshot
 from gpufed.hub.adapters import sessions
 from gpufed.hub.adapters.sessions import (
@@ -25,7 +25,7 @@ from gpufed.hub.adapters.sessions import (
     StreamClosedError,
 )
 from gpufed.hub.edge.service import AgentService
-from tests.unit.api.test_protocol_packed import fleet_nodes
+from tests.unit.api.test_protocol_packed import fleet_nodes, pack
 from tests.unit.hub.builders import membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, token_secret
 from tests.unit.hub.test_controller_robustness import FakeContext, controller, listed, stopped
@@ -37,7 +37,7 @@ def packed_snapshot(nodes: list, seq: int = 1, per_part: int = 100) -> list[pb.A
     return [
         pb.AgentMessage(
             inventory_snapshot=pb.InventorySnapshot(
-                seq=seq, part=i, final=i == len(parts) - 1, packed=pack_nodes(p, table)
+                seq=seq, part=i, final=i == len(parts) - 1, packed=pack(p, table)
             )
         )
         for i, p in enumerate(parts)
@@ -53,7 +53,7 @@ def test_a_version_2_stream_takes_a_packed_snapshot_and_deltas() -> None:
         msgs.append(
             pb.AgentMessage(
                 inventory_snapshot=pb.InventorySnapshot(
-                    seq=5, part=i // 100, final=i == 200, packed=pack_nodes(nodes[i : i + 100], table)
+                    seq=5, part=i // 100, final=i == 200, packed=pack(nodes[i : i + 100], table)
                 )
             )
         )
@@ -64,7 +64,7 @@ def test_a_version_2_stream_takes_a_packed_snapshot_and_deltas() -> None:
     assert list(done.nodes) == [node_from_pb(node_to_pb(n)) for n in nodes]
     changed = [nodes[7].model_copy(update={"ready": False, "requested": {}})]
     d = s.receive(
-        pb.AgentMessage(inventory_delta=pb.InventoryDelta(seq=6, packed=pack_nodes(changed, table)))
+        pb.AgentMessage(inventory_delta=pb.InventoryDelta(seq=6, packed=pack(changed, table)))
     )
     assert isinstance(d, InventoryDelta)
     assert list(d.upserts) == [node_from_pb(node_to_pb(n)) for n in changed]
