@@ -127,6 +127,14 @@ class HubMetrics:
             ["cluster"],
             registry=r,
         )
+        self.incremental_drift = Counter(
+            "gpufed_hub_incremental_drift_total",
+            "Values the hub keeps incrementally that a periodic full recount found different "
+            "(then rebuilt), by kind (member_gpus: a MemberCluster's GPU summary; queue_usage: "
+            "a queue's usage). Stays 0 unless a change path was missed.",
+            ["kind"],
+            registry=r,
+        )
         self.requeues = Counter(
             "gpufed_requeues_total",
             "Placed jobs whose member copy the hub stopped and that went back to Pending for "
