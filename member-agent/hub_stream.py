@@ -129,6 +129,9 @@ class HubStream:
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
         #: the node shapes sent on this stream (protocol version 2), None: Node messages
         self._shapes: ShapeTable | None = None
+        #: the version the Hello names: the newest, or 1 once a hub of version 1 refused it
+        #: (a hub rolled back: docs/hub.md, "Version skew")
+        self._hello_version: int = pb.PROTOCOL_VERSION_PACKED_NODES
         self._node_labels = NODE_LABELS | {
             config.rack_label,
             config.block_label,
@@ -221,7 +224,7 @@ class HubStream:
                     hello=pb.Hello(
                         cluster=self.config.cluster,
                         agent_version=agent_version(),
-                        protocol_version=pb.PROTOCOL_VERSION_PACKED_NODES,
+                        protocol_version=self._hello_version,
                         served_kinds=served,
                         agent_instance=self.instance,
                         cluster_uid=cluster_uid,
@@ -284,6 +287,9 @@ class HubStream:
         except Exception as exc:
             if not welcomed:
                 self.metrics.hub_connects.labels(result="failed").inc()
+                if _refused_version(exc) and self._hello_version > pb.PROTOCOL_VERSION_CURRENT:
+                    self._hello_version = pb.PROTOCOL_VERSION_CURRENT
+                    self.log.warning("hub.protocol.older", hello_version=self._hello_version)
                 raise
             lasted = time.monotonic() - started
             self.log.warning("hub.disconnected", error=_describe(exc), session_s=round(lasted, 1))
@@ -466,6 +472,15 @@ class HubStream:
         self.metrics.inventory_nodes.set(self.inventory.node_count)
         self.metrics.inventory_pods.set(self.inventory.pod_count)
         self.metrics.inventory_degraded_nodes.set(self.inventory.degraded_count)
+
+
+def _refused_version(exc: BaseException) -> bool:
+    """Whether the hub refused the Hello's protocol version (a hub older than this agent)."""
+    return (
+        isinstance(exc, grpc.aio.AioRpcError)
+        and exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "protocol version" in (exc.details() or "")
+    )
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -82,10 +82,13 @@ class HubPeer(pb_grpc.AgentServiceServicer):
         max_message_bytes: int = 4 * 1024 * 1024,
         desired_part_size: int = 50,
         protocol_version: int = pb.PROTOCOL_VERSION_CURRENT,
+        exact_version: bool = False,
     ) -> None:
         self.tokens = tokens
-        #: what the Welcome says (2: the agent may send packed nodes)
+        #: what the Welcome says (2: the agent may send packed nodes); ``exact_version``:
+        #: refuse any other version in the Hello, as hubs before version 2 did
         self.protocol_version = protocol_version
+        self.exact_version = exact_version
         self.heartbeat_ms = heartbeat_ms
         self.max_message_bytes = max_message_bytes
         self.desired_part_size = desired_part_size
@@ -179,6 +182,12 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello")
         if first.hello.cluster != cluster:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "token is for another cluster")
+        if self.exact_version and first.hello.protocol_version != self.protocol_version:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version {first.hello.protocol_version} is not supported "
+                f"(this hub speaks {self.protocol_version})",
+            )
         view = self.view(cluster)
         view.hello = first.hello
         view.served_kinds = list(first.hello.served_kinds)

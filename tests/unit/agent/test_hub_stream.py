@@ -282,3 +282,25 @@ async def test_a_hub_of_version_2_gets_packed_nodes_and_one_of_version_1_node_me
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await hub.stop()
+
+
+async def test_a_hub_of_version_1_that_refuses_version_2_is_spoken_to_in_version_1(
+    token: Path,
+) -> None:
+    """A hub of the release before refused any Hello but its own version: the agent says 1
+    after that refusal and then sends Node messages (a hub rolled back keeps its agents)."""
+    hub = HubPeer({"secret": "m1"}, protocol_version=1, exact_version=True)
+    await hub.start()
+    rig = Rig(hub.address, token)
+    rig.inventory.upsert_node(hgx_node("node-0"))
+    task = asyncio.create_task(rig.stream.run())
+    try:
+        view = hub.view("m1")
+        await hub.wait_for(lambda: view.snapshots, what="snapshot")
+        assert view.hello is not None and view.hello.protocol_version == 1
+        assert view.packed_parts == 0
+        assert list(view.nodes) == ["node-0"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await hub.stop()
