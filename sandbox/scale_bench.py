@@ -496,7 +496,7 @@ class _Bench:
             metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{self.http_port}/metrics")
             if metrics:
                 (self.dir / "hub-metrics.txt").write_text(metrics)
-            if cpu_joined is not None and cpu1 is not None:
+            if cpu0 is not None and cpu_joined is not None and cpu1 is not None:
                 extra.update(
                     hub_figures(
                         metrics,

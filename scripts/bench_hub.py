@@ -216,7 +216,10 @@ def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
         ]
 
     v1 = snapshot(
-        [{"nodes": encoded[i : i + MAX_NODES_PER_PART]} for i in range(0, nodes, MAX_NODES_PER_PART)]
+        [
+            {"nodes": encoded[i : i + MAX_NODES_PER_PART]}
+            for i in range(0, nodes, MAX_NODES_PER_PART)
+        ]
     )
     v2 = snapshot([{"packed": p} for p in packed_parts(encoded, ShapeTable(), 4 * 2**20)])
 
@@ -228,7 +231,8 @@ def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
             for raw in parts:
                 done = session.receive(pb.AgentMessage.FromString(raw))
             best = min(best, time.process_time() - t0)
-            assert done is not None and len(done.nodes) == nodes
+            assert done is not None
+            assert len(done.nodes) == nodes
         return best
 
     cpu1, cpu2 = run(v1, 1), run(v2, 2)
@@ -241,7 +245,7 @@ def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
         "v2_bytes": sum(map(len, v2)),
         "v2_cpu_us_per_node": round(cpu2 / nodes * 1e6, 2),
         "speedup": round(cpu1 / cpu2, 1),
-        "clock": "process_time, best of %d" % repeat,
+        "clock": f"process_time, best of {repeat}",
     }
 
 

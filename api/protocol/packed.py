@@ -227,7 +227,9 @@ def _check_columns(msg: pb.PackedNodes, book: ShapeBook) -> None:
     n = len(msg.names)
     for name in ("shape", "flags", "nvlink_domain", "rack", "block", "degraded"):
         if len(getattr(msg, name)) != n:
-            raise ProtocolError(f"packed nodes: {name} has {len(getattr(msg, name))} entries, not {n}")
+            raise ProtocolError(
+                f"packed nodes: {name} has {len(getattr(msg, name))} entries, not {n}"
+            )
     groups = (
         ("label_count", ("label_key", "label_value"), MAX_NODE_LABELS),
         ("requested_count", ("requested_key", "requested_value"), MAX_NODE_RESOURCES),
@@ -240,7 +242,9 @@ def _check_columns(msg: pb.PackedNodes, book: ShapeBook) -> None:
         if len(counts) != want:
             raise ProtocolError(f"packed nodes: {count_name} has {len(counts)} entries, not {want}")
         if counts and max(counts) > limit:
-            raise ProtocolError(f"packed nodes: {count_name}: {max(counts)} entries, at most {limit}")
+            raise ProtocolError(
+                f"packed nodes: {count_name}: {max(counts)} entries, at most {limit}"
+            )
         total = sum(counts)
         for column in columns:
             if len(getattr(msg, column)) != total:
@@ -274,7 +278,11 @@ def _check_columns(msg: pb.PackedNodes, book: ShapeBook) -> None:
 def _check_strings(msg: pb.PackedNodes, strings: list[str]) -> set[int]:
     """Each string once per use it is put to; returns the indices of extended resources."""
     rules = (
-        (("label_key", "requested_key", "job_amount_key"), _qualified_name, "is not a qualified name"),
+        (
+            ("label_key", "requested_key", "job_amount_key"),
+            _qualified_name,
+            "is not a qualified name",
+        ),
         (("label_value", "rack", "block"), _label_value, "is not a valid label value"),
         (("nvlink_domain",), lambda s: len(s) <= 320, "is longer than 320 characters"),
         (("degraded",), lambda s: len(s) <= 1024, "is longer than 1024 characters"),
@@ -366,17 +374,17 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
         labels = s.labels
         if nl:
             labels = labels.copy()
-            labels.update(zip(lkeys[li : li + nl], lvals[li : li + nl]))
+            labels.update(zip(lkeys[li : li + nl], lvals[li : li + nl], strict=False))
             li += nl
             if len(labels) > MAX_NODE_LABELS:
                 raise ProtocolError(f"node {_quote(name)}: labels: more than {MAX_NODE_LABELS}")
-        requested = dict(zip(rkeys[ri : ri + nr], rvals[ri : ri + nr])) if nr else {}
+        requested = dict(zip(rkeys[ri : ri + nr], rvals[ri : ri + nr], strict=False)) if nr else {}
         ri += nr
         jobs: dict[str, dict[str, int]] = {}
         if nj:
             for j in range(ji, ji + nj):
                 n = jcounts[j]
-                jobs[juids[j]] = dict(zip(jkeys[jai : jai + n], jvals[jai : jai + n]))
+                jobs[juids[j]] = dict(zip(jkeys[jai : jai + n], jvals[jai : jai + n], strict=False))
                 jai += n
             ji += nj
         node = _new(NodeInventory)

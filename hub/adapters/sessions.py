@@ -130,7 +130,9 @@ class AgentSession:
     _shapes: ShapeBook = field(default_factory=ShapeBook)
 
     def __post_init__(self) -> None:
-        self.protocol_version = max(MIN_PROTOCOL_VERSION, min(self.protocol_version, PROTOCOL_VERSION))
+        self.protocol_version = max(
+            MIN_PROTOCOL_VERSION, min(self.protocol_version, PROTOCOL_VERSION)
+        )
 
     def send(self, msg: pb.HubMessage) -> None:
         """Queue one message for the agent (dropped once the stream is closing)."""

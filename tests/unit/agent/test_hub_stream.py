@@ -254,34 +254,35 @@ async def test_hub_down_then_back_reconnects(peer: HubPeer, running: Rig) -> Non
     )
 
 
+@pytest.mark.parametrize("version", [1, 2])
 async def test_a_hub_of_version_2_gets_packed_nodes_and_one_of_version_1_node_messages(
-    token: Path,
+    token: Path, version: int
 ) -> None:
     """The agent says version 2 in its Hello and packs nodes only when the Welcome says 2; both
     forms give the hub the same nodes (the reference: the agent's own inventory)."""
-    for version in (1, 2):
-        hub = HubPeer({"secret": "m1"}, protocol_version=version)
-        await hub.start()
-        rig = Rig(hub.address, token)
-        for i in range(40):
-            rig.inventory.upsert_node(hgx_node(f"node-{i:03d}"))
-        task = asyncio.create_task(rig.stream.run())
-        try:
-            view = hub.view("m1")
-            await hub.wait_for(lambda: view.snapshots, what="snapshot")
-            assert view.hello is not None and view.hello.protocol_version == 2
-            assert view.packed_parts == (1 if version == 2 else 0)
-            assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
-            rig.inventory.upsert_pod(gpu_pod("p1", "node-007", gpus=3))
-            await hub.wait_for(
-                lambda: view.nodes["node-007"].requested.get("nvidia.com/gpu") == 3,
-                what="the delta",
-            )
-            assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await hub.stop()
+    hub = HubPeer({"secret": "m1"}, protocol_version=version)
+    await hub.start()
+    rig = Rig(hub.address, token)
+    for i in range(40):
+        rig.inventory.upsert_node(hgx_node(f"node-{i:03d}"))
+    task = asyncio.create_task(rig.stream.run())
+    try:
+        view = hub.view("m1")
+        await hub.wait_for(lambda: view.snapshots, what="snapshot")
+        assert view.hello is not None
+        assert view.hello.protocol_version == 2
+        assert view.packed_parts == (1 if version == 2 else 0)
+        assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
+        rig.inventory.upsert_pod(gpu_pod("p1", "node-007", gpus=3))
+        await hub.wait_for(
+            lambda: view.nodes["node-007"].requested.get("nvidia.com/gpu") == 3,
+            what="the delta",
+        )
+        assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await hub.stop()
 
 
 async def test_a_hub_of_version_1_that_refuses_version_2_is_spoken_to_in_version_1(
@@ -297,7 +298,8 @@ async def test_a_hub_of_version_1_that_refuses_version_2_is_spoken_to_in_version
     try:
         view = hub.view("m1")
         await hub.wait_for(lambda: view.snapshots, what="snapshot")
-        assert view.hello is not None and view.hello.protocol_version == 1
+        assert view.hello is not None
+        assert view.hello.protocol_version == 1
         assert view.packed_parts == 0
         assert list(view.nodes) == ["node-0"]
     finally:

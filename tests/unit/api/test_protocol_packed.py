@@ -44,7 +44,8 @@ def fleet_nodes(member: str, n: int, seed: int = 1) -> list[NodeInventory]:
             node_from_labels(
                 spec.name,
                 spec.labels,
-                taints=spec.taints + ((Taint(key="maint", effect="NoSchedule"),) if i % 50 == 7 else ()),
+                taints=spec.taints
+                + ((Taint(key="maint", effect="NoSchedule"),) if i % 50 == 7 else ()),
                 allocatable=alloc,
                 requested={"nvidia.com/gpu": gpus, "cpu": 1000 * gpus, "pods": len(jobs)},
                 job_requests=jobs,
@@ -178,7 +179,9 @@ def test_bad_strings_and_amounts_are_refused_for_their_use() -> None:
 def test_counts_are_bounded_as_for_version_1() -> None:
     node = fleet_nodes("m1", 1)[0]
     many = {f"k{i}": "v" for i in range(MAX_NODE_LABELS + 1)}
-    msg = pack([node.model_copy(update={"labels": many})], ShapeTable(), node_labels=frozenset(many))
+    msg = pack(
+        [node.model_copy(update={"labels": many})], ShapeTable(), node_labels=frozenset(many)
+    )
     refused(msg, f"label_count: {MAX_NODE_LABELS + 1} entries, at most {MAX_NODE_LABELS}")
 
 

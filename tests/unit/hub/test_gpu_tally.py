@@ -29,7 +29,9 @@ def brute(nodes: list[NodeInventory]) -> GPUSummary:
         free[p] = free.get(p, 0) + f
         per_block[(n.nvlink_domain, p)] = per_block.get((n.nvlink_domain, p), 0) + f
     domains = {d for d, _ in per_block}
-    largest = max((sum(v for (d2, _), v in per_block.items() if d2 == d) for d in domains), default=0)
+    largest = max(
+        (sum(v for (d2, _), v in per_block.items() if d2 == d) for d in domains), default=0
+    )
     by_product: dict[str, int] = {}
     for (_, p), v in per_block.items():
         by_product[p] = max(by_product.get(p, 0), v)
