@@ -84,6 +84,8 @@ class Members:
         #: each member's GPU summary, kept node by node (member_status.GPUTally)
         self._tallies: dict[str, GPUTally] = {}
         self._recounted = term.mono()
+        #: one member's snapshot applied at a time, first come first served (take_snapshot)
+        self._ingest = asyncio.Lock()
         self._term = term
         self._tokens = tokens
         self._snapshot = snapshot
@@ -274,8 +276,11 @@ class Members:
         """A complete inventory snapshot replaces the member's nodes, applied in steps of
         :data:`SNAPSHOT_STEP_NODES` nodes with the event loop free between two steps (a
         15,000-node member would otherwise hold it for about a second). Snapshots of one member
-        are applied one at a time, in order (a newer stream's waits for the older's)."""
-        async with m.snapshot_lock:
+        are applied one at a time, in order (a newer stream's waits for the older's), and the
+        fleet's snapshots one member at a time, in the order they arrived (a FIFO lock): when
+        many members join at once, each is placeable after its own apply instead of all of
+        them after every one's, interleaved."""
+        async with m.snapshot_lock, self._ingest:
             for _ in self._snapshot_steps(m, snap):
                 await asyncio.sleep(0)
 
@@ -298,8 +303,8 @@ class Members:
             yield
         # 2. Memory follows, at once (etcd at the next flush).
         removed = set(m.nodes) - set(new)
+        tally = self.tally(m)  # built from the old nodes the first time, then patched
         m.nodes = new
-        tally = self.tally(m)
         for name in removed:
             tally.remove(name)
         for n in changed:
