@@ -38,7 +38,8 @@ Output (:func:`run_scale_bench`, percentiles by nearest rank, milliseconds):
   ``hub_cpu_s_per_1000_nodes`` (hub CPU seconds from the first Hello to every member Ready,
   per 1,000 nodes registered), ``hub_cpu_ms_per_job`` (hub CPU in the job phase per job
   dispatched), ``loop_stall_max_ms`` (the longest the hub's event loop was held,
-  ``gpufed_hub_event_loop_stall_max_seconds``), ``lease_renewals_missed`` and
+  ``gpufed_hub_event_loop_stall_max_seconds``; ``loop_stall_cpu_max_ms``: the part of a stall
+  the loop's thread was on the CPU, not waiting for one), ``lease_renewals_missed`` and
   ``incremental_drift`` (``gpufed_hub_incremental_drift_total``: must be 0).
 
 Left in the state dir's ``scale/`` folder: ``jobs.jsonl`` (each job's stages as wall-clock

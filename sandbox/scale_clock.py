@@ -50,14 +50,16 @@ def hub_figures(
 ) -> dict[str, Any]:
     """The hub's own cost figures of a run: CPU seconds per 1,000 nodes ingested (the join
     phase: snapshots, and the churn's deltas meanwhile), CPU milliseconds per job (the job
-    phase), and from its ``/metrics`` at the end the event loop's worst stall, missed lease
-    renewals and incremental-vs-recount drift (None where the hub does not export them)."""
+    phase), and from its ``/metrics`` at the end the event loop's worst stall (wall, and the
+    part its thread was on the CPU), missed lease renewals and incremental-vs-recount drift (None where the hub does not export them)."""
     text = metrics_text or ""
     stall = metric_sum(text, "gpufed_hub_event_loop_stall_max_seconds")
+    held = metric_sum(text, "gpufed_hub_event_loop_stall_cpu_max_seconds")
     return {
         "hub_cpu_s_per_1000_nodes": round(ingest_cpu_s / nodes * 1000, 3) if nodes else None,
         "hub_cpu_ms_per_job": round(jobs_cpu_s / jobs * 1000, 1) if jobs else None,
         "loop_stall_max_ms": round(stall * 1000, 1) if stall is not None else None,
+        "loop_stall_cpu_max_ms": round(held * 1000, 1) if held is not None else None,
         "lease_renewals_missed": metric_sum(text, "gpufed_hub_lease_renewals_missed_total"),
         "incremental_drift": metric_sum(text, "gpufed_hub_incremental_drift_total"),
     }

@@ -84,6 +84,7 @@ class Members:
         #: each member's GPU summary, kept node by node (member_status.GPUTally)
         self._tallies: dict[str, GPUTally] = {}
         self._recounted = term.mono()
+        term.metrics.incremental_drift.labels("member_gpus")  # exported from 0
         #: one member's snapshot applied at a time, first come first served (take_snapshot)
         self._ingest = asyncio.Lock()
         self._term = term

@@ -139,6 +139,12 @@ class HubMetrics:
             "The longest the hub's event loop was held at a time since the process started.",
             registry=r,
         )
+        self.event_loop_stall_cpu_max = Gauge(
+            "gpufed_hub_event_loop_stall_cpu_max_seconds",
+            "The longest stall of the hub's event loop that its own thread spent on the CPU "
+            "(a stall bounded by the loop thread's CPU time: not waiting for a CPU).",
+            registry=r,
+        )
         self.lease_renewals_missed = Counter(
             "gpufed_hub_lease_renewals_missed_total",
             "Leader lease renewals that failed or came at least one renewal interval (a third "

@@ -6,6 +6,11 @@ snapshot decoded in one turn, a planning pass, a large list). Exported as
 ``gpufed_hub_event_loop_stall_seconds`` (histogram of wake-up delays above 5 ms) and
 ``gpufed_hub_event_loop_stall_max_seconds`` (the longest since the process started), which
 ``gpufed bench scale`` reports as ``loop_stall_max_ms``.
+
+On a loaded machine a late wake-up is also time the process waited for a CPU. The part the loop
+itself was busy is bounded by the loop thread's CPU time over the same interval
+(:func:`time.thread_time`): ``gpufed_hub_event_loop_stall_cpu_max_seconds`` is the longest
+``min(delay, thread CPU)`` since start (``loop_stall_cpu_max_ms``), the hub's own share.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ async def watch_loop(
     *,
     interval_s: float = 0.05,
     clock: Callable[[], float] = time.monotonic,
+    cpu: Callable[[], float] = time.thread_time,
 ) -> None:
     """Observe the loop's stalls until cancelled (the module docstring)."""
-    worst = 0.0
+    worst = worst_cpu = 0.0
     while True:
-        asked = clock() + interval_s
+        asked, cpu0 = clock() + interval_s, cpu()
         await asyncio.sleep(interval_s)
         late = clock() - asked
         if late >= STALL_FLOOR_S:
@@ -37,3 +43,7 @@ async def watch_loop(
             if late > worst:
                 worst = late
                 metrics.event_loop_stall_max.set(late)
+            held = min(late, cpu() - cpu0)
+            if held > worst_cpu:
+                worst_cpu = held
+                metrics.event_loop_stall_cpu_max.set(held)

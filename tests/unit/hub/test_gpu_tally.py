@@ -87,7 +87,7 @@ def test_a_missed_change_is_found_by_the_recount() -> None:
     assert not drift(tally, [idle])
 
 
-def test_the_hubs_kept_summaries_show_no_drift_after_snapshots_and_deltas() -> None:
+async def test_the_hubs_kept_summaries_show_no_drift_after_snapshots_and_deltas() -> None:
     """Snapshots (nodes added, changed, removed) and deltas through Members; the MemberCluster
     status the hub writes matches the brute-force summary and the recount finds no drift."""
     from gpufed.api.stream import InventoryDelta, InventorySnapshot

@@ -23,3 +23,5 @@ async def test_a_held_loop_shows_as_a_stall() -> None:
     await asyncio.gather(task, return_exceptions=True)
     worst = metrics.event_loop_stall_max._value.get()
     assert 0.06 <= worst < 1.0, worst
+    held = metrics.event_loop_stall_cpu_max._value.get()
+    assert 0 < held <= worst, "the loop's own share, from its thread's CPU time"

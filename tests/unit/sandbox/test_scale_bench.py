@@ -281,6 +281,7 @@ def test_the_hubs_own_figures_come_from_its_cpu_and_metrics() -> None:
         [
             "# HELP gpufed_hub_event_loop_stall_max_seconds x",
             "gpufed_hub_event_loop_stall_max_seconds 0.125",
+            "gpufed_hub_event_loop_stall_cpu_max_seconds 0.05",
             "gpufed_hub_event_loop_stall_seconds_count 4.0",
             "gpufed_hub_lease_renewals_missed_total 0.0",
             'gpufed_hub_incremental_drift_total{kind="member_gpus"} 0.0',
@@ -292,6 +293,7 @@ def test_the_hubs_own_figures_come_from_its_cpu_and_metrics() -> None:
         "hub_cpu_s_per_1000_nodes": 1.5,
         "hub_cpu_ms_per_job": 20.0,
         "loop_stall_max_ms": 125.0,
+        "loop_stall_cpu_max_ms": 50.0,
         "lease_renewals_missed": 0.0,
         "incremental_drift": 2.0,
     }
