@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufed.api.inventory import (
+    _DNS1123_SUBDOMAIN,
     MAX_DEVICES_PER_NODE,
     MAX_NODE_JOBS,
     MAX_NODE_LABELS,
@@ -306,10 +307,8 @@ def _amounts(keys: Sequence[int], values: Sequence[int], ext: set[int], where: s
             raise ProtocolError(f"packed nodes: {where}: {v} is outside 0..{MAX_DEVICES_PER_NODE}")
 
 
-_NAMES = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-    r"(\n[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)*"
-)
+# Node names joined by newlines (which no valid name holds): one match checks a whole message.
+_NAMES = re.compile(f"(?:{_DNS1123_SUBDOMAIN.pattern})(?:\\n(?:{_DNS1123_SUBDOMAIN.pattern}))*")
 
 
 def _check_names(names: list[str]) -> None:
