@@ -22,8 +22,9 @@ def gpufed_version() -> str:
 
 
 def protocol_version() -> int:
-    """The agent protocol version this build speaks (``PROTOCOL_VERSION_CURRENT`` of
-    ``api/protocol/agent.proto``, carried in ``Hello`` and ``Welcome``)."""
+    """The newest agent protocol version this build speaks (``PROTOCOL_VERSION_PACKED_NODES``
+    of ``api/protocol/agent.proto``, carried in ``Hello`` and ``Welcome``; the hub also serves
+    the version before: docs/hub.md, "Version skew")."""
     from gpufed.api.protocol import agent_pb2
 
-    return int(agent_pb2.PROTOCOL_VERSION_CURRENT)
+    return int(agent_pb2.PROTOCOL_VERSION_PACKED_NODES)

@@ -7,7 +7,9 @@ Owns the session protocol of ``api/protocol/agent.proto`` on the agent side:
 2. send ``Hello`` (cluster, version, served workload kinds, instance id) and wait for
    ``Welcome`` (heartbeat interval, largest message the hub accepts);
 3. send the full inventory snapshot, split into parts under that size and of at most ``MAX_NODES_PER_PART`` nodes, then coalesced
-   deltas (at most one per ``coalesce_ms``; ``seq`` = previous + 1) and heartbeats;
+   deltas; packed by node shape (:mod:`gpufed.api.protocol.packed`, up to
+   ``MAX_PACKED_NODES_PER_PART`` a part) when the Welcome says protocol version 2 or later,
+   as Node messages to a hub of version 1 (at most one per ``coalesce_ms``; ``seq`` = previous + 1) and heartbeats;
 4. hand ``DesiredSet`` parts and ``WorkItem`` s to the work manager, answer
    ``ResyncRequest`` with a fresh snapshot; acks and workload status flow back.
 
@@ -45,6 +47,7 @@ from gpufed.api.protocol.codec import (
     work_item_from_pb,
     workload_status_to_pb,
 )
+from gpufed.api.protocol.packed import NODE_LABELS, ShapeTable, packed_parts
 from gpufed.api.version import gpufed_version
 from gpufed.api.work import WorkAck, WorkItem, WorkloadStatus
 
@@ -124,6 +127,16 @@ class HubStream:
         self.welcomed = asyncio.Event()
         self.hub_id = ""
         self._outbox: asyncio.Queue[pb.AgentMessage] | None = None
+        #: the node shapes sent on this stream (protocol version 2), None: Node messages
+        self._shapes: ShapeTable | None = None
+        #: the version the Hello names: the newest, or 1 once a hub of version 1 refused it
+        #: (a hub rolled back: docs/hub.md, "Version skew")
+        self._hello_version: int = pb.PROTOCOL_VERSION_PACKED_NODES
+        self._node_labels = NODE_LABELS | {
+            config.rack_label,
+            config.block_label,
+            config.clique_label,
+        }
         self._resync = asyncio.Event()
         self.sessions = 0
         self._reconnect_sleep = reconnect_sleep  # waits out the backoff before a reconnect
@@ -211,7 +224,7 @@ class HubStream:
                     hello=pb.Hello(
                         cluster=self.config.cluster,
                         agent_version=agent_version(),
-                        protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                        protocol_version=self._hello_version,
                         served_kinds=served,
                         agent_instance=self.instance,
                         cluster_uid=cluster_uid,
@@ -233,6 +246,12 @@ class HubStream:
             self.hub_id = welcome.hub_id
             heartbeat_s = (welcome.heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS) / 1000
             max_bytes = welcome.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
+            # Packed nodes only when the hub said so (a hub of version 1 answers 1).
+            self._shapes = (
+                ShapeTable()
+                if welcome.protocol_version >= pb.PROTOCOL_VERSION_PACKED_NODES
+                else None
+            )
             self._outbox = asyncio.Queue()
             self.work.connected(welcome.hub_epoch)
             self.inventory.set_degraded_conditions(welcome.degraded_node_conditions)
@@ -268,6 +287,9 @@ class HubStream:
         except Exception as exc:
             if not welcomed:
                 self.metrics.hub_connects.labels(result="failed").inc()
+                if _refused_version(exc) and self._hello_version > pb.PROTOCOL_VERSION_CURRENT:
+                    self._hello_version = pb.PROTOCOL_VERSION_CURRENT
+                    self.log.warning("hub.protocol.older", hello_version=self._hello_version)
                 raise
             lasted = time.monotonic() - started
             self.log.warning("hub.disconnected", error=_describe(exc), session_s=round(lasted, 1))
@@ -382,22 +404,33 @@ class HubStream:
                 self._resync.clear()
                 self._send_snapshot(max_bytes, served)
             else:
-                self._send_delta(max_bytes)
+                self._send_delta(max_bytes, served)
             last_flush = time.monotonic()
+
+    def _packed(self, nodes: list[pb.Node], max_bytes: int) -> list[pb.PackedNodes]:
+        assert self._shapes is not None
+        budget = max(1024, max_bytes - _ENVELOPE_BYTES)
+        return packed_parts(nodes, self._shapes, budget, node_labels=self._node_labels)
 
     def _send_snapshot(self, max_bytes: int, served: list[str]) -> None:
         self.seq += 1
         nodes = [node_to_pb(n) for n in self.inventory.snapshot()]
-        parts = split_by_size(nodes, max_bytes)
-        for i, chunk in enumerate(parts):
+        bodies: list[dict[str, Any]]
+        if self._shapes is not None:
+            self._shapes.reset()  # part 0 starts a new table at the hub
+            bodies = [{"packed": p} for p in self._packed(nodes, max_bytes)]
+        else:
+            bodies = [{"nodes": chunk} for chunk in split_by_size(nodes, max_bytes)]
+        parts = bodies
+        for i, body in enumerate(bodies):
             self._put(
                 pb.AgentMessage(
                     inventory_snapshot=pb.InventorySnapshot(
                         seq=self.seq,
                         part=i,
-                        final=i == len(parts) - 1,
-                        nodes=chunk,
+                        final=i == len(bodies) - 1,
                         served_kinds=served if i == 0 else [],  # the hub counts every part's
+                        **body,
                     )
                 )
             )
@@ -405,18 +438,26 @@ class HubStream:
         self._update_gauges()
         self.log.info("inventory.snapshot.sent", seq=self.seq, nodes=len(nodes), parts=len(parts))
 
-    def _send_delta(self, max_bytes: int) -> None:
+    def _send_delta(self, max_bytes: int, served: list[str]) -> None:
         upserts, removed = self.inventory.take_changes()
         if not upserts and not removed:
             return
         encoded = [node_to_pb(n) for n in upserts]
-        parts = split_by_size(encoded, max_bytes)
-        for i, chunk in enumerate(parts):
+        bodies: list[dict[str, Any]]
+        if self._shapes is not None:
+            if self._shapes.full:  # a new snapshot starts a new shape table
+                self.inventory.take_changes()
+                self._send_snapshot(max_bytes, served)
+                return
+            bodies = [{"packed": p} for p in self._packed(encoded, max_bytes)]
+        else:
+            bodies = [{"upserts": chunk} for chunk in split_by_size(encoded, max_bytes)]
+        for i, body in enumerate(bodies):
             self.seq += 1
             self._put(
                 pb.AgentMessage(
                     inventory_delta=pb.InventoryDelta(
-                        seq=self.seq, upserts=chunk, removed=removed if i == 0 else []
+                        seq=self.seq, removed=removed if i == 0 else [], **body
                     )
                 )
             )
@@ -431,6 +472,15 @@ class HubStream:
         self.metrics.inventory_nodes.set(self.inventory.node_count)
         self.metrics.inventory_pods.set(self.inventory.pod_count)
         self.metrics.inventory_degraded_nodes.set(self.inventory.degraded_count)
+
+
+def _refused_version(exc: BaseException) -> bool:
+    """Whether the hub refused the Hello's protocol version (a hub older than this agent)."""
+    return (
+        isinstance(exc, grpc.aio.AioRpcError)
+        and exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "protocol version" in (exc.details() or "")
+    )
 
 
 def _describe(exc: BaseException | None) -> str:

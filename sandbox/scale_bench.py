@@ -33,7 +33,14 @@ Output (:func:`run_scale_bench`, percentiles by nearest rank, milliseconds):
   the workers: which of them the latencies wait for), ``cpu_wait_s`` (seconds the same
   processes' threads were runnable but waiting for a CPU, from Linux schedstat: a process
   that waits about as long as it runs is starved by the machine, not slow) and
-  ``load_avg_1m`` at the end.
+  ``load_avg_1m`` at the end;
+- the hub's own costs (:func:`~gpufed.sandbox.scale_clock.hub_figures`):
+  ``hub_cpu_s_per_1000_nodes`` (hub CPU seconds from the first Hello to every member Ready,
+  per 1,000 nodes registered), ``hub_cpu_ms_per_job`` (hub CPU in the job phase per job
+  dispatched), ``loop_stall_max_ms`` (the longest the hub's event loop was held,
+  ``gpufed_hub_event_loop_stall_max_seconds``; ``loop_stall_cpu_max_ms``: the part of a stall
+  the loop's thread was on the CPU, not waiting for one), ``lease_renewals_missed`` and
+  ``incremental_drift`` (``gpufed_hub_incremental_drift_total``: must be 0).
 
 Left in the state dir's ``scale/`` folder: ``jobs.jsonl`` (each job's stages as wall-clock
 seconds: :func:`trace_lines`; they compare with ``hub.log``'s timestamps), ``hub-metrics.txt``
@@ -74,6 +81,7 @@ from gpufed.sandbox.runtime import Sandbox, SandboxInfo, free_ports
 from gpufed.sandbox.scale_clock import (
     Clock,
     etcd_db_bytes,
+    hub_figures,
     ready_with_nodes,
     runqueue_wait_s,
     summarize,
@@ -418,6 +426,7 @@ class _Bench:
             await core.create_namespace({"metadata": {"name": NAMESPACE}})
         workers: list[asyncio.subprocess.Process] = []
         extra: dict[str, Any] = {}
+        cpu0 = cpu_joined = cpu1 = None
         try:
             self.tasks += [
                 asyncio.create_task(self.sample_rss()),
@@ -458,6 +467,7 @@ class _Bench:
             say(
                 f"  {len(c.registered)}/{opts.members} members Ready in {time.monotonic() - wall0:.1f}s"
             )
+            cpu_joined = self.hub_proc.cpu_times()
             if opts.jobs:
                 await self.submit(custom)
             cpu1 = self.hub_proc.cpu_times()
@@ -487,6 +497,16 @@ class _Bench:
             metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{self.http_port}/metrics")
             if metrics:
                 (self.dir / "hub-metrics.txt").write_text(metrics)
+            if cpu0 is not None and cpu_joined is not None and cpu1 is not None:
+                extra.update(
+                    hub_figures(
+                        metrics,
+                        ingest_cpu_s=sum(cpu_joined[:2]) - sum(cpu0[:2]),
+                        nodes=len(c.registered) * opts.nodes_per_member,
+                        jobs_cpu_s=sum(cpu1[:2]) - sum(cpu_joined[:2]),
+                        jobs=len(c.acked),
+                    )
+                )
             hub.terminate()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(hub.wait(), 60)

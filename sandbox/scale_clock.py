@@ -29,6 +29,42 @@ def etcd_db_bytes(metrics_text: str) -> int | None:
     return None
 
 
+def metric_sum(metrics_text: str, name: str) -> float | None:
+    """The sum of every sample of metric ``name`` (all label sets) in Prometheus text, or None
+    when it has none (a hub that does not export it)."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[-1])
+            seen = True
+    return total if seen else None
+
+
+def hub_figures(
+    metrics_text: str | None,
+    *,
+    ingest_cpu_s: float,
+    nodes: int,
+    jobs_cpu_s: float,
+    jobs: int,
+) -> dict[str, Any]:
+    """The hub's own cost figures of a run: CPU seconds per 1,000 nodes ingested (the join
+    phase: snapshots, and the churn's deltas meanwhile), CPU milliseconds per job (the job
+    phase), and from its ``/metrics`` at the end the event loop's worst stall (wall, and the
+    part its thread was on the CPU), missed lease renewals and incremental-vs-recount drift (None where the hub does not export them)."""
+    text = metrics_text or ""
+    stall = metric_sum(text, "gpufed_hub_event_loop_stall_max_seconds")
+    held = metric_sum(text, "gpufed_hub_event_loop_stall_cpu_max_seconds")
+    return {
+        "hub_cpu_s_per_1000_nodes": round(ingest_cpu_s / nodes * 1000, 3) if nodes else None,
+        "hub_cpu_ms_per_job": round(jobs_cpu_s / jobs * 1000, 1) if jobs else None,
+        "loop_stall_max_ms": round(stall * 1000, 1) if stall is not None else None,
+        "loop_stall_cpu_max_ms": round(held * 1000, 1) if held is not None else None,
+        "lease_renewals_missed": metric_sum(text, "gpufed_hub_lease_renewals_missed_total"),
+        "incremental_drift": metric_sum(text, "gpufed_hub_incremental_drift_total"),
+    }
+
+
 def ready_with_nodes(obj: dict[str, Any], nodes: int) -> bool:
     """The MemberCluster ``obj`` is Ready and reports ``nodes`` nodes."""
     st = obj.get("status") or {}

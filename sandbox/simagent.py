@@ -8,13 +8,15 @@ generated stubs and :mod:`gpufed.api.protocol.codec`, with the session order of 
 
 1. ``Hello``, then wait for ``Welcome``;
 2. the inventory snapshot of :func:`sim_nodes` (HGX and NVL72 pools of the fleet spec,
-   expanded by :func:`gpufed.api.fleet.node_specs`) in parts of at most ``MAX_NODES_PER_PART``;
+   expanded by :func:`gpufed.api.fleet.node_specs`): packed by node shape
+   (:mod:`gpufed.api.protocol.packed`) when the Welcome says protocol version 2, else in parts
+   of at most ``MAX_NODES_PER_PART`` Node messages;
 3. work: an ``Apply`` is acknowledged ``APPLIED`` at once; its pods are then bound to the nodes
    the hub pinned them to (their effective requests, :func:`gpufed.api.resources.pod_requests`,
    added to ``requested`` and ``job_requests``), reported ``Running``, and after the pod
    template's ``gpufed.io/sim-duration`` (as kwok reads it in the sandbox) released and reported
    ``Succeeded``; a ``Delete`` releases the pods and is acknowledged ``DELETED``;
-4. node changes go out as coalesced ``InventoryDelta`` s (``seq`` + 1 each, at most
+4. node changes go out as coalesced ``InventoryDelta`` s (``seq`` + 1 each, packed or at most
    ``MAX_NODES_PER_PART`` upserts), heartbeats every ``heartbeat_interval_ms``; a hub
    ``ResyncRequest`` gets a fresh snapshot.
 
@@ -27,7 +29,8 @@ Run as a worker process by :mod:`gpufed.sandbox.scale_bench`::
     python -m gpufed.sandbox.simagent CONFIG.json
 
 ``CONFIG.json``: ``{"hub", "ca_file", "nodes_per_member", "join_rate", "churn_per_s", "seed",
-"agents": [{"name", "token", "index"}]}``. The worker builds every agent's nodes, prints
+"agents": [{"name", "token", "index"}]}``, optionally ``"protocol_version"`` (default
+:data:`PROTOCOL_VERSION`; 1 plays agents of the release before). The worker builds every agent's nodes, prints
 ``{"ev": "built"}``, reads one line ``{"t0": <time.monotonic()>}`` from stdin and starts agent
 ``index`` at ``t0 + index / join_rate``. It prints one JSON line per event, with
 ``time.monotonic()`` stamps (one clock for every process on the machine): ``first`` (the Hello
@@ -58,6 +61,7 @@ from gpufed.api.labels import SIM_DURATION_ANNOTATION
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import node_to_pb
+from gpufed.api.protocol.packed import ShapeTable, packed_parts
 from gpufed.api.resources import pod_requests, resource_list
 
 GPU = "nvidia.com/gpu"
@@ -71,6 +75,10 @@ CHURN_POD_LIFETIME_S = 10.0
 COALESCE_S = 0.1
 #: A job pod without ``gpufed.io/sim-duration`` runs this long, seconds.
 DEFAULT_DURATION_S = 5.0
+#: The protocol version simulated agents speak unless the config says (``protocol_version``),
+#: and the byte budget of one packed inventory message.
+PROTOCOL_VERSION = pb.PROTOCOL_VERSION_PACKED_NODES
+PACKED_BYTES = 1024 * 1024
 #: Seconds between binding a job's pods and acknowledging it (kube-scheduler's part).
 BIND_DELAY_S = 0.05
 
@@ -185,9 +193,19 @@ class SimAgent:
     """One simulated member agent (module docstring). ``emit`` receives the events."""
 
     def __init__(
-        self, name: str, token: str, hub: str, ca: bytes, nodes: list[pb.Node], emit: Emit
+        self,
+        name: str,
+        token: str,
+        hub: str,
+        ca: bytes,
+        nodes: list[pb.Node],
+        emit: Emit,
+        *,
+        protocol_version: int = pb.PROTOCOL_VERSION_PACKED_NODES,
     ) -> None:
         self.name, self.token, self.hub, self.ca = name, token, hub, ca
+        #: the newest protocol version the Hello names (1: an agent of the release before)
+        self.protocol_version = protocol_version
         self.nodes = {n.name: n for n in nodes}
         self.node_names = list(self.nodes)
         self.emit = emit
@@ -198,6 +216,8 @@ class SimAgent:
         self._dirty: set[str] = set()
         self._jobs: dict[str, tuple[int, list[tuple[str, dict[str, int]]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the node shapes sent on this stream (protocol version 2), None: Node messages
+        self._shapes: ShapeTable | None = None
         #: Set before the worker cancels the agent: streams ending then are not reported.
         self.stopping = False
 
@@ -239,21 +259,30 @@ class SimAgent:
     def _send(self, msg: pb.AgentMessage, event: dict[str, Any] | None = None) -> None:
         self._out.put_nowait((msg, event))
 
-    def _snapshot(self) -> None:
-        self.seq += 1
-        nodes = list(self.nodes.values())
+    def _bodies(self, nodes: list[pb.Node], field: str) -> list[dict[str, Any]]:
+        """``nodes`` as message bodies: packed by shape on a version-2 stream, else Node
+        messages under ``field``, at most the hub's nodes per message; at least one."""
+        if self._shapes is not None:
+            return [{"packed": p} for p in packed_parts(nodes, self._shapes, PACKED_BYTES)]
         parts = [
             nodes[i : i + MAX_NODES_PER_PART] for i in range(0, len(nodes), MAX_NODES_PER_PART)
         ]
-        for i, part in enumerate(parts or [[]]):
+        return [{field: p} for p in parts or [[]]]
+
+    def _snapshot(self) -> None:
+        self.seq += 1
+        if self._shapes is not None:
+            self._shapes.reset()  # part 0 starts a new shape table at the hub
+        bodies = self._bodies(list(self.nodes.values()), "nodes")
+        for i, body in enumerate(bodies):
             self._send(
                 pb.AgentMessage(
                     inventory_snapshot=pb.InventorySnapshot(
                         seq=self.seq,
                         part=i,
-                        final=i == len(parts or [[]]) - 1,
-                        nodes=part,
+                        final=i == len(bodies) - 1,
                         served_kinds=["Job.batch"],
+                        **body,
                     )
                 )
             )
@@ -295,7 +324,7 @@ class SimAgent:
         hello = pb.Hello(
             cluster=self.name,
             agent_version="sim",
-            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+            protocol_version=self.protocol_version,
             served_kinds=["Job.batch"],
             agent_instance=uuid.uuid4().hex[:8],
             cluster_uid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpufed.io/sim/{self.name}")),
@@ -308,6 +337,8 @@ class SimAgent:
             body = msg.WhichOneof("body")
             if body == "welcome":
                 self.heartbeat_s = (msg.welcome.heartbeat_interval_ms or 10_000) / 1000
+                packed = msg.welcome.protocol_version >= pb.PROTOCOL_VERSION_PACKED_NODES
+                self._shapes = ShapeTable() if packed else None
                 self._snapshot()
                 self.welcomed.set()
                 self._spawn(self._ticker())
@@ -338,16 +369,15 @@ class SimAgent:
         last_beat = time.monotonic()
         while True:
             await asyncio.sleep(COALESCE_S)
-            if self._dirty:
+            if self._dirty and self._shapes is not None and self._shapes.full:
+                self._snapshot()  # a new shape table
+            elif self._dirty:
                 names = sorted(self._dirty)
                 self._dirty.clear()
-                for i in range(0, len(names), MAX_NODES_PER_PART):
+                for body in self._bodies([self.nodes[n] for n in names], "upserts"):
                     self.seq += 1
-                    upserts = [self.nodes[n] for n in names[i : i + MAX_NODES_PER_PART]]
                     self._send(
-                        pb.AgentMessage(
-                            inventory_delta=pb.InventoryDelta(seq=self.seq, upserts=upserts)
-                        )
+                        pb.AgentMessage(inventory_delta=pb.InventoryDelta(seq=self.seq, **body))
                     )
             if time.monotonic() - last_beat >= self.heartbeat_s:
                 last_beat = time.monotonic()
@@ -496,7 +526,15 @@ async def _worker(config: dict[str, Any], ca: bytes) -> None:
     agents = [
         (
             a["index"],
-            SimAgent(a["name"], a["token"], config["hub"], ca, sim_nodes(a["name"], n), _emit),
+            SimAgent(
+                a["name"],
+                a["token"],
+                config["hub"],
+                ca,
+                sim_nodes(a["name"], n),
+                _emit,
+                protocol_version=int(config.get("protocol_version", PROTOCOL_VERSION)),
+            ),
         )
         for a in config["agents"]
     ]

@@ -12,6 +12,13 @@ Running. Prints one JSON line: ``dispatch`` = GPUJob create call started -> work
 by the agent; ``status`` = agent reported Running -> the GPUJob watch shows Running; both on one
 monotonic clock. The member objects are not created (that is the agent's part; see
 ``gpufed bench e2e``), so this isolates the hub and the hub API server.
+
+``--decode [--nodes 5000]`` needs no sandbox: it measures the hub's CPU time (process time, not
+wall clock) per node to take one member's full inventory snapshot as the gRPC server hands it
+over (bytes parsed, then :meth:`AgentSession.receive`), in the version-1 form (a Node message
+each, 32 a part) and in the packed form of protocol version 2 (512 a part); best of
+``--repeat`` runs. The nodes are those of ``gpufed bench scale``'s simulated members (GB200
+NVL72 cliques and HGX racks) with random GPUs requested by a few jobs.
 """
 
 from __future__ import annotations
@@ -166,13 +173,97 @@ async def _create(api: HubAPI, job: str) -> None:
     await api.create_job(job, gpu_job(1), namespace=NAMESPACE)
 
 
+def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
+    """CPU µs per node of a full snapshot, version-1 form and packed (module docstring)."""
+    import random
+
+    from gpufed.api.fleetnodes import node_specs
+    from gpufed.api.inventory import MAX_NODES_PER_PART, node_from_labels
+    from gpufed.api.protocol import agent_pb2 as pb
+    from gpufed.api.protocol.codec import node_to_pb
+    from gpufed.api.protocol.packed import ShapeTable, packed_parts
+    from gpufed.api.resources import resource_list
+    from gpufed.hub.adapters.sessions import AgentSession
+    from gpufed.sandbox.simagent import sim_cluster
+
+    rng = random.Random(7)
+    encoded = []
+    for spec in node_specs(sim_cluster("bench", nodes)):
+        alloc = resource_list(spec.allocatable, field="allocatable")
+        gpus = rng.randint(0, alloc.get("nvidia.com/gpu", 0))
+        jobs = {f"job-{rng.randint(0, 99)}": {"nvidia.com/gpu": gpus}} if gpus else {}
+        encoded.append(
+            node_to_pb(
+                node_from_labels(
+                    spec.name,
+                    spec.labels,
+                    taints=spec.taints,
+                    allocatable=alloc,
+                    requested={"nvidia.com/gpu": gpus, "cpu": 4000 * gpus},
+                    job_requests=jobs,
+                )
+            )
+        )
+
+    def snapshot(bodies: list[dict[str, Any]]) -> list[bytes]:
+        return [
+            pb.AgentMessage(
+                inventory_snapshot=pb.InventorySnapshot(
+                    seq=1, part=i, final=i == len(bodies) - 1, **body
+                )
+            ).SerializeToString()
+            for i, body in enumerate(bodies)
+        ]
+
+    v1 = snapshot(
+        [
+            {"nodes": encoded[i : i + MAX_NODES_PER_PART]}
+            for i in range(0, nodes, MAX_NODES_PER_PART)
+        ]
+    )
+    v2 = snapshot([{"packed": p} for p in packed_parts(encoded, ShapeTable(), 4 * 2**20)])
+
+    def run(parts: list[bytes], version: int) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            session = AgentSession(cluster="bench", protocol_version=version)
+            t0 = time.process_time()
+            for raw in parts:
+                done = session.receive(pb.AgentMessage.FromString(raw))
+            best = min(best, time.process_time() - t0)
+            assert done is not None
+            assert len(done.nodes) == nodes
+        return best
+
+    cpu1, cpu2 = run(v1, 1), run(v2, 2)
+    return {
+        "nodes": nodes,
+        "v1_parts": len(v1),
+        "v1_bytes": sum(map(len, v1)),
+        "v1_cpu_us_per_node": round(cpu1 / nodes * 1e6, 2),
+        "v2_parts": len(v2),
+        "v2_bytes": sum(map(len, v2)),
+        "v2_cpu_us_per_node": round(cpu2 / nodes * 1e6, 2),
+        "speedup": round(cpu1 / cpu2, 1),
+        "clock": f"process_time, best of {repeat}",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--state-dir", type=Path, required=True, help="a running sandbox")
+    parser.add_argument("--decode", action="store_true", help="snapshot decode CPU per node")
+    parser.add_argument("--nodes", type=int, default=5000, help="--decode: nodes in the snapshot")
+    parser.add_argument("--repeat", type=int, default=5, help="--decode: runs (best is kept)")
+    parser.add_argument("--state-dir", type=Path, help="a running sandbox")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rate", type=float, default=25.0)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/gpufed-bench-hub"))
     args = parser.parse_args()
+    if args.decode:
+        print(json.dumps(decode_bench(args.nodes, args.repeat)))
+        return
+    if args.state_dir is None:
+        parser.error("--state-dir is required (or --decode)")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     result = asyncio.run(bench(args.state_dir, args.jobs, args.rate, args.work_dir))
     print(json.dumps(result))

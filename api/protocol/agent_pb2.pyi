@@ -45,12 +45,29 @@ class _ProtocolVersionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Proto
     DESCRIPTOR: _descriptor.EnumDescriptor
     PROTOCOL_VERSION_UNSPECIFIED: _ProtocolVersion.ValueType  # 0
     PROTOCOL_VERSION_CURRENT: _ProtocolVersion.ValueType  # 1
+    """Version 1: inventory nodes as one Node message each (InventorySnapshot.nodes,
+    InventoryDelta.upserts).
+    """
+    PROTOCOL_VERSION_PACKED_NODES: _ProtocolVersion.ValueType  # 2
+    """Version 2: inventory nodes packed by shape (InventorySnapshot.packed, InventoryDelta.packed);
+    an agent sends them only once the Welcome says 2.
+    """
 
 class ProtocolVersion(_ProtocolVersion, metaclass=_ProtocolVersionEnumTypeWrapper):
-    """Current protocol version (carried in Hello.protocol_version / Welcome.protocol_version)."""
+    """Protocol versions (Hello.protocol_version: the newest the agent speaks; Welcome.protocol_version:
+    the one this stream uses, the lower of the agent's and the hub's). Skew policy (docs/hub.md):
+    a hub serves agents of its own version and the one before; agents are upgraded after the hub.
+    """
 
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion.ValueType  # 0
 PROTOCOL_VERSION_CURRENT: ProtocolVersion.ValueType  # 1
+"""Version 1: inventory nodes as one Node message each (InventorySnapshot.nodes,
+InventoryDelta.upserts).
+"""
+PROTOCOL_VERSION_PACKED_NODES: ProtocolVersion.ValueType  # 2
+"""Version 2: inventory nodes packed by shape (InventorySnapshot.packed, InventoryDelta.packed);
+an agent sends them only once the Welcome says 2.
+"""
 Global___ProtocolVersion: _TypeAlias = ProtocolVersion  # noqa: Y015
 
 @_typing.final
@@ -541,13 +558,20 @@ class InventorySnapshot(_message.Message):
     FINAL_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     SERVED_KINDS_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     part: _builtins.int
     final: _builtins.bool
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
+        """protocol version 1"""
+
     @_builtins.property
     def served_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def packed(self) -> Global___PackedNodes:
+        """protocol version 2 (then `nodes` is empty); part 0 starts"""
+
     def __init__(
         self,
         *,
@@ -556,10 +580,11 @@ class InventorySnapshot(_message.Message):
         final: _builtins.bool = ...,
         nodes: _abc.Iterable[Global___Node] | None = ...,
         served_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        packed: Global___PackedNodes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "nodes", b"nodes", "part", b"part", "seq", b"seq", "served_kinds", b"served_kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "nodes", b"nodes", "packed", b"packed", "part", b"part", "seq", b"seq", "served_kinds", b"served_kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -576,12 +601,19 @@ class InventoryDelta(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     UPSERTS_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     @_builtins.property
-    def upserts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]: ...
+    def upserts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
+        """protocol version 1"""
+
     @_builtins.property
     def removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """node names"""
+
+    @_builtins.property
+    def packed(self) -> Global___PackedNodes:
+        """protocol version 2: the upserts (then `upserts` is empty)"""
 
     def __init__(
         self,
@@ -589,14 +621,145 @@ class InventoryDelta(_message.Message):
         seq: _builtins.int = ...,
         upserts: _abc.Iterable[Global___Node] | None = ...,
         removed: _abc.Iterable[_builtins.str] | None = ...,
+        packed: Global___PackedNodes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed", "seq", b"seq", "upserts", b"upserts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed", "removed", b"removed", "seq", b"seq", "upserts", b"upserts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InventoryDelta: _TypeAlias = InventoryDelta  # noqa: Y015
+
+@_typing.final
+class PackedNodes(_message.Message):
+    """Nodes in columns (protocol version 2), so the hub decodes a message without a message object
+    per node and validates what nodes share once. A *shape* is what the nodes of one pool share:
+    labels (but those of the node below), gpu_product, mig_strategy, taints, allocatable and
+    dra_gpus; it is sent once per stream (a snapshot's part 0 starts a new table; deltas append)
+    and referenced by its index in the table. Each node is its name, a shape index and the values
+    that differ. `strings` is this message's own string table: an index i > 0 means strings[i-1],
+    0 means none. Every per-node column has one entry per name, in order; *_count columns say
+    how many consecutive entries of their key/value columns belong to each node.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHAPES_FIELD_NUMBER: _builtins.int
+    STRINGS_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    SHAPE_FIELD_NUMBER: _builtins.int
+    FLAGS_FIELD_NUMBER: _builtins.int
+    NVLINK_DOMAIN_FIELD_NUMBER: _builtins.int
+    RACK_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    LABEL_COUNT_FIELD_NUMBER: _builtins.int
+    LABEL_KEY_FIELD_NUMBER: _builtins.int
+    LABEL_VALUE_FIELD_NUMBER: _builtins.int
+    REQUESTED_COUNT_FIELD_NUMBER: _builtins.int
+    REQUESTED_KEY_FIELD_NUMBER: _builtins.int
+    REQUESTED_VALUE_FIELD_NUMBER: _builtins.int
+    JOB_COUNT_FIELD_NUMBER: _builtins.int
+    JOB_UID_FIELD_NUMBER: _builtins.int
+    JOB_AMOUNT_COUNT_FIELD_NUMBER: _builtins.int
+    JOB_AMOUNT_KEY_FIELD_NUMBER: _builtins.int
+    JOB_AMOUNT_VALUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def shapes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
+        """new shapes, appended to the stream's table (name "")"""
+
+    @_builtins.property
+    def strings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """index into the stream's shape table"""
+
+    @_builtins.property
+    def flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """bit 0: ready, bit 1: unschedulable"""
+
+    @_builtins.property
+    def nvlink_domain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """0: "node:<name>" """
+
+    @_builtins.property
+    def rack(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """0: none"""
+
+    @_builtins.property
+    def block(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """0: none"""
+
+    @_builtins.property
+    def degraded(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """0: fine"""
+
+    @_builtins.property
+    def label_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """labels set on top of the shape's (hostname, rack ...)"""
+
+    @_builtins.property
+    def label_key(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def label_value(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def requested_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Node.requested"""
+
+    @_builtins.property
+    def requested_key(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def requested_value(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def job_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Node.job_requests: jobs per node,"""
+
+    @_builtins.property
+    def job_uid(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """each job's uid,"""
+
+    @_builtins.property
+    def job_amount_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """and its amounts"""
+
+    @_builtins.property
+    def job_amount_key(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def job_amount_value(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        shapes: _abc.Iterable[Global___Node] | None = ...,
+        strings: _abc.Iterable[_builtins.str] | None = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        shape: _abc.Iterable[_builtins.int] | None = ...,
+        flags: _abc.Iterable[_builtins.int] | None = ...,
+        nvlink_domain: _abc.Iterable[_builtins.int] | None = ...,
+        rack: _abc.Iterable[_builtins.int] | None = ...,
+        block: _abc.Iterable[_builtins.int] | None = ...,
+        degraded: _abc.Iterable[_builtins.int] | None = ...,
+        label_count: _abc.Iterable[_builtins.int] | None = ...,
+        label_key: _abc.Iterable[_builtins.int] | None = ...,
+        label_value: _abc.Iterable[_builtins.int] | None = ...,
+        requested_count: _abc.Iterable[_builtins.int] | None = ...,
+        requested_key: _abc.Iterable[_builtins.int] | None = ...,
+        requested_value: _abc.Iterable[_builtins.int] | None = ...,
+        job_count: _abc.Iterable[_builtins.int] | None = ...,
+        job_uid: _abc.Iterable[_builtins.int] | None = ...,
+        job_amount_count: _abc.Iterable[_builtins.int] | None = ...,
+        job_amount_key: _abc.Iterable[_builtins.int] | None = ...,
+        job_amount_value: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "degraded", b"degraded", "flags", b"flags", "job_amount_count", b"job_amount_count", "job_amount_key", b"job_amount_key", "job_amount_value", b"job_amount_value", "job_count", b"job_count", "job_uid", b"job_uid", "label_count", b"label_count", "label_key", b"label_key", "label_value", b"label_value", "names", b"names", "nvlink_domain", b"nvlink_domain", "rack", b"rack", "requested_count", b"requested_count", "requested_key", b"requested_key", "requested_value", b"requested_value", "shape", b"shape", "shapes", b"shapes", "strings", b"strings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedNodes: _TypeAlias = PackedNodes  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):

@@ -23,7 +23,10 @@ Inventory rules (api/protocol/agent.proto):
   delta), a snapshot part and a delta at most
   :data:`gpufed.api.inventory.MAX_NODES_PER_PART` nodes (so one message is decoded in a few
   ms), a delta at most ``MAX_NODES_PER_MEMBER`` removals; past a limit the stream closes with
-  INVALID_ARGUMENT naming it, and the stored inventory stays the last good one.
+  INVALID_ARGUMENT naming it, and the stored inventory stays the last good one;
+- protocol version 2 (the Welcome says which a stream uses): nodes may come packed by shape
+  (:mod:`gpufed.api.protocol.packed`), at most :data:`MAX_PACKED_NODES_PER_PART` a message; a
+  snapshot's part 0 starts a new shape table, deltas add to it; the same bounds and refusals.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from gpufed.api.protocol.codec import (
     work_item_to_pb,
     workload_status_from_pb,
 )
+from gpufed.api.protocol.packed import MAX_PACKED_NODES_PER_PART, ShapeBook, unpack_nodes
 from gpufed.api.stream import (
     AgentEvent,
     Heartbeat,
@@ -56,8 +60,10 @@ from gpufed.api.work import WorkItem
 
 log = structlog.get_logger("gpufed.hub.adapters.sessions")
 
-#: The protocol version this hub speaks (Hello and Welcome carry it).
-PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
+#: The newest protocol version this hub speaks (Hello and Welcome carry it), and the oldest it
+#: still serves (docs/hub.md, "Version skew"): a stream uses the lower of the agent's and this.
+PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_PACKED_NODES
+MIN_PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
 #: Budget of one DesiredSet part (agents' gRPC clients accept 4 MiB by default).
 DESIRED_PART_BYTES = 1024 * 1024
 
@@ -103,6 +109,8 @@ class AgentSession:
     agent_version: str = ""
     agent_instance: str = ""
     served_kinds: tuple[str, ...] = ()
+    #: the agent's protocol version (its Hello); the stream uses the lower of it and the hub's
+    protocol_version: int = MIN_PROTOCOL_VERSION
     outbox: asyncio.Queue[pb.HubMessage | None] = field(default_factory=asyncio.Queue)
     unacked: dict[str, int] = field(default_factory=dict)
     inventory_seq: int | None = None
@@ -118,6 +126,13 @@ class AgentSession:
     _snap_bytes: int = 0
     #: node names the hub holds for this stream (snapshot, then deltas): the per-member cap
     _node_names: set[str] = field(default_factory=set)
+    #: the node shapes this stream defined (protocol version 2)
+    _shapes: ShapeBook = field(default_factory=ShapeBook)
+
+    def __post_init__(self) -> None:
+        self.protocol_version = max(
+            MIN_PROTOCOL_VERSION, min(self.protocol_version, PROTOCOL_VERSION)
+        )
 
     def send(self, msg: pb.HubMessage) -> None:
         """Queue one message for the agent (dropped once the stream is closing)."""
@@ -149,7 +164,7 @@ class AgentSession:
                 welcome=pb.Welcome(
                     cluster=self.cluster,
                     hub_id=hub_id,
-                    protocol_version=PROTOCOL_VERSION,
+                    protocol_version=self.protocol_version,
                     heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
                     max_message_bytes=max_message_bytes,
                     hub_epoch=hub_epoch,
@@ -224,6 +239,7 @@ class AgentSession:
             self._snap_seq, self._snap_next = msg.seq, 0
             self._snap_nodes, self._snap_kinds, self._snap_bytes = [], [], 0
             self._snap_names = set()
+            self._shapes.reset()
         elif msg.seq != self._snap_seq or msg.part != self._snap_next:
             expected = (
                 "a part 0"
@@ -237,11 +253,13 @@ class AgentSession:
                 f"(expected {expected})",
             )
         self._snap_bytes += msg.ByteSize()
-        too_much = _snapshot_limit(
+        packed = msg.packed.names
+        too_much = self._packed_problem(msg.HasField("packed"), len(msg.nodes)) or _snapshot_limit(
             part=msg.part,
             part_nodes=len(msg.nodes),
+            packed_nodes=len(packed),
             size=self._snap_bytes,
-            nodes=len(self._snap_nodes) + len(msg.nodes),
+            nodes=len(self._snap_nodes) + len(msg.nodes) + len(packed),
             kinds=msg.served_kinds,
             kinds_before=len(self._snap_kinds),
         )
@@ -249,7 +267,10 @@ class AgentSession:
             self._snap_seq = None
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory snapshot: {too_much}")
         try:
-            decoded = [node_from_pb(n) for n in msg.nodes]
+            if msg.HasField("packed"):
+                decoded = unpack_nodes(msg.packed, self._shapes)
+            else:
+                decoded = [node_from_pb(n) for n in msg.nodes]
         except ProtocolError as exc:
             self._snap_seq = None
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory snapshot: {exc}") from exc
@@ -273,6 +294,18 @@ class AgentSession:
             seq=msg.seq, nodes=tuple(nodes), served_kinds=tuple(kinds or self.served_kinds)
         )
 
+    def _packed_problem(self, packed: bool, plain: int) -> str | None:
+        """Why a message's form does not fit this stream (packed nodes need version 2 and
+        come alone), or None."""
+        if packed and self.protocol_version < pb.PROTOCOL_VERSION_PACKED_NODES:
+            return (
+                f"packed nodes need protocol version {pb.PROTOCOL_VERSION_PACKED_NODES}; this "
+                f"stream uses {self.protocol_version} (send Node messages)"
+            )
+        if packed and plain:
+            return "a message carries either packed nodes or Node messages, not both"
+        return None
+
     def _delta(self, msg: pb.InventoryDelta) -> InventoryDelta | None:
         """Take one delta: the changes to apply, or None when deltas are ignored until the next
         snapshot (a delta out of sequence asks for one first).
@@ -288,10 +321,19 @@ class AgentSession:
                 "send a full snapshot"
             )
             return None
+        too_much = self._packed_problem(msg.HasField("packed"), len(msg.upserts))
+        if too_much is not None:
+            raise StreamClosedError("INVALID_ARGUMENT", f"inventory delta: {too_much}")
         if len(msg.upserts) > MAX_NODES_PER_PART:
             raise StreamClosedError(
                 "INVALID_ARGUMENT",
                 f"inventory delta: {len(msg.upserts)} upserts; {_PER_PART}",
+            )
+        if len(msg.packed.names) > MAX_PACKED_NODES_PER_PART:
+            raise StreamClosedError(
+                "INVALID_ARGUMENT",
+                f"inventory delta: {len(msg.packed.names)} packed upserts; at most "
+                f"{MAX_PACKED_NODES_PER_PART} per message are allowed",
             )
         if len(msg.removed) > MAX_NODES_PER_MEMBER:
             raise StreamClosedError(
@@ -299,7 +341,10 @@ class AgentSession:
                 f"inventory delta: more than {MAX_NODES_PER_MEMBER} removals",
             )
         try:
-            upserts = tuple(node_from_pb(n) for n in msg.upserts)
+            if msg.HasField("packed"):
+                upserts = tuple(unpack_nodes(msg.packed, self._shapes))
+            else:
+                upserts = tuple(node_from_pb(n) for n in msg.upserts)
         except ProtocolError as exc:
             raise StreamClosedError("INVALID_ARGUMENT", f"inventory delta: {exc}") from exc
         upserted = {n.name for n in upserts}
@@ -319,13 +364,25 @@ class AgentSession:
 
 
 def _snapshot_limit(
-    *, part: int, part_nodes: int, size: int, nodes: int, kinds: Sequence[str], kinds_before: int
+    *,
+    part: int,
+    part_nodes: int,
+    packed_nodes: int = 0,
+    size: int,
+    nodes: int,
+    kinds: Sequence[str],
+    kinds_before: int,
 ) -> str | None:
     """Which snapshot bound (module docstring) a part crosses, or None."""
     if part >= MAX_SNAPSHOT_PARTS:
         return f"part {part}: at most {MAX_SNAPSHOT_PARTS} parts are allowed"
     if part_nodes > MAX_NODES_PER_PART:
         return f"part {part}: {part_nodes} nodes; {_PER_PART}"
+    if packed_nodes > MAX_PACKED_NODES_PER_PART:
+        return (
+            f"part {part}: {packed_nodes} packed nodes; at most {MAX_PACKED_NODES_PER_PART} "
+            "per message are allowed"
+        )
     if size > MAX_SNAPSHOT_BYTES:
         return f"more than {MAX_SNAPSHOT_BYTES} bytes in all parts"
     if nodes > MAX_NODES_PER_MEMBER:

@@ -352,6 +352,7 @@ class Controller:
             agent_version=hello.agent_version,
             agent_instance=hello.agent_instance,
             served_kinds=hello.served_kinds,
+            protocol_version=hello.protocol_version,
         )
         self.dispatch.attach(m, s)
         self.members.heard(m)

@@ -6,6 +6,11 @@ inventory changes and every ``status_interval_s``, and hands the result to
 :mod:`gpufed.hub.components.mirror`. ``lastHeartbeatTime`` advances in steps of at least
 ``heartbeat_interval_s`` (10 s minimum): the printer column shows its age, and a write per
 message would load the hub API server for nothing.
+
+The GPU summary in the status comes from a :class:`GPUTally` per member, kept up to date by
+:mod:`gpufed.hub.components.members` node by node as snapshots and deltas change nodes (not
+recomputed over every node at each write); a periodic full recount
+(:meth:`GPUTally.drift`) checks it against :func:`gpufed.api.inventory.summarize`.
 """
 
 from __future__ import annotations
@@ -14,13 +19,104 @@ from collections.abc import Iterable
 
 from gpufed.api.decision import Reservation
 from gpufed.api.gpujob import StatusCondition
-from gpufed.api.inventory import ClusterHealth, summarize
+from gpufed.api.inventory import ClusterHealth, GPUSummary, NodeInventory, summarize
 from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.membercluster import READY_CONDITION, MemberClusterStatus
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.components.state import MemberState
 from gpufed.hub.rules import status as st
+
+
+def _counted(node: NodeInventory) -> tuple[str, str, int, int] | None:
+    """(product, NVLink domain, allocatable, free whole GPUs) of a node summarize counts, or
+    None (the rules of :func:`gpufed.api.inventory.summarize`)."""
+    if not node.ready or node.unschedulable or node.degraded is not None:
+        return None
+    if node.mig_strategy == "single":
+        return None
+    alloc = node.allocatable.get(GPU_RESOURCE, 0)
+    if alloc == 0:
+        return None
+    free = max(0, alloc - node.requested.get(GPU_RESOURCE, 0))
+    return node.gpu_product or "unknown", node.nvlink_domain, alloc, free
+
+
+class GPUTally:
+    """The :class:`~gpufed.api.inventory.GPUSummary` of one member's nodes, kept node by node:
+    :meth:`set` and :meth:`remove` cost O(1), :meth:`summary` O(products + NVLink domains) in
+    C-level max/sum. Counts what :func:`~gpufed.api.inventory.summarize` counts (whole GPUs on
+    Ready, schedulable, undegraded nodes, not under the MIG ``single`` strategy)."""
+
+    def __init__(self, nodes: Iterable[NodeInventory] = ()) -> None:
+        #: the counted nodes (frozen: what was added is what is taken away)
+        self._of: dict[str, NodeInventory] = {}
+        self._total: dict[str, int] = {}
+        self._free: dict[str, int] = {}
+        self._nodes: dict[str, int] = {}  # product -> counted nodes
+        #: product -> domain -> free GPUs, and domain -> free GPUs (all products)
+        self._blocks: dict[str, dict[str, int]] = {}
+        self._domains: dict[str, int] = {}
+        self._domain_nodes: dict[str, int] = {}
+        self._block_nodes: dict[tuple[str, str], int] = {}
+        for n in nodes:
+            self.set(n)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def set(self, node: NodeInventory) -> None:
+        """Count ``node`` as it is now (replacing what was counted under its name)."""
+        self.remove(node.name)
+        c = _counted(node)
+        if c is not None:
+            self._of[node.name] = node
+            self._add(*c, 1)
+
+    def remove(self, name: str) -> None:
+        """Stop counting node ``name`` (no-op when it is not counted)."""
+        node = self._of.pop(name, None)
+        if node is not None:
+            product, domain, alloc, free = _counted(node)  # type: ignore[misc]
+            self._add(product, domain, -alloc, -free, -1)
+
+    def _add(self, product: str, domain: str, alloc: int, free: int, nodes: int) -> None:
+        """Add (``nodes`` = 1) or take away (-1) one node's counts; a key whose last node
+        leaves is dropped, as summarize never shows it."""
+        n = self._nodes.get(product, 0) + nodes
+        if n:
+            self._nodes[product] = n
+            self._total[product] = self._total.get(product, 0) + alloc
+            self._free[product] = self._free.get(product, 0) + free
+        else:
+            del self._nodes[product], self._total[product], self._free[product]
+        key = (product, domain)
+        blocks = self._blocks.setdefault(product, {})
+        b = self._block_nodes.get(key, 0) + nodes
+        if b:
+            self._block_nodes[key] = b
+            blocks[domain] = blocks.get(domain, 0) + free
+        else:
+            del self._block_nodes[key], blocks[domain]
+            if not blocks:
+                del self._blocks[product]
+        d = self._domain_nodes.get(domain, 0) + nodes
+        if d:
+            self._domain_nodes[domain] = d
+            self._domains[domain] = self._domains.get(domain, 0) + free
+        else:
+            del self._domain_nodes[domain], self._domains[domain]
+
+    def summary(self) -> GPUSummary:
+        """The member's GPU summary now (equal to ``summarize`` over its nodes)."""
+        return GPUSummary(
+            gpus_total=dict(self._total),
+            gpus_free=dict(self._free),
+            largest_free_nvlink_block=max(self._domains.values(), default=0),
+            largest_free_nvlink_block_by_product={
+                p: max(blocks.values()) for p, blocks in self._blocks.items()
+            },
+        )
 
 
 def health_of(m: MemberState, config: HubConfig) -> ClusterHealth:
@@ -75,12 +171,14 @@ def member_status(
     previous_conditions: list[StatusCondition] | None,
     metrics: HubMetrics,
     now: str,
+    tally: GPUTally | None = None,
 ) -> MemberClusterStatus:
     """The MemberCluster status the hub would write now; sets ``gpufed_cluster_ready``,
     ``gpufed_cluster_lost``,
     ``gpufed_cluster_gpus``, ``gpufed_cluster_largest_free_nvlink_block`` and
     ``gpufed_reservations`` for the member. ``previous_conditions``: those last written by
-    this term (None: none yet, so the conditions read from the MemberCluster apply)."""
+    this term (None: none yet, so the conditions read from the MemberCluster apply).
+    ``tally``: the member's kept GPU summary (None: summarised over its nodes now)."""
     metrics.cluster_ready.labels(m.name).set(1 if m.health == "Ready" else 0)
     metrics.cluster_lost.labels(m.name).set(1 if m.health == "Lost" else 0)
     step = max(10.0, config.heartbeat_interval_s)
@@ -89,7 +187,7 @@ def member_status(
     ):
         m.heartbeat_shown = m.last_heard_wall
     heartbeat = m.heartbeat_shown
-    summary = summarize(m.nodes.values())
+    summary = summarize(m.nodes.values()) if tally is None else tally.summary()
     reservations = list(reservations)
     reserved = reserved_gpus(m, reservations)
     metrics.reservations.labels(m.name).set(len(reservations))
@@ -141,3 +239,9 @@ def member_status(
         lost_time=st.rfc3339(m.meta.lost_at) if m.meta.lost_at else None,
         cluster_uid=m.meta.cluster_uid or None,
     )
+
+
+def drift(tally: GPUTally, nodes: Iterable[NodeInventory]) -> bool:
+    """Whether ``tally`` differs from a full recount of ``nodes`` (then the caller counts the
+    drift and rebuilds the tally)."""
+    return tally.summary() != summarize(nodes)

@@ -39,7 +39,7 @@ from gpufed.api.stream import AgentHello, Heartbeat, InventoryDelta, InventorySn
 from gpufed.hub.adapters.sessions import StreamClosedError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
-from gpufed.hub.components.member_status import health_of, member_status
+from gpufed.hub.components.member_status import GPUTally, drift, health_of, member_status
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import MemberState
@@ -55,6 +55,8 @@ log = structlog.get_logger("gpufed.hub.components.members")
 #: Nodes of a snapshot diffed or applied to the fleet snapshot between two turns of the event
 #: loop (about 3 ms: placement adds a new node in about 40 µs).
 SNAPSHOT_STEP_NODES = 64
+#: How often the kept GPU summaries are checked against a full recount (seconds).
+RECOUNT_INTERVAL_S = 60.0
 
 _T = TypeVar("_T")
 
@@ -79,6 +81,12 @@ class Members:
     ) -> None:
         self._lifecycle = lifecycle
         self._suspects = lifecycle.suspects
+        #: each member's GPU summary, kept node by node (member_status.GPUTally)
+        self._tallies: dict[str, GPUTally] = {}
+        self._recounted = term.mono()
+        term.metrics.incremental_drift.labels("member_gpus")  # exported from 0
+        #: one member's snapshot applied at a time, first come first served (take_snapshot)
+        self._ingest = asyncio.Lock()
         self._term = term
         self._tokens = tokens
         self._snapshot = snapshot
@@ -92,6 +100,7 @@ class Members:
             m = self._term.state.member(name)
             m.meta = meta.get(name, MemberMeta())
             m.nodes = dict(nodes.get(name, {}))
+            self._tallies[name] = GPUTally(m.nodes.values())
             if m.lost:
                 m.health = "Lost"
 
@@ -268,8 +277,11 @@ class Members:
         """A complete inventory snapshot replaces the member's nodes, applied in steps of
         :data:`SNAPSHOT_STEP_NODES` nodes with the event loop free between two steps (a
         15,000-node member would otherwise hold it for about a second). Snapshots of one member
-        are applied one at a time, in order (a newer stream's waits for the older's)."""
-        async with m.snapshot_lock:
+        are applied one at a time, in order (a newer stream's waits for the older's), and the
+        fleet's snapshots one member at a time, in the order they arrived (a FIFO lock): when
+        many members join at once, each is placeable after its own apply instead of all of
+        them after every one's, interleaved."""
+        async with m.snapshot_lock, self._ingest:
             for _ in self._snapshot_steps(m, snap):
                 await asyncio.sleep(0)
 
@@ -292,7 +304,12 @@ class Members:
             yield
         # 2. Memory follows, at once (etcd at the next flush).
         removed = set(m.nodes) - set(new)
+        tally = self.tally(m)  # built from the old nodes the first time, then patched
         m.nodes = new
+        for name in removed:
+            tally.remove(name)
+        for n in changed:
+            tally.set(n)
         m.dirty_nodes |= {n.name for n in changed}
         m.dirty_nodes -= removed
         m.removed_nodes |= removed
@@ -326,11 +343,14 @@ class Members:
 
     def on_delta(self, m: MemberState, delta: InventoryDelta) -> None:
         """An inventory delta patches the member's nodes."""
+        tally = self.tally(m)
         for n in delta.upserts:
+            tally.set(n)
             m.nodes[n.name] = n
             m.dirty_nodes.add(n.name)
             m.removed_nodes.discard(n.name)
         for name in delta.removed:
+            tally.remove(name)
             if m.nodes.pop(name, None) is not None:
                 m.removed_nodes.add(name)
                 m.dirty_nodes.discard(name)
@@ -363,9 +383,34 @@ class Members:
 
     # --- timers ----------------------------------------------------------------------------------
 
+    def tally(self, m: MemberState) -> GPUTally:
+        """The member's kept GPU summary (built from its nodes the first time)."""
+        t = self._tallies.get(m.name)
+        if t is None:
+            t = self._tallies[m.name] = GPUTally(m.nodes.values())
+        return t
+
+    def recount(self) -> int:
+        """Check every kept GPU summary against a full recount of its member's nodes; each one
+        that differs is counted in ``gpufed_hub_incremental_drift_total{kind="member_gpus"}``,
+        logged and rebuilt. Returns how many differed (0 unless a change path was missed)."""
+        drifted = 0
+        for m in list(self._term.state.members.values()):
+            t = self._tallies.get(m.name)
+            if t is not None and drift(t, m.nodes.values()):
+                drifted += 1
+                self._term.metrics.incremental_drift.labels("member_gpus").inc()
+                log.warning("hub.incremental.drift", kind="member_gpus", cluster=m.name)
+                self._tallies[m.name] = GPUTally(m.nodes.values())
+        return drifted
+
     async def check_health(self) -> None:
-        """Re-classify every member's health now (the term's tick)."""
+        """Re-classify every member's health now (the term's tick); every
+        :data:`RECOUNT_INTERVAL_S` also :meth:`recount`."""
         now = self._term.mono()
+        if now - self._recounted >= RECOUNT_INTERVAL_S:
+            self._recounted = now
+            self.recount()
         for m in list(self._term.state.members.values()):
             if m.spec is None:
                 continue
@@ -434,6 +479,7 @@ class Members:
             previous_conditions=self._mirror.last_member_conditions(m.name),
             metrics=self._term.metrics,
             now=self._mirror.now(),
+            tally=self.tally(m),
         )
         status = status.model_copy(
             update={

@@ -127,6 +127,38 @@ class HubMetrics:
             ["cluster"],
             registry=r,
         )
+        self.event_loop_stall = Histogram(
+            "gpufed_hub_event_loop_stall_seconds",
+            "How much later than asked the hub's event-loop watch woke (delays of 5 ms and "
+            "more): how long something held the one event loop at a time.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.event_loop_stall_max = Gauge(
+            "gpufed_hub_event_loop_stall_max_seconds",
+            "The longest the hub's event loop was held at a time since the process started.",
+            registry=r,
+        )
+        self.event_loop_stall_cpu_max = Gauge(
+            "gpufed_hub_event_loop_stall_cpu_max_seconds",
+            "The longest stall of the hub's event loop that its own thread spent on the CPU "
+            "(a stall bounded by the loop thread's CPU time: not waiting for a CPU).",
+            registry=r,
+        )
+        self.lease_renewals_missed = Counter(
+            "gpufed_hub_lease_renewals_missed_total",
+            "Leader lease renewals that failed or came at least one renewal interval (a third "
+            "of the lease) late: the event loop or etcd held them up.",
+            registry=r,
+        )
+        self.incremental_drift = Counter(
+            "gpufed_hub_incremental_drift_total",
+            "Values the hub keeps incrementally that a periodic full recount found different "
+            "(then rebuilt), by kind (member_gpus: a MemberCluster's GPU summary; queue_usage: "
+            "a queue's usage). Stays 0 unless a change path was missed.",
+            ["kind"],
+            registry=r,
+        )
         self.requeues = Counter(
             "gpufed_requeues_total",
             "Placed jobs whose member copy the hub stopped and that went back to Pending for "

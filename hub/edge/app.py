@@ -38,6 +38,7 @@ from gpufed.hub.edge.access import AccessCheck
 from gpufed.hub.edge.certs import not_after
 from gpufed.hub.edge.http import make_app, serve
 from gpufed.hub.edge.leader import LeaderElector
+from gpufed.hub.edge.loopwatch import watch_loop
 from gpufed.hub.edge.podrole import PodRole
 from gpufed.hub.edge.service import AgentService, server_credentials
 from gpufed.hub.rules.blocks import member_blocks
@@ -72,6 +73,7 @@ class Hub:
         self._kube: KubeAPI | None = None
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
+        self._loop_watch: asyncio.Task[None] | None = None
         self._elector: LeaderElector | None = None
         self._pod_role: PodRole | None = None
 
@@ -89,7 +91,12 @@ class Hub:
             endpoints = [self._etcd.endpoint]
         self.store = await Store.connect(endpoints, prefix=cfg.etcd_prefix, hub_id=cfg.hub_id)
         self._kube = await KubeAPI.connect(cfg.kubeconfig, cfg.context)
-        self._elector = LeaderElector(self.store, ttl_s=cfg.leader_lease_s)
+        self._elector = LeaderElector(
+            self.store,
+            ttl_s=cfg.leader_lease_s,
+            on_missed=self.metrics.lease_renewals_missed.inc,
+        )
+        self._loop_watch = asyncio.create_task(watch_loop(self.metrics), name="hub:loop-watch")
         if cfg.pod_name:
             self._pod_role = PodRole(self._kube, cfg.pod_namespace, cfg.pod_name)
             self._pod_role.start()
@@ -230,6 +237,9 @@ class Hub:
 
     async def close(self) -> None:
         """Stop serving and disconnect (idempotent)."""
+        if self._loop_watch is not None:
+            self._loop_watch.cancel()
+            self._loop_watch = None
         if self._elector is not None:
             await self._elector.resign()
         if self._pod_role is not None:

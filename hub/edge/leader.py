@@ -54,10 +54,13 @@ class LeaderElector:
         *,
         ttl_s: int,
         clock: Callable[[], float] = time.monotonic,
+        on_missed: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self._clock = clock
+        #: called for each renewal that failed or came an interval late (the hub's metric)
+        self.on_missed = on_missed
         self._lease: aetcd.Lease | None = None
         self.is_leader = False
         self._held_until = float("-inf")
@@ -116,9 +119,12 @@ class LeaderElector:
         while True:
             await asyncio.sleep(interval)
             sent = self._clock()
+            if sent - last_ok >= 2 * interval:  # a renewal's turn came and went
+                self.on_missed()
             try:
                 ttl = await self.store.refresh(self._lease)
             except Exception as exc:
+                self.on_missed()
                 if not is_retryable(exc):
                     # Not an outage (etcd refused the request): the lease cannot be known held.
                     return self._lost(f"could not renew the lease: {exc}")

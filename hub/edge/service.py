@@ -12,8 +12,9 @@ Served by the hub process (:mod:`gpufed.hub.edge.app`) on ``--listen``, with TLS
    request); otherwise ``UNAUTHENTICATED``. The check is repeated, without waiting, right
    before the stream opens; a token rotated later closes the stream (``PERMISSION_DENIED``).
 3. **Hello first**, within ``hello_timeout_s``, naming exactly that cluster (else
-   ``PERMISSION_DENIED``) with a protocol version this hub speaks (else
-   ``FAILED_PRECONDITION``).
+   ``PERMISSION_DENIED``) with a protocol version of at least the oldest this hub serves (else
+   ``FAILED_PRECONDITION``); the stream speaks the lower of the agent's and the hub's
+   (docs/hub.md, "Version skew").
 4. Messages are handled in order: each marks the member heard (:meth:`Controller.heard`),
    is decoded by its session (:meth:`AgentSession.receive`: protobuf becomes
    :mod:`gpufed.api` models here, at the edge) and routed by :meth:`Controller.handle`. A
@@ -43,6 +44,7 @@ from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol import agent_pb2_grpc as pb_grpc
 from gpufed.api.protocol.codec import ProtocolError, hello_from_pb
 from gpufed.hub.adapters.sessions import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     AgentSession,
     CloseCode,
@@ -163,12 +165,12 @@ class AgentService(pb_grpc.AgentServiceServicer):
                 f"the join token belongs to member {cluster!r}, not {hello.cluster!r}",
             )
             return
-        if hello.protocol_version != PROTOCOL_VERSION:
+        if hello.protocol_version < MIN_PROTOCOL_VERSION:
             await _abort(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"protocol version {hello.protocol_version} is not supported "
-                f"(this hub speaks {PROTOCOL_VERSION})",
+                f"(this hub speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})",
             )
             return
         if self._controller() is not ctrl:

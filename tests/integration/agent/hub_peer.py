@@ -28,6 +28,7 @@ from gpufed.api.protocol.codec import (
     work_item_to_pb,
     workload_status_from_pb,
 )
+from gpufed.api.protocol.packed import ShapeBook, unpack_nodes
 from gpufed.api.work import WorkAck, WorkItem, WorkloadStatus
 
 T = TypeVar("T")
@@ -55,6 +56,9 @@ class ClusterView:
     errors: list[str] = field(default_factory=list)  # messages the peer could not decode
     ended: list[str] = field(default_factory=list)  # why each session ended (peer side)
     _parts: list[pb.InventorySnapshot] = field(default_factory=list)
+    #: the node shapes of the stream (packed nodes) and how many snapshot parts came packed
+    shapes: ShapeBook = field(default_factory=ShapeBook)
+    packed_parts: int = 0
 
     def latest_status(self, job_uid: str) -> WorkloadStatus | None:
         for s in reversed(self.statuses):
@@ -77,8 +81,14 @@ class HubPeer(pb_grpc.AgentServiceServicer):
         heartbeat_ms: int = 1000,
         max_message_bytes: int = 4 * 1024 * 1024,
         desired_part_size: int = 50,
+        protocol_version: int = pb.PROTOCOL_VERSION_CURRENT,
+        exact_version: bool = False,
     ) -> None:
         self.tokens = tokens
+        #: what the Welcome says (2: the agent may send packed nodes); ``exact_version``:
+        #: refuse any other version in the Hello, as hubs before version 2 did
+        self.protocol_version = protocol_version
+        self.exact_version = exact_version
         self.heartbeat_ms = heartbeat_ms
         self.max_message_bytes = max_message_bytes
         self.desired_part_size = desired_part_size
@@ -172,6 +182,12 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello")
         if first.hello.cluster != cluster:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "token is for another cluster")
+        if self.exact_version and first.hello.protocol_version != self.protocol_version:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version {first.hello.protocol_version} is not supported "
+                f"(this hub speaks {self.protocol_version})",
+            )
         view = self.view(cluster)
         view.hello = first.hello
         view.served_kinds = list(first.hello.served_kinds)
@@ -184,7 +200,7 @@ class HubPeer(pb_grpc.AgentServiceServicer):
                 welcome=pb.Welcome(
                     cluster=cluster,
                     hub_id="hub-peer",
-                    protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                    protocol_version=min(self.protocol_version, first.hello.protocol_version),
                     heartbeat_interval_ms=self.heartbeat_ms,
                     max_message_bytes=self.max_message_bytes,
                 )
@@ -248,9 +264,13 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             snap = msg.inventory_snapshot
             if snap.part == 0:
                 view._parts = []
+                view.shapes = ShapeBook()
             view._parts.append(snap)
+            if snap.HasField("packed"):
+                view.packed_parts += 1
             if snap.final:
                 nodes = [node_from_pb(n) for p in view._parts for n in p.nodes]
+                nodes += [n for p in view._parts for n in unpack_nodes(p.packed, view.shapes)]
                 view.nodes = {n.name: n for n in nodes}
                 view.node_seen_at = {n.name: now for n in nodes}
                 view.served_kinds = list(snap.served_kinds)
@@ -262,10 +282,11 @@ class HubPeer(pb_grpc.AgentServiceServicer):
             if delta.seq != view.seq + 1:
                 view.seq_errors += 1
             view.seq = delta.seq
-            for n in delta.upserts:
-                node = node_from_pb(n)
-                view.nodes[n.name] = node
-                view.node_seen_at[n.name] = now
+            upserts = [node_from_pb(n) for n in delta.upserts]
+            upserts += unpack_nodes(delta.packed, view.shapes)
+            for node in upserts:
+                view.nodes[node.name] = node
+                view.node_seen_at[node.name] = now
                 view.history.append(node)
             for name in delta.removed:
                 view.nodes.pop(name, None)

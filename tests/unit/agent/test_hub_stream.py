@@ -143,7 +143,7 @@ async def test_hello_then_snapshot_with_served_kinds(peer: HubPeer, running: Rig
     view = peer.view("m1")
     await peer.wait_for(lambda: view.snapshots, what="snapshot")
     assert view.hello is not None
-    assert (view.hello.cluster, view.hello.protocol_version) == ("m1", 1)
+    assert (view.hello.cluster, view.hello.protocol_version) == ("m1", 2)
     assert view.hello.agent_instance == running.stream.instance
     assert view.hello.cluster_uid == "kube-system-uid-1", "which Kubernetes cluster it talks to"
     assert sorted(view.nodes) == ["n0", "n1", "n2"]
@@ -252,3 +252,57 @@ async def test_hub_down_then_back_reconnects(peer: HubPeer, running: Rig) -> Non
     await peer.wait_for(
         lambda: view.sessions >= 2 and view.snapshots >= 2, what="reconnect", within=15
     )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_hub_of_version_2_gets_packed_nodes_and_one_of_version_1_node_messages(
+    token: Path, version: int
+) -> None:
+    """The agent says version 2 in its Hello and packs nodes only when the Welcome says 2; both
+    forms give the hub the same nodes (the reference: the agent's own inventory)."""
+    hub = HubPeer({"secret": "m1"}, protocol_version=version)
+    await hub.start()
+    rig = Rig(hub.address, token)
+    for i in range(40):
+        rig.inventory.upsert_node(hgx_node(f"node-{i:03d}"))
+    task = asyncio.create_task(rig.stream.run())
+    try:
+        view = hub.view("m1")
+        await hub.wait_for(lambda: view.snapshots, what="snapshot")
+        assert view.hello is not None
+        assert view.hello.protocol_version == 2
+        assert view.packed_parts == (1 if version == 2 else 0)
+        assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
+        rig.inventory.upsert_pod(gpu_pod("p1", "node-007", gpus=3))
+        await hub.wait_for(
+            lambda: view.nodes["node-007"].requested.get("nvidia.com/gpu") == 3,
+            what="the delta",
+        )
+        assert view.nodes == {n.name: n for n in rig.inventory.snapshot()}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await hub.stop()
+
+
+async def test_a_hub_of_version_1_that_refuses_version_2_is_spoken_to_in_version_1(
+    token: Path,
+) -> None:
+    """A hub of the release before refused any Hello but its own version: the agent says 1
+    after that refusal and then sends Node messages (a hub rolled back keeps its agents)."""
+    hub = HubPeer({"secret": "m1"}, protocol_version=1, exact_version=True)
+    await hub.start()
+    rig = Rig(hub.address, token)
+    rig.inventory.upsert_node(hgx_node("node-0"))
+    task = asyncio.create_task(rig.stream.run())
+    try:
+        view = hub.view("m1")
+        await hub.wait_for(lambda: view.snapshots, what="snapshot")
+        assert view.hello is not None
+        assert view.hello.protocol_version == 1
+        assert view.packed_parts == 0
+        assert list(view.nodes) == ["node-0"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await hub.stop()

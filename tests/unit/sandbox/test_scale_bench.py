@@ -270,3 +270,33 @@ def test_infinite_options_are_refused(field: str) -> None:
     # overflowed the churn clock in every worker.
     with pytest.raises(ValidationError, match=field):
         ScaleOptions(members=1, nodes_per_member=1, **{field: float("inf")})
+
+
+def test_the_hubs_own_figures_come_from_its_cpu_and_metrics() -> None:
+    """CPU per 1,000 nodes and per job by division (worked here by hand), the loop stall, missed
+    renewals and drift summed over the label sets of the hub's /metrics text."""
+    from gpufed.sandbox.scale_clock import hub_figures
+
+    text = "\n".join(
+        [
+            "# HELP gpufed_hub_event_loop_stall_max_seconds x",
+            "gpufed_hub_event_loop_stall_max_seconds 0.125",
+            "gpufed_hub_event_loop_stall_cpu_max_seconds 0.05",
+            "gpufed_hub_event_loop_stall_seconds_count 4.0",
+            "gpufed_hub_lease_renewals_missed_total 0.0",
+            'gpufed_hub_incremental_drift_total{kind="member_gpus"} 0.0',
+            'gpufed_hub_incremental_drift_total{kind="queue_usage"} 2.0',
+        ]
+    )
+    got = hub_figures(text, ingest_cpu_s=30.0, nodes=20_000, jobs_cpu_s=4.0, jobs=200)
+    assert got == {
+        "hub_cpu_s_per_1000_nodes": 1.5,
+        "hub_cpu_ms_per_job": 20.0,
+        "loop_stall_max_ms": 125.0,
+        "loop_stall_cpu_max_ms": 50.0,
+        "lease_renewals_missed": 0.0,
+        "incremental_drift": 2.0,
+    }
+    old = hub_figures(None, ingest_cpu_s=1.0, nodes=0, jobs_cpu_s=0.0, jobs=0)
+    assert old["loop_stall_max_ms"] is None
+    assert old["hub_cpu_s_per_1000_nodes"] is None
