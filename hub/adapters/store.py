@@ -115,6 +115,14 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: Keys per etcd Range request when the leader loads its state (:meth:`Store.load`). The
+#: hub's records are a few KiB at most (a node's inventory ~1 KiB), so a page stays well under
+#: :data:`MAX_RECEIVE_BYTES`.
+LOAD_PAGE = 500
+#: Largest gRPC message the etcd client accepts (gRPC's default is 4 MiB).
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
 class Store:
     """Typed access to the hub's keys in etcd (see the module docstring for the layout).
 
@@ -134,7 +142,12 @@ class Store:
     ) -> Store:
         """Connect to the first endpoint (``host:port``); raises on a malformed endpoint."""
         host, port = parse_endpoint(endpoints[0])
-        client = aetcd.Client(host=host, port=port, timeout=timeout_s)
+        client = aetcd.Client(
+            host=host,
+            port=port,
+            timeout=timeout_s,
+            options={"grpc.max_receive_message_length": MAX_RECEIVE_BYTES},
+        )
         await client.connect()
         return cls(client, prefix=prefix, hub_id=hub_id)
 
@@ -463,17 +476,49 @@ class Store:
         Raises :class:`StoreError` naming the key of a value that does not decode: a corrupt
         record is a bug to look at, not something to paper over.
         """
-        rng = await self._call(lambda: self._client.get_prefix(self.prefix.encode()))
-        header = getattr(rng, "header", None)
-        out = Loaded(cluster_id=int(getattr(header, "cluster_id", 0) or 0))
-        for kv in rng:
-            key = kv.key.decode()[len(self.prefix) :]
-            parts = key.split("/")
-            try:
-                _load_one(out, parts, kv.value, kv.mod_revision)
-            except ValueError as exc:
-                raise StoreError(f"etcd key {self.prefix}{key}: {exc}") from exc
-        return out
+        prefix = self.prefix.encode()
+        end = aetcd.utils.prefix_range_end(prefix)
+        start, revision = prefix, 0
+        out: Loaded | None = None
+        while True:
+            # Pages of LOAD_PAGE keys, every page at the first page's revision (one consistent
+            # view): etcd answers a range in one gRPC message, and a fleet's inventory is far
+            # more than one message may carry (a 20,000-node fleet is ~20 MB).
+            request = aetcd.rpc.RangeRequest(
+                key=start,
+                range_end=end,
+                limit=LOAD_PAGE,
+                revision=revision,
+                sort_order=aetcd.rpc.RangeRequest.ASCEND,
+                sort_target=aetcd.rpc.RangeRequest.KEY,
+            )
+            page = await self._call(lambda request=request: self._range(request))
+            if out is None:
+                out = Loaded(cluster_id=int(page.header.cluster_id or 0))
+                revision = int(page.header.revision)
+            for kv in page.kvs:
+                key = kv.key.decode()[len(self.prefix) :]
+                try:
+                    _load_one(out, key.split("/"), kv.value, kv.mod_revision)
+                except ValueError as exc:
+                    raise StoreError(f"etcd key {self.prefix}{key}: {exc}") from exc
+            if not page.more or not page.kvs:
+                return out
+            start = bytes(page.kvs[-1].key) + b"\0"
+
+    async def _range(self, request: Any) -> Any:
+        """One etcd Range request (aetcd's ``get_prefix`` has no ``limit``), its gRPC errors
+        translated into aetcd's exceptions as aetcd's own calls are (so the retry verdict
+        classifies them alike)."""
+        client = self._client
+        await client.connect()
+        try:
+            return await client.kvstub.Range(
+                request, timeout=client._timeout, metadata=client.metadata
+            )
+        except aetcd.rpc.AioRpcError as exc:
+            aetcd.exceptions._handle_exception(exc)
+            raise
 
 
 def _load_one(out: Loaded, parts: list[str], value: bytes, revision: int) -> None:
