@@ -36,6 +36,7 @@ Transient etcd errors (unavailable, timeouts) are retried here, once, with jitte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -492,7 +493,7 @@ class Store:
                 sort_order=aetcd.rpc.RangeRequest.ASCEND,
                 sort_target=aetcd.rpc.RangeRequest.KEY,
             )
-            page = await self._call(lambda request=request: self._range(request))
+            page = await self._call(functools.partial(self._range, request))
             if out is None:
                 out = Loaded(cluster_id=int(page.header.cluster_id or 0))
                 revision = int(page.header.revision)
