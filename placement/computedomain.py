@@ -54,9 +54,9 @@ def applies(job: JobShape, cluster: ClusterState, pool: PoolState | None) -> boo
     :func:`wants` a domain, the member serves the CRD, and the pool has multi-node NVLink
     domains."""
     return (
-        pool is not None
+        COMPUTE_DOMAIN_KIND in cluster.served_kinds  # cheapest test first: most members fail it
+        and pool is not None
         and bool(pool.groups["nvlink"])
-        and COMPUTE_DOMAIN_KIND in cluster.served_kinds
         and wants(job)
     )
 

@@ -178,3 +178,12 @@ def test_random_big_cliques_never_break_the_rules() -> None:
         d = place(cd_job(pods=rng.randint(2, 30), gpus=rng.choice([2, 4])), s, POLICY, 0)
         if d.placed:
             check_decision(d, s, nodes)
+
+
+def test_explain_names_the_domain() -> None:
+    from gpufed.placement import render_explanation
+
+    s = fleet(nvl72_cluster("m", cliques=1, kinds=SERVES))
+    text = render_explanation(place(cd_job("train"), s, POLICY, 0))
+    assert "ComputeDomain: train in m" in text
+    assert "ComputeDomain" not in render_explanation(place(cd_job("x", pods=1), s, POLICY, 0))
