@@ -52,6 +52,7 @@ from gpufed.api.labels import (
 )
 from gpufed.api.work import FailureCause, PodIssue, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
+from gpufed.sync.computedomain import domain_condition
 from gpufed.sync.failure import (
     DEFAULT_NODE_GRACE_S,
     NodeHealth,
@@ -61,7 +62,6 @@ from gpufed.sync.failure import (
     suspicion_conditions,
     suspicions,
 )
-from gpufed.sync.computedomain import domain_condition
 from gpufed.sync.status import last_checkpoint, summarize_workload, terminal_phase
 
 log = structlog.get_logger("gpufed.agent.status")

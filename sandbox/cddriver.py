@@ -12,7 +12,7 @@ member with ``computeDomains: true`` (fleet file) it:
   DeviceClass ``compute-domain-default-channel.nvidia.com``;
 * publishes, per GPU node, a ResourceSlice of driver ``compute-domain.nvidia.com`` with one
   channel device ``channel-0`` (``type: channel``, ``id: 0``) (:func:`channel_slice`);
-* runs a loop (:func:`reconcile`, ``python -m gpufed.sandbox.cddriver --kubeconfig F``, one
+* runs a loop (:func:`reconcile`, ``python -m gpufed.sandbox.cddriver --kubeconfig F --context C``, one
   process per member, supervised as ``cd-driver/<member>``) that, for every ComputeDomain,
   creates the channel ResourceClaimTemplate its spec names (owned by the domain, so the garbage
   collector deletes it with the domain; opaque config carrying the domain's UID, as the real
@@ -35,7 +35,6 @@ import time
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.fleet import NodeSpec
@@ -47,6 +46,7 @@ from gpufed.api.labels import (
     GPU_CLIQUE_LABEL,
     GPU_RESOURCE,
 )
+from gpufed.sandbox.kube import api_client, list_nodes_raw
 from gpufed.sandbox.state import SandboxError
 
 _CD_GROUP, _CD_VERSION = COMPUTE_DOMAIN_API_VERSION.split("/")
@@ -180,11 +180,13 @@ def install(api: k8s.ApiClient, specs: list[NodeSpec]) -> int:
     """Install the CRD and the channel DeviceClass and publish the channel slices of ``specs``
     (objects that exist are left as they are); returns the slices published. Raises
     :class:`SandboxError` naming the object the API server refused."""
-    ext = k8s.ApiextensionsV1Api(api)
-    _create(lambda: ext.create_custom_resource_definition(crd(), _request_timeout=30), "CRD")
     custom = k8s.CustomObjectsApi(api)
+    ext = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    _create(lambda: custom.create_cluster_custom_object(*ext, crd(), _request_timeout=30), "CRD")
     slices = [s for s in (channel_slice(n) for n in specs) if s is not None]
-    for obj, plural in [(channel_class(), "deviceclasses")] + [(s, "resourceslices") for s in slices]:
+    for obj, plural in [(channel_class(), "deviceclasses")] + [
+        (s, "resourceslices") for s in slices
+    ]:
         _create(
             lambda o=obj, p=plural: custom.create_cluster_custom_object(
                 _RES_GROUP, _RES_VERSION, p, o, _request_timeout=30
@@ -193,8 +195,8 @@ def install(api: k8s.ApiClient, specs: list[NodeSpec]) -> int:
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # served before the agents' discovery runs
-        got = ext.read_custom_resource_definition(f"{_PLURAL}.{_CD_GROUP}")
-        conds = {c.type: c.status for c in (got.status.conditions or [])} if got.status else {}
+        got: Any = custom.get_cluster_custom_object(*ext, f"{_PLURAL}.{_CD_GROUP}")
+        conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
         if conds.get("Established") == "True":
             break
         time.sleep(0.2)
@@ -290,10 +292,13 @@ def reconcile(api: k8s.ApiClient) -> None:
     """One pass over the member (module doc): templates, node labels, domain statuses."""
     custom = k8s.CustomObjectsApi(api)
     core = k8s.CoreV1Api(api)
-    domains = custom.list_cluster_custom_object(_CD_GROUP, _CD_VERSION, _PLURAL)["items"]
-    claims = custom.list_cluster_custom_object(_RES_GROUP, _RES_VERSION, "resourceclaims")["items"]
-    joined = joined_nodes(claims)
-    nodes = {n.metadata.name: n for n in core.list_node().items}
+    listed: Any = custom.list_cluster_custom_object(_CD_GROUP, _CD_VERSION, _PLURAL)
+    domains: list[dict[str, Any]] = listed["items"]
+    listed = custom.list_cluster_custom_object(_RES_GROUP, _RES_VERSION, "resourceclaims")
+    joined = joined_nodes(listed["items"])
+    labels: dict[str, dict[str, str]] = {
+        n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in list_nodes_raw(api)
+    }
     live: dict[str, set[str]] = {}
     for domain in domains:
         meta = domain["metadata"]
@@ -304,7 +309,7 @@ def reconcile(api: k8s.ApiClient) -> None:
             custom.create_namespaced_custom_object(
                 _RES_GROUP, _RES_VERSION, ns, "resourceclaimtemplates", channel_template(domain)
             )
-        members = sorted(n for n in joined.get(uid, set()) if n in nodes)
+        members = sorted(n for n in joined.get(uid, set()) if n in labels)
         live[uid] = set(members)
         want = int(domain["spec"].get("numNodes") or 0)
         status = {
@@ -313,7 +318,7 @@ def reconcile(api: k8s.ApiClient) -> None:
                 {
                     "name": n,
                     "ipAddress": "10.0.0.1",
-                    "cliqueID": (nodes[n].metadata.labels or {}).get(GPU_CLIQUE_LABEL, ""),
+                    "cliqueID": labels[n].get(GPU_CLIQUE_LABEL, ""),
                     "index": i,
                     "status": "Ready",
                 }
@@ -325,8 +330,8 @@ def reconcile(api: k8s.ApiClient) -> None:
                 custom.patch_namespaced_custom_object_status(
                     _CD_GROUP, _CD_VERSION, ns, _PLURAL, meta["name"], {"status": status}
                 )
-    for name, node in nodes.items():
-        have = (node.metadata.labels or {}).get(COMPUTE_DOMAIN_NODE_LABEL)
+    for name, node_labels in labels.items():
+        have = node_labels.get(COMPUTE_DOMAIN_NODE_LABEL)
         want_uid = next((u for u, ns in live.items() if name in ns), None)
         if have != want_uid:
             with contextlib.suppress(ApiException):
@@ -339,9 +344,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run :func:`reconcile` every ``--interval`` seconds against ``--kubeconfig``'s cluster."""
     parser = argparse.ArgumentParser(prog="gpufed.sandbox.cddriver", description=__doc__)
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--context", required=True)
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args(argv)
-    api = k8s_config.new_client_from_config(config_file=args.kubeconfig)
+    api = api_client(args.kubeconfig, args.context)
     while True:
         try:
             reconcile(api)

@@ -90,7 +90,13 @@ def cd_driver(ep: ClusterEndpoint) -> ComponentSpec:
     member with ``computeDomains: true``. Serves no port; counted ready when still alive after 1 s."""
     return ComponentSpec(
         name=f"cd-driver/{ep.name}",
-        argv=[sys.executable, "-m", "gpufed.sandbox.cddriver", f"--kubeconfig={ep.kubeconfig}"],
+        argv=[
+            sys.executable,
+            "-m",
+            "gpufed.sandbox.cddriver",
+            f"--kubeconfig={ep.kubeconfig}",
+            f"--context={ep.context}",
+        ],
         probe=Probe(kind="process", settle_s=1.0),
         start_timeout_s=30,
     )

@@ -39,8 +39,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
-from gpufed.sandbox import components, controlplane, identities
 from gpufed.sandbox import cddriver as cd_driver
+from gpufed.sandbox import components, controlplane, identities
 from gpufed.sandbox import dradriver as dra_driver
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions

@@ -98,7 +98,9 @@ def add_channel_claim(pod_template: dict[str, Any], domain: str) -> None:
         for c in spec.get("resourceClaims") or []
         if not (isinstance(c, Mapping) and c.get("name") == CHANNEL_CLAIM)
     ]
-    claims.append({"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_template_name(domain)})
+    claims.append(
+        {"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_template_name(domain)}
+    )
     spec["resourceClaims"] = claims
     for container in spec.get("containers") or []:
         if not isinstance(container, dict):

@@ -34,8 +34,8 @@ def _seen(member: client.ApiClient) -> dict[str, Any]:
     }
     allocated = {}
     for c in claims["items"]:
-        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
-            "results", []
+        for r in (
+            ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
         ):
             allocated.setdefault(r["driver"], []).append(r["pool"])
     return {
@@ -87,7 +87,8 @@ def test_a_compute_domain_job_on_nvl72(tmp_path: Path) -> None:
         assert len({seen["cliques"][n] for n in nodes}) == 1
         assert sorted(seen["allocated"]["compute-domain.nvidia.com"]) == sorted(nodes)
         gpus = seen["allocated"]["gpu.nvidia.com"]  # one entry per GPU, its node's pool
-        assert len(gpus) == 32 and set(gpus) == nodes
+        assert len(gpus) == 32
+        assert set(gpus) == nodes
         assert sorted(n["name"] for n in domain["status"]["nodes"]) == sorted(nodes)
         out, _ = demo.communicate(timeout=300)
         assert demo.returncode == 0, out[-4000:]

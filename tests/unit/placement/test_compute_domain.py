@@ -21,7 +21,9 @@ CD_LABEL = "resource.nvidia.com/computeDomain"
 SERVES = frozenset({"Job.batch", CD})
 
 
-def cd_job(name: str = "j", *, pods: int = 8, gpus: int = 4, domain: str = "Auto") -> PlacementRequest:
+def cd_job(
+    name: str = "j", *, pods: int = 8, gpus: int = 4, domain: str = "Auto"
+) -> PlacementRequest:
     req = job(name, gpus=gpus, pods=pods, nvlink="Required")
     return req.model_copy(
         update={"topology": TopologyRequest(nvlink="Required", compute_domain=domain)}  # type: ignore[arg-type]
@@ -42,7 +44,8 @@ def test_32_gpu_job_gets_one_domain_in_one_clique() -> None:
     assert d.outcome == Outcome.PLACED
     assert d.compute_domain
     used = nodes_of(d)
-    assert len(used) == 8 and len({clique_of(n) for n in used}) == 1
+    assert len(used) == 8
+    assert len({clique_of(n) for n in used}) == 1
 
 
 def test_no_domain_where_the_member_does_not_serve_the_crd_or_the_job_says_never() -> None:
@@ -63,7 +66,8 @@ def test_a_clique_with_a_domain_takes_no_second_one() -> None:
     nodes[0] = nodes[0].model_copy(update={"labels": {**nodes[0].labels, CD_LABEL: "uid-x"}})
     s = fleet(member("m", nodes, kinds=SERVES))
     d = place(cd_job("a"), s, POLICY, 0)
-    assert d.placed and {clique_of(n) for n in nodes_of(d)} == {"m-c1"}
+    assert d.placed
+    assert {clique_of(n) for n in nodes_of(d)} == {"m-c1"}
     # a reservation (placed, not yet labelled) takes clique 1 too: nothing is left
     s.reserve(d, now=0)
     d2 = place(cd_job("b", pods=2), s, POLICY, 1, explain=True)

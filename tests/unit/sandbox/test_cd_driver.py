@@ -41,7 +41,8 @@ def test_crd_names_the_documented_fields() -> None:
     c = crd()
     assert c["metadata"]["name"] == "computedomains.resource.nvidia.com"
     (version,) = c["spec"]["versions"]
-    assert version["name"] == "v1beta1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1beta1"
+    assert version["subresources"] == {"status": {}}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert set(spec) == {"numNodes", "channel"}
     assert spec["channel"]["properties"]["allocationMode"]["enum"] == ["Single", "All"]
@@ -73,7 +74,9 @@ def test_template_and_joined_nodes() -> None:
         "spec": {"devices": {"requests": []}},
         "status": {
             "allocation": {
-                "devices": {"results": [{"driver": "gpu.nvidia.com", "pool": "n2", "device": "gpu-0"}]}
+                "devices": {
+                    "results": [{"driver": "gpu.nvidia.com", "pool": "n2", "device": "gpu-0"}]
+                }
             }
         },
     }

@@ -102,9 +102,10 @@ def test_prepared_manifests_carry_the_domain_and_every_gpu_pods_channel_claim() 
     assert "resourceClaims" not in launcher
     assert all("claims" not in (c.get("resources") or {}) for c in launcher["containers"])
     # the input is untouched, and without a domain nothing is added
-    assert "resourceClaims" not in JOBSET["spec"]["replicatedJobs"][0]["template"]["spec"][
-        "template"
-    ]["spec"]
+    assert (
+        "resourceClaims"
+        not in JOBSET["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    )
     plain = prepare_manifests(
         JOBSET, job_uid="u1", job_name="train", namespace="team-a", origin="hub-1"
     )
@@ -122,16 +123,24 @@ def test_existing_claims_are_kept_and_the_channel_is_not_added_twice() -> None:
         "spec": {"template": pod},
     }
     spec = ComputeDomainSpec(name="j", nodes=2, pod_sets=("main",))
-    once = prepare_manifests(job, job_uid="u", job_name="j", namespace="n", origin="o", compute_domain=spec)
-    again = prepare_manifests(once[0], job_uid="u", job_name="j", namespace="n", origin="o", compute_domain=spec)
+    once = prepare_manifests(
+        job, job_uid="u", job_name="j", namespace="n", origin="o", compute_domain=spec
+    )
+    again = prepare_manifests(
+        once[0], job_uid="u", job_name="j", namespace="n", origin="o", compute_domain=spec
+    )
     pspec = again[0]["spec"]["template"]["spec"]
     assert [c["name"] for c in pspec["resourceClaims"]] == ["gpus", CHANNEL_CLAIM]
-    assert pspec["containers"][0]["resources"]["claims"] == [{"name": "gpus"}, {"name": CHANNEL_CLAIM}]
+    assert pspec["containers"][0]["resources"]["claims"] == [
+        {"name": "gpus"},
+        {"name": CHANNEL_CLAIM},
+    ]
 
 
 def test_long_names_stay_valid() -> None:
     name = channel_template_name("x" * 253)
-    assert len(name) <= 253 and name.endswith("-imex-channel")
+    assert len(name) <= 253
+    assert name.endswith("-imex-channel")
     assert channel_template_name("x" * 253) != channel_template_name("x" * 252 + "y")
 
 
