@@ -46,6 +46,7 @@ from gpufed.api.labels import (
     GPU_CLIQUE_LABEL,
     GPU_RESOURCE,
 )
+from gpufed.sandbox.dradriver import resource_slice
 from gpufed.sandbox.kube import api_client, list_nodes_raw
 from gpufed.sandbox.state import SandboxError
 
@@ -158,22 +159,8 @@ def channel_slice(spec: NodeSpec) -> dict[str, Any] | None:
     """The channel ResourceSlice of a GPU node (None for a node without GPUs)."""
     if not spec.dra_gpus and not int(spec.allocatable.get(GPU_RESOURCE) or 0):
         return None
-    return {
-        "apiVersion": f"{_RES_GROUP}/{_RES_VERSION}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{spec.name}-{DRA_COMPUTE_DOMAIN_DRIVER}"},
-        "spec": {
-            "driver": DRA_COMPUTE_DOMAIN_DRIVER,
-            "nodeName": spec.name,
-            "pool": {"name": spec.name, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": "channel-0",
-                    "attributes": {"type": {"string": "channel"}, "id": {"int": 0}},
-                }
-            ],
-        },
-    }
+    channel = {"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}
+    return resource_slice(spec.name, DRA_COMPUTE_DOMAIN_DRIVER, [channel])
 
 
 def install(api: k8s.ApiClient, specs: list[NodeSpec]) -> int:
