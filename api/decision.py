@@ -89,7 +89,9 @@ class Decision(_Frozen):
     scorer's part, best first, only when ``explained``. ``rejections``:
     for every member that cannot take the job, the plugin and reason; filled when the job did
     not fit or when an explanation was asked for (``explained``). ``decided_at``: the ``now``
-    given to placement (seconds since the epoch, or simulated seconds).
+    given to placement (seconds since the epoch, or simulated seconds). ``compute_domain``: the
+    job gets a ComputeDomain in ``cluster``, named after the job (its GPU pods span several
+    nodes of one clique of a member serving the CRD: :mod:`gpufed.placement.computedomain`).
     """
 
     job: str
@@ -108,6 +110,7 @@ class Decision(_Frozen):
     explained: bool = False
     policy: str = "default"
     decided_at: float = 0.0
+    compute_domain: bool = False
 
     @model_validator(mode="after")
     def _placed_has_target(self) -> Decision:
@@ -137,8 +140,10 @@ class Reservation(_Frozen):
 
     ``nodes``: node name -> resource -> amount promised on that node. ``created_at``: seconds
     (the ``now`` of the reservation); the entry expires at ``created_at + ttl_s`` if the job's
-    pods never show up in the member's inventory. Plain data, so the hub can store it in etcd
-    as JSON and reload it.
+    pods never show up in the member's inventory. ``compute_domain``: the job gets a
+    ComputeDomain (placement keeps other ComputeDomain jobs out of the cliques of ``nodes``
+    until the member labels them). Plain data, so the hub can store it in etcd as JSON and
+    reload it.
     """
 
     job_uid: str = Field(min_length=1)
@@ -147,6 +152,7 @@ class Reservation(_Frozen):
     nodes: dict[str, dict[str, int]]
     created_at: float
     ttl_s: float = Field(gt=0)
+    compute_domain: bool = False
 
     @property
     def expires_at(self) -> float:
@@ -183,4 +189,5 @@ class Reservation(_Frozen):
             nodes=decision.node_requests(),
             created_at=now,
             ttl_s=ttl_s,
+            compute_domain=decision.compute_domain,
         )

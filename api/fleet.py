@@ -373,11 +373,15 @@ class NodePoolSpec(_Model):
 
 class ClusterSpec(_Model):
     """One member cluster: ``name`` (DNS label; also its kubeconfig context), ``labels`` (the
-    MemberCluster labels that ``clusterSelector`` matches) and its ``node_pools``."""
+    MemberCluster labels that ``clusterSelector`` matches), its ``node_pools``, and
+    ``computeDomains``: install NVIDIA's ComputeDomain CRD in it, with the sandbox's simulated
+    ComputeDomain controller (:mod:`gpufed.sandbox.cddriver`), so multi-node NVLink jobs get
+    ComputeDomains there."""
 
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
     node_pools: tuple[NodePoolSpec, ...]
+    compute_domains: bool = False
 
     @field_validator("name")
     @classmethod

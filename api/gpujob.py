@@ -97,6 +97,7 @@ __all__ = [
 Reschedule = Literal["Never", "OnClusterLoss"]
 NVLink = Literal["Required", "Preferred", "None"]
 Level = Literal["Required", "Preferred"]
+ComputeDomainPolicy = Literal["Auto", "Never"]
 Allocation = Literal["binpack", "spread"]
 
 KIND = "GPUJob"
@@ -132,6 +133,10 @@ class Topology(CRDModel):
     ``nvlink``: ``Required`` = every pod inside one NVLink domain (one HGX node, or one NVL72
     clique), ``Preferred`` = try to, ``None`` = do not care. ``rack`` / ``block``: optionally
     keep every pod within one rack / block (node labels named in the hub's configuration).
+    ``computeDomain``: ``Auto`` = a job with ``nvlink: Required`` placed on several nodes of one
+    NVL72 clique of a member that serves NVIDIA's ComputeDomain CRD gets a ComputeDomain (its
+    multi-node NVLink) and every pod its channel claim; ``Never`` = no ComputeDomain
+    (docs/placement.md "DRA and ComputeDomains").
     """
 
     nvlink: NVLink = "Preferred"
@@ -143,6 +148,13 @@ class Topology(CRDModel):
     block: Level | None = None
     """`Required` or `Preferred`: keep every pod within one network block (the agent's
     `--block-label`); unset: no constraint."""
+    compute_domain: ComputeDomainPolicy = "Auto"
+    """`Auto` (default): when the job has `nvlink: Required` and is placed on more than one node
+    of one NVLink clique of a member that serves the `ComputeDomain` CRD
+    (`resource.nvidia.com/v1beta1`, NVIDIA's DRA driver), gpufed creates one ComputeDomain named
+    after the job in the member, deleted with it, and gives every pod its IMEX channel claim;
+    placement then keeps the pods in one clique of at most 18 nodes that holds no other
+    ComputeDomain. `Never`: no ComputeDomain (the pods get no multi-node NVLink channel)."""
 
 
 #: Longest run-time limit a job may declare (``spec.placement.timeLimitSeconds``): 30 days.

@@ -96,6 +96,11 @@ class PlacementStatus(CRDModel):
     did not fit)."""
     message: str = ""
     """One-line summary of the decision."""
+    compute_domain: str | None = None
+    """The ComputeDomain (`resource.nvidia.com/v1beta1`) gpufed creates for the job in `cluster`,
+    named after the job, when its pods need one NVLink domain and span several nodes of a clique
+    (`spec.placement.topology.computeDomain: Auto`); its readiness is the workload condition
+    `ComputeDomainReady`."""
     explained: bool = False
     """True when every member's score or rejection was recorded (fleets up to the hub's
     `--explain-members`); false when only the winner was."""

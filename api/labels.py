@@ -97,6 +97,14 @@ MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"  # none | single | mixed
 DRA_GPU_DRIVER: Final = "gpu.nvidia.com"
 #: DeviceClass of MIG devices published through DRA.
 DRA_MIG_CLASS: Final = "mig.nvidia.com"
+#: NVIDIA's ComputeDomain (multi-node NVLink through IMEX): its API version, ``Kind.group``, the
+#: driver and DeviceClass of its channels, and the node label its controller sets on the nodes
+#: where a domain's channel claim is prepared (value: the domain's UID).
+COMPUTE_DOMAIN_API_VERSION: Final = "resource.nvidia.com/v1beta1"
+COMPUTE_DOMAIN_KIND: Final = "ComputeDomain.resource.nvidia.com"
+DRA_COMPUTE_DOMAIN_DRIVER: Final = "compute-domain.nvidia.com"
+DRA_CHANNEL_CLASS: Final = "compute-domain-default-channel.nvidia.com"
+COMPUTE_DOMAIN_NODE_LABEL: Final = "resource.nvidia.com/computeDomain"
 
 # --- Kubernetes well-known keys ------------------------------------------------------------------
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"

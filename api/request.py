@@ -121,11 +121,15 @@ class TopologyRequest(_Frozen):
     ``nvlink``: ``Required`` = all pods of the job inside one NVLink domain (one HGX node, or
     one NVL72 clique), ``Preferred`` = try to, ``None`` = do not care. ``rack`` / ``block``:
     optionally keep every pod within one rack / block (node labels named in configuration).
+    ``compute_domain``: ``Auto`` = a ``Required`` job spanning nodes of a clique gets a
+    ComputeDomain where the member serves the CRD (:mod:`gpufed.placement.computedomain`);
+    ``Never`` = none.
     """
 
     nvlink: NVLinkPolicy = "Preferred"
     rack: LevelPolicy | None = None
     block: LevelPolicy | None = None
+    compute_domain: Literal["Auto", "Never"] = "Auto"
 
 
 class PlacementRequest(_Frozen):

@@ -33,7 +33,7 @@ from gpufed.agent.metrics import AgentMetrics, serve_health
 from gpufed.agent.status import StatusReporter
 from gpufed.agent.work import WorkManager
 from gpufed.api.inventory import NodeInventory, TopologyLabels, summarize
-from gpufed.api.labels import GPU_RESOURCE, is_mig_resource
+from gpufed.api.labels import COMPUTE_DOMAIN_KIND, GPU_RESOURCE, is_mig_resource
 from gpufed.api.resources import format_quantity
 from gpufed.sync.manifests import WORKLOAD_KINDS
 
@@ -157,7 +157,9 @@ class Agent:
     async def served_kinds(self) -> list[str]:
         """Workload kinds (``Kind.group``) the member serves, by API discovery; refreshed on
         every hub connect, which also starts status watches for newly served kinds."""
-        candidates = WORKLOAD_KINDS & self.config.allowed_kinds
+        # ComputeDomain: not a workload, but whether the member serves it decides placement
+        # (gpufed.placement.computedomain), and its status is watched for the job's condition
+        candidates = (WORKLOAD_KINDS & self.config.allowed_kinds) | {COMPUTE_DOMAIN_KIND}
         try:
             self._served = await self.api.served_kinds(candidates)
         except Exception as exc:

@@ -44,9 +44,15 @@ import structlog
 from gpufed.agent.informer import Informer
 from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import ATTEMPT_ANNOTATION, JOB_UID_LABEL, LAST_CHECKPOINT_ANNOTATION
+from gpufed.api.labels import (
+    ATTEMPT_ANNOTATION,
+    COMPUTE_DOMAIN_KIND,
+    JOB_UID_LABEL,
+    LAST_CHECKPOINT_ANNOTATION,
+)
 from gpufed.api.work import FailureCause, PodIssue, WorkloadStatus
 from gpufed.sync.apply import ObjectRef
+from gpufed.sync.computedomain import domain_condition
 from gpufed.sync.failure import (
     DEFAULT_NODE_GRACE_S,
     NodeHealth,
@@ -163,11 +169,15 @@ class _ObjectEvents:
             "status": obj.get("status") or {},
         }
         self.r._objects[key]["metadata"].pop("managedFields", None)
+        if self.kind == COMPUTE_DOMAIN_KIND:
+            self.r._domains[_job_uid(obj)] = key
         self.r._mark(_job_uid(obj))
 
     def delete(self, obj: dict[str, Any]) -> None:
         key = self._key(obj)
         cached = self.r._objects.pop(key, None)
+        if self.kind == COMPUTE_DOMAIN_KIND:
+            self.r._domains.pop(_job_uid(obj), None)
         # The DELETED event carries the object's final state; the cache is older.
         final = obj if obj.get("status") or cached is None else cached
         self.r._gone(key, final)
@@ -176,7 +186,10 @@ class _ObjectEvents:
         seen, self._relist = self._relist or set(), None
         for key in [k for k in self.r._objects if k[0] == self.kind and k not in seen]:
             # Deleted while unwatched: the last cached state is the last word we have.
-            self.r._gone(key, self.r._objects.pop(key))
+            gone = self.r._objects.pop(key)
+            if self.kind == COMPUTE_DOMAIN_KIND:
+                self.r._domains.pop(_job_uid(gone), None)
+            self.r._gone(key, gone)
 
 
 class _PodEvents:
@@ -250,6 +263,8 @@ class StatusReporter:
         self._metrics = metrics
         self._tracked: dict[str, _Tracked] = {}
         self._objects: dict[_ObjKey, dict[str, Any]] = {}
+        # job UID -> key of its ComputeDomain in _objects (a job has at most one)
+        self._domains: dict[str, _ObjKey] = {}
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
         self._last: dict[str, WorkloadStatus] = {}
         self._final: dict[str, _Final] = {}  # job uid -> its finished, deleted main object
@@ -524,6 +539,11 @@ class StatusReporter:
                     ),
                 }
             )
+        domain = self._domain_of(uid)
+        if domain is not None:  # the job's ComputeDomain (gpufed.sync.computedomain)
+            status = status.model_copy(
+                update={"conditions": (*status.conditions, domain_condition(domain))}
+            )
         checkpoint = last_checkpoint(obj, pods, now=self._wall())
         if checkpoint.refused != tracked.refused:
             tracked.refused = checkpoint.refused
@@ -539,6 +559,11 @@ class StatusReporter:
         if not checkpoint.time:
             return status
         return status.model_copy(update={"last_checkpoint_time": checkpoint.time})
+
+    def _domain_of(self, uid: str) -> dict[str, Any] | None:
+        """The cached ComputeDomain of job ``uid`` (None when it has none or it is not seen)."""
+        key = self._domains.get(uid)
+        return self._objects.get(key) if key is not None else None
 
     def _failure(
         self, uid: str, tracked: _Tracked, status: WorkloadStatus, pods: Iterable[dict[str, Any]]

@@ -33,7 +33,7 @@ import structlog
 
 from gpufed.agent.held import EpochGuard, held_jobs, stamp
 from gpufed.agent.metrics import AgentMetrics
-from gpufed.api.labels import DEFAULT_ORIGIN
+from gpufed.api.labels import COMPUTE_DOMAIN_KIND, DEFAULT_ORIGIN
 from gpufed.api.stream import HeldJob
 from gpufed.api.work import WorkAck, WorkItem
 from gpufed.sync.apply import (
@@ -130,7 +130,9 @@ class WorkManager:
         self.member = member
         self._ack = ack
         self._status = status
-        self.allowed_kinds = frozenset(allowed_kinds)
+        # a ComputeDomain is only ever one the hub rendered for the job (never a user's: the
+        # hub's allow-list refuses the kind in templates), so the agent may always apply it
+        self.allowed_kinds = frozenset(allowed_kinds) | {COMPUTE_DOMAIN_KIND}
         self._metrics = metrics
         self._jobs: dict[str, _Job] = {}
         # Namespaces this agent saw exist: most jobs land in a namespace used before, so the

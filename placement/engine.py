@@ -41,6 +41,7 @@ from gpufed.api.decision import (
     RejectionCode,
 )
 from gpufed.api.request import PlacementRequest
+from gpufed.placement import computedomain as cdrule
 from gpufed.placement.fit import Plan
 from gpufed.placement.index import PoolState
 from gpufed.placement.member import ClusterState
@@ -151,7 +152,7 @@ def place(
             continue
         pmemo = memo.pool(pool)
         tier = clique_tier(job, pool) if policy.keep_cliques else 0
-        if fkey is not None:
+        if fkey is not None and not cdrule.applies(job, c, pool):
             if held is None:
                 hit = pmemo.recall(fkey)
                 if hit is not None:
@@ -200,9 +201,15 @@ def place(
         if known is None:
             held = hold.get(name) if hold else None
             exclude = held.nodes if held is not None else frozenset()
-            result = planner.plan(job, c, pool, exclude)
+            cd = cdrule.applies(job, c, pool)
+            if cd:  # ComputeDomain rules: no clique that holds a domain, at most 18 nodes
+                result = cdrule.plan_domain(job, c, pool, exclude, planner, snapshot)
+            else:
+                result = planner.plan(job, c, pool, exclude)
             plan_memo = (
-                memo.pool(pool) if pool is not None and fkey is not None and not exclude else None
+                memo.pool(pool)
+                if pool is not None and fkey is not None and not exclude and not cd
+                else None
             )
             if isinstance(result, Status):
                 if exclude and held is not None:
@@ -386,6 +393,7 @@ def _placed(
         explained=explained,
         policy=policy.name,
         decided_at=now,
+        compute_domain=cdrule.gets_domain(job, plan.cluster, plan),
     )
 
 

@@ -25,6 +25,12 @@ def render_explanation(decision: Decision) -> str:
         shown = ", ".join(decision.nvlink_domains[:8])
         more = len(decision.nvlink_domains) - 8
         lines.append(f"  NVLink domains: {shown}" + (f" (+{more} more)" if more > 0 else ""))
+    if decision.compute_domain:
+        name = decision.job.rpartition("/")[2]
+        lines.append(
+            f"  ComputeDomain: {name} in {decision.cluster} (multi-node NVLink; readiness: "
+            "condition ComputeDomainReady)"
+        )
     for ps in decision.pod_sets:
         per_pod = ", ".join(f"{r}={a}" for r, a in sorted(ps.requests.items()) if a)
         nodes = ", ".join(f"{n} x{k}" for n, k in sorted(ps.nodes.items()))

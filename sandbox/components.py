@@ -11,6 +11,7 @@ certificates and kubeconfigs they name come from :mod:`gpufed.sandbox.pki` and
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -82,6 +83,23 @@ def cluster_components(
             kwok(bins, ep, config=cdir / "kwok.yaml", workdir=cdir / "kwok", lease_s=lease_s),
         ]
     return out
+
+
+def cd_driver(ep: ClusterEndpoint) -> ComponentSpec:
+    """Member ``ep``'s simulated ComputeDomain controller (:mod:`gpufed.sandbox.cddriver`), for a
+    member with ``computeDomains: true``. Serves no port; counted ready when still alive after 1 s."""
+    return ComponentSpec(
+        name=f"cd-driver/{ep.name}",
+        argv=[
+            sys.executable,
+            "-m",
+            "gpufed.sandbox.cddriver",
+            f"--kubeconfig={ep.kubeconfig}",
+            f"--context={ep.context}",
+        ],
+        probe=Probe(kind="process", settle_s=1.0),
+        start_timeout_s=30,
+    )
 
 
 def write_config_files(info: SandboxInfo) -> None:

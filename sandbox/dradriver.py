@@ -83,14 +83,20 @@ def node_slice(spec: NodeSpec) -> dict[str, Any] | None:
                 "capacity": {"memory": {"value": str(group.capacity["memory"])}},
             }
         )
+    return resource_slice(spec.name, DRA_GPU_DRIVER, devices)
+
+
+def resource_slice(node: str, driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one ResourceSlice of ``driver`` on ``node``: pool named after the node, generation 1,
+    named ``<node>-<driver>`` (as NVIDIA's kubelet plugins publish them)."""
     return {
         "apiVersion": f"{_GROUP}/{_VERSION}",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{spec.name}-{DRA_GPU_DRIVER}"},
+        "metadata": {"name": f"{node}-{driver}"},
         "spec": {
-            "driver": DRA_GPU_DRIVER,
-            "nodeName": spec.name,
-            "pool": {"name": spec.name, "generation": 1, "resourceSliceCount": 1},
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
             "devices": devices,
         },
     }

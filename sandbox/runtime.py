@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
+from gpufed.sandbox import cddriver as cd_driver
 from gpufed.sandbox import components, controlplane, identities
 from gpufed.sandbox import dradriver as dra_driver
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
@@ -296,6 +297,9 @@ class Sandbox:
         components.write_config_files(info)
         for spec in components.cluster_components(info, bins, pki, ports):
             self.supervisor.register(spec)
+        for cluster in fleet.clusters:
+            if cluster.compute_domains:  # the simulated ComputeDomain controller
+                self.supervisor.register(components.cd_driver(clusters[cluster.name]))
         if control_plane is not None:
             cp = controlplane.configure(
                 self.supervisor,
@@ -348,12 +352,17 @@ class Sandbox:
             client = info.api_client(cluster.name, pool_size=16)
             create_nodes(client, specs)
             dra_driver.publish(client, specs)  # the simulated DRA driver (dra: true pools)
+            if cluster.compute_domains:  # its ComputeDomain CRD, channel class and slices
+                cd_driver.install(client, specs)
         created = f"{total} node{'' if total == 1 else 's'} created"
         say(f"  {created:<44} in {time.monotonic() - t0:5.1f}s")
         t0 = time.monotonic()
         limit = nodes_timeout_s if nodes_timeout_s is not None else 90 + 0.1 * total
         self._wait_nodes_ready(info, fleet, limit)
         say(f"  {'all nodes Ready':<44} in {time.monotonic() - t0:5.1f}s")
+        drivers = [f"cd-driver/{c.name}" for c in fleet.clusters if c.compute_domains]
+        if drivers:
+            sup.start_many(drivers)
         if info.control_plane is not None:
             self._start_control_plane(info, fleet)
         final = info.model_copy(

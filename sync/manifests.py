@@ -41,6 +41,8 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
    class the member lacks is refused by its Priority admission, and the job would hang), and a
    member-side priority would let the member's kube-scheduler preempt other tenants' gpufed
    pods behind the hub's back.
+8. **ComputeDomain** (when placement gave the job one): the ``ComputeDomain`` object, owned
+   like the rest, and every GPU pod's channel claim (:mod:`gpufed.sync.computedomain`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ from gpufed.api.labels import (
 # The workload kinds and their pod templates live in sync/workloads.py; their names are
 # re-exported here, so `from gpufed.sync.manifests import WORKLOAD_KINDS,
 # workload_pod_templates` keeps working.
+from gpufed.sync.computedomain import (
+    ComputeDomainSpec,
+    add_channel_claim,
+    compute_domain_object,
+)
 from gpufed.sync.workloads import (
     WORKLOAD_KINDS,
     PodTemplateRef,
@@ -179,6 +186,7 @@ def prepare_manifests(
     clique_label: str = GPU_CLIQUE_LABEL,
     attempt: int | None = None,
     node_not_ready_s: int | None = None,
+    compute_domain: ComputeDomainSpec | None = None,
 ) -> list[dict[str, Any]]:
     """The objects of ``template`` ready to apply in a member (steps 1-7 of the module doc).
 
@@ -187,8 +195,9 @@ def prepare_manifests(
         the hub's id; ``pinning``: pod set name -> where placement put it (names as
         :func:`workload_pod_templates` gives them); ``attempt``: the placement attempt (None: not
     stamped, as when intake only validates); ``node_not_ready_s``: the job's
-    ``spec.placement.retry.nodeNotReadySeconds`` (None or 300: not stamped). The input is not
-    modified.
+    ``spec.placement.retry.nodeNotReadySeconds`` (None or 300: not stamped);
+    ``compute_domain``: the ComputeDomain placement gave the job (step 8; None: none). The input
+    is not modified.
 
         Raises :class:`~gpufed.api.errors.FieldError` naming the field for a refused kind, a foreign namespace, a
         cluster-scoped attempt or a List item without a name, and for a template past the
@@ -263,6 +272,12 @@ def prepare_manifests(
         if isinstance(pod_spec, dict):
             pod_spec.pop("priorityClassName", None)
             pod_spec.pop("priority", None)
+        if compute_domain is not None and ref.pod_set in compute_domain.pod_sets:
+            add_channel_claim(pod_template, compute_domain.name)
+    if compute_domain is not None:
+        domain = compute_domain_object(compute_domain, namespace)
+        _own(domain["metadata"], job_uid=job_uid, job_key=f"{namespace}/{job_name}", origin=origin)
+        prepared.append(domain)
     return prepared
 
 

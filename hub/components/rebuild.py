@@ -42,6 +42,7 @@ from gpufed.hub.components.state import JobState, MemberState, WorkState
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import AckRecord, JobRecord, WorkRecord
+from gpufed.sync.computedomain import ComputeDomainSpec, compute_domain_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.components.rebuild")
@@ -162,6 +163,7 @@ class Rebuild:
                 allowed_kinds=self._term.config.allowed_kinds,
                 attempt=claim.attempt,
                 node_not_ready_s=(job.obj.spec.placement.retry or Retry()).node_not_ready_seconds,
+                compute_domain=self._compute_domain(job, claim.cluster),
             )
         except FieldError as exc:
             log.warning("hub.rebuild.unpreparable", job=job.key, error=str(exc))
@@ -222,6 +224,14 @@ class Rebuild:
                 ),
             )
         self._dispatch.enqueue(claim.cluster, uid)
+
+    def _compute_domain(self, job: JobState, cluster: str) -> ComputeDomainSpec | None:
+        """The ComputeDomain the placement gave the job (``status.placement``), so the adopt
+        keeps it; None when it gave none or the status does not say."""
+        placement = job.status.placement
+        if placement is None or placement.cluster != cluster:
+            return None
+        return compute_domain_of(st.decision_from_status(job.key, job.uid, placement))
 
     def _pinning(self, job: JobState, cluster: str) -> dict[str, PodSetPinning] | None:
         """The pinning the placement wrote (``status.placement``), so the adopt applies the same

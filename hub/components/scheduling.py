@@ -72,6 +72,7 @@ from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import gpus_of, pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
+from gpufed.sync.computedomain import compute_domain_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
 log = structlog.get_logger("gpufed.hub.components.scheduling")
@@ -436,6 +437,7 @@ class Scheduler:
                     node_not_ready_s=(
                         job.obj.spec.placement.retry or Retry()
                     ).node_not_ready_seconds,
+                    compute_domain=compute_domain_of(decision),
                 )
             except FieldError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")

@@ -308,6 +308,7 @@ def _request(
             nvlink=placement.topology.nvlink,
             rack=placement.topology.rack,
             block=placement.topology.block,
+            compute_domain=placement.topology.compute_domain,
         ),
         priority=placement.priority,
         checkpoint_interval_s=(

@@ -534,6 +534,7 @@ def placement_status(decision: Decision) -> PlacementStatus:
             for r in decision.rejections
         ],
         message=decision.message,
+        compute_domain=decision.job.rpartition("/")[2] if decision.compute_domain else None,
         explained=decision.explained,
         policy=decision.policy,
         decided_time=rfc3339(decision.decided_at) if decision.decided_at else None,
@@ -566,4 +567,5 @@ def decision_from_status(job: str, uid: str, placement: PlacementStatus) -> Deci
         explained=placement.explained,
         policy=placement.policy or "default",
         decided_at=parse_rfc3339(placement.decided_time) if placement.decided_time else 0.0,
+        compute_domain=placement.compute_domain is not None,
     )

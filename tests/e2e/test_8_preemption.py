@@ -43,7 +43,9 @@ def test_a_clique_job_preempts_the_jobs_of_one_clique_and_runs_there(
 ) -> None:
     hub = classes.hub
     clique = {"nvlink": "Required"}
-    low = {"gpuProducts": [GB200], "priorityClassName": "e2e-low", "topology": clique}
+    # two low jobs share each clique: without ComputeDomains (one domain per clique at most)
+    shared = {"nvlink": "Required", "computeDomain": "Never"}
+    low = {"gpuProducts": [GB200], "priorityClassName": "e2e-low", "topology": shared}
     # 4 jobs of 9 pods x 4 GPUs: two fill each 72-GPU clique.
     names = [f"low{i}" for i in range(4)]
     for name in names:

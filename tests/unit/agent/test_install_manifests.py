@@ -126,7 +126,11 @@ def test_the_workload_role_manages_exactly_the_allowed_kinds() -> None:
     plural |= {
         "ResourceClaimTemplate.resource.k8s.io": ("resource.k8s.io", "resourceclaimtemplates")
     }
-    assert set(rules) == {plural[k] for k in DEFAULT_ALLOWED_KINDS}
+    # plus the ComputeDomain the hub renders for a multi-node NVLink job (never a user's)
+    plural |= {"ComputeDomain.resource.nvidia.com": ("resource.nvidia.com", "computedomains")}
+    assert set(rules) == {
+        plural[k] for k in DEFAULT_ALLOWED_KINDS | {"ComputeDomain.resource.nvidia.com"}
+    }
     for verbs in rules.values():
         assert {"get", "list", "watch", "create", "delete"} <= verbs
     assert "patch" not in rules[("batch", "jobs")]  # create-only

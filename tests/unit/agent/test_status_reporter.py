@@ -556,3 +556,32 @@ async def test_run_rechecks_when_the_grace_period_ends() -> None:
     cause = sent.items[-1].failure
     assert cause is not None
     assert cause.reason == "NodeNotReady"
+
+
+def test_the_jobs_compute_domain_readiness_is_a_condition_of_its_status() -> None:
+    r, sent, jobs, _pods = reporter()
+    domains = _ObjectEvents(r, "ComputeDomain.resource.nvidia.com")
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1}))
+    r.flush()
+    domain = {
+        "metadata": {"name": "train", "namespace": "team-a", "labels": {"gpufed.io/job-uid": "u1"}},
+        "status": {"status": "NotReady"},
+    }
+    domains.upsert(domain)
+    r.flush()
+    domain["status"] = {"status": "Ready", "nodes": [{"name": "n1"}, {"name": "n2"}]}
+    domains.upsert(domain)
+    r.flush()
+    cds = [
+        [(c.status, c.message) for c in s.conditions if c.type == "ComputeDomainReady"]
+        for s in sent.items
+    ]
+    assert cds == [
+        [],
+        [("False", "ComputeDomain train: NotReady, 0 nodes joined")],
+        [("True", "ComputeDomain train: Ready, 2 nodes joined")],
+    ]
+    domains.delete(domain)  # deleted with the job: the condition goes
+    r.flush()
+    assert not [c for c in sent.items[-1].conditions if c.type == "ComputeDomainReady"]

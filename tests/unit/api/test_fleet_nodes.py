@@ -168,7 +168,10 @@ def test_example_fleet_totals() -> None:
         return sum(int(n.allocatable.get(res, "0")) for n in nodes)
 
     by = {c.name: node_specs(c) for c in spec.clusters}
-    assert (len(by["us-east-hgx"]), gpus(by["us-east-hgx"])) == (8, 64)
+    # 8 device-plugin HGX nodes, and 2 whose 16 GPUs are published through DRA (not allocatable)
+    assert (len(by["us-east-hgx"]), gpus(by["us-east-hgx"])) == (10, 64)
+    assert sum(n.dra_gpus for n in by["us-east-hgx"]) == 16
+    assert spec.cluster("eu-nvl72").compute_domains
     assert (len(by["eu-nvl72"]), gpus(by["eu-nvl72"])) == (36, 144)
     assert len({n.labels[GPU_CLIQUE_LABEL] for n in by["eu-nvl72"]}) == 2
     assert (len(by["ap-a100-mig"]), gpus(by["ap-a100-mig"])) == (4, 24)
