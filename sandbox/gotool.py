@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from gpufed.sandbox.binaries import (
     build_lock,
     cache_root,
     go_binary,
+    go_env,
     go_version,
     read_stamp,
     run_go_build,
@@ -162,3 +164,31 @@ class PinnedTool:
                 f"{cache_root() / 'bin'}); run `gpufed local build`"
             )
         return self.build(progress=progress)
+
+    def module_dir(self, gobuild: Path = GOBUILD_DIR) -> Path:
+        """The pinned module's directory in the Go module cache (read-only files: CRDs,
+        webhook manifests), downloading it (checked against the committed go.sum) when it is
+        not there yet. Needs Go; :class:`BinariesError` when the download fails or Go is
+        missing."""
+        version = self.version(gobuild)
+        proc = subprocess.run(
+            [go_binary(), "mod", "download", "-json", f"{self.module}@{version}"],
+            cwd=self.recipe(gobuild),
+            env=go_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            info = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        except ValueError:
+            info = {}
+        directory = info.get("Dir") if isinstance(info, dict) else None
+        if proc.returncode != 0 or not directory:
+            detail = (info.get("Error") if isinstance(info, dict) else None) or proc.stderr.strip()
+            raise BinariesError(
+                f"cannot find {self.module}@{version} in the Go module cache: `go mod download` "
+                f"failed ({detail or 'no output'}); check the network or GOPROXY, then run "
+                "`gpufed local build`"
+            )
+        return Path(directory)

@@ -22,18 +22,14 @@ MultiKueue smoke test (``tests/integration/test_multikueue.py``) through :func:`
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from gpufed.sandbox.binaries import (
     GOBUILD_DIR,
     BinariesError,
-    go_binary,
-    go_env,
 )
 from gpufed.sandbox.gotool import PinnedTool
 
@@ -123,31 +119,9 @@ def ensure_kueue(*, build_if_missing: bool = True, progress: Progress | None = N
 def kueue_module_dir(gobuild: Path = GOBUILD_DIR) -> Path:
     """The pinned Kueue module's directory in the Go module cache (read-only files, e.g.
     ``config/components/crd/bases/*.yaml``), downloading it (checked against the committed
-    go.sum) when it is not there yet. Needs Go; :class:`BinariesError` when the download fails
-    or Go is missing."""
-    version = kueue_version(gobuild)
-    go = go_binary()
-    proc = subprocess.run(
-        [go, "mod", "download", "-json", f"{KUEUE_MODULE}@{version}"],
-        cwd=kueue_recipe(gobuild),
-        env=go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    try:
-        info = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    except ValueError:
-        info = {}
-    directory = info.get("Dir") if isinstance(info, dict) else None
-    if proc.returncode != 0 or not directory:
-        detail = (info.get("Error") if isinstance(info, dict) else None) or proc.stderr.strip()
-        raise BinariesError(
-            f"cannot find {KUEUE_MODULE}@{version} in the Go module cache: `go mod download` "
-            f"failed ({detail or 'no output'}); check the network or GOPROXY, then run "
-            "`gpufed local build`"
-        )
-    return Path(directory)
+    go.sum) when it is not there yet (:meth:`PinnedTool.module_dir`). Needs Go;
+    :class:`BinariesError` when the download fails or Go is missing."""
+    return KUEUE.module_dir(gobuild)
 
 
 def kueue_crd_dir(gobuild: Path = GOBUILD_DIR) -> Path:

@@ -39,7 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
-from gpufed.sandbox import components, controlplane, identities
+from gpufed.sandbox import components, controlplane, identities, operators
 from gpufed.sandbox import dradriver as dra_driver
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions
@@ -187,8 +187,9 @@ class Sandbox:
         for attempt in (1, 2):
             self._prepare_state_dir()
             try:
-                info = self._configure(fleet, fleet_file, bins, dict(ports or {}), control_plane)
-                self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
+                picked = dict(ports or {})
+                info = self._configure(fleet, fleet_file, bins, picked, control_plane)
+                self._start(info, fleet, picked, apiserver_timeout_s, nodes_timeout_s, started)
                 return self.info()
             except BaseException as exc:
                 self._say("bring-up failed; stopping what was started")
@@ -257,7 +258,7 @@ class Sandbox:
     ) -> SandboxInfo:
         d = self.state_dir
         names = [HUB_CLUSTER_NAME, *fleet.names]
-        wanted = components.port_names(fleet)
+        wanted = components.port_names(fleet) + operators.port_names(fleet)
         if control_plane is not None:
             wanted += controlplane.port_names(fleet)
         free = iter(free_ports(len(wanted)))
@@ -316,6 +317,7 @@ class Sandbox:
         self,
         info: SandboxInfo,
         fleet: FleetSpec,
+        ports: Mapping[str, int],
         apiserver_timeout_s: float,
         nodes_timeout_s: float | None,
         started: float,
@@ -354,6 +356,12 @@ class Sandbox:
         limit = nodes_timeout_s if nodes_timeout_s is not None else 90 + 0.1 * total
         self._wait_nodes_ready(info, fleet, limit)
         say(f"  {'all nodes Ready':<44} in {time.monotonic() - t0:5.1f}s")
+        t0 = time.monotonic()
+        # before the agents: they discover the kinds a member serves when they connect
+        if ops := operators.start_operators(sup, info, fleet, ports):
+            say(
+                f"  {f'operators ({len(ops)} processes)':<44} ready in {time.monotonic() - t0:5.1f}s"
+            )
         if info.control_plane is not None:
             self._start_control_plane(info, fleet)
         final = info.model_copy(
