@@ -1,0 +1,282 @@
+"""Real workload operators in the members (issue 28): a JobSet, a PyTorchJob and a RayJob
+submitted as GPUJobs, run by the JobSet controller, the Kubeflow training-operator and KubeRay
+that the example fleet runs as sandbox processes (``clusters[].operators``).
+
+For each kind: placed, created in the member, its pods made by the operator (not by gpufed),
+all in the placed member and each on a node the hub chose; the operator's own conditions and
+the right phase mirrored on the hub; deleting the GPUJob leaves none of the operator's children
+(Jobs, pods, Services, RayClusters). A JobSet whose node is deleted is re-run, the old copy and
+everything it made gone before the new copy starts. A RayJob cannot finish here (nothing answers
+the Ray dashboard): its RayCluster's head and GPU workers run in one member and the hub shows it
+Running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from gpufed.api.fleet import FleetSpec, node_specs
+from gpufed.api.labels import SIM_DURATION_ANNOTATION
+from gpufed.sandbox.nodes import create_nodes
+from tests.e2e.conftest import EXAMPLE_FLEET
+from tests.e2e.harness import DRILL_NS, E2E, H100, Member, unique, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+#: Where the example fleet runs each operator.
+OPERATOR_MEMBER = {"jobset": "us-east-hgx", "training-operator": "us-east-hgx"}
+H100_ONLY = {"gpuProducts": [H100]}
+
+
+def _pod(gpus: int, run_for: str | None, name: str = "main") -> dict[str, Any]:
+    annotations = {SIM_DURATION_ANNOTATION: run_for} if run_for else {}
+    return {
+        "metadata": {"annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": name,
+                    "image": "e2e:1.0",
+                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                }
+            ],
+        },
+    }
+
+
+def jobset(pods: int, gpus: int, run_for: str | None = None) -> dict[str, Any]:
+    """A JobSet of one replicated Job of ``pods`` pods of ``gpus`` GPUs."""
+    job = {"parallelism": pods, "completions": pods, "backoffLimit": 0}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "trainer",
+                    "replicas": 1,
+                    "template": {"spec": {**job, "template": _pod(gpus, run_for)}},
+                }
+            ]
+        },
+    }
+
+
+def pytorchjob(workers: int, gpus: int, run_for: str | None = None) -> dict[str, Any]:
+    """A PyTorchJob: a Master and ``workers`` Workers of ``gpus`` GPUs each."""
+
+    def replica(n: int) -> dict[str, Any]:
+        return {"replicas": n, "restartPolicy": "Never", "template": _pod(gpus, run_for, "pytorch")}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}},
+    }
+
+
+def _custom(member: Member) -> Any:
+    return k8s.CustomObjectsApi(member.api)
+
+
+def _get(member: Member, group: str, version: str, plural: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = _custom(member).get_namespaced_custom_object(
+        group, version, DRILL_NS, plural, name
+    )
+    return obj
+
+
+def _children(member: Member, label: str) -> dict[str, list[str]]:
+    """Jobs, pods and Services of the drill namespace labelled ``label`` (a selector), by kind
+    (kinds with none left out)."""
+    found = {
+        "Job": member.batch.list_namespaced_job(DRILL_NS, label_selector=label).items,
+        "Pod": member.core.list_namespaced_pod(DRILL_NS, label_selector=label).items,
+        "Service": member.core.list_namespaced_service(DRILL_NS, label_selector=label).items,
+    }
+    return {k: sorted(o.metadata.name for o in v) for k, v in found.items() if v}
+
+
+def _placed(status: dict[str, Any]) -> set[str]:
+    return {n for ps in status["placement"]["podSets"] for n in ps["nodes"]}
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c.get("reason", "")) for c in status.get("conditions") or []}
+
+
+def _check_pods_made_by_the_operator_where_placed(
+    e2e: E2E, st: dict[str, Any], uid: str, owner_kind: str, count: int
+) -> list[Any]:
+    """Every pod of the job is in the placed member, on a node the hub chose, made by the
+    operator (owned by ``owner_kind``, never by gpufed directly); returns them."""
+    member = e2e.members[st["cluster"]]
+    pods = wait_until(
+        lambda: p if len(p := member.pods_of(uid, running=True)) == count else None,
+        f"{count} pods running",
+        60,
+    )
+    for other, m in e2e.members.items():
+        if other != st["cluster"]:
+            assert m.pods_of(uid) == [], f"pods of one gang in two members ({other})"
+    for p in pods:
+        assert p.spec.node_name in _placed(st), (p.metadata.name, p.spec.node_name, _placed(st))
+        assert [o.kind for o in p.metadata.owner_references or []] == [owner_kind]
+    return pods
+
+
+# --- JobSet --------------------------------------------------------------------------------------
+
+
+def test_a_jobset_runs_under_the_jobset_controller_and_its_status_comes_back(e2e: E2E) -> None:
+    hub = e2e.hub
+    name = unique("js")
+    submitted = time.monotonic()
+    uid = hub.submit(name, jobset(2, 8, run_for="10s"), placement=H100_ONLY)["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    running_s = time.monotonic() - submitted
+    assert st["cluster"] == OPERATOR_MEMBER["jobset"]
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
+    # the Job the JobSet controller made, owned by the JobSet (not by gpufed)
+    (job,) = member.batch.list_namespaced_job(
+        DRILL_NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}"
+    ).items
+    assert [o.kind for o in job.metadata.owner_references] == ["JobSet"]
+    assert {p.metadata.labels["jobset.sigs.k8s.io/jobset-name"] for p in pods} == {name}
+
+    st = hub.wait_phase(name, "Succeeded", timeout_s=60)
+    # the controller's own condition, mirrored as it wrote it
+    assert _conditions(st)["Completed"] == ("True", "AllJobsCompleted")
+    own = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
+    assert own["status"]["terminalState"] == "Completed"
+    print(f"jobset submit->Running {running_s:.1f}s")
+
+
+def test_deleting_a_jobset_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
+    hub = e2e.hub
+    name = unique("js-del")
+    uid = hub.submit(name, jobset(2, 8), placement=H100_ONLY)["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    member = e2e.members[st["cluster"]]
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
+    label = f"jobset.sigs.k8s.io/jobset-name={name}"
+    assert set(_children(member, label)) >= {"Job", "Pod"}
+
+    hub.delete(name)
+    wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
+    wait_until(lambda: not _children(member, label), "the JobSet's Jobs, pods and Services gone")
+    with pytest.raises(k8s.ApiException) as gone:
+        _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
+    assert gone.value.status == 404
+
+
+@pytest.fixture
+def restore_nodes(e2e: E2E) -> Iterator[list[tuple[str, str]]]:
+    """Nodes a test deleted, as (member, node): created again from the fleet afterwards."""
+    deleted: list[tuple[str, str]] = []
+    yield deleted
+    fleet = FleetSpec.load(EXAMPLE_FLEET)
+    for member, node in deleted:
+        [cluster] = [c for c in fleet.clusters if c.name == member]
+        create_nodes(e2e.members[member].api, [s for s in node_specs(cluster) if s.name == node])
+
+
+def test_a_jobset_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
+    e2e: E2E, restore_nodes: list[tuple[str, str]]
+) -> None:
+    hub = e2e.hub
+    name = unique("js-node")
+    uid = hub.submit(
+        name,
+        jobset(2, 8, run_for="20s"),
+        placement={**H100_ONLY, "retry": {"onInfrastructureFailure": 2}},
+    )["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
+    old_uid = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)["metadata"]["uid"]
+    old_pods = {p.metadata.uid for p in pods}
+    node = pods[0].spec.node_name
+    member.core.delete_node(node)
+    restore_nodes.append((st["cluster"], node))
+
+    # Watch the member: once a new JobSet exists, nothing of the old one may be left.
+    overlaps: list[str] = []
+
+    def new_copy_running() -> dict[str, Any] | None:
+        try:
+            cur = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
+        except k8s.ApiException:
+            cur = None
+        if cur is not None and cur["metadata"]["uid"] != old_uid:
+            left = {p.metadata.uid for p in member.pods_of(uid)} & old_pods
+            if left:
+                overlaps.append(f"{len(left)} old pods beside the new JobSet")
+        s = hub.status(name)
+        assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
+        return s if s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1 else None
+
+    st = wait_until(new_copy_running, "the JobSet running again", 90)
+    assert not overlaps, overlaps
+    assert node not in _placed(st)
+    assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
+    st = hub.wait_phase(name, "Succeeded", timeout_s=90)
+    assert st["restarts"] == 1
+    assert _conditions(st)["Completed"][0] == "True"
+
+
+# --- PyTorchJob ----------------------------------------------------------------------------------
+
+
+def test_a_pytorchjob_runs_under_the_training_operator_and_its_status_comes_back(
+    e2e: E2E,
+) -> None:
+    hub = e2e.hub
+    name = unique("ptj")
+    submitted = time.monotonic()
+    uid = hub.submit(name, pytorchjob(1, 8, run_for="10s"), placement=H100_ONLY)["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    running_s = time.monotonic() - submitted
+    assert st["cluster"] == OPERATOR_MEMBER["training-operator"]
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 2)
+    roles = sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods)
+    assert roles == ["master", "worker"]
+    # the operator's Services (one per pod) exist while it runs
+    label = f"training.kubeflow.org/job-name={name}"
+    assert len(_children(member, label).get("Service", [])) == 2
+
+    st = wait_until(
+        lambda: (
+            s if _conditions(s := hub.status(name)).get("Running", ("",))[0] == "True" else None
+        ),
+        "the operator's Running condition on the hub",
+        30,
+    )
+    assert _conditions(st)["Created"][1] == "PyTorchJobCreated"
+    st = hub.wait_phase(name, "Succeeded", timeout_s=60)
+    assert _conditions(st)["Succeeded"] == ("True", "PyTorchJobSucceeded")
+    print(f"pytorchjob submit->Running {running_s:.1f}s")
+
+
+def test_deleting_a_pytorchjob_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
+    hub = e2e.hub
+    name = unique("ptj-del")
+    uid = hub.submit(name, pytorchjob(2, 8), placement=H100_ONLY)["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    member = e2e.members[st["cluster"]]
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 3)
+    label = f"training.kubeflow.org/job-name={name}"
+    assert set(_children(member, label)) == {"Pod", "Service"}
+
+    hub.delete(name)
+    wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
+    wait_until(lambda: not _children(member, label), "the PyTorchJob's pods and Services gone")
