@@ -207,7 +207,9 @@ def test_a_jobset_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
     member.core.delete_node(node)
     restore_nodes.append((st["cluster"], node))
 
-    # Watch the member: once a new JobSet exists, nothing of the old one may be left.
+    # Watch the member: once a new JobSet exists, nothing of the old one may be left but pods
+    # on the deleted node (no kubelet there to confirm them gone; the hub fences that node and
+    # the member's pod GC removes them later), as for a batch/v1 Job (test_9_failures.py).
     overlaps: list[str] = []
 
     def new_copy_running() -> dict[str, Any] | None:
@@ -216,9 +218,15 @@ def test_a_jobset_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
         except k8s.ApiException:
             cur = None
         if cur is not None and cur["metadata"]["uid"] != old_uid:
-            left = {p.metadata.uid for p in member.pods_of(uid)} & old_pods
-            if left:
-                overlaps.append(f"{len(left)} old pods beside the new JobSet")
+            jobs = member.batch.list_namespaced_job(
+                DRILL_NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}"
+            ).items
+            owners = {j.metadata.owner_references[0].uid for j in jobs}
+            if owners - {cur["metadata"]["uid"]}:
+                overlaps.append("a Job of the old JobSet beside the new one")
+            for p in member.pods_of(uid):
+                if p.metadata.uid in old_pods and p.spec.node_name != node:
+                    overlaps.append(f"old pod {p.metadata.name} on {p.spec.node_name}")
         s = hub.status(name)
         assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
         return s if s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1 else None
