@@ -29,7 +29,11 @@ from tests.e2e.harness import DRILL_NS, E2E, H100, Member, unique, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 #: Where the example fleet runs each operator.
-OPERATOR_MEMBER = {"jobset": "us-east-hgx", "training-operator": "us-east-hgx"}
+OPERATOR_MEMBER = {
+    "jobset": "us-east-hgx",
+    "training-operator": "us-east-hgx",
+    "kuberay": "eu-nvl72",
+}
 H100_ONLY = {"gpuProducts": [H100]}
 
 
@@ -288,3 +292,88 @@ def test_deleting_a_pytorchjob_gpujob_leaves_none_of_its_children(e2e: E2E) -> N
     hub.delete(name)
     wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
     wait_until(lambda: not _children(member, label), "the PyTorchJob's pods and Services gone")
+
+
+# --- RayJob --------------------------------------------------------------------------------------
+
+
+def rayjob(workers: int, gpus: int) -> dict[str, Any]:
+    """A RayJob whose RayCluster has a head (no GPU) and ``workers`` GPU workers."""
+
+    def pod(name: str, limits: dict[str, Any]) -> dict[str, Any]:
+        container = {
+            "name": name,
+            "image": "rayproject/ray:2.46.0",
+            "resources": {"limits": limits},
+        }
+        return {"spec": {"containers": [container]}}
+
+    group = {"groupName": "gpu", "replicas": workers, "minReplicas": workers}
+    group |= {"maxReplicas": workers, "rayStartParams": {}}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "spec": {
+            "entrypoint": "python -c 'import ray; ray.init()'",
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": pod("ray-head", {"cpu": "1", "memory": "2Gi"}),
+                },
+                "workerGroupSpecs": [
+                    {**group, "template": pod("ray-worker", {"nvidia.com/gpu": gpus})}
+                ],
+            },
+        },
+    }
+
+
+def _ray_objects(member: Member, name: str) -> dict[str, list[str]]:
+    """What KubeRay made for RayJob ``name`` in the drill namespace: RayClusters, pods,
+    Services and (submitter) Jobs whose names start with it (kinds with none left out)."""
+    clusters = _custom(member).list_namespaced_custom_object(
+        "ray.io", "v1", DRILL_NS, "rayclusters"
+    )["items"]
+    found = {
+        "RayCluster": [c["metadata"]["name"] for c in clusters],
+        "Pod": [p.metadata.name for p in member.core.list_namespaced_pod(DRILL_NS).items],
+        "Service": [s.metadata.name for s in member.core.list_namespaced_service(DRILL_NS).items],
+        "Job": [j.metadata.name for j in member.batch.list_namespaced_job(DRILL_NS).items],
+    }
+    out = {k: sorted(n for n in v if n.startswith(name)) for k, v in found.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def test_a_rayjob_runs_its_raycluster_in_one_member_and_deletes_cleanly(e2e: E2E) -> None:
+    hub = e2e.hub
+    name = unique("ray")
+    submitted = time.monotonic()
+    uid = hub.submit(name, rayjob(2, 4))["metadata"]["uid"]
+    st = wait_until(
+        lambda: (
+            s if _conditions(s := hub.status(name)).get("Running", ("",))[0] == "True" else None
+        ),
+        "the RayJob Running on the hub (jobDeploymentStatus Running)",
+        90,
+    )
+    running_s = time.monotonic() - submitted
+    assert st["phase"] == "Running"
+    assert st["cluster"] == OPERATOR_MEMBER["kuberay"]
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "RayCluster", 3)
+    kinds = sorted(p.metadata.labels["ray.io/node-type"] for p in pods)
+    assert kinds == ["head", "worker", "worker"]
+    own = _get(member, "ray.io", "v1", "rayjobs", name)
+    assert own["status"]["jobDeploymentStatus"] == "Running"
+    (cluster,) = _ray_objects(member, name)["RayCluster"]
+    rc = _get(member, "ray.io", "v1", "rayclusters", cluster)
+    assert [o["kind"] for o in rc["metadata"]["ownerReferences"]] == ["RayJob"]
+    assert rc["status"]["state"] == "ready"
+    print(f"rayjob submit->Running {running_s:.1f}s; member objects {_ray_objects(member, name)}")
+
+    hub.delete(name)
+    wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
+    wait_until(
+        lambda: not any(_ray_objects(member, name).values()),
+        "the RayCluster, its pods, Services and the submitter Job gone",
+    )
