@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import subprocess
 import tempfile
@@ -39,6 +40,25 @@ from gpufed.sandbox.binaries import (
 )
 
 Progress = Callable[[str], None]
+
+
+def check_build_info(path: Path, module: str, version: str, *, what: str, env: str) -> None:
+    """Check that ``path`` is an executable whose Go build info (which ``go build`` embeds as
+    plain text) names ``module`` at ``version``: how managers without ``--version`` (Kueue, the
+    workload operators) are checked. Raises :class:`BinariesError` naming the file, ``what`` it
+    should be and the fix (rebuild, or unset ``env``)."""
+    needle = f"{module}\t{version}\t".encode()
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            found = mm.find(needle) >= 0
+    except (OSError, ValueError) as exc:
+        raise BinariesError(f"{path} cannot be read: {exc}") from None
+    if not found or not os.access(path, os.X_OK):
+        raise BinariesError(
+            f"{path} is not a {what} built from {module} {version} (its Go build info does not "
+            f"name that module version, or it is not executable); delete it and run `gpufed "
+            f"local build`, or unset {env}"
+        )
 
 
 @dataclass(frozen=True)

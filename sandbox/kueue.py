@@ -22,16 +22,13 @@ MultiKueue smoke test (``tests/integration/test_multikueue.py``) through :func:`
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from gpufed.sandbox.binaries import (
     GOBUILD_DIR,
-    BinariesError,
 )
-from gpufed.sandbox.gotool import PinnedTool
+from gpufed.sandbox.gotool import PinnedTool, check_build_info
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_PACKAGE = f"{KUEUE_MODULE}/cmd/kueue"
@@ -44,18 +41,7 @@ def check_kueue(path: Path, version: str) -> str:
     ``go build`` embeds as plain text) names the module at that version. The manager has no
     ``--version`` flag and starting it needs a cluster. Returns ``"kueue <version>"``; raises
     :class:`BinariesError` naming the file and the fix otherwise."""
-    needle = f"{KUEUE_MODULE}\t{version}\t".encode()
-    try:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            found = mm.find(needle) >= 0
-    except (OSError, ValueError) as exc:
-        raise BinariesError(f"{path} cannot be read: {exc}") from None
-    if not found or not os.access(path, os.X_OK):
-        raise BinariesError(
-            f"{path} is not a Kueue manager built from {KUEUE_MODULE} {version} (its Go build "
-            "info does not name that module version, or it is not executable); delete it and "
-            "run `gpufed local build`, or unset GPUFED_KUEUE"
-        )
+    check_build_info(path, KUEUE_MODULE, version, what="Kueue manager", env="GPUFED_KUEUE")
     return f"kueue {version}"
 
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import mmap
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +46,8 @@ from urllib3.exceptions import HTTPError
 from gpufed.api.fleet import KNOWN_OPERATORS, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.binaries import BinariesError
-from gpufed.sandbox.gotool import PinnedTool
+from gpufed.sandbox.gotool import PinnedTool, check_build_info
+from gpufed.sandbox.kube import CORE_PATHS, kube_request
 from gpufed.sandbox.state import SandboxError, SandboxInfo
 from gpufed.sandbox.supervisor import ComponentSpec, Probe, Supervisor
 
@@ -76,18 +75,7 @@ def _build_info_check(module: str, env: str) -> Callable[[Path, str], str]:
     Kueue: the managers have no ``--version`` and need a cluster to start."""
 
     def check(path: Path, version: str) -> str:
-        needle = f"{module}\t{version}\t".encode()
-        try:
-            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                found = mm.find(needle) >= 0
-        except (OSError, ValueError) as exc:
-            raise BinariesError(f"{path} cannot be read: {exc}") from None
-        if not found or not os.access(path, os.X_OK):
-            raise BinariesError(
-                f"{path} is not built from {module} {version} (its Go build info does not name "
-                f"that module version, or it is not executable); delete it and run `gpufed "
-                f"local build`, or unset {env}"
-            )
+        check_build_info(path, module, version, what="workload operator", env=env)
         return f"{module.rsplit('/', 1)[-1]} {version}"
 
     return check
@@ -277,7 +265,7 @@ def ports_of(op: Operator, member: str, ports: Mapping[str, int]) -> OperatorPor
 def _replace_patch(doc: dict[str, Any], ops: Any, source: str) -> dict[str, Any]:
     """``doc`` with upstream's JSON patch ``ops`` applied (only ``replace`` of
     ``/webhooks/<i>`` or ``/metadata/name``, the ops the operators' kustomizations use)."""
-    out = json.loads(json.dumps(doc))
+    out: dict[str, Any] = json.loads(json.dumps(doc))
     for op in ops or []:
         path = str(op.get("path", ""))
         parts = path.strip("/").split("/")
@@ -449,62 +437,37 @@ def write_files(op: Operator, workdir: Path, ports: OperatorPorts, certs: kc.Kue
 
 # --- bring-up ----------------------------------------------------------------------------------
 
-_PATHS = {
-    "Namespace": ("/api/v1", "namespaces", False),
-    "Secret": ("/api/v1", "secrets", True),
-    "CustomResourceDefinition": (
-        "/apis/apiextensions.k8s.io/v1",
-        "customresourcedefinitions",
-        False,
-    ),
-    "MutatingWebhookConfiguration": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "mutatingwebhookconfigurations",
-        False,
-    ),
-    "ValidatingWebhookConfiguration": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "validatingwebhookconfigurations",
-        False,
-    ),
-}
-
 
 def _path(obj: Mapping[str, Any]) -> str:
-    prefix, plural, namespaced = _PATHS[obj["kind"]]
+    prefix, plural, namespaced = CORE_PATHS[obj["kind"]]
     meta = obj["metadata"]
     ns = f"/namespaces/{meta['namespace']}" if namespaced else ""
     return f"{prefix}{ns}/{plural}/{meta['name']}"
 
 
-def _request(api: k8s.ApiClient, method: str, path: str, body: str | None = None) -> Any:
-    query = [("fieldManager", "gpufed-sandbox"), ("force", "true")] if method == "PATCH" else None
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = "application/apply-patch+yaml"
-    m, url, hdrs, payload, _ = api.param_serialize(
-        method, path, query_params=query, header_params=headers, body=body,
-        auth_settings=["BearerToken"],
-    )  # fmt: skip
-    resp = api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=60)
-    data = resp.read()  # type: ignore[no-untyped-call]
-    if not 200 <= resp.status <= 299:
-        raise ApiException(status=resp.status, reason=resp.reason, body=data)
-    return json.loads(data) if data else {}
+def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
+    kube_request(
+        api,
+        "PATCH",
+        _path(obj),
+        body=json.dumps(obj),
+        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
+        content_type="application/apply-patch+yaml",
+    )
 
 
 def apply_objects(api: k8s.ApiClient, objs: Sequence[Mapping[str, Any]], timeout_s: float) -> None:
     """Server-side apply ``objs`` in order, then wait until every CRD among them is
     Established. :class:`SandboxError` naming the CRD after ``timeout_s`` seconds."""
     for obj in objs:
-        _request(api, "PATCH", _path(obj), json.dumps(obj))
+        _apply(api, obj)
     deadline = time.monotonic() + timeout_s
     for obj in objs:
         if obj["kind"] != "CustomResourceDefinition":
             continue
         while True:
             try:
-                got = _request(api, "GET", _path(obj))
+                got = kube_request(api, "GET", _path(obj), timeout_s=10)
                 conds = (got.get("status") or {}).get("conditions") or []
                 if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
                     break

@@ -14,17 +14,14 @@ Running.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from gpufed.api.fleet import FleetSpec, node_specs
 from gpufed.api.labels import SIM_DURATION_ANNOTATION
-from gpufed.sandbox.nodes import create_nodes
-from tests.e2e.conftest import EXAMPLE_FLEET
 from tests.e2e.harness import DRILL_NS, E2E, H100, Member, unique, wait_until
+from tests.e2e.test_9_failures import restore_nodes  # noqa: F401 (the fixture, shared)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -181,19 +178,9 @@ def test_deleting_a_jobset_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
     assert gone.value.status == 404
 
 
-@pytest.fixture
-def restore_nodes(e2e: E2E) -> Iterator[list[tuple[str, str]]]:
-    """Nodes a test deleted, as (member, node): created again from the fleet afterwards."""
-    deleted: list[tuple[str, str]] = []
-    yield deleted
-    fleet = FleetSpec.load(EXAMPLE_FLEET)
-    for member, node in deleted:
-        [cluster] = [c for c in fleet.clusters if c.name == member]
-        create_nodes(e2e.members[member].api, [s for s in node_specs(cluster) if s.name == node])
-
-
 def test_a_jobset_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
-    e2e: E2E, restore_nodes: list[tuple[str, str]]
+    e2e: E2E,
+    restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
 ) -> None:
     hub = e2e.hub
     name = unique("js-node")

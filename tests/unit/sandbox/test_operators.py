@@ -61,7 +61,7 @@ def test_operators_build_into_their_own_directories_and_are_checked_by_build_inf
     assert len(builds) == 3
     assert "sigs.k8s.io/jobset/pkg/version.GitVersion=v0.11.1" in builds[0]
     monkeypatch.setenv("FAKE_OPERATOR", "v0.0.1")
-    with pytest.raises(b.BinariesError, match=r"not built from sigs.k8s.io/jobset v0.11.1"):
+    with pytest.raises(b.BinariesError, match=r"not a workload operator built from sigs.k8s.io/jobset v0.11.1"):
         o.JOBSET.tool.build(gobuild=recipe, force=True)
 
 
