@@ -157,7 +157,11 @@ def test_a_jobset_runs_under_the_jobset_controller_and_its_status_comes_back(e2e
     assert _conditions(st)["Completed"] == ("True", "AllJobsCompleted")
     own = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
     assert own["status"]["terminalState"] == "Completed"
-    print(f"jobset submit->Running {running_s:.1f}s")
+    print(
+        f"jobset submit->Running {running_s:.1f}s; member objects "
+        f"{_children(member, f'jobset.sigs.k8s.io/jobset-name={name}')}; hub conditions "
+        f"{_conditions(st)}; counts {[st.get(k) for k in ('active', 'succeeded', 'failed')]}"
+    )
 
 
 def test_deleting_a_jobset_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
@@ -263,7 +267,11 @@ def test_a_pytorchjob_runs_under_the_training_operator_and_its_status_comes_back
     assert _conditions(st)["Created"][1] == "PyTorchJobCreated"
     st = hub.wait_phase(name, "Succeeded", timeout_s=60)
     assert _conditions(st)["Succeeded"] == ("True", "PyTorchJobSucceeded")
-    print(f"pytorchjob submit->Running {running_s:.1f}s")
+    print(
+        f"pytorchjob submit->Running {running_s:.1f}s; member objects {_children(member, label)}; "
+        f"hub conditions {_conditions(st)}; "
+        f"counts {[st.get(k) for k in ('active', 'succeeded', 'failed')]}"
+    )
 
 
 def test_deleting_a_pytorchjob_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
@@ -356,7 +364,10 @@ def test_a_rayjob_runs_its_raycluster_in_one_member_and_deletes_cleanly(e2e: E2E
     rc = _get(member, "ray.io", "v1", "rayclusters", cluster)
     assert [o["kind"] for o in rc["metadata"]["ownerReferences"]] == ["RayJob"]
     assert rc["status"]["state"] == "ready"
-    print(f"rayjob submit->Running {running_s:.1f}s; member objects {_ray_objects(member, name)}")
+    print(
+        f"rayjob submit->Running {running_s:.1f}s; member objects {_ray_objects(member, name)}; "
+        f"hub conditions {_conditions(st)}"
+    )
 
     hub.delete(name)
     wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
