@@ -23,7 +23,9 @@ from gpufed.api.labels import SIM_DURATION_ANNOTATION
 from tests.e2e.harness import DRILL_NS, E2E, H100, Member, unique, wait_until
 from tests.e2e.test_9_failures import restore_nodes  # noqa: F401 (the fixture, shared)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+# 420 s: run alone, the first test also waits for the session sandbox (with three operators,
+# several minutes on a loaded 2-core machine)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 #: Where the example fleet runs each operator.
 OPERATOR_MEMBER = {
