@@ -61,7 +61,9 @@ def test_operators_build_into_their_own_directories_and_are_checked_by_build_inf
     assert len(builds) == 3
     assert "sigs.k8s.io/jobset/pkg/version.GitVersion=v0.11.1" in builds[0]
     monkeypatch.setenv("FAKE_OPERATOR", "v0.0.1")
-    with pytest.raises(b.BinariesError, match=r"not a workload operator built from sigs.k8s.io/jobset v0.11.1"):
+    with pytest.raises(
+        b.BinariesError, match=r"not a workload operator built from sigs.k8s.io/jobset v0.11.1"
+    ):
         o.JOBSET.tool.build(gobuild=recipe, force=True)
 
 
@@ -157,7 +159,10 @@ def test_the_training_operators_certificates_verify_as_its_rotator_checks(tmp_pa
     )
     crd = tmp_path / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
     crd.parent.mkdir(parents=True)
-    crd.write_text("kind: CustomResourceDefinition\nmetadata: {name: pytorchjobs.kubeflow.org}\n")
+    crd.write_text(
+        "kind: CustomResourceDefinition\nmetadata: {name: pytorchjobs.kubeflow.org}\n"
+        "spec: {versions: [{name: v1}]}\n"
+    )
     hooks = tmp_path / "manifests/base/webhook/manifests.yaml"
     hooks.parent.mkdir(parents=True)
     hooks.write_text("kind: ValidatingWebhookConfiguration\nwebhooks: []\n")
@@ -210,3 +215,21 @@ def test_ports_are_named_per_operator_and_member() -> None:
     assert [op.name for op in o.used_operators(f)] == ["jobset", "kuberay"]
     ports = dict(zip(names, range(1000, 1000 + len(names)), strict=True))
     assert o.ports_of(o.KUBERAY, "b", ports) == o.OperatorPorts(1006, 1007, 1008)
+
+
+def test_crd_schemas_lose_their_description_texts_but_not_a_field_named_description() -> None:
+    schema = {
+        "type": "object",
+        "description": "A job.",
+        "properties": {
+            "description": {"type": "string", "description": "the user's description field"},
+            "items": {"type": "array", "items": [{"type": "string", "description": "x"}]},
+        },
+    }
+    assert o.without_descriptions(schema) == {
+        "type": "object",
+        "properties": {
+            "description": {"type": "string"},
+            "items": {"type": "array", "items": [{"type": "string"}]},
+        },
+    }
