@@ -176,9 +176,19 @@ def test_deleting_a_jobset_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
     label = f"jobset.sigs.k8s.io/jobset-name={name}"
     assert set(_children(member, label)) >= {"Job", "Pod"}
 
+    def services() -> list[str]:
+        # its headless Service is named after the JobSet and carries no JobSet label
+        items = member.core.list_namespaced_service(DRILL_NS).items
+        return [s.metadata.name for s in items if s.metadata.name == name]
+
+    assert services() == [name]
+
     hub.delete(name)
     wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
-    wait_until(lambda: not _children(member, label), "the JobSet's Jobs, pods and Services gone")
+    wait_until(
+        lambda: not _children(member, label) and not services(),
+        "the JobSet's Jobs, pods and headless Service gone",
+    )
     with pytest.raises(k8s.ApiException) as gone:
         _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
     assert gone.value.status == 404
