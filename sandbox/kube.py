@@ -9,6 +9,7 @@ default configuration, so several clusters can be used side by side (tests, the 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,19 @@ def kube_request(
         raise ApiException(status=resp.status, reason=resp.reason, body=text)
     decoded = json.loads(data) if data else {}
     return decoded if isinstance(decoded, dict) else {}
+
+
+def server_side_apply(api: k8s.ApiClient, path: str, obj: Mapping[str, Any]) -> None:
+    """Server-side apply ``obj`` at REST ``path`` (field manager ``gpufed-sandbox``, forced).
+    Raises :class:`ApiException` for a non-2xx status."""
+    kube_request(
+        api,
+        "PATCH",
+        path,
+        body=json.dumps(obj),
+        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
+        content_type="application/apply-patch+yaml",
+    )
 
 
 def api_client(kubeconfig: str | Path, context: str, *, pool_size: int = 8) -> k8s.ApiClient:

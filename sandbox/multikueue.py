@@ -26,7 +26,6 @@ Files: ``<state>/kueue/<cluster>/config.yaml`` and ``certs/``; logs under
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,7 +41,7 @@ from urllib3.exceptions import HTTPError
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.binaries import BinariesError
-from gpufed.sandbox.kube import CORE_PATHS, kube_request
+from gpufed.sandbox.kube import CORE_PATHS, kube_request, server_side_apply
 from gpufed.sandbox.kueue import ensure_kueue, kueue_crd_dir, kueue_webhook_manifests
 from gpufed.sandbox.runtime import Sandbox, free_ports
 from gpufed.sandbox.state import SandboxError, SandboxInfo
@@ -105,14 +104,7 @@ def object_path(obj: Mapping[str, Any]) -> str:
 
 
 def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
-    kube_request(
-        api,
-        "PATCH",
-        object_path(obj),
-        body=json.dumps(obj),
-        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
-        content_type="application/apply-patch+yaml",
-    )
+    server_side_apply(api, object_path(obj), obj)
 
 
 def _get(api: k8s.ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -47,7 +47,7 @@ from gpufed.api.fleet import KNOWN_OPERATORS, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.binaries import BinariesError
 from gpufed.sandbox.gotool import PinnedTool, check_build_info
-from gpufed.sandbox.kube import CORE_PATHS, kube_request
+from gpufed.sandbox.kube import CORE_PATHS, kube_request, server_side_apply
 from gpufed.sandbox.state import SandboxError, SandboxInfo
 from gpufed.sandbox.supervisor import ComponentSpec, Probe, Supervisor
 
@@ -470,14 +470,7 @@ def _path(obj: Mapping[str, Any]) -> str:
 
 
 def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
-    kube_request(
-        api,
-        "PATCH",
-        _path(obj),
-        body=json.dumps(obj),
-        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
-        content_type="application/apply-patch+yaml",
-    )
+    server_side_apply(api, _path(obj), obj)
 
 
 def apply_objects(api: k8s.ApiClient, objs: Sequence[Mapping[str, Any]], timeout_s: float) -> None:
