@@ -301,6 +301,54 @@ def test_deleting_a_pytorchjob_gpujob_leaves_none_of_its_children(e2e: E2E) -> N
     wait_until(lambda: not _children(member, label), "the PyTorchJob's pods and Services gone")
 
 
+def test_a_pytorchjob_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
+    e2e: E2E,
+    restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
+) -> None:
+    hub = e2e.hub
+    name = unique("ptj-node")
+    uid = hub.submit(
+        name,
+        pytorchjob(1, 8, run_for="20s"),
+        placement={**H100_ONLY, "retry": {"onInfrastructureFailure": 2}},
+    )["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 2)
+    old_uid = _get(member, "kubeflow.org", "v1", "pytorchjobs", name)["metadata"]["uid"]
+    old_pods = {p.metadata.uid for p in pods}
+    worker = next(p for p in pods if p.metadata.name.endswith("worker-0"))
+    node = worker.spec.node_name
+    member.core.delete_node(node)
+    restore_nodes.append((st["cluster"], node))
+    label = f"training.kubeflow.org/job-name={name}"
+    overlaps: list[str] = []
+
+    def new_copy_running() -> dict[str, Any] | None:
+        try:
+            cur = _get(member, "kubeflow.org", "v1", "pytorchjobs", name)
+        except k8s.ApiException:
+            cur = None
+        if cur is not None and cur["metadata"]["uid"] != old_uid:
+            services = member.core.list_namespaced_service(DRILL_NS, label_selector=label).items
+            if any(s.metadata.owner_references[0].uid == old_uid for s in services):
+                overlaps.append("a Service of the old PyTorchJob beside the new one")
+            for p in member.pods_of(uid):
+                if p.metadata.uid in old_pods and p.spec.node_name != node:
+                    overlaps.append(f"old pod {p.metadata.name} on {p.spec.node_name}")
+        s = hub.status(name)
+        assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
+        return s if s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1 else None
+
+    st = wait_until(new_copy_running, "the PyTorchJob running again", 90)
+    assert not overlaps, overlaps
+    assert node not in _placed(st)
+    assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
+    st = hub.wait_phase(name, "Succeeded", timeout_s=90)
+    assert st["restarts"] == 1
+    assert _conditions(st)["Succeeded"] == ("True", "PyTorchJobSucceeded")
+
+
 # --- RayJob --------------------------------------------------------------------------------------
 
 
