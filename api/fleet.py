@@ -18,6 +18,7 @@ Input is YAML with camelCase keys (``nodePools``, ``memoryMiB``, ``nodesPerDomai
             rackSize: 4
             mig: {strategy: mixed, gpus: 2, profiles: {1g.10gb: 7}}
             taints: [{key: dedicated, value: inference, effect: NoSchedule}]
+        operators: [jobset, training-operator]   # workload operators the sandbox runs there
 
 Invalid input raises :class:`FleetError`, whose message names every offending field (as a path
 such as ``clusters[2].nodePools[0].mig.profiles``) and says how to fix it
@@ -371,17 +372,39 @@ class NodePoolSpec(_Model):
         return self.nvlink.nodes_per_domain if self.nvlink is not None else None
 
 
+#: Workload operators the sandbox can run in a member (``clusters[].operators``), each serving
+#: its kinds there: ``jobset`` (JobSet), ``training-operator`` (PyTorchJob), ``kuberay``
+#: (RayJob, RayCluster). The sandbox's :mod:`gpufed.sandbox.operators` builds and runs them.
+KNOWN_OPERATORS: tuple[str, ...] = ("jobset", "training-operator", "kuberay")
+
+
 class ClusterSpec(_Model):
     """One member cluster: ``name`` (DNS label; also its kubeconfig context), ``labels`` (the
-    MemberCluster labels that ``clusterSelector`` matches), its ``node_pools``, and
-    ``computeDomains``: install NVIDIA's ComputeDomain CRD in it, with the sandbox's simulated
-    ComputeDomain controller (:mod:`gpufed.sandbox.cddriver`), so multi-node NVLink jobs get
-    ComputeDomains there."""
+    MemberCluster labels that ``clusterSelector`` matches), its ``node_pools``, the workload
+    ``operators`` the sandbox runs in it (names from :data:`KNOWN_OPERATORS`, each at most once;
+    none by default: the member then serves ``batch/v1`` Jobs only), and ``computeDomains``:
+    install NVIDIA's ComputeDomain CRD in it, with the sandbox's simulated ComputeDomain
+    controller (:mod:`gpufed.sandbox.cddriver`), so multi-node NVLink jobs get ComputeDomains
+    there."""
 
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
     node_pools: tuple[NodePoolSpec, ...]
     compute_domains: bool = False
+    operators: tuple[str, ...] = ()
+
+    @field_validator("operators")
+    @classmethod
+    def _known_operators(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for i, name in enumerate(v):
+            if name not in KNOWN_OPERATORS:
+                raise ValueError(
+                    f"operators[{i}]: unknown operator {name!r}; choose from "
+                    f"{', '.join(KNOWN_OPERATORS)}"
+                )
+            if name in v[:i]:
+                raise ValueError(f"operators[{i}]: {name!r} is listed twice; list it once")
+        return v
 
     @field_validator("name")
     @classmethod

@@ -34,6 +34,7 @@ from gpufed.sandbox.inventory import ClusterGPUs
 from gpufed.sandbox.kind import KindProvider, kind_bundle
 from gpufed.sandbox.kueue import build_kueue
 from gpufed.sandbox.multikueue import MultiKueueOptions, component_name, start_multikueue
+from gpufed.sandbox.operators import build_operators
 from gpufed.sandbox.runtime import Sandbox, SandboxError, SandboxInfo, default_state_dir
 from gpufed.sandbox.supervisor import ComponentError
 
@@ -95,11 +96,19 @@ def build(
         "--skip-kueue",
         help="Do not build Kueue (the MultiKueue peer; its smoke test then builds it on use).",
     ),
+    skip_operators: bool = typer.Option(
+        False,
+        "--skip-operators",
+        help="Do not build the workload operators (jobset, training-operator, kuberay); a "
+        "fleet that enables one then fails to start naming it.",
+    ),
 ) -> None:
     """Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
     into ~/.cache/gpufed/bin/<pins>/, helm (the chart tests) into its own
     ~/.cache/gpufed/bin/helm-<version>_<go>/ and the Kueue manager (the MultiKueue peer) into
-    ~/.cache/gpufed/bin/kueue-<version>_<go>/ (each skipped when present and its pins are
+    ~/.cache/gpufed/bin/kueue-<version>_<go>/ and the workload operators a fleet's
+    ``clusters[].operators`` runs (JobSet, the training-operator, KubeRay) into
+    ~/.cache/gpufed/bin/<operator>-<version>_<go>/ (each skipped when present and its pins are
     unchanged)."""
     with fail_cleanly():
         if regenerate_recipe:
@@ -107,10 +116,13 @@ def build(
         bins = build_binaries(with_kubectl=with_kubectl, force=force, progress=_progress)
         helm = build_helm(force=force, progress=_progress)
         kueue = None if skip_kueue else build_kueue(force=force, progress=_progress)
+        ops = {} if skip_operators else build_operators(force=force, progress=_progress)
     console.print(f"binaries: {bins.path}")
     console.print(f"helm: {helm}")
     if kueue is not None:
         console.print(f"kueue: {kueue}")
+    for name, path in ops.items():
+        console.print(f"{name}: {path}")
 
 
 def control_plane_options(

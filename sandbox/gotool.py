@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,12 +33,32 @@ from gpufed.sandbox.binaries import (
     build_lock,
     cache_root,
     go_binary,
+    go_env,
     go_version,
     read_stamp,
     run_go_build,
 )
 
 Progress = Callable[[str], None]
+
+
+def check_build_info(path: Path, module: str, version: str, *, what: str, env: str) -> None:
+    """Check that ``path`` is an executable whose Go build info (which ``go build`` embeds as
+    plain text) names ``module`` at ``version``: how managers without ``--version`` (Kueue, the
+    workload operators) are checked. Raises :class:`BinariesError` naming the file, ``what`` it
+    should be and the fix (rebuild, or unset ``env``)."""
+    needle = f"{module}\t{version}\t".encode()
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            found = mm.find(needle) >= 0
+    except (OSError, ValueError) as exc:
+        raise BinariesError(f"{path} cannot be read: {exc}") from None
+    if not found or not os.access(path, os.X_OK):
+        raise BinariesError(
+            f"{path} is not a {what} built from {module} {version} (its Go build info does not "
+            f"name that module version, or it is not executable); delete it and run `gpufed "
+            f"local build`, or unset {env}"
+        )
 
 
 @dataclass(frozen=True)
@@ -162,3 +184,31 @@ class PinnedTool:
                 f"{cache_root() / 'bin'}); run `gpufed local build`"
             )
         return self.build(progress=progress)
+
+    def module_dir(self, gobuild: Path = GOBUILD_DIR) -> Path:
+        """The pinned module's directory in the Go module cache (read-only files: CRDs,
+        webhook manifests), downloading it (checked against the committed go.sum) when it is
+        not there yet. Needs Go; :class:`BinariesError` when the download fails or Go is
+        missing."""
+        version = self.version(gobuild)
+        proc = subprocess.run(
+            [go_binary(), "mod", "download", "-json", f"{self.module}@{version}"],
+            cwd=self.recipe(gobuild),
+            env=go_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            info = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        except ValueError:
+            info = {}
+        directory = info.get("Dir") if isinstance(info, dict) else None
+        if proc.returncode != 0 or not directory:
+            detail = (info.get("Error") if isinstance(info, dict) else None) or proc.stderr.strip()
+            raise BinariesError(
+                f"cannot find {self.module}@{version} in the Go module cache: `go mod download` "
+                f"failed ({detail or 'no output'}); check the network or GOPROXY, then run "
+                "`gpufed local build`"
+            )
+        return Path(directory)

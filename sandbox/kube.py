@@ -1,4 +1,5 @@
-"""Kubernetes clients for sandbox clusters, and the raw Node reads the sandbox relies on.
+"""Kubernetes clients for sandbox clusters, the raw Node reads the sandbox relies on, and one
+raw request (:func:`kube_request`) for what the sandbox applies by REST path.
 
 The sandbox writes one kubeconfig with a context per cluster (``hub`` and each member); these
 helpers build a synchronous ``kubernetes`` client for a context without touching the process-wide
@@ -8,6 +9,7 @@ default configuration, so several clusters can be used side by side (tests, the 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,75 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from gpufed.api.labels import DRA_GPU_DRIVER
+
+#: REST path parts (prefix, plural, namespaced) of the non-custom kinds the sandbox applies raw
+#: (MultiKueue's and the workload operators' setup).
+CORE_PATHS: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Secret": ("/api/v1", "secrets", True),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+}
+
+
+def kube_request(
+    api: k8s.ApiClient,
+    method: str,
+    path: str,
+    *,
+    body: str | None = None,
+    query: list[tuple[str, str]] | None = None,
+    content_type: str | None = None,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """One raw request through ``api`` (its credentials and TLS), e.g. ``kube_request(api,
+    "GET", "/apis/kueue.x-k8s.io/v1beta2/namespaces/bench/workloads")`` (a Workload's
+    ``status.clusterName`` names the member MultiKueue chose); the decoded JSON answer.
+    ``timeout_s``: seconds. Raises :class:`ApiException` for a non-2xx status."""
+    headers = {"Accept": "application/json"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    m, url, hdrs, payload, _ = api.param_serialize(
+        method,
+        path,
+        query_params=query,
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=timeout_s)
+    data = resp.read()  # type: ignore[no-untyped-call]
+    if not 200 <= resp.status <= 299:
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        raise ApiException(status=resp.status, reason=resp.reason, body=text)
+    decoded = json.loads(data) if data else {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def server_side_apply(api: k8s.ApiClient, path: str, obj: Mapping[str, Any]) -> None:
+    """Server-side apply ``obj`` at REST ``path`` (field manager ``gpufed-sandbox``, forced).
+    Raises :class:`ApiException` for a non-2xx status."""
+    kube_request(
+        api,
+        "PATCH",
+        path,
+        body=json.dumps(obj),
+        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
+        content_type="application/apply-patch+yaml",
+    )
 
 
 def api_client(kubeconfig: str | Path, context: str, *, pool_size: int = 8) -> k8s.ApiClient:

@@ -22,20 +22,13 @@ MultiKueue smoke test (``tests/integration/test_multikueue.py``) through :func:`
 
 from __future__ import annotations
 
-import json
-import mmap
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from gpufed.sandbox.binaries import (
     GOBUILD_DIR,
-    BinariesError,
-    go_binary,
-    go_env,
 )
-from gpufed.sandbox.gotool import PinnedTool
+from gpufed.sandbox.gotool import PinnedTool, check_build_info
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_PACKAGE = f"{KUEUE_MODULE}/cmd/kueue"
@@ -48,18 +41,7 @@ def check_kueue(path: Path, version: str) -> str:
     ``go build`` embeds as plain text) names the module at that version. The manager has no
     ``--version`` flag and starting it needs a cluster. Returns ``"kueue <version>"``; raises
     :class:`BinariesError` naming the file and the fix otherwise."""
-    needle = f"{KUEUE_MODULE}\t{version}\t".encode()
-    try:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            found = mm.find(needle) >= 0
-    except (OSError, ValueError) as exc:
-        raise BinariesError(f"{path} cannot be read: {exc}") from None
-    if not found or not os.access(path, os.X_OK):
-        raise BinariesError(
-            f"{path} is not a Kueue manager built from {KUEUE_MODULE} {version} (its Go build "
-            "info does not name that module version, or it is not executable); delete it and "
-            "run `gpufed local build`, or unset GPUFED_KUEUE"
-        )
+    check_build_info(path, KUEUE_MODULE, version, what="Kueue manager", env="GPUFED_KUEUE")
     return f"kueue {version}"
 
 
@@ -123,31 +105,9 @@ def ensure_kueue(*, build_if_missing: bool = True, progress: Progress | None = N
 def kueue_module_dir(gobuild: Path = GOBUILD_DIR) -> Path:
     """The pinned Kueue module's directory in the Go module cache (read-only files, e.g.
     ``config/components/crd/bases/*.yaml``), downloading it (checked against the committed
-    go.sum) when it is not there yet. Needs Go; :class:`BinariesError` when the download fails
-    or Go is missing."""
-    version = kueue_version(gobuild)
-    go = go_binary()
-    proc = subprocess.run(
-        [go, "mod", "download", "-json", f"{KUEUE_MODULE}@{version}"],
-        cwd=kueue_recipe(gobuild),
-        env=go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    try:
-        info = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    except ValueError:
-        info = {}
-    directory = info.get("Dir") if isinstance(info, dict) else None
-    if proc.returncode != 0 or not directory:
-        detail = (info.get("Error") if isinstance(info, dict) else None) or proc.stderr.strip()
-        raise BinariesError(
-            f"cannot find {KUEUE_MODULE}@{version} in the Go module cache: `go mod download` "
-            f"failed ({detail or 'no output'}); check the network or GOPROXY, then run "
-            "`gpufed local build`"
-        )
-    return Path(directory)
+    go.sum) when it is not there yet (:meth:`PinnedTool.module_dir`). Needs Go;
+    :class:`BinariesError` when the download fails or Go is missing."""
+    return KUEUE.module_dir(gobuild)
 
 
 def kueue_crd_dir(gobuild: Path = GOBUILD_DIR) -> Path:

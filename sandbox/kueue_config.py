@@ -173,18 +173,26 @@ def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
     )
 
 
-def create_kueue_certs(*, now: dt.datetime | None = None, days: int = 3650) -> KueueCerts:
-    """A CA (CN and DNS SAN ``kueue-ca``) and a serving certificate for
-    ``kueue-webhook-service.kueue-system.svc``, ``127.0.0.1`` and ``localhost``, valid ``days``
-    days from ``now`` (default: now, less 5 minutes of clock skew). One set serves every Kueue of
-    a sandbox (all listen on 127.0.0.1)."""
+def create_kueue_certs(
+    *,
+    now: dt.datetime | None = None,
+    days: int = 3650,
+    ca_name: str = "kueue-ca",
+    organization: str = "kueue",
+    service: str = f"{WEBHOOK_SERVICE}.{KUEUE_NAMESPACE}.svc",
+) -> KueueCerts:
+    """A CA (CN and DNS SAN ``ca_name``, organization ``organization``) and a serving
+    certificate for ``service``, ``127.0.0.1`` and ``localhost``, valid ``days`` days from
+    ``now`` (default: now, less 5 minutes of clock skew). The defaults are what Kueue's rotator
+    accepts; one set serves every Kueue of a sandbox (all listen on 127.0.0.1). The workload
+    operators' webhooks (:mod:`gpufed.sandbox.operators`) pass their own rotator's names."""
     start = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(minutes=5)
     end = start + dt.timedelta(days=days)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca_name = x509.Name(
+    ca_subject = x509.Name(
         [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kueue"),
-            x509.NameAttribute(NameOID.COMMON_NAME, "kueue-ca"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+            x509.NameAttribute(NameOID.COMMON_NAME, ca_name),
         ]
     )
     usage = {
@@ -197,8 +205,8 @@ def create_kueue_certs(*, now: dt.datetime | None = None, days: int = 3650) -> K
     }
     ca = (
         x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
+        .subject_name(ca_subject)
+        .issuer_name(ca_subject)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
@@ -208,11 +216,10 @@ def create_kueue_certs(*, now: dt.datetime | None = None, days: int = 3650) -> K
             x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, **usage),
             critical=True,
         )
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("kueue-ca")]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    service = f"{WEBHOOK_SERVICE}.{KUEUE_NAMESPACE}.svc"
     sans: list[x509.GeneralName] = [
         x509.DNSName(service),
         x509.DNSName("localhost"),
@@ -221,7 +228,7 @@ def create_kueue_certs(*, now: dt.datetime | None = None, days: int = 3650) -> K
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service)]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
@@ -252,9 +259,11 @@ def write_cert_dir(certs: KueueCerts, cert_dir: Path) -> None:
     key.chmod(0o600)
 
 
-def webhook_secret(certs: KueueCerts) -> dict[str, Any]:
-    """The Secret Kueue's certificate rotator manages, seeded (keys ``ca.crt``, ``ca.key``,
-    ``tls.crt``, ``tls.key``)."""
+def webhook_secret(
+    certs: KueueCerts, *, name: str = WEBHOOK_SECRET, namespace: str = KUEUE_NAMESPACE
+) -> dict[str, Any]:
+    """The Secret a certificate rotator (open-policy-agent/cert-controller) manages, seeded
+    (keys ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key``); by default Kueue's."""
     data = {
         "ca.crt": certs.ca_crt,
         "ca.key": certs.ca_key,
@@ -264,7 +273,7 @@ def webhook_secret(certs: KueueCerts) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": WEBHOOK_SECRET, "namespace": KUEUE_NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "type": "Opaque",
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }

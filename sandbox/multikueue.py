@@ -26,7 +26,6 @@ Files: ``<state>/kueue/<cluster>/config.yaml`` and ``certs/``; logs under
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,6 +41,7 @@ from urllib3.exceptions import HTTPError
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.binaries import BinariesError
+from gpufed.sandbox.kube import CORE_PATHS, kube_request, server_side_apply
 from gpufed.sandbox.kueue import ensure_kueue, kueue_crd_dir, kueue_webhook_manifests
 from gpufed.sandbox.runtime import Sandbox, free_ports
 from gpufed.sandbox.state import SandboxError, SandboxInfo
@@ -88,25 +88,6 @@ _KUEUE_PLURALS = {
     "MultiKueueConfig": ("multikueueconfigs", False),
     "MultiKueueCluster": ("multikueueclusters", False),
 }
-_OTHER_PATHS = {
-    "Namespace": ("/api/v1", "namespaces", False),
-    "Secret": ("/api/v1", "secrets", True),
-    "CustomResourceDefinition": (
-        "/apis/apiextensions.k8s.io/v1",
-        "customresourcedefinitions",
-        False,
-    ),
-    "MutatingWebhookConfiguration": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "mutatingwebhookconfigurations",
-        False,
-    ),
-    "ValidatingWebhookConfiguration": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "validatingwebhookconfigurations",
-        False,
-    ),
-}
 
 
 def object_path(obj: Mapping[str, Any]) -> str:
@@ -117,54 +98,13 @@ def object_path(obj: Mapping[str, Any]) -> str:
         plural, namespaced = _KUEUE_PLURALS[kind]
         prefix = f"/apis/{kc.KUEUE_API}"
     else:
-        prefix, plural, namespaced = _OTHER_PATHS[kind]
+        prefix, plural, namespaced = CORE_PATHS[kind]
     ns = f"/namespaces/{meta['namespace']}" if namespaced else ""
     return f"{prefix}{ns}/{plural}/{meta['name']}"
 
 
-def kube_request(
-    api: k8s.ApiClient,
-    method: str,
-    path: str,
-    *,
-    body: str | None = None,
-    query: list[tuple[str, str]] | None = None,
-    content_type: str | None = None,
-    timeout_s: float = 60.0,
-) -> dict[str, Any]:
-    """One raw request through ``api`` (its credentials and TLS), e.g. ``kube_request(api,
-    "GET", "/apis/kueue.x-k8s.io/v1beta2/namespaces/bench/workloads")`` (a Workload's
-    ``status.clusterName`` names the member MultiKueue chose); the decoded JSON answer.
-    ``timeout_s``: seconds. Raises :class:`ApiException` for a non-2xx status."""
-    headers = {"Accept": "application/json"}
-    if content_type:
-        headers["Content-Type"] = content_type
-    m, url, hdrs, payload, _ = api.param_serialize(
-        method,
-        path,
-        query_params=query,
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    resp = api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=timeout_s)
-    data = resp.read()  # type: ignore[no-untyped-call]
-    if not 200 <= resp.status <= 299:
-        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        raise ApiException(status=resp.status, reason=resp.reason, body=text)
-    decoded = json.loads(data) if data else {}
-    return decoded if isinstance(decoded, dict) else {}
-
-
 def _apply(api: k8s.ApiClient, obj: Mapping[str, Any]) -> None:
-    kube_request(
-        api,
-        "PATCH",
-        object_path(obj),
-        body=json.dumps(obj),
-        query=[("fieldManager", "gpufed-sandbox"), ("force", "true")],
-        content_type="application/apply-patch+yaml",
-    )
+    server_side_apply(api, object_path(obj), obj)
 
 
 def _get(api: k8s.ApiClient, obj: Mapping[str, Any]) -> dict[str, Any] | None:

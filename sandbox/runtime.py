@@ -40,7 +40,7 @@ from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import HUB_CLUSTER_NAME, FleetError, FleetSpec, node_specs
 from gpufed.sandbox import cddriver as cd_driver
-from gpufed.sandbox import components, controlplane, identities
+from gpufed.sandbox import components, controlplane, identities, operators
 from gpufed.sandbox import dradriver as dra_driver
 from gpufed.sandbox.binaries import CORE_BINARIES, BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneError, ControlPlaneOptions
@@ -188,8 +188,9 @@ class Sandbox:
         for attempt in (1, 2):
             self._prepare_state_dir()
             try:
-                info = self._configure(fleet, fleet_file, bins, dict(ports or {}), control_plane)
-                self._start(info, fleet, apiserver_timeout_s, nodes_timeout_s, started)
+                picked = dict(ports or {})
+                info = self._configure(fleet, fleet_file, bins, picked, control_plane)
+                self._start(info, fleet, picked, apiserver_timeout_s, nodes_timeout_s, started)
                 return self.info()
             except BaseException as exc:
                 self._say("bring-up failed; stopping what was started")
@@ -258,7 +259,7 @@ class Sandbox:
     ) -> SandboxInfo:
         d = self.state_dir
         names = [HUB_CLUSTER_NAME, *fleet.names]
-        wanted = components.port_names(fleet)
+        wanted = components.port_names(fleet) + operators.port_names(fleet)
         if control_plane is not None:
             wanted += controlplane.port_names(fleet)
         free = iter(free_ports(len(wanted)))
@@ -320,6 +321,7 @@ class Sandbox:
         self,
         info: SandboxInfo,
         fleet: FleetSpec,
+        ports: Mapping[str, int],
         apiserver_timeout_s: float,
         nodes_timeout_s: float | None,
         started: float,
@@ -363,6 +365,12 @@ class Sandbox:
         drivers = [f"cd-driver/{c.name}" for c in fleet.clusters if c.compute_domains]
         if drivers:
             sup.start_many(drivers)
+        t0 = time.monotonic()
+        # before the agents: they discover the kinds a member serves when they connect
+        if ops := operators.start_operators(sup, info, fleet, ports):
+            say(
+                f"  {f'operators ({len(ops)} processes)':<44} ready in {time.monotonic() - t0:5.1f}s"
+            )
         if info.control_plane is not None:
             self._start_control_plane(info, fleet)
         final = info.model_copy(

@@ -34,6 +34,11 @@ for p in "${pkgs[@]}"; do
       # The real manager has no --version: its Go build info names the module version.
       printf '#!/bin/sh\n# dep\tsigs.k8s.io/kueue\t%s\th1:x=\n' "${FAKE_KUEUE:-v0.17.0}" > "$out"
       chmod +x "$out"; continue;;
+    sigs.k8s.io/jobset|*/training-operator.v1|github.com/ray-project/kuberay/ray-operator)
+      # The workload operators likewise: their module at the version the go.mod in cwd pins.
+      m=${p%/cmd/*}; v=$(awk -v m="$m" '$1 == m {print $2}' go.mod)
+      printf '#!/bin/sh\n# dep\t%s\t%s\th1:x=\n' "$m" "${FAKE_OPERATOR:-$v}" > "$out"
+      chmod +x "$out"; continue;;
     */kubectl) f=$out/kubectl; v="Client Version: v1.36.3";;
     *) f=$out/${p##*/}; v="Kubernetes v1.36.3";;
   esac
