@@ -24,16 +24,33 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
+from gpufed.api.fleet import FleetSpec
 from gpufed.api.labels import GROUP, VERSION
+from tests.e2e.conftest import EXAMPLE_FLEET
 from tests.e2e.harness import DRILL_NS, E2E, H100, batch_job, priority_classes, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 HGX = "us-east-hgx"
-#: H100s of the example fleet (us-east-hgx: 8 nodes x 8).
-H100_TOTAL = 64
+
+
+def _h100s(*, dra: bool) -> int:
+    """H100s of the example fleet's us-east-hgx whose pools do (``dra``) or do not publish
+    them through DRA: the member reports both as H100, and only the others take the plain
+    ``nvidia.com/gpu`` pods of these tests."""
+    fleet = FleetSpec.model_validate(yaml.safe_load(EXAMPLE_FLEET.read_text()))
+    [member] = [c for c in fleet.clusters if c.name == HGX]
+    return sum(p.nodes * p.gpu.count for p in member.node_pools if p.dra == dra)
+
+
+#: H100s the tests' jobs can take (us-east-hgx's h100 pool: 8 nodes x 8), and those of its DRA
+#: pool, which only claims take: counted free by the member all along.
+H100_PLAIN = _h100s(dra=False)
+H100_DRA = _h100s(dra=True)
+H100_TOTAL = H100_PLAIN + H100_DRA
 CLASSES = {"guar-low": 100, "guar-high": 100_000}
 H100_ONLY = {"gpuProducts": [H100]}
 #: Long enough for a placement, a preemption (graceful delete on the member) and a restart.
@@ -407,11 +424,11 @@ def test_the_default_queue_is_reclaimed_whatever_its_priority(guar: Guarantees) 
     guar.queue("g5-team-a", namespaces=("g5-team-a",), quotas=(h100(8),))
     guar.wait_active("g5-team-a")
 
-    fill = [f"d{i}" for i in range(H100_TOTAL // 8)]
+    fill = [f"d{i}" for i in range(H100_PLAIN // 8)]
     for name in fill:
         guar.submit(name, DRILL_NS, "guar-high")
     guar.all_running(DRILL_NS, fill)
-    wait_until(lambda: guar.hub.gpus_free(HGX, H100) == 0, "every H100 taken", ACT_S)
+    wait_until(lambda: guar.hub.gpus_free(HGX, H100) == H100_DRA, "every H100 taken", ACT_S)
 
     guar.submit("a0", "g5-team-a", "guar-low")
     st = guar.hub.wait_phase("a0", "Running", namespace="g5-team-a", timeout_s=ACT_S)
