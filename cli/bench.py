@@ -197,7 +197,9 @@ def soak(
         600.0, "--drain", min=0, max=86_400, help="Seconds to wait for every job to end."
     ),
     history: Path | None = typer.Option(
-        None, "--history", help="Write the observed history here (JSON lines; default: a temp file)."
+        None,
+        "--history",
+        help="Write the observed history here (JSON lines; default: a temp file).",
     ),
     state_dir: Path | None = typer.Option(
         None, "--state-dir", help="Sandbox state dir (default: a temporary one, removed)."

@@ -214,7 +214,7 @@ class FaultRunner:
         action = getattr(self, "_" + fault.kind.replace("-", "_"))
         try:
             action(fault, rec)
-        except Exception as exc:  # noqa: BLE001 - a fault that fails is recorded, not fatal
+        except Exception as exc:
             rec.error = f"{type(exc).__name__}: {exc}"[:500]
         rec.end = time.time()
         with self._mutex:

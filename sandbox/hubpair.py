@@ -116,7 +116,7 @@ class HubPair:
         try:
             self.core.read_namespaced_pod(name, TOKEN_NAMESPACE)
         except ApiException as exc:
-            return exc.status != 404
+            return bool(exc.status != 404)
         return True
 
     def leader(self) -> str | None:
@@ -125,7 +125,7 @@ class HubPair:
             pods = self.core.list_namespaced_pod(
                 TOKEN_NAMESPACE, label_selector=f"{HUB_ROLE_LABEL}=leader"
             ).items
-        except (ApiException, OSError, Exception):  # noqa: BLE001 - an API server outage: nobody known
+        except (ApiException, OSError, Exception):
             return None
         for p in pods:
             for comp in REPLICAS:

@@ -18,6 +18,7 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,12 @@ SOAK_OPTIONS = ControlPlaneOptions(
     leader_lease_s=5,
     ready_timeout_s=180,
     hub_args=[
-        "--rerun-backoff-base", "2", "--rerun-backoff-max", "30",
-        "--suspect-node-cooldown", "90",
+        "--rerun-backoff-base",
+        "2",
+        "--rerun-backoff-max",
+        "30",
+        "--suspect-node-cooldown",
+        "90",
     ],
 )
 
@@ -82,15 +87,21 @@ def prepare_hub(api: k8s.ApiClient) -> None:
     custom: Any = k8s.CustomObjectsApi(api)
     sched: Any = k8s.SchedulingV1Api(api)
     for ns in NAMESPACES:
-        _retry(lambda ns=ns: core.create_namespace({"metadata": {"name": ns}}), f"namespace {ns}")
+        _retry(partial(core.create_namespace, {"metadata": {"name": ns}}), f"namespace {ns}")
     for name, value in PRIORITY_CLASSES.items():
-        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": name}, "value": value,
-                "preemptionPolicy": "PreemptLowerPriority"}
-        _retry(lambda b=body: sched.create_priority_class(b), f"PriorityClass {name}")
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "preemptionPolicy": "PreemptLowerPriority",
+        }
+        _retry(partial(sched.create_priority_class, body), f"PriorityClass {name}")
     for q in soak_queues():
-        _retry(lambda q=q: custom.create_cluster_custom_object(GROUP, VERSION, "gpuqueues", q),
-               f"GPUQueue {q['metadata']['name']}")
+        _retry(
+            partial(custom.create_cluster_custom_object, GROUP, VERSION, "gpuqueues", q),
+            f"GPUQueue {q['metadata']['name']}",
+        )
 
 
 def _all_terminal(custom: Any) -> tuple[int, int]:
@@ -124,8 +135,9 @@ def run_soak(
     duration_s = minutes * 60.0
     fleet = soak_fleet()
     jobs = job_schedule(seed, duration_s, rate_per_min)
-    faults = fault_schedule(seed, duration_s, list(kinds), fleet,
-                            leader_lease_s=SOAK_OPTIONS.leader_lease_s)
+    faults = fault_schedule(
+        seed, duration_s, list(kinds), fleet, leader_lease_s=SOAK_OPTIONS.leader_lease_s
+    )
     if history is None:
         history = Path(tempfile.mkstemp(prefix=f"gpufed-soak-{seed}-", suffix=".jsonl")[1])
     history.write_text("")
@@ -141,20 +153,49 @@ def run_soak(
             prepare_hub(hub_api)
             custom: Any = k8s.CustomObjectsApi(hub_api)
             observer = Observer(info, history, list(NAMESPACES))
-            observer.write({"type": "plan", "t": time.time(), "seed": seed, "minutes": minutes,
-                            "faults": [f.__dict__ for f in faults]})
-            runner = FaultRunner(sandbox, fleet, pair,
-                                 on_record=lambda r: observer.write(
-                                     {"type": "fault", "t": time.time(), **r.as_dict()}))
+            observer.write(
+                {
+                    "type": "plan",
+                    "t": time.time(),
+                    "seed": seed,
+                    "minutes": minutes,
+                    "faults": [f.__dict__ for f in faults],
+                }
+            )
+            runner = FaultRunner(
+                sandbox,
+                fleet,
+                pair,
+                on_record=lambda r: observer.write(
+                    {"type": "fault", "t": time.time(), **r.as_dict()}
+                ),
+            )
             observer.start()
             t0 = time.time()
             runner.start(faults, t0)
             for job in jobs:
                 time.sleep(max(0.0, t0 + job.at_s - time.time()))
-                observer.write({"type": "submit", "t": time.time(), "ns": job.namespace,
-                                "name": job.name, "kind": job.kind, "expect": job.expect})
-                _retry(lambda j=job: custom.create_namespaced_custom_object(
-                    GROUP, VERSION, j.namespace, "gpujobs", j.manifest), f"GPUJob {job.name}")
+                observer.write(
+                    {
+                        "type": "submit",
+                        "t": time.time(),
+                        "ns": job.namespace,
+                        "name": job.name,
+                        "kind": job.kind,
+                        "expect": job.expect,
+                    }
+                )
+                _retry(
+                    partial(
+                        custom.create_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        job.namespace,
+                        "gpujobs",
+                        job.manifest,
+                    ),
+                    f"GPUJob {job.name}",
+                )
             time.sleep(max(0.0, t0 + duration_s - time.time()))
             say("soak: stream done; waiting for the faults to be undone")
             runner.join(300)

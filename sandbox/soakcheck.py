@@ -48,8 +48,9 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 
 def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
-    submitted = {(r["ns"], r["name"]): r.get("expect", "succeed") for r in records
-                 if r["type"] == "submit"}
+    submitted = {
+        (r["ns"], r["name"]): r.get("expect", "succeed") for r in records if r["type"] == "submit"
+    }
     last: dict[tuple[str, str], dict[str, Any]] = {}
     uid_of: dict[tuple[str, str], str] = {}
     for r in records:
@@ -65,8 +66,13 @@ def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
         if r["type"] == "pod":
             codes[r["job_uid"]].extend(c for c in r.get("exit_codes") or [] if c)
     out: dict[str, Any] = {
-        "submitted": len(submitted), "succeeded": 0, "failed_application": 0,
-        "failed_infrastructure": 0, "lost_phase": 0, "lost": 0, "unexpected": 0,
+        "submitted": len(submitted),
+        "succeeded": 0,
+        "failed_application": 0,
+        "failed_infrastructure": 0,
+        "lost_phase": 0,
+        "lost": 0,
+        "unexpected": 0,
     }
     lost: list[str] = []
     unexpected: list[str] = []
@@ -99,7 +105,9 @@ def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
 # --- copies running twice -----------------------------------------------------------------------
 
 
-def _intervals(records: list[dict[str, Any]], end_of_history: float) -> dict[str, dict[Any, list[float]]]:
+def _intervals(
+    records: list[dict[str, Any]], end_of_history: float
+) -> dict[str, dict[Any, list[float]]]:
     """Per job uid, per copy ``(member, copy uid)``: ``[first start, last end]`` of its pods'
     running time. A pod runs from ``started`` to ``finished``, else its deletion mark, else
     the last time it was seen running (it vanished), else the end of the history."""
@@ -138,11 +146,17 @@ def _double_running(records: list[dict[str, Any]], end_of_history: float) -> lis
     for job, copies in sorted(_intervals(records, end_of_history).items()):
         spans = sorted(copies.items(), key=lambda kv: kv[1][0])
         for i, (ca, (sa, ea)) in enumerate(spans):
-            for cb, (sb, eb) in spans[i + 1:]:
+            for cb, (sb, eb) in spans[i + 1 :]:
                 overlap = min(ea, eb) - max(sa, sb)
                 if overlap > OVERLAP_TOLERANCE_S:
-                    found.append({"job_uid": job, "copies": [list(ca), list(cb)],
-                                  "overlap_s": round(overlap, 1), "from": max(sa, sb)})
+                    found.append(
+                        {
+                            "job_uid": job,
+                            "copies": [list(ca), list(cb)],
+                            "overlap_s": round(overlap, 1),
+                            "from": max(sa, sb),
+                        }
+                    )
     return found
 
 
@@ -208,7 +222,7 @@ class QuotaModel:
         e = _entry(self.q[n], key)
         if e is None or e.get("borrowingLimit") is None:
             return None
-        return nominal + e["borrowingLimit"]
+        return nominal + float(e["borrowingLimit"])
 
     def reserve(self, n: str, key: str, own: Mapping[tuple[str, str], int]) -> float:
         total = 0.0
@@ -216,7 +230,9 @@ class QuotaModel:
             x = self.reserve(c, key, own)
             e = _entry(self.q[c], key)
             if e is not None and e.get("lendingLimit") is not None:
-                x = max(x, (self.nominal(c, key) or 0) - e["lendingLimit"] - self.used(c, key, own), 0)
+                x = max(
+                    x, (self.nominal(c, key) or 0) - e["lendingLimit"] - self.used(c, key, own), 0
+                )
             total += x
         return total
 
@@ -274,25 +290,35 @@ def _quota_overruns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _holds(pod: Mapping[str, Any]) -> bool:
     """A pod holds its GPUs while bound to a node and not ended; a pod being deleted (its copy
     stopped by gpufed, or evicted) no longer counts against its queue."""
-    return bool(pod.get("node")) and pod.get("phase") in ("Pending", "Running") and not pod.get(
-        "deleting"
-    ) and not pod.get("finished")
+    return (
+        bool(pod.get("node"))
+        and pod.get("phase") in ("Pending", "Running")
+        and not pod.get("deleting")
+        and not pod.get("finished")
+    )
 
 
 # --- recovery ------------------------------------------------------------------------------------
 
 
-def _recovery(records: list[dict[str, Any]]) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
+def _recovery(
+    records: list[dict[str, Any]],
+) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
     faults = [r for r in records if r["type"] == "fault"]
-    health = [(r["t"], bool(r.get("members_ready")) and bool(r.get("leader")))
-              for r in records if r["type"] == "health"]
+    health = [
+        (r["t"], bool(r.get("members_ready")) and bool(r.get("leader")))
+        for r in records
+        if r["type"] == "health"
+    ]
     per_kind: dict[str, float | None] = {}
     listed = []
     for f in sorted(faults, key=lambda f: f["start"]):
         healthy_at = next((t for t, ok in health if t >= f["end"] and ok), None)
         rec_s = None if healthy_at is None else round(healthy_at - f["end"], 1)
-        listed.append({k: f.get(k) for k in ("kind", "target", "start", "end", "detail", "error")}
-                      | {"recovery_s": rec_s})
+        listed.append(
+            {k: f.get(k) for k in ("kind", "target", "start", "end", "detail", "error")}
+            | {"recovery_s": rec_s}
+        )
         prev = per_kind.get(f["kind"], 0.0)
         per_kind[f["kind"]] = None if rec_s is None or prev is None else max(prev, rec_s)
     return per_kind, listed

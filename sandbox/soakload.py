@@ -82,14 +82,32 @@ def _queue(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def soak_queues() -> list[dict[str, Any]]:
     """The soak's GPUQueues (module docstring), parents first."""
     return [
-        _queue("soak-org", {"quotas": [{"gpuProduct": "*", "nominal": 32},
-                                       {"gpuProduct": MIG, "nominal": 14}]}),
-        _queue("soak-a", {"parent": "soak-org", "namespaces": ["soak-a"],
-                          "quotas": [{"gpuProduct": "*", "nominal": 16, "borrowingLimit": 8},
-                                     {"gpuProduct": MIG, "nominal": 7}]}),
-        _queue("soak-b", {"parent": "soak-org", "namespaces": ["soak-b"],
-                          "quotas": [{"gpuProduct": "*", "nominal": 16, "lendingLimit": 8},
-                                     {"gpuProduct": MIG, "nominal": 7}]}),
+        _queue(
+            "soak-org",
+            {"quotas": [{"gpuProduct": "*", "nominal": 32}, {"gpuProduct": MIG, "nominal": 14}]},
+        ),
+        _queue(
+            "soak-a",
+            {
+                "parent": "soak-org",
+                "namespaces": ["soak-a"],
+                "quotas": [
+                    {"gpuProduct": "*", "nominal": 16, "borrowingLimit": 8},
+                    {"gpuProduct": MIG, "nominal": 7},
+                ],
+            },
+        ),
+        _queue(
+            "soak-b",
+            {
+                "parent": "soak-org",
+                "namespaces": ["soak-b"],
+                "quotas": [
+                    {"gpuProduct": "*", "nominal": 16, "lendingLimit": 8},
+                    {"gpuProduct": MIG, "nominal": 7},
+                ],
+            },
+        ),
     ]
 
 
@@ -106,7 +124,9 @@ class SoakJob:
     manifest: dict[str, Any] = field(hash=False, compare=True)
 
 
-def _template(pods: int, resource: str, count: int, run_s: int, exit_code: int | None) -> dict[str, Any]:
+def _template(
+    pods: int, resource: str, count: int, run_s: int, exit_code: int | None
+) -> dict[str, Any]:
     annotations = {SIM_DURATION_ANNOTATION: f"{run_s}s"}
     if exit_code is not None:
         annotations[SIM_EXIT_CODE_ANNOTATION] = str(exit_code)
@@ -121,8 +141,13 @@ def _template(pods: int, resource: str, count: int, run_s: int, exit_code: int |
                 "metadata": {"annotations": annotations},
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [{"name": "main", "image": "soak:1.0",
-                                    "resources": {"limits": {resource: count}}}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "soak:1.0",
+                            "resources": {"limits": {resource: count}},
+                        }
+                    ],
                 },
             },
         },
@@ -161,8 +186,9 @@ def job_schedule(seed: int, duration_s: float, rate_per_min: float = 6.0) -> lis
             "metadata": {"name": name, "namespace": ns},
             "spec": {"template": tmpl, "placement": placement},
         }
-        out.append(SoakJob(round(t, 2), name, ns, kind,
-                           "fail" if kind == "fail" else "succeed", manifest))
+        out.append(
+            SoakJob(round(t, 2), name, ns, kind, "fail" if kind == "fail" else "succeed", manifest)
+        )
         i += 1
         t += rng.expovariate(rate_per_min / 60.0)
     return out

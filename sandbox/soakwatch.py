@@ -124,7 +124,7 @@ class Observer:
         while not self._stop.wait(self.interval_s):
             try:
                 self.observe()
-            except Exception as exc:  # noqa: BLE001 - never let the observer die mid-soak
+            except Exception as exc:
                 self.write({"type": "observer-error", "t": time.time(), "error": str(exc)[:300]})
 
     def observe(self) -> None:
@@ -146,12 +146,17 @@ class Observer:
                 for obj in items:
                     key = (ns, obj["metadata"]["name"])
                     seen.add(key)
-                    self.write({
-                        "type": "job", "t": now, "ns": ns, "name": key[1],
-                        "uid": obj["metadata"]["uid"],
-                        "phase": (obj.get("status") or {}).get("phase", "Pending"),
-                        "restarts": (obj.get("status") or {}).get("restarts") or 0,
-                    })
+                    self.write(
+                        {
+                            "type": "job",
+                            "t": now,
+                            "ns": ns,
+                            "name": key[1],
+                            "uid": obj["metadata"]["uid"],
+                            "phase": (obj.get("status") or {}).get("phase", "Pending"),
+                            "restarts": (obj.get("status") or {}).get("restarts") or 0,
+                        }
+                    )
             for ns, name in sorted(self._jobs_seen - seen):
                 self.write({"type": "job", "t": now, "ns": ns, "name": name, "phase": "gone"})
             self._jobs_seen = seen
@@ -169,17 +174,30 @@ class Observer:
                 GROUP, VERSION, "memberclusters", _request_timeout=10
             )["items"]
             ready = bool(members) and all(
-                any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (m.get("status") or {}).get("conditions") or [])
+                any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (m.get("status") or {}).get("conditions") or []
+                )
                 for m in members
             )
-            self.write({
-                "type": "health", "t": now, "members_ready": ready,
-                "leader": leaders[0].metadata.name if leaders else None,
-            })
-        except Exception as exc:  # noqa: BLE001 - the hub API server restarting (etcd)
-            self.write({"type": "health", "t": now, "members_ready": False, "leader": None,
-                        "error": str(exc)[:200]})
+            self.write(
+                {
+                    "type": "health",
+                    "t": now,
+                    "members_ready": ready,
+                    "leader": leaders[0].metadata.name if leaders else None,
+                }
+            )
+        except Exception as exc:
+            self.write(
+                {
+                    "type": "health",
+                    "t": now,
+                    "members_ready": False,
+                    "leader": None,
+                    "error": str(exc)[:200],
+                }
+            )
 
     def _member(self, member: str) -> None:
         now = time.time()
@@ -189,7 +207,7 @@ class Observer:
                 label_selector=JOB_UID_LABEL, _request_timeout=10
             ).items
             nodes = core.list_node(_request_timeout=10).items
-        except Exception:  # noqa: BLE001 - its API server is down: what it showed last stands
+        except Exception:
             for rec in self._last_pods.get(member, []):
                 self.write({**rec, "t": now, "stale": True})
             return
@@ -198,8 +216,7 @@ class Observer:
             self.write(rec)
         self._last_pods[member] = recs
         products = {
-            n.metadata.name: (n.metadata.labels or {}).get(PRODUCT_LABEL, "")
-            for n in nodes
+            n.metadata.name: (n.metadata.labels or {}).get(PRODUCT_LABEL, "") for n in nodes
         }
         if products != self._last_nodes.get(member):
             new = {k: v for k, v in products.items() if v}

@@ -19,8 +19,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 def test_a_3_minute_soak_loses_nothing_runs_nothing_twice_and_keeps_quotas(
     tmp_path: Path,
 ) -> None:
-    result = run_soak(3, seed=11, drain_s=420, state_dir=tmp_path / "state",
-                      history=tmp_path / "history.jsonl", progress=print)
+    result = run_soak(
+        3,
+        seed=11,
+        drain_s=420,
+        state_dir=tmp_path / "state",
+        history=tmp_path / "history.jsonl",
+        progress=print,
+    )
     print("soak-result " + json.dumps(result))
     assert result["faults"], "faults were injected"
     assert result["submitted"] == result["jobs_planned"]
@@ -28,5 +34,7 @@ def test_a_3_minute_soak_loses_nothing_runs_nothing_twice_and_keeps_quotas(
     assert result["double_running"] == 0, result["offenders"]["double_running_jobs"]
     assert result["quota_overruns"] == 0, result["offenders"]["quota_overrun_samples"]
     assert result["drained"], "every job terminal"
-    assert result["succeeded"] + result["failed_application"] + result[
-        "failed_infrastructure"] == result["submitted"]
+    assert (
+        result["succeeded"] + result["failed_application"] + result["failed_infrastructure"]
+        == result["submitted"]
+    )

@@ -89,8 +89,9 @@ def test_an_unreachable_node_does_not_strand_the_job(e2e: E2E) -> None:
     name = unique("unreach")
     uid = hub.submit(
         name,
-        batch_job(1, tolerations=[{"operator": "Exists", "effect": "NoSchedule",
-                                    "key": "dedicated"}]),
+        batch_job(
+            1, tolerations=[{"operator": "Exists", "effect": "NoSchedule", "key": "dedicated"}]
+        ),
         placement={"retry": {"onInfrastructureFailure": 3, "nodeNotReadySeconds": 5}},
     )["metadata"]["uid"]
     st = hub.wait_phase(name, "Running", timeout_s=60)
@@ -113,25 +114,36 @@ def test_an_unreachable_node_does_not_strand_the_job(e2e: E2E) -> None:
 
         st = wait_until(elsewhere, "the job running on another member", 55)
         again_s = round(time.monotonic() - t0, 1)
-        stuck = [p for p in e2e.members[member].pods_of(uid) if p.metadata.uid == old_pod.metadata.uid]
+        stuck = [
+            p for p in e2e.members[member].pods_of(uid) if p.metadata.uid == old_pod.metadata.uid
+        ]
         assert outage.is_alive(), "the node came back before the re-run: the drill proves nothing"
         assert st["restarts"] == 1
         [entry] = st["restartHistory"]
         print(
             "unreachable-node timeline "
-            + json.dumps({
-                "member": member, "running_elsewhere_s": again_s, "new_cluster": st["cluster"],
-                "reason": entry["reason"],
-                "old_pod_still_there": bool(stuck),
-                "old_pod_terminating": bool(stuck and stuck[0].metadata.deletion_timestamp),
-            })
+            + json.dumps(
+                {
+                    "member": member,
+                    "running_elsewhere_s": again_s,
+                    "new_cluster": st["cluster"],
+                    "reason": entry["reason"],
+                    "old_pod_still_there": bool(stuck),
+                    "old_pod_terminating": bool(stuck and stuck[0].metadata.deletion_timestamp),
+                }
+            )
         )
     finally:
         outage.join(120)
     # the member confirms the old pod gone once its "kubelet" is back
     wait_until(
-        lambda: not [p for p in e2e.members[member].pods_of(uid)
-                     if p.metadata.uid == old_pod.metadata.uid],
+        lambda: (
+            not [
+                p
+                for p in e2e.members[member].pods_of(uid)
+                if p.metadata.uid == old_pod.metadata.uid
+            ]
+        ),
         "the old pod gone after the node returned",
         90,
     )

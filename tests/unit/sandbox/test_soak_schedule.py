@@ -15,9 +15,13 @@ from gpufed.sandbox.soakload import job_schedule, soak_fleet, soak_queues
 def test_the_same_seed_gives_the_same_schedule() -> None:
     fleet = soak_fleet()
     assert job_schedule(7, 1800) == job_schedule(7, 1800)
-    assert fault_schedule(7, 1800, FAULT_KINDS, fleet) == fault_schedule(7, 1800, FAULT_KINDS, fleet)
+    assert fault_schedule(7, 1800, FAULT_KINDS, fleet) == fault_schedule(
+        7, 1800, FAULT_KINDS, fleet
+    )
     assert job_schedule(7, 1800) != job_schedule(8, 1800)
-    assert fault_schedule(7, 1800, FAULT_KINDS, fleet) != fault_schedule(8, 1800, FAULT_KINDS, fleet)
+    assert fault_schedule(7, 1800, FAULT_KINDS, fleet) != fault_schedule(
+        8, 1800, FAULT_KINDS, fleet
+    )
 
 
 def test_the_stream_mixes_kinds_priorities_and_namespaces() -> None:
@@ -52,5 +56,5 @@ def test_faults_pick_kinds_targets_and_end_before_the_run() -> None:
 def test_unknown_fault_kinds_are_named() -> None:
     assert parse_kinds(None) == FAULT_KINDS
     assert parse_kinds("leader-kill, etcd-restart") == ("leader-kill", "etcd-restart")
-    with pytest.raises(ValueError, match="unknown fault kind.*bogus.*choose among"):
+    with pytest.raises(ValueError, match=r"unknown fault kind.*bogus.*choose among"):
         parse_kinds("leader-kill,bogus")

@@ -15,8 +15,14 @@ def submit(name: str, expect: str = "succeed", t: float = 0.0) -> dict[str, Any]
 
 
 def job(name: str, phase: str, t: float, uid: str | None = None) -> dict[str, Any]:
-    return {"type": "job", "t": t, "ns": "team-a", "name": name, "uid": uid or f"u-{name}",
-            "phase": phase}
+    return {
+        "type": "job",
+        "t": t,
+        "ns": "team-a",
+        "name": name,
+        "uid": uid or f"u-{name}",
+        "phase": phase,
+    }
 
 
 def pod(
@@ -36,10 +42,21 @@ def pod(
     exit_codes: list[int] | None = None,
 ) -> dict[str, Any]:
     return {
-        "type": "pod", "t": t, "member": member, "ns": ns, "name": name, "pod_uid": name,
-        "job_uid": job_uid, "copy": copy, "phase": phase, "node": node,
-        "resources": {"nvidia.com/gpu": gpus}, "started": started, "finished": finished,
-        "deleting": deleting, "exit_codes": exit_codes or [],
+        "type": "pod",
+        "t": t,
+        "member": member,
+        "ns": ns,
+        "name": name,
+        "pod_uid": name,
+        "job_uid": job_uid,
+        "copy": copy,
+        "phase": phase,
+        "node": node,
+        "resources": {"nvidia.com/gpu": gpus},
+        "started": started,
+        "finished": finished,
+        "deleting": deleting,
+        "exit_codes": exit_codes or [],
     }
 
 
@@ -48,32 +65,62 @@ def sample(t: float) -> dict[str, Any]:
 
 
 QUEUES = {
-    "type": "queues", "t": 0.0,
-    "queues": [{"name": "team-a", "parent": None, "namespaces": ["team-a"],
-                "quotas": [{"gpuProduct": H100, "nominal": 8, "borrowingLimit": 0}]}],
+    "type": "queues",
+    "t": 0.0,
+    "queues": [
+        {
+            "name": "team-a",
+            "parent": None,
+            "namespaces": ["team-a"],
+            "quotas": [{"gpuProduct": H100, "nominal": 8, "borrowingLimit": 0}],
+        }
+    ],
 }
 NODES = {"type": "nodes", "t": 0.0, "member": "m1", "products": {"n1": H100, "n2": H100}}
 
 
 def test_a_clean_history_passes() -> None:
     hist = [
-        QUEUES, NODES, submit("a"), submit("b", "fail"),
-        job("a", "Running", 1), pod("a-0", 1, job_uid="u-a", copy="c1", started=1), sample(2),
-        job("a", "Succeeded", 10), job("b", "Failed", 10),
+        QUEUES,
+        NODES,
+        submit("a"),
+        submit("b", "fail"),
+        job("a", "Running", 1),
+        pod("a-0", 1, job_uid="u-a", copy="c1", started=1),
+        sample(2),
+        job("a", "Succeeded", 10),
+        job("b", "Failed", 10),
         pod("a-0", 10, job_uid="u-a", copy="c1", phase="Succeeded", started=1, finished=9),
-        pod("b-0", 10, job_uid="u-b", copy="c2", phase="Failed", started=2, finished=4,
-            exit_codes=[1]),
+        pod(
+            "b-0",
+            10,
+            job_uid="u-b",
+            copy="c2",
+            phase="Failed",
+            started=2,
+            finished=4,
+            exit_codes=[1],
+        ),
         sample(11),
     ]
     v = check(hist)
     assert (v["submitted"], v["succeeded"], v["failed_application"]) == (2, 1, 1)
     assert (v["failed_infrastructure"], v["lost"], v["double_running"]) == (0, 0, 0)
-    assert v["quota_overruns"] == 0 and v["unexpected"] == 0
+    assert v["quota_overruns"] == 0
+    assert v["unexpected"] == 0
 
 
 def test_a_job_never_terminal_or_vanished_is_lost() -> None:
-    hist = [submit("a"), submit("b"), submit("c"), job("a", "Running", 1), job("b", "Running", 1),
-            job("b", "gone", 5), job("c", "Succeeded", 5), job("c", "gone", 6)]
+    hist = [
+        submit("a"),
+        submit("b"),
+        submit("c"),
+        job("a", "Running", 1),
+        job("b", "Running", 1),
+        job("b", "gone", 5),
+        job("c", "Succeeded", 5),
+        job("c", "gone", 6),
+    ]
     v = check(hist)
     assert v["lost"] == 2, v["lost_jobs"]
     assert v["succeeded"] == 1  # deleted after it ended: the outcome stands
@@ -81,8 +128,11 @@ def test_a_job_never_terminal_or_vanished_is_lost() -> None:
 
 
 def test_a_failure_without_an_exit_code_is_infrastructure() -> None:
-    hist = [submit("a"), job("a", "Failed", 3),
-            pod("a-0", 2, job_uid="u-a", copy="c1", phase="Failed", started=1, finished=2)]
+    hist = [
+        submit("a"),
+        job("a", "Failed", 3),
+        pod("a-0", 2, job_uid="u-a", copy="c1", phase="Failed", started=1, finished=2),
+    ]
     v = check(hist)
     assert (v["failed_application"], v["failed_infrastructure"]) == (0, 1)
 
@@ -93,9 +143,18 @@ def test_two_copies_overlapping_are_running_twice() -> None:
         pod("a-0", 5, job_uid="u-a", copy="c1", member="m1", started=0, deleting=20),
         pod("a-1", 5, job_uid="u-a", copy="c2", member="m2", started=10),
         sample(6),
-        pod("a-1", 30, job_uid="u-a", copy="c2", member="m2", started=10, finished=30,
-            phase="Succeeded"),
-        job("a", "Succeeded", 31), sample(31),
+        pod(
+            "a-1",
+            30,
+            job_uid="u-a",
+            copy="c2",
+            member="m2",
+            started=10,
+            finished=30,
+            phase="Succeeded",
+        ),
+        job("a", "Succeeded", 31),
+        sample(31),
     ]
     v = check(hist)
     assert v["double_running"] == 1
@@ -107,9 +166,18 @@ def test_a_re_run_after_the_old_copy_stopped_is_not_running_twice() -> None:
     hist = [
         submit("a"),
         pod("a-0", 5, job_uid="u-a", copy="c1", started=0, deleting=20),
-        pod("a-1", 25, job_uid="u-a", copy="c2", member="m2", started=20.5, finished=40,
-            phase="Succeeded"),
-        job("a", "Succeeded", 41), sample(41),
+        pod(
+            "a-1",
+            25,
+            job_uid="u-a",
+            copy="c2",
+            member="m2",
+            started=20.5,
+            finished=40,
+            phase="Succeeded",
+        ),
+        job("a", "Succeeded", 41),
+        sample(41),
     ]
     assert check(hist)["double_running"] == 0
 
@@ -117,9 +185,11 @@ def test_a_re_run_after_the_old_copy_stopped_is_not_running_twice() -> None:
 def test_a_pod_that_vanished_while_running_ends_when_last_seen() -> None:
     hist = [
         submit("a"),
-        pod("a-0", 5, job_uid="u-a", copy="c1", started=0), sample(5),
+        pod("a-0", 5, job_uid="u-a", copy="c1", started=0),
+        sample(5),
         sample(30),  # a-0 gone from the member without a trace
-        pod("a-1", 31, job_uid="u-a", copy="c2", started=31), sample(31),
+        pod("a-1", 31, job_uid="u-a", copy="c2", started=31),
+        sample(31),
     ]
     assert check(hist)["double_running"] == 0
     still = [*hist[:2], pod("a-1", 6, job_uid="u-a", copy="c2", started=3), sample(6)]
@@ -128,12 +198,13 @@ def test_a_pod_that_vanished_while_running_ends_when_last_seen() -> None:
 
 def test_usage_above_the_cap_at_a_sample_is_an_overrun() -> None:
     hist = [
-        QUEUES, NODES,
-        pod("a-0", 1, job_uid="u-a", copy="c1", gpus=4), pod("b-0", 1, job_uid="u-b", copy="c2",
-                                                               gpus=4, node="n2"),
+        QUEUES,
+        NODES,
+        pod("a-0", 1, job_uid="u-a", copy="c1", gpus=4),
+        pod("b-0", 1, job_uid="u-b", copy="c2", gpus=4, node="n2"),
         sample(2),
-        pod("a-0", 3, job_uid="u-a", copy="c1", gpus=4), pod("b-0", 3, job_uid="u-b", copy="c2",
-                                                               gpus=4, node="n2"),
+        pod("a-0", 3, job_uid="u-a", copy="c1", gpus=4),
+        pod("b-0", 3, job_uid="u-b", copy="c2", gpus=4, node="n2"),
         pod("c-0", 3, job_uid="u-c", copy="c3", gpus=1, node="n2"),
         sample(4),
         # a pod being deleted, a pending unbound pod and another namespace hold nothing here
@@ -157,21 +228,21 @@ def tree(lending: int | None = None, borrowing: int | None = None) -> QuotaModel
         team_a["lendingLimit"] = lending
     if borrowing is not None:
         team_a["borrowingLimit"] = borrowing
-    return QuotaModel([
-        {"name": "org", "namespaces": [], "quotas": [{"gpuProduct": "*", "nominal": 16}]},
-        {"name": "div", "parent": "org", "namespaces": []},
-        {"name": "team-a", "parent": "div", "namespaces": ["a"], "quotas": [team_a]},
-        {"name": "team-b", "parent": "div", "namespaces": ["b"], "quotas": [team_b]},
-    ])
+    return QuotaModel(
+        [
+            {"name": "org", "namespaces": [], "quotas": [{"gpuProduct": "*", "nominal": 16}]},
+            {"name": "div", "parent": "org", "namespaces": []},
+            {"name": "team-a", "parent": "div", "namespaces": ["a"], "quotas": [team_a]},
+            {"name": "team-b", "parent": "div", "namespaces": ["b"], "quotas": [team_b]},
+        ]
+    )
 
 
 def test_the_cap_model_worked_example_three_levels() -> None:
     # docs/placement.md, "Invariants", worked example: team-a lends nothing below org's 16
     m = tree(lending=0)
     assert [v["queue"] for v in m.violations({("team-b", H100): 16})] == ["org"]
-    assert [v["queue"] for v in m.violations({("team-a", H100): 4, ("team-b", H100): 9})] == [
-        "org"
-    ]
+    assert [v["queue"] for v in m.violations({("team-a", H100): 4, ("team-b", H100): 9})] == ["org"]
     assert m.violations({("team-a", H100): 8, ("team-b", H100): 8}) == []
 
 
@@ -190,8 +261,14 @@ def test_recovery_is_from_the_undo_to_the_first_healthy_sample() -> None:
     hist = [
         {"type": "fault", "t": 10, "kind": "kwok-stop", "target": "m1", "start": 0, "end": 10},
         {"type": "fault", "t": 30, "kind": "kwok-stop", "target": "m1", "start": 20, "end": 30},
-        {"type": "fault", "t": 50, "kind": "etcd-restart", "target": "etcd", "start": 45,
-         "end": 50},
+        {
+            "type": "fault",
+            "t": 50,
+            "kind": "etcd-restart",
+            "target": "etcd",
+            "start": 45,
+            "end": 50,
+        },
         {"type": "health", "t": 12, "members_ready": False, "leader": "hub/a"},
         {"type": "health", "t": 14, "members_ready": True, "leader": "hub/a"},
         {"type": "health", "t": 40, "members_ready": True, "leader": "hub/b"},
