@@ -38,6 +38,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from gpufed.api.fleet import FleetSpec, node_specs
+from gpufed.api.labels import JOB_UID_LABEL
 from gpufed.sandbox.controlplane import agent_component
 from gpufed.sandbox.hubpair import HubPair
 from gpufed.sandbox.nodes import create_nodes
@@ -54,6 +55,8 @@ FAULT_KINDS = (
     "gpu-withdraw",
 )
 GPU = "nvidia.com/gpu"
+#: Annotation :meth:`FaultRunner.nudge_pods` sets (a sandbox artefact, never read by gpufed).
+NUDGE_ANNOTATION = "sandbox.gpufed.io/kwok-nudge"
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,37 @@ class FaultRunner:
             time.sleep(hold_s)
         finally:
             sup.start(component, timeout=120)
+        if component == "etcd":
+            for member in self._core:
+                self.nudge_pods(member)
+        elif component.startswith("apiserver/"):
+            self.nudge_pods(component.split("/", 1)[1])
+
+    def nudge_pods(self, member: str) -> int:
+        """Touch (annotate) every gpufed pod of ``member`` so kwok plays it again; returns how
+        many. kwok 0.8 drops the pending stages of pods it saw before it restarted, lost its
+        watch, or saw their node deleted: such a pod would run (or stay Terminating) for ever,
+        which a real kubelet does not do. An update event makes kwok match the pod's stage
+        again (its run time then counts from the nudge)."""
+        core = self._core[member]
+        stamp = {"metadata": {"annotations": {NUDGE_ANNOTATION: f"{time.time():.3f}"}}}
+        done = 0
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                pods = core.list_pod_for_all_namespaces(label_selector=JOB_UID_LABEL).items
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        for p in pods:
+            if p.status.phase in ("Succeeded", "Failed"):
+                continue
+            with contextlib.suppress(Exception):
+                core.patch_namespaced_pod(p.metadata.name, p.metadata.namespace, stamp)
+                done += 1
+        return done
 
     def _leader(self, rec: FaultRecord) -> str:
         if self.pair is None:
@@ -281,6 +315,7 @@ class FaultRunner:
             while True:  # the API server may itself be restarting (etcd): try for a minute
                 try:
                     create_nodes(self._api[member], specs)
+                    self.nudge_pods(member)
                     break
                 except Exception:
                     if time.monotonic() > deadline:
@@ -316,6 +351,7 @@ class FaultRunner:
             time.sleep(hold_s)
         finally:
             sup.start(f"kwok/{member}", timeout=120)
+        self.nudge_pods(member)
 
     def _gpu_withdraw(self, fault: Fault, rec: FaultRecord) -> None:
         member, node = fault.target.split("/", 1)

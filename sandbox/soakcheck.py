@@ -65,11 +65,13 @@ def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r["type"] == "pod":
             codes[r["job_uid"]].extend(c for c in r.get("exit_codes") or [] if c)
+    rejected: list[str] = []
     out: dict[str, Any] = {
         "submitted": len(submitted),
         "succeeded": 0,
         "failed_application": 0,
         "failed_infrastructure": 0,
+        "failed_rejected": 0,
         "lost_phase": 0,
         "lost": 0,
         "unexpected": 0,
@@ -84,7 +86,12 @@ def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
             if expect == "fail":
                 unexpected.append(f"{label}: expected to fail, Succeeded")
         elif phase == "Failed":
-            if codes.get(uid_of.get(key, ""), []):
+            if uid_of.get(key, "") not in codes:
+                out["failed_rejected"] += 1
+                rejected.append(
+                    f"{label}: Failed without ever running ({last[key].get('message', '')})"
+                )
+            elif codes[uid_of[key]]:
                 out["failed_application"] += 1
                 if expect != "fail":
                     unexpected.append(f"{label}: failed by its own exit code, unexpected")
@@ -99,6 +106,7 @@ def _job_outcomes(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["unexpected"] = len(unexpected)
     out["lost_jobs"] = lost[:50]
     out["unexpected_jobs"] = unexpected[:50]
+    out["rejected_jobs"] = rejected[:50]
     return out
 
 
@@ -110,7 +118,9 @@ def _intervals(
 ) -> dict[str, dict[Any, list[float]]]:
     """Per job uid, per copy ``(member, copy uid)``: ``[first start, last end]`` of its pods'
     running time. A pod runs from ``started`` to ``finished``, else its deletion mark, else
-    the last time it was seen running (it vanished), else the end of the history."""
+    the last time it was seen running (it vanished), else the end of the history; and never
+    past the first observation of its node missing from its member (a deleted node is a dead
+    machine, whatever the Pod object still says)."""
     pods: dict[tuple[str, str], dict[str, Any]] = {}
     seen_running: dict[tuple[str, str], float] = {}
     this_round: set[tuple[str, str]] = set()
@@ -127,6 +137,18 @@ def _intervals(
         if r.get("phase") == "Running":
             seen_running[key] = r["t"]
     present_at_end = last_round | this_round
+    node_lists = [
+        (r["t"], r["member"], set(r["products"])) for r in records if r["type"] == "nodes"
+    ]
+
+    def node_gone(member: str, node: str, after: float) -> float | None:
+        """When ``node`` was first seen absent from ``member`` after ``after`` (its machine
+        died with it: the node-delete fault)."""
+        for t, m, names in node_lists:
+            if m == member and t > after and node and node not in names:
+                return float(t)
+        return None
+
     out: dict[str, dict[Any, list[float]]] = defaultdict(dict)
     for key, r in pods.items():
         start = r.get("started")
@@ -135,6 +157,9 @@ def _intervals(
         end = r.get("finished") or r.get("deleting")
         if end is None:
             end = end_of_history if key in present_at_end else seen_running.get(key, start)
+        gone = node_gone(r["member"], r.get("node") or "", start)
+        if gone is not None:
+            end = min(end, gone)
         copy = (r["member"], r.get("copy") or r["name"])
         span = out[r["job_uid"]].setdefault(copy, [start, end])
         span[0], span[1] = min(span[0], start), max(span[1], end)

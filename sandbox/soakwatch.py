@@ -155,6 +155,7 @@ class Observer:
                             "uid": obj["metadata"]["uid"],
                             "phase": (obj.get("status") or {}).get("phase", "Pending"),
                             "restarts": (obj.get("status") or {}).get("restarts") or 0,
+                            "message": str((obj.get("status") or {}).get("message", ""))[:300],
                         }
                     )
             for ns, name in sorted(self._jobs_seen - seen):

@@ -276,3 +276,25 @@ def test_recovery_is_from_the_undo_to_the_first_healthy_sample() -> None:
     v = check(hist)
     assert v["max_recovery_s"] == {"kwok-stop": 10.0, "etcd-restart": None}
     assert [f["recovery_s"] for f in v["faults"]] == [4.0, 10.0, None]
+
+
+def test_a_pod_stops_when_its_node_is_seen_deleted() -> None:
+    nodes_before = {"type": "nodes", "t": 0.0, "member": "m1", "products": {"n1": H100}}
+    nodes_gone = {"type": "nodes", "t": 12.0, "member": "m1", "products": {}}
+    old = pod(
+        "a-0", 5, job_uid="u-a", copy="c1", node="n1", started=0, finished=40, phase="Succeeded"
+    )
+    new = pod(
+        "a-1", 20, job_uid="u-a", copy="c2", member="m2", started=15, finished=50, phase="Succeeded"
+    )
+    assert check([nodes_before, old, nodes_gone, new, sample(51)])["double_running"] == 0
+    # without the node's deletion the two copies overlap 25 s
+    assert check([nodes_before, old, new, sample(51)])["double_running"] == 1
+
+
+def test_a_job_failed_without_ever_running_is_rejected_not_infrastructure() -> None:
+    rec = job("a", "Failed", 3)
+    rec["message"] = "no member cluster can ever hold this job"
+    v = check([submit("a"), rec])
+    assert (v["failed_rejected"], v["failed_infrastructure"], v["lost"]) == (1, 0, 0)
+    assert "can ever hold" in v["rejected_jobs"][0]
