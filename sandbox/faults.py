@@ -238,9 +238,23 @@ class FaultRunner:
             sup.start(component, timeout=120)
         if component == "etcd":
             for member in self._core:
-                self.nudge_pods(member)
+                self._nudge_soon(member)
         elif component.startswith("apiserver/"):
-            self.nudge_pods(component.split("/", 1)[1])
+            self._nudge_soon(component.split("/", 1)[1])
+
+    def _nudge_soon(self, member: str) -> None:
+        """Nudge ``member``'s pods 3 s from now and again 15 s later: kwok ignores updates
+        that arrive before its informers synced again."""
+        time.sleep(3)
+        self.nudge_pods(member)
+
+        def again() -> None:
+            with contextlib.suppress(Exception):
+                self.nudge_pods(member)
+
+        timer = threading.Timer(15, again)
+        timer.daemon = True
+        timer.start()
 
     def nudge_pods(self, member: str) -> int:
         """Touch (annotate) every gpufed pod of ``member`` so kwok plays it again; returns how
@@ -315,7 +329,7 @@ class FaultRunner:
             while True:  # the API server may itself be restarting (etcd): try for a minute
                 try:
                     create_nodes(self._api[member], specs)
-                    self.nudge_pods(member)
+                    self._nudge_soon(member)
                     break
                 except Exception:
                     if time.monotonic() > deadline:
@@ -351,7 +365,7 @@ class FaultRunner:
             time.sleep(hold_s)
         finally:
             sup.start(f"kwok/{member}", timeout=120)
-        self.nudge_pods(member)
+        self._nudge_soon(member)
 
     def _gpu_withdraw(self, fault: Fault, rec: FaultRecord) -> None:
         member, node = fault.target.split("/", 1)
