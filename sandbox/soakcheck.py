@@ -338,11 +338,19 @@ def _recovery(
     per_kind: dict[str, float | None] = {}
     listed = []
     for f in sorted(faults, key=lambda f: f["start"]):
-        healthy_at = next((t for t, ok in health if t >= f["end"] and ok), None)
-        rec_s = None if healthy_at is None else round(healthy_at - f["end"], 1)
+        # recovery counts from when the system was free of faults again: a fault undone while
+        # another still holds is measured from the end of the overlapping ones
+        end = f["end"]
+        while True:
+            later = [g["end"] for g in faults if g["start"] <= end < g["end"]]
+            if not later:
+                break
+            end = max(later)
+        healthy_at = next((t for t, ok in health if t >= end and ok), None)
+        rec_s = None if healthy_at is None else round(healthy_at - end, 1)
         listed.append(
             {k: f.get(k) for k in ("kind", "target", "start", "end", "detail", "error")}
-            | {"recovery_s": rec_s}
+            | {"recovery_s": rec_s, "overlapped_until": end if end != f["end"] else None}
         )
         prev = per_kind.get(f["kind"], 0.0)
         per_kind[f["kind"]] = None if rec_s is None or prev is None else max(prev, rec_s)
@@ -354,8 +362,8 @@ def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     ``failed_application``, ``failed_infrastructure``, ``lost`` (not terminal at the end,
     vanished, or phase Lost), ``double_running`` (jobs with two member copies running at once
     for more than a second), ``quota_overruns`` (sampled instants x queue x key over the cap),
-    ``max_recovery_s`` by fault kind (fault undone -> every member Ready and a leader; null:
-    never), ``faults``, and lists of the offending jobs/instants (at most 50 each)."""
+    ``max_recovery_s`` by fault kind (fault undone, or the faults overlapping it undone ->
+    every member Ready and a leader; null: never), ``faults``, and lists of the offending jobs/instants (at most 50 each)."""
     recs = list(records)
     end = max((r["t"] for r in recs), default=0.0)
     out = _job_outcomes(recs)

@@ -298,3 +298,15 @@ def test_a_job_failed_without_ever_running_is_rejected_not_infrastructure() -> N
     v = check([submit("a"), rec])
     assert (v["failed_rejected"], v["failed_infrastructure"], v["lost"]) == (1, 0, 0)
     assert "can ever hold" in v["rejected_jobs"][0]
+
+
+def test_recovery_of_overlapping_faults_counts_from_the_last_one_undone() -> None:
+    hist = [
+        {"type": "fault", "t": 10, "kind": "leader-kill", "target": "hub", "start": 5, "end": 10},
+        {"type": "fault", "t": 60, "kind": "apiserver-stop", "target": "m1", "start": 0, "end": 60},
+        {"type": "health", "t": 30, "members_ready": False, "leader": "hub/a"},
+        {"type": "health", "t": 63, "members_ready": True, "leader": "hub/a"},
+    ]
+    v = check(hist)
+    assert v["max_recovery_s"] == {"apiserver-stop": 3.0, "leader-kill": 3.0}
+    assert v["faults"][1]["overlapped_until"] == 60
