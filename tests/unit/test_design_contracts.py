@@ -32,6 +32,7 @@ NUMBERS = [
     "twelve",
     "thirteen",
     "fourteen",
+    "fifteen",
 ]
 COMPONENTS = frozenset({"api", "placement", "sync", "hub", "agent", "sandbox", "console", "cli"})
 _TICKED = re.compile(r"`([^`]+)`")
