@@ -1,5 +1,5 @@
 """``gpufed bench``: benchmarks that print one JSON line (``gpufed bench placement``, ``gpufed
-bench e2e`` and its ``--compare multikueue``)."""
+bench e2e`` and its ``--compare multikueue``, ``gpufed bench scale``, ``gpufed bench soak``)."""
 
 from __future__ import annotations
 
@@ -176,6 +176,66 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         return
     for key, value in result.items():
         typer.echo(f"{key:>18}: {value}")
+
+
+@app.command("soak")
+def soak(
+    minutes: float = typer.Option(
+        30.0, "--minutes", min=0.5, max=24 * 60, help="How long jobs stream and faults strike."
+    ),
+    seed: int = typer.Option(1, "--seed", help="Seed of the job stream and the fault schedule."),
+    faults: str = typer.Option(
+        "all",
+        "--faults",
+        help="Comma-separated fault kinds (leader-kill, leader-pause, agent-kill, etcd-restart, "
+        "apiserver-stop, node-delete, kwok-stop, gpu-withdraw) or 'all'.",
+    ),
+    rate: float = typer.Option(
+        6.0, "--rate", min=0.1, max=600, help="Jobs created per minute (Poisson)."
+    ),
+    drain: float = typer.Option(
+        600.0, "--drain", min=0, max=86_400, help="Seconds to wait for every job to end."
+    ),
+    history: Path | None = typer.Option(
+        None,
+        "--history",
+        help="Write the observed history here (JSON lines; default: a temp file).",
+    ),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Sandbox state dir (default: a temporary one, removed)."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Leave the sandbox running afterwards."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON line."),
+) -> None:
+    """Chaos soak: a fresh sandbox with two hub replicas streams seeded jobs through GPUQueues
+    while seeded faults strike; a checker that reads only the API servers reports submitted,
+    succeeded, failed, lost, double_running, quota_overruns and recovery times per fault kind
+    (docs/benchmarks.md, "Chaos soak"). Exit code 1 when lost, double_running or
+    quota_overruns is not 0."""
+    from gpufed.cli.local import configure_logging, fail_cleanly
+    from gpufed.sandbox.faults import parse_kinds
+    from gpufed.sandbox.soak import run_soak
+
+    try:
+        kinds = parse_kinds(faults)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    configure_logging(False)
+    with fail_cleanly():
+        result = run_soak(
+            minutes,
+            seed,
+            kinds=kinds,
+            rate_per_min=rate,
+            drain_s=drain,
+            state_dir=state_dir,
+            history=history,
+            keep=keep,
+            progress=lambda m: typer.echo(m, err=True),
+        )
+    _print(result, as_json)
+    if result["lost"] or result["double_running"] or result["quota_overruns"]:
+        raise typer.Exit(1)
 
 
 @app.command("scale")

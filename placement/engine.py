@@ -446,7 +446,7 @@ def _member_never(
             ),
             None,
         )
-        if bad is not None:
+        if bad is not None and bad.code is Code.UNRESOLVABLE:
             first = first or bad.reason
             continue
         why = never_reason(job, c, pool, pmemo)

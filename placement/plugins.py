@@ -17,6 +17,7 @@ DeviceSelectors       pool      a GPU pod set claims through DRA and the pool's 
                                 resource, or the other way round, or a claim's CEL selectors reject the
                                 pool's DRA GPUs
 NodeTaints            pool      the pool's nodes carry a taint some GPU pod set does not tolerate
+                                (a ``node.kubernetes.io/`` condition taint such as not-ready: may change)
 ResourceFit           pool      the pool's free GPUs (histogram by node) cannot hold the pods
 TopologyFit           pool      no nodes / NVLink domain / rack / block hold every pod at once
 ====================  ========  =====================================================================
@@ -283,6 +284,11 @@ def _short(expr: str) -> str:
     return repr(expr) if len(expr) <= 120 else repr(expr[:100] + "…")
 
 
+#: Taints the node lifecycle controller sets for a node condition (``node.kubernetes.io/not-ready``,
+#: ``unreachable``, ``memory-pressure``, ``unschedulable``...) and removes when it clears.
+CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
+
+
 class NodeTaints:
     """The pool's node taints must be tolerated by every GPU pod set."""
 
@@ -297,8 +303,11 @@ class NodeTaints:
         for s in job.gpu_sets:
             if not tolerates_all(s.tolerations, pool.taints):
                 t = next(t for t in pool.taints if not any(x.tolerates(t) for x in s.tolerations))
+                # a node-condition taint (not-ready, unreachable, pressure) goes when the
+                # condition clears: the job waits, it is not rejected for ever
+                transient = t.key.startswith(CONDITION_TAINT_PREFIX)
                 return Status(
-                    Code.UNRESOLVABLE,
+                    Code.UNSCHEDULABLE if transient else Code.UNRESOLVABLE,
                     f"{pool.product} nodes carry taint {t.key}={t.value}:{t.effect} that pod set "
                     f"{s.name} does not tolerate",
                 )

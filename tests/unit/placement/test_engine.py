@@ -427,3 +427,19 @@ def test_a_rejection_headline_says_which_filters_turned_every_member_away() -> N
     plugins = {r.plugin for r in d.rejections}
     assert len(plugins) == 1
     assert f"(all 3 members rejected: {plugins.pop()} 3)" in d.message
+
+
+def test_a_fleet_whose_nodes_are_all_not_ready_tainted_makes_the_job_wait_not_fail() -> None:
+    # the chaos soak (issue 26, kwok-stop): every node of the fleet turned NotReady, the node
+    # lifecycle controller tainted them node.kubernetes.io/not-ready:NoSchedule, and the hub
+    # failed new jobs for ever ("no member cluster can ever hold this job"). The taint goes
+    # when the node is Ready again: the job must wait.
+    not_ready = Taint(key="node.kubernetes.io/not-ready", effect="NoSchedule")
+    s = FleetSnapshot([hgx_cluster("a", node_kw={"taints": [not_ready]})])
+    d = place(job(gpus=8), s, POLICY, 0)
+    assert d.outcome == Outcome.UNSCHEDULABLE
+    assert "node.kubernetes.io/not-ready" in d.rejections[0].reason
+    # a taint of the operator's own still rejects: no state of the fleet would tolerate it
+    own = Taint(key="dedicated", value="inference", effect="NoSchedule")
+    s = FleetSnapshot([hgx_cluster("a", node_kw={"taints": [own]})])
+    assert place(job(gpus=8), s, POLICY, 0).outcome == Outcome.REJECTED
