@@ -17,7 +17,10 @@ rest of the tree), unless they carry an HTTP                           the error
 aiohttp/urllib3 transport errors, aetcd
 ``ConnectionFailedError`` / ``ConnectionTimeoutError``,
 403 with cause ``NamespaceTerminating`` (heals once
-the namespace is gone and is created again)
+the namespace is gone and is created again), 403
+naming a bootstrap ClusterRole ``system:…`` not
+found (an API server whose RBAC authorizer has not
+listed its roles yet: seconds after its start)
 409 Conflict                                           ``RECONCILE``   re-read, recompute, write
 404 Not Found, 410 Gone                                ``GONE``        the object (or the watch's
                                                                        resourceVersion) is gone
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import enum
 import random
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,7 +100,7 @@ def verdict_of(exc: BaseException) -> Verdict:
             return Verdict.RECONCILE
         if status in _GONE_STATUSES:
             return Verdict.GONE
-        if status == 403 and _namespace_terminating(exc):
+        if status == 403 and (_namespace_terminating(exc) or _rbac_starting(exc)):
             return Verdict.RETRY
         if status in _REFUSED_STATUSES:
             return Verdict.REFUSED
@@ -127,6 +131,23 @@ def _namespace_terminating(exc: BaseException) -> bool:
     if isinstance(body, bytes):
         body = body[:65536].decode("utf-8", errors="replace")
     return isinstance(body, str) and "NamespaceTerminating" in body[:65536]
+
+
+#: What a kube-apiserver's RBAC authorizer adds to a Forbidden while its informers have not
+#: listed the bootstrap ClusterRoles (``system:discovery``, ``system:basic-user``, ...) that every
+#: API server keeps: only in the seconds after it (or its etcd) starts.
+_RBAC_STARTING = re.compile(r'RBAC: [^"]*clusterrole[^"]*"system:[^"]+" not found')
+
+
+def _rbac_starting(exc: BaseException) -> bool:
+    """A Forbidden from an API server that is still starting: its RBAC authorizer does not find
+    a bootstrap ClusterRole (found by the chaos soak after member API server and etcd restarts:
+    ``RBAC: clusterrole.rbac.authorization.k8s.io "system:discovery" not found``)."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body[:65536].decode("utf-8", errors="replace")
+    text = body if isinstance(body, str) else str(getattr(exc, "reason", "") or "")
+    return bool(_RBAC_STARTING.search(text[:65536]))
 
 
 def _top_module(cls: type) -> str:

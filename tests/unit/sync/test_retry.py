@@ -274,3 +274,26 @@ def test_creating_in_a_namespace_being_terminated_retries_other_forbiddens_do_no
     forbidden = ApiException(status=403, reason="Forbidden")
     forbidden.body = '{"kind":"Status","reason":"Forbidden","code":403}'
     assert verdict_of(forbidden) is Verdict.REFUSED
+
+
+def test_a_forbidden_from_an_api_server_whose_rbac_is_still_starting_retries() -> None:
+    # Found by the chaos soak: seconds after a member's API server (or its etcd) restarted,
+    # every request was Forbidden because its RBAC authorizer had not listed the bootstrap
+    # ClusterRoles yet, and jobs dispatched then failed for good ("the member refused").
+    message = (
+        'forbidden: User \\"system:serviceaccount:gpufed-system:gpufed-agent\\" cannot get '
+        'path \\"/apis/batch/v1\\": RBAC: [clusterrole.rbac.authorization.k8s.io '
+        '\\"system:basic-user\\" not found, clusterrole.rbac.authorization.k8s.io '
+        '\\"system:service-account-issuer-discovery\\" not found]'
+    )
+    starting = ApiException(status=403, reason="Forbidden")
+    starting.body = f'{{"kind":"Status","message":"{message}","reason":"Forbidden","code":403}}'
+    assert verdict_of(starting) is Verdict.RETRY
+    # A binding to a role of the admin's that does not exist is a steady refusal.
+    missing = ApiException(status=403, reason="Forbidden")
+    missing.body = (
+        '{"kind":"Status","message":"jobs.batch is forbidden: User \\"x\\" cannot create '
+        'resource \\"jobs\\": RBAC: role.rbac.authorization.k8s.io \\"team-a-editor\\" not '
+        'found","reason":"Forbidden","code":403}'
+    )
+    assert verdict_of(missing) is Verdict.REFUSED
