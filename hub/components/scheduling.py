@@ -344,14 +344,9 @@ class Scheduler:
             decision = decision.model_copy(
                 update={"message": f"{decision.message}; preempting nothing: {_why(preemption)}"}
             )
-        if decision.outcome == Outcome.REJECTED and not self._term.state.fleet_complete():
-            waiting = self._term.state.awaiting_inventory()
+        if decision.outcome == Outcome.REJECTED and (why := self._not_final(job)) is not None:
             decision = decision.model_copy(
-                update={
-                    "outcome": Outcome.UNSCHEDULABLE,
-                    "message": f"{decision.message} (waiting for member inventories: "
-                    f"{', '.join(waiting) or 'no member cluster registered yet'})",
-                }
+                update={"outcome": Outcome.UNSCHEDULABLE, "message": f"{decision.message} ({why})"}
             )
         sig = (decision.outcome, decision.message, decision.rejections)
         if sig == job.last_unschedulable:
@@ -367,6 +362,26 @@ class Scheduler:
             log.info("placement.rejected", job=job.key, reason=decision.message)
         else:
             log.info("placement.unschedulable", job=job.key, reason=decision.message)
+
+    def _not_final(self, job: JobState) -> str | None:
+        """Why "no member could ever hold the job" is not final for ``job`` now (None when it
+        is: the job fails). It is not while a member has not reported its inventory yet, while
+        a member is not Ready (its nodes may come back: a stopped API server, NotReady nodes),
+        and never for a job that was placed before (a re-run, a requeue): it fitted the fleet
+        once, so a node or member that is gone for now makes it wait, not fail (found by the
+        chaos soak: re-runs failed for good while the only node of their shape was deleted)."""
+        state = self._term.state
+        if not state.fleet_complete():
+            waiting = state.awaiting_inventory()
+            return "waiting for member inventories: " + (
+                ", ".join(waiting) or "no member cluster registered yet"
+            )
+        down = sorted(m.name for m in state.registered_members() if m.health != "Ready")
+        if down:
+            return f"waiting: member {', '.join(down)} not Ready may hold it when it comes back"
+        if job.record is not None:
+            return "waiting: it was placed before, so the fleet may hold it again"
+        return None
 
     def _show(
         self,

@@ -1,0 +1,70 @@
+"""When "no member could ever hold the job" is final (the job fails) and when it only waits
+(gpufed.hub.components.scheduling, ``Scheduler._not_final``): found by the chaos soak, where a
+re-run failed for good while the only node of its shape was deleted, and new jobs failed while
+the member that holds their shape was down."""
+
+from __future__ import annotations
+
+from gpufed.api.stream import InventorySnapshot
+from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
+from gpufed.hub.components.config import HubConfig
+from tests.unit.hub.builders import hgx_node
+from tests.unit.hub.term import Term, running, sent, settle
+
+NODE_LOST = FailureCause(kind="Infrastructure", reason="NodeLost", message="gone", nodes=("m1-n0",))
+
+
+async def _cycle(t: Term, uid: str) -> None:
+    t.ctrl.state.want(uid)
+    await t.ctrl.scheduler.cycle()
+    await settle()
+
+
+async def test_a_new_job_no_member_can_ever_hold_fails() -> None:
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"))
+    await t.submit("huge", "u1", gpus=64)
+    await _cycle(t, "u1")
+    assert t.ctrl.state.jobs["u1"].status.phase == "Failed"
+
+
+async def test_a_rerun_whose_only_fitting_node_is_gone_waits_instead_of_failing() -> None:
+    t, s, rev = await running()
+    failed = WorkloadStatus(job_uid="u1", revision=rev, phase="Failed", failure=NODE_LOST)
+    await t.ctrl.handle(s, failed)
+    await settle()
+    [(_, _, del_rev)] = [x for x in sent(s) if x[0] == "delete"]
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    await settle()
+    # Both 8-GPU nodes gone: only a 4-GPU node is left, no member could ever hold 8 GPUs now.
+    m1 = t.ctrl.state.members["m1"]
+    small = hgx_node("m1-n2").model_copy(update={"allocatable": {"nvidia.com/gpu": 4}})
+    t.ctrl.members.on_snapshot(m1, InventorySnapshot(seq=9, nodes=(small,)))
+    await settle()
+    t.clock.advance(3600)  # past the re-run's backoff
+    await _cycle(t, "u1")
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending", job.status
+    assert "placed before" in (job.status.message or "")
+    # The node comes back: the re-run is placed.
+    t.ctrl.members.on_snapshot(m1, InventorySnapshot(seq=10, nodes=(small, hgx_node("m1-n0"))))
+    await _cycle(t, "u1")
+    assert t.ctrl.state.jobs["u1"].placed_cluster == "m1"
+
+
+async def test_a_new_job_waits_while_a_member_is_not_ready() -> None:
+    lease = 40.0
+    t = Term(config=HubConfig(insecure=True, member_lease_s=lease, member_lost_s=600.0))
+    t.member("m1", hgx_node("m1-n0"))
+    t.member("m2", hgx_node("m2-n0"))
+    t.connect("m1")
+    t.connect("m2")
+    t.clock.advance(lease + 1)
+    t.ctrl.heard(t.ctrl.state.members["m1"].session)  # type: ignore[arg-type]
+    await t.ctrl.members.check_health()
+    assert t.ctrl.state.members["m2"].health == "NotReady"
+    await t.submit("huge", "u1", gpus=64)
+    await _cycle(t, "u1")
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending"
+    assert "m2 not Ready" in (job.status.message or "")
