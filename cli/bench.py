@@ -278,7 +278,7 @@ def scale(
     registration, dispatch, status and placement percentiles, hub peak RSS and etcd's db size
     (docs/benchmarks.md, "The hub at fleet scale"). Set GPUFED_SCALE_PROFILE=FILE to run the
     hub under cProfile."""
-    from gpufed.cli.hub import register_member
+    from gpufed.cli.hubadmin import register_member
     from gpufed.cli.local import configure_logging, fail_cleanly
     from gpufed.sandbox.controlplane import TOKEN_NAMESPACE
     from gpufed.sandbox.scale_bench import ScaleOptions, run_scale_bench

@@ -92,7 +92,7 @@ from gpufed.sandbox.supervisor import Supervisor, http_ok
 log = structlog.get_logger("gpufed.sandbox.scale_bench")
 Progress = Callable[[str], None]
 #: Registers one member on the hub through a sync ``ApiClient``; returns its join token
-#: (``gpufed.cli.hub.register_member``, what ``gpufed hub join`` runs: the CLI passes it in,
+#: (``gpufed.cli.hubadmin.register_member``, what ``gpufed hub join`` runs: the CLI passes it in,
 #: since the sandbox imports no other gpufed component).
 Joiner = Callable[[Any, str], str]
 NAMESPACE = "scale"

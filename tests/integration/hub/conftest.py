@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpufed.cli.hub import install_crds
+from gpufed.cli.hubadmin import install_crds
 from gpufed.hub.adapters.store import Store
 from gpufed.sandbox.runtime import SandboxInfo
 from tests.integration.hub.harness import JOB_NAMESPACES, TOKEN_NAMESPACE, HubAPI, wait_until

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog.testing
 from typer.testing import CliRunner
 
 from gpufed.cli import agent as agent_cli
@@ -110,7 +111,9 @@ def test_agent_inventory_honours_kubeconfig_outside_a_pod(
     # The command configures structlog (cached loggers) on the stream CliRunner captures for
     # this test only: later tests would log to a closed file.
     monkeypatch.setattr(agent_cli, "configure_logging", lambda *_a, **_k: None)
-    with serving(403, body) as url:
+    # capture_logs: the agent's own warnings (e.g. DRA discovery refused by the same 403) do not
+    # reach the captured output whichever structlog configuration earlier tests left behind.
+    with serving(403, body) as url, structlog.testing.capture_logs():
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "k", url)))
         code, out = run("agent", "inventory", "--once", "--cluster", "m1")
     assert code == 1
