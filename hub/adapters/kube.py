@@ -43,6 +43,8 @@ MERGE_PATCH = "application/merge-patch+json"
 NAMESPACES = "namespaces"
 PRIORITYCLASSES = "priorityclasses"
 JSON_PATCH = "application/json-patch+json"
+#: Objects per page of a list (``limit``/``continue``).
+LIST_PAGE = 500
 
 
 #: The API server stores objects nested up to 10,000 levels deep (its JSON decoder's limit);
@@ -179,22 +181,36 @@ class KubeAPI:
         self, group: str, version: str, plural: str, *, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
         """Every object of ``group/version`` ``plural`` in all namespaces (``batch``, ``v1``,
-        ``jobs``), matching ``label_selector``, and the list's resourceVersion. Raises
+        ``jobs``), matching ``label_selector``, and the list's resourceVersion. Read in pages of
+        :data:`LIST_PAGE` (the API server serves every page at the first one's
+        resourceVersion), so no single answer holds the whole collection. Raises
         ``ApiException`` 404 when the API server does not serve the resource (no CRD), 403
-        without the RBAC rule (neither is retried)."""
-        async for attempt in kube_retry():
-            with attempt:
-                resp = await _json(
-                    await self.custom.list_cluster_custom_object(
-                        group,
-                        version,
-                        plural,
-                        label_selector=label_selector,
-                        _preload_content=False,
+        without the RBAC rule (neither is retried), 410 when the continue token expired (the
+        caller lists again)."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        rv = ""
+        while True:
+            page: dict[str, Any] = {"_continue": token} if token else {}
+            async for attempt in kube_retry():
+                with attempt:
+                    resp = await _json(
+                        await self.custom.list_cluster_custom_object(
+                            group,
+                            version,
+                            plural,
+                            label_selector=label_selector,
+                            limit=LIST_PAGE,
+                            _preload_content=False,
+                            **page,
+                        )
                     )
-                )
-        items: list[dict[str, Any]] = resp.get("items") or []
-        return items, str(resp["metadata"]["resourceVersion"])
+            items.extend(resp.get("items") or [])
+            meta = resp.get("metadata") or {}
+            rv = rv or str(meta["resourceVersion"])
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, rv
 
     def watch_resource(
         self,

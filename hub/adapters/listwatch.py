@@ -77,6 +77,13 @@ async def list_watch(
                 if verdict_of(exc) is Verdict.GONE:
                     log.info("hub.relist", resource=resource, reason="410 Gone")
                     break
+                if type(exc).__name__ == "LineTooLong":
+                    # One event bigger than the client reads (aiohttp: 4 MiB a line): watching
+                    # again from the same resourceVersion would meet it again, forever. The
+                    # list (one body, no line limit) gets past it.
+                    log.warning("hub.relist", resource=resource, reason="watch event too large")
+                    await sleep(backoff.next())
+                    break
                 if not tolerated(exc, "hub.watch_failed"):
                     raise
                 await sleep(backoff.next())

@@ -22,6 +22,13 @@ Per workload (key: kind, namespace, name), one serial reconcile:
 5. the workload is gone: its GPUJob is deleted (with a uid precondition); the hub's finalizer
    then removes the member copy. No garbage collector is needed on the hub cluster.
 
+Only workloads labelled ``gpufed.io/queue`` are listed and watched (the label selector keeps the
+hub from decoding every Job of every tenant; MultiKueue asks for its queue-name label alike).
+One workload's trouble stays its own: an API error of its reconcile is retried for that
+workload alone with a backoff (:data:`RETRY_BASE_S` doubling to :data:`RETRY_CAP_S`), never
+ending the leader term; a GPUJob over :data:`MAX_GPUJOB_BYTES`, or one the API server finds too
+large, is refused like any invalid spec.
+
 Safety: everything happens in the workload's own namespace; a workload's status is written
 only while its ``managedBy`` is ``gpufed.io/hub``; nothing but these GPUJobs is ever created or
 deleted. A kind whose resource the hub cluster does not serve (no JobSet CRD) or may not read
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -41,9 +49,10 @@ from pydantic import ValidationError
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJobStatus
-from gpufed.api.labels import GROUP, MANAGED_KIND_LABEL, VERSION
+from gpufed.api.labels import GROUP, MANAGED_KIND_LABEL, QUEUE_LABEL, VERSION
 from gpufed.hub.adapters.listwatch import list_watch
 from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.store import NotLeaderError, StoreUnavailableError
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import managed as rules
 from gpufed.hub.rules.status import rfc3339
@@ -53,6 +62,14 @@ log = structlog.get_logger("gpufed.hub.components.managed")
 
 #: Seconds between two tries of a kind the hub cluster does not serve or lets the hub read.
 UNAVAILABLE_RETRY_S = 30.0
+#: First and longest wait before one workload's failed reconcile is tried again, seconds.
+RETRY_BASE_S = 1.0
+RETRY_CAP_S = 300.0
+#: Seconds between two reads of a GPUJob that holds the name a workload's GPUJob needs.
+TAKEN_RECHECK_S = 30.0
+#: The largest GPUJob (compact JSON) the hub creates for a workload. etcd stores at most
+#: 1.5 MiB per object (``--max-request-bytes``); the GPUJob's status and managedFields come on top.
+MAX_GPUJOB_BYTES = 1024 * 1024
 _GPUJOBS = "gpujobs"
 _Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -87,8 +104,14 @@ class ManagedWorkloads:
         self._listed: set[str] = set()
         self._locks: defaultdict[_Key, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._pending: set[_Key] = set()
-        #: (key, generation) already warned about, and keys warned about a taken name
-        self._warned: set[tuple[_Key, str]] = set()
+        #: the generation last warned about (SpecChangeIgnored), per workload
+        self._warned: dict[_Key, str] = {}
+        #: GPUJob names (namespace, name) held by a GPUJob gpufed did not make -> the workload
+        #: waiting for it (warned once; reconciled again when that GPUJob goes)
+        self._taken: dict[tuple[str, str], _Key] = {}
+        #: the next wait of a workload whose reconcile failed, seconds; keys with a retry queued
+        self._retry_wait: dict[_Key, float] = {}
+        self._retrying: set[_Key] = set()
         #: kinds now unavailable -> why (logged once per outage)
         self.unavailable: dict[str, str] = {}
 
@@ -113,12 +136,19 @@ class ManagedWorkloads:
 
     async def _watch_kind(self, kind: rules.ManagedKind) -> None:
         kube = self._term.kube
+        # Only opted-in workloads reach the hub: the API server filters by the queue label, so
+        # no tenant's other Jobs are decoded here (their size and churn cost the hub nothing).
+        selector = QUEUE_LABEL
         while True:
             try:
                 await list_watch(
                     kind.plural,
-                    lambda: kube.list_resource(kind.group, kind.version, kind.plural),
-                    lambda rv: kube.watch_resource(kind.group, kind.version, kind.plural, rv),
+                    lambda: kube.list_resource(
+                        kind.group, kind.version, kind.plural, label_selector=selector
+                    ),
+                    lambda rv: kube.watch_resource(
+                        kind.group, kind.version, kind.plural, rv, label_selector=selector
+                    ),
                     on_listed=lambda items: self._workloads_listed(kind, items),
                     on_event=lambda ev: self._workload_event(kind, ev),
                 )
@@ -195,6 +225,9 @@ class ManagedWorkloads:
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         if ev.type == "DELETED":
             self._gpujobs.pop((ns, name), None)
+            waiting = self._taken.pop((ns, name), None)
+            if waiting is not None:  # the name it waited for is free now
+                self._reconcile_soon(waiting)
         else:
             self._gpujobs[(ns, name)] = ev.obj
         owner = rules.owner_of(ev.obj)
@@ -222,9 +255,54 @@ class ManagedWorkloads:
         async with lock:
             self._pending.discard(key)
             if _GPUJOBS in self._listed and key[0] in self._listed:
-                await self._step(key)
+                try:
+                    await self._step(key)
+                except (NotLeaderError, StoreUnavailableError):
+                    raise  # the term's own end: not this workload's trouble
+                except Exception as exc:
+                    # One tenant's workload (an API error, a 429, a bug its content triggers)
+                    # must not end the term that serves every member: retry it alone, later.
+                    self._retry_later(key, exc)
+                else:
+                    self._retry_wait.pop(key, None)
         if key not in self._workloads and not lock.locked() and key not in self._pending:
             self._locks.pop(key, None)
+            self._warned.pop(key, None)
+            self._retry_wait.pop(key, None)
+
+    def _retry_later(self, key: _Key, exc: Exception) -> None:
+        wait = self._retry_wait.get(key, RETRY_BASE_S)
+        self._retry_wait[key] = min(wait * 2, RETRY_CAP_S)
+        log.warning(
+            "hub.managed.reconcile_failed",
+            workload=f"{key[0]} {key[1]}/{key[2]}",
+            error=_api_message(exc)[:300],
+            retry_in_s=wait,
+        )
+        if key not in self._retrying:
+            self._retrying.add(key)
+            self._term.spawn(self._retry_after(key, wait))
+
+    async def _recheck_taken(self, ns: str, gname: str, key: _Key) -> None:
+        """Read the GPUJob that holds ``gname`` every :data:`TAKEN_RECHECK_S` until it is gone
+        (then reconcile the waiting workload) or the workload stopped waiting. A GPUJob the hub
+        did not make carries no managed-kind label, so the GPUJob watch here never sees it go."""
+        while self._taken.get((ns, gname)) == key and key in self._workloads:
+            await asyncio.sleep(TAKEN_RECHECK_S)
+            got = await self._term.kube.get_object(GROUP, VERSION, ns, _GPUJOBS, gname)
+            if got is None:
+                self._gpujobs.pop((ns, gname), None)
+                if self._taken.pop((ns, gname), None) is not None:
+                    self._reconcile_soon(key)
+                return
+            self._gpujobs[(ns, gname)] = got
+        if self._taken.get((ns, gname)) == key:
+            del self._taken[(ns, gname)]
+
+    async def _retry_after(self, key: _Key, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._retrying.discard(key)
+        self._reconcile_soon(key)
 
     async def _step(self, key: _Key) -> None:
         kind_name, ns, name = key
@@ -243,8 +321,9 @@ class ManagedWorkloads:
             await self._create(kind, key, workload)
             return
         if not ours:
-            if (key, "taken") not in self._warned:
-                self._warned.add((key, "taken"))
+            if self._taken.get((ns, gname)) != key:
+                self._taken[(ns, gname)] = key
+                self._term.spawn(self._recheck_taken(ns, gname, key))
                 self._event(
                     kind,
                     workload,
@@ -266,7 +345,7 @@ class ManagedWorkloads:
         status = workload.get("status") or {}
         if _finished(kind, status):
             return
-        if status.get("startTime"):
+        if rules.has_started(kind, status):
             # It ran once and its GPUJob was deleted by hand: do not run it a second time.
             failed = GPUJobStatus(
                 phase="Failed", message="its GPUJob was deleted while the job ran"
@@ -277,6 +356,17 @@ class ManagedWorkloads:
             body = rules.gpujob_for(workload, kind)
         except FieldError as exc:
             await self._refuse(kind, key, workload, str(exc))
+            return
+        size = len(json.dumps(body, separators=(",", ":")))
+        if size > MAX_GPUJOB_BYTES:
+            await self._refuse(
+                kind,
+                key,
+                workload,
+                f"its GPUJob would be {size / 2**20:.2f} MiB, over the {MAX_GPUJOB_BYTES // 2**20}"
+                f" MiB the hub creates (etcd keeps at most 1.5 MiB per object): move large env "
+                f"values, annotations or embedded files into a ConfigMap or Secret",
+            )
             return
         ns = key[1]
         self._term.check_fence()
@@ -292,7 +382,9 @@ class ManagedWorkloads:
                     self._gpujobs[(ns, body["metadata"]["name"])] = got
                     self._reconcile_soon(key)
                 return
-            if verdict is Verdict.REFUSED:  # 400/403/422: the API server refuses this GPUJob
+            if verdict in (Verdict.REFUSED, Verdict.PERMANENT) or _too_large(exc):
+                # 400/403/422, another 4xx (413), or etcd's "request is too large" (answered
+                # as a 500): this GPUJob is refused, and would be on every try
                 await self._refuse(kind, key, workload, _api_message(exc))
                 return
             raise
@@ -367,7 +459,7 @@ class ManagedWorkloads:
                 if got is not None and self._remember(kind, got) is not None:
                     self._reconcile_soon(key)
                 return
-            if verdict in (Verdict.GONE, Verdict.REFUSED):
+            if verdict in (Verdict.GONE, Verdict.REFUSED, Verdict.PERMANENT) or _too_large(exc):
                 log.warning(
                     "hub.managed.status_refused",
                     workload=f"{kind.kind} {key[1]}/{key[2]}",
@@ -388,9 +480,9 @@ class ManagedWorkloads:
     ) -> None:
         generation = str(_meta(workload).get("generation") or 1)
         made = str((_meta(gpujob).get("annotations") or {}).get(rules.GENERATION_ANNOTATION, "1"))
-        if generation == made or (key, generation) in self._warned:
+        if generation == made or self._warned.get(key) == generation:
             return
-        self._warned.add((key, generation))
+        self._warned[key] = generation
         self._event(
             kind,
             workload,
@@ -418,10 +510,15 @@ class ManagedWorkloads:
             )
 
 
+def _too_large(exc: Exception) -> bool:
+    """The API server's answer when etcd refuses an object over its request limit: a 413, or a
+    500 "etcdserver: request is too large" (kubernetes/kubernetes#112152)."""
+    status = getattr(exc, "status", None)
+    return status == 413 or (status == 500 and "request is too large" in _api_message(exc))
+
+
 def _api_message(exc: Exception) -> str:
     """The API server's message of an ``ApiException`` (its JSON body), else ``str(exc)``."""
-    import json
-
     body = getattr(exc, "body", None)
     try:
         return str(json.loads(body)["message"])[:1024] if body else str(exc)[:1024]

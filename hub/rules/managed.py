@@ -13,6 +13,8 @@ caller passes ``now``).
   the workload without what the hub's API server added (uid, selector, controller labels) and
   without ``managedBy`` (the member's own controller must run the copy);
 - :func:`owner_of`: which workload a GPUJob was made for (None: not one of these GPUJobs);
+- :func:`has_started`: whether a workload's status says its GPUJob ran once (a Job's
+  ``startTime``, a JobSet's condition :data:`STARTED_CONDITION`), so it is never run twice;
 - :func:`job_status` / :func:`jobset_status`: the workload's status from its GPUJob's status,
   valid for the API server (a Job's rules: :func:`job_status`); a finished workload's status is
   final.
@@ -37,6 +39,7 @@ __all__ = [
     "ManagedKind",
     "gpujob_for",
     "gpujob_name",
+    "has_started",
     "is_managed",
     "job_status",
     "jobset_status",
@@ -46,6 +49,8 @@ __all__ = [
 
 #: On a managed workload's GPUJob: the workload's ``metadata.generation`` it was made from.
 GENERATION_ANNOTATION = "gpufed.io/workload-generation"
+#: The condition a JobSet's status gets once its GPUJob started (JobSet has no startTime).
+STARTED_CONDITION = "gpufed.io/Started"
 #: Longest GPUJob name (a DNS subdomain).
 _MAX_NAME = 253
 #: What the Job API server adds to a Job's labels and pod template labels (its selector's).
@@ -145,8 +150,11 @@ def gpujob_for(obj: dict[str, Any], kind: ManagedKind) -> dict[str, Any]:
             raise FieldError(f"metadata.{field}", "required (as the hub's API server sets it)")
     placement = placement_hints(meta)
     labels = {**(meta.get("labels") or {}), MANAGED_KIND_LABEL: kind.kind}
+    # The workload's annotations travel once, in the template (to the member copy); the
+    # GPUJob's own metadata keeps only gpufed's (a copy of all of them could push the GPUJob
+    # past etcd's object limit while the workload fits).
     annotations = {
-        **{k: v for k, v in (meta.get("annotations") or {}).items() if k != _LAST_APPLIED},
+        **{k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("gpufed.io/")},
         GENERATION_ANNOTATION: str(meta.get("generation") or 1),
     }
     return {
@@ -313,12 +321,19 @@ def jobset_status(gs: GPUJobStatus | None, current: dict[str, Any], *, now: str)
     ``Completed`` (Succeeded) or ``Failed`` (Failed, Lost) True and ``terminalState`` the
     same word; before that the current status as it is (a finished JobSet's status is final).
     Conditions are ``metav1.Condition`` (reason CamelCase)."""
-    if (
-        current.get("terminalState")
-        or gs is None
-        or gs.phase not in ("Succeeded", "Failed", "Lost")
-    ):
+    if current.get("terminalState") or gs is None:
         return current
+    if gs.phase not in ("Succeeded", "Failed", "Lost"):
+        if gs.phase != "Running" or has_started(KINDS["JobSet"], current):
+            return current
+        started = {
+            "type": STARTED_CONDITION,
+            "status": "True",
+            "reason": "Running",
+            "message": "its GPUJob started in a member; it is never run a second time",
+            "lastTransitionTime": _seconds(gs.start_time or now),
+        }
+        return {**current, "conditions": [*(current.get("conditions") or []), started]}
     out = dict(current)
     now = _seconds(now)
     if gs.phase == "Succeeded":
@@ -346,6 +361,17 @@ def jobset_status(gs: GPUJobStatus | None, current: dict[str, Any], *, now: str)
     out["conditions"] = conditions
     out["terminalState"] = type_
     return out
+
+
+def has_started(kind: ManagedKind, status: dict[str, Any]) -> bool:
+    """Whether a workload ``status`` shows its GPUJob started once: a Job's ``startTime``, a
+    JobSet's condition :data:`STARTED_CONDITION` True."""
+    if kind.kind == "Job":
+        return bool(status.get("startTime"))
+    return any(
+        isinstance(c, dict) and c.get("type") == STARTED_CONDITION and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 def workload_status(

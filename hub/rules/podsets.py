@@ -323,13 +323,22 @@ def _request(
 
 def time_limit_of(job: GPUJob) -> int | None:
     """The job's declared run-time limit, seconds: ``spec.placement.timeLimitSeconds``, else the
-    ``spec.activeDeadlineSeconds`` of its first batch/v1 Job (the smallest when a List holds
-    several), else None. Raises :class:`FieldError` for an ``activeDeadlineSeconds`` that is not
-    a positive integer."""
+    ``spec.activeDeadlineSeconds`` of its batch/v1 Job when that Job is the template's only
+    workload (the member's Job controller then stops the whole job at it), else None.
+
+    A List that holds another workload beside the Job (a JobSet, a PyTorchJob, a second Job)
+    gets no limit from ``activeDeadlineSeconds``: the member would stop only that Job, so such a
+    limit must not buy backfill on held nodes; declare ``timeLimitSeconds`` (the hub stops every
+    kind at it). Raises :class:`FieldError` for an ``activeDeadlineSeconds`` that is not a
+    positive integer."""
     if job.spec.placement.time_limit_seconds is not None:
         return job.spec.placement.time_limit_seconds
     found: int | None = None
-    for path, obj in template_objects(job.spec.template):
+    objects = list(template_objects(job.spec.template))
+    workloads = [(p, o) for p, o in objects if object_kind(o, p) in WORKLOAD_KINDS]
+    if len(workloads) != 1:
+        return None
+    for path, obj in workloads:
         if object_kind(obj, path) != "Job.batch":
             continue
         spec = obj.get("spec")

@@ -112,3 +112,47 @@ def test_the_api_server_accepts_every_status_the_hub_writes_into_a_managed_job(
 
 def test_every_sequence_covers_each_gpujob_status() -> None:
     assert set(itertools.chain(*SEQUENCES)) == set(GPUJOB_STATUSES)
+
+
+async def test_the_hub_lists_opted_in_workloads_in_pages_at_one_resource_version(
+    batch: Any, hub_kubeconfig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KubeAPI.list_resource`` reads pages (limit/continue) against the real API server and
+    keeps only what the label selector names: the managed workloads' opt-in label."""
+    from gpufed.hub.adapters import kube as kube_adapter
+
+    jobs = k8s.BatchV1Api(batch)
+    template = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox"}],
+        }
+    }
+    for i in range(7):
+        labels = {"gpufed.io/queue": "default"} if i % 2 == 0 else {}
+        jobs.create_namespaced_job(
+            NAMESPACE,
+            {
+                "metadata": {"name": f"page-{i}", "labels": labels},
+                "spec": {"suspend": True, "template": template},
+            },
+        )
+    monkeypatch.setattr(kube_adapter, "LIST_PAGE", 2)
+    kube = await kube_adapter.KubeAPI.connect(hub_kubeconfig)
+    try:
+        everything, rv = await kube.list_resource("batch", "v1", "jobs")
+        opted, _ = await kube.list_resource("batch", "v1", "jobs", label_selector="gpufed.io/queue")
+    finally:
+        await kube.close()
+
+    def ours(items: list[dict[str, Any]]) -> list[str]:
+        # other tests' Jobs of this namespace may still be terminating
+        return sorted(
+            j["metadata"]["name"]
+            for j in items
+            if j["metadata"]["namespace"] == NAMESPACE and j["metadata"]["name"].startswith("page-")
+        )
+
+    assert ours(everything) == [f"page-{i}" for i in range(7)]  # 4 pages of at most 2
+    assert ours(opted) == ["page-0", "page-2", "page-4", "page-6"]
+    assert rv.isdigit()

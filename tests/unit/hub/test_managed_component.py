@@ -13,9 +13,17 @@ import pytest
 
 from gpufed.hub.adapters.ports import WatchEvent
 from tests.unit.hub.term import Term, settle
-from tests.unit.hub.test_managed_rules import hub_job
+from tests.unit.hub.test_managed_rules import hub_job as plain_hub_job
 
 GPUJOB_WATCH = "gpujobs/gpufed.io/managed-kind"
+#: The hub watches only workloads labelled gpufed.io/queue (the fake keys watches by selector).
+JOBS_WATCH = "jobs/gpufed.io/queue"
+
+
+def hub_job(name: str = "train", **meta: Any) -> dict[str, Any]:
+    """A managed Job opted in with its queue label."""
+    labels = {"gpufed.io/queue": "default", **meta.pop("labels", {})}
+    return plain_hub_job(name, labels=labels, **meta)
 
 
 @pytest.fixture
@@ -84,7 +92,7 @@ async def test_a_managed_job_is_federated_its_status_follows_and_its_deletion_cl
     assert job["status"]["completionTime"] == "2026-12-03T11:02:00Z"
 
     term.kube.objects["jobs"].remove(job)
-    await push(term, "jobs/", "DELETED", job)
+    await push(term, JOBS_WATCH, "DELETED", job)
     assert term.kube.deleted == [("gpujobs", "team-a", "job-train")]
     assert not term.ctrl.stopped
     for task in tasks:
@@ -146,8 +154,8 @@ async def test_a_spec_edit_after_the_gpujob_was_made_is_reported_once_and_not_ap
     tasks = await run(term)
     edited = copy.deepcopy(job)
     edited["metadata"]["generation"] = 2
-    await push(term, "jobs/", "MODIFIED", edited)
-    await push(term, "jobs/", "MODIFIED", edited)
+    await push(term, JOBS_WATCH, "MODIFIED", edited)
+    await push(term, JOBS_WATCH, "MODIFIED", edited)
     reasons = [r for _, r, _ in term.kube.events]
     assert reasons.count("SpecChangeIgnored") == 1
     assert term.kube.created == [("gpujobs", "team-a", "job-train")]

@@ -24,6 +24,7 @@ from gpufed.hub.rules.managed import (
     KINDS,
     gpujob_for,
     gpujob_name,
+    has_started,
     job_status,
     jobset_status,
     owner_of,
@@ -203,13 +204,25 @@ def test_a_failed_job_carries_the_members_reason_and_a_lost_one_says_cluster_los
     assert {c["reason"] for c in rejected["conditions"]} == {"Rejected"}
 
 
-def test_a_jobset_shows_its_end_once_as_terminal_state_and_condition() -> None:
+def test_a_jobset_shows_its_start_once_and_its_end_once_as_terminal_state_and_condition() -> None:
     running = jobset_status(GPUJOB_STATUSES["running"], {}, now=NOW)
-    assert running == {}
-    done = jobset_status(GPUJOB_STATUSES["succeeded-bare"], {}, now=NOW)
+    # JobSet has no startTime: the Started condition is what keeps it from running twice.
+    assert [(c["type"], c["status"]) for c in running["conditions"]] == [
+        ("gpufed.io/Started", "True")
+    ]
+    assert running["conditions"][0]["lastTransitionTime"] == "2026-12-03T11:00:01Z"
+    assert has_started(JOBSET, running)
+    assert not has_started(JOBSET, {})
+    assert jobset_status(GPUJOB_STATUSES["rerun"], running, now=NOW) == running
+    done = jobset_status(GPUJOB_STATUSES["succeeded-bare"], running, now=NOW)
     assert done["terminalState"] == "Completed"
-    assert [(c["type"], c["status"]) for c in done["conditions"]] == [("Completed", "True")]
+    assert [(c["type"], c["status"]) for c in done["conditions"]] == [
+        ("gpufed.io/Started", "True"),
+        ("Completed", "True"),
+    ]
     assert jobset_status(GPUJOB_STATUSES["failed"], done, now=NOW) == done
+    never_ran = jobset_status(GPUJOB_STATUSES["succeeded-bare"], {}, now=NOW)
+    assert [c["type"] for c in never_ran["conditions"]] == ["Completed"]
     failed = jobset_status(GPUJOB_STATUSES["lost"], {}, now=NOW)
     assert (failed["terminalState"], failed["conditions"][0]["reason"]) == ("Failed", "ClusterLost")
 
