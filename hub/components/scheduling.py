@@ -453,6 +453,7 @@ class Scheduler:
                         job.obj.spec.placement.retry or Retry()
                     ).node_not_ready_seconds,
                     compute_domain=compute_domain_of(decision),
+                    time_limit_s=job.obj.spec.placement.time_limit_seconds,
                 )
             except FieldError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")
