@@ -276,9 +276,7 @@ def test_a_non_default_node_grace_reaches_the_agent_on_the_objects_metadata() ->
     assert node_not_ready_of(out) == 300
 
 
-def test_a_time_limit_becomes_each_batch_jobs_active_deadline_unless_it_has_a_smaller_one() -> (
-    None
-):
+def test_a_time_limit_becomes_each_jobs_active_deadline_unless_it_has_a_smaller_one() -> None:
     """issue 29: spec.placement.timeLimitSeconds reaches a batch/v1 Job copy as
     spec.activeDeadlineSeconds (the member's Job controller stops it there too); a Job's own
     smaller deadline is kept, a larger one lowered; other kinds are left as they are."""
