@@ -11,11 +11,12 @@ and no backfill decision: a job's end at the latest (:func:`end_of`) is its star
 limit (``PlacementRequest.time_limit_s``: ``spec.placement.timeLimitSeconds``, else a batch/v1
 Job's ``activeDeadlineSeconds``, both in the GPUJob's spec), where its start is the member's
 start of the workload as mirrored in ``status.startTime`` (on the hub API server) or, while the
-copy has not started, the job record's ``placed_at`` (etcd): a copy is started after it is
-placed, so the placement time can only make the end come early, never late. Both ends are
-enforced: the hub stops any kind at ``timeLimitSeconds`` (:mod:`gpufed.hub.rules.lifecycle`
-rule 6b; the copy of a Job carries it as ``activeDeadlineSeconds``, :mod:`gpufed.sync.manifests`
-step 9) and the member's Job controller a Job at its ``activeDeadlineSeconds``.
+copy has not started, the job record's ``placed_at`` (etcd): a copy starts after it is placed,
+so that end is never later than the real one, and an early end lends less, never more. Both
+limits are enforced: the hub stops any kind at ``timeLimitSeconds``
+(:mod:`gpufed.hub.rules.lifecycle` rule 6b; the copy of a Job carries it as
+``activeDeadlineSeconds``, :mod:`gpufed.sync.manifests` step 9) and the member's Job controller
+a Job at its ``activeDeadlineSeconds``.
 """
 
 from __future__ import annotations
