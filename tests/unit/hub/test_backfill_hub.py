@@ -9,6 +9,7 @@ from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.cli.jobs import explain_text
 from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.components.backfill import end_of
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.rules import status as st
@@ -35,6 +36,21 @@ async def _submit(
         obj["spec"]["placement"] = {"timeLimitSeconds": limit_s}
     t.kube.objects["gpujobs"].append(obj)
     t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+
+
+async def _running(t: Term, s: AgentSession, uid: str, rev: int, started: float) -> None:
+    """The member acknowledged job ``uid``'s Apply and reports it Running since ``started``."""
+    await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=rev, result="Applied"))
+    running = WorkloadStatus(
+        job_uid=uid,
+        revision=rev,
+        kind="Job.batch",
+        name=uid,
+        phase="Running",
+        start_time=st.rfc3339(started),
+    )
+    await t.ctrl.handle(s, running)
     await settle()
 
 
@@ -68,21 +84,9 @@ async def test_a_jobs_end_is_its_placement_then_its_start_plus_its_limit() -> No
     assert end_of(n) is None, "no limit: its nodes drain at an unknown time"
     assert end_of(None) is None, "GPUs of a job the hub does not know"
     [rev] = [r for op, u, r in sent(s) if op == "apply" and u == "ua"]
-    await t.ctrl.handle(s, WorkAck(job_uid="ua", revision=rev, result="Applied"))
     t.clock.advance(300)
     started = t.clock.wall() - 30  # the member started it 30 s ago
-    await t.ctrl.handle(
-        s,
-        WorkloadStatus(
-            job_uid="ua",
-            revision=rev,
-            kind="Job.batch",
-            name="a",
-            phase="Running",
-            start_time=st.rfc3339(started),
-        ),
-    )
-    await settle()
+    await _running(t, s, "ua", rev, started)
     assert end_of(a) == started + 1000, "started: the member's start + its limit"
 
 
@@ -101,24 +105,12 @@ async def test_a_new_leader_lends_the_same_hold_until_the_same_expected_start() 
     await _submit(t, "b", 8, 2000)
     await t.ctrl.scheduler.cycle()
     [rev_a] = [r for op, u, r in sent(s) if op == "apply" and u == "ua"]
-    await t.ctrl.handle(s, WorkAck(job_uid="ua", revision=rev_a, result="Applied"))
     t.ctrl.members.on_delta(
         t.ctrl.state.members["m1"],
         InventoryDelta(seq=2, upserts=(hgx_node("m1-n0", requested=4, job_uid="ua"),)),
     )
     a_start = t0 + 10
-    await t.ctrl.handle(
-        s,
-        WorkloadStatus(
-            job_uid="ua",
-            revision=rev_a,
-            kind="Job.batch",
-            name="a",
-            phase="Running",
-            start_time=st.rfc3339(a_start),
-        ),
-    )
-    await settle()
+    await _running(t, s, "ua", rev_a, a_start)
     await _submit(t, "c", 8, pods=2)  # both nodes
     await t.ctrl.scheduler.cycle()
     t.clock.advance(STARVE_S + 1)  # c starves: it holds the nodes that will fit it
