@@ -1,7 +1,9 @@
-"""Filter and score plugins of placement, and the ordered tuples ``place()`` runs.
+"""The plugins ``place()`` runs, in order (:func:`plugins_for`), and whether a pool could ever hold a job.
 
-Each plugin is a small object satisfying one ``typing.Protocol``; filters answer with a
-:class:`Status` (a result code and a reason), never an exception, for "does not fit".
+Each plugin is a small object satisfying one ``typing.Protocol`` (:mod:`.pluginapi`); filters
+(:mod:`.filters`) answer with a :class:`Status` (a result code and a reason), never an
+exception, for "does not fit"; scorers are :mod:`.scorers` and :mod:`.topocost`. This module
+re-exports them all. :func:`never_reason`: why no state of a pool could ever hold a job.
 
 Order (``cluster_filters`` then ``pool_filters`` then ``TopologyFit``):
 
@@ -35,417 +37,64 @@ NVLinkBestFit, ResourceAllocation (binpack / spread), TopologyLocality, Topology
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import lru_cache
-from typing import ClassVar, Protocol
 
-from gpufed.api.inventory import tolerates_all
-from gpufed.api.labels import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from gpufed.placement.devicecel import matches
-from gpufed.placement.fit import Plan, plan
+from gpufed.api.labels import GPU_RESOURCE
+from gpufed.placement.filters import (
+    CONDITION_TAINT_PREFIX,
+    ClusterSelector,
+    ClusterTaints,
+    DeviceSelectors,
+    GPUProduct,
+    Health,
+    NodeTaints,
+    ResourceFit,
+    TopologyFit,
+    WorkloadKind,
+)
 from gpufed.placement.index import NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PoolMemo
+from gpufed.placement.pluginapi import (
+    SUCCESS,
+    ClusterFilter,
+    Code,
+    Planner,
+    PoolFilter,
+    Scorer,
+    Status,
+)
 from gpufed.placement.policy import Policy
+from gpufed.placement.scorers import NVLinkBestFit, ResourceAllocation, TopologyLocality
 from gpufed.placement.shape import JobShape
 from gpufed.placement.topocost import TopologyCost
 
-
-class Code(StrEnum):
-    """Result codes of filter plugins (kube-scheduler / Karmada vocabulary)."""
-
-    SUCCESS = "Success"
-    #: does not fit now; may fit when jobs finish, health returns or reservations expire
-    UNSCHEDULABLE = "Unschedulable"
-    #: cannot fit unless the member's configuration or shape changes
-    UNRESOLVABLE = "UnschedulableAndUnresolvable"
-    #: broken input
-    ERROR = "Error"
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A filter's answer: ``code`` and a human ``reason`` (empty on success)."""
-
-    code: Code
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True for ``Success``."""
-        return self.code is Code.SUCCESS
-
-
-SUCCESS: Status = Status(Code.SUCCESS)
-
-
-class ClusterFilter(Protocol):
-    """Judges one member as a whole from its metadata (static: memoised per generation)."""
-
-    name: ClassVar[str]
-
-    def filter(self, job: JobShape, cluster: ClusterState) -> Status:
-        """``SUCCESS`` or why the member cannot take the job."""
-        ...
-
-
-class PoolFilter(Protocol):
-    """Judges one pool of a member. ``static`` filters are memoised per generation."""
-
-    name: ClassVar[str]
-    static: ClassVar[bool]
-
-    def filter(
-        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
-    ) -> Status:
-        """``SUCCESS`` or why the pool cannot take the job; ``memo`` is the pool's memo, for
-        values derived from the pool that later decisions may reuse."""
-        ...
-
-
-class Planner(Protocol):
-    """Chooses nodes for every pod of the job inside one pool (the last filter)."""
-
-    name: ClassVar[str]
-
-    def plan(
-        self,
-        job: JobShape,
-        cluster: ClusterState,
-        pool: PoolState | None,
-        exclude: frozenset[str] = frozenset(),
-    ) -> Plan | Status:
-        """A :class:`Plan` that uses no node in ``exclude``, or the status saying why none
-        exists."""
-        ...
-
-
-class Scorer(Protocol):
-    """Scores a plan 0-100; ``bound`` never underestimates ``score`` for a pool's plans."""
-
-    name: ClassVar[str]
-    weight: float
-
-    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
-        """Upper bound of :meth:`score` over every plan in ``pool`` (lets ``place`` stop early);
-        ``memo`` is the pool's memo (None: nothing remembered)."""
-        ...
-
-    def score(self, job: JobShape, plan: Plan) -> float:
-        """The plan's score, 0-100."""
-        ...
-
-
-# --- member filters ------------------------------------------------------------------------------
-class Health:
-    """A member that is NotReady, or that has not reported any node yet, takes no new work."""
-
-    name: ClassVar[str] = "Health"
-
-    def filter(self, job: JobShape, cluster: ClusterState) -> Status:
-        h = cluster.health
-        if not h.ready:
-            why = ": ".join(x for x in (h.reason, h.message) if x) or "no recent heartbeat"
-            return Status(Code.UNSCHEDULABLE, f"member is NotReady ({why})")
-        if not cluster.nodes:
-            return Status(Code.UNSCHEDULABLE, "member has not reported any node yet")
-        return SUCCESS
-
-
-class WorkloadKind:
-    """The member must serve the workload's kind (``Kind.group``, reported by the agent)."""
-
-    name: ClassVar[str] = "WorkloadKind"
-
-    def filter(self, job: JobShape, cluster: ClusterState) -> Status:
-        kind = job.request.workload_kind
-        if kind in cluster.served_kinds:
-            return SUCCESS
-        served = ", ".join(sorted(cluster.served_kinds)) or "nothing"
-        return Status(
-            Code.UNRESOLVABLE,
-            f"member does not serve {kind} (serves {served}); install its controller there",
-        )
-
-
-class ClusterSelector:
-    """``spec.placement.clusterSelector`` over the MemberCluster's labels."""
-
-    name: ClassVar[str] = "ClusterSelector"
-
-    def filter(self, job: JobShape, cluster: ClusterState) -> Status:
-        sel = job.request.cluster_selector
-        if sel is None or sel.matches(cluster.labels):
-            return SUCCESS
-        return Status(Code.UNRESOLVABLE, "member labels do not match clusterSelector")
-
-
-class ClusterTaints:
-    """Member-level taints (``MemberCluster.spec.taints``) must be tolerated by every pod set."""
-
-    name: ClassVar[str] = "ClusterTaints"
-
-    def filter(self, job: JobShape, cluster: ClusterState) -> Status:
-        if not cluster.taints:
-            return SUCCESS
-        for s in job.sets:
-            if not tolerates_all(s.tolerations, cluster.taints):
-                t = next(
-                    t
-                    for t in cluster.taints
-                    if t.effect != "PreferNoSchedule"
-                    and not any(x.tolerates(t) for x in s.tolerations)
-                )
-                return Status(
-                    Code.UNRESOLVABLE,
-                    f"member taint {t.key}={t.value}:{t.effect} not tolerated by pod set {s.name}",
-                )
-        return SUCCESS
-
-
-# --- pool filters ----------------------------------------------------------------------------------
-class GPUProduct:
-    """The pool's GPU product must be allowed; MIG-single slices only when named explicitly.
-
-    A node with ``nvidia.com/mig.strategy=single`` exposes MIG slices under ``nvidia.com/gpu``
-    (GFD then reports a product such as ``A100-SXM4-40GB-MIG-1g.5gb``); such a pool serves only
-    jobs that name that product (in ``gpuProducts`` or a ``nvidia.com/gpu.product``
-    nodeSelector), so slices are never taken for whole GPUs.
-    """
-
-    name: ClassVar[str] = "GPUProduct"
-    static: ClassVar[bool] = True
-
-    def filter(
-        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
-    ) -> Status:
-        allowed = job.products
-        pins = job.selector_pins(GPU_PRODUCT_LABEL)
-        named = (allowed is not None and pool.product in allowed) or (
-            pins is not None and pool.product in pins
-        )
-        if pool.slices and not named:
-            return Status(
-                Code.UNRESOLVABLE,
-                f"{pool.product} nodes use the MIG single strategy: their nvidia.com/gpu are "
-                "MIG slices, not whole GPUs (name the product in gpuProducts or a "
-                "nvidia.com/gpu.product nodeSelector to use them)",
-            )
-        if allowed is not None and pool.product not in allowed:
-            return Status(Code.UNRESOLVABLE, f"{pool.product} is not in gpuProducts")
-        if pins is not None and pool.product not in pins:
-            return Status(Code.UNRESOLVABLE, f"nodeSelector excludes {pool.product}")
-        return SUCCESS
-
-
-class DeviceSelectors:
-    """How the pods get their GPUs must be how the pool's nodes offer them, and a claim's
-    device selectors must accept the pool's GPUs.
-
-    A pod that asks for ``nvidia.com/gpu`` cannot use GPUs a DRA driver publishes (unless the
-    DeviceClass maps the extended resource, not read yet), and a pod that claims GPUs
-    through DRA cannot use the device plugin's; the selectors (CEL,
-    :mod:`gpufed.placement.devicecel`) must hold for every kind of GPU the pool's nodes have.
-    """
-
-    name: ClassVar[str] = "DeviceSelectors"
-    static: ClassVar[bool] = True
-
-    def filter(
-        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
-    ) -> Status:
-        for s in job.gpu_sets:
-            if s.claim_selectors is None:
-                if pool.dra:
-                    return Status(
-                        Code.UNRESOLVABLE,
-                        f"{pool.product} nodes publish their GPUs through DRA; pod set {s.name} "
-                        "asks for nvidia.com/gpu (claim them with a ResourceClaimTemplate of "
-                        "device class gpu.nvidia.com)",
-                    )
-                continue
-            if not pool.dra:
-                return Status(
-                    Code.UNRESOLVABLE,
-                    f"{pool.product} nodes offer GPUs as nvidia.com/gpu, not through DRA; pod "
-                    f"set {s.name} claims its GPUs through DRA",
-                )
-            for expr in s.claim_selectors:
-                if not all(matches((expr,), kind) for kind in pool.dra):
-                    return Status(
-                        Code.UNRESOLVABLE,
-                        f"pod set {s.name}: selector {_short(expr)} rejects the {pool.product} "
-                        "GPUs",
-                    )
-        return SUCCESS
-
-
-def _short(expr: str) -> str:
-    return repr(expr) if len(expr) <= 120 else repr(expr[:100] + "…")
-
-
-#: Taints the node lifecycle controller sets for a node condition (``node.kubernetes.io/not-ready``,
-#: ``unreachable``, ``memory-pressure``, ``unschedulable``...) and removes when it clears.
-CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
-
-
-class NodeTaints:
-    """The pool's node taints must be tolerated by every GPU pod set."""
-
-    name: ClassVar[str] = "NodeTaints"
-    static: ClassVar[bool] = True
-
-    def filter(
-        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
-    ) -> Status:
-        if not pool.taints:
-            return SUCCESS
-        for s in job.gpu_sets:
-            if not tolerates_all(s.tolerations, pool.taints):
-                t = next(t for t in pool.taints if not any(x.tolerates(t) for x in s.tolerations))
-                # a node-condition taint (not-ready, unreachable, pressure) goes when the
-                # condition clears: the job waits, it is not rejected for ever
-                transient = t.key.startswith(CONDITION_TAINT_PREFIX)
-                return Status(
-                    Code.UNSCHEDULABLE if transient else Code.UNRESOLVABLE,
-                    f"{pool.product} nodes carry taint {t.key}={t.value}:{t.effect} that pod set "
-                    f"{s.name} does not tolerate",
-                )
-        return SUCCESS
-
-
-class ResourceFit:
-    """Free GPUs of the pool, node by node (from the histogram), must hold every GPU pod.
-
-    An upper bound: passing does not promise a plan (node selectors, CPU, memory and topology
-    are judged by TopologyFit), failing proves there is none.
-    """
-
-    name: ClassVar[str] = "ResourceFit"
-    static: ClassVar[bool] = False
-
-    def filter(
-        self, job: JobShape, cluster: ClusterState, pool: PoolState, memo: PoolMemo
-    ) -> Status:
-        if pool.free < job.demand:
-            return Status(
-                Code.UNSCHEDULABLE,
-                f"{pool.free} {pool.product} GPUs free, the job needs {job.demand}",
-            )
-        if job.grouped_only and len(job.gpu_sets) == 1 and not pool.slices:
-            s = job.gpu_sets[0]
-            if memo.tightest_domain(s.gpus, s.count) is None:
-                if s.count == 1:
-                    return Status(
-                        Code.UNSCHEDULABLE,
-                        f"no {pool.product} node has {s.gpus} free GPUs (at most "
-                        f"{pool.max_free}; free GPUs by node: {_histogram(pool)})",
-                    )
-                best = max(pool.max_free, pool.max_group_free("nvlink"))
-                return Status(
-                    Code.UNSCHEDULABLE,
-                    f"no {pool.product} NVLink domain has room for {s.count} pods of "
-                    f"{s.gpus} GPUs (largest free domain: {best} GPUs)",
-                )
-        for s in job.gpu_sets:
-            if pool.slots(s.gpus) < s.count:
-                return Status(
-                    Code.UNSCHEDULABLE,
-                    f"{pool.product}: room for {pool.slots(s.gpus)} of {s.count} pods of "
-                    f"{s.gpus} GPUs (at most {pool.max_free} free on one node; free GPUs by "
-                    f"node: {_histogram(pool)})",
-                )
-        return SUCCESS
-
-
-class TopologyFit:
-    """Chooses the nodes: gang all-or-nothing, NVLink / rack / block wishes, best fit."""
-
-    name: ClassVar[str] = "TopologyFit"
-
-    def plan(
-        self,
-        job: JobShape,
-        cluster: ClusterState,
-        pool: PoolState | None,
-        exclude: frozenset[str] = frozenset(),
-    ) -> Plan | Status:
-        result = plan(job, cluster, pool, exclude)
-        if isinstance(result, str):
-            return Status(Code.UNSCHEDULABLE, result)
-        return result
-
-
-# --- scorers ----------------------------------------------------------------------------------------
-class NVLinkBestFit:
-    """Fewest stranded GPUs: ``100 * GPUs placed / free GPUs of the NVLink domains used``.
-
-    1 GPU on a node with 1 free scores 100, on an idle 8-GPU node 12.5; 4 trays of an NVL72
-    clique with 16 free score 100, with 72 free 22. Fully-free domains are therefore broken
-    only when no tighter fit exists.
-    """
-
-    name: ClassVar[str] = "NVLinkBestFit"
-
-    def __init__(self, weight: float) -> None:
-        self.weight = weight
-
-    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
-        if pool is None or pool.slices or len(job.gpu_sets) != 1 or not job.grouped_only:
-            return 100.0
-        s = job.gpu_sets[0]
-        tight = (
-            memo.tightest_domain(s.gpus, s.count)
-            if memo is not None
-            else pool.tightest_domain(s.gpus, s.count)
-        )
-        return 100.0 * job.demand / tight if tight else 0.0
-
-    def score(self, job: JobShape, plan: Plan) -> float:
-        return plan.fit
-
-
-class ResourceAllocation:
-    """``binpack``: GPUs of the product used in the member after placement (percent);
-    ``spread``: the free part left. Jobs without whole GPUs score 50. The mode is the job's
-    own (``PlacementRequest.allocation``, from ``spec.placement.allocation``) when it sets one,
-    else the policy's (``mode``)."""
-
-    name: ClassVar[str] = "ResourceAllocation"
-
-    def __init__(self, weight: float, mode: str) -> None:
-        self.weight = weight
-        self.mode = mode
-
-    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
-        return self._share(job, pool)
-
-    def score(self, job: JobShape, plan: Plan) -> float:
-        return self._share(job, plan.pool)
-
-    def _share(self, job: JobShape, pool: PoolState | None) -> float:
-        if pool is None or pool.cap <= 0:
-            return 50.0
-        if (job.request.allocation or self.mode) == "spread":
-            return 100.0 * (pool.free - job.demand) / pool.cap
-        return 100.0 * (pool.cap - pool.free + job.demand) / pool.cap
-
-
-class TopologyLocality:
-    """NVLink / rack / block wishes met: 100 when all GPU pods share the finest wished level,
-    ``100*(k-i)/k`` when they share the i-th of k wished levels, 0 when none (100 without
-    wishes)."""
-
-    name: ClassVar[str] = "TopologyLocality"
-
-    def __init__(self, weight: float) -> None:
-        self.weight = weight
-
-    def bound(self, job: JobShape, pool: PoolState | None, memo: PoolMemo | None) -> float:
-        return 100.0
-
-    def score(self, job: JobShape, plan: Plan) -> float:
-        return plan.topo
+__all__ = [
+    "CONDITION_TAINT_PREFIX",
+    "SUCCESS",
+    "ClusterFilter",
+    "ClusterSelector",
+    "ClusterTaints",
+    "Code",
+    "DeviceSelectors",
+    "GPUProduct",
+    "Health",
+    "NVLinkBestFit",
+    "NodeTaints",
+    "Planner",
+    "Plugins",
+    "PoolFilter",
+    "ResourceAllocation",
+    "ResourceFit",
+    "Scorer",
+    "Status",
+    "TopologyCost",
+    "TopologyFit",
+    "TopologyLocality",
+    "WorkloadKind",
+    "never_reason",
+    "plugins_for",
+]
 
 
 @dataclass(frozen=True)
@@ -483,10 +132,6 @@ def plugins_for(policy: Policy) -> Plugins:
         ),
         total_weight=w.total,
     )
-
-
-def _histogram(pool: PoolState) -> str:
-    return ", ".join(f"{f}:{c}" for f, c in enumerate(pool.counts) if c and f) or "none"
 
 
 # --- could it ever fit? ------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ What preparation does, object by object (docs/design.md §4, STYLE.md habit 10):
    pods behind the hub's back.
 8. **ComputeDomain** (when placement gave the job one): the ``ComputeDomain`` object, owned
    like the rest, and every GPU pod's channel claim (:mod:`gpufed.sync.computedomain`).
+9. **Time limit** (when given: ``spec.placement.timeLimitSeconds``): every batch/v1 Job gets it
+   as ``spec.activeDeadlineSeconds`` unless it declares a smaller one, so the member's Job
+   controller stops the copy at the limit too (the hub stops every kind at it:
+   :mod:`gpufed.hub.rules.lifecycle` rule 6b). Other kinds are left as they are.
 """
 
 from __future__ import annotations
@@ -187,8 +191,9 @@ def prepare_manifests(
     attempt: int | None = None,
     node_not_ready_s: int | None = None,
     compute_domain: ComputeDomainSpec | None = None,
+    time_limit_s: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The objects of ``template`` ready to apply in a member (steps 1-7 of the module doc).
+    """The objects of ``template`` ready to apply in a member (steps 1-9 of the module doc).
 
         ``job_uid``: the GPUJob ``metadata.uid``; ``job_name``: its name (the default name of a
         single-object template without one); ``namespace``: the GPUJob's namespace; ``origin``:
@@ -196,8 +201,9 @@ def prepare_manifests(
         :func:`workload_pod_templates` gives them); ``attempt``: the placement attempt (None: not
     stamped, as when intake only validates); ``node_not_ready_s``: the job's
     ``spec.placement.retry.nodeNotReadySeconds`` (None or 300: not stamped);
-    ``compute_domain``: the ComputeDomain placement gave the job (step 8; None: none). The input
-    is not modified.
+    ``compute_domain``: the ComputeDomain placement gave the job (step 8; None: none);
+    ``time_limit_s``: the job's ``spec.placement.timeLimitSeconds``, seconds (step 9; None:
+    none). The input is not modified.
 
         Raises :class:`~gpufed.api.errors.FieldError` naming the field for a refused kind, a foreign namespace, a
         cluster-scoped attempt or a List item without a name, and for a template past the
@@ -244,6 +250,8 @@ def prepare_manifests(
         _own(meta, job_uid=job_uid, job_key=f"{namespace}/{job_name}", origin=origin)
         if node_not_ready_s is not None and node_not_ready_s != DEFAULT_NODE_NOT_READY_S:
             meta["annotations"][NODE_NOT_READY_ANNOTATION] = str(node_not_ready_s)
+        if time_limit_s is not None and kind == "Job.batch":
+            _limit_job(out, time_limit_s)
         prepared.append(out)
 
     # Pod templates: labels and pinning. Walk the prepared copies with the same rules.
@@ -313,6 +321,18 @@ def node_not_ready_of(manifests: Iterable[Mapping[str, Any]]) -> int:
             return int(value)
         return DEFAULT_NODE_NOT_READY_S
     return DEFAULT_NODE_NOT_READY_S
+
+
+def _limit_job(job: dict[str, Any], limit_s: int) -> None:
+    """Step 9: ``spec.activeDeadlineSeconds`` of a batch/v1 Job copy becomes ``limit_s`` unless
+    it is already a smaller positive integer (intake refused any other value)."""
+    spec = job.get("spec")
+    if not isinstance(spec, dict):
+        return
+    own = spec.get("activeDeadlineSeconds")
+    if isinstance(own, int) and not isinstance(own, bool) and 0 < own <= limit_s:
+        return
+    spec["activeDeadlineSeconds"] = limit_s
 
 
 def _stamp_attempt(pod_template: dict[str, Any], pod_meta: dict[str, Any], attempt: int) -> None:

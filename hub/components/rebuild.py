@@ -164,6 +164,7 @@ class Rebuild:
                 attempt=claim.attempt,
                 node_not_ready_s=(job.obj.spec.placement.retry or Retry()).node_not_ready_seconds,
                 compute_domain=self._compute_domain(job, claim.cluster),
+                time_limit_s=job.obj.spec.placement.time_limit_seconds,
             )
         except FieldError as exc:
             log.warning("hub.rebuild.unpreparable", job=job.key, error=str(exc))

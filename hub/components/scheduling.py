@@ -47,6 +47,7 @@ from gpufed.api.gpujob import Retry
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
+from gpufed.hub.components.backfill import hold_start
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
@@ -67,10 +68,9 @@ from gpufed.placement import (
     place,
     schedule_pass,
 )
-from gpufed.placement.backfill import expected_start, releases_on
 from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
-from gpufed.placement.queue import gpus_of, pass_key, queued_fit_key
+from gpufed.placement.queue import pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
 from gpufed.sync.computedomain import compute_domain_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
@@ -208,9 +208,7 @@ class Scheduler:
             self._backfill,
             presorted=True,
             key_of=queued_fit_key,
-            hold_start=lambda r, h: expected_start(
-                now, gpus_of(r), *releases_on(self._snapshot, h, self._end_of)
-            ),
+            hold_start=hold_start(self._snapshot, self._term.state.jobs, now),
         )
         # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
         answers = await self._preemption.run(
@@ -238,19 +236,6 @@ class Scheduler:
         # 6. the queues' status, from the placements etcd now holds
         queues.rebuild_usage(holds=self._holds())
         queues.publish(shares)
-
-    def _end_of(self, uid: str) -> float | None:
-        """When job ``uid``'s copy ends at the latest, wall seconds: its start in the member
-        (or, not started yet, its placement) plus its time limit; None without a limit. The
-        backfill's estimate of when a hold's nodes drain (the hub stops a job at its
-        ``timeLimitSeconds``; the member's Job controller at its ``activeDeadlineSeconds``)."""
-        job = self._term.state.jobs.get(uid)
-        if job is None or job.request is None or job.request.time_limit_s is None:
-            return None
-        start = job.started_at
-        if start is None and job.record is not None and job.record.placed_at:
-            start = job.record.placed_at
-        return None if start is None else start + job.request.time_limit_s
 
     def _holds(self) -> list[tuple[str, str | None]]:
         """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger
@@ -453,6 +438,7 @@ class Scheduler:
                         job.obj.spec.placement.retry or Retry()
                     ).node_not_ready_seconds,
                     compute_domain=compute_domain_of(decision),
+                    time_limit_s=job.obj.spec.placement.time_limit_seconds,
                 )
             except FieldError as exc:  # pragma: no cover - validated at intake
                 self._reservations.discard(uid, "its manifests are invalid")

@@ -32,8 +32,8 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.placement.sim.simquota import QueueSim
 
 if TYPE_CHECKING:
-    from gpufed.placement.sim.simulate import _Run as Run
-    from gpufed.placement.sim.simulate import _Sim as Sim
+    from gpufed.placement.sim.simstate import _Run as Run
+    from gpufed.placement.sim.simstate import _Sim as Sim
 
 #: Event kinds in the simulator's heap (after 0 = finish, 1 = arrival).
 FAILURE_EVENT = 2

@@ -29,8 +29,8 @@ from gpufed.placement.policy import Policy
 from gpufed.placement.whatif import OnlyMember
 
 if TYPE_CHECKING:
-    from gpufed.placement.sim.simulate import _Run as Run
-    from gpufed.placement.sim.simulate import _Sim as Sim
+    from gpufed.placement.sim.simstate import _Run as Run
+    from gpufed.placement.sim.simstate import _Sim as Sim
 
 
 def run_first_admit(

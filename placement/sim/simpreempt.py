@@ -44,8 +44,8 @@ from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.whatif import OnlyMember, freed
 
 if TYPE_CHECKING:
-    from gpufed.placement.sim.simulate import _Run as Run
-    from gpufed.placement.sim.simulate import _Sim as Sim
+    from gpufed.placement.sim.simstate import _Run as Run
+    from gpufed.placement.sim.simstate import _Sim as Sim
 
 VictimRule = Literal["gpufed", "priority-only"]
 VICTIM_RULES: tuple[VictimRule, ...] = ("gpufed", "priority-only")

@@ -104,3 +104,23 @@ async def test_a_hold_lends_its_nodes_to_a_job_whose_limit_ends_before_the_holde
     assert "expected start (in 1939 s)" in explained, "b's limit: 2,000 s after its placement"
     assert e.status.phase == "Pending", "a job without a limit never runs inside a hold"
     assert t.ctrl.state.jobs["uc"].status.phase == "Pending"
+
+
+async def test_a_jobs_copy_carries_its_time_limit_as_active_deadline_seconds() -> None:
+    """The work item's batch/v1 Job has spec.activeDeadlineSeconds = timeLimitSeconds, so the
+    member's Job controller stops it there too (gpufed.sync.manifests step 9)."""
+    import json
+
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"))
+    await t.submit("j", "u1", gpus=8, placement={"timeLimitSeconds": 600})
+    await t.submit("k", "u2", gpus=0)
+    await t.ctrl.scheduler.cycle()
+
+    def spec(uid: str) -> dict[str, object]:
+        work = t.store.work[("m1", uid)][0]
+        [job] = [json.loads(m) if isinstance(m, (str, bytes)) else m for m in work.manifests]
+        return dict(job["spec"])
+
+    assert spec("u1")["activeDeadlineSeconds"] == 600
+    assert "activeDeadlineSeconds" not in spec("u2"), "no limit: the Job is left as it is"

@@ -9,7 +9,8 @@ from test_simulate import hgx_fleet, tj
 from gpufed.api.fleet import FleetSpec
 from gpufed.placement import Policy
 from gpufed.placement.sim.simfirstadmit import run_first_admit
-from gpufed.placement.sim.simulate import _drain, _Sim, fleet_members, simulate
+from gpufed.placement.sim.simstate import _drain, _Sim
+from gpufed.placement.sim.simulate import fleet_members, simulate
 
 
 def _clusters(spec: FleetSpec, jobs: list, order: list[str] | None = None) -> dict[str, str]:  # type: ignore[type-arg]

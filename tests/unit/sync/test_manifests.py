@@ -274,3 +274,27 @@ def test_a_non_default_node_grace_reaches_the_agent_on_the_objects_metadata() ->
     assert node_not_ready_of(default) == 300
     out[0]["metadata"]["annotations"]["gpufed.io/node-not-ready-seconds"] = "-5"
     assert node_not_ready_of(out) == 300
+
+
+def test_a_time_limit_becomes_each_jobs_active_deadline_unless_it_has_a_smaller_one() -> None:
+    """issue 29: spec.placement.timeLimitSeconds reaches a batch/v1 Job copy as
+    spec.activeDeadlineSeconds (the member's Job controller stops it there too); a Job's own
+    smaller deadline is kept, a larger one lowered; other kinds are left as they are."""
+    own_small, own_large = batch_job(name="small"), batch_job(name="large")
+    own_small["spec"]["activeDeadlineSeconds"] = 60
+    own_large["spec"]["activeDeadlineSeconds"] = 7200
+    template = manifest_list(
+        batch_job(name="plain"), own_small, own_large, jobset(("workers", 2, 1, 8), name="js")
+    )
+    out = prepare(template, time_limit_s=600)
+    deadlines = [o["spec"].get("activeDeadlineSeconds") for o in out]
+    assert deadlines == [600, 60, 600, None]
+    assert "activeDeadlineSeconds" not in out[3]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert own_large["spec"]["activeDeadlineSeconds"] == 7200, "the input must not be modified"
+    assert prepare(template) == prepare(template, time_limit_s=None)
+    assert [o["spec"].get("activeDeadlineSeconds") for o in prepare(template)] == [
+        None,
+        60,
+        7200,
+        None,
+    ]

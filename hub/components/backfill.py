@@ -1,0 +1,63 @@
+"""Backfill at the hub: when a hold's nodes drain, from the running jobs' own time limits.
+
+The scheduling pass (:mod:`gpufed.hub.components.scheduling`, phase 3) gives
+:func:`gpufed.placement.schedule_pass` the ``hold_start`` this module builds
+(:func:`hold_start`): the expected start of a starving job on the nodes the backfill rule holds
+for it, so that a job whose declared time limit ends before then may run there
+(:mod:`gpufed.placement.backfill`, docs/placement.md "Backfill by time limit").
+
+The estimate reads only facts a new leader reads back, so a leader change changes no estimate
+and no backfill decision: a job's end at the latest (:func:`end_of`) is its start plus its time
+limit (``PlacementRequest.time_limit_s``: ``spec.placement.timeLimitSeconds``, else a batch/v1
+Job's ``activeDeadlineSeconds``, both in the GPUJob's spec), where its start is the member's
+start of the workload as mirrored in ``status.startTime`` (on the hub API server) or, while the
+copy has not started, the job record's ``placed_at`` (etcd): a copy starts after it is placed,
+so that end is never later than the real one, and an early end lends less, never more. Both
+limits are enforced: the hub stops any kind at ``timeLimitSeconds``
+(:mod:`gpufed.hub.rules.lifecycle` rule 6b; the copy of a Job carries it as
+``activeDeadlineSeconds``, :mod:`gpufed.sync.manifests` step 9) and the member's Job controller
+a Job at its ``activeDeadlineSeconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gpufed.api.request import PlacementRequest
+from gpufed.hub.components.state import JobState
+from gpufed.placement import FleetSnapshot, Hold
+from gpufed.placement.backfill import expected_start, releases_on
+from gpufed.placement.queue import gpus_of
+
+
+def end_of(job: JobState | None) -> float | None:
+    """When ``job``'s current copy ends at the latest, wall seconds: its start in the member
+    (``status.startTime``), or its placement (``record.placed_at``) while it has not started,
+    plus its time limit. None for an unknown job (GPUs the hub does not account for), a job
+    without a limit, or one with neither a start nor a placement: what holds nodes for an
+    unknown time lends nothing."""
+    if job is None or job.request is None or job.request.time_limit_s is None:
+        return None
+    start = job.started_at
+    if start is None and job.record is not None and job.record.placed_at:
+        start = job.record.placed_at
+    return None if start is None else start + job.request.time_limit_s
+
+
+def hold_start(
+    snapshot: FleetSnapshot, jobs: Mapping[str, JobState], now: float
+) -> Callable[[PlacementRequest, Hold], float | None]:
+    """``schedule_pass``'s ``hold_start`` for one pass at wall seconds ``now``: for a holder
+    and its hold, the earliest wall time at which the hold's free GPUs plus those its running
+    and reserved jobs release by :func:`end_of` reach the holder's demand
+    (:func:`gpufed.placement.backfill.expected_start`); None (the hold lends nothing) when that
+    needs a job without a limit, or for a whole-member hold. ``jobs``: the leader's jobs by UID,
+    read when the pass asks."""
+
+    def ends(uid: str) -> float | None:
+        return end_of(jobs.get(uid))
+
+    def start(holder: PlacementRequest, hold: Hold) -> float | None:
+        return expected_start(now, gpus_of(holder), *releases_on(snapshot, hold, ends))
+
+    return start
