@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from gpufed.agent import status as status_mod
-from gpufed.agent.status import StatusReporter, _ObjectEvents, _PodEvents
+from gpufed.agent.status import StatusReporter
+from gpufed.agent.status_watch import ObjectEvents as _ObjectEvents
+from gpufed.agent.status_watch import PodEvents as _PodEvents
 from gpufed.api.work import WorkloadStatus
 from gpufed.sync.apply import ObjectRef
 
@@ -449,7 +451,7 @@ def test_a_20s_not_ready_blip_that_recovers_reports_no_failure() -> None:
     r.recheck()
     r.flush()
     assert all(s.failure is None for s in sent.items)
-    assert r._tracked["u1"].failure is None
+    assert r._tracked["u1"].trouble.failure is None
 
 
 def test_not_ready_past_300s_fails_with_node_not_ready_and_sticks() -> None:
