@@ -4,8 +4,8 @@ objects and pods of gpufed jobs for :class:`gpufed.agent.status.StatusReporter`.
 Owns what one watch event does to the reporter's caches: a workload object (one handler per
 served kind, :class:`ObjectEvents`) is kept as its metadata and status; a pod
 (:class:`PodEvents`) as the few fields summaries and failure classification read
-(:func:`trim_pod`: phase, conditions, container states, node, the checkpoint and attempt
-annotations). A deleted workload object goes to the reporter with its
+(:func:`trim_pod`: phase, conditions, container states, node, an unbound pod's required
+node affinity, the checkpoint and attempt annotations). A deleted workload object goes to the reporter with its
 final state (the ``DELETED`` event's object, else the cached one), which keeps it as the job's
 last word when it had finished (:class:`FinalState`). A re-list drops what it no longer lists.
 Every change marks the job for a new summary.
@@ -83,9 +83,24 @@ def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
             "deletionTimestamp": meta.get("deletionTimestamp"),
             "annotations": kept,
         },
-        "spec": {"nodeName": (raw.get("spec") or {}).get("nodeName")},
+        "spec": _trim_spec(raw.get("spec") or {}),
         "status": keep_status,
     }
+
+
+def _trim_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The pod's node and, while it is unbound, its required node affinity: a replacement pod
+    pinned by name to a node that no longer exists is how an agent restarted after the old
+    pods were collected still sees the node lost (:func:`gpufed.sync.failure.pinned_nodes`)."""
+    out: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required and not spec.get("nodeName"):
+        out["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
+    return out
 
 
 class ObjectEvents:
