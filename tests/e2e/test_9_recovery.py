@@ -248,7 +248,7 @@ def test_a_suspect_mark_survives_a_leader_change_and_still_expires(
     fault, record = _withdraw_gpus(e2e, member, node, 5.0)
     first = wait_until(lambda: _suspect(e2e, member, node), f"{node} suspect", 30)
     mark(f"{node} suspect ({first['reason']})")
-    assert first["reason"] == "GPUUnavailable"
+    assert first["reason"].startswith("GPUUnavailable")
     fault.join(60)
     [rec] = record
     assert not rec.error, rec.error
