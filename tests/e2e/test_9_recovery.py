@@ -34,7 +34,7 @@ from gpufed.sandbox.nodes import create_nodes
 from tests.e2e.conftest import EXAMPLE_FLEET
 from tests.e2e.harness import E2E, batch_job, unique, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
