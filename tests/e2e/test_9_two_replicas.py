@@ -24,7 +24,7 @@ from gpufed.sandbox.controlplane import TOKEN_NAMESPACE
 from gpufed.sandbox.hubpair import REPLICAS, HubPair
 from tests.e2e.harness import E2E, batch_job, http_status, unique, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def metric(pair: HubPair, replica: str, name: str) -> float | None:
