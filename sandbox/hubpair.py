@@ -7,7 +7,8 @@ replica to label ``gpufed.io/hub-role``). A TCP forwarder on the address the age
 the hub Service: each new connection goes to the replica whose Pod is labelled ``leader`` and
 which answers ``/readyz`` 200 (kube-proxy following the EndpointSlice); with none, the
 connection is closed at once. Used by the chaos soak (:mod:`gpufed.sandbox.soak`), whose fault
-injector kills and pauses the leader by component name.
+injector kills and pauses the leader by component name, and by the e2e drills with two
+replicas, which put the single hub back afterwards (:meth:`HubPair.stop`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class HubPair:
 
     :meth:`start` replaces the sandbox's single hub with the pair; :meth:`leader` names the
     component whose Pod is labelled leader (None while nobody leads); :meth:`close` stops the
-    forwarder (the replicas are supervised components: ``Sandbox.down`` stops them)."""
+    forwarder (the replicas are supervised components: ``Sandbox.down`` stops them);
+    :meth:`stop` undoes :meth:`start` (the single hub runs again)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
@@ -162,6 +164,25 @@ class HubPair:
             upstream.settimeout(None)
             for a, b in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+    def url(self, component: str, path: str) -> str:
+        """The HTTP URL of ``path`` (``/readyz``, ``/leaderz``, ``/metrics``) on a replica."""
+        return f"{self.http[component]}{path}"
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Undo :meth:`start`: close the forwarder, stop and unregister both replicas, delete
+        their Pods and start the sandbox's single hub again (on the address the forwarder
+        held)."""
+        self.close()
+        sup = self.sandbox.supervisor
+        sup.stop_many(list(REPLICAS))
+        for comp in REPLICAS:
+            sup.unregister(comp)
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(
+                    _pod_name(comp), TOKEN_NAMESPACE, grace_period_seconds=0
+                )
+        sup.start(HUB_COMPONENT, timeout=timeout_s)
 
     def close(self) -> None:
         """Stop accepting connections (open ones end with their replica)."""

@@ -174,6 +174,18 @@ class Supervisor:
             names.append(spec.name)
             self._index_path().write_text(json.dumps(names, indent=2) + "\n")
 
+    def unregister(self, name: str) -> None:
+        """Remove a component that is not running from the registry (its log stays);
+        RuntimeError when it runs (stop it first). No-op for an unknown name."""
+        if self.is_running(name):
+            raise RuntimeError(f"component {name!r} is running: stop it before unregistering")
+        names = self.names()
+        if name in names:
+            names.remove(name)
+            self._index_path().write_text(json.dumps(names, indent=2) + "\n")
+        self._spec_path(name).unlink(missing_ok=True)
+        self._pid_path(name).unlink(missing_ok=True)
+
     def names(self) -> list[str]:
         """Registered component names in registration order."""
         try:

@@ -20,6 +20,7 @@ import pytest
 
 from gpufed.sandbox.binaries import BinariesError, BinDir, ensure_binaries
 from gpufed.sandbox.controlplane import ControlPlaneOptions
+from gpufed.sandbox.hubpair import HubPair
 from gpufed.sandbox.runtime import Sandbox
 from tests.e2e.harness import DRILL_NS, E2E
 
@@ -80,3 +81,16 @@ def e2e(e2e_session: E2E) -> Iterator[E2E]:
     yield e2e_session
     e2e_session.wait_healthy()
     e2e_session.hub.clear(DRILL_NS)
+
+
+@pytest.fixture
+def hub_pair(e2e: E2E) -> Iterator[HubPair]:
+    """Two hub replicas with leader election (:class:`gpufed.sandbox.hubpair.HubPair`) in
+    place of the session's single hub, one of them leading; the single hub runs again
+    afterwards."""
+    pair = HubPair(e2e.sandbox)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.stop()

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpufed.agent.status import StatusReporter, _ObjectEvents, _PodEvents
+from gpufed.agent.status import StatusReporter
+from gpufed.agent.status_watch import ObjectEvents as _ObjectEvents
+from gpufed.agent.status_watch import PodEvents as _PodEvents
 from gpufed.api.labels import LAST_CHECKPOINT_ANNOTATION
 from gpufed.api.work import WorkloadStatus
 from gpufed.sync.apply import ObjectRef

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from gpufed.agent import status as status_mod
-from gpufed.agent.status import StatusReporter, _ObjectEvents, _PodEvents
+from gpufed.agent.status import StatusReporter
+from gpufed.agent.status_watch import ObjectEvents as _ObjectEvents
+from gpufed.agent.status_watch import PodEvents as _PodEvents
 from gpufed.api.work import WorkloadStatus
 from gpufed.sync.apply import ObjectRef
 
@@ -449,7 +451,7 @@ def test_a_20s_not_ready_blip_that_recovers_reports_no_failure() -> None:
     r.recheck()
     r.flush()
     assert all(s.failure is None for s in sent.items)
-    assert r._tracked["u1"].failure is None
+    assert r._tracked["u1"].trouble.failure is None
 
 
 def test_not_ready_past_300s_fails_with_node_not_ready_and_sticks() -> None:
@@ -585,3 +587,50 @@ def test_the_jobs_compute_domain_readiness_is_a_condition_of_its_status() -> Non
     domains.delete(domain)  # deleted with the job: the condition goes
     r.flush()
     assert not [c for c in sent.items[-1].conditions if c.type == "ComputeDomainReady"]
+
+
+def pinned_pod(name: str, node: str, uid: str = "u1") -> dict[str, Any]:
+    """A replacement pod the Job controller made from the pinned template: unbound, Pending,
+    required to run on ``node`` by name (as gpufed.sync.manifests.pin_pod_template pins it)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "labels": {"gpufed.io/job-uid": uid}},
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            },
+            "containers": [{"name": "main"}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_an_agent_restarted_after_the_pods_were_collected_reports_the_node_lost() -> None:
+    """A fresh reporter (the agent restarted) never saw the old pod on n1: the node was deleted
+    and its pod collected while the agent was down. What the member still has is the Job's
+    replacement pod, pinned to n1, which no longer exists: the job is NodeLost (re-run from
+    its checkpoint), not Pending for ever."""
+    sent = Sent()
+    health = {"n2": status_mod.NodeHealth(ready=True, gpus=8)}  # n1 is gone
+    r = StatusReporter(None, send=sent, node_health=health.get, coalesce_s=0)  # type: ignore[arg-type]
+    r._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs, pods = _ObjectEvents(r, "Job.batch"), _PodEvents(r)
+    r.track("u1", revision=1, main=JOB)
+    jobs.upsert(job({"active": 1, "failed": 1}))
+    pods.upsert(pinned_pod("p1", "n1"))
+    r.flush()
+    cause = sent.items[-1].failure
+    assert cause is not None
+    assert (cause.kind, cause.reason, cause.nodes) == ("Infrastructure", "NodeLost", ("n1",))
+    # pinned to a node that exists: only Pending, no cause
+    sent2 = Sent()
+    r2 = StatusReporter(None, send=sent2, node_health=health.get, coalesce_s=0)  # type: ignore[arg-type]
+    r2._informers["Job.batch"] = None  # type: ignore[assignment]
+    jobs2, pods2 = _ObjectEvents(r2, "Job.batch"), _PodEvents(r2)
+    r2.track("u1", revision=1, main=JOB)
+    jobs2.upsert(job({"active": 1}))
+    pods2.upsert(pinned_pod("p1", "n2"))
+    r2.flush()
+    assert sent2.items[-1].failure is None

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import Condition, FailureCause, WorkAck, WorkloadStatus
+from gpufed.hub.adapters.ports import WatchEvent
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, running, sent, settle
 
@@ -248,3 +249,49 @@ async def test_a_suspicion_is_shown_at_once_and_gone_when_the_node_recovers() ->
     assert job.status.phase == "Running"
     assert t.store.jobs["u1"][0].stopping is None
     assert t.ctrl.suspects.of_member("m1", t.clock.mono()) == []
+
+
+async def test_the_backoff_and_the_retry_budget_survive_a_leader_change() -> None:
+    """Issue 24 item 3: a new leader (or a restarted hub) over the same etcd keeps the re-run's
+    backoff (not placed before ``not_before``) and the budget already used (with a budget of 1
+    the next infrastructure failure is final, not a fresh start)."""
+    t, s, rev = await running({"retry": {"onInfrastructureFailure": 1}})
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    [(_, _, del_rev)] = sent(s)
+    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=del_rev, result="Deleted"))
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    await t.ctrl.members.flush()  # the suspect mark in the member's meta record
+    not_before = t.store.jobs["u1"][0].not_before
+    assert not_before == t.clock.wall() + 60
+    t.clock.advance(30)
+    # A new leader term over the same etcd and hub API.
+    t2 = Term(store=t.store, kube=t.kube, clock=t.clock)
+    await t2.ctrl.load()
+    t2.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    s2 = t2.connect("m1")
+    for obj in t.kube.objects["gpujobs"]:
+        t2.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+    await settle()
+    job = t2.ctrl.state.jobs["u1"]
+    await t2.ctrl.lifecycle.due()
+    await t2.ctrl.scheduler.cycle()
+    record = t2.store.jobs["u1"][0]
+    assert record.cluster is None, "the new leader re-ran it before its backoff passed"
+    assert (record.not_before, record.budget_used) == (not_before, 1)
+    t.clock.advance(30)
+    await t2.ctrl.lifecycle.due()
+    await t2.ctrl.scheduler.cycle()
+    record = t2.store.jobs["u1"][0]
+    assert (record.cluster, record.attempt) == ("m1", 2)
+    assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
+    [(_, _, rev2)] = [x for x in sent(s2) if x[0] == "apply"]
+    await t2.ctrl.handle(s2, WorkAck(job_uid="u1", revision=rev2, result="Applied"))
+    lost2 = NODE_LOST.model_copy(update={"nodes": ("m1-n1",), "message": "node m1-n1 gone"})
+    await t2.ctrl.handle(s2, report("u1", rev2, "Running", lost2))
+    await settle()
+    assert job.status.phase == "Failed", "the budget used before the failover was forgotten"
+    assert "no re-run left (1 used" in job.status.message
