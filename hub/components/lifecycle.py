@@ -492,7 +492,7 @@ class Lifecycle:
 
     def _suspect(self, cluster: str, nodes: tuple[str, ...], reason: str) -> list[str]:
         """Mark ``nodes`` suspect and keep the member's marks in its etcd meta record (written
-        at the term's next flush)."""
+        before a re-run decision is stored, :meth:`_persist_marks`, else at the next flush)."""
         mono = self._term.mono()
         marked = self.suspects.mark(cluster, nodes, reason, mono=mono, wall=self._term.wall())
         if marked:
@@ -500,6 +500,21 @@ class Lifecycle:
             m.meta = m.meta.model_copy(update={"suspects": self.suspects.records_of(cluster, mono)})
             m.meta_dirty = True
         return marked
+
+    async def _persist_marks(self, cluster: str) -> None:
+        """Write the member's meta record (its suspect marks) now, before the re-run decision
+        is stored: a leader that dies right after that decision must not leave the next one a
+        re-run without the marks (it would place it on the broken node again). The flush loop
+        writes any later change."""
+        m = self._term.state.members.get(cluster)
+        if m is None or not m.meta_dirty:
+            return
+        m.meta_dirty = False
+        try:
+            await self._term.store.put_member_meta(m.name, m.meta)
+        except BaseException:
+            m.meta_dirty = True  # the flush loop tries again
+            raise
 
     def _used(self, job: JobState) -> int:
         return job.record.budget_used if job.record is not None else 0
@@ -526,6 +541,7 @@ class Lifecycle:
             cluster=cluster,
             nodes=failure.nodes,
         )
+        await self._persist_marks(cluster)
         await self._put(job, lc.marked(rec, cause))
         job.failure = None
         self._mirror.set_status(job, lc.restarting(job.status, cause, now=self._mirror.now()))

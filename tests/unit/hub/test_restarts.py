@@ -221,6 +221,18 @@ async def test_suspect_marks_survive_a_leader_change_until_their_expiry() -> Non
     assert successor.ctrl.suspects.of_member("m1", t.clock.mono()) == []
 
 
+async def test_the_marks_are_stored_with_the_rerun_decision_not_at_the_next_flush() -> None:
+    # A leader that dies right after storing the re-run (no flush since the failure) must
+    # leave the marks behind, or its successor places the re-run on the broken node.
+    t, s, rev = await running()
+    await t.ctrl.handle(s, report("u1", rev, "Running", NODE_LOST))
+    await settle()
+    assert t.store.jobs["u1"][0].stopping is not None, "the re-run decision is stored"
+    successor = Term(store=t.store, kube=t.kube, clock=t.clock)  # no members.flush()
+    await successor.ctrl.load()
+    assert [m.node for m in successor.ctrl.suspects.of_member("m1", t.clock.mono())] == ["m1-n0"]
+
+
 async def test_a_suspicion_is_shown_at_once_and_gone_when_the_node_recovers() -> None:
     # issue 24 item 1, the hub side: condition NodeNotReady and a Warning Event while the
     # agent's grace period runs; no re-run, no suspect mark; gone once the node is Ready.
