@@ -49,6 +49,7 @@ import structlog  # noqa: E402
 from gpufed.api.stream import InventoryDelta  # noqa: E402
 from gpufed.hub.adapters.ports import WatchEvent  # noqa: E402
 from gpufed.hub.components.config import HubConfig  # noqa: E402
+from gpufed.hub.edge.heap import HeapPolicy  # noqa: E402
 from gpufed.hub.edge.loopwatch import watch_loop  # noqa: E402
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node  # noqa: E402
 from tests.unit.hub.term import Term, settle  # noqa: E402
