@@ -257,15 +257,22 @@ class Preemption:
         t0 = time.perf_counter()
         try:
             planned, missed = await asyncio.to_thread(
-                self._plan, preemptors, policy, quota, now, t0 + self._term.config.preemption_deadline_s
+                self._plan,
+                preemptors,
+                policy,
+                quota,
+                now,
+                t0 + self._term.config.preemption_deadline_s,
             )
         except (RuntimeError, KeyError) as exc:  # a dict changed size / a node went meanwhile
             log.warning("preemption.planning_raced", error=str(exc), preemptors=len(preemptors))
             metrics.preemption_plans_missed.labels("raced").inc(len(preemptors))
+            self._term.state.kick()  # planned again in the next cycle
             return answers
         metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
         if missed:
             metrics.preemption_plans_missed.labels("deadline").inc(missed)
+            self._term.state.kick()  # the rest are planned in the next cycle
         mono = self._term.mono()
         for p, answer in planned:
             uid = p.request.uid
@@ -327,18 +334,25 @@ class Preemption:
 
     def _fits(self, plan: PreemptionPlan) -> bool:
         """Whether ``plan`` still fits the fleet as it is now (on the loop, before the commit):
-        its member is known and every node it places on exists and has, once its victims
-        there are gone, the GPUs the placement takes."""
+        its member is known and every node it places on exists, offers its GPUs and has,
+        once its victims there are gone, the GPUs the placement takes (allocatable less the
+        requested and reserved, plus the victims' GPUs there)."""
         snap = self._snapshot
         if plan.cluster not in snap.cluster_names:
             return False
         nodes = snap.cluster(plan.cluster).nodes
         for name, req in plan.decision.node_requests().items():
             node = nodes.get(name)
-            if node is None:
+            if node is None or not node.offers:
                 return False
-            freed = sum(v.running.gpus.get(name, 0) for v in plan.victims)
-            if node.free(GPU_RESOURCE) + freed < req.get(GPU_RESOURCE, 0):
+            inv = node.inv
+            left = (
+                inv.allocatable.get(GPU_RESOURCE, 0)
+                - inv.requested.get(GPU_RESOURCE, 0)
+                - (node.reserved or {}).get(GPU_RESOURCE, 0)
+                + sum(v.running.gpus.get(name, 0) for v in plan.victims)
+            )
+            if left < req.get(GPU_RESOURCE, 0):
                 return False
         return True
 

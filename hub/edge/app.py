@@ -36,9 +36,9 @@ from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.edge.access import AccessCheck
 from gpufed.hub.edge.certs import not_after
+from gpufed.hub.edge.heap import HeapPolicy
 from gpufed.hub.edge.http import make_app, serve
 from gpufed.hub.edge.leader import LeaderElector
-from gpufed.hub.edge.heap import HeapPolicy
 from gpufed.hub.edge.loopwatch import watch_loop
 from gpufed.hub.edge.podrole import PodRole
 from gpufed.hub.edge.service import AgentService, server_credentials

@@ -1,7 +1,7 @@
 """The hub process's garbage-collector policy: what survived a full collection is frozen.
 
 Installed by :mod:`gpufed.hub.edge.app` for the life of the process. CPython's full
-(generation 2) collection walks every tracked object: at 10 members × 1,000 nodes and 10,000
+(generation 2) collection walks every tracked object: at 10 members x 1,000 nodes and 10,000
 jobs one costs about 1.4 s of CPU, and it runs on whichever thread allocated last, so it lands
 inside a scheduling cycle or a snapshot ingest and holds the event loop (the lease renewal,
 acks, status writes) that long. It comes back each time the heap grew by a quarter.
