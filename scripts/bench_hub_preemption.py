@@ -180,6 +180,10 @@ async def bench(
         "preempt_cycle_s": round(first_cycle_s, 4),
         "cycle_cpu_s": round(cycle_cpu_s, 3),
         "planning_s": round(planning_s, 4),
+        "plans_missed": {
+            r: metrics.preemption_plans_missed.labels(r)._value.get()
+            for r in ("deadline", "raced", "stale")
+        },
         "gc_full": heap.full_collections - full0,
         "gc_full_cpu_s": round(heap.full_seconds - full_s0, 3),
     }
