@@ -241,7 +241,8 @@ class Preemption:
         The planning (steps 2 and 3) runs in a worker thread, so the event loop keeps
         renewing the lease, acking and writing status meanwhile; no plan is started after
         ``preemption_deadline_s`` (the preemptors left get no answer and are planned next
-        cycle). The worker reads the fleet while the loop may change it: each plan is
+        cycle); the first is always planned, however late the worker starts, so every cycle
+        makes progress. The worker reads the fleet while the loop may change it: each plan is
         re-checked on the loop before it is committed (:meth:`_fits`), and a worker that met a
         fleet changing under it plans nothing this cycle."""
         preemptors = self.preemptors(decisions)
@@ -321,7 +322,7 @@ class Preemption:
         for i, p in enumerate(preemptors):
             if len(out) >= cap:
                 break
-            if time.perf_counter() > deadline:
+            if out and time.perf_counter() > deadline:  # the first always: progress
                 return out, len(preemptors) - i
             shape = (p.request.priority, queued_fit_key(p.request))
             if shape in hopeless:

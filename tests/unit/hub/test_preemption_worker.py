@@ -42,8 +42,9 @@ def preempted(t: Term) -> int:
 async def test_a_preemptor_left_at_the_deadline_is_planned_in_the_next_cycle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # deadline 1.5 s after the start; each clock read is 1 s later: one plan, then the deadline
-    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=1.5)))
+    # each clock read is 1 s later, the deadline 0.5 s after the start: the first preemptor is
+    # planned all the same (a worker that starts late still makes progress), the second not
+    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=0.5)))
     t = f.t
     await f.submit("hi1", "uh1", 8, "high")
     await f.submit("hi2", "uh2", 8, "high")
