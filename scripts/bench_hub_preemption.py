@@ -22,7 +22,9 @@ for the planning deadline is planned next cycle). While they run, the hub's loop
 missed when its turn comes a whole interval late) run on the same event loop. Also printed:
 ``decision_p99_ms`` / ``decision_p50_ms`` (nearest rank; wall time from the start of the first
 cycle that sees a preemptor eligible to its plan committed), ``preempted`` (victims marked),
-``lease_renewals_missed``, ``loop_stall_max_ms`` (the longest the event loop was held),
+``lease_renewals_missed``, ``loop_stall_max_ms`` (the longest the event loop was held, wall)
+and ``loop_stall_cpu_max_ms`` (the part of a stall the loop thread was on the CPU: without
+the time the process waited for a CPU on a loaded machine),
 ``cycles``, ``cycle_cpu_s`` (process CPU over the cycles) and the full garbage collections in
 them (``gc_full``, ``gc_full_cpu_s``). ``--gc freeze`` (the hub's default,
 :mod:`gpufed.hub.edge.heap`) freezes what survives each full collection; ``--gc default``
@@ -176,6 +178,7 @@ async def bench(
         "decision_p99_ms": round(nearest_rank(decisions, 0.99), 1),
         "lease_renewals_missed": len(missed),
         "loop_stall_max_ms": round(metrics.event_loop_stall_max._value.get() * 1000, 1),
+        "loop_stall_cpu_max_ms": round(metrics.event_loop_stall_cpu_max._value.get() * 1000, 1),
         "cycles": cycles,
         "preempt_cycle_s": round(first_cycle_s, 4),
         "cycle_cpu_s": round(cycle_cpu_s, 3),
