@@ -234,6 +234,13 @@ def run(
     preemption_max_preemptors: Annotated[
         int, typer.Option(help="preemptors planned per scheduling cycle")
     ] = 8,
+    preemption_deadline: Annotated[
+        float,
+        typer.Option(
+            help="seconds of preemption planning per scheduling cycle; the preemptors left "
+            "are planned in the next cycle"
+        ),
+    ] = 2.0,
     suspect_node_cooldown: Annotated[
         float,
         typer.Option(
@@ -328,6 +335,7 @@ def run(
         "preemption_max_per_hour": preemption_max_per_hour,
         "preemption_cooldown_s": preemption_cooldown,
         "preemption_max_preemptors": preemption_max_preemptors,
+        "preemption_deadline_s": preemption_deadline,
         "suspect_node_cooldown_s": suspect_node_cooldown,
         "rerun_backoff_base_s": rerun_backoff_base,
         "rerun_backoff_max_s": rerun_backoff_max,
@@ -397,6 +405,7 @@ FLAG_OF: dict[str, str] = {
     "preemption_max_per_hour": "--preemption-max-per-hour",
     "preemption_cooldown_s": "--preemption-cooldown",
     "preemption_max_preemptors": "--preemption-max-preemptors",
+    "preemption_deadline_s": "--preemption-deadline",
     "suspect_node_cooldown_s": "--suspect-node-cooldown",
     "rerun_backoff_base_s": "--rerun-backoff-base",
     "rerun_backoff_max_s": "--rerun-backoff-max",

@@ -125,7 +125,10 @@ class HubConfig(BaseModel):
       hour is not preempted again), ``preemption_cooldown_s`` (a job preempted less than this
       long ago may not preempt back the job that preempted it);
       ``preemption_max_preemptors``: preemptors planned per scheduling cycle (each plan runs
-      what-if placements; the others wait for the next cycle).
+      what-if placements; the others wait for the next cycle); ``preemption_deadline_s``:
+      seconds of planning a cycle starts (planning runs in a worker thread, off the event
+      loop; no new plan is started past it, and the preemptors left are planned next cycle;
+      the first is always planned).
     - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
       placement this long (0: never suspect; :mod:`gpufed.hub.components.suspects`).
     - ``rerun_backoff_base_s`` / ``rerun_backoff_max_s``: the wait before a re-run after an
@@ -194,6 +197,7 @@ class HubConfig(BaseModel):
     preemption_max_per_hour: int = Field(default=3, ge=1)
     preemption_cooldown_s: float = Field(default=600.0, ge=0)
     preemption_max_preemptors: int = Field(default=8, ge=1, le=1000)
+    preemption_deadline_s: float = Field(default=2.0, gt=0, le=600)
     suspect_node_cooldown_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
     rerun_backoff_base_s: float = Field(default=60.0, ge=0, le=86400)
     rerun_backoff_max_s: float = Field(default=3600.0, ge=0, le=7 * 86400)

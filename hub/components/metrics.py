@@ -145,6 +145,18 @@ class HubMetrics:
             "(a stall bounded by the loop thread's CPU time: not waiting for a CPU).",
             registry=r,
         )
+        self.gc_full_seconds = Histogram(
+            "gpufed_hub_gc_full_seconds",
+            "CPU seconds of each full (generation 2) garbage collection of the hub process "
+            "(its survivors are then frozen: gpufed.hub.edge.heap).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gc_frozen_objects = Gauge(
+            "gpufed_hub_gc_frozen_objects",
+            "Objects the hub froze after full collections (never walked by the collector again).",
+            registry=r,
+        )
         self.lease_renewals_missed = Counter(
             "gpufed_hub_lease_renewals_missed_total",
             "Leader lease renewals that failed or came at least one renewal interval (a third "
@@ -183,6 +195,14 @@ class HubMetrics:
             "Time one scheduling cycle spent planning preemptions (all its preemptors), "
             "seconds (the cycle waits for it).",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preemption_plans_missed = Counter(
+            "gpufed_preemption_plans_missed_total",
+            "Preemptors whose planning was left to the next cycle, by reason: deadline (the "
+            "cycle's planning deadline passed), raced (the fleet changed under the worker), "
+            "stale (the plan no longer fits the fleet when committed).",
+            ["reason"],
             registry=r,
         )
         self.work_sent = Counter(

@@ -39,6 +39,7 @@ promised twice. A hub killed between 4 and 5 resumes 5 from the records.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
@@ -166,14 +167,16 @@ class Preemption:
     def running(self) -> list[Running]:
         """Every job placed in a member now, as a possible victim (module docstring, 2)."""
         held: dict[tuple[str, str], dict[str, int]] = {}
-        for m in self._term.state.members.values():
-            for n in m.nodes.values():
+        # list(...) copies each dict in one C call: the worker thread never iterates a dict the
+        # loop changes meanwhile
+        for m in list(self._term.state.members.values()):
+            for n in list(m.nodes.values()):
                 for uid, reqs in n.job_requests.items():
                     count = reqs.get(GPU_RESOURCE, 0)
                     if count > 0:
                         held.setdefault((m.name, uid), {})[n.name] = count
         out: list[Running] = []
-        for uid, job in sorted(self._term.state.jobs.items()):
+        for uid, job in sorted(list(self._term.state.jobs.items())):
             rec = job.record
             if (
                 rec is None
@@ -233,7 +236,15 @@ class Preemption:
         now: float,
     ) -> dict[str, PreemptionPlan | NoPreemption]:
         """Plan and carry out this cycle's preemptions (``now``: wall seconds); returns each
-        preemptor's answer by UID (a plan only when it was committed)."""
+        preemptor's answer by UID (a plan only when it was committed).
+
+        The planning (steps 2 and 3) runs in a worker thread, so the event loop keeps
+        renewing the lease, acking and writing status meanwhile; no plan is started after
+        ``preemption_deadline_s`` (the preemptors left get no answer and are planned next
+        cycle); the first is always planned, however late the worker starts, so every cycle
+        makes progress. The worker reads the fleet while the loop may change it: each plan is
+        re-checked on the loop before it is committed (:meth:`_fits`), and a worker that met a
+        fleet changing under it plans nothing this cycle."""
         preemptors = self.preemptors(decisions)
         # jobs waiting out NO_PLAN_RETRY_S keep their last answer (their status stays put)
         answers: dict[str, PreemptionPlan | NoPreemption] = {
@@ -243,9 +254,57 @@ class Preemption:
         }
         if not preemptors:
             return answers
+        metrics = self._term.metrics
+        t0 = time.perf_counter()
+        try:
+            planned, missed = await asyncio.to_thread(
+                self._plan,
+                preemptors,
+                policy,
+                quota,
+                now,
+                t0 + self._term.config.preemption_deadline_s,
+            )
+        except (RuntimeError, KeyError) as exc:  # a dict changed size / a node went meanwhile
+            log.warning("preemption.planning_raced", error=str(exc), preemptors=len(preemptors))
+            metrics.preemption_plans_missed.labels("raced").inc(len(preemptors))
+            self._term.state.kick()  # planned again in the next cycle
+            return answers
+        metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
+        if missed:
+            metrics.preemption_plans_missed.labels("deadline").inc(missed)
+            self._term.state.kick()  # the rest are planned in the next cycle
+        mono = self._term.mono()
+        for p, answer in planned:
+            uid = p.request.uid
+            if isinstance(answer, NoPreemption):
+                self._no_plan_until[uid] = (mono + NO_PLAN_RETRY_S, answer)
+            else:
+                self._no_plan_until.pop(uid, None)
+            answers[uid] = answer
+        for uid, answer in answers.items():
+            if not isinstance(answer, PreemptionPlan):
+                continue
+            if not self._fits(answer):
+                metrics.preemption_plans_missed.labels("stale").inc()
+                answers[uid] = NoPreemption(uid, "the fleet changed while the plan was made")
+            elif not await self._commit(answer, now):
+                answers[uid] = NoPreemption(uid, "a victim changed while the plan was made")
+        return answers
+
+    def _plan(
+        self,
+        preemptors: list[Preemptor],
+        policy: Policy,
+        quota: QuotaView | None,
+        now: float,
+        deadline: float,
+    ) -> tuple[list[tuple[Preemptor, PreemptionPlan | NoPreemption]], int]:
+        """Steps 2 and 3, in the worker thread: each planned preemptor with its answer, in
+        order, and how many were left for the deadline (``deadline``: ``perf_counter``)."""
         running = self.running()
         if not running:
-            return answers
+            return [], 0
         if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
             lowest = min(r.priority for r in running)
             preemptors = [p for p in preemptors if p.request.priority > lowest]
@@ -257,28 +316,46 @@ class Preemption:
             rules=self._term.config.preemption_rules,
             quota=quota,
         )
-        t0 = time.perf_counter()
-        planned = 0
+        out: list[tuple[Preemptor, PreemptionPlan | NoPreemption]] = []
         hopeless: set[Any] = set()  # shapes that found no plan: the same answer for the rest
-        for p in preemptors:
+        cap = self._term.config.preemption_max_preemptors
+        for i, p in enumerate(preemptors):
+            if len(out) >= cap:
+                break
+            if out and time.perf_counter() > deadline:  # the first always: progress
+                return out, len(preemptors) - i
             shape = (p.request.priority, queued_fit_key(p.request))
             if shape in hopeless:
                 continue
-            answers[p.request.uid] = answer = cycle.plan(p)
+            answer = cycle.plan(p)
             if isinstance(answer, NoPreemption):
                 hopeless.add(shape)
-                until = self._term.mono() + NO_PLAN_RETRY_S
-                self._no_plan_until[p.request.uid] = (until, answer)
-            else:
-                self._no_plan_until.pop(p.request.uid, None)
-            planned += 1
-            if planned >= self._term.config.preemption_max_preemptors:
-                break
-        self._term.metrics.preemption_planning_seconds.observe(time.perf_counter() - t0)
-        for uid, answer in answers.items():
-            if isinstance(answer, PreemptionPlan) and not await self._commit(answer, now):
-                answers[uid] = NoPreemption(uid, "a victim changed while the plan was made")
-        return answers
+            out.append((p, answer))
+        return out, 0
+
+    def _fits(self, plan: PreemptionPlan) -> bool:
+        """Whether ``plan`` still fits the fleet as it is now (on the loop, before the commit):
+        its member is known and every node it places on exists, offers its GPUs and has,
+        once its victims there are gone, the GPUs the placement takes (allocatable less the
+        requested and reserved, plus the victims' GPUs there)."""
+        snap = self._snapshot
+        if plan.cluster not in snap.cluster_names:
+            return False
+        nodes = snap.cluster(plan.cluster).nodes
+        for name, req in plan.decision.node_requests().items():
+            node = nodes.get(name)
+            if node is None or not node.offers:
+                return False
+            inv = node.inv
+            left = (
+                inv.allocatable.get(GPU_RESOURCE, 0)
+                - inv.requested.get(GPU_RESOURCE, 0)
+                - (node.reserved or {}).get(GPU_RESOURCE, 0)
+                + sum(v.running.gpus.get(name, 0) for v in plan.victims)
+            )
+            if left < req.get(GPU_RESOURCE, 0):
+                return False
+        return True
 
     async def _commit(self, plan: PreemptionPlan, now: float) -> bool:
         """Steps 4 and 5 for one plan; False when nothing was written."""

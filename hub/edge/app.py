@@ -36,6 +36,7 @@ from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.edge.access import AccessCheck
 from gpufed.hub.edge.certs import not_after
+from gpufed.hub.edge.heap import HeapPolicy
 from gpufed.hub.edge.http import make_app, serve
 from gpufed.hub.edge.leader import LeaderElector
 from gpufed.hub.edge.loopwatch import watch_loop
@@ -74,6 +75,7 @@ class Hub:
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._loop_watch: asyncio.Task[None] | None = None
+        self._heap = HeapPolicy(self.metrics)
         self._elector: LeaderElector | None = None
         self._pod_role: PodRole | None = None
 
@@ -97,6 +99,7 @@ class Hub:
             on_missed=self.metrics.lease_renewals_missed.inc,
         )
         self._loop_watch = asyncio.create_task(watch_loop(self.metrics), name="hub:loop-watch")
+        self._heap.install()
         if cfg.pod_name:
             self._pod_role = PodRole(self._kube, cfg.pod_namespace, cfg.pod_name)
             self._pod_role.start()
@@ -237,6 +240,7 @@ class Hub:
 
     async def close(self) -> None:
         """Stop serving and disconnect (idempotent)."""
+        self._heap.uninstall()
         if self._loop_watch is not None:
             self._loop_watch.cancel()
             self._loop_watch = None

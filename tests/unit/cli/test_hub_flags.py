@@ -34,6 +34,7 @@ def no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--allocation", "pack"], "Invalid value for --allocation: use binpack or spread"),
         (["--default-pod-security", "open"], "Invalid value for --default-pod-security: use"),
         (["--member-lease", "0"], "Invalid value for --member-lease: must be > 0"),
+        (["--preemption-deadline", "0"], "Invalid value for --preemption-deadline: must be > 0"),
         (["--leader-lease", "1"], "Invalid value for --leader-lease: must be >= 2"),
         (["--max-unacked", "0"], "Invalid value for --max-unacked: must be >= 1"),
         (["--etcd-prefix", "x/"], "--etcd-prefix: 'x/' must start and end with '/'"),
