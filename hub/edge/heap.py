@@ -10,8 +10,11 @@ The hub's heap is mostly long-lived (node inventories, job records, the placemen
 so after each full collection :func:`gc.freeze` moves every survivor to the permanent
 generation: later full collections walk only what was allocated since (O(new objects), not
 O(heap)). Frozen objects are still freed by reference counting when dropped; only garbage
-that is a reference *cycle* among frozen objects is never collected (the hub's long-lived
-models hold no cycles). ``gpufed_hub_gc_full_seconds`` observes each full collection's
+that is a reference *cycle* among frozen objects is not collected while frozen: so every
+:data:`UNFREEZE_EVERY`-th full collection first unfreezes everything (:func:`gc.unfreeze`), and
+the one after it walks the whole heap once, frees such cycles and freezes again. Frozen cyclic
+garbage therefore lives at most that many full collections, and one full collection in
+:data:`UNFREEZE_EVERY` costs what every one cost before. ``gpufed_hub_gc_full_seconds`` observes each full collection's
 duration, ``gpufed_hub_gc_frozen_objects`` how many objects are frozen.
 """
 
@@ -22,6 +25,10 @@ import time
 from typing import Any
 
 from gpufed.hub.components.metrics import HubMetrics
+
+
+#: One full collection in this many unfreezes the heap first (see the module docstring).
+UNFREEZE_EVERY = 16
 
 
 class HeapPolicy:
@@ -55,7 +62,10 @@ class HeapPolicy:
         took = time.process_time() - self._started
         self.full_collections += 1
         self.full_seconds += took
-        gc.freeze()
+        if self.full_collections % UNFREEZE_EVERY == 0:
+            gc.unfreeze()  # the next full collection walks everything and frees frozen cycles
+        else:
+            gc.freeze()
         if self._metrics is not None:
             self._metrics.gc_full_seconds.observe(took)
         self._frozen()

@@ -50,3 +50,29 @@ def test_a_young_collection_freezes_nothing() -> None:
     finally:
         heap.uninstall()
         gc.unfreeze()
+
+
+def test_frozen_cyclic_garbage_is_freed_within_unfreeze_every_full_collections() -> None:
+    import weakref
+
+    from gpufed.hub.edge import heap as heap_module
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self  # a reference cycle
+
+    heap = HeapPolicy()
+    try:
+        heap.install()
+        cyclic = Node()
+        gone = weakref.ref(cyclic)
+        gc.collect()  # it survives (still referenced) and is frozen
+        del cyclic  # garbage now, but a frozen cycle: reference counting cannot free it
+        gc.collect()
+        assert gone() is not None, "frozen: the cycle outlives a full collection"
+        for _ in range(heap_module.UNFREEZE_EVERY + 1):
+            gc.collect()
+        assert gone() is None, "freed after an unfreeze"
+    finally:
+        heap.uninstall()
+        gc.unfreeze()
