@@ -26,7 +26,6 @@ from typing import Any
 
 from gpufed.hub.components.metrics import HubMetrics
 
-
 #: One full collection in this many unfreezes the heap first (see the module docstring).
 UNFREEZE_EVERY = 16
 
