@@ -20,8 +20,9 @@ member's nodes are Ready and before the agents connect (they discover served kin
 * webhooks (JobSet's, the training-operator's PyTorchJob validator) with ``url:
   https://127.0.0.1:<port><path>`` client configurations and the sandbox's own CA; KubeRay's
   webhook is off by default upstream (``ENABLE_WEBHOOKS``) and stays off;
-* certificates: one CA and serving certificate per operator per sandbox, written to the
-  process's webhook certificate directory; the training-operator's built-in rotator
+* certificates (:mod:`gpufed.sandbox.webhookcerts`, shared with Kueue): one CA and serving
+  certificate per operator per sandbox, written to the process's webhook certificate
+  directory; the training-operator's built-in rotator
   (open-policy-agent/cert-controller) gets its Secret seeded with them so it keeps them;
 * the manager, run with the member's admin kubeconfig, leader election off, every port on
   127.0.0.1 and picked free; component ``<operator>/<member>``, log
@@ -45,11 +46,13 @@ from urllib3.exceptions import HTTPError
 
 from gpufed.api.fleet import KNOWN_OPERATORS, FleetSpec
 from gpufed.sandbox import kueue_config as kc
+from gpufed.sandbox import webhookcerts as wc
 from gpufed.sandbox.binaries import BinariesError
 from gpufed.sandbox.gotool import PinnedTool, check_build_info
 from gpufed.sandbox.kube import CORE_PATHS, kube_request, server_side_apply
 from gpufed.sandbox.state import SandboxError, SandboxInfo
 from gpufed.sandbox.supervisor import ComponentSpec, Probe, Supervisor
+from gpufed.sandbox.webhookcerts import WebhookCerts
 
 Progress = Callable[[str], None]
 
@@ -309,13 +312,7 @@ def webhook_configurations(
             resources = {r for rule in hook.get("rules") or [] for r in rule.get("resources", [])}
             if not resources or not resources <= op.webhook_resources:
                 continue
-            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path")
-            if not path:
-                raise ValueError(
-                    f"{op.webhooks}: webhook {hook.get('name')!r} has no "
-                    "clientConfig.service.path; the upstream manifest changed shape"
-                )
-            hooks.append({**hook, "clientConfig": {"url": base_url + path, "caBundle": ca_bundle}})
+            hooks.append(wc.url_webhook(hook, base_url, ca_bundle, source=op.webhooks))
         out.append(
             {
                 "apiVersion": "admissionregistration.k8s.io/v1",
@@ -362,25 +359,27 @@ def crds(op: Operator, module: Path) -> list[dict[str, Any]]:
 
 
 def objects(
-    op: Operator, module: Path, ports: OperatorPorts, certs: kc.KueueCerts
+    op: Operator, module: Path, ports: OperatorPorts, certs: WebhookCerts
 ) -> list[dict[str, Any]]:
     """What ``op`` needs in a member before its process starts, in apply order: its namespace,
     the seeded rotator Secret (if any), its CRDs and its webhook configurations."""
     out: list[dict[str, Any]] = [kc.namespace(op.namespace)]
     if op.certs.secret is not None:
         ns, name = op.certs.secret
-        out.append(kc.webhook_secret(certs, name=name, namespace=ns))
+        out.append(wc.webhook_secret(certs, name=name, namespace=ns))
     out += crds(op, module)
     base = f"https://127.0.0.1:{ports.webhook}"
     out += webhook_configurations(op, module, base, certs.ca_bundle)
     return out
 
 
-def create_certs(op: Operator) -> kc.KueueCerts:
+def create_certs(op: Operator) -> WebhookCerts:
     """A CA and serving certificate for ``op``'s webhook (``127.0.0.1`` and the names its
     rotator checks)."""
     c = op.certs
-    return kc.create_kueue_certs(ca_name=c.ca_name, organization=c.organization, service=c.service)
+    return wc.create_webhook_certs(
+        ca_name=c.ca_name, organization=c.organization, service=c.service
+    )
 
 
 def jobset_configuration(ports: OperatorPorts, cert_dir: Path) -> dict[str, Any]:
@@ -441,16 +440,16 @@ def component(
     )
 
 
-def write_files(op: Operator, workdir: Path, ports: OperatorPorts, certs: kc.KueueCerts) -> None:
+def write_files(op: Operator, workdir: Path, ports: OperatorPorts, certs: WebhookCerts) -> None:
     """The files :func:`component` names: the webhook certificates where the process reads
     them and JobSet's configuration."""
     workdir.mkdir(parents=True, exist_ok=True)
     if op.name == "jobset":
-        kc.write_cert_dir(certs, workdir / "certs")
+        wc.write_cert_dir(certs, workdir / "certs")
         config = jobset_configuration(ports, workdir / "certs")
         (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     elif op.name == "training-operator":
-        kc.write_cert_dir(certs, workdir / "tmp" / "k8s-webhook-server" / "serving-certs")
+        wc.write_cert_dir(certs, workdir / "tmp" / "k8s-webhook-server" / "serving-certs")
         # Its rotator waits for a file at this fixed path (where a pod mounts the Secret)
         # before it lets the controllers start; the webhook server reads $TMPDIR's copy.
         marker = ROTATOR_CERT_FILE
