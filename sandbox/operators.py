@@ -17,6 +17,9 @@ pod needs is rendered here (pure: :func:`objects`, :func:`component`) and applie
 member's nodes are Ready and before the agents connect (they discover served kinds then):
 
 * CRDs as shipped (server-side applied), waited for until Established;
+* the same CRDs, and nothing else, in the hub cluster: a workload of those kinds applied there
+  with ``managedBy: gpufed.io/hub`` is federated by the hub (docs/hub.md "Plain workloads on
+  the hub"), never run there;
 * webhooks (JobSet's, the training-operator's PyTorchJob validator) with ``url:
   https://127.0.0.1:<port><path>`` client configurations and the sandbox's own CA; KubeRay's
   webhook is off by default upstream (``ENABLE_WEBHOOKS``) and stays off;
@@ -44,7 +47,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from gpufed.api.fleet import KNOWN_OPERATORS, FleetSpec
+from gpufed.api.fleet import HUB_CLUSTER_NAME, KNOWN_OPERATORS, FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox import webhookcerts as wc
 from gpufed.sandbox.binaries import BinariesError
@@ -524,7 +527,9 @@ def start_operators(
 ) -> list[str]:
     """Run every operator ``fleet`` enables: per member write its files under
     ``<state>/operators/<operator>/<member>/``, install its objects (:func:`objects`, CRDs
-    waited for until Established), register its process, then start them all and return once
+    waited for until Established), register its process; install its CRDs (only) in the hub
+    cluster, whose hub federates workloads of those kinds applied there with ``managedBy:
+    gpufed.io/hub``; then start the processes and return once
     each answers ``/readyz``. Returns the component names. ``ports`` holds every
     :func:`port_names` key. :class:`SandboxError` when a binary is not built (naming `gpufed
     local build`) or the module's YAML cannot be read."""
@@ -546,6 +551,11 @@ def start_operators(
             kubeconfig = info.clusters[c.name].kubeconfig
             supervisor.register(component(op, c.name, binary, kubeconfig, p, workdir))
             started.append(op.component(c.name))
+        if HUB_CLUSTER_NAME in info.clusters:
+            # the hub cluster serves the kinds too (CRDs only: no process, no webhook), so a
+            # workload of that kind applied there with managedBy gpufed.io/hub is federated
+            # (docs/hub.md "Plain workloads on the hub")
+            apply_objects(info.api_client(HUB_CLUSTER_NAME), crds(op, module), timeout_s)
     if started:
         supervisor.start_many(started, timeout=timeout_s)
     return started

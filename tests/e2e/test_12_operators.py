@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from gpufed.api.labels import GPU_PRODUCT_LABEL, SIM_DURATION_ANNOTATION
+from gpufed.api.labels import ATTEMPT_ANNOTATION, GPU_PRODUCT_LABEL, SIM_DURATION_ANNOTATION
 from tests.e2e.harness import (
     DRILL_NS,
     E2E,
@@ -288,15 +288,23 @@ def _running_condition(hub: Any, name: str, timeout_s: float = 60) -> dict[str, 
 def _check_pods_made_by_the_operator_where_placed(
     e2e: E2E, st: dict[str, Any], uid: str, kind: Kind, gang: int
 ) -> list[Any]:
-    """Every pod of the job is in the placed member, on a node the hub chose, made by the
-    operator (owned by ``kind.pod_owner``, never by gpufed directly); returns them."""
+    """Every pod of the job's current copy (the attempt ``st`` shows) is in the placed member,
+    on a node the hub chose, made by the operator (owned by ``kind.pod_owner``, never by gpufed
+    directly); returns them. A previous copy's pods on a deleted node still read Running (no
+    kubelet there) until the member's pod GC removes them: they are left out by attempt."""
     count = gang + kind.extra_pods
     member = e2e.members[st["cluster"]]
-    pods = wait_until(
-        lambda: p if len(p := member.pods_of(uid, running=True)) == count else None,
-        f"{count} pods running",
-        60,
-    )
+    attempt = str(st.get("attempt", 1))
+
+    def current() -> list[Any] | None:
+        pods = [
+            p
+            for p in member.pods_of(uid, running=True)
+            if (p.metadata.annotations or {}).get(ATTEMPT_ANNOTATION) == attempt
+        ]
+        return pods if len(pods) == count else None
+
+    pods = wait_until(current, f"{count} pods of attempt {attempt} running", 60)
     for other, m in e2e.members.items():
         if other != st["cluster"]:
             assert m.pods_of(uid) == [], f"pods of one gang in two members ({other})"
@@ -338,7 +346,7 @@ def _check_what_the_operator_made(member: Member, kind: Kind, name: str, pods: l
 @by_kind
 def test_a_workload_runs_under_its_operator_and_its_status_comes_back(e2e: E2E, kind: Kind) -> None:
     hub = e2e.hub
-    name = unique(kind.id[:3])
+    name = unique(kind.id)
     submitted = time.monotonic()
     placement = {"gpuProducts": [kind.product]}
     uid = hub.submit(name, kind.template(2, run_for="10s"), placement=placement)["metadata"]["uid"]
@@ -378,7 +386,7 @@ def test_a_workload_runs_under_its_operator_and_its_status_comes_back(e2e: E2E, 
 @by_kind
 def test_deleting_the_gpujob_leaves_none_of_the_operators_children(e2e: E2E, kind: Kind) -> None:
     hub = e2e.hub
-    name = unique(f"{kind.id[:3]}-del")
+    name = unique(f"{kind.id}-del")
     placement = {"gpuProducts": [kind.product]}
     uid = hub.submit(name, kind.template(2), placement=placement)["metadata"]["uid"]
     st = _running_condition(hub, name) if kind.done is None else hub.wait_phase(name, "Running")
@@ -423,7 +431,7 @@ def test_a_preempted_workload_and_all_its_operator_made_are_gone_before_the_pree
         for n in member.core.list_node().items
         if (n.metadata.labels or {}).get(GPU_PRODUCT_LABEL) == kind.product
     )
-    name = unique(f"{kind.id[:3]}-low")
+    name = unique(f"{kind.id}-low")
     product = {"gpuProducts": [kind.product], "topology": {"nvlink": "None"}}
     uid = hub.submit(name, kind.template(2), placement={**product, "priorityClassName": "e2e-low"})[
         "metadata"
@@ -479,7 +487,7 @@ def test_a_workload_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
     restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
 ) -> None:
     hub = e2e.hub
-    name = unique(f"{kind.id[:3]}-node")
+    name = unique(f"{kind.id}-node")
     uid = hub.submit(
         name,
         kind.template(2, run_for="20s"),
