@@ -249,3 +249,41 @@ def test_a_jobset_applied_to_the_hub_runs_under_the_members_jobset_operator_and_
 
     wait_until(lambda: not member_left(), "the member's JobSet and its Jobs gone", 60)
     wait_until(lambda: not member.pods_of(uid), "the member's pods gone", 60)
+
+
+# --- PyTorchJob and RayJob: their operators' CRDs leave no room for gpufed.io/hub ----------------
+
+
+def test_a_pytorchjob_or_rayjob_cannot_be_handed_to_the_hub_by_managed_by(e2e: E2E) -> None:
+    """With the operators' real CRDs in the hub cluster: KubeRay v1.5.0 refuses a RayJob whose
+    ``spec.managedBy`` is ``gpufed.io/hub`` (its CEL rule allows only its own name and
+    MultiKueue's), and training-operator v1.8.1's PyTorchJob has no ``runPolicy.managedBy``:
+    the API server drops it, so the hub makes no GPUJob for it (docs/hub.md, "Plain workloads
+    on the hub": submit those wrapped in a GPUJob)."""
+    name = unique("plain-ray")
+    ray = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": DRILL_NS},
+        "spec": {"managedBy": MANAGED_BY, "entrypoint": "python -c 'pass'"},
+    }
+    refused = _kubectl(e2e, "apply", "-f", "-", stdin=yaml.safe_dump(ray))
+    assert refused.returncode != 0
+    assert "managedBy field value must be either 'ray.io/kuberay-operator'" in refused.stderr
+
+    name = unique("plain-ptj")
+    worker = {"replicas": 1, "template": batch_job(8)["spec"]["template"]}
+    ptj = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": DRILL_NS},
+        "spec": {"runPolicy": {"managedBy": MANAGED_BY}, "pytorchReplicaSpecs": {"Master": worker}},
+    }
+    applied = _kubectl(e2e, "apply", "-f", "-", stdin=yaml.safe_dump(ptj))
+    assert applied.returncode == 0, applied.stderr
+    try:
+        got = _kubectl(e2e, "get", "pytorchjob", "-n", DRILL_NS, name, "-o", "json")
+        assert "managedBy" not in json.loads(got.stdout)["spec"].get("runPolicy", {})
+        assert not [j["metadata"]["name"] for j in e2e.hub.jobs() if name in j["metadata"]["name"]]
+    finally:
+        _kubectl(e2e, "delete", "pytorchjob", "-n", DRILL_NS, name, "--wait=false")
