@@ -260,6 +260,16 @@ def _objects(member: Member, kind: Kind, name: str) -> list[Obj]:
     return [o for o in found if o.name == name or o.name.startswith(f"{name}-")]
 
 
+def _pod_phases(member: Member, name: str) -> list[str]:
+    """``name-…`` pods as ``pod@node:phase[:Terminating]``."""
+    return sorted(
+        f"{p.metadata.name}@{p.spec.node_name}:{p.status.phase}"
+        + (":Terminating" if p.metadata.deletion_timestamp else "")
+        for p in member.core.list_namespaced_pod(DRILL_NS).items
+        if p.metadata.name.startswith(f"{name}-")
+    )
+
+
 def _summary(objs: list[Obj]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for o in objs:
@@ -514,12 +524,15 @@ def test_a_workload_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
     # batch/v1 Job (test_9_failures.py).
     old = {old_uid}
     overlaps: list[str] = []
+    seen: list[str] = []  # the member when the new copy first showed (printed)
 
     def new_copy_running() -> dict[str, Any] | None:
         objs = _objects(member, kind, name)
         for _ in range(4):  # RayJob -> RayCluster -> pod, JobSet -> Job -> pod: 2 levels
             old.update(o.uid for o in objs if old.intersection(o.owners))
         new = [o for o in objs if o.kind == kind.id and o.uid not in old]
+        if new and not seen:
+            seen.append(f"{_summary(objs)}; pods {_pod_phases(member, name)}")
         if new:
             overlaps.extend(
                 f"{o} of the old copy beside the new one"
@@ -534,6 +547,7 @@ def test_a_workload_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
         return s if running and new else None
 
     st = wait_until(new_copy_running, f"the {kind.id} running again", 120)
+    print(f"{kind.id} re-run: deleted {node}; member when the new copy showed: {seen}")
     assert not overlaps, overlaps
     assert node not in _placed(st)
     assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
