@@ -17,9 +17,9 @@ pod needs is rendered here (pure: :func:`objects`, :func:`component`) and applie
 member's nodes are Ready and before the agents connect (they discover served kinds then):
 
 * CRDs as shipped (server-side applied), waited for until Established;
-* the same CRDs, and nothing else, in the hub cluster: a workload of those kinds applied there
-  with ``managedBy: gpufed.io/hub`` is federated by the hub (docs/hub.md "Plain workloads on
-  the hub"), never run there;
+* JobSet's CRD (``Operator.on_hub``), and nothing else, in the hub cluster too: a JobSet applied
+  there with ``managedBy: gpufed.io/hub`` is federated by the hub (docs/hub.md "Plain workloads
+  on the hub"), never run there;
 * webhooks (JobSet's, the training-operator's PyTorchJob validator) with ``url:
   https://127.0.0.1:<port><path>`` client configurations and the sandbox's own CA; KubeRay's
   webhook is off by default upstream (``ENABLE_WEBHOOKS``) and stays off;
@@ -126,6 +126,9 @@ class Operator:
     webhook_patches: tuple[str, ...] = ()
     webhook_resources: frozenset[str] = frozenset()
     webhook_names: Mapping[str, str] = field(default_factory=dict)
+    #: its CRDs are installed in the hub cluster too: the hub federates its kind when applied
+    #: there with ``managedBy: gpufed.io/hub`` (only JobSet: docs/hub.md says why not the others)
+    on_hub: bool = False
 
     def component(self, member: str) -> str:
         """Supervisor component name, ``<operator>/<member>``."""
@@ -156,6 +159,7 @@ JOBSET = Operator(
     ),
     crds=("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",),
     kinds=("JobSet.jobset.x-k8s.io",),
+    on_hub=True,
     namespace="jobset-system",
     certs=CertNames("jobset-ca", "jobset", "jobset-webhook-service.jobset-system.svc"),
     webhooks="config/components/webhook/manifests.yaml",
@@ -528,8 +532,8 @@ def start_operators(
     """Run every operator ``fleet`` enables: per member write its files under
     ``<state>/operators/<operator>/<member>/``, install its objects (:func:`objects`, CRDs
     waited for until Established), register its process; install its CRDs (only) in the hub
-    cluster, whose hub federates workloads of those kinds applied there with ``managedBy:
-    gpufed.io/hub``; then start the processes and return once
+    cluster when ``op.on_hub`` (the hub federates that kind applied there with ``managedBy:
+    gpufed.io/hub``); then start the processes and return once
     each answers ``/readyz``. Returns the component names. ``ports`` holds every
     :func:`port_names` key. :class:`SandboxError` when a binary is not built (naming `gpufed
     local build`) or the module's YAML cannot be read."""
@@ -551,10 +555,11 @@ def start_operators(
             kubeconfig = info.clusters[c.name].kubeconfig
             supervisor.register(component(op, c.name, binary, kubeconfig, p, workdir))
             started.append(op.component(c.name))
-        if HUB_CLUSTER_NAME in info.clusters:
-            # the hub cluster serves the kinds too (CRDs only: no process, no webhook), so a
+        if op.on_hub and HUB_CLUSTER_NAME in info.clusters:
+            # the hub cluster serves the kind too (CRDs only: no process, no webhook), so a
             # workload of that kind applied there with managedBy gpufed.io/hub is federated
-            # (docs/hub.md "Plain workloads on the hub")
+            # (docs/hub.md "Plain workloads on the hub"); only kinds the hub can accept: each
+            # CRD costs the hub API server an OpenAPI build (KubeRay's ~1 min at load 8)
             apply_objects(info.api_client(HUB_CLUSTER_NAME), crds(op, module), timeout_s)
     if started:
         supervisor.start_many(started, timeout=timeout_s)

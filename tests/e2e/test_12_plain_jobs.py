@@ -22,9 +22,12 @@ from typer.testing import CliRunner
 
 from gpufed.api.labels import GROUP, MANAGED_BY, QUEUE_LABEL, VERSION
 from gpufed.cli.main import app
+from gpufed.sandbox.operators import apply_objects, crds, operator
 from tests.e2e.harness import DRILL_NS, E2E, H100, batch_job, unique, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+# 420 s: the first test also waits for the session sandbox when the file runs alone (with the
+# example fleet's three operators, minutes on a loaded 2-core machine)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
 def _kubectl(e2e: E2E, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -255,11 +258,22 @@ def test_a_jobset_applied_to_the_hub_runs_under_the_members_jobset_operator_and_
 
 
 def test_a_pytorchjob_or_rayjob_cannot_be_handed_to_the_hub_by_managed_by(e2e: E2E) -> None:
-    """With the operators' real CRDs in the hub cluster: KubeRay v1.5.0 refuses a RayJob whose
+    """With the operators' real CRDs applied to the hub cluster here (the sandbox installs only
+    JobSet's there, the kind the hub can accept): KubeRay v1.5.0 refuses a RayJob whose
     ``spec.managedBy`` is ``gpufed.io/hub`` (its CEL rule allows only its own name and
     MultiKueue's), and training-operator v1.8.1's PyTorchJob has no ``runPolicy.managedBy``:
     the API server drops it, so the hub makes no GPUJob for it (docs/hub.md, "Plain workloads
     on the hub": submit those wrapped in a GPUJob)."""
+    wanted = {"PyTorchJob", "RayJob"}
+    hub_crds = [
+        crd
+        for op in (operator("training-operator"), operator("kuberay"))
+        for crd in crds(op, op.tool.module_dir())
+        if crd["spec"]["names"]["kind"] in wanted
+    ]
+    assert {c["spec"]["names"]["kind"] for c in hub_crds} == wanted
+    apply_objects(e2e.hub.api, hub_crds, timeout_s=300)
+
     name = unique("plain-ray")
     ray = {
         "apiVersion": "ray.io/v1",
