@@ -15,17 +15,19 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from gpufed.sandbox import webhookcerts as wc
 
 
-def test_the_serving_certificate_is_signed_by_its_ca_and_names_the_service_and_127_0_0_1() -> None:
-    certs = wc.create_webhook_certs(ca_name="x-ca", organization="x", service="x.ns.svc")
+def check_issued(certs: wc.WebhookCerts, *, ca_name: str, organization: str, service: str) -> None:
+    """What cert-controller's rotator and the API servers check of seeded certificates: the CA
+    named ``ca_name`` (CN, DNS SAN) of ``organization``, the serving certificate signed by it,
+    valid now, for ``service``, ``localhost`` and ``127.0.0.1``; PKCS#1 RSA keys (the rotator
+    parses them with x509.ParsePKCS1PrivateKey). Shared by the Kueue and operator tests."""
     ca = x509.load_pem_x509_certificate(certs.ca_crt)
     leaf = x509.load_pem_x509_certificate(certs.tls_crt)
-    # what cert-controller's rotator checks of the CA: its name, organization and DNS SAN
-    assert ca.subject.rfc4514_string() == "CN=x-ca,O=x"
+    assert ca.subject.rfc4514_string() == f"CN={ca_name},O={organization}"
     ca_sans = ca.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert ca_sans.get_values_for_type(x509.DNSName) == ["x-ca"]
+    assert ca_sans.get_values_for_type(x509.DNSName) == [ca_name]
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sorted(sans.get_values_for_type(x509.DNSName)) == ["localhost", "x.ns.svc"]
+    assert sorted(sans.get_values_for_type(x509.DNSName)) == sorted(["localhost", service])
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
     assert leaf.issuer == ca.subject
     ca_pub = ca.public_key()
@@ -39,9 +41,14 @@ def test_the_serving_certificate_is_signed_by_its_ca_and_names_the_service_and_1
     )
     now = dt.datetime.now(dt.UTC)
     assert leaf.not_valid_before_utc < now < leaf.not_valid_after_utc
-    # PKCS#1 ("RSA PRIVATE KEY"): what the rotator's x509.ParsePKCS1PrivateKey reads
-    assert certs.ca_key.startswith(b"-----BEGIN RSA PRIVATE KEY-----")
-    assert isinstance(load_pem_private_key(certs.tls_key, None), rsa.RSAPrivateKey)
+    for key in (certs.ca_key, certs.tls_key):
+        assert key.startswith(b"-----BEGIN RSA PRIVATE KEY-----")
+        assert isinstance(load_pem_private_key(key, None), rsa.RSAPrivateKey)
+
+
+def test_the_serving_certificate_is_signed_by_its_ca_and_names_the_service_and_127_0_0_1() -> None:
+    certs = wc.create_webhook_certs(ca_name="x-ca", organization="x", service="x.ns.svc")
+    check_issued(certs, ca_name="x-ca", organization="x", service="x.ns.svc")
 
 
 def test_a_webhook_service_becomes_a_url_and_a_missing_path_is_named() -> None:
