@@ -559,7 +559,7 @@ def start_operators(
             # the hub cluster serves the kind too (CRDs only: no process, no webhook), so a
             # workload of that kind applied there with managedBy gpufed.io/hub is federated
             # (docs/hub.md "Plain workloads on the hub"); only kinds the hub can accept: each
-            # CRD costs the hub API server an OpenAPI build (KubeRay's ~1 min at load 8)
+            # CRD costs the hub API server an OpenAPI build (KubeRay's three are the largest)
             apply_objects(info.api_client(HUB_CLUSTER_NAME), crds(op, module), timeout_s)
     if started:
         supervisor.start_many(started, timeout=timeout_s)
