@@ -88,7 +88,7 @@ KINDS: dict[str, ManagedKind] = {
 UNMANAGEABLE: dict[str, str] = {
     "PyTorchJob": (
         "training-operator v1.8.1's PyTorchJob has no spec.runPolicy.managedBy (the API server "
-        "drops the field; v1.9 adds it, limited to its own name and Kueue's MultiKueue)"
+        "refuses or drops the field; v1.9 adds it, limited to its own name and MultiKueue's)"
     ),
     "RayJob": (
         "KubeRay v1.5.0's RayJob CRD allows spec.managedBy only 'ray.io/kuberay-operator' or "

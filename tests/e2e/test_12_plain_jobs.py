@@ -262,7 +262,8 @@ def test_a_pytorchjob_or_rayjob_cannot_be_handed_to_the_hub_by_managed_by(e2e: E
     JobSet's there, the kind the hub can accept): KubeRay v1.5.0 refuses a RayJob whose
     ``spec.managedBy`` is ``gpufed.io/hub`` (its CEL rule allows only its own name and
     MultiKueue's), and training-operator v1.8.1's PyTorchJob has no ``runPolicy.managedBy``:
-    the API server drops it, so the hub makes no GPUJob for it (docs/hub.md, "Plain workloads
+    refused under kubectl's strict field validation, dropped without it, so the hub makes no
+    GPUJob for it (docs/hub.md, "Plain workloads
     on the hub": submit those wrapped in a GPUJob)."""
     wanted = {"PyTorchJob", "RayJob"}
     hub_crds = [
@@ -293,7 +294,11 @@ def test_a_pytorchjob_or_rayjob_cannot_be_handed_to_the_hub_by_managed_by(e2e: E
         "metadata": {"name": name, "namespace": DRILL_NS},
         "spec": {"runPolicy": {"managedBy": MANAGED_BY}, "pytorchReplicaSpecs": {"Master": worker}},
     }
-    applied = _kubectl(e2e, "apply", "-f", "-", stdin=yaml.safe_dump(ptj))
+    # kubectl asks for strict field validation: refused; without it the field is dropped
+    strict = _kubectl(e2e, "apply", "-f", "-", stdin=yaml.safe_dump(ptj))
+    assert strict.returncode != 0
+    assert 'unknown field "spec.runPolicy.managedBy"' in strict.stderr
+    applied = _kubectl(e2e, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(ptj))
     assert applied.returncode == 0, applied.stderr
     try:
         got = _kubectl(e2e, "get", "pytorchjob", "-n", DRILL_NS, name, "-o", "json")
