@@ -12,7 +12,8 @@ keeps internal certificate management *on* (Kueue's default install) and seeds t
 manages (``kueue-system/kueue-webhook-server-cert``) with a CA and serving certificate of its
 own. Kueue's rotator (open-policy-agent/cert-controller) keeps a Secret whose CA verifies as
 ``kueue-ca`` and whose serving certificate verifies as ``kueue-webhook-service.kueue-system.svc``
-under that CA, so :func:`create_kueue_certs` issues exactly that, plus the SAN ``127.0.0.1`` the
+under that CA, so :func:`create_kueue_certs` issues exactly that (through
+:mod:`gpufed.sandbox.webhookcerts`, shared with the workload operators), plus the SAN ``127.0.0.1`` the
 API servers dial. The same files go into the webhook ``certDir`` (where a pod would mount the
 Secret).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpufed.api.fleet import ClusterSpec, node_specs
 from gpufed.api.resources import parse_quantity
+from gpufed.sandbox import webhookcerts as wc
+from gpufed.sandbox.webhookcerts import WebhookCerts, create_webhook_certs, write_cert_dir
+
+__all__ = ["WebhookCerts", "create_kueue_certs", "webhook_secret", "write_cert_dir"]
 
 KUEUE_NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
@@ -80,21 +80,6 @@ class KueuePorts:
 
     def webhook_url(self) -> str:
         return f"https://127.0.0.1:{self.webhook}"
-
-
-@dataclass(frozen=True)
-class KueueCerts:
-    """PEM bytes of the Kueue CA (``kueue-ca``) and the webhook serving certificate."""
-
-    ca_crt: bytes
-    ca_key: bytes
-    tls_crt: bytes
-    tls_key: bytes
-
-    @property
-    def ca_bundle(self) -> str:
-        """``caBundle`` value (base64 of the CA PEM)."""
-        return base64.b64encode(self.ca_crt).decode()
 
 
 # --- configuration ---------------------------------------------------------------------------
@@ -164,119 +149,24 @@ def configuration(
 # --- certificates ----------------------------------------------------------------------------
 
 
-def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
-    # PKCS#1 RSA: the rotator parses the CA key with x509.ParsePKCS1PrivateKey.
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
+def create_kueue_certs(*, now: dt.datetime | None = None, days: int = 3650) -> WebhookCerts:
+    """A CA ``kueue-ca`` (organization ``kueue``) and a serving certificate for
+    ``kueue-webhook-service.kueue-system.svc``, ``127.0.0.1`` and ``localhost``: what Kueue's
+    rotator accepts (:func:`gpufed.sandbox.webhookcerts.create_webhook_certs`); one set serves
+    every Kueue of a sandbox (all listen on 127.0.0.1)."""
+    return create_webhook_certs(
+        ca_name="kueue-ca",
+        organization="kueue",
+        service=f"{WEBHOOK_SERVICE}.{KUEUE_NAMESPACE}.svc",
+        now=now,
+        days=days,
     )
 
 
-def create_kueue_certs(
-    *,
-    now: dt.datetime | None = None,
-    days: int = 3650,
-    ca_name: str = "kueue-ca",
-    organization: str = "kueue",
-    service: str = f"{WEBHOOK_SERVICE}.{KUEUE_NAMESPACE}.svc",
-) -> KueueCerts:
-    """A CA (CN and DNS SAN ``ca_name``, organization ``organization``) and a serving
-    certificate for ``service``, ``127.0.0.1`` and ``localhost``, valid ``days`` days from
-    ``now`` (default: now, less 5 minutes of clock skew). The defaults are what Kueue's rotator
-    accepts; one set serves every Kueue of a sandbox (all listen on 127.0.0.1). The workload
-    operators' webhooks (:mod:`gpufed.sandbox.operators`) pass their own rotator's names."""
-    start = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(minutes=5)
-    end = start + dt.timedelta(days=days)
-    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca_subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
-            x509.NameAttribute(NameOID.COMMON_NAME, ca_name),
-        ]
-    )
-    usage = {
-        "content_commitment": False,
-        "key_encipherment": False,
-        "data_encipherment": False,
-        "key_agreement": False,
-        "encipher_only": False,
-        "decipher_only": False,
-    }
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_subject)
-        .issuer_name(ca_subject)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, **usage),
-            critical=True,
-        )
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    sans: list[x509.GeneralName] = [
-        x509.DNSName(service),
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-    ]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service)]))
-        .issuer_name(ca_subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, **usage),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return KueueCerts(
-        ca_crt=ca.public_bytes(pem),
-        ca_key=_pem_key(ca_key),
-        tls_crt=cert.public_bytes(pem),
-        tls_key=_pem_key(key),
-    )
-
-
-def write_cert_dir(certs: KueueCerts, cert_dir: Path) -> None:
-    """``tls.crt`` (0644) and ``tls.key`` (0600) in ``cert_dir``, as a pod would mount them."""
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "tls.crt").write_bytes(certs.tls_crt)
-    key = cert_dir / "tls.key"
-    key.write_bytes(certs.tls_key)
-    key.chmod(0o600)
-
-
-def webhook_secret(
-    certs: KueueCerts, *, name: str = WEBHOOK_SECRET, namespace: str = KUEUE_NAMESPACE
-) -> dict[str, Any]:
-    """The Secret a certificate rotator (open-policy-agent/cert-controller) manages, seeded
-    (keys ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key``); by default Kueue's."""
-    data = {
-        "ca.crt": certs.ca_crt,
-        "ca.key": certs.ca_key,
-        "tls.crt": certs.tls_crt,
-        "tls.key": certs.tls_key,
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
-        "type": "Opaque",
-        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-    }
+def webhook_secret(certs: WebhookCerts) -> dict[str, Any]:
+    """Kueue's rotator's Secret (``kueue-system/kueue-webhook-server-cert``) seeded with
+    ``certs``."""
+    return wc.webhook_secret(certs, name=WEBHOOK_SECRET, namespace=KUEUE_NAMESPACE)
 
 
 # --- webhooks and CRDs -----------------------------------------------------------------------
@@ -310,13 +200,7 @@ def webhook_configurations(
             hook_groups = _rules_groups(hook)
             if not hook_groups or not hook_groups <= keep:
                 continue
-            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path")
-            if not path:
-                raise ValueError(
-                    f"webhook {hook.get('name')!r} has no clientConfig.service.path; the "
-                    "upstream webhook manifest changed shape"
-                )
-            hooks.append({**hook, "clientConfig": {"url": base_url + path, "caBundle": ca_bundle}})
+            hooks.append(wc.url_webhook(hook, base_url, ca_bundle, source="kueue webhooks"))
         out.append(
             {
                 "apiVersion": "admissionregistration.k8s.io/v1",

@@ -237,7 +237,7 @@ def _component(
     cluster: str,
     binary: Path,
     ports: kc.KueuePorts,
-    certs: kc.KueueCerts,
+    certs: kc.WebhookCerts,
     opts: MultiKueueOptions,
 ) -> ComponentSpec:
     d = _cluster_dir(info, cluster)
@@ -264,7 +264,7 @@ def _install_cluster(
     api: k8s.ApiClient,
     cluster: str,
     ports: kc.KueuePorts,
-    certs: kc.KueueCerts,
+    certs: kc.WebhookCerts,
     crd_texts: list[str],
     manifests: str,
 ) -> None:

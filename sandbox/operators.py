@@ -17,11 +17,15 @@ pod needs is rendered here (pure: :func:`objects`, :func:`component`) and applie
 member's nodes are Ready and before the agents connect (they discover served kinds then):
 
 * CRDs as shipped (server-side applied), waited for until Established;
+* JobSet's CRD (``Operator.on_hub``), and nothing else, in the hub cluster too: a JobSet applied
+  there with ``managedBy: gpufed.io/hub`` is federated by the hub (docs/hub.md "Plain workloads
+  on the hub"), never run there;
 * webhooks (JobSet's, the training-operator's PyTorchJob validator) with ``url:
   https://127.0.0.1:<port><path>`` client configurations and the sandbox's own CA; KubeRay's
   webhook is off by default upstream (``ENABLE_WEBHOOKS``) and stays off;
-* certificates: one CA and serving certificate per operator per sandbox, written to the
-  process's webhook certificate directory; the training-operator's built-in rotator
+* certificates (:mod:`gpufed.sandbox.webhookcerts`, shared with Kueue): one CA and serving
+  certificate per operator per sandbox, written to the process's webhook certificate
+  directory; the training-operator's built-in rotator
   (open-policy-agent/cert-controller) gets its Secret seeded with them so it keeps them;
 * the manager, run with the member's admin kubeconfig, leader election off, every port on
   127.0.0.1 and picked free; component ``<operator>/<member>``, log
@@ -43,13 +47,15 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from gpufed.api.fleet import KNOWN_OPERATORS, FleetSpec
+from gpufed.api.fleet import HUB_CLUSTER_NAME, KNOWN_OPERATORS, FleetSpec
 from gpufed.sandbox import kueue_config as kc
+from gpufed.sandbox import webhookcerts as wc
 from gpufed.sandbox.binaries import BinariesError
 from gpufed.sandbox.gotool import PinnedTool, check_build_info
 from gpufed.sandbox.kube import CORE_PATHS, kube_request, server_side_apply
 from gpufed.sandbox.state import SandboxError, SandboxInfo
 from gpufed.sandbox.supervisor import ComponentSpec, Probe, Supervisor
+from gpufed.sandbox.webhookcerts import WebhookCerts
 
 Progress = Callable[[str], None]
 
@@ -120,6 +126,9 @@ class Operator:
     webhook_patches: tuple[str, ...] = ()
     webhook_resources: frozenset[str] = frozenset()
     webhook_names: Mapping[str, str] = field(default_factory=dict)
+    #: its CRDs are installed in the hub cluster too: the hub federates its kind when applied
+    #: there with ``managedBy: gpufed.io/hub`` (only JobSet: docs/hub.md says why not the others)
+    on_hub: bool = False
 
     def component(self, member: str) -> str:
         """Supervisor component name, ``<operator>/<member>``."""
@@ -150,6 +159,7 @@ JOBSET = Operator(
     ),
     crds=("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",),
     kinds=("JobSet.jobset.x-k8s.io",),
+    on_hub=True,
     namespace="jobset-system",
     certs=CertNames("jobset-ca", "jobset", "jobset-webhook-service.jobset-system.svc"),
     webhooks="config/components/webhook/manifests.yaml",
@@ -309,13 +319,7 @@ def webhook_configurations(
             resources = {r for rule in hook.get("rules") or [] for r in rule.get("resources", [])}
             if not resources or not resources <= op.webhook_resources:
                 continue
-            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path")
-            if not path:
-                raise ValueError(
-                    f"{op.webhooks}: webhook {hook.get('name')!r} has no "
-                    "clientConfig.service.path; the upstream manifest changed shape"
-                )
-            hooks.append({**hook, "clientConfig": {"url": base_url + path, "caBundle": ca_bundle}})
+            hooks.append(wc.url_webhook(hook, base_url, ca_bundle, source=op.webhooks))
         out.append(
             {
                 "apiVersion": "admissionregistration.k8s.io/v1",
@@ -362,25 +366,27 @@ def crds(op: Operator, module: Path) -> list[dict[str, Any]]:
 
 
 def objects(
-    op: Operator, module: Path, ports: OperatorPorts, certs: kc.KueueCerts
+    op: Operator, module: Path, ports: OperatorPorts, certs: WebhookCerts
 ) -> list[dict[str, Any]]:
     """What ``op`` needs in a member before its process starts, in apply order: its namespace,
     the seeded rotator Secret (if any), its CRDs and its webhook configurations."""
     out: list[dict[str, Any]] = [kc.namespace(op.namespace)]
     if op.certs.secret is not None:
         ns, name = op.certs.secret
-        out.append(kc.webhook_secret(certs, name=name, namespace=ns))
+        out.append(wc.webhook_secret(certs, name=name, namespace=ns))
     out += crds(op, module)
     base = f"https://127.0.0.1:{ports.webhook}"
     out += webhook_configurations(op, module, base, certs.ca_bundle)
     return out
 
 
-def create_certs(op: Operator) -> kc.KueueCerts:
+def create_certs(op: Operator) -> WebhookCerts:
     """A CA and serving certificate for ``op``'s webhook (``127.0.0.1`` and the names its
     rotator checks)."""
     c = op.certs
-    return kc.create_kueue_certs(ca_name=c.ca_name, organization=c.organization, service=c.service)
+    return wc.create_webhook_certs(
+        ca_name=c.ca_name, organization=c.organization, service=c.service
+    )
 
 
 def jobset_configuration(ports: OperatorPorts, cert_dir: Path) -> dict[str, Any]:
@@ -441,16 +447,16 @@ def component(
     )
 
 
-def write_files(op: Operator, workdir: Path, ports: OperatorPorts, certs: kc.KueueCerts) -> None:
+def write_files(op: Operator, workdir: Path, ports: OperatorPorts, certs: WebhookCerts) -> None:
     """The files :func:`component` names: the webhook certificates where the process reads
     them and JobSet's configuration."""
     workdir.mkdir(parents=True, exist_ok=True)
     if op.name == "jobset":
-        kc.write_cert_dir(certs, workdir / "certs")
+        wc.write_cert_dir(certs, workdir / "certs")
         config = jobset_configuration(ports, workdir / "certs")
         (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     elif op.name == "training-operator":
-        kc.write_cert_dir(certs, workdir / "tmp" / "k8s-webhook-server" / "serving-certs")
+        wc.write_cert_dir(certs, workdir / "tmp" / "k8s-webhook-server" / "serving-certs")
         # Its rotator waits for a file at this fixed path (where a pod mounts the Secret)
         # before it lets the controllers start; the webhook server reads $TMPDIR's copy.
         marker = ROTATOR_CERT_FILE
@@ -525,7 +531,9 @@ def start_operators(
 ) -> list[str]:
     """Run every operator ``fleet`` enables: per member write its files under
     ``<state>/operators/<operator>/<member>/``, install its objects (:func:`objects`, CRDs
-    waited for until Established), register its process, then start them all and return once
+    waited for until Established), register its process; install its CRDs (only) in the hub
+    cluster when ``op.on_hub`` (the hub federates that kind applied there with ``managedBy:
+    gpufed.io/hub``); then start the processes and return once
     each answers ``/readyz``. Returns the component names. ``ports`` holds every
     :func:`port_names` key. :class:`SandboxError` when a binary is not built (naming `gpufed
     local build`) or the module's YAML cannot be read."""
@@ -547,6 +555,12 @@ def start_operators(
             kubeconfig = info.clusters[c.name].kubeconfig
             supervisor.register(component(op, c.name, binary, kubeconfig, p, workdir))
             started.append(op.component(c.name))
+        if op.on_hub and HUB_CLUSTER_NAME in info.clusters:
+            # the hub cluster serves the kind too (CRDs only: no process, no webhook), so a
+            # workload of that kind applied there with managedBy gpufed.io/hub is federated
+            # (docs/hub.md "Plain workloads on the hub"); only kinds the hub can accept: each
+            # CRD costs the hub API server an OpenAPI build (KubeRay's three are the largest)
+            apply_objects(info.api_client(HUB_CLUSTER_NAME), crds(op, module), timeout_s)
     if started:
         supervisor.start_many(started, timeout=timeout_s)
     return started

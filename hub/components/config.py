@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufed.api.queue import MAX_PRIORITY
 from gpufed.hub.rules.managed import KINDS as MANAGED_KINDS
+from gpufed.hub.rules.managed import UNMANAGEABLE
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
 from gpufed.placement.queue import BackfillRule, QueueOrder
@@ -245,7 +246,9 @@ class HubConfig(BaseModel):
             raise ValueError("tls: give a certificate and key, or set insecure for plaintext")
         unknown = sorted(self.managed_kinds - set(MANAGED_KINDS))
         if unknown:
+            why = "; ".join(f"{k}: {UNMANAGEABLE[k]}" for k in unknown if k in UNMANAGEABLE)
             raise ValueError(
                 f"managed_kinds: {', '.join(unknown)} not among {', '.join(MANAGED_KINDS)}"
+                + (f" ({why}); submit those wrapped in a GPUJob (gpufed submit)" if why else "")
             )
         return self

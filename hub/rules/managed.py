@@ -82,11 +82,23 @@ class ManagedKind:
         return f"{self.group}/{self.version}"
 
 
-#: Kinds by name (``--managed-kinds`` values). PyTorchJob (``spec.runPolicy.managedBy``) and
-#: RayJob (``spec.managedBy``) are not among them yet: their status shapes are not mapped.
+#: Kinds by name (``--managed-kinds`` values).
 KINDS: dict[str, ManagedKind] = {
     "Job": ManagedKind("Job", "batch", "v1", "jobs", "job"),
     "JobSet": ManagedKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "jobset"),
+}
+
+#: Kinds ``gpufed submit`` wraps but the hub cannot accept with ``managedBy``, and why: their
+#: operators' own CRDs (the versions the sandbox builds) leave no room for ``gpufed.io/hub``.
+UNMANAGEABLE: dict[str, str] = {
+    "PyTorchJob": (
+        "training-operator v1.8.1's PyTorchJob has no spec.runPolicy.managedBy (the API server "
+        "refuses or drops the field; v1.9 adds it, limited to its own name and MultiKueue's)"
+    ),
+    "RayJob": (
+        "KubeRay v1.5.0's RayJob CRD allows spec.managedBy only 'ray.io/kuberay-operator' or "
+        "'kueue.x-k8s.io/multikueue' (the API server refuses 'gpufed.io/hub')"
+    ),
 }
 
 

@@ -2,38 +2,51 @@
 submitted as GPUJobs, run by the JobSet controller, the Kubeflow training-operator and KubeRay
 that the example fleet runs as sandbox processes (``clusters[].operators``).
 
-For each kind: placed, created in the member, its pods made by the operator (not by gpufed),
-all in the placed member and each on a node the hub chose; the operator's own conditions and
-the right phase mirrored on the hub; deleting the GPUJob leaves none of the operator's children
-(Jobs, pods, Services, RayClusters). A JobSet whose node is deleted is re-run, the old copy and
-everything it made gone before the new copy starts. A RayJob cannot finish here (nothing answers
-the Ray dashboard): its RayCluster's head and GPU workers run in one member and the hub shows it
-Running.
+Every test runs once per kind (:data:`KINDS`):
+
+* placed, created in the member, its pods made by the operator (not by gpufed), all in the
+  placed member and each on a node the hub chose; the operator's own conditions and the right
+  phase mirrored on the hub (a RayJob cannot finish here, nothing answers the Ray dashboard:
+  its RayCluster's head and GPU workers run in one member and the hub shows it Running);
+* deleting the GPUJob leaves none of the operator's children (Jobs, pods, Services,
+  RayClusters, the submitter Job);
+* a low-priority copy preempted by a high-priority GPUJob: the old copy and everything its
+  operator made are gone before the preemptor's first pod exists, and the victim waits in the
+  queue (Pending, ``Preempted``);
+* a copy whose node is deleted is re-run, the old copy and everything it made gone (but pods on
+  the deleted node, which no kubelet confirms) before the new copy exists.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from gpufed.api.labels import SIM_DURATION_ANNOTATION
-from tests.e2e.harness import DRILL_NS, E2E, H100, Member, unique, wait_until
+from gpufed.api.labels import ATTEMPT_ANNOTATION, GPU_PRODUCT_LABEL, SIM_DURATION_ANNOTATION
+from tests.e2e.harness import (
+    DRILL_NS,
+    E2E,
+    GB200,
+    H100,
+    Member,
+    batch_job,
+    priority_classes,
+    unique,
+    wait_until,
+)
 from tests.e2e.test_9_failures import restore_nodes  # noqa: F401 (the fixture, shared)
 
 # 420 s: run alone, the first test also waits for the session sandbox (with three operators,
 # several minutes on a loaded 2-core machine)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-#: Where the example fleet runs each operator.
-OPERATOR_MEMBER = {
-    "jobset": "us-east-hgx",
-    "training-operator": "us-east-hgx",
-    "kuberay": "eu-nvl72",
-}
-H100_ONLY = {"gpuProducts": [H100]}
+#: PriorityClasses of the preemption tests: the victim, the rest of its member, the preemptor.
+CLASSES = {"e2e-low": 100, "e2e-mid": 1_000, "e2e-high": 100_000}
 
 
 def _pod(gpus: int, run_for: str | None, name: str = "main") -> dict[str, Any]:
@@ -84,276 +97,9 @@ def pytorchjob(workers: int, gpus: int, run_for: str | None = None) -> dict[str,
     }
 
 
-def _custom(member: Member) -> Any:
-    return k8s.CustomObjectsApi(member.api)
-
-
-def _get(member: Member, group: str, version: str, plural: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = _custom(member).get_namespaced_custom_object(
-        group, version, DRILL_NS, plural, name
-    )
-    return obj
-
-
-def _children(member: Member, label: str) -> dict[str, list[str]]:
-    """Jobs, pods and Services of the drill namespace labelled ``label`` (a selector), by kind
-    (kinds with none left out)."""
-    found = {
-        "Job": member.batch.list_namespaced_job(DRILL_NS, label_selector=label).items,
-        "Pod": member.core.list_namespaced_pod(DRILL_NS, label_selector=label).items,
-        "Service": member.core.list_namespaced_service(DRILL_NS, label_selector=label).items,
-    }
-    return {k: sorted(o.metadata.name for o in v) for k, v in found.items() if v}
-
-
-def _placed(status: dict[str, Any]) -> set[str]:
-    return {n for ps in status["placement"]["podSets"] for n in ps["nodes"]}
-
-
-def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c.get("reason", "")) for c in status.get("conditions") or []}
-
-
-def _check_pods_made_by_the_operator_where_placed(
-    e2e: E2E, st: dict[str, Any], uid: str, owner_kind: str, count: int
-) -> list[Any]:
-    """Every pod of the job is in the placed member, on a node the hub chose, made by the
-    operator (owned by ``owner_kind``, never by gpufed directly); returns them."""
-    member = e2e.members[st["cluster"]]
-    pods = wait_until(
-        lambda: p if len(p := member.pods_of(uid, running=True)) == count else None,
-        f"{count} pods running",
-        60,
-    )
-    for other, m in e2e.members.items():
-        if other != st["cluster"]:
-            assert m.pods_of(uid) == [], f"pods of one gang in two members ({other})"
-    for p in pods:
-        assert p.spec.node_name in _placed(st), (p.metadata.name, p.spec.node_name, _placed(st))
-        assert [o.kind for o in p.metadata.owner_references or []] == [owner_kind]
-    return pods
-
-
-# --- JobSet --------------------------------------------------------------------------------------
-
-
-def test_a_jobset_runs_under_the_jobset_controller_and_its_status_comes_back(e2e: E2E) -> None:
-    hub = e2e.hub
-    name = unique("js")
-    submitted = time.monotonic()
-    uid = hub.submit(name, jobset(2, 8, run_for="10s"), placement=H100_ONLY)["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    running_s = time.monotonic() - submitted
-    assert st["cluster"] == OPERATOR_MEMBER["jobset"]
-    member = e2e.members[st["cluster"]]
-    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
-    # the Job the JobSet controller made, owned by the JobSet (not by gpufed)
-    (job,) = member.batch.list_namespaced_job(
-        DRILL_NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}"
-    ).items
-    assert [o.kind for o in job.metadata.owner_references] == ["JobSet"]
-    assert {p.metadata.labels["jobset.sigs.k8s.io/jobset-name"] for p in pods} == {name}
-
-    st = hub.wait_phase(name, "Succeeded", timeout_s=60)
-    # the controller's own condition, mirrored as it wrote it
-    assert _conditions(st)["Completed"] == ("True", "AllJobsCompleted")
-    own = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
-    assert own["status"]["terminalState"] == "Completed"
-    print(
-        f"jobset submit->Running {running_s:.1f}s; member objects "
-        f"{_children(member, f'jobset.sigs.k8s.io/jobset-name={name}')}; hub conditions "
-        f"{_conditions(st)}; counts {[st.get(k) for k in ('active', 'succeeded', 'failed')]}"
-    )
-
-
-def test_deleting_a_jobset_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
-    hub = e2e.hub
-    name = unique("js-del")
-    uid = hub.submit(name, jobset(2, 8), placement=H100_ONLY)["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    member = e2e.members[st["cluster"]]
-    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
-    label = f"jobset.sigs.k8s.io/jobset-name={name}"
-    assert set(_children(member, label)) >= {"Job", "Pod"}
-
-    def services() -> list[str]:
-        # its headless Service is named after the JobSet and carries no JobSet label
-        items = member.core.list_namespaced_service(DRILL_NS).items
-        return [s.metadata.name for s in items if s.metadata.name == name]
-
-    assert services() == [name]
-
-    hub.delete(name)
-    wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
-    wait_until(
-        lambda: not _children(member, label) and not services(),
-        "the JobSet's Jobs, pods and headless Service gone",
-    )
-    with pytest.raises(k8s.ApiException) as gone:
-        _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
-    assert gone.value.status == 404
-
-
-def test_a_jobset_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
-    e2e: E2E,
-    restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
-) -> None:
-    hub = e2e.hub
-    name = unique("js-node")
-    uid = hub.submit(
-        name,
-        jobset(2, 8, run_for="20s"),
-        placement={**H100_ONLY, "retry": {"onInfrastructureFailure": 2}},
-    )["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    member = e2e.members[st["cluster"]]
-    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
-    old_uid = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)["metadata"]["uid"]
-    old_pods = {p.metadata.uid for p in pods}
-    node = pods[0].spec.node_name
-    member.core.delete_node(node)
-    restore_nodes.append((st["cluster"], node))
-
-    # Watch the member: once a new JobSet exists, nothing of the old one may be left but pods
-    # on the deleted node (no kubelet there to confirm them gone; the hub fences that node and
-    # the member's pod GC removes them later), as for a batch/v1 Job (test_9_failures.py).
-    overlaps: list[str] = []
-
-    def new_copy_running() -> dict[str, Any] | None:
-        try:
-            cur = _get(member, "jobset.x-k8s.io", "v1alpha2", "jobsets", name)
-        except k8s.ApiException:
-            cur = None
-        if cur is not None and cur["metadata"]["uid"] != old_uid:
-            jobs = member.batch.list_namespaced_job(
-                DRILL_NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}"
-            ).items
-            owners = {j.metadata.owner_references[0].uid for j in jobs}
-            if owners - {cur["metadata"]["uid"]}:
-                overlaps.append("a Job of the old JobSet beside the new one")
-            for p in member.pods_of(uid):
-                if p.metadata.uid in old_pods and p.spec.node_name != node:
-                    overlaps.append(f"old pod {p.metadata.name} on {p.spec.node_name}")
-        s = hub.status(name)
-        assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
-        return s if s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1 else None
-
-    st = wait_until(new_copy_running, "the JobSet running again", 90)
-    assert not overlaps, overlaps
-    assert node not in _placed(st)
-    assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
-    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "Job", 2)
-    st = hub.wait_phase(name, "Succeeded", timeout_s=90)
-    assert st["restarts"] == 1
-    assert _conditions(st)["Completed"][0] == "True"
-
-
-# --- PyTorchJob ----------------------------------------------------------------------------------
-
-
-def test_a_pytorchjob_runs_under_the_training_operator_and_its_status_comes_back(
-    e2e: E2E,
-) -> None:
-    hub = e2e.hub
-    name = unique("ptj")
-    submitted = time.monotonic()
-    uid = hub.submit(name, pytorchjob(1, 8, run_for="10s"), placement=H100_ONLY)["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    running_s = time.monotonic() - submitted
-    assert st["cluster"] == OPERATOR_MEMBER["training-operator"]
-    member = e2e.members[st["cluster"]]
-    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 2)
-    roles = sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods)
-    assert roles == ["master", "worker"]
-    # the operator's Services (one per pod) exist while it runs
-    label = f"training.kubeflow.org/job-name={name}"
-    assert len(_children(member, label).get("Service", [])) == 2
-
-    st = wait_until(
-        lambda: (
-            s if _conditions(s := hub.status(name)).get("Running", ("",))[0] == "True" else None
-        ),
-        "the operator's Running condition on the hub",
-        30,
-    )
-    assert _conditions(st)["Created"][1] == "PyTorchJobCreated"
-    st = hub.wait_phase(name, "Succeeded", timeout_s=60)
-    assert _conditions(st)["Succeeded"] == ("True", "PyTorchJobSucceeded")
-    print(
-        f"pytorchjob submit->Running {running_s:.1f}s; member objects {_children(member, label)}; "
-        f"hub conditions {_conditions(st)}; "
-        f"counts {[st.get(k) for k in ('active', 'succeeded', 'failed')]}"
-    )
-
-
-def test_deleting_a_pytorchjob_gpujob_leaves_none_of_its_children(e2e: E2E) -> None:
-    hub = e2e.hub
-    name = unique("ptj-del")
-    uid = hub.submit(name, pytorchjob(2, 8), placement=H100_ONLY)["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    member = e2e.members[st["cluster"]]
-    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 3)
-    label = f"training.kubeflow.org/job-name={name}"
-    assert set(_children(member, label)) == {"Pod", "Service"}
-
-    hub.delete(name)
-    wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
-    wait_until(lambda: not _children(member, label), "the PyTorchJob's pods and Services gone")
-
-
-def test_a_pytorchjob_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
-    e2e: E2E,
-    restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
-) -> None:
-    hub = e2e.hub
-    name = unique("ptj-node")
-    uid = hub.submit(
-        name,
-        pytorchjob(1, 8, run_for="20s"),
-        placement={**H100_ONLY, "retry": {"onInfrastructureFailure": 2}},
-    )["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    member = e2e.members[st["cluster"]]
-    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "PyTorchJob", 2)
-    old_uid = _get(member, "kubeflow.org", "v1", "pytorchjobs", name)["metadata"]["uid"]
-    old_pods = {p.metadata.uid for p in pods}
-    worker = next(p for p in pods if p.metadata.name.endswith("worker-0"))
-    node = worker.spec.node_name
-    member.core.delete_node(node)
-    restore_nodes.append((st["cluster"], node))
-    label = f"training.kubeflow.org/job-name={name}"
-    overlaps: list[str] = []
-
-    def new_copy_running() -> dict[str, Any] | None:
-        try:
-            cur = _get(member, "kubeflow.org", "v1", "pytorchjobs", name)
-        except k8s.ApiException:
-            cur = None
-        if cur is not None and cur["metadata"]["uid"] != old_uid:
-            services = member.core.list_namespaced_service(DRILL_NS, label_selector=label).items
-            if any(s.metadata.owner_references[0].uid == old_uid for s in services):
-                overlaps.append("a Service of the old PyTorchJob beside the new one")
-            for p in member.pods_of(uid):
-                if p.metadata.uid in old_pods and p.spec.node_name != node:
-                    overlaps.append(f"old pod {p.metadata.name} on {p.spec.node_name}")
-        s = hub.status(name)
-        assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
-        return s if s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1 else None
-
-    st = wait_until(new_copy_running, "the PyTorchJob running again", 90)
-    assert not overlaps, overlaps
-    assert node not in _placed(st)
-    assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
-    st = hub.wait_phase(name, "Succeeded", timeout_s=90)
-    assert st["restarts"] == 1
-    assert _conditions(st)["Succeeded"] == ("True", "PyTorchJobSucceeded")
-
-
-# --- RayJob --------------------------------------------------------------------------------------
-
-
-def rayjob(workers: int, gpus: int) -> dict[str, Any]:
-    """A RayJob whose RayCluster has a head (no GPU) and ``workers`` GPU workers."""
+def rayjob(workers: int, gpus: int, run_for: str | None = None) -> dict[str, Any]:
+    """A RayJob whose RayCluster has a head (no GPU) and ``workers`` GPU workers (which run
+    until deleted: ``run_for`` is ignored, a RayJob never finishes here)."""
 
     def pod(name: str, limits: dict[str, Any]) -> dict[str, Any]:
         container = {
@@ -383,55 +129,453 @@ def rayjob(workers: int, gpus: int) -> dict[str, Any]:
     }
 
 
-def _ray_objects(member: Member, name: str) -> dict[str, list[str]]:
-    """What KubeRay made for RayJob ``name`` in the drill namespace: RayClusters, pods,
-    Services and (submitter) Jobs whose names start with it (kinds with none left out)."""
-    clusters = _custom(member).list_namespaced_custom_object(
-        "ray.io", "v1", DRILL_NS, "rayclusters"
-    )["items"]
-    found = {
-        "RayCluster": [c["metadata"]["name"] for c in clusters],
-        "Pod": [p.metadata.name for p in member.core.list_namespaced_pod(DRILL_NS).items],
-        "Service": [s.metadata.name for s in member.core.list_namespaced_service(DRILL_NS).items],
-        "Job": [j.metadata.name for j in member.batch.list_namespaced_job(DRILL_NS).items],
-    }
-    out = {k: sorted(n for n in v if n.startswith(name)) for k, v in found.items()}
-    return {k: v for k, v in out.items() if v}
+@dataclass(frozen=True)
+class Kind:
+    """One workload kind run by its real operator in the example fleet."""
+
+    id: str
+    group: str
+    version: str
+    plural: str
+    #: (GPU pods, GPUs each, run_for) -> the GPUJob template
+    build: Callable[[int, int, str | None], dict[str, Any]]
+    #: GPU pods of ``build(n, …)`` for n: (the PyTorchJob's n counts its Master)
+    member: str
+    product: str
+    gpus: int
+    #: kind of the owner of the operator's pods
+    pod_owner: str
+    #: pods without a GPU the operator adds (the Ray head)
+    extra_pods: int
+    #: the operator's condition (type, (status, reason)) that ends a successful run; None:
+    #: never finishes here
+    done: tuple[str, tuple[str, str]] | None
+
+    def template(self, gang: int, run_for: str | None = None) -> dict[str, Any]:
+        """``gang`` GPU pods of :attr:`gpus` GPUs each."""
+        return self.build(gang, self.gpus, run_for)
+
+    def get(self, member: Member, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = _custom(member).get_namespaced_custom_object(
+                self.group, self.version, DRILL_NS, self.plural, name
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
 
 
-def test_a_rayjob_runs_its_raycluster_in_one_member_and_deletes_cleanly(e2e: E2E) -> None:
-    hub = e2e.hub
-    name = unique("ray")
-    submitted = time.monotonic()
-    uid = hub.submit(name, rayjob(2, 4))["metadata"]["uid"]
-    st = wait_until(
+KINDS = [
+    Kind(
+        "jobset",
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        "jobsets",
+        jobset,
+        member="us-east-hgx",
+        product=H100,
+        gpus=8,
+        pod_owner="Job",
+        extra_pods=0,
+        done=("Completed", ("True", "AllJobsCompleted")),
+    ),
+    Kind(
+        "pytorchjob",
+        "kubeflow.org",
+        "v1",
+        "pytorchjobs",
+        lambda n, g, r: pytorchjob(n - 1, g, r),
+        member="us-east-hgx",
+        product=H100,
+        gpus=8,
+        pod_owner="PyTorchJob",
+        extra_pods=0,
+        done=("Succeeded", ("True", "PyTorchJobSucceeded")),
+    ),
+    Kind(
+        "rayjob",
+        "ray.io",
+        "v1",
+        "rayjobs",
+        rayjob,
+        member="eu-nvl72",
+        product=GB200,
+        gpus=4,
+        pod_owner="RayCluster",
+        extra_pods=1,
+        done=None,
+    ),
+]
+by_kind = pytest.mark.parametrize("kind", KINDS, ids=[k.id for k in KINDS])
+
+
+def _custom(member: Member) -> Any:
+    return k8s.CustomObjectsApi(member.api)
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One object of the drill namespace, as far as these tests care."""
+
+    kind: str
+    name: str
+    uid: str
+    owners: tuple[str, ...]
+    node: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}" + (f" on {self.node}" if self.node else "")
+
+
+def _objects(member: Member, kind: Kind, name: str) -> list[Obj]:
+    """The workload ``name`` and everything in the drill namespace its operator may have made
+    for it: RayClusters (KubeRay), Jobs, pods and Services named ``name`` or ``name-…`` (every
+    operator here names its children after the workload)."""
+
+    def meta(k: str, m: Any, node: str | None = None) -> Obj:
+        if isinstance(m, dict):
+            refs = m.get("ownerReferences") or []
+            return Obj(k, m["name"], m["uid"], tuple(r["uid"] for r in refs))
+        refs = m.owner_references or []
+        return Obj(k, m.name, m.uid, tuple(r.uid for r in refs), node)
+
+    custom = _custom(member)
+    plurals = [(kind.id, kind.group, kind.version, kind.plural)]
+    if kind.id == "rayjob":
+        plurals.append(("raycluster", "ray.io", "v1", "rayclusters"))
+    found: list[Obj] = []
+    for k, group, version, plural in plurals:
+        items = custom.list_namespaced_custom_object(group, version, DRILL_NS, plural)["items"]
+        found += [meta(k, o["metadata"]) for o in items]
+    found += [meta("Job", j.metadata) for j in member.batch.list_namespaced_job(DRILL_NS).items]
+    found += [
+        meta("Pod", p.metadata, p.spec.node_name)
+        for p in member.core.list_namespaced_pod(DRILL_NS).items
+    ]
+    found += [
+        meta("Service", s.metadata) for s in member.core.list_namespaced_service(DRILL_NS).items
+    ]
+    return [o for o in found if o.name == name or o.name.startswith(f"{name}-")]
+
+
+def _pod_phases(member: Member, name: str) -> list[str]:
+    """``name-…`` pods as ``pod@node:phase[:Terminating]``."""
+    return sorted(
+        f"{p.metadata.name}@{p.spec.node_name}:{p.status.phase}"
+        + (":Terminating" if p.metadata.deletion_timestamp else "")
+        for p in member.core.list_namespaced_pod(DRILL_NS).items
+        if p.metadata.name.startswith(f"{name}-")
+    )
+
+
+def _summary(objs: list[Obj]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for o in objs:
+        out.setdefault(o.kind, []).append(o.name)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _placed(status: dict[str, Any]) -> set[str]:
+    return {n for ps in status["placement"]["podSets"] for n in ps["nodes"]}
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c.get("reason", "")) for c in status.get("conditions") or []}
+
+
+def _running_condition(hub: Any, name: str, timeout_s: float = 60) -> dict[str, Any]:
+    return wait_until(
         lambda: (
             s if _conditions(s := hub.status(name)).get("Running", ("",))[0] == "True" else None
         ),
-        "the RayJob Running on the hub (jobDeploymentStatus Running)",
-        90,
+        "the operator's Running condition on the hub",
+        timeout_s,
     )
+
+
+def _check_pods_made_by_the_operator_where_placed(
+    e2e: E2E, st: dict[str, Any], uid: str, kind: Kind, gang: int, timeout_s: float = 60
+) -> list[Any]:
+    """Every pod of the job's current copy (the attempt ``st`` shows) is in the placed member,
+    on a node the hub chose, made by the operator (owned by ``kind.pod_owner``, never by gpufed
+    directly); returns them. A previous copy's pods on a deleted node still read Running (no
+    kubelet there) until the member's pod GC removes them: they are left out by attempt."""
+    count = gang + kind.extra_pods
+    member = e2e.members[st["cluster"]]
+    attempt = str(st.get("attempt", 1))
+
+    def current() -> list[Any] | None:
+        pods = [
+            p
+            for p in member.pods_of(uid, running=True)
+            if (p.metadata.annotations or {}).get(ATTEMPT_ANNOTATION) == attempt
+        ]
+        return pods if len(pods) == count else None
+
+    pods = wait_until(current, f"{count} pods of attempt {attempt} running", timeout_s)
+    for other, m in e2e.members.items():
+        if other != st["cluster"]:
+            assert m.pods_of(uid) == [], f"pods of one gang in two members ({other})"
+    for p in pods:
+        assert p.spec.node_name in _placed(st), (p.metadata.name, p.spec.node_name, _placed(st))
+        assert [o.kind for o in p.metadata.owner_references or []] == [kind.pod_owner]
+    return pods
+
+
+def _check_what_the_operator_made(member: Member, kind: Kind, name: str, pods: list[Any]) -> None:
+    """Each operator's own children, as docs/agent.md "Real workload operators" describes."""
+    made = _summary(_objects(member, kind, name))
+    if kind.id == "jobset":
+        # one Job per replica, owned by the JobSet; a headless Service named after the JobSet
+        (job,) = member.batch.list_namespaced_job(
+            DRILL_NS, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}"
+        ).items
+        assert [o.kind for o in job.metadata.owner_references] == ["JobSet"]
+        assert {p.metadata.labels["jobset.sigs.k8s.io/jobset-name"] for p in pods} == {name}
+        assert made["Service"] == [name]
+    elif kind.id == "pytorchjob":
+        roles = sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods)
+        assert roles == ["master"] + ["worker"] * (len(pods) - 1)
+        assert len(made["Service"]) == len(pods)  # one per pod
+    else:
+        types = sorted(p.metadata.labels["ray.io/node-type"] for p in pods)
+        assert types == ["head"] + ["worker"] * (len(pods) - 1)
+        (cluster,) = made["raycluster"]
+        rc = _custom(member).get_namespaced_custom_object(
+            "ray.io", "v1", DRILL_NS, "rayclusters", cluster
+        )
+        assert [o["kind"] for o in rc["metadata"]["ownerReferences"]] == ["RayJob"]
+        assert rc["status"]["state"] == "ready"
+
+
+# --- run and status ------------------------------------------------------------------------------
+
+
+@by_kind
+def test_a_workload_runs_under_its_operator_and_its_status_comes_back(e2e: E2E, kind: Kind) -> None:
+    hub = e2e.hub
+    name = unique(kind.id)
+    submitted = time.monotonic()
+    placement = {"gpuProducts": [kind.product]}
+    uid = hub.submit(name, kind.template(2, run_for="10s"), placement=placement)["metadata"]["uid"]
+    st = _running_condition(hub, name) if kind.done is None else hub.wait_phase(name, "Running")
     running_s = time.monotonic() - submitted
     assert st["phase"] == "Running"
-    assert st["cluster"] == OPERATOR_MEMBER["kuberay"]
+    assert st["cluster"] == kind.member
     member = e2e.members[st["cluster"]]
-    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, "RayCluster", 3)
-    kinds = sorted(p.metadata.labels["ray.io/node-type"] for p in pods)
-    assert kinds == ["head", "worker", "worker"]
-    own = _get(member, "ray.io", "v1", "rayjobs", name)
-    assert own["status"]["jobDeploymentStatus"] == "Running"
-    (cluster,) = _ray_objects(member, name)["RayCluster"]
-    rc = _get(member, "ray.io", "v1", "rayclusters", cluster)
-    assert [o["kind"] for o in rc["metadata"]["ownerReferences"]] == ["RayJob"]
-    assert rc["status"]["state"] == "ready"
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, kind, 2)
+    _check_what_the_operator_made(member, kind, name, pods)
+    made = _summary(_objects(member, kind, name))
+    if kind.id == "pytorchjob":
+        st = _running_condition(hub, name, 30)
+        assert _conditions(st)["Created"][1] == "PyTorchJobCreated"
+    if kind.id == "rayjob":
+        own = kind.get(member, name)
+        assert own is not None
+        assert own["status"]["jobDeploymentStatus"] == "Running"
+    if kind.done is not None:
+        st = hub.wait_phase(name, "Succeeded", timeout_s=60)
+        # the operator's own condition, mirrored as it wrote it
+        cond, want = kind.done
+        assert _conditions(st)[cond] == want
+    if kind.id == "jobset":
+        own = kind.get(member, name)
+        assert own is not None
+        assert own["status"]["terminalState"] == "Completed"
     print(
-        f"rayjob submit->Running {running_s:.1f}s; member objects {_ray_objects(member, name)}; "
-        f"hub conditions {_conditions(st)}"
+        f"{kind.id} submit->Running {running_s:.1f}s; member objects {made}; hub conditions "
+        f"{_conditions(st)}; counts {[st.get(k) for k in ('active', 'succeeded', 'failed')]}"
     )
+
+
+# --- deletion ------------------------------------------------------------------------------------
+
+
+@by_kind
+def test_deleting_the_gpujob_leaves_none_of_the_operators_children(e2e: E2E, kind: Kind) -> None:
+    hub = e2e.hub
+    name = unique(f"{kind.id}-del")
+    placement = {"gpuProducts": [kind.product]}
+    uid = hub.submit(name, kind.template(2), placement=placement)["metadata"]["uid"]
+    st = _running_condition(hub, name) if kind.done is None else hub.wait_phase(name, "Running")
+    member = e2e.members[st["cluster"]]
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, kind, 2)
+    made = _summary(_objects(member, kind, name))
+    assert {kind.id, "Pod", "Service"} <= set(made), made
 
     hub.delete(name)
     wait_until(lambda: hub.job(name) is None, "the GPUJob gone")
     wait_until(
-        lambda: not any(_ray_objects(member, name).values()),
-        "the RayCluster, its pods, Services and the submitter Job gone",
+        lambda: not _objects(member, kind, name),
+        f"the {kind.id} and its Jobs, pods, Services (RayCluster, submitter Job) gone",
     )
+
+
+# --- preemption ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def classes(e2e: E2E) -> Iterator[E2E]:
+    """PriorityClasses e2e-low, e2e-mid, e2e-high on the hub cluster, removed afterwards."""
+    with priority_classes(e2e.hub.api, CLASSES):
+        try:
+            yield e2e
+        finally:
+            e2e.hub.clear()
+
+
+@by_kind
+def test_a_preempted_workload_and_all_its_operator_made_are_gone_before_the_preemptor_starts(
+    classes: E2E, kind: Kind
+) -> None:
+    """The member's GPUs of ``kind.product``: 2 pods' worth held by the low-priority victim of
+    ``kind``, the rest by a mid-priority batch Job; a high-priority batch Job of 2 such pods
+    can only run by preempting the victim (the lowest priority, the cheapest plan)."""
+    e2e, hub = classes, classes.hub
+    member = e2e.members[kind.member]
+    # device-plugin GPUs only: us-east-hgx's DRA nodes take no nvidia.com/gpu pod
+    total = sum(
+        int((n.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+        for n in member.core.list_node().items
+        if (n.metadata.labels or {}).get(GPU_PRODUCT_LABEL) == kind.product
+    )
+    name = unique(f"{kind.id}-low")
+    product = {"gpuProducts": [kind.product], "topology": {"nvlink": "None"}}
+    uid = hub.submit(name, kind.template(2), placement={**product, "priorityClassName": "e2e-low"})[
+        "metadata"
+    ]["uid"]
+    st = _running_condition(hub, name) if kind.done is None else hub.wait_phase(name, "Running")
+    assert st["cluster"] == kind.member
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, kind, 2)
+    rest = total // kind.gpus - 2
+    hub.submit(
+        "fill",
+        batch_job(kind.gpus, pods=rest),
+        placement={**product, "priorityClassName": "e2e-mid"},
+    )
+    hub.wait_phase("fill", "Running", timeout_s=90)
+    victim = _objects(member, kind, name)
+    print(f"{kind.id} victim in {kind.member}: {_summary(victim)}")
+
+    t0 = time.monotonic()
+    high = hub.submit(
+        "high",
+        batch_job(kind.gpus, pods=2),
+        placement={**product, "priorityClassName": "e2e-high"},
+    )["metadata"]["uid"]
+    overlaps: list[str] = []
+
+    def preemptor_running() -> dict[str, Any] | None:
+        if member.pods_of(high):
+            left = _objects(member, kind, name)
+            overlaps.extend(f"{o} beside the preemptor's pods" for o in left)
+        s = hub.status("high")
+        return s if s.get("phase") == "Running" else None
+
+    st = wait_until(preemptor_running, "the preemptor Running", 120)
+    running_s = time.monotonic() - t0
+    assert not overlaps, overlaps
+    assert _objects(member, kind, name) == []
+    assert st["cluster"] == kind.member
+    why = {  # what the hub says of the three, when the preemptor ran without a preemption
+        n: {"status": hub.status(n), "events": hub.events(n)} for n in (name, "fill", "high")
+    }
+    assert "preemption" in st, why
+    assert [v["job"] for v in st["preemption"]["victims"]] == [f"{DRILL_NS}/{name}"]
+    vs = hub.wait_phase(name, "Pending", timeout_s=30)
+    assert _conditions(vs)["Preempted"][0] == "True"
+    assert vs["preemptions"] == 1
+    assert hub.status("fill")["phase"] == "Running"
+    print(f"{kind.id} preemption submit->Running {running_s:.1f}s")
+
+
+# --- infrastructure re-run -----------------------------------------------------------------------
+
+
+#: The PyTorchJob re-run (a known defect, docs/agent.md "PyTorchJob re-run in the same
+#: member"): the training-operator cannot create the new copy's <job>-worker-0 while the old pod
+#: of that name still sits on the deleted node (AlreadyExists, retried with backoff for ~20 s),
+#: and the copy ends Succeeded when its Master does, so the Worker never runs.
+RERUN_KINDS = [
+    pytest.param(
+        k,
+        id=k.id,
+        marks=[pytest.mark.xfail(reason="the re-run Worker never starts: name held by the old pod")]
+        if k.id == "pytorchjob"
+        else [],
+    )
+    for k in KINDS
+]
+
+
+@pytest.mark.parametrize("kind", RERUN_KINDS)
+def test_a_workload_whose_node_is_deleted_is_re_run_after_its_old_copy_is_gone(
+    e2e: E2E,
+    kind: Kind,
+    restore_nodes: list[tuple[str, str]],  # noqa: F811 (the fixture imported above)
+) -> None:
+    hub = e2e.hub
+    name = unique(f"{kind.id}-node")
+    uid = hub.submit(
+        name,
+        kind.template(2, run_for="20s"),
+        placement={"gpuProducts": [kind.product], "retry": {"onInfrastructureFailure": 2}},
+    )["metadata"]["uid"]
+    st = _running_condition(hub, name) if kind.done is None else hub.wait_phase(name, "Running")
+    member = e2e.members[st["cluster"]]
+    pods = _check_pods_made_by_the_operator_where_placed(e2e, st, uid, kind, 2)
+    current = kind.get(member, name)
+    assert current is not None
+    old_uid = current["metadata"]["uid"]
+    # the node of the last GPU pod by name (a worker's: never the PyTorchJob's Master, never
+    # the Ray head, which holds no GPU)
+    gpu_pods = [
+        p for p in pods if "nvidia.com/gpu" in (p.spec.containers[0].resources.limits or {})
+    ]
+    node = max(gpu_pods, key=lambda p: p.metadata.name).spec.node_name
+    member.core.delete_node(node)
+    restore_nodes.append((st["cluster"], node))
+
+    # Watch the member: everything owned (transitively) by the old copy is old; once a new copy
+    # exists nothing old may be left but pods on the deleted node (no kubelet there to confirm
+    # them gone; the hub fences that node and the member's pod GC removes them later), as for a
+    # batch/v1 Job (test_9_failures.py).
+    old = {old_uid}
+    overlaps: list[str] = []
+    seen: list[str] = []  # the member when the new copy first showed (printed)
+
+    def new_copy_running() -> dict[str, Any] | None:
+        objs = _objects(member, kind, name)
+        for _ in range(4):  # RayJob -> RayCluster -> pod, JobSet -> Job -> pod: 2 levels
+            old.update(o.uid for o in objs if old.intersection(o.owners))
+        new = [o for o in objs if o.kind == kind.id and o.uid not in old]
+        if new and not seen:
+            seen.append(f"{_summary(objs)}; pods {_pod_phases(member, name)}")
+        if new:
+            overlaps.extend(
+                f"{o} of the old copy beside the new one"
+                for o in objs
+                if o.uid in old and o.node != node
+            )
+        s = hub.status(name)
+        assert s.get("phase") != "Failed", f"shown Failed in between: {s}"
+        running = s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1
+        if kind.done is None:
+            running = running and _conditions(s).get("Running", ("",))[0] == "True"
+        return s if running and new else None
+
+    st = wait_until(new_copy_running, f"the {kind.id} running again", 120)
+    print(f"{kind.id} re-run: deleted {node}; member when the new copy showed: {seen}")
+    assert not overlaps, overlaps
+    assert node not in _placed(st)
+    assert [e["reason"] for e in st["restartHistory"]] == ["NodeLost"]
+    # a pod left on the deleted node goes with the member's pod GC (40 s, then its next sweep);
+    # a PyTorchJob's same-named Worker is never made (RERUN_KINDS, docs/agent.md)
+    _check_pods_made_by_the_operator_where_placed(e2e, st, uid, kind, 2, timeout_s=180)
+    if kind.done is not None:
+        st = hub.wait_phase(name, "Succeeded", timeout_s=90)
+        assert st["restarts"] == 1
+        cond, want = kind.done
+        assert _conditions(st)[cond] == want

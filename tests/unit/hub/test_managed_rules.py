@@ -15,11 +15,13 @@ import itertools
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
 from gpufed.api.labels import MANAGED_KIND_LABEL
 from gpufed.cli.jobs import wrap
+from gpufed.hub.components.config import HubConfig
 from gpufed.hub.rules.managed import (
     KINDS,
     gpujob_for,
@@ -364,3 +366,22 @@ def test_only_a_labelled_gpujob_with_a_controller_reference_of_that_kind_has_an_
     ):
         obj = {**made, "metadata": {**made["metadata"], "ownerReferences": [forged]}}
         assert owner_of(obj) is None, forged
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "RayJob"])
+def test_a_kind_whose_operator_leaves_no_room_for_managed_by_is_refused_with_the_reason(
+    kind: str,
+) -> None:
+    """PyTorchJob and RayJob cannot carry ``gpufed.io/hub`` in the operators' own CRDs (the
+    e2e applies them to the hub: tests/e2e/test_12_plain_jobs.py): ``--managed-kinds`` naming
+    one is refused, naming the field, the operator's limit and what to do instead."""
+    with pytest.raises(ValidationError) as refused:
+        HubConfig(insecure=True, managed_kinds=frozenset({"Job", kind}))
+    text = str(refused.value)
+    assert f"managed_kinds: {kind} not among Job, JobSet" in text
+    assert "managedBy" in text
+    assert "gpufed submit" in text
+    with pytest.raises(
+        ValidationError, match=r"managed_kinds: MPIJob not among Job, JobSet \[type"
+    ):
+        HubConfig(insecure=True, managed_kinds=frozenset({"MPIJob"}))

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.sandbox import kueue_config as kc
 from gpufed.sandbox.multikueue import MultiKueueOptions, object_path
+from tests.unit.sandbox.test_webhookcerts import check_issued
 
 SMALL_FLEET = Path(__file__).resolve().parents[2] / "fleets" / "small.yaml"
 PORTS = kc.KueuePorts(webhook=9443, metrics=8443, health=8081)
@@ -156,27 +154,14 @@ def test_manager_cluster_queue_carries_the_multikueue_admission_check() -> None:
 
 def test_seeded_certificates_pass_the_rotator_checks_and_name_127_0_0_1() -> None:
     certs = kc.create_kueue_certs()
-    ca = x509.load_pem_x509_certificate(certs.ca_crt)
-    leaf = x509.load_pem_x509_certificate(certs.tls_crt)
-    assert ca.extensions.get_extension_for_class(
-        x509.SubjectAlternativeName
-    ).value.get_values_for_type(x509.DNSName) == ["kueue-ca"]
-    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert "kueue-webhook-service.kueue-system.svc" in sans.get_values_for_type(x509.DNSName)
-    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    ca_pub = ca.public_key()
-    assert isinstance(ca_pub, rsa.RSAPublicKey)
-    assert leaf.signature_hash_algorithm is not None
-    ca_pub.verify(
-        leaf.signature,
-        leaf.tbs_certificate_bytes,
-        padding.PKCS1v15(),
-        leaf.signature_hash_algorithm,
+    check_issued(
+        certs,
+        ca_name="kueue-ca",
+        organization="kueue",
+        service="kueue-webhook-service.kueue-system.svc",
     )
-    # PKCS#1 ("RSA PRIVATE KEY"): what the rotator's x509.ParsePKCS1PrivateKey reads.
-    assert certs.ca_key.startswith(b"-----BEGIN RSA PRIVATE KEY-----")
-    assert isinstance(load_pem_private_key(certs.ca_key, None), rsa.RSAPrivateKey)
     secret = kc.webhook_secret(certs)
+    assert secret["metadata"] == {"name": kc.WEBHOOK_SECRET, "namespace": kc.KUEUE_NAMESPACE}
     assert base64.b64decode(secret["data"]["ca.crt"]) == certs.ca_crt
     assert set(secret["data"]) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
 

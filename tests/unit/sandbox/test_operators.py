@@ -11,12 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from gpufed.api.fleet import KNOWN_OPERATORS, FleetError, FleetSpec
 from gpufed.sandbox import binaries as b
 from gpufed.sandbox import operators as o
+from tests.unit.sandbox.test_webhookcerts import check_issued
 
 POOL = "nodePools: [{name: p, nodes: 1, gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}}]"
 
@@ -135,28 +134,9 @@ def test_a_patch_of_another_shape_is_refused_naming_the_file(module: Path) -> No
 
 def test_the_training_operators_certificates_verify_as_its_rotator_checks(tmp_path: Path) -> None:
     certs = o.create_certs(o.TRAINING_OPERATOR)
-    ca = x509.load_pem_x509_certificate(certs.ca_crt)
-    leaf = x509.load_pem_x509_certificate(certs.tls_crt)
-    # what the rotator (cert-controller) checks: the CA named as it expects, the leaf signed by
-    # it and valid for the service name (and 127.0.0.1, which the API server dials)
-    assert ca.extensions.get_extension_for_class(
-        x509.SubjectAlternativeName
-    ).value.get_values_for_type(x509.DNSName) == ["training-operator-ca"]
-    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert "training-operator.kubeflow.svc" in sans.get_values_for_type(x509.DNSName)
-    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    ca_pub = ca.public_key()
-    assert isinstance(ca_pub, rsa.RSAPublicKey)
-    assert leaf.signature_hash_algorithm is not None
-    ca_pub.verify(
-        leaf.signature,
-        leaf.tbs_certificate_bytes,
-        padding.PKCS1v15(),
-        leaf.signature_hash_algorithm,
-    )
-    assert ca.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == (
-        "training-operator-ca"
-    )
+    c = o.TRAINING_OPERATOR.certs
+    assert (c.ca_name, c.service) == ("training-operator-ca", "training-operator.kubeflow.svc")
+    check_issued(certs, ca_name=c.ca_name, organization=c.organization, service=c.service)
     crd = tmp_path / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
     crd.parent.mkdir(parents=True)
     crd.write_text(
