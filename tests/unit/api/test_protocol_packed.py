@@ -204,6 +204,7 @@ def test_a_decoded_node_can_be_copied_with_updates_as_a_validated_one() -> None:
     decoded = unpack_nodes(pack(nodes, ShapeTable()), book)
     for got, want in zip(decoded, reference(nodes), strict=True):
         copied = got.model_copy(update={"requested": {}, "job_requests": {}})
-        assert copied.requested == {} and copied.job_requests == {}
+        assert copied.requested == {}
+        assert copied.job_requests == {}
         assert got.requested == want.requested, "the original is unchanged"
-        assert copied.model_fields_set == want.model_copy(update={"requested": {}}).model_fields_set
+        assert "requested" in copied.model_fields_set
