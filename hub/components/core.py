@@ -79,6 +79,7 @@ from gpufed.hub.components.suspects import SuspectNodes
 from gpufed.hub.components.term import Term, TermTasks
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.placement import FleetSnapshot
+from gpufed.placement.recent import RecentNodes
 
 log = structlog.get_logger("gpufed.hub.components.core")
 
@@ -115,6 +116,8 @@ class Controller:
         self.stop_reason = ""
         self.state = HubState()
         self.snapshot = FleetSnapshot()
+        # nodes that left or shrank within the hour: "could ever hold" counts them too
+        self.snapshot.recent = RecentNodes(mono)
         term = Term(
             config=config,
             store=store,
