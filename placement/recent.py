@@ -17,7 +17,7 @@ rejected at once.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gpufed.api.decision import Outcome
 from gpufed.api.inventory import (
@@ -49,7 +49,8 @@ def _holds_at_least(new: NodeInventory, old: NodeInventory) -> bool:
 class RecentNodes:
     """Nodes that left their member or shrank within the window (module docstring).
 
-    ``clock``: seconds (monotonic or wall, the caller's; only differences are read);
+    ``clock``: seconds (the hub's wall clock, so that saved entries mean the same to the next
+    leader; only differences are read);
     ``window_s``: how long a node is remembered; ``max_nodes``: the bound. :attr:`version`
     changes whenever the remembered set does (callers cache on it).
     """
@@ -92,6 +93,20 @@ class RecentNodes:
         if got is not None and _holds_at_least(inv, got[0]):
             del self._nodes[key]
             self.version += 1
+
+    def entries(self) -> list[tuple[str, NodeInventory, float]]:
+        """(cluster, node, clock time it left), oldest first (to save them)."""
+        return [(c, inv, at) for (c, _), (inv, at) in self._nodes.items()]
+
+    def restore(self, entries: Iterable[tuple[str, NodeInventory, float]]) -> None:
+        """Take saved :meth:`entries` over (a new leader), oldest first; those past the
+        window are dropped when next read."""
+        for cluster, inv, at in sorted(entries, key=lambda e: e[2]):
+            self._nodes.pop((cluster, inv.name), None)
+            self._nodes[(cluster, inv.name)] = (inv, at)
+        while len(self._nodes) > self.max_nodes:
+            self._nodes.popitem(last=False)
+        self.version += 1
 
     def by_cluster(self) -> dict[str, list[tuple[NodeInventory, float]]]:
         """Cluster -> (node, seconds since it left), within the window (older ones are

@@ -119,3 +119,28 @@ async def test_gpus_withdrawn_from_the_only_fitting_node_make_a_new_job_wait() -
     job = t.ctrl.state.jobs["u1"]
     assert job.status.phase == "Pending", job.status
     assert "left or shrank" in (job.status.message or "")
+
+
+async def test_a_new_leader_knows_the_nodes_that_left_before_it_led() -> None:
+    # The 30-minute soak (seed 2): a MIG job waited while the only MIG node was deleted, then
+    # the leader was killed and the new one, not knowing the node, failed it. The remembered
+    # nodes are saved in etcd and a new leader starts from them.
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1").model_copy(
+        update={"allocatable": {"nvidia.com/gpu": 4}}))  # fmt: skip
+    t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, removed=("m1-n0",)))
+    await settle()
+    await t.ctrl._save_recent_nodes()
+    await t.ctrl.members.flush()
+    saved = t.store.recent_nodes
+    assert saved is not None
+    assert [(r.cluster, r.node.name) for r in saved.nodes] == [("m1", "m1-n0")]
+    t.clock.advance(60)
+    t2 = Term(store=t.store, kube=t.kube, clock=t.clock)
+    await t2.ctrl.load()
+    t2.member("m1", hgx_node("m1-n1").model_copy(update={"allocatable": {"nvidia.com/gpu": 4}}))
+    await t2.submit("eight", "u1", gpus=8)
+    await _cycle(t2, "u1")
+    job = t2.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending", job.status
+    assert "m1/m1-n0 (60 s ago)" in (job.status.message or "")
