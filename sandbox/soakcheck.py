@@ -145,14 +145,13 @@ def _intervals(
     # the injector's node deletions (fault records, target "member/node"): the moment the
     # machine died, known exactly even when the observer's rounds are far apart (under load
     # a round took 18 s, and a re-run elsewhere looked like running twice)
-    deletions = [
-        (float(r["start"]), *str(r["target"]).split("/", 1))
-        for r in records
-        if r["type"] == "fault"
-        and r.get("kind") == "node-delete"
-        and "/" in str(r["target"])
-        and not r.get("error")
-    ]
+    deletions: list[tuple[float, str, str]] = []
+    for r in records:
+        target = str(r.get("target", ""))
+        kind = r.get("kind") if r["type"] == "fault" and not r.get("error") else None
+        if kind == "node-delete" and "/" in target:
+            member, node = target.split("/", 1)
+            deletions.append((float(r["start"]), member, node))
 
     def node_gone(member: str, node: str, after: float) -> float | None:
         """When ``node`` of ``member`` was deleted after ``after`` (its machine died with
@@ -162,8 +161,10 @@ def _intervals(
              if m == member and t > after and node and node not in names),
             None,
         )  # fmt: skip
-        deleted = [t for t, m, n in deletions if m == member and n == node and t > after]
-        return min([*deleted, *([seen] if seen is not None else [])], default=None)
+        times = [t for t, m, n in deletions if m == member and n == node and t > after]
+        if seen is not None:
+            times.append(seen)
+        return min(times, default=None)
 
     out: dict[str, dict[Any, list[float]]] = defaultdict(dict)
     for key, r in pods.items():
