@@ -120,6 +120,8 @@ class Queues:
         self._exported_pending: set[str] = set()
         self.tree: QueueTree = build_tree([], default_queue=cfg.default_queue)
         self.usage = QuotaUsage()
+        #: the usage preemption plans on (:meth:`rebuild_usage`)
+        self.planning_usage = QuotaUsage()
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None
         #: set once the first GPUQueue list of this term is in
@@ -289,19 +291,34 @@ class Queues:
             if r.cluster is not None and r.queue is not None and r.charged
         )
         held_charges: list[tuple[str, str, Mapping[str, int]]] = []
+        full_holds: list[tuple[str, str, Mapping[str, int]]] = []
         for uid, product in self._holds:
             held = self._term.state.jobs.get(uid)
             if held is None or held.request is None or not held.wants_placement:
                 continue
+            queue = self.queue_of(held).queue
+            full = demand_of(held.request, product)
+            if full:
+                full_holds.append((uid, queue, full))
             still = stopping_for.get(uid, Counter())
-            demand = {k: v - still[k] for k, v in demand_of(held.request, product).items()}
+            demand = {k: v - still[k] for k, v in full.items()}
             if demand := {k: v for k, v in demand.items() if v > 0}:
-                held_charges.append((uid, self.queue_of(held).queue, demand))
-        charges = held_charges + charges
+                held_charges.append((uid, queue, demand))
         # A new ledger object: a pass's gate keeps charging the one it started with.
         usage = QuotaUsage()
-        usage.rebuild(charges)
+        usage.rebuild(held_charges + charges)
         self.usage = usage
+        # Preemption plans on the usage to come: victims being stopped count as gone and the
+        # holds in full (else a queue whose victims still stop looks above its nominal and
+        # loses more jobs to reclaim than it borrows: the seed-1 soak's preemption churn).
+        victims = {
+            j.uid
+            for j in jobs
+            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
+        }
+        planning = QuotaUsage()
+        planning.rebuild(full_holds + [c for c in charges if c[0] not in victims])
+        self.planning_usage = planning
 
     def gate(self) -> QuotaGate:
         """Admission for one pass over the current tree and ledger (the pass charges it)."""

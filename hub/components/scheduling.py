@@ -223,7 +223,9 @@ class Scheduler:
         answers = await self._preemption.run(
             result.decisions,
             self._policy,
-            QuotaView(gate.tree, gate.usage) if gate.enforce else None,
+            # the usage to come (stopping victims gone): reclaim never takes more than is
+            # borrowed; admission (the gate) still counts the victims until they are gone
+            QuotaView(gate.tree, queues.planning_usage) if gate.enforce else None,
             now,
         )
         # 5. act: commit placed jobs (etcd first, then dispatch); report the rest

@@ -440,3 +440,29 @@ async def test_a_victim_still_stopping_keeps_its_queue_s_quota_until_its_copy_is
     )
     assert len(placed_b) == 2, placed_b
     assert sum(t.ctrl.queues.usage.own("team-b").values()) == 16
+
+
+async def test_reclaim_plans_count_victims_being_stopped_as_gone() -> None:
+    # The seed-1 soak on this branch: with victims still charged to their queue while they
+    # stop, the next reclaimer saw that queue above its nominal and preempted more of it than
+    # it borrowed (then the other queue reclaimed back: churn, and the drain never ended).
+    t = Term()
+    f, nodes = await team_b_borrows(
+        t, team_a=16, jobs=("b0", "b1", "b2"), cls="low", free=("m1-n2",)
+    )
+
+    async def reclaim(name: str) -> set[str]:
+        await f.submit(name, f"u{name}", 8, "low")
+        obj = t.kube.objects["gpujobs"][-1]
+        assert obj["metadata"]["namespace"] == "team-a"
+        await t.ctrl.scheduler.cycle()
+        await settle()
+        return {u for u in nodes if t.store.jobs[u][0].stopping is not None}
+
+    assert len(await reclaim("a1")) == 1, "team-b borrows 16: one 8-GPU job goes"
+    assert len(await reclaim("a2")) == 2, "and a second"
+    # team-b is at its nominal once its two victims are gone: nothing more to reclaim
+    assert len(await reclaim("a3")) == 2, "team-b lost more than it borrowed"
+    # admission still counts the victims while they stop (the quota overrun fix)
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 24
+    assert sum(t.ctrl.queues.planning_usage.own("team-b").values()) == 8
