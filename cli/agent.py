@@ -82,6 +82,13 @@ def agent(
         help="Seconds to keep objects of another hub state epoch that the hub's desired set "
         "leaves out (the hub may claim them meanwhile) before deleting them.",
     ),
+    forbidden_retry_s: float = typer.Option(
+        60.0,
+        "--forbidden-retry-period",
+        help="Seconds a Forbidden (403) on one job's apply or delete is retried, from the first "
+        "one, before the job is refused (a member API server that just restarted forbids "
+        "everything for a while).",
+    ),
 ) -> None:
     """Run the agent (unless a sub-command such as `inventory` is given)."""
     if ctx.invoked_subcommand is not None:
@@ -110,6 +117,7 @@ def agent(
             log_level=log_level,
             origin=origin,
             eviction_grace_s=eviction_grace_s,
+            forbidden_retry_s=forbidden_retry_s,
         )
         config.read_token()  # fail now, with the file's name, rather than on first connect
         configure_logging(log_level)

@@ -36,6 +36,7 @@ from gpufed.api.inventory import NodeInventory, TopologyLabels, summarize
 from gpufed.api.labels import COMPUTE_DOMAIN_KIND, GPU_RESOURCE, is_mig_resource
 from gpufed.api.resources import format_quantity
 from gpufed.sync.manifests import WORKLOAD_KINDS
+from gpufed.sync.retry import ForbiddenGrace
 
 log = structlog.get_logger("gpufed.agent")
 
@@ -114,6 +115,7 @@ class Agent:
             origin=config.origin,
             member=config.cluster,
             guard=EpochGuard(config.eviction_grace_s),
+            forbidden=ForbiddenGrace(config.forbidden_retry_s),
         )
         self.hub = HubStream(
             config,

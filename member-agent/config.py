@@ -40,7 +40,9 @@ class AgentConfig(BaseModel):
     objects labelled with it (and refuses work items labelled with another).
     ``eviction_grace_s``: how long the objects of a job that the hub's desired set leaves out,
     applied under another hub state epoch, are kept for the hub to claim before they are
-    deleted (``--eviction-grace-period``, seconds; docs/agent.md).
+    deleted (``--eviction-grace-period``, seconds; docs/agent.md). ``forbidden_retry_s``: how
+    long a Forbidden on one job's apply or delete is retried before the job is refused
+    (``--forbidden-retry-period``, seconds).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -62,6 +64,7 @@ class AgentConfig(BaseModel):
     reconnect_max_s: float = Field(default=30.0, gt=0)
     origin: str = Field(default=DEFAULT_ORIGIN, min_length=1)
     eviction_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    forbidden_retry_s: float = Field(default=60.0, ge=0, le=86400)
     log_level: str = "info"
 
     @field_validator("cluster")

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import structlog
 
 from gpufed.agent.kube import MemberApi
-from gpufed.sync.retry import Backoff, Verdict, status_of, verdict_of
+from gpufed.sync.retry import FORBIDDEN_GRACE_S, Backoff, ForbiddenGrace, Verdict, status_of
 
 log = structlog.get_logger("gpufed.agent.informer")
 
@@ -50,8 +51,9 @@ class Informer:
     ``synced`` is set once the first full list has been handed over. ``on_event`` is called
     (resource name, event type) for metrics. After a failure the loop waits
     ``sleep(seconds)`` (jittered exponential backoff from 0.5 s, capped at 10 s, or 60 s for
-    errors that retrying does not fix, such as 403 while RBAC is missing; never under 0.5 s);
-    ``rng`` is the jitter's source of [0, 1).
+    errors that retrying does not fix, such as a 403 that lasts past
+    :data:`~gpufed.sync.retry.FORBIDDEN_GRACE_S` while RBAC is missing; never under 0.5 s);
+    ``rng`` is the jitter's source of [0, 1); ``clock``: monotonic seconds (the 403 grace).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Informer:
         on_event: Callable[[str, str], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.path = path
@@ -83,6 +86,9 @@ class Informer:
         self._on_event = on_event
         self._sleep = sleep
         self._backoff = Backoff(base=0.5, cap=_RETRY_CAP_S, jitter=True, rng=rng)
+        # a 403 right after the member's API server (re)started is its RBAC authorizer not
+        # synced yet: retried at the normal pace for a while, slowly only when it stays
+        self._forbidden = ForbiddenGrace(FORBIDDEN_GRACE_S, clock=clock)
         self._failing = ""
         self._failures = 0
 
@@ -126,9 +132,11 @@ class Informer:
                     await self.relist()
                     need_list = False
                     self._failing, self._failures = "", 0
+                    self._forbidden.clear(self.name)
                 await self._watch_once()
                 self._backoff.reset()
                 self._failing, self._failures = "", 0
+                self._forbidden.clear(self.name)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -141,8 +149,11 @@ class Informer:
                     )
                     need_list = True
                     continue
-                # An error retrying does not fix (403: RBAC missing) heals slowly: wait longer.
-                cap = _RETRY_CAP_S if verdict_of(exc) is Verdict.RETRY else _SLOW_CAP_S
+                # An error retrying does not fix (a 403 that stays: RBAC missing) heals slowly:
+                # wait longer. A 403 for less than FORBIDDEN_GRACE_S is a restarted API
+                # server's (issue 26: the member showed NotReady up to a minute longer).
+                verdict = self._forbidden.verdict(self.name, exc)
+                cap = _RETRY_CAP_S if verdict is Verdict.RETRY else _SLOW_CAP_S
                 wait = max(_MIN_WAIT_S, self._backoff.next(cap=cap))
                 error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._failures += 1

@@ -58,7 +58,13 @@ from gpufed.sync.manifests import (
     node_not_ready_of,
 )
 from gpufed.sync.ownership import Owner, OwnershipConflictError, job_uid_of, origin_selector
-from gpufed.sync.retry import Verdict, kube_retry, status_of, verdict_of
+from gpufed.sync.retry import (
+    FORBIDDEN_GRACE_S,
+    ForbiddenGrace,
+    Verdict,
+    kube_retry,
+    status_of,
+)
 
 log = structlog.get_logger("gpufed.agent.work")
 
@@ -109,7 +115,9 @@ class WorkManager:
     ``origin``: the hub's origin (``--origin``), the only one whose objects this agent touches;
     ``member``: this member's name, for the messages of ownership conflicts; ``guard``: the
     hub epoch and held jobs (:class:`gpufed.agent.held.EpochGuard`; its grace period is the
-    agent's ``--eviction-grace-period``).
+    agent's ``--eviction-grace-period``); ``forbidden``: how long a Forbidden on one job's
+    apply or delete is retried before it is a refusal (:class:`gpufed.sync.retry.ForbiddenGrace`
+    of ``--forbidden-retry-period``; default 60 s).
     """
 
     def __init__(
@@ -123,8 +131,12 @@ class WorkManager:
         origin: str = DEFAULT_ORIGIN,
         member: str = "",
         guard: EpochGuard | None = None,
+        forbidden: ForbiddenGrace | None = None,
     ) -> None:
         self._client = client
+        # a 403 is retried for a while before the job is refused (a member API server that
+        # just restarted forbids everything until its RBAC authorizer has listed: issue 26)
+        self._forbidden = forbidden or ForbiddenGrace(FORBIDDEN_GRACE_S)
         self.guard = guard or EpochGuard()
         self.origin = origin
         self.member = member
@@ -350,16 +362,17 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            verdict = verdict_of(exc)
+            verdict = self._forbidden.verdict(item.job_uid, exc)
             if status_of(exc) is None and verdict is Verdict.PERMANENT:
                 raise  # not an API error: a bug, handled by the worker
             retryable = not verdict.permanent
-            message = api_error_message(exc)
+            message = self._forbidden_message(item.job_uid, exc)
             bound.warning(
                 "work.apply.failed", reason=message, status=status_of(exc), retryable=retryable
             )
             self._send_ack(self._failed(item, message, retryable=retryable))
             return
+        self._forbidden.clear(item.job_uid)
         job.applied = True
         job.deleted = False
         self._status.track(
@@ -393,14 +406,15 @@ class WorkManager:
             self._send_ack(self._failed(item, str(exc), retryable=False))
             return
         except Exception as exc:
-            verdict = verdict_of(exc)
+            verdict = self._forbidden.verdict(item.job_uid, exc)
             if status_of(exc) is None and verdict is Verdict.PERMANENT:
                 raise  # not an API error: a bug, handled by the worker
-            message = api_error_message(exc)
+            message = self._forbidden_message(item.job_uid, exc)
             retryable = not verdict.permanent
             bound.warning("work.delete.failed", reason=message, retryable=retryable)
             self._send_ack(self._failed(item, message, retryable=retryable))
             return
+        self._forbidden.clear(item.job_uid)
         job.deleted = True
         job.applied = False
         bound.info("work.deleted", objects=len(refs))
@@ -496,6 +510,20 @@ class WorkManager:
         await asyncio.sleep(wait_s + 1.0)
         self._evict_task = None
         await self._collect_orphans(desired)
+
+    def _forbidden_message(self, job_uid: str, exc: BaseException) -> str:
+        """The API error's message; for a 403, how long this job has been forbidden and the
+        fix once that is past the grace period (a grant the agent lacks)."""
+        message = api_error_message(exc)
+        since = self._forbidden.forbidden_for(job_uid) if status_of(exc) == 403 else None
+        if since is None:
+            return message
+        if since < self._forbidden.grace_s:
+            return f"{message} (forbidden for {since:.0f} s: retried for up to {self._forbidden.grace_s:.0f} s)"
+        return (
+            f"{message} (forbidden for {since:.0f} s: grant the agent's ServiceAccount this "
+            f"right in member {self.member or 'this member'}, see the chart's agent RBAC)"
+        )
 
     @staticmethod
     def _failed(item: WorkItem, message: str, *, retryable: bool) -> WorkAck:

@@ -32,6 +32,7 @@ memo's fleet-level results.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
@@ -50,6 +51,9 @@ from gpufed.placement.index import NodeState
 from gpufed.placement.ledger import Ledger
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo
+
+if TYPE_CHECKING:
+    from gpufed.placement.recent import RecentNodes
 
 
 class FleetSnapshot:
@@ -70,6 +74,9 @@ class FleetSnapshot:
         self.generation = 0
         #: what place() remembers about this snapshot; not snapshot state (see :mod:`.memo`)
         self.memo = PlacementMemo()
+        #: told of every node that leaves a member or changes shape, and of every node that
+        #: joins (:mod:`.recent`: "could ever hold" judged on recent shapes too); None: off
+        self.recent: RecentNodes | None = None
         self._ledger = Ledger()
         for res in reservations:
             self.add_reservation(res)
@@ -324,8 +331,12 @@ class FleetSnapshot:
             self._resettle(c.name, changed)
         if c.add_node(inv, self._ledger):
             self.generation += 1
+        if self.recent is not None and len(self.recent):
+            self.recent.joined(c.name, inv)
 
     def _remove_node(self, c: ClusterState, n: NodeState) -> None:
+        if self.recent is not None:
+            self.recent.left(c.name, n.inv)
         changed = self._ledger.seen_add(c.name, n.inv, -1)
         dropped = c.remove_node(n)
         if dropped is not None:
@@ -342,6 +353,9 @@ class FleetSnapshot:
         for inv in nodes:
             changed |= self._ledger.seen_add(c.name, inv, +1)
         c.bulk_add(nodes, self._ledger)
+        if self.recent is not None and len(self.recent):
+            for inv in nodes:
+                self.recent.joined(c.name, inv)
         if changed:
             self._resettle(c.name, changed)
 

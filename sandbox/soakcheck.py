@@ -119,8 +119,9 @@ def _intervals(
     """Per job uid, per copy ``(member, copy uid)``: ``[first start, last end]`` of its pods'
     running time. A pod runs from ``started`` to ``finished``, else its deletion mark, else
     the last time it was seen running (it vanished), else the end of the history; and never
-    past the first observation of its node missing from its member (a deleted node is a dead
-    machine, whatever the Pod object still says)."""
+    past its node's deletion (the node-delete fault's start, else the first observation of the
+    node missing from its member: a deleted node is a dead machine, whatever the Pod object
+    still says)."""
     pods: dict[tuple[str, str], dict[str, Any]] = {}
     seen_running: dict[tuple[str, str], float] = {}
     this_round: set[tuple[str, str]] = set()
@@ -141,13 +142,29 @@ def _intervals(
         (r["t"], r["member"], set(r["products"])) for r in records if r["type"] == "nodes"
     ]
 
+    # the injector's node deletions (fault records, target "member/node"): the moment the
+    # machine died, known exactly even when the observer's rounds are far apart (under load
+    # a round took 18 s, and a re-run elsewhere looked like running twice)
+    deletions: list[tuple[float, str, str]] = []
+    for r in records:
+        target = str(r.get("target", ""))
+        kind = r.get("kind") if r["type"] == "fault" and not r.get("error") else None
+        if kind == "node-delete" and "/" in target:
+            member, node = target.split("/", 1)
+            deletions.append((float(r["start"]), member, node))
+
     def node_gone(member: str, node: str, after: float) -> float | None:
-        """When ``node`` was first seen absent from ``member`` after ``after`` (its machine
-        died with it: the node-delete fault)."""
-        for t, m, names in node_lists:
-            if m == member and t > after and node and node not in names:
-                return float(t)
-        return None
+        """When ``node`` of ``member`` was deleted after ``after`` (its machine died with
+        it): the node-delete fault's start, else the first observation of it missing."""
+        seen = next(
+            (float(t) for t, m, names in node_lists
+             if m == member and t > after and node and node not in names),
+            None,
+        )  # fmt: skip
+        times = [t for t, m, n in deletions if m == member and n == node and t > after]
+        if seen is not None:
+            times.append(seen)
+        return min(times, default=None)
 
     out: dict[str, dict[Any, list[float]]] = defaultdict(dict)
     for key, r in pods.items():

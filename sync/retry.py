@@ -20,11 +20,13 @@ aiohttp/urllib3 transport errors, aetcd
 the namespace is gone and is created again), 403
 naming a bootstrap ClusterRole ``system:…`` not
 found (an API server whose RBAC authorizer has not
-listed its roles yet: seconds after its start)
+listed its roles yet: seconds after its start);
+any other 403 for ``FORBIDDEN_GRACE_S`` from the
+first one of a work item (:class:`ForbiddenGrace`)
 409 Conflict                                           ``RECONCILE``   re-read, recompute, write
 404 Not Found, 410 Gone                                ``GONE``        the object (or the watch's
                                                                        resourceVersion) is gone
-400, 403, 422                                          ``REFUSED``     report; the same request
+400, 403 (after the grace above), 422                  ``REFUSED``     report; the same request
                                                                        cannot succeed
 other 4xx; anything that is not an API or transport    ``PERMANENT``   report (a bug or broken
 error                                                                  input)
@@ -48,6 +50,8 @@ from __future__ import annotations
 import enum
 import random
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -124,13 +128,20 @@ def verdict_of(exc: BaseException) -> Verdict:
     return Verdict.PERMANENT
 
 
-def _namespace_terminating(exc: BaseException) -> bool:
-    """The API server refused new content in a namespace that is being deleted (a Status whose
-    ``details.causes`` carry reason ``NamespaceTerminating``)."""
+def _status_text(exc: BaseException) -> str:
+    """The text of an API error's Status body (its first 64 KiB; bytes decoded as UTF-8), else
+    its ``reason``; empty when it has neither."""
     body = getattr(exc, "body", None)
     if isinstance(body, bytes):
         body = body[:65536].decode("utf-8", errors="replace")
-    return isinstance(body, str) and "NamespaceTerminating" in body[:65536]
+    text = body if isinstance(body, str) else str(getattr(exc, "reason", "") or "")
+    return text[:65536]
+
+
+def _namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused new content in a namespace that is being deleted (a Status whose
+    ``details.causes`` carry reason ``NamespaceTerminating``)."""
+    return "NamespaceTerminating" in _status_text(exc)
 
 
 #: What a kube-apiserver's RBAC authorizer adds to a Forbidden while its informers have not
@@ -143,11 +154,64 @@ def _rbac_starting(exc: BaseException) -> bool:
     """A Forbidden from an API server that is still starting: its RBAC authorizer does not find
     a bootstrap ClusterRole (found by the chaos soak after member API server and etcd restarts:
     ``RBAC: clusterrole.rbac.authorization.k8s.io "system:discovery" not found``)."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body[:65536].decode("utf-8", errors="replace")
-    text = body if isinstance(body, str) else str(getattr(exc, "reason", "") or "")
-    return bool(_RBAC_STARTING.search(text[:65536]))
+    return bool(_RBAC_STARTING.search(_status_text(exc)))
+
+
+#: Seconds a Forbidden (403) on one work item is retried, from the first one, before it counts
+#: as a refusal (:class:`ForbiddenGrace`).
+FORBIDDEN_GRACE_S = 60.0
+#: Most keys a :class:`ForbiddenGrace` remembers (the oldest first 403 is forgotten past it).
+MAX_FORBIDDEN_KEYS = 10_000
+
+
+class ForbiddenGrace:
+    """A Forbidden is a retry for ``grace_s`` seconds from the first one for a key (a work
+    item), then a refusal.
+
+    A member API server that has just restarted answers plain Forbiddens for a while (its RBAC
+    authorizer has not listed the roles and bindings yet: ``namespaces "team-a" is forbidden:
+    User "…gpufed-agent" cannot get resource "namespaces"``, found by the chaos soak, issue 26),
+    which looks exactly like a missing grant. So one 403 is not final: :meth:`verdict` answers
+    ``RETRY`` for a 403 until ``grace_s`` has passed since that key's first 403, and
+    ``REFUSED`` after (a grant that stays missing). Other errors get :func:`verdict_of`'s
+    verdict. :meth:`clear` after a success. ``clock``: monotonic seconds (fake in tests). At
+    most :data:`MAX_FORBIDDEN_KEYS` keys are remembered. Raises ValueError for a negative
+    ``grace_s``.
+    """
+
+    def __init__(
+        self,
+        grace_s: float = FORBIDDEN_GRACE_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = MAX_FORBIDDEN_KEYS,
+    ) -> None:
+        if grace_s < 0:
+            raise ValueError(f"forbidden retry period {grace_s} s: must be >= 0")
+        self.grace_s = grace_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._first: OrderedDict[str, float] = OrderedDict()
+
+    def verdict(self, key: str, exc: BaseException) -> Verdict:
+        """``exc``'s verdict for work item ``key`` (class docstring)."""
+        verdict = verdict_of(exc)
+        if verdict is not Verdict.REFUSED or status_of(exc) != 403:
+            return verdict
+        now = self._clock()
+        first = self._first.setdefault(key, now)
+        while len(self._first) > self._max_keys:
+            self._first.popitem(last=False)
+        return Verdict.RETRY if now - first < self.grace_s else Verdict.REFUSED
+
+    def forbidden_for(self, key: str) -> float | None:
+        """Seconds since ``key``'s first 403 (None: none since the last :meth:`clear`)."""
+        first = self._first.get(key)
+        return None if first is None else self._clock() - first
+
+    def clear(self, key: str) -> None:
+        """``key`` succeeded: its next 403 starts a new grace period."""
+        self._first.pop(key, None)
 
 
 def _top_module(cls: type) -> str:

@@ -408,7 +408,9 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
                 "dra_gpus": s.dra_gpus,
             },
         )
-        _set(node, "__pydantic_fields_set__", fields_set)
+        # a set of its own, as pydantic's: model_copy(update=...) adds to it (a shared
+        # frozenset crashed the hub's preemption what-if, issue 26)
+        _set(node, "__pydantic_fields_set__", set(fields_set))
         _set(node, "__pydantic_extra__", None)
         _set(node, "__pydantic_private__", None)
         out.append(node)

@@ -18,7 +18,14 @@ from typing import Any, Protocol
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.adapters.store import Loaded
-from gpufed.hub.rules.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.rules.records import (
+    AckRecord,
+    FairShareRecord,
+    JobRecord,
+    MemberMeta,
+    RecentNodesRecord,
+    WorkRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,11 @@ class StateStore(Protocol):
 
     async def put_fair_share(self, record: FairShareRecord) -> None:
         """Replace the queues' decayed usage (key ``fairshare``)."""
+        ...
+
+    async def put_recent_nodes(self, record: RecentNodesRecord) -> None:
+        """Replace the nodes that left a member or shrank within the hour (key
+        ``recentnodes``)."""
         ...
 
     async def forget_work(self, cluster: str, job_uid: str) -> None:

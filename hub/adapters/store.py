@@ -52,7 +52,14 @@ from tenacity import (
 
 from gpufed.api.errors import GpufedError, PermanentError, TransientError
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.rules.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.rules.records import (
+    AckRecord,
+    FairShareRecord,
+    JobRecord,
+    MemberMeta,
+    RecentNodesRecord,
+    WorkRecord,
+)
 from gpufed.sync.retry import is_retryable
 
 log = structlog.get_logger("gpufed.hub.adapters.store")
@@ -94,6 +101,8 @@ class Loaded:
     job_revisions: dict[str, int] = field(default_factory=dict)
     #: the ``fairshare`` key (None: absent)
     fair_share: FairShareRecord | None = None
+    #: the ``recentnodes`` key (None: absent)
+    recent_nodes: RecentNodesRecord | None = None
     #: the ``epoch`` key's value (None: absent, a new or wiped state) and the etcd cluster ID
     epoch_id: str | None = None
     cluster_id: int = 0
@@ -387,6 +396,12 @@ class Store:
         tx = self._client.transactions
         await self._guarded([tx.put(self._k("fairshare"), record.model_dump_json().encode())])
 
+    async def put_recent_nodes(self, record: RecentNodesRecord) -> None:
+        """Replace the nodes that left a member or shrank within the hour (key
+        ``recentnodes``)."""
+        tx = self._client.transactions
+        await self._guarded([tx.put(self._k("recentnodes"), record.model_dump_json().encode())])
+
     async def put_work(self, cluster: str, record: WorkRecord) -> int:
         """Write (replace) one work item; returns its new revision."""
         tx = self._client.transactions
@@ -539,6 +554,8 @@ def _load_one(out: Loaded, parts: list[str], value: bytes, revision: int) -> Non
             out.epoch_id = value.decode()
         case ["fairshare"]:
             out.fair_share = FairShareRecord.model_validate_json(value)
+        case ["recentnodes"]:
+            out.recent_nodes = RecentNodesRecord.model_validate_json(value)
         case ["clusters", cluster, "nodes", _node]:
             node = NodeInventory.model_validate_json(value)
             out.nodes.setdefault(cluster, {})[node.name] = node

@@ -78,7 +78,13 @@ from gpufed.hub.components.state import HubState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
 from gpufed.hub.components.term import Term, TermTasks
 from gpufed.hub.components.tokens import Credentials, JoinTokens
+from gpufed.hub.rules.records import (
+    MAX_RECENT_NODE_RECORDS,
+    RecentNodeRecord,
+    RecentNodesRecord,
+)
 from gpufed.placement import FleetSnapshot
+from gpufed.placement.recent import RecentNodes
 
 log = structlog.get_logger("gpufed.hub.components.core")
 
@@ -115,6 +121,10 @@ class Controller:
         self.stop_reason = ""
         self.state = HubState()
         self.snapshot = FleetSnapshot()
+        # nodes that left or shrank within the hour: "could ever hold" counts them too (saved
+        # in etcd, so a new leader knows them: wall clock)
+        self.snapshot.recent = RecentNodes(wall)
+        self._recent_saved = 0
         term = Term(
             config=config,
             store=store,
@@ -194,6 +204,12 @@ class Controller:
 
     def restore(self, loaded: Loaded) -> None:
         """Take over what etcd holds: members, work items, job records, reservations."""
+        if loaded.recent_nodes is not None and self.snapshot.recent is not None:
+            # before the members' nodes: a node present again is forgotten as it joins
+            self.snapshot.recent.restore(
+                (r.cluster, r.node, r.left_at) for r in loaded.recent_nodes.nodes
+            )
+            self._recent_saved = self.snapshot.recent.version
         self.members.restore(loaded.members, loaded.nodes)
         for name, meta in loaded.members.items():
             self.suspects.restore(name, meta.suspects, mono=self._mono(), wall=self._wall())
@@ -303,6 +319,23 @@ class Controller:
                 if self.queues.synced.is_set():
                     self.queues.refresh()
                     await self.queues.save_history()
+                await self._save_recent_nodes()
+
+    async def _save_recent_nodes(self) -> None:
+        """Write the nodes that left or shrank within the hour when they changed (the newest
+        :data:`MAX_RECENT_NODE_RECORDS`)."""
+        recent = self.snapshot.recent
+        if recent is None or recent.version == self._recent_saved:
+            return
+        recent.by_cluster()  # drop what the window let go
+        version = recent.version
+        rows = [
+            RecentNodeRecord(cluster=c, node=inv, left_at=at) for c, inv, at in recent.entries()
+        ]
+        await self._term.store.put_recent_nodes(
+            RecentNodesRecord(nodes=rows[-MAX_RECENT_NODE_RECORDS:])
+        )
+        self._recent_saved = version
 
     async def _resync_loop(self) -> None:
         """Level-triggered status: every ``status_resync_s``, write again each GPUJob and

@@ -14,10 +14,10 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   rebuilds the tree (our own status writes come back through the watch).
 - **Usage** (:meth:`Queues.rebuild_usage`) follows the placements: a job charges its queue
   from the placement's etcd transaction (``JobRecord.queue`` / ``JobRecord.charged``) until it
-  ends, is deleted (its record forgotten), waits to be placed again (record without a
-  cluster) or is being stopped for a preemptor (its quota goes to the preemptor's hold, which
-  the ledger charges to the preemptor's queue until it is placed, so the GPUQueue status shows
-  it). The ledger is rebuilt from those records at every cycle, so a restart, a failover
+  ends, is deleted (its record forgotten) or waits to be placed again (record without a
+  cluster); a job being stopped for a preemptor charges until its copy is gone, and the
+  preemptor's hold is charged to the preemptor's queue, until it is placed, for what its
+  stopping victims do not charge (so the GPUQueue status shows it). The ledger is rebuilt from those records at every cycle, so a restart, a failover
   or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
@@ -120,6 +120,8 @@ class Queues:
         self._exported_pending: set[str] = set()
         self.tree: QueueTree = build_tree([], default_queue=cfg.default_queue)
         self.usage = QuotaUsage()
+        #: the usage preemption plans on (:meth:`rebuild_usage`)
+        self.planning_usage = QuotaUsage()
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None
         #: set once the first GPUQueue list of this term is in
@@ -253,25 +255,21 @@ class Queues:
 
         ``holds``: (job uid, GPU product) of each waiting preemptor's confirmed hold, charged
         to its queue while it waits (docs/hub.md, "Preemption"): the quota it reclaimed stays
-        its own, so its requeued victims cannot take it back on other free GPUs. The
-        scheduling cycle passes them; between cycles (:meth:`refresh`) the last ones count."""
+        its own, so its requeued victims cannot take it back on other free GPUs. A victim
+        still being stopped keeps charging its own queue until its copy is gone (its pods
+        still run: no other job of its queue may take that quota meanwhile), and the hold is
+        charged only for what its stopping victims do not charge, so the two never count the
+        same GPUs twice. The scheduling cycle passes them; between cycles (:meth:`refresh`)
+        the last ones count."""
         if holds is not None:
             self._holds = tuple(holds)
         jobs = self._term.state.jobs.values()
         charges: list[tuple[str, str, Mapping[str, int]]] = []
-        for uid, product in self._holds:
-            held = self._term.state.jobs.get(uid)
-            if held is None or held.request is None or not held.wants_placement:
-                continue
-            if demand := demand_of(held.request, product):
-                charges.append((uid, self.queue_of(held).queue, demand))
+        # preemptor uid -> what its victims still being stopped charge (their copies run)
+        stopping_for: dict[str, Counter[str]] = {}
         for j in jobs:
             r = j.record
             if r is None or j.terminal or r.cluster is None:
-                continue
-            if r.stopping is not None and r.stopping.by_uid:
-                # preempted: its quota went to the preemptor's hold (charged by the scheduling
-                # cycle while the preemptor waits), as Kueue releases an evicted workload's
                 continue
             if r.queue is not None and r.charged:
                 charges.append((r.uid, r.queue, r.charged))
@@ -283,15 +281,44 @@ class Queues:
                 demand = demand_of(j.request, placed.gpu_product if placed else None)
                 if demand:
                     charges.append((r.uid, self.queue_of(j).queue, demand))
+            if r.stopping is not None and r.stopping.by_uid and charges and charges[-1][0] == r.uid:
+                # preempted, copy not gone yet: it still charges its own queue (its pods run);
+                # the preemptor's hold is charged only for the rest (below)
+                stopping_for.setdefault(r.stopping.by_uid, Counter()).update(charges[-1][2])
         charges.extend(
             (r.uid, r.queue, r.charged)
             for r in self._lifecycle.orphan_records()
             if r.cluster is not None and r.queue is not None and r.charged
         )
+        held_charges: list[tuple[str, str, Mapping[str, int]]] = []
+        full_holds: list[tuple[str, str, Mapping[str, int]]] = []
+        for uid, product in self._holds:
+            held = self._term.state.jobs.get(uid)
+            if held is None or held.request is None or not held.wants_placement:
+                continue
+            queue = self.queue_of(held).queue
+            full = demand_of(held.request, product)
+            if full:
+                full_holds.append((uid, queue, full))
+            still = stopping_for.get(uid, Counter())
+            demand = {k: v - still[k] for k, v in full.items()}
+            if demand := {k: v for k, v in demand.items() if v > 0}:
+                held_charges.append((uid, queue, demand))
         # A new ledger object: a pass's gate keeps charging the one it started with.
         usage = QuotaUsage()
-        usage.rebuild(charges)
+        usage.rebuild(held_charges + charges)
         self.usage = usage
+        # Preemption plans on the usage to come: victims being stopped count as gone and the
+        # holds in full (else a queue whose victims still stop looks above its nominal and
+        # loses more jobs to reclaim than it borrows: the seed-1 soak's preemption churn).
+        victims = {
+            j.uid
+            for j in jobs
+            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
+        }
+        planning = QuotaUsage()
+        planning.rebuild(full_holds + [c for c in charges if c[0] not in victims])
+        self.planning_usage = planning
 
     def gate(self) -> QuotaGate:
         """Admission for one pass over the current tree and ledger (the pass charges it)."""

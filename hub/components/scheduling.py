@@ -72,6 +72,7 @@ from gpufed.placement.fairshare import fair_sorted
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
+from gpufed.placement.recent import recent_could_hold
 from gpufed.sync.computedomain import compute_domain_of
 from gpufed.sync.manifests import PodSetPinning, prepare_manifests
 
@@ -79,6 +80,10 @@ log = structlog.get_logger("gpufed.hub.components.scheduling")
 
 #: Minimum pause between two scheduling cycles (a burst of changes becomes one cycle).
 CYCLE_DEBOUNCE_S = 0.005
+#: Jobs whose "not final because of recently seen nodes" answer is cached (oldest go first).
+_MAX_RECENT_WHY = 4096
+#: Seconds a cached answer stands while nothing changes (remembered nodes expire meanwhile).
+_RECENT_WHY_S = 60.0
 
 
 def _why(answer: NoPreemption) -> str:
@@ -111,6 +116,8 @@ class Scheduler:
         self._queues = queues
         self._priorities = priorities
         self._snapshot = snapshot
+        #: job uid -> ((snapshot generation, remembered nodes version), why not final)
+        self._recent_why: dict[str, tuple[tuple[int, int, int], str | None]] = {}
         self._reservations = reservations
         self._dispatch = dispatch
         self._mirror = mirror
@@ -214,7 +221,9 @@ class Scheduler:
         answers = await self._preemption.run(
             result.decisions,
             self._policy,
-            QuotaView(gate.tree, gate.usage) if gate.enforce else None,
+            # the usage to come (stopping victims gone): reclaim never takes more than is
+            # borrowed; admission (the gate) still counts the victims until they are gone
+            QuotaView(gate.tree, queues.planning_usage) if gate.enforce else None,
             now,
         )
         # 5. act: commit placed jobs (etcd first, then dispatch); report the rest
@@ -354,7 +363,10 @@ class Scheduler:
         a member is not Ready (its nodes may come back: a stopped API server, NotReady nodes),
         and never for a job that was placed before (a re-run, a requeue): it fitted the fleet
         once, so a node or member that is gone for now makes it wait, not fail (found by the
-        chaos soak: re-runs failed for good while the only node of their shape was deleted)."""
+        chaos soak: re-runs failed for good while the only node of their shape was deleted);
+        nor while the nodes that left or shrank within the hour could hold it with the present
+        ones (:mod:`gpufed.placement.recent`: new jobs of a shape whose nodes are away for a
+        while wait for them; a shape no member had within the hour still fails at once)."""
         state = self._term.state
         if not state.fleet_complete():
             waiting = state.awaiting_inventory()
@@ -366,7 +378,25 @@ class Scheduler:
             return f"waiting: member {', '.join(down)} not Ready may hold it when it comes back"
         if job.record is not None:
             return "waiting: it was placed before, so the fleet may hold it again"
-        return None
+        recent = self._snapshot.recent
+        if recent is None or job.request is None:
+            return None
+        # nodes that left or shrank within the hour may come back (issue 26); judged again
+        # only when the fleet or the remembered nodes changed
+        key = (
+            self._snapshot.generation,
+            recent.version,
+            int(self._term.mono() // _RECENT_WHY_S),
+        )
+        cached = self._recent_why.get(job.uid)
+        if cached is None or cached[0] != key:
+            why = recent_could_hold(
+                job.request, self._snapshot, recent, self._policy, self._term.wall()
+            )
+            cached = self._recent_why[job.uid] = (key, why)
+            if len(self._recent_why) > _MAX_RECENT_WHY:
+                self._recent_why.pop(next(iter(self._recent_why)))
+        return cached[1]
 
     def _show(
         self,

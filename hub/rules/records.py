@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpufed.api.inventory import NodeInventory
 from gpufed.api.request import PreemptionPolicy
 from gpufed.api.work import AckResult, PodSecurityLevel, WorkItem, WorkOp
 
@@ -150,6 +151,27 @@ class FairShareRecord(_Record):
 
     values: dict[str, float] = {}
     at: float = 0.0
+
+
+class RecentNodeRecord(_Record):
+    """One node that left member ``cluster`` or shrank: its last inventory and when (wall s)."""
+
+    cluster: str
+    node: NodeInventory
+    left_at: float
+
+
+#: Remembered nodes a :class:`RecentNodesRecord` keeps (the newest): far below etcd's request
+#: limit (1.5 MiB) at a few KiB a node.
+MAX_RECENT_NODE_RECORDS = 256
+
+
+class RecentNodesRecord(_Record):
+    """The nodes that left a member or shrank within the hour (key ``recentnodes``;
+    :mod:`gpufed.placement.recent`), so that a new leader too judges "could ever hold" on them.
+    Written by the leader when they change, at most every status interval."""
+
+    nodes: list[RecentNodeRecord] = []
 
 
 class SuspectRecord(_Record):

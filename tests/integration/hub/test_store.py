@@ -14,6 +14,8 @@ from gpufed.hub.rules.records import (
     FairShareRecord,
     JobRecord,
     MemberMeta,
+    RecentNodeRecord,
+    RecentNodesRecord,
     RequeueCause,
     WorkRecord,
 )
@@ -167,6 +169,16 @@ async def test_fair_share_history_is_written_by_the_leader_and_loaded_back(store
     record = FairShareRecord(values={"team-a": 28_800.5}, at=1_767_225_600.0)
     await store.put_fair_share(record)
     assert (await store.load()).fair_share == record
+
+
+async def test_the_recent_nodes_are_written_by_the_leader_and_loaded_back(store: Store) -> None:
+    # issue 26: a new leader judges "could ever hold" on the nodes that left within the hour
+    await lead(store)
+    assert (await store.load()).recent_nodes is None
+    node = NodeInventory(name="n1", nvlink_domain="node:n1", allocatable={"nvidia.com/gpu": 8})
+    record = RecentNodesRecord(nodes=[RecentNodeRecord(cluster="m1", node=node, left_at=5.0)])
+    await store.put_recent_nodes(record)
+    assert (await store.load()).recent_nodes == record
 
 
 async def test_a_preemption_writes_the_hold_and_every_victims_mark_in_one_transaction(

@@ -219,3 +219,46 @@ async def test_the_jobs_node_grace_reaches_the_status_reporter() -> None:
     h.work.submit(apply_item("u2", 1, gpu_job("u2", "job-u2")))
     await h.work.idle()
     assert h.status.grace == {"u1": 30, "u2": 300}
+
+
+async def test_a_forbidden_apply_is_retried_for_the_grace_period_then_refused_with_the_fix() -> (
+    None
+):
+    # issue 26: right after a member API server restart it forbade the agent everything for a
+    # while (no RBAC suffix), and the job failed for good at its first 403.
+    from gpufed.sync.retry import ForbiddenGrace
+
+    clock = [500.0]
+    h = Harness()
+    h.work = WorkManager(
+        h.api,
+        ack=h.acks.append,
+        status=h.status,
+        member="m1",
+        forbidden=ForbiddenGrace(60.0, clock=lambda: clock[0]),
+    )
+    denied = 'jobs.batch is forbidden: User "agent" cannot create resource "jobs"'
+    h.api.refuse["job-u1"] = FakeApiError(403, denied)
+    h.work.submit(apply_item("u1", 1))
+    await h.work.idle()
+    clock[0] += 30
+    h.work.submit(apply_item("u1", 2))  # the hub sends it again after its backoff
+    await h.work.idle()
+    first, second = h.acks
+    assert (first.result, first.retryable) == ("Failed", True)
+    assert (second.result, second.retryable) == ("Failed", True)
+    assert second.message.startswith(denied)
+    assert "forbidden for 30 s" in second.message
+    clock[0] += 31  # 61 s since the first 403: a grant that stays missing
+    h.work.submit(apply_item("u1", 3))
+    await h.work.idle()
+    third = h.acks[-1]
+    assert (third.result, third.retryable) == ("Failed", False)
+    assert "forbidden for 61 s" in third.message
+    assert "grant the agent's ServiceAccount this right in member m1" in third.message
+    # the grant is given: the job applies, and its period is over
+    del h.api.refuse["job-u1"]
+    h.work.submit(apply_item("u1", 4))
+    await h.work.idle()
+    assert h.acks[-1].result == "Applied"
+    assert h.work._forbidden.forbidden_for("u1") is None

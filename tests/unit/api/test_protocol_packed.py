@@ -194,3 +194,17 @@ def test_parts_stay_under_the_byte_budget_and_decode_to_the_same_nodes() -> None
     got = [n for p in parts for n in unpack_nodes(p, book)]
     assert got == reference(nodes)
     assert len(packed_parts([], ShapeTable(), 4096)) == 1, "an empty cluster is one message"
+
+
+def test_a_decoded_node_can_be_copied_with_updates_as_a_validated_one() -> None:
+    # issue 26: the preemption what-if (placement.whatif) copies nodes with updates; packed
+    # nodes shared one frozenset of fields set, and model_copy(update=...) crashed the leader.
+    nodes = fleet_nodes("m", 20)
+    book = ShapeBook()
+    decoded = unpack_nodes(pack(nodes, ShapeTable()), book)
+    for got, want in zip(decoded, reference(nodes), strict=True):
+        copied = got.model_copy(update={"requested": {}, "job_requests": {}})
+        assert copied.requested == {}
+        assert copied.job_requests == {}
+        assert got.requested == want.requested, "the original is unchanged"
+        assert "requested" in copied.model_fields_set

@@ -19,7 +19,14 @@ from typing import Any
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.adapters.ports import HubAPI, StateStore, WatchEvent
 from gpufed.hub.adapters.store import ConflictError, Loaded
-from gpufed.hub.rules.records import AckRecord, FairShareRecord, JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.rules.records import (
+    AckRecord,
+    FairShareRecord,
+    JobRecord,
+    MemberMeta,
+    RecentNodesRecord,
+    WorkRecord,
+)
 
 
 @dataclass
@@ -58,6 +65,8 @@ class FakeStore:
     epoch_id: str | None = None
     #: the ``fairshare`` key
     fair_share: FairShareRecord | None = None
+    #: the ``recentnodes`` key
+    recent_nodes: RecentNodesRecord | None = None
 
     def _next(self) -> int:
         self.revision += 1
@@ -74,6 +83,7 @@ class FakeStore:
             nodes={c: dict(n) for c, n in self.nodes.items()},
             epoch_id=self.epoch_id,
             fair_share=self.fair_share,
+            recent_nodes=self.recent_nodes,
         )
 
     async def place(
@@ -175,6 +185,10 @@ class FakeStore:
     async def put_fair_share(self, record: FairShareRecord) -> None:
         self.calls.append("put_fair_share")
         self.fair_share = record
+
+    async def put_recent_nodes(self, record: RecentNodesRecord) -> None:
+        self.calls.append("put_recent_nodes")
+        self.recent_nodes = record
 
     async def forget_work(self, cluster: str, job_uid: str) -> None:
         self.calls.append("forget_work")

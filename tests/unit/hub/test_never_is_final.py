@@ -5,7 +5,7 @@ the member that holds their shape was down."""
 
 from __future__ import annotations
 
-from gpufed.api.stream import InventorySnapshot
+from gpufed.api.stream import InventoryDelta, InventorySnapshot
 from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
 from gpufed.hub.components.config import HubConfig
 from tests.unit.hub.builders import hgx_node
@@ -68,3 +68,79 @@ async def test_a_new_job_waits_while_a_member_is_not_ready() -> None:
     job = t.ctrl.state.jobs["u1"]
     assert job.status.phase == "Pending"
     assert "m2 not Ready" in (job.status.message or "")
+
+
+async def test_a_new_job_waits_while_the_only_nodes_of_its_shape_are_away_for_a_while() -> None:
+    # issue 26 (chaos soak): new jobs failed for good while both GB200 trays (or the only MIG
+    # node) were deleted for a minute. Nodes that left within the hour count for "could ever
+    # hold"; a job no node of the last hour could hold still fails at once.
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1").model_copy(
+        update={"allocatable": {"nvidia.com/gpu": 4}}))  # fmt: skip
+    m1 = t.ctrl.state.members["m1"]
+    t.ctrl.members.on_delta(m1, InventoryDelta(seq=2, removed=("m1-n0",)))  # the 8-GPU node
+    await settle()
+    await t.submit("eight", "u1", gpus=8)
+    await _cycle(t, "u1")
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending", job.status
+    assert "m1/m1-n0" in (job.status.message or ""), job.status.message
+    await t.submit("huge", "u2", gpus=64)  # more than any node of the last hour
+    await _cycle(t, "u2")
+    assert t.ctrl.state.jobs["u2"].status.phase == "Failed"
+    # the node comes back: the job is placed
+    t.ctrl.members.on_delta(m1, InventoryDelta(seq=3, upserts=(hgx_node("m1-n0"),)))
+    await _cycle(t, "u1")
+    assert t.ctrl.state.jobs["u1"].placed_cluster == "m1"
+
+
+async def test_a_node_away_for_longer_than_the_window_no_longer_holds_new_jobs_back() -> None:
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1").model_copy(
+        update={"allocatable": {"nvidia.com/gpu": 4}}))  # fmt: skip
+    m1 = t.ctrl.state.members["m1"]
+    t.ctrl.members.on_delta(m1, InventoryDelta(seq=2, removed=("m1-n0",)))
+    await settle()
+    t.clock.advance(3601)
+    await t.submit("eight", "u1", gpus=8)
+    await _cycle(t, "u1")
+    assert t.ctrl.state.jobs["u1"].status.phase == "Failed"
+
+
+async def test_gpus_withdrawn_from_the_only_fitting_node_make_a_new_job_wait() -> None:
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"))
+    m1 = t.ctrl.state.members["m1"]
+    withdrawn = hgx_node("m1-n0").model_copy(update={"allocatable": {"nvidia.com/gpu": 0}})
+    t.ctrl.members.on_delta(m1, InventoryDelta(seq=2, upserts=(withdrawn,)))
+    await settle()
+    await t.submit("eight", "u1", gpus=8)
+    await _cycle(t, "u1")
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending", job.status
+    assert "left or shrank" in (job.status.message or "")
+
+
+async def test_a_new_leader_knows_the_nodes_that_left_before_it_led() -> None:
+    # The 30-minute soak (seed 2): a MIG job waited while the only MIG node was deleted, then
+    # the leader was killed and the new one, not knowing the node, failed it. The remembered
+    # nodes are saved in etcd and a new leader starts from them.
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1").model_copy(
+        update={"allocatable": {"nvidia.com/gpu": 4}}))  # fmt: skip
+    t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, removed=("m1-n0",)))
+    await settle()
+    await t.ctrl._save_recent_nodes()
+    await t.ctrl.members.flush()
+    saved = t.store.recent_nodes
+    assert saved is not None
+    assert [(r.cluster, r.node.name) for r in saved.nodes] == [("m1", "m1-n0")]
+    t.clock.advance(60)
+    t2 = Term(store=t.store, kube=t.kube, clock=t.clock)
+    await t2.ctrl.load()
+    t2.member("m1", hgx_node("m1-n1").model_copy(update={"allocatable": {"nvidia.com/gpu": 4}}))
+    await t2.submit("eight", "u1", gpus=8)
+    await _cycle(t2, "u1")
+    job = t2.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Pending", job.status
+    assert "m1/m1-n0 (60 s ago)" in (job.status.message or "")

@@ -362,19 +362,107 @@ async def test_a_victim_whose_pods_go_first_does_not_take_the_reclaimed_quota_ba
     victims = sorted(u for u in nodes if t.store.jobs[u][0].stopping is not None)
     assert len(victims) == 2, "team-b borrowed 16: two 8-GPU jobs go"
     first, second = victims
-    # the victims' quota went to the reclaimer's hold: team-b is charged its survivor only,
-    # and team-a its hold, between cycles too (what the GPUQueue status shows)
+    # while the victims' copies run they charge team-b; the reclaimer's hold is charged to
+    # team-a for what they do not (nothing yet), between cycles too (the GPUQueue status)
     t.ctrl.queues.refresh()
-    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 8
-    assert sum(t.ctrl.queues.usage.own("team-a").values()) == 16, "the hold is team-a's usage"
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 24
+    assert sum(t.ctrl.queues.usage.own("team-a").values()) == 0
     f.report(node("m1-n3"))  # a free node elsewhere
     assert await f.ack("delete", "Deleted") == victims
     f.report(node(nodes[first]))  # the first victim's pods are gone, the second's are not
     await settle()
     await t.ctrl.scheduler.cycle()
     assert t.ctrl.state.jobs[first].status.phase == "Pending", "it took the quota back"
+    # the first victim's quota is now the hold's: team-a is charged it
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 16
+    assert sum(t.ctrl.queues.usage.own("team-a").values()) == 8, "the hold is team-a's usage"
     f.report(node(nodes[second]))
     await settle()
     await t.ctrl.scheduler.cycle()
     a = t.ctrl.state.jobs["ua"]
     assert a.status.phase == "Placed", a.status.message
+
+
+async def test_a_victim_still_stopping_keeps_its_queue_s_quota_until_its_copy_is_gone() -> None:
+    # issue 26 (chaos soak, quota overrun): a borrowing job preempted while its member could
+    # not delete it at once still ran, yet its queue was charged nothing for it, and another
+    # job of that queue was admitted into its quota: the queue ran above nominal + borrowing.
+    from tests.unit.hub.test_queues import gpuqueue
+
+    t = Term()
+    t.ctrl.intake.namespaces.seen("team-b", {})
+    t.kube.objects["gpuqueues"] += [
+        gpuqueue("org", nominal=40),
+        gpuqueue("team-a", namespaces=("team-a",), nominal=16, parent="org"),
+        gpuqueue("team-b", namespaces=("team-b",), nominal=8, parent="org", borrowing=8),
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    f = Fleet(t)
+
+    async def submit_b(uid: str) -> None:
+        obj: dict[str, Any] = gpujob_obj(uid, uid, template=batch_job(8))
+        obj["metadata"]["namespace"] = "team-b"
+        obj["spec"]["placement"] = {"priorityClassName": "low"}
+        t.kube.objects["gpujobs"].append(obj)
+        t.ctrl.intake.on_job_event(WatchEvent("ADDED", obj))
+        await settle()
+
+    for uid in ("b0", "b1"):
+        await submit_b(uid)
+    await t.ctrl.scheduler.cycle()
+    await f.ack("apply", "Applied")
+    nodes = {u: next(iter(json.loads(t.store.reservations[u])["nodes"])) for u in ("b0", "b1")}
+    f.report(*(node(n, **{u: 8}) for u, n in nodes.items()))
+    await settle()
+    # team-b at its cap (8 nominal + 8 borrowed); team-a's high job needs a node: one goes
+    await f.submit("a", "ua", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    [victim] = [u for u in nodes if t.store.jobs[u][0].stopping is not None]
+    # the victim's copy is not gone (its member has not deleted it yet); two nodes free up
+    f.report(node("m1-n2"), node("m1-n3"))
+    await submit_b("b2")
+    await t.ctrl.scheduler.cycle()
+    await t.ctrl.scheduler.cycle()
+    b2 = t.ctrl.state.jobs["b2"]
+    assert b2.status.phase == "Pending", "team-b admitted above its cap while its victim runs"
+    assert "borrowing limit" in b2.status.message, b2.status.message
+    # the ledger (and the GPUQueue status) counts what runs: team-b 16, no more
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 16
+    # the victim's copy is gone: team-b stays at its cap (the requeued victim, older, takes
+    # a free node before b2)
+    assert await f.ack("delete", "Deleted") == [victim]
+    f.report(node(nodes[victim]))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    assert t.ctrl.state.jobs["ua"].status.phase == "Placed"
+    placed_b = sorted(
+        u for u in ("b0", "b1", "b2") if t.ctrl.state.jobs[u].status.phase in ("Placed", "Running")
+    )
+    assert len(placed_b) == 2, placed_b
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 16
+
+
+async def test_reclaim_plans_count_victims_being_stopped_as_gone() -> None:
+    # The seed-1 soak on this branch: with victims still charged to their queue while they
+    # stop, the next reclaimer saw that queue above its nominal and preempted more of it than
+    # it borrowed (then the other queue reclaimed back: churn, and the drain never ended).
+    t = Term()
+    f, nodes = await team_b_borrows(
+        t, team_a=16, jobs=("b0", "b1", "b2"), cls="low", free=("m1-n2",)
+    )
+
+    async def reclaim(name: str) -> set[str]:
+        await f.submit(name, f"u{name}", 8, "low")
+        obj = t.kube.objects["gpujobs"][-1]
+        assert obj["metadata"]["namespace"] == "team-a"
+        await t.ctrl.scheduler.cycle()
+        await settle()
+        return {u for u in nodes if t.store.jobs[u][0].stopping is not None}
+
+    assert len(await reclaim("a1")) == 1, "team-b borrows 16: one 8-GPU job goes"
+    assert len(await reclaim("a2")) == 2, "and a second"
+    # team-b is at its nominal once its two victims are gone: nothing more to reclaim
+    assert len(await reclaim("a3")) == 2, "team-b lost more than it borrowed"
+    # admission still counts the victims while they stop (the quota overrun fix)
+    assert sum(t.ctrl.queues.usage.own("team-b").values()) == 24
+    assert sum(t.ctrl.queues.planning_usage.own("team-b").values()) == 8

@@ -13,6 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpufed.sync.retry import (
     Backoff,
+    ForbiddenGrace,
     Verdict,
     backoff_seconds,
     kube_retry,
@@ -297,3 +298,99 @@ def test_a_forbidden_from_an_api_server_whose_rbac_is_still_starting_retries() -
         'found","reason":"Forbidden","code":403}'
     )
     assert verdict_of(missing) is Verdict.REFUSED
+
+
+def forbidden(message: str, *, as_bytes: bool = False) -> ApiException:
+    exc = ApiException(status=403, reason="Forbidden")
+    body = f'{{"kind":"Status","message":"{message}","reason":"Forbidden","code":403}}'
+    exc.body = body.encode() if as_bytes else body
+    return exc
+
+
+PLAIN_403 = (
+    'namespaces \\"soak-a\\" is forbidden: User \\"system:serviceaccount:gpufed-system:'
+    'gpufed-agent\\" cannot get resource \\"namespaces\\" in API group \\"\\" in the '
+    'namespace \\"soak-a\\"'
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_plain_forbidden_is_retried_for_the_grace_period_from_its_first_one_then_refused() -> (
+    None
+):
+    # issue 26: a member API server that just restarted answered a plain Forbidden (no RBAC
+    # suffix) and the job failed for good. One work item: RETRY for 60 s from its first 403.
+    clock = FakeClock()
+    grace = ForbiddenGrace(60.0, clock=clock)
+    exc = forbidden(PLAIN_403)
+    assert verdict_of(exc) is Verdict.REFUSED, "stateless, a 403 is still a refusal"
+    assert grace.forbidden_for("u1") is None
+    assert grace.verdict("u1", exc) is Verdict.RETRY
+    clock.now += 59.9
+    assert grace.verdict("u1", exc) is Verdict.RETRY
+    assert grace.forbidden_for("u1") == pytest.approx(59.9)
+    assert grace.verdict("u2", exc) is Verdict.RETRY, "another work item has its own period"
+    clock.now += 0.1
+    assert grace.verdict("u1", exc) is Verdict.REFUSED, "a stable 403 is a refusal"
+    assert grace.verdict("u2", exc) is Verdict.RETRY
+    # a success starts the next 403 afresh
+    grace.clear("u1")
+    assert grace.verdict("u1", exc) is Verdict.RETRY
+
+
+def test_the_grace_changes_only_403s() -> None:
+    clock = FakeClock()
+    grace = ForbiddenGrace(60.0, clock=clock)
+    for status, verdict in ((422, Verdict.REFUSED), (400, Verdict.REFUSED), (503, Verdict.RETRY),
+                            (404, Verdict.GONE), (409, Verdict.RECONCILE)):  # fmt: skip
+        assert grace.verdict("u1", FakeApiError(status)) is verdict
+    assert grace.forbidden_for("u1") is None, "only a 403 starts the period"
+    assert ForbiddenGrace(0.0, clock=clock).verdict("u1", forbidden(PLAIN_403)) is (
+        Verdict.REFUSED
+    ), "a period of 0: every 403 is a refusal at once"
+
+
+def test_the_grace_remembers_a_bounded_number_of_work_items() -> None:
+    clock = FakeClock()
+    grace = ForbiddenGrace(60.0, clock=clock, max_keys=3)
+    for i in range(5):
+        grace.verdict(f"u{i}", forbidden(PLAIN_403))
+    assert [grace.forbidden_for(f"u{i}") is None for i in range(5)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_a_negative_grace_period_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="forbidden retry period -1"):
+        ForbiddenGrace(-1.0)
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_both_403_checks_read_the_status_body_as_text_or_bytes(as_bytes: bool) -> None:
+    # one decoding of the ApiException body serves the terminating-namespace and the
+    # RBAC-starting checks
+    starting = forbidden(
+        'cannot get path \\"/apis\\": RBAC: [clusterrole.rbac.authorization.k8s.io '
+        '\\"system:discovery\\" not found]',
+        as_bytes=as_bytes,
+    )
+    assert verdict_of(starting) is Verdict.RETRY
+    terminating = forbidden("x", as_bytes=as_bytes)
+    terminating.body = (
+        b'{"details":{"causes":[{"reason":"NamespaceTerminating"}]},"code":403}'
+        if as_bytes
+        else '{"details":{"causes":[{"reason":"NamespaceTerminating"}]},"code":403}'
+    )
+    assert verdict_of(terminating) is Verdict.RETRY
+    assert verdict_of(forbidden(PLAIN_403, as_bytes=as_bytes)) is Verdict.REFUSED
