@@ -507,14 +507,8 @@ class Lifecycle:
         re-run without the marks (it would place it on the broken node again). The flush loop
         writes any later change."""
         m = self._term.state.members.get(cluster)
-        if m is None or not m.meta_dirty:
-            return
-        m.meta_dirty = False
-        try:
-            await self._term.store.put_member_meta(m.name, m.meta)
-        except BaseException:
-            m.meta_dirty = True  # the flush loop tries again
-            raise
+        if m is not None and m.meta_dirty:
+            await self._term.persist_meta(m)
 
     def _used(self, job: JobState) -> int:
         return job.record.budget_used if job.record is not None else 0

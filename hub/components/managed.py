@@ -56,7 +56,7 @@ from gpufed.hub.adapters.store import NotLeaderError, StoreUnavailableError
 from gpufed.hub.components.term import Term
 from gpufed.hub.rules import managed as rules
 from gpufed.hub.rules.status import rfc3339
-from gpufed.sync.retry import Verdict, verdict_of
+from gpufed.sync.retry import Backoff, Verdict, verdict_of
 
 log = structlog.get_logger("gpufed.hub.components.managed")
 
@@ -109,8 +109,8 @@ class ManagedWorkloads:
         #: GPUJob names (namespace, name) held by a GPUJob gpufed did not make -> the workload
         #: waiting for it (warned once; reconciled again when that GPUJob goes)
         self._taken: dict[tuple[str, str], _Key] = {}
-        #: the next wait of a workload whose reconcile failed, seconds; keys with a retry queued
-        self._retry_wait: dict[_Key, float] = {}
+        #: the backoff of a workload whose reconcile failed; keys with a retry queued
+        self._backoff: dict[_Key, Backoff] = {}
         self._retrying: set[_Key] = set()
         #: kinds now unavailable -> why (logged once per outage)
         self.unavailable: dict[str, str] = {}
@@ -264,15 +264,15 @@ class ManagedWorkloads:
                     # must not end the term that serves every member: retry it alone, later.
                     self._retry_later(key, exc)
                 else:
-                    self._retry_wait.pop(key, None)
+                    self._backoff.pop(key, None)
         if key not in self._workloads and not lock.locked() and key not in self._pending:
             self._locks.pop(key, None)
             self._warned.pop(key, None)
-            self._retry_wait.pop(key, None)
+            self._backoff.pop(key, None)
 
     def _retry_later(self, key: _Key, exc: Exception) -> None:
-        wait = self._retry_wait.get(key, RETRY_BASE_S)
-        self._retry_wait[key] = min(wait * 2, RETRY_CAP_S)
+        backoff = self._backoff.setdefault(key, Backoff(RETRY_BASE_S, RETRY_CAP_S))
+        wait = backoff.next()
         log.warning(
             "hub.managed.reconcile_failed",
             workload=f"{key[0]} {key[1]}/{key[2]}",

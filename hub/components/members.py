@@ -219,7 +219,9 @@ class Members:
             )
         if uid and not m.meta.cluster_uid:
             m.meta = m.meta.model_copy(update={"cluster_uid": uid})
-            self._term.spawn(self._persist_meta(m))  # the identity binds from now on, crash or not
+            self._term.spawn(
+                self._term.persist_meta(m)
+            )  # the identity binds from now on, crash or not
         if m.session is not None:
             m.session.close("ABORTED", "replaced by a newer stream from the same member")
         m.held = {h.job_uid: h for h in hello.held_jobs}
@@ -239,18 +241,10 @@ class Members:
             m.meta = m.meta.model_copy(update={"lost_at": None})
             # Written through, not left to the next flush: a hub that crashed within that
             # flush would start again believing the member lost.
-            self._term.spawn(self._persist_meta(m))
+            self._term.spawn(self._term.persist_meta(m))
             log.info("member.returned", cluster=m.name)
         if m.health != "Ready":
             self._set_health(m, "Ready")
-
-    async def _persist_meta(self, m: MemberState) -> None:
-        m.meta_dirty = False
-        try:
-            await self._term.store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
-        except BaseException:
-            m.meta_dirty = True  # the flush loop tries again
-            raise
 
     def on_heartbeat(self, m: MemberState, hb: Heartbeat) -> None:
         """A heartbeat: the member turns NotReady while its agent reports that it cannot reach
@@ -463,7 +457,7 @@ class Members:
         for m in list(self._term.state.members.values()):
             await self.flush_nodes(m.name)
             if m.meta_dirty:
-                await self._persist_meta(m)
+                await self._term.persist_meta(m)
 
     # --- status ----------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from gpufed.hub.adapters.ports import HubAPI, StateStore
 from gpufed.hub.adapters.store import NotLeaderError, StoreUnavailableError
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.metrics import HubMetrics
-from gpufed.hub.components.state import HubState
+from gpufed.hub.components.state import HubState, MemberState
 
 log = structlog.get_logger("gpufed.hub.components.core")
 
@@ -94,3 +94,13 @@ class Term:
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` in the background; its failure ends the term."""
         self.tasks.spawn(coro)
+
+    async def persist_meta(self, m: MemberState) -> None:
+        """Write member ``m``'s latest meta record to etcd now (clearing ``meta_dirty``; set
+        again when the write fails, so the flush loop tries again)."""
+        m.meta_dirty = False
+        try:
+            await self.store.put_member_meta(m.name, m.meta)  # the latest meta, not a copy
+        except BaseException:
+            m.meta_dirty = True
+            raise
