@@ -44,9 +44,11 @@ from gpufed.api.request import PlacementRequest
 from gpufed.placement import computedomain as cdrule
 from gpufed.placement.fit import Plan
 from gpufed.placement.index import PoolState
+from gpufed.placement.ledger import Ledger
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo
 from gpufed.placement.plugins import (
+    CONDITION_TAINT_PREFIX,
     Code,
     Plugins,
     Scorer,
@@ -453,7 +455,39 @@ def _member_never(
         if why is None:
             return None
         first = first or why
+    if any(_condition_tainted(p) for p in c.pools.values()):
+        # a node-condition taint (not-ready, unreachable) puts its node in a pool of its own
+        # while the condition lasts; judged as one pool, the nodes might hold the job together
+        # once it clears (found by the chaos soak: one GB200 tray unreachable made a 2-tray
+        # NVLink gang "never" fit)
+        return _member_never(job, _without_condition_taints(c), plugins, PlacementMemo())
     return first or "member has no nodes with whole GPUs"
+
+
+def _condition_tainted(pool: PoolState) -> bool:
+    return any(t.key.startswith(CONDITION_TAINT_PREFIX) for t in pool.taints)
+
+
+def _without_condition_taints(c: ClusterState) -> ClusterState:
+    """A copy of member ``c`` whose nodes carry no node-condition taint (O(its nodes): built
+    only for a job that every pool of ``c`` turned away while some node has one)."""
+    healed = ClusterState(c.name)
+    healed.labels, healed.taints, healed.health = c.labels, c.taints, c.health
+    healed.served_kinds, healed.agent_version = c.served_kinds, c.agent_version
+    healed.bulk_add(
+        (
+            n.inv.model_copy(
+                update={
+                    "taints": tuple(
+                        t for t in n.inv.taints if not t.key.startswith(CONDITION_TAINT_PREFIX)
+                    )
+                }
+            )
+            for n in c.nodes.values()
+        ),
+        Ledger(),
+    )
+    return healed
 
 
 def _not_placed(

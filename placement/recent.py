@@ -28,6 +28,7 @@ from gpufed.api.inventory import (
 )
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.engine import place
+from gpufed.placement.filters import CONDITION_TAINT_PREFIX
 from gpufed.placement.policy import Policy
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -125,7 +126,9 @@ class RecentNodes:
 
 
 def _idle(inv: NodeInventory) -> NodeInventory:
-    """``inv`` as an idle, healthy node (what "could ever hold" judges)."""
+    """``inv`` as an idle, healthy node (what "could ever hold" judges): no requests, Ready,
+    not cordoned, no degraded GPUs, and none of the node-condition taints
+    (``node.kubernetes.io/not-ready``, ``unreachable``, ...) that go when the condition clears."""
     return inv.model_copy(
         update={
             "requested": {},
@@ -133,6 +136,7 @@ def _idle(inv: NodeInventory) -> NodeInventory:
             "ready": True,
             "unschedulable": False,
             "degraded": None,
+            "taints": tuple(t for t in inv.taints if not t.key.startswith(CONDITION_TAINT_PREFIX)),
         }
     )
 
@@ -148,14 +152,18 @@ def recent_could_hold(
     good: a member's present nodes together with the nodes it had within the window could hold
     it (a waiting message naming them); None when they could not either (or nothing is
     remembered). Only members with remembered nodes are judged again (the others rejected the
-    job already); their remembered nodes count idle and Ready. O(their nodes)."""
+    job already); their present and remembered nodes count idle and Ready, without
+    node-condition taints. O(their nodes)."""
     remembered = recent.by_cluster()
     members = []
     for c in snapshot.clusters():
         gone = remembered.get(c.name)
         if not gone:
             continue
-        nodes = {name: n.inv for name, n in c.nodes.items()}
+        # present nodes count idle and healthy too: a tray that is NotReady now (a condition
+        # taint) and one whose GPUs are away hold the job together once both are back (found
+        # by the chaos soak: one GB200 tray unreachable while the other's GPUs were withdrawn)
+        nodes = {name: _idle(n.inv) for name, n in c.nodes.items()}
         for inv, _ in gone:
             now_inv = nodes.get(inv.name)
             if now_inv is None or not _holds_at_least(now_inv, inv):

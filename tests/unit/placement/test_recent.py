@@ -12,7 +12,7 @@ import random
 from placement_builders import GB200, job, member, mig_mixed_node, node
 
 from gpufed.api.decision import Outcome
-from gpufed.api.inventory import NodeInventory
+from gpufed.api.inventory import NodeInventory, Taint
 from gpufed.placement import FleetSnapshot, Policy, place
 from gpufed.placement.recent import RecentNodes, recent_could_hold
 
@@ -118,3 +118,75 @@ def test_a_shape_never_seen_is_rejected_at_once() -> None:
     s.remove_node("hgx", "hgx-n0")
     assert s.recent is not None
     assert recent_could_hold(JOBS[-1], s, s.recent, POLICY, 0) is None
+
+
+UNREACHABLE = Taint(key="node.kubernetes.io/unreachable", effect="NoSchedule")
+
+
+def _not_ready(n: NodeInventory) -> NodeInventory:
+    """``n`` as the node lifecycle controller leaves it when its kubelet stops answering."""
+    return n.model_copy(update={"ready": False, "taints": (*n.taints, UNREACHABLE)})
+
+
+def test_a_node_condition_taint_alone_never_makes_a_job_fail_for_good() -> None:
+    # The reference is place() on the fleet before the nodes went NotReady (built afresh, no
+    # taints): a job it could hold must not be rejected while some nodes are NotReady (found
+    # by the chaos soak: one GB200 tray unreachable made the 2-tray NVLink gang "never" fit).
+    rng = random.Random(2626)
+    for _ in range(60):
+        before = fleet_nodes()
+        now = {
+            m: [_not_ready(n) if rng.random() < 0.4 else n for n in ns] for m, ns in before.items()
+        }
+        s = snapshot_of(now)
+        for j in JOBS:
+            ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
+            rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
+            assert rejected == (not ever), (
+                j.job,
+                [n.name for ns in now.values() for n in ns if not n.ready],
+            )
+
+
+def test_a_job_fails_for_good_exactly_when_the_fleet_before_the_faults_could_not_hold_it() -> None:
+    # nodes leave, lose their GPUs or go NotReady, in any mix: the job fails for good (rejected
+    # and not held back by the memory) exactly when the fleet before all of it could not hold it
+    rng = random.Random(2627)
+    for _ in range(60):
+        clock = Clock()
+        before = fleet_nodes()
+        s = snapshot_of(before, clock)
+        for m, ns in before.items():
+            for i, n in enumerate(ns):
+                r = rng.random()
+                if r < 0.25 and i:  # a member with no node left is unknown, not "never"
+                    s.remove_node(m, n.name)
+                elif r < 0.45:  # GPUs withdrawn (the node may be NotReady too)
+                    alloc = {**n.allocatable, "nvidia.com/gpu": 0}
+                    gone = n.model_copy(update={"allocatable": alloc})
+                    s.upsert_node(m, _not_ready(gone) if rng.random() < 0.5 else gone)
+                elif r < 0.7:
+                    s.upsert_node(m, _not_ready(n))
+        for j in JOBS:
+            ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
+            rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
+            held = rejected and recent_could_hold(j, s, s.recent, POLICY, 0) is not None  # type: ignore[arg-type]
+            assert (rejected and not held) == (not ever), j.job
+
+
+def test_the_soak_s_two_gb200_trays_one_unreachable_the_other_without_gpus_wait() -> None:
+    # seed 2 of the 30-minute soak: soak-mix's kwok came back while tray 000 still carried the
+    # unreachable taint, and tray 001's GPUs were withdrawn at that moment: the 2-tray gang
+    # was failed for good (soak-2-0154-nvlink, soak-2-0158-nvlink)
+    clock = Clock()
+    s = snapshot_of(fleet_nodes(), clock)
+    t0, t1 = (n for n in fleet_nodes()["mix"] if n.name in ("mix-t0", "mix-t1"))
+    s.upsert_node("mix", _not_ready(t0))
+    s.upsert_node(
+        "mix", t1.model_copy(update={"allocatable": {**t1.allocatable, "nvidia.com/gpu": 0}})
+    )
+    gang = JOBS[3]
+    assert place(gang, s, POLICY, 0).outcome == Outcome.REJECTED  # on the nodes as they are
+    why = recent_could_hold(gang, s, s.recent, POLICY, 0)  # type: ignore[arg-type]
+    assert why is not None
+    assert "mix/mix-t1" in why
