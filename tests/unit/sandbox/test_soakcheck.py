@@ -331,3 +331,26 @@ def test_recovery_of_overlapping_faults_counts_from_the_last_one_undone() -> Non
     v = check(hist)
     assert v["max_recovery_s"] == {"apiserver-stop": 3.0, "leader-kill": 3.0}
     assert v["faults"][1]["overlapped_until"] == 60
+
+
+def test_a_fault_that_follows_before_the_system_was_healthy_again_counts_as_overlapping() -> None:
+    # seed 2 of the 30-minute soak: soak-hgx's API server was stopped again 0.3 ms after it was
+    # started; the first stop's "recovery" read 77.8 s (the whole second stop)
+    hist = [
+        {"type": "fault", "t": 74, "kind": "apiserver-stop", "target": "m1", "start": 0, "end": 74.0},
+        {"type": "fault", "t": 151, "kind": "apiserver-stop", "target": "m1", "start": 74.0003, "end": 151.3},
+        {"type": "health", "t": 30, "members_ready": False, "leader": "hub/a"},
+        {"type": "health", "t": 100, "members_ready": False, "leader": "hub/a"},
+        {"type": "health", "t": 151.8, "members_ready": True, "leader": "hub/a"},
+    ]  # fmt: skip
+    v = check(hist)
+    assert v["max_recovery_s"] == {"apiserver-stop": 0.5}
+    assert v["faults"][0]["overlapped_until"] == 151.3
+    # a fault that starts after the system was seen healthy is not an overlap
+    later = [
+        *hist[:2],
+        {"type": "health", "t": 74.0001, "members_ready": True, "leader": "hub/a"},
+        *hist[2:],
+    ]
+    later[1] = {**later[1], "start": 75.0}
+    assert check(later)["faults"][0]["recovery_s"] == 0.0
