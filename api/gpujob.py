@@ -256,7 +256,8 @@ class Retry(CRDModel):
     evicts or deletes there (``DisruptionTarget``) fails the job at once whatever this says.
     ``requireConfirmedTermination``: before a re-run, wait until the member confirms every pod
     of the old copy gone, even pods on a node that is not Ready (unreachable: its kubelet may
-    never confirm). Default false: such pods do not hold the re-run back (the node's GPUs stay
+    never confirm). Default false: such pods hold a preemption's requeue back for at most
+    ``nodeNotReadySeconds`` and an infrastructure re-run not at all (the node's GPUs stay
     counted as used and the node is suspect), at the risk that a partitioned old copy still
     runs (docs/hub.md, "Unreachable nodes").
     """
@@ -279,8 +280,9 @@ class Retry(CRDModel):
     counts as an infrastructure failure (0 to 3,600, default 300; 0: at once)."""
     require_confirmed_termination: bool = False
     """Before a re-run, wait until the member confirms every pod of the old copy gone, even on a
-    node that is not Ready (default false: pods on an unreachable node do not hold the re-run
-    back; the old copy may then still run behind a partition)."""
+    node that is not Ready (default false: pods on an unreachable node hold a preemption's
+    requeue back for at most nodeNotReadySeconds and an infrastructure re-run not at all; the
+    old copy may then still run behind a partition)."""
 
 
 #: CEL rules on ``spec.template`` (checked by the API server at ``kubectl apply``).

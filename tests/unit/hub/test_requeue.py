@@ -10,15 +10,16 @@ from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.rules.lifecycle import requeued
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
+from tests.unit.hub.fakes import TermClock
 from tests.unit.hub.term import Term, running, sent, settle
 
 
-def preempted_cause(cluster: str = "m1") -> RequeueCause:
+def preempted_cause(cluster: str = "m1", at: float = 1000.0) -> RequeueCause:
     return RequeueCause(
         kind="Preempted",
         reason="Preempted",
         message="preempted by team-a/hi in m1 (node m1-n0)",
-        at=1000.0,
+        at=at,
         cluster=cluster,
         nodes=("m1-n0",),
         by_uid="uhi",
@@ -120,15 +121,18 @@ def test_the_history_is_bounded_and_counted_by_kind() -> None:
     assert rec.requeue_counts == {"Preempted": MAX_REQUEUE_HISTORY + 3}
 
 
-async def _stopped_on_an_unreachable_node(placement: dict[str, object] | None) -> tuple[Term, str]:
-    """Job u1 running in m1 on m1-n0 (optionally with ``spec.placement``), stopped for a
-    preemption; m1-n0 turns not Ready with the job's pod still on it (the kubelet unreachable:
-    the pod stays Terminating); the member acknowledged the Delete of the job's objects."""
+async def _stopped_on_an_unreachable_node(
+    placement: dict[str, object] | None, cause: RequeueCause | None = None
+) -> tuple[Term, str]:
+    """Job u1 running in m1 on m1-n0 (optionally with ``spec.placement``), stopped for
+    ``cause`` (default: a preemption decided now); m1-n0 turns not Ready with the job's pod
+    still on it (the kubelet unreachable: the pod stays Terminating); the member acknowledged
+    the Delete of the job's objects."""
     t, s, _ = await running(placement)
     on_it = hgx_node("m1-n0", requested=8, job_uid="u1")
     job = t.ctrl.state.jobs["u1"]
     async with t.ctrl.state.lock("u1"):
-        assert await t.ctrl.lifecycle.stop(job, preempted_cause())
+        assert await t.ctrl.lifecycle.stop(job, cause or preempted_cause(at=t.clock.wall()))
     [(_, _, del_rev)] = sent(s)
     unreachable = on_it.model_copy(update={"ready": False})
     t.ctrl.members.on_delta(
@@ -139,10 +143,21 @@ async def _stopped_on_an_unreachable_node(placement: dict[str, object] | None) -
     return t, "u1"
 
 
-async def test_pods_on_an_unreachable_node_do_not_hold_the_requeue_back() -> None:
-    # issue 24 item 2: the kubelet never confirms them gone; the job must not be stranded.
+async def test_pods_on_an_unreachable_node_hold_a_preempted_job_back_only_for_its_grace() -> None:
+    # issue 24 item 2: the kubelet never confirms them gone, so the job must not be stranded;
+    # but the kubelet may still run them (the chaos soak, seed 1: a job preempted 16 s after its
+    # node went NotReady during its member's API-server outage ran 8.7 s in two members): they
+    # hold the re-run back for the job's nodeNotReadySeconds (300 s) from the preemption.
     t, uid = await _stopped_on_an_unreachable_node(None)
     job = t.ctrl.state.jobs[uid]
+    t.clock.advance(299)
+    await t.ctrl.lifecycle.due()
+    await settle()
+    assert job.status.phase != "Pending", "re-run while the old pod may still run"
+    assert t.store.jobs[uid][0].cluster == "m1"
+    t.clock.advance(2)
+    await t.ctrl.lifecycle.due()
+    await settle()
     assert job.status.phase == "Pending", "stranded behind pods nobody can confirm gone"
     assert t.store.jobs[uid][0].cluster is None
     suspect = [x.node for x in t.ctrl.suspects.of_member("m1", t.ctrl._term.mono())]
@@ -150,6 +165,36 @@ async def test_pods_on_an_unreachable_node_do_not_hold_the_requeue_back() -> Non
     # Its GPUs stay counted as used (the pod may still run there): placed on m1-n1.
     await t.ctrl.scheduler.cycle()
     assert job.status.placement.pod_sets[0].nodes == {"m1-n1": 1}  # type: ignore[union-attr]
+
+
+async def test_pods_on_an_unreachable_node_are_confirmed_gone_by_the_node_coming_back() -> None:
+    t, uid = await _stopped_on_an_unreachable_node(None)
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase != "Pending"
+    t.ctrl.members.on_delta(
+        t.ctrl.state.members["m1"], InventoryDelta(seq=4, upserts=(hgx_node("m1-n0"),))
+    )
+    await settle()
+    assert job.status.phase == "Pending"
+    assert t.ctrl.suspects.of_member("m1", t.ctrl._term.mono()) == []
+
+
+async def test_an_infrastructure_failure_s_pods_on_an_unreachable_node_do_not_hold_it_back() -> (
+    None
+):
+    # the node was judged gone already (NodeNotReady past its grace, NodeLost): no second wait
+    cause = RequeueCause(
+        kind="InfrastructureFailure",
+        reason="NodeNotReady",
+        message="node m1-n0 not Ready for 300 s",
+        at=TermClock().wall(),
+        cluster="m1",
+        nodes=("m1-n0",),
+    )
+    t, uid = await _stopped_on_an_unreachable_node(None, cause)
+    job = t.ctrl.state.jobs[uid]
+    assert job.status.phase == "Pending"
+    assert t.store.jobs[uid][0].cluster is None
 
 
 async def test_a_job_may_require_confirmed_termination_first() -> None:
