@@ -150,7 +150,8 @@ class Scheduler:
             return
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
         #    and the waiting preemptors' holds
-        queues.rebuild_usage(holds=self._holds())
+        holds = self._holds()
+        queues.rebuild_usage(holds=holds)
         shares = queues.observe(now)
         waiting = []
         wanted = self._term.state.wanted
@@ -205,6 +206,14 @@ class Scheduler:
                 charges[req.uid] = (gate.queue(req), demand_of(req, decision.gpu_product))
             return decision
 
+        # A preemptor's own attempt lifts its hold and its quota charge: another job's refusal
+        # says nothing about it, nor its refusal about another (issue 26: a preemptor answered
+        # with the refusal of a job of its shape left its held node idle for minutes).
+        holders = {uid for uid, _ in holds}
+
+        def key_of(req: PlacementRequest) -> object:
+            return ("holder", req.uid) if req.uid in holders else queued_fit_key(req)
+
         # 3. decide: placement's queue pass (fair-share order, backfill holds, quota admission,
         #    place + tentative reserve and charge)
         result = schedule_pass(
@@ -214,7 +223,7 @@ class Scheduler:
             lambda r: hold_for(r, self._snapshot, self._policy, gate.for_request(r)),
             self._backfill,
             presorted=True,
-            key_of=queued_fit_key,
+            key_of=key_of,
             hold_start=hold_start(self._snapshot, self._term.state.jobs, now),
         )
         # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
@@ -239,12 +248,34 @@ class Scheduler:
                 answer = answers.get(req.uid)
                 if isinstance(answer, PreemptionPlan):
                     continue  # its status says what it preempts
+                if req.uid in holders:
+                    decision = self._let_go(job, decision)
                 self._not_placed(job, decision, answer)
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
         queues.rebuild_usage(holds=self._holds())
         queues.publish(shares)
+
+    def _let_go(self, job: JobState, decision: Decision) -> Decision:
+        """A preemptor not placed on its own hold: while its victims stop it keeps the hold;
+        once they are gone it lets the hold go (a held node never sits idle while its holder
+        cannot be admitted there; it may preempt again). Returns the decision to report,
+        its message naming the hold let go."""
+        if self._preemption.victims_of(job.uid):
+            return decision
+        res = self._reservations.held(job.uid)
+        if res is None or self._reservations.is_tentative(job.uid):
+            return decision
+        nodes = ", ".join(sorted(res.nodes)[:8])
+        self._reservations.release(job.uid, "its holder cannot be placed on it")
+        log.info("preemption.hold_released", job=job.key, cluster=res.cluster, nodes=nodes)
+        return decision.model_copy(
+            update={
+                "message": f"{decision.message}; let go of its preemption hold on {res.cluster} "
+                f"({nodes}): not placed there once its victims were gone"
+            }
+        )
 
     def _holds(self) -> list[tuple[str, str | None]]:
         """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger

@@ -466,3 +466,63 @@ async def test_reclaim_plans_count_victims_being_stopped_as_gone() -> None:
     # admission still counts the victims while they stop (the quota overrun fix)
     assert sum(t.ctrl.queues.usage.own("team-b").values()) == 24
     assert sum(t.ctrl.queues.planning_usage.own("team-b").values()) == 8
+
+
+async def test_a_preemptor_whose_victims_are_gone_is_placed_on_its_hold_next_cycle() -> None:
+    # issue 26 (30-minute soak, seed 1): soak-a/soak-1-0003 reclaimed a node from soak-b, its
+    # victim was gone within a second, yet it waited 5.5 minutes with the node held and idle.
+    # Another soak-a job of the same shape, ahead of it in the pass, was refused first (it
+    # sees the preemptor's hold as taken GPUs and quota), and the pass answered the preemptor
+    # with a copy of that refusal, never trying it with its own hold lifted.
+    t = Term()
+    f, nodes = await team_b_borrows(t, team_a=8, jobs=("b0", "b1"), cls="low")
+    await f.submit("a", "ua", 8, "low")  # team-a below its nominal: reclaims a node
+    await t.ctrl.scheduler.cycle()
+    [victim] = [u for u in nodes if t.store.jobs[u][0].stopping is not None]
+    held = t.ctrl.reservations.held("ua")
+    assert held is not None and set(held.nodes) == {nodes[victim]}
+    assert await f.ack("delete", "Deleted") == [victim]
+    f.report(node(nodes[victim]))  # the victim's pods are gone: it is Pending again
+    await settle()
+    assert t.ctrl.state.jobs[victim].status.phase == "Pending"
+    # a job of the same queue and shape, walked ahead of the preemptor (higher priority)
+    await f.submit("x", "ux", 8, "high")
+    await t.ctrl.scheduler.cycle()
+    a = t.ctrl.state.jobs["ua"]
+    assert a.status.phase == "Placed", a.status.message
+    assert a.status.placement is not None
+    assert [sorted(ps.nodes) for ps in a.status.placement.pod_sets] == [[nodes[victim]]]
+    assert t.ctrl.state.jobs["ux"].status.phase == "Pending"
+    assert t.ctrl.state.jobs[victim].status.phase == "Pending", "it took the quota back"
+
+
+async def test_a_preemptor_that_cannot_be_admitted_on_its_hold_lets_it_go() -> None:
+    # The guarantee behind the soak's fix: once its victims are gone, a preemptor is placed
+    # on its hold in the next cycle or lets the hold go, saying so; a held node never sits
+    # idle while its holder cannot be admitted (here its queue's quota was cut meanwhile).
+    from tests.unit.hub.test_queues import gpuqueue
+
+    t = Term()
+    f, nodes = await team_b_borrows(t, team_a=8, jobs=("b0", "b1"), cls="low")
+    await f.submit("a", "ua", 8, "low")
+    await t.ctrl.scheduler.cycle()
+    [victim] = [u for u in nodes if t.store.jobs[u][0].stopping is not None]
+    t.kube.objects["gpuqueues"] = [
+        gpuqueue("team-a", namespaces=("team-a",), nominal=0, parent="org")
+        if q["metadata"]["name"] == "team-a"
+        else q
+        for q in t.kube.objects["gpuqueues"]
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    # while the victim still stops, the hold stays
+    await t.ctrl.scheduler.cycle()
+    assert t.ctrl.reservations.held("ua") is not None
+    assert await f.ack("delete", "Deleted") == [victim]
+    f.report(node(nodes[victim]))
+    await settle()
+    await t.ctrl.scheduler.cycle()
+    a = t.ctrl.state.jobs["ua"]
+    assert a.status.phase == "Pending"
+    assert t.ctrl.reservations.held("ua") is None, "the held node sits idle"
+    assert f"let go of its preemption hold on m1 ({nodes[victim]})" in a.status.message
+    assert t.ctrl.snapshot.free("m1", nodes[victim]) == 8
