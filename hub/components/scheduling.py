@@ -21,7 +21,8 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    queue, so later jobs of the same pass see its GPUs and its quota taken;
    a job that holds a preemption hold sees its own hold lifted for its own attempt
    (:meth:`gpufed.hub.components.reservations.Reservations.lifted`), so it is placed on the GPUs its
-   victims freed once the member reports them free, and nobody else is;
+   victims freed once the member reports them free, and nobody else is (it is always tried
+   itself, never answered with the refusal of a job of its shape);
 4. preempt (:mod:`gpufed.hub.components.preemption`): the jobs left Unschedulable that may preempt get
    their plans, each committed (the preemptor's hold and the victims' marks, one etcd
    transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.lifecycle`);
@@ -29,7 +30,8 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    queue and charge), work item and reservation are written in ONE etcd transaction
    (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
    others get their "not placed" status (a quota's refusal in its words; a preemptor's what
-   it preempts or why it preempts nothing);
+   it preempts or why it preempts nothing); a preemptor not placed on its hold once its
+   victims are gone lets the hold go (:meth:`Scheduler._let_go`);
 6. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
 """
 

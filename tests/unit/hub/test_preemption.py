@@ -480,7 +480,8 @@ async def test_a_preemptor_whose_victims_are_gone_is_placed_on_its_hold_next_cyc
     await t.ctrl.scheduler.cycle()
     [victim] = [u for u in nodes if t.store.jobs[u][0].stopping is not None]
     held = t.ctrl.reservations.held("ua")
-    assert held is not None and set(held.nodes) == {nodes[victim]}
+    assert held is not None
+    assert set(held.nodes) == {nodes[victim]}
     assert await f.ack("delete", "Deleted") == [victim]
     f.report(node(nodes[victim]))  # the victim's pods are gone: it is Pending again
     await settle()
