@@ -456,6 +456,12 @@ def test_a_preempted_workload_and_all_its_operator_made_are_gone_before_the_pree
         placement={**product, "priorityClassName": "e2e-mid"},
     )
     hub.wait_phase("fill", "Running", timeout_s=90)
+    # the premise: the filler fitted beside the victim (had it not, e2e-mid would have
+    # preempted e2e-low, and the preemptor could later run in the room without preempting)
+    before = hub.status(name)
+    premise = {n: {"status": hub.status(n), "events": hub.events(n)} for n in (name, "fill")}
+    assert before.get("phase") == "Running", premise
+    assert not before.get("preemptions"), premise
     victim = _objects(member, kind, name)
     print(f"{kind.id} victim in {kind.member}: {_summary(victim)}")
 
