@@ -9,13 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
-from typer.testing import CliRunner
 
-from gpufed.cli import hub as hub_cli
-from gpufed.cli.main import app
 from gpufed.hub.components.config import HubConfig
+from tests.unit.cli.test_hub_flags import config_of
 from tests.unit.hub.term import Term
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,17 +46,7 @@ def test_a_hub_config_without_managed_kinds_federates_no_plain_workload() -> Non
 def test_the_managed_kinds_flag_defaults_to_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], kinds: frozenset[str]
 ) -> None:
-    seen: list[HubConfig] = []
-    validate = hub_cli._validate
-
-    def first_check_only(values: dict[str, Any], *, insecure: bool) -> HubConfig:
-        seen.append(validate(values, insecure=insecure))
-        raise typer.Exit(0)  # stop before any side effect
-
-    monkeypatch.setattr(hub_cli, "_validate", first_check_only)
-    result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
-    assert result.exit_code == 0, result.output
-    (config,) = seen
+    config = config_of(tmp_path, monkeypatch, args)
     assert config.managed_kinds == kinds
 
 
