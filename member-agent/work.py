@@ -456,7 +456,7 @@ class WorkManager:
         """Force-delete the copy's pods on Nodes that no longer exist, so that a re-run in this
         member can reuse their names at once (:mod:`gpufed.agent.stranded`). Best effort: on an
         error the member's pod GC removes them later (about 40 s), as it did before."""
-        if self._pods is None:
+        if self._pods is None or not namespace:
             return
         try:
             async for attempt in kube_retry():
