@@ -269,9 +269,11 @@ def run(
         str,
         typer.Option(
             help="comma-separated kinds of plain workloads (Job, JobSet) the hub federates "
-            "when applied to the hub cluster with spec.managedBy gpufed.io/hub; '' for none"
+            "when applied to the hub cluster with spec.managedBy gpufed.io/hub (default none: "
+            "whoever may create such a workload may then run GPU jobs, whatever RBAC says "
+            "about gpujobs)"
         ),
-    ] = "Job,JobSet",
+    ] = "",
     log_format: Annotated[str, typer.Option(help="json or console")] = "json",
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:

@@ -116,6 +116,7 @@ class Agent:
             member=config.cluster,
             guard=EpochGuard(config.eviction_grace_s),
             forbidden=ForbiddenGrace(config.forbidden_retry_s),
+            pods=api,
         )
         self.hub = HubStream(
             config,

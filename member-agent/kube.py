@@ -367,6 +367,44 @@ class MemberApi:
             raise
         return True
 
+    # --- stranded pods (gpufed.agent.stranded.PodClient) ---------------------------------------
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods of ``namespace`` matching ``label_selector`` (paginated)."""
+        out: list[dict[str, Any]] = []
+        async for items, _ in self.list_pages(
+            f"/api/v1/namespaces/{namespace}/pods", label_selector=label_selector
+        ):
+            out.extend(items)
+        return out
+
+    async def node_exists(self, name: str) -> bool:
+        """Whether the Node ``name`` exists: only a 404 is False; other errors raise."""
+        try:
+            await self.request("GET", f"/api/v1/nodes/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def force_delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete a pod at once (``gracePeriodSeconds: 0``) if its uid is still ``uid``; False
+        when it is gone (404) or is another pod by now (409: the uid precondition failed)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         try:
             return await self.request("GET", f"/api/v1/namespaces/{name}")

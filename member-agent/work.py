@@ -33,6 +33,7 @@ import structlog
 
 from gpufed.agent.held import EpochGuard, held_jobs, stamp
 from gpufed.agent.metrics import AgentMetrics
+from gpufed.agent.stranded import PodClient, force_delete_stranded
 from gpufed.api.labels import COMPUTE_DOMAIN_KIND, DEFAULT_ORIGIN
 from gpufed.api.stream import HeldJob
 from gpufed.api.work import WorkAck, WorkItem
@@ -117,7 +118,8 @@ class WorkManager:
     hub epoch and held jobs (:class:`gpufed.agent.held.EpochGuard`; its grace period is the
     agent's ``--eviction-grace-period``); ``forbidden``: how long a Forbidden on one job's
     apply or delete is retried before it is a refusal (:class:`gpufed.sync.retry.ForbiddenGrace`
-    of ``--forbidden-retry-period``; default 60 s).
+    of ``--forbidden-retry-period``; default 60 s); ``pods``: where a deleted copy's pods on
+    Nodes that no longer exist are force-deleted (:mod:`gpufed.agent.stranded`; None: never).
     """
 
     def __init__(
@@ -132,8 +134,10 @@ class WorkManager:
         member: str = "",
         guard: EpochGuard | None = None,
         forbidden: ForbiddenGrace | None = None,
+        pods: PodClient | None = None,
     ) -> None:
         self._client = client
+        self._pods = pods
         # a 403 is retried for a while before the job is refused (a member API server that
         # just restarted forbids everything until its RBAC authorizer has listed: issue 26)
         self._forbidden = forbidden or ForbiddenGrace(FORBIDDEN_GRACE_S)
@@ -401,6 +405,7 @@ class WorkManager:
                 targets[ref_of(obj)] = obj
             refs = [r for r in targets if r.kind_group in self.allowed_kinds and r.name]
             await self._delete_owned(owner, [(r, targets[r]) for r in refs], reason="hub")
+            await self._delete_stranded(owner, item.namespace)
         except LookupError as exc:
             bound.warning("work.delete.failed", reason=str(exc))
             self._send_ack(self._failed(item, str(exc), retryable=False))
@@ -446,6 +451,32 @@ class WorkManager:
                     object=str(ref),
                     reason="not owned by this job",
                 )
+
+    async def _delete_stranded(self, owner: Owner, namespace: str) -> None:
+        """Force-delete the copy's pods on Nodes that no longer exist, so that a re-run in this
+        member can reuse their names at once (:mod:`gpufed.agent.stranded`). Best effort: on an
+        error the member's pod GC removes them later (about 40 s), as it did before."""
+        if self._pods is None or not namespace:
+            return
+        try:
+            async for attempt in kube_retry():
+                with attempt:
+                    names = await force_delete_stranded(self._pods, namespace, owner)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never keeps the copy's Delete from being acked
+            fix = (
+                " (grant the agent's workload role delete on pods)" if status_of(exc) == 403 else ""
+            )
+            log.warning(
+                "work.stranded.failed",
+                job_uid=owner.job_uid,
+                reason=api_error_message(exc) + fix,
+                exc_info=status_of(exc) is None,
+            )
+            return
+        if names:
+            log.info("work.stranded.deleted", job_uid=owner.job_uid, pods=names)
 
     async def _list_labelled(self, selector: str) -> list[dict[str, Any]]:
         async for attempt in kube_retry():

@@ -171,6 +171,9 @@ def configure(
                 f"--member-lost-timeout={options.member_lost_s:g}",
                 f"--heartbeat-interval={options.heartbeat_s:g}",
                 f"--leader-lease={options.leader_lease_s}",
+                # plain Jobs and JobSets applied to the hub (off by default: docs/hub.md); the
+                # demo and the e2e use them. A later --managed-kinds in hub_args wins.
+                "--managed-kinds=Job,JobSet",
                 *options.hub_args,
             ],
             ports=[grpc_port, http_port],

@@ -82,7 +82,8 @@ class HubConfig(BaseModel):
     - ``allowed_kinds``: kinds a GPUJob may create in a member (``Kind.group``).
     - ``managed_kinds``: kinds of plain workloads (``Job``, ``JobSet``) the hub federates when
       applied to the hub cluster with ``spec.managedBy: gpufed.io/hub``
-      (:mod:`gpufed.hub.components.managed`); empty: none.
+      (:mod:`gpufed.hub.components.managed`); empty (the default): none. Off unless asked for:
+      whoever may create a Job may then run GPU jobs, whatever RBAC says about ``gpujobs``.
     - ``default_pod_security``: the Pod Security level of a hub namespace without the
       ``pod-security.kubernetes.io/enforce`` label (docs/hub.md, "Admission").
     - ``reserved_namespaces``: hub namespaces whose GPUJobs are refused, besides
@@ -169,7 +170,7 @@ class HubConfig(BaseModel):
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     reservation_ttl_s: float = Field(default=600.0, gt=0)
     allowed_kinds: frozenset[str] = DEFAULT_ALLOWED_KINDS
-    managed_kinds: frozenset[str] = frozenset(MANAGED_KINDS)
+    managed_kinds: frozenset[str] = frozenset()
     default_pod_security: Level = "baseline"
     reserved_namespaces: frozenset[str] = frozenset()
     allow_exposed_services: bool = False

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from gpufed.api.labels import DEFAULT_ORIGIN, ORIGIN_LABEL
+from gpufed.api.labels import DEFAULT_ORIGIN, JOB_UID_LABEL, ORIGIN_LABEL
 from gpufed.sandbox import identities
 from gpufed.sync.grants import GRANT_SELECTOR, WORKLOAD_ROLE, grant_manifest
 from tests.e2e.harness import DRILL_NS, E2E, batch_job, unique, wait_until
@@ -218,3 +218,52 @@ def test_the_agent_identity_cannot_grant_more_than_its_workload_role_to_itself(
         api.close()  # type: ignore[no-untyped-call]
     assert err.value.status == 403
     assert why in str(err.value.body)
+
+
+def test_the_agent_identity_deletes_only_pods_labelled_as_a_gpufed_jobs(
+    e2e: E2E, landed: tuple[str, str]
+) -> None:
+    """The workload role's pod ``delete`` (a deleted copy's pods stranded on a gone node,
+    gpufed.agent.stranded) reaches only pods labelled gpufed.io/job-uid: the admission policy
+    refuses the rest, where the grant would allow it."""
+    member, used = landed
+    admin = e2e.members[member].core
+    names: dict[bool, str] = {}
+    for labelled in (True, False):
+        pod = {
+            "metadata": {
+                "generateName": "drill-",
+                "labels": {JOB_UID_LABEL: "drill"} if labelled else {"drill": "yes"},
+            },
+            # bound to a node that does not exist: nothing schedules or runs it
+            "spec": {
+                "nodeName": "drill-gone",
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x:1",
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }
+                ],
+            },
+        }
+        names[labelled] = admin.create_namespaced_pod(used, pod).metadata.name
+    api = client_for(identities.kubeconfig_path(e2e.sandbox.state_dir, member))
+    core = k8s.CoreV1Api(api)
+    try:
+        with pytest.raises(ApiException) as err:
+            core.delete_namespaced_pod(names[False], used, grace_period_seconds=0)
+        core.delete_namespaced_pod(names[True], used, grace_period_seconds=0)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        with contextlib.suppress(ApiException):
+            admin.delete_namespaced_pod(names[False], used, grace_period_seconds=0)
+    assert err.value.status == 403
+    assert "only delete pods labelled gpufed.io/job-uid" in str(err.value.body)

@@ -82,8 +82,8 @@ default (so the default install renders the kustomize base); a bad value fails n
 {{- end -}}
 
 {{/*
-The --managed-kinds argument (only when the kinds differ from the hub's default Job,JobSet),
-after checking every kind.
+The --managed-kinds argument (only when some kind is given: the hub's default is none), after
+checking every kind.
 */}}
 {{- define "gpufed.managedKinds" -}}
 {{- $kinds := .Values.managedKinds | default list -}}
@@ -93,7 +93,7 @@ after checking every kind.
 {{- end -}}
 {{- end -}}
 {{- $joined := join "," (sortAlpha $kinds) -}}
-{{- if ne $joined "Job,JobSet" }}
+{{- if $joined }}
 - --managed-kinds={{ $joined }}
 {{- end -}}
 {{- end -}}

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.main import get_command
 
+from gpufed.api.labels import JOB_UID_LABEL
 from gpufed.cli.agent import app as agent_app
 from gpufed.sync.grants import RESERVED_NAMESPACES, WORKLOAD_ROLE, grant_manifest
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
@@ -128,6 +129,9 @@ def test_the_workload_role_manages_exactly_the_allowed_kinds() -> None:
     }
     # plus the ComputeDomain the hub renders for a multi-node NVLink job (never a user's)
     plural |= {"ComputeDomain.resource.nvidia.com": ("resource.nvidia.com", "computedomains")}
+    # plus delete (only) on pods: a deleted copy's pods stranded on a Node that no longer exists
+    # (gpufed.agent.stranded), and only pods labelled as a gpufed job's (admission.yaml)
+    assert rules.pop(("", "pods")) == {"delete"}
     assert set(rules) == {
         plural[k] for k in DEFAULT_ALLOWED_KINDS | {"ComputeDomain.resource.nvidia.com"}
     }
@@ -160,6 +164,15 @@ def test_the_grant_the_agent_writes_is_the_one_its_rbac_and_admission_allow() ->
     reserved = next(v for v in policy["spec"]["variables"] if v["name"] == "reserved")
     for ns in RESERVED_NAMESPACES:
         assert f"'{ns}'" in reserved["expression"]
+
+
+def test_the_agent_may_delete_only_pods_labelled_as_a_gpufed_jobs() -> None:
+    """RBAC cannot select by label: the admission policy refuses the agent's delete of a pod
+    without gpufed.io/job-uid (the only pods it deletes are a copy's, stranded on a gone node)."""
+    [policy] = [d for d in docs("agent") if d["kind"] == "ValidatingAdmissionPolicy"]
+    [rule] = [v for v in policy["spec"]["validations"] if "'pods'" in v["expression"]]
+    for needle in ("request.operation != 'DELETE'", f"'{JOB_UID_LABEL}' in oldObject.metadata"):
+        assert needle in rule["expression"]
 
 
 def test_agent_deployment_arguments_are_accepted_by_the_cli() -> None:

@@ -104,6 +104,12 @@ def test_the_unlisted_namespace_flags_reach_the_hub_config(
     cap: int | None,
 ) -> None:
     """Defaults: today's behaviour (the default queue, no cap); the int32 bounds are accepted."""
+    config = config_of(tmp_path, monkeypatch, args)
+    assert (config.unlisted_namespaces, config.default_queue_max_priority) == (unlisted, cap)
+
+
+def config_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> HubConfig:
+    """The HubConfig ``gpufed hub ARGS`` builds, stopping before any side effect."""
     seen: list[HubConfig] = []
     validate = hub_cli._validate
 
@@ -115,4 +121,4 @@ def test_the_unlisted_namespace_flags_reach_the_hub_config(
     result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
     assert result.exit_code == 0, result.output
     (config,) = seen
-    assert (config.unlisted_namespaces, config.default_queue_max_priority) == (unlisted, cap)
+    return config

@@ -12,12 +12,20 @@ from typing import Any
 import pytest
 
 from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.components.config import HubConfig
+from gpufed.hub.rules.managed import KINDS as MANAGED_KINDS
 from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_managed_rules import hub_job as plain_hub_job
 
 GPUJOB_WATCH = "gpujobs/gpufed.io/managed-kind"
 #: The hub watches only workloads labelled gpufed.io/queue (the fake keys watches by selector).
 JOBS_WATCH = "jobs/gpufed.io/queue"
+
+
+def managed_term() -> Term:
+    """A term whose hub federates plain Jobs and JobSets (``--managed-kinds Job,JobSet``: off
+    by default)."""
+    return Term(config=HubConfig(insecure=True, managed_kinds=frozenset(MANAGED_KINDS)))
 
 
 def hub_job(name: str = "train", **meta: Any) -> dict[str, Any]:
@@ -28,7 +36,7 @@ def hub_job(name: str = "train", **meta: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def term() -> AsyncIterator[Term]:
-    t = Term()
+    t = managed_term()
     t.kube.unserved.add("jobsets")  # the hub cluster has no JobSet CRD
     t.kube.objects["jobs"] = []
     yield t

@@ -25,6 +25,7 @@ from tests.unit.hub.test_managed_component import (
     JOBS_WATCH,
     gpujob,
     hub_job,
+    managed_term,
     push,
     run,
 )
@@ -52,7 +53,7 @@ class UnavailableError(Exception):
 async def term(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Term]:
     monkeypatch.setattr(component, "RETRY_BASE_S", 0.01)
     monkeypatch.setattr(component, "TAKEN_RECHECK_S", 0.01)
-    t = Term()
+    t = managed_term()
     t.kube.unserved.add("jobsets")
     t.kube.objects["jobs"] = []
     yield t
@@ -197,7 +198,7 @@ def _hub_jobset(name: str = "js") -> dict[str, Any]:
 
 
 async def test_a_running_jobset_whose_gpujob_is_deleted_is_not_run_a_second_time() -> None:
-    t = Term()
+    t = managed_term()
     t.kube.objects["jobs"] = []
     js = _hub_jobset()
     t.kube.objects["jobsets"] = [js]
