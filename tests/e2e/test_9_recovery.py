@@ -13,7 +13,12 @@ are ``test_9_not_ready.py``): faults a real fleet lives with, each with its time
    :class:`gpufed.sandbox.hubpair.HubPair`): a GPU drop under a job that waits 0 s marks the
    node suspect; the leader is killed; the new leader shows the same mark with the same expiry,
    does not place a job that only that node can hold while the mark lasts, and places it there
-   once the mark expired.
+   once the mark expired;
+4. **the same agent restart for a workload that does not replace its pod** (``backoffLimit:
+   0``, the usual gang): the member's Job controller fails the Job for the removed pod
+   (``BackoffLimitExceeded``) and no pod is left; the agent that comes back reads the failed
+   Job's own template, pinned to the gone node, and reports ``NodeLost`` (rule 4a of
+   :mod:`gpufed.sync.failure`): the job is re-run elsewhere, not failed for good.
 """
 
 from __future__ import annotations
@@ -201,6 +206,95 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
                 {
                     "member": member,
                     "node": node,
+                    "events_s": seen,
+                    "agent_back_to_running_again_s": rerun_s,
+                    "new_placement": [st["cluster"], placed],
+                }
+            )
+        )
+    finally:
+        _restore_node(e2e, member, node)
+    hub.delete(name)
+    # its suspect mark (90 s in the e2e hub) must not shrink the fleet of later tests
+    wait_until(lambda: _suspect(e2e, member, node) is None, f"{node}'s suspect mark expired", 150)
+
+
+def test_an_agent_restarted_after_a_backoff_limit_0_job_lost_its_node_re_runs_it(
+    e2e: E2E,
+) -> None:
+    hub = e2e.hub
+    name = unique("agent-restart-bl0")
+    template = batch_job(8)
+    assert template["spec"]["backoffLimit"] == 0  # the controller never replaces the pod
+    uid = hub.submit(
+        name,
+        template,
+        placement={"gpuProducts": ["H100"], "retry": {"onInfrastructureFailure": 2}},
+    )["metadata"]["uid"]
+    st = hub.wait_phase(name, "Running", timeout_s=60)
+    member = st["cluster"]
+    api = e2e.members[member]
+    [old] = wait_until(lambda: api.pods_of(uid, running=True), "the pod running", 30)
+    node = str(old.spec.node_name)
+    agent = agent_component(member)
+    t0 = time.monotonic()
+    seen: list[tuple[float, str]] = []
+
+    def mark(what: str) -> None:
+        seen.append((round(time.monotonic() - t0, 1), what))
+
+    e2e.kill(agent)
+    mark("agent killed")
+    try:
+        api.core.delete_node(node)
+        # what the pod garbage collector does to the pods of a deleted node
+        api.core.delete_namespaced_pod(
+            old.metadata.name, old.metadata.namespace, grace_period_seconds=0
+        )
+        mark("node deleted, its pod removed")
+
+        def failed_and_empty() -> Any:
+            jobs = api.jobs_of(uid)
+            conds = {c.type: c for c in (jobs[0].status.conditions or [])} if jobs else {}
+            failed = conds.get("Failed")
+            ok = failed is not None and failed.status == "True" and not api.pods_of(uid)
+            return failed if ok else None
+
+        failed = wait_until(failed_and_empty, "the member Job Failed, no pod left", 20)
+        mark(f"member Job Failed ({failed.reason}), no pod left")
+    finally:
+        e2e.start(agent)
+    mark("agent started again")
+    agent_back = time.monotonic()
+    try:
+
+        def elsewhere() -> dict[str, Any] | None:
+            s = hub.status(name)
+            assert s.get("phase") not in ("Failed", "Lost"), f"the job failed: {s}"
+            ok = s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1
+            return s if ok else None
+
+        st = wait_until(elsewhere, "the job running again", 90)
+        mark("job Running again")
+        rerun_s = round(time.monotonic() - agent_back, 1)
+        assert st["attempt"] == 2
+        [entry] = st["restartHistory"]
+        assert (entry["attempt"], entry["cluster"], entry["nodes"], entry["reason"]) == (
+            1,
+            member,
+            [node],
+            "NodeLost",
+        )
+        placed = sorted(n for ps in st["placement"]["podSets"] for n in ps["nodes"])
+        assert node not in placed
+        assert sum(len(c) for c in e2e.copies(uid).values()) == 1, "one copy, never two"
+        print(
+            "agent-restart-backoff-0 timeline "
+            + json.dumps(
+                {
+                    "member": member,
+                    "node": node,
+                    "member_job_failed": [failed.reason, failed.message],
                     "events_s": seen,
                     "agent_back_to_running_again_s": rerun_s,
                     "new_placement": [st["cluster"], placed],
