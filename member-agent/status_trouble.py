@@ -27,12 +27,11 @@ from gpufed.api.work import FailureCause, PodIssue, WorkloadStatus
 from gpufed.sync.failure import (
     DEFAULT_NODE_GRACE_S,
     NodeHealth,
-    Pins,
     Suspicion,
     classify_failure,
-    pinned_nodes,
     suspicions,
 )
+from gpufed.sync.pins import Pins, pinned_nodes
 
 log = structlog.get_logger("gpufed.agent.status")
 

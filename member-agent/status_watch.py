@@ -24,7 +24,7 @@ from gpufed.api.labels import (
     LAST_CHECKPOINT_ANNOTATION,
 )
 from gpufed.sync.apply import ObjectRef
-from gpufed.sync.failure import template_pins
+from gpufed.sync.pins import template_pins
 
 if TYPE_CHECKING:
     from gpufed.agent.status import StatusReporter

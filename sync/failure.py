@@ -21,8 +21,9 @@ phase, so an infrastructure cause may be reported while the member Job still say
    allocatable) than it did while the job ran there (``GPUUnavailable``: the device plugin
    withdrew a failed GPU);
 4a. the workload failed, **no pod of the copy is left** to show an exit code or a
-   ``DisruptionTarget``, a node its pod templates pin it to by name (``pinned``, what the hub's
-   placement wrote into the copy) no longer exists, and the ``Failed`` condition's own words
+   ``DisruptionTarget``, a node its pod templates pin it to (``pinned``: what the hub's
+   placement wrote into the copy, :func:`gpufed.sync.pins.template_pins`, hostnames mapped to node names by the
+   caller) no longer exists, and the ``Failed`` condition's own words
    allow a lost pod (:data:`LOST_POD_REASONS`: the Job counted a failed pod against its
    backoff limit, or its pod failure policy matched ``DisruptionTarget``): ``NodeLost``. This is
    a ``backoffLimit: 0`` Job whose node was deleted while the agent was down: the Job
@@ -53,10 +54,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from gpufed.api.gpujob import DEFAULT_NODE_NOT_READY_S
-from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.work import (
     MAX_FAILURE_ITEMS,
     MAX_FAILURE_MESSAGE,
@@ -64,6 +64,7 @@ from gpufed.api.work import (
     FailureCause,
     WorkloadPhase,
 )
+from gpufed.sync.pins import pinned_nodes
 
 #: The pod condition Kubernetes sets before killing a pod for an infrastructure reason.
 DISRUPTION_TARGET: Final = "DisruptionTarget"
@@ -155,7 +156,7 @@ def classify_failure(
     caller first saw it offer fewer GPUs than ``gpus_seen``) time rules 2 and 3: a not-Ready
     node or a GPU drop is a cause only once ``grace_s`` has passed since it began, or when an
     unfinished pod on that node is being deleted; a missing "since" counts as elapsed.
-    ``pinned``: the node names the copy's own pod templates pin it to (:func:`template_pins`),
+    ``pinned``: the node names the copy's own pod templates pin it to (:func:`gpufed.sync.pins.template_pins`),
     for rule 4a (needs ``nodes``). Never raises on odd input.
     """
     if phase in ("Succeeded", "Missing"):
@@ -367,19 +368,6 @@ def _node_trouble(
     return lost, not_ready, dropped
 
 
-def pinned_nodes(pod: Mapping[str, Any]) -> frozenset[str]:
-    """The nodes an unbound, unfinished pod is pinned to by name (``matchFields``
-    ``metadata.name In``, as :func:`gpufed.sync.manifests.pin_pod_template` pins a one-node pod
-    set); empty when it is bound or finished, or when any term of its required node affinity
-    does not pin it by name (it may go elsewhere)."""
-    if _node(pod) or _status(pod).get("phase") in _FINISHED:
-        return frozenset()
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return frozenset()
-    return _terms_pin(_required_terms(spec), "matchFields", "metadata.name")
-
-
 def lost_with_its_pods(
     failed: Condition | None, pinned: Iterable[str], nodes: Mapping[str, NodeHealth]
 ) -> list[str]:
@@ -407,69 +395,6 @@ def lost_with_its_pods(
     if failed.reason == "PodFailurePolicy" and DISRUPTION_TARGET not in (failed.message or ""):
         return []
     return sorted({n for n in pinned if n and n not in nodes})
-
-
-class Pins(NamedTuple):
-    """Where a workload object's pod templates pin its pods (:func:`template_pins`): node
-    ``names`` (``matchFields`` ``metadata.name In``: a one-node pod set) and ``hostnames``
-    (``kubernetes.io/hostname In``: a several-node pod set, label values, which the caller
-    maps to nodes)."""
-
-    names: frozenset[str] = frozenset()
-    hostnames: frozenset[str] = frozenset()
-
-
-def template_pins(obj: Mapping[str, Any]) -> Pins:
-    """Where a workload object's pod templates pin its pods, as
-    :func:`gpufed.sync.manifests.pin_pod_template` pins them: every pod spec found under
-    ``spec`` that has an ``affinity`` (any kind: a Job's ``spec.template.spec``, a JobSet's or
-    a PyTorchJob's nested templates) whose required node affinity pins it in every term by node
-    name (:func:`pinned_nodes`) or by hostname label. Bounded walk; never raises."""
-    names: set[str] = set()
-    hostnames: set[str] = set()
-    stack: list[tuple[Any, int]] = [(obj.get("spec"), 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > 12:
-            continue
-        if isinstance(node, Mapping):
-            if isinstance(node.get("affinity"), Mapping) and not node.get("nodeName"):
-                names |= pinned_nodes({"spec": node})
-                hostnames |= _terms_pin(_required_terms(node), "matchExpressions", HOSTNAME_LABEL)
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node[:64])
-    return Pins(frozenset(names), frozenset(hostnames))
-
-
-def _required_terms(pod_spec: Mapping[str, Any]) -> list[Any] | None:
-    """The ``nodeSelectorTerms`` of a pod spec's required node affinity (None without)."""
-    node: Any = pod_spec
-    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
-        node = node.get(key) if isinstance(node, Mapping) else None
-    terms = node.get("nodeSelectorTerms") if isinstance(node, Mapping) else None
-    return terms if isinstance(terms, list) else None
-
-
-def _terms_pin(terms: list[Any] | None, where: str, key: str) -> frozenset[str]:
-    """The values every term pins ``key`` to with ``In`` (in its ``where`` list), united;
-    empty when some term does not pin it (the pod may go elsewhere)."""
-    pinned: set[str] = set()
-    for term in terms or []:
-        reqs = term.get(where) if isinstance(term, Mapping) else None
-        values = {
-            str(v)
-            for r in (reqs if isinstance(reqs, list) else [])
-            if isinstance(r, Mapping)
-            and r.get("key") == key
-            and r.get("operator") == "In"
-            and isinstance(r.get("values"), list)
-            for v in r["values"]
-        }
-        if not values:
-            return frozenset()
-        pinned |= values
-    return frozenset(pinned)
 
 
 def _pinned_to_gone(pod_list: list[Mapping[str, Any]], nodes: Mapping[str, NodeHealth]) -> set[str]:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from gpufed.api.work import Condition
-from gpufed.sync.failure import NodeHealth, Pins, classify_failure, template_pins
+from gpufed.sync.failure import NodeHealth, classify_failure
 from gpufed.sync.manifests import PodSetPinning, pin_pod_template
+from gpufed.sync.pins import Pins, template_pins
 
 HEALTHY = {"n1": NodeHealth(ready=True, gpus=8), "n2": NodeHealth(ready=True, gpus=8)}
 
