@@ -80,7 +80,7 @@ def failure_of(
     inventory's view of their nodes (``node_health``: None when unknown, rules 2, 3 and 4a of
     :mod:`gpufed.sync.failure` are then skipped), timed by the wall clock ``wall`` (seconds
     since the epoch). ``pins``: where the copy's main object pins its pods
-    (:func:`gpufed.sync.failure.template_pins`); a failed copy with no pod left and a pinned
+    (:func:`gpufed.sync.pins.template_pins`); a failed copy with no pod left and a pinned
     node gone is ``NodeLost`` (rule 4a). Its hostnames are nodes through ``node_of_hostname``
     (the inventory's node carrying that ``kubernetes.io/hostname``; None: no such node, gone);
     without it only the pinned names count. Updates ``trouble``: the cause, the GPUs seen, the

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ObjKey = tuple[str, str, str]  # (Kind.group, namespace, name)
 #: Key of a cached workload object's pinned node names (its pod templates' by-name node
-#: affinity, :func:`gpufed.sync.failure.template_pins`): what the hub placed it on, which a
+#: affinity, :func:`gpufed.sync.pins.template_pins`): what the hub placed it on, which a
 #: failed copy whose pods were collected is judged by (rule 4a of :mod:`gpufed.sync.failure`).
 PINNED = "pinnedNodes"
 
@@ -97,7 +97,7 @@ def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
 def _trim_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """The pod's node and, while it is unbound, its required node affinity: a replacement pod
     pinned by name to a node that no longer exists is how an agent restarted after the old
-    pods were collected still sees the node lost (:func:`gpufed.sync.failure.pinned_nodes`)."""
+    pods were collected still sees the node lost (:func:`gpufed.sync.pins.pinned_nodes`)."""
     out: dict[str, Any] = {"nodeName": spec.get("nodeName")}
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
