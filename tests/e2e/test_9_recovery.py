@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -133,12 +134,18 @@ def test_a_10s_gpu_drop_is_shown_at_once_and_changes_nothing(e2e: E2E) -> None:
     hub.delete(name)
 
 
-def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) -> None:
+def _agent_restart_drill(
+    e2e: E2E, label: str, backoff_limit: int, while_down: Callable[[Any, Any, str], str]
+) -> None:
+    """Drills 2 and 4: a running 8-GPU job; its member's agent SIGKILLed; the node under it
+    deleted and its pod removed (what the pod garbage collector does to the pods of a deleted
+    node); ``while_down(api, old_pod, uid)`` waits for what the member then shows and returns
+    a line for the timeline; the agent started again. The job must run again as attempt 2 off
+    that node (``NodeLost``), one copy, the timeline printed."""
     hub = e2e.hub
-    name = unique("agent-restart")
+    name = unique(label)
     template = batch_job(8)
-    # a workload whose controller replaces a removed pod (the replacement is pinned to the node)
-    template["spec"]["backoffLimit"] = 2
+    template["spec"]["backoffLimit"] = backoff_limit
     uid = hub.submit(
         name,
         template,
@@ -160,12 +167,61 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
     mark("agent killed")
     try:
         api.core.delete_node(node)
-        # what the pod garbage collector does to the pods of a deleted node
         api.core.delete_namespaced_pod(
             old.metadata.name, old.metadata.namespace, grace_period_seconds=0
         )
         mark("node deleted, its pod removed")
+        mark(while_down(api, old, uid))
+    finally:
+        e2e.start(agent)
+    mark("agent started again")
+    agent_back = time.monotonic()
+    try:
 
+        def elsewhere() -> dict[str, Any] | None:
+            s = hub.status(name)
+            assert s.get("phase") not in ("Failed", "Lost"), f"the job failed: {s}"
+            ok = s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1
+            return s if ok else None
+
+        st = wait_until(elsewhere, "the job running again", 90)
+        mark("job Running again")
+        rerun_s = round(time.monotonic() - agent_back, 1)
+        assert st["attempt"] == 2
+        [entry] = st["restartHistory"]
+        assert (entry["attempt"], entry["cluster"], entry["nodes"], entry["reason"]) == (
+            1,
+            member,
+            [node],
+            "NodeLost",
+        )
+        placed = sorted(n for ps in st["placement"]["podSets"] for n in ps["nodes"])
+        assert node not in placed
+        assert sum(len(c) for c in e2e.copies(uid).values()) == 1, "one copy, never two"
+        print(
+            f"{label} timeline "
+            + json.dumps(
+                {
+                    "member": member,
+                    "node": node,
+                    "events_s": seen,
+                    "agent_back_to_running_again_s": rerun_s,
+                    "new_placement": [st["cluster"], placed],
+                }
+            )
+        )
+    finally:
+        _restore_node(e2e, member, node)
+    hub.delete(name)
+    # its suspect mark (90 s in the e2e hub) must not shrink the fleet of later tests
+    wait_until(lambda: _suspect(e2e, member, node) is None, f"{node}'s suspect mark expired", 150)
+
+
+def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) -> None:
+    """Drill 2: a workload whose controller replaces a removed pod (``backoffLimit: 2``): the
+    replacement is pinned to the gone node and Pending."""
+
+    def replacement_pending(api: Any, old: Any, uid: str) -> str:
         def replacement() -> Any:
             pods = [p for p in api.pods_of(uid) if p.metadata.uid != old.metadata.uid]
             return pods[0] if pods and len(api.pods_of(uid)) == 1 else None
@@ -173,139 +229,30 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
         new = wait_until(replacement, "the Job controller's replacement pod", 20)
         assert not new.spec.node_name
         assert new.status.phase == "Pending"
-        mark("replacement pod Pending, pinned to the gone node")
-    finally:
-        e2e.start(agent)
-    mark("agent started again")
-    agent_back = time.monotonic()
-    try:
+        return "replacement pod Pending, pinned to the gone node"
 
-        def elsewhere() -> dict[str, Any] | None:
-            s = hub.status(name)
-            assert s.get("phase") not in ("Failed", "Lost"), f"the job failed: {s}"
-            ok = s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1
-            return s if ok else None
-
-        st = wait_until(elsewhere, "the job running again", 90)
-        mark("job Running again")
-        rerun_s = round(time.monotonic() - agent_back, 1)
-        assert st["attempt"] == 2
-        [entry] = st["restartHistory"]
-        assert (entry["attempt"], entry["cluster"], entry["nodes"], entry["reason"]) == (
-            1,
-            member,
-            [node],
-            "NodeLost",
-        )
-        placed = sorted(n for ps in st["placement"]["podSets"] for n in ps["nodes"])
-        assert node not in placed
-        assert sum(len(c) for c in e2e.copies(uid).values()) == 1, "one copy, never two"
-        print(
-            "agent-restart timeline "
-            + json.dumps(
-                {
-                    "member": member,
-                    "node": node,
-                    "events_s": seen,
-                    "agent_back_to_running_again_s": rerun_s,
-                    "new_placement": [st["cluster"], placed],
-                }
-            )
-        )
-    finally:
-        _restore_node(e2e, member, node)
-    hub.delete(name)
-    # its suspect mark (90 s in the e2e hub) must not shrink the fleet of later tests
-    wait_until(lambda: _suspect(e2e, member, node) is None, f"{node}'s suspect mark expired", 150)
+    _agent_restart_drill(e2e, "agent-restart", 2, replacement_pending)
 
 
 def test_an_agent_restarted_after_a_backoff_limit_0_job_lost_its_node_re_runs_it(
     e2e: E2E,
 ) -> None:
-    hub = e2e.hub
-    name = unique("agent-restart-bl0")
-    template = batch_job(8)
-    assert template["spec"]["backoffLimit"] == 0  # the controller never replaces the pod
-    uid = hub.submit(
-        name,
-        template,
-        placement={"gpuProducts": ["H100"], "retry": {"onInfrastructureFailure": 2}},
-    )["metadata"]["uid"]
-    st = hub.wait_phase(name, "Running", timeout_s=60)
-    member = st["cluster"]
-    api = e2e.members[member]
-    [old] = wait_until(lambda: api.pods_of(uid, running=True), "the pod running", 30)
-    node = str(old.spec.node_name)
-    agent = agent_component(member)
-    t0 = time.monotonic()
-    seen: list[tuple[float, str]] = []
+    """Drill 4: a workload that never replaces its pod (``backoffLimit: 0``): the member's Job
+    controller fails the Job for the removed pod and no pod is left; the agent reads the failed
+    Job's template, pinned to the gone node."""
 
-    def mark(what: str) -> None:
-        seen.append((round(time.monotonic() - t0, 1), what))
-
-    e2e.kill(agent)
-    mark("agent killed")
-    try:
-        api.core.delete_node(node)
-        # what the pod garbage collector does to the pods of a deleted node
-        api.core.delete_namespaced_pod(
-            old.metadata.name, old.metadata.namespace, grace_period_seconds=0
-        )
-        mark("node deleted, its pod removed")
-
-        def failed_and_empty() -> Any:
+    def failed_and_empty(api: Any, _old: Any, uid: str) -> str:
+        def failed() -> Any:
             jobs = api.jobs_of(uid)
             conds = {c.type: c for c in (jobs[0].status.conditions or [])} if jobs else {}
-            failed = conds.get("Failed")
-            ok = failed is not None and failed.status == "True" and not api.pods_of(uid)
-            return failed if ok else None
+            cond = conds.get("Failed")
+            ok = cond is not None and cond.status == "True" and not api.pods_of(uid)
+            return cond if ok else None
 
-        failed = wait_until(failed_and_empty, "the member Job Failed, no pod left", 20)
-        mark(f"member Job Failed ({failed.reason}), no pod left")
-    finally:
-        e2e.start(agent)
-    mark("agent started again")
-    agent_back = time.monotonic()
-    try:
+        cond = wait_until(failed, "the member Job Failed, no pod left", 20)
+        return f"member Job Failed ({cond.reason}: {cond.message}), no pod left"
 
-        def elsewhere() -> dict[str, Any] | None:
-            s = hub.status(name)
-            assert s.get("phase") not in ("Failed", "Lost"), f"the job failed: {s}"
-            ok = s.get("phase") == "Running" and (s.get("restarts") or 0) >= 1
-            return s if ok else None
-
-        st = wait_until(elsewhere, "the job running again", 90)
-        mark("job Running again")
-        rerun_s = round(time.monotonic() - agent_back, 1)
-        assert st["attempt"] == 2
-        [entry] = st["restartHistory"]
-        assert (entry["attempt"], entry["cluster"], entry["nodes"], entry["reason"]) == (
-            1,
-            member,
-            [node],
-            "NodeLost",
-        )
-        placed = sorted(n for ps in st["placement"]["podSets"] for n in ps["nodes"])
-        assert node not in placed
-        assert sum(len(c) for c in e2e.copies(uid).values()) == 1, "one copy, never two"
-        print(
-            "agent-restart-backoff-0 timeline "
-            + json.dumps(
-                {
-                    "member": member,
-                    "node": node,
-                    "member_job_failed": [failed.reason, failed.message],
-                    "events_s": seen,
-                    "agent_back_to_running_again_s": rerun_s,
-                    "new_placement": [st["cluster"], placed],
-                }
-            )
-        )
-    finally:
-        _restore_node(e2e, member, node)
-    hub.delete(name)
-    # its suspect mark (90 s in the e2e hub) must not shrink the fleet of later tests
-    wait_until(lambda: _suspect(e2e, member, node) is None, f"{node}'s suspect mark expired", 150)
+    _agent_restart_drill(e2e, "agent-restart-backoff-0", 0, failed_and_empty)
 
 
 def _ts(value: Any) -> float:
