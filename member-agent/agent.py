@@ -105,6 +105,7 @@ class Agent:
             send=lambda _s: False,
             metrics=self.metrics,
             node_health=self.inventory.node_health,
+            node_of_hostname=self.inventory.node_of_hostname,
         )
         self.work = WorkManager(
             api,

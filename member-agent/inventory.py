@@ -39,7 +39,7 @@ from gpufed.api.inventory import (
     TopologyLabels,
     node_from_labels,
 )
-from gpufed.api.labels import GPU_RESOURCE, JOB_UID_LABEL, MIG_STRATEGY_LABEL
+from gpufed.api.labels import GPU_RESOURCE, HOSTNAME_LABEL, JOB_UID_LABEL, MIG_STRATEGY_LABEL
 from gpufed.api.resources import QuantityError, pod_requests, to_canonical
 from gpufed.sync.failure import NodeHealth
 
@@ -412,6 +412,21 @@ class InventoryState:
             ready=facts.ready,
             gpus=dra.offered if dra is not None else facts.allocatable.get(GPU_RESOURCE, 0),
             not_ready_since=None if facts.ready else facts.ready_changed,
+        )
+
+    def node_of_hostname(self, hostname: str) -> str | None:
+        """The name of a known node whose ``kubernetes.io/hostname`` label is ``hostname``
+        (a node without the label: its name), None when there is none. A scan over the nodes:
+        called only for a failed copy whose pods are gone."""
+        if hostname in self._nodes and HOSTNAME_LABEL not in self._nodes[hostname].labels:
+            return hostname
+        return next(
+            (
+                n
+                for n, facts in sorted(self._nodes.items())
+                if facts.labels.get(HOSTNAME_LABEL) == hostname
+            ),
+            None,
         )
 
     def node_inventory(self, name: str) -> NodeInventory:

@@ -42,6 +42,7 @@ from gpufed.agent.kube import MemberApi
 from gpufed.agent.metrics import AgentMetrics
 from gpufed.agent.status_trouble import NodeTrouble, failure_of, suspicion_issues
 from gpufed.agent.status_watch import (
+    PINNED,
     FinalState,
     ObjectEvents,
     ObjKey,
@@ -81,7 +82,10 @@ class StatusReporter:
     inventory; with it a job whose node is lost is reported with an infrastructure
     :attr:`WorkloadStatus.failure` (:mod:`gpufed.sync.failure`), and one whose node is not
     Ready or withdrew a GPU too once the job's grace period has passed (module docstring);
-    call :meth:`node_changed` when a node changes.
+    call :meth:`node_changed` when a node changes. ``node_of_hostname``: the node carrying a
+    ``kubernetes.io/hostname`` label value (None: none), from the inventory, to judge a failed
+    copy pinned to several nodes by hostname whose pods are gone (rule 4a of
+    :mod:`gpufed.sync.failure`).
     """
 
     def __init__(
@@ -93,10 +97,12 @@ class StatusReporter:
         metrics: AgentMetrics | None = None,
         wall: Callable[[], float] = time.time,
         node_health: Callable[[str], NodeHealth | None] | None = None,
+        node_of_hostname: Callable[[str], str | None] | None = None,
     ) -> None:
         self.api = api
         self._wall = wall
         self._node_health = node_health
+        self._node_of_hostname = node_of_hostname
         self._send = send
         self.coalesce_s = coalesce_s
         self._metrics = metrics
@@ -354,6 +360,10 @@ class StatusReporter:
             and kind in {k for k in self._informers if k != "Pod"}
         ):
             return None  # applied, not observed yet: wait for the watch
+        pod_informer = self._informers.get("Pod")
+        if pod_informer is not None and not pod_informer.synced.is_set():
+            # Pods not listed yet: "no pod left" would be a guess, and a cause sticks.
+            return None
         status = summarize_workload(
             job_uid=uid,
             revision=tracked.revision,
@@ -365,7 +375,16 @@ class StatusReporter:
         )
         if missing:
             return status
-        failure = failure_of(uid, tracked.trouble, status, pods, self._node_health, self._wall)
+        failure = failure_of(
+            uid,
+            tracked.trouble,
+            status,
+            pods,
+            self._node_health,
+            self._wall,
+            pins=(obj or {}).get(PINNED),
+            node_of_hostname=self._node_of_hostname,
+        )
         if failure is not None:
             status = status.model_copy(update={"failure": failure})
         elif tracked.trouble.suspected:

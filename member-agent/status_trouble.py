@@ -29,9 +29,9 @@ from gpufed.sync.failure import (
     NodeHealth,
     Suspicion,
     classify_failure,
-    pinned_nodes,
     suspicions,
 )
+from gpufed.sync.pins import Pins, pinned_nodes
 
 log = structlog.get_logger("gpufed.agent.status")
 
@@ -73,17 +73,25 @@ def failure_of(
     pods: Iterable[dict[str, Any]],
     node_health: Callable[[str], NodeHealth | None] | None,
     wall: Callable[[], float],
+    pins: Pins | None = None,
+    node_of_hostname: Callable[[str], str | None] | None = None,
 ) -> FailureCause | None:
     """The job's failure cause (sticky once observed), classified over its ``pods`` and the
-    inventory's view of their nodes (``node_health``: None when unknown, rules 2 and 3 of
+    inventory's view of their nodes (``node_health``: None when unknown, rules 2, 3 and 4a of
     :mod:`gpufed.sync.failure` are then skipped), timed by the wall clock ``wall`` (seconds
-    since the epoch). Updates ``trouble``: the cause, the GPUs seen, the suspicions and ``recheck_at``."""
+    since the epoch). ``pins``: where the copy's main object pins its pods
+    (:func:`gpufed.sync.pins.template_pins`); a failed copy with no pod left and a pinned
+    node gone is ``NodeLost`` (rule 4a). Its hostnames are nodes through ``node_of_hostname``
+    (the inventory's node carrying that ``kubernetes.io/hostname``; None: no such node, gone);
+    without it only the pinned names count. Updates ``trouble``: the cause, the GPUs seen, the
+    suspicions and ``recheck_at``."""
     before, trouble.suspected, trouble.recheck_at = trouble.suspected, (), None
     if trouble.failure is not None or status.phase == "Succeeded":
         return trouble.failure
     now = wall()
     pod_list = list(pods)
     nodes: dict[str, NodeHealth] | None = None
+    pinned: frozenset[str] = frozenset()
     unfinished: set[str] = set()
     if node_health is not None:
         nodes = {}
@@ -96,12 +104,13 @@ def failure_of(
             health = node_health(node)
             if health is not None:
                 nodes[node] = _timed(trouble, node, health, now)
-        for p in pod_list:
-            # the nodes a replacement pod is pinned to (gone ones make it NodeLost)
-            for node in pinned_nodes(p):
-                health = node_health(node)
-                if health is not None and node not in nodes:
-                    nodes[node] = _timed(trouble, node, health, now)
+        pinned = _template_nodes(status, pod_list, pins, node_of_hostname)
+        # the nodes a replacement pod, or the failed copy's own template, is pinned to (gone
+        # ones make it NodeLost)
+        for node in sorted({*pinned, *(n for p in pod_list for n in pinned_nodes(p))}):
+            health = node_health(node)
+            if health is not None and node not in nodes:
+                nodes[node] = _timed(trouble, node, health, now)
     cause = classify_failure(
         phase=status.phase,
         conditions=status.conditions,
@@ -111,6 +120,7 @@ def failure_of(
         now=now,
         grace_s=trouble.grace_s,
         gpus_dropped_since=trouble.gpus_dropped_since,
+        pinned=pinned,
     )
     if nodes is not None:  # after classifying: a drop is measured against the past
         for node in unfinished & set(nodes):
@@ -137,6 +147,23 @@ def failure_of(
             nodes=list(cause.nodes),
         )
     return cause
+
+
+def _template_nodes(
+    status: WorkloadStatus,
+    pod_list: list[dict[str, Any]],
+    pins: Pins | None,
+    node_of_hostname: Callable[[str], str | None] | None,
+) -> frozenset[str]:
+    """The node names the copy's template pins it to, read only when rule 4a can apply (the
+    copy Failed, no pod left): a pinned hostname no node carries counts as a gone node of
+    that name."""
+    if pins is None or status.phase != "Failed" or pod_list:
+        return frozenset()
+    names = set(pins.names)
+    if node_of_hostname is not None:
+        names |= {node_of_hostname(h) or h for h in pins.hostnames}
+    return frozenset(names)
 
 
 def _timed(trouble: NodeTrouble, node: str, health: NodeHealth, now: float) -> NodeHealth:

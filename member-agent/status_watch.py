@@ -2,7 +2,8 @@
 objects and pods of gpufed jobs for :class:`gpufed.agent.status.StatusReporter`.
 
 Owns what one watch event does to the reporter's caches: a workload object (one handler per
-served kind, :class:`ObjectEvents`) is kept as its metadata and status; a pod
+served kind, :class:`ObjectEvents`) is kept as its metadata and status, and the node names its
+pod templates pin it to (:data:`PINNED`); a pod
 (:class:`PodEvents`) as the few fields summaries and failure classification read
 (:func:`trim_pod`: phase, conditions, container states, node, an unbound pod's required
 node affinity, the checkpoint and attempt annotations). A deleted workload object goes to the reporter with its
@@ -23,11 +24,16 @@ from gpufed.api.labels import (
     LAST_CHECKPOINT_ANNOTATION,
 )
 from gpufed.sync.apply import ObjectRef
+from gpufed.sync.pins import template_pins
 
 if TYPE_CHECKING:
     from gpufed.agent.status import StatusReporter
 
 ObjKey = tuple[str, str, str]  # (Kind.group, namespace, name)
+#: Key of a cached workload object's pinned node names (its pod templates' by-name node
+#: affinity, :func:`gpufed.sync.pins.template_pins`): what the hub placed it on, which a
+#: failed copy whose pods were collected is judged by (rule 4a of :mod:`gpufed.sync.failure`).
+PINNED = "pinnedNodes"
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
 def _trim_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """The pod's node and, while it is unbound, its required node affinity: a replacement pod
     pinned by name to a node that no longer exists is how an agent restarted after the old
-    pods were collected still sees the node lost (:func:`gpufed.sync.failure.pinned_nodes`)."""
+    pods were collected still sees the node lost (:func:`gpufed.sync.pins.pinned_nodes`)."""
     out: dict[str, Any] = {"nodeName": spec.get("nodeName")}
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -127,6 +133,9 @@ class ObjectEvents:
             "metadata": obj.get("metadata") or {},
             "status": obj.get("status") or {},
         }
+        pins = template_pins(obj)
+        if pins.names or pins.hostnames:
+            self.r._objects[key][PINNED] = pins
         self.r._objects[key]["metadata"].pop("managedFields", None)
         if self.kind == COMPUTE_DOMAIN_KIND:
             self.r._domains[job_uid_of(obj)] = key
@@ -182,6 +191,10 @@ class PodEvents:
 
     def end_relist(self) -> None:
         seen, self._relist = self._relist or set(), None
+        # Every tracked job again: one whose pods are all gone (the first list of a restarted
+        # agent) is judged only once the pods are listed (StatusReporter._summarize).
+        for uid in list(self.r._tracked):
+            self.r._mark(uid)
         for uid in list(self.r._pods):
             pods = self.r._pods[uid]
             for key in [k for k in pods if (uid, k) not in seen]:

@@ -20,6 +20,15 @@ phase, so an infrastructure cause may be reported while the member Job still say
 3. a node under an unfinished pod of the job now offers fewer whole GPUs (``nvidia.com/gpu``
    allocatable) than it did while the job ran there (``GPUUnavailable``: the device plugin
    withdrew a failed GPU);
+4a. the workload failed, **no pod of the copy is left** to show an exit code or a
+   ``DisruptionTarget``, a node its pod templates pin it to (``pinned``: what the hub's
+   placement wrote into the copy, :func:`gpufed.sync.pins.template_pins`, hostnames mapped to node names by the
+   caller) no longer exists, and the ``Failed`` condition's own words
+   allow a lost pod (:data:`LOST_POD_REASONS`: the Job counted a failed pod against its
+   backoff limit, or its pod failure policy matched ``DisruptionTarget``): ``NodeLost``. This is
+   a ``backoffLimit: 0`` Job whose node was deleted while the agent was down: the Job
+   controller failed it for the lost pod and the pod garbage collector removed the pod
+   (:func:`lost_with_its_pods`, which says why this is the rule);
 4. the workload failed: ``Application``, reason the member object's ``Failed`` condition reason
    (``BackoffLimitExceeded`` …) else ``Failed``, with the non-zero exit codes of its
    terminated containers (the hub turns it into ``InfrastructureExitCode`` when every such code
@@ -55,6 +64,7 @@ from gpufed.api.work import (
     FailureCause,
     WorkloadPhase,
 )
+from gpufed.sync.pins import pinned_nodes
 
 #: The pod condition Kubernetes sets before killing a pod for an infrastructure reason.
 DISRUPTION_TARGET: Final = "DisruptionTarget"
@@ -87,6 +97,16 @@ NODE_EVIDENCE: frozenset[str] = frozenset(
 #: unreachable nodes).
 DEFAULT_NODE_GRACE_S: Final = DEFAULT_NODE_NOT_READY_S
 _FINISHED = frozenset({"Succeeded", "Failed"})
+#: ``Failed`` condition reasons under which a workload may have failed for a pod it lost (rule
+#: 4a): the batch/v1 Job controller counted a failed pod against ``backoffLimit`` (a pod removed
+#: with its node counts as failed), per index (``backoffLimitPerIndex``: ``FailedIndexes``,
+#: ``MaxFailedIndexesExceeded``), or a ``podFailurePolicy`` ``FailJob`` rule matched (only when
+#: its message names ``DisruptionTarget``, :data:`DISRUPTION_TARGET`: a rule matching an exit
+#: code is the job's own failure). Never ``DeadlineExceeded`` (the time limit) nor a reason
+#: this list does not know.
+LOST_POD_REASONS: frozenset[str] = frozenset(
+    {"BackoffLimitExceeded", "FailedIndexes", "MaxFailedIndexesExceeded", "PodFailurePolicy"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +144,7 @@ def classify_failure(
     now: float | None = None,
     grace_s: float = 0,
     gpus_dropped_since: Mapping[str, float] | None = None,
+    pinned: Iterable[str] = (),
 ) -> FailureCause | None:
     """The cause of a job's failure, or None (module docstring, rules 1-4).
 
@@ -134,8 +155,9 @@ def classify_failure(
     epoch), ``grace_s`` (seconds; 0: at once) and ``gpus_dropped_since`` (per node, when the
     caller first saw it offer fewer GPUs than ``gpus_seen``) time rules 2 and 3: a not-Ready
     node or a GPU drop is a cause only once ``grace_s`` has passed since it began, or when an
-    unfinished pod on that node is being deleted; a missing "since" counts as elapsed. Never
-    raises on odd input.
+    unfinished pod on that node is being deleted; a missing "since" counts as elapsed.
+    ``pinned``: the node names the copy's own pod templates pin it to (:func:`gpufed.sync.pins.template_pins`),
+    for rule 4a (needs ``nodes``). Never raises on odd input.
     """
     if phase in ("Succeeded", "Missing"):
         return None
@@ -180,10 +202,24 @@ def classify_failure(
                 for n in dropped
             ]
             return _cause("Infrastructure", GPU_UNAVAILABLE, msgs, dropped)
-    # 4. the workload failed by itself
     if phase != "Failed":
         return None
     failed = next((c for c in conditions if c.type == "Failed" and c.status == "True"), None)
+    # 4a. failed for a pod it lost with its node, the pod collected since
+    if nodes is not None and not pod_list:
+        gone = lost_with_its_pods(failed, pinned, nodes)
+        if gone:
+            return _cause(
+                "Infrastructure",
+                NODE_LOST,
+                [
+                    f"node {', '.join(gone)} the copy was pinned to was deleted; the workload "
+                    f"failed ({failed.reason if failed else 'Failed'}) and no pod is left to show "
+                    "an exit code"
+                ],
+                gone,
+            )
+    # 4. the workload failed by itself
     codes = sorted(set(exit_codes(pod_list)))[:MAX_FAILURE_ITEMS]
     reason = (failed.reason if failed else "") or "Failed"
     message = (failed.message if failed else "") or (
@@ -332,35 +368,33 @@ def _node_trouble(
     return lost, not_ready, dropped
 
 
-def pinned_nodes(pod: Mapping[str, Any]) -> frozenset[str]:
-    """The nodes an unbound, unfinished pod is pinned to by name (``matchFields``
-    ``metadata.name In``, as :func:`gpufed.sync.manifests.pin_pod_template` pins a one-node pod
-    set); empty when it is bound or finished, or when any term of its required node affinity
-    does not pin it by name (it may go elsewhere)."""
-    if _node(pod) or _status(pod).get("phase") in _FINISHED:
-        return frozenset()
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    affinity = (spec or {}).get("affinity") or {}
-    required = ((affinity.get("nodeAffinity") or {}) if isinstance(affinity, Mapping) else {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
-    pinned: set[str] = set()
-    for term in terms if isinstance(terms, list) else []:
-        fields = term.get("matchFields") if isinstance(term, Mapping) else None
-        names = {
-            str(v)
-            for f in (fields if isinstance(fields, list) else [])
-            if isinstance(f, Mapping)
-            and f.get("key") == "metadata.name"
-            and f.get("operator") == "In"
-            and isinstance(f.get("values"), list)
-            for v in f["values"]
-        }
-        if not names:
-            return frozenset()
-        pinned |= names
-    return frozenset(pinned)
+def lost_with_its_pods(
+    failed: Condition | None, pinned: Iterable[str], nodes: Mapping[str, NodeHealth]
+) -> list[str]:
+    """Rule 4a: the pinned nodes (sorted) that no longer exist in ``nodes`` when the
+    workload's ``Failed`` condition ``failed`` allows a lost pod (:data:`LOST_POD_REASONS`);
+    empty otherwise. The caller has checked that no pod of the copy is left.
+
+    Why this rule: once the pods are gone, the member keeps no evidence of *why* the pod
+    failed (no exit code, no ``DisruptionTarget``), nor when the node left (a deleted Node
+    leaves no record; its pods, finished ones too, are collected by the pod garbage
+    collector). The two stories it cannot tell apart -- the node deleted under the running
+    pod, or the pod failing on its own and its node deleted later -- both happened while no
+    agent watched: an agent that watched saw the pod's exit code or ``DisruptionTarget`` and
+    its cause sticks (:mod:`gpufed.agent.status_trouble`), and a hub that got an
+    ``Application`` failure keeps the job Failed (terminal is final). In that window the
+    infrastructure reading is chosen because its error is bounded: one more run from the
+    checkpoint, charged to the job's re-run budget (``spec.placement.retry``
+    .onInfrastructureFailure) with the hub's backoff, on another node, where a failure of its
+    own is seen with its exit code; the other error loses a job for good to a node deletion.
+    A reason that names the job's own doing (``DeadlineExceeded``, a pod failure policy
+    matching an exit code, a reason not in the list) is never read as a lost pod.
+    """
+    if failed is None or failed.reason not in LOST_POD_REASONS:
+        return []
+    if failed.reason == "PodFailurePolicy" and DISRUPTION_TARGET not in (failed.message or ""):
+        return []
+    return sorted({n for n in pinned if n and n not in nodes})
 
 
 def _pinned_to_gone(pod_list: list[Mapping[str, Any]], nodes: Mapping[str, NodeHealth]) -> set[str]:

@@ -13,7 +13,12 @@ are ``test_9_not_ready.py``): faults a real fleet lives with, each with its time
    :class:`gpufed.sandbox.hubpair.HubPair`): a GPU drop under a job that waits 0 s marks the
    node suspect; the leader is killed; the new leader shows the same mark with the same expiry,
    does not place a job that only that node can hold while the mark lasts, and places it there
-   once the mark expired.
+   once the mark expired;
+4. **the same agent restart for a workload that does not replace its pod** (``backoffLimit:
+   0``, the usual gang): the member's Job controller fails the Job for the removed pod
+   (``BackoffLimitExceeded``) and no pod is left; the agent that comes back reads the failed
+   Job's own template, pinned to the gone node, and reports ``NodeLost`` (rule 4a of
+   :mod:`gpufed.sync.failure`): the job is re-run elsewhere, not failed for good.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -128,12 +134,18 @@ def test_a_10s_gpu_drop_is_shown_at_once_and_changes_nothing(e2e: E2E) -> None:
     hub.delete(name)
 
 
-def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) -> None:
+def _agent_restart_drill(
+    e2e: E2E, label: str, backoff_limit: int, while_down: Callable[[Any, Any, str], str]
+) -> None:
+    """Drills 2 and 4: a running 8-GPU job; its member's agent SIGKILLed; the node under it
+    deleted and its pod removed (what the pod garbage collector does to the pods of a deleted
+    node); ``while_down(api, old_pod, uid)`` waits for what the member then shows and returns
+    a line for the timeline; the agent started again. The job must run again as attempt 2 off
+    that node (``NodeLost``), one copy, the timeline printed."""
     hub = e2e.hub
-    name = unique("agent-restart")
+    name = unique(label)
     template = batch_job(8)
-    # a workload whose controller replaces a removed pod (the replacement is pinned to the node)
-    template["spec"]["backoffLimit"] = 2
+    template["spec"]["backoffLimit"] = backoff_limit
     uid = hub.submit(
         name,
         template,
@@ -155,20 +167,11 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
     mark("agent killed")
     try:
         api.core.delete_node(node)
-        # what the pod garbage collector does to the pods of a deleted node
         api.core.delete_namespaced_pod(
             old.metadata.name, old.metadata.namespace, grace_period_seconds=0
         )
         mark("node deleted, its pod removed")
-
-        def replacement() -> Any:
-            pods = [p for p in api.pods_of(uid) if p.metadata.uid != old.metadata.uid]
-            return pods[0] if pods and len(api.pods_of(uid)) == 1 else None
-
-        new = wait_until(replacement, "the Job controller's replacement pod", 20)
-        assert not new.spec.node_name
-        assert new.status.phase == "Pending"
-        mark("replacement pod Pending, pinned to the gone node")
+        mark(while_down(api, old, uid))
     finally:
         e2e.start(agent)
     mark("agent started again")
@@ -196,7 +199,7 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
         assert node not in placed
         assert sum(len(c) for c in e2e.copies(uid).values()) == 1, "one copy, never two"
         print(
-            "agent-restart timeline "
+            f"{label} timeline "
             + json.dumps(
                 {
                     "member": member,
@@ -212,6 +215,44 @@ def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) ->
     hub.delete(name)
     # its suspect mark (90 s in the e2e hub) must not shrink the fleet of later tests
     wait_until(lambda: _suspect(e2e, member, node) is None, f"{node}'s suspect mark expired", 150)
+
+
+def test_an_agent_restarted_after_the_pods_are_gone_re_runs_the_job(e2e: E2E) -> None:
+    """Drill 2: a workload whose controller replaces a removed pod (``backoffLimit: 2``): the
+    replacement is pinned to the gone node and Pending."""
+
+    def replacement_pending(api: Any, old: Any, uid: str) -> str:
+        def replacement() -> Any:
+            pods = [p for p in api.pods_of(uid) if p.metadata.uid != old.metadata.uid]
+            return pods[0] if pods and len(api.pods_of(uid)) == 1 else None
+
+        new = wait_until(replacement, "the Job controller's replacement pod", 20)
+        assert not new.spec.node_name
+        assert new.status.phase == "Pending"
+        return "replacement pod Pending, pinned to the gone node"
+
+    _agent_restart_drill(e2e, "agent-restart", 2, replacement_pending)
+
+
+def test_an_agent_restarted_after_a_backoff_limit_0_job_lost_its_node_re_runs_it(
+    e2e: E2E,
+) -> None:
+    """Drill 4: a workload that never replaces its pod (``backoffLimit: 0``): the member's Job
+    controller fails the Job for the removed pod and no pod is left; the agent reads the failed
+    Job's template, pinned to the gone node."""
+
+    def failed_and_empty(api: Any, _old: Any, uid: str) -> str:
+        def failed() -> Any:
+            jobs = api.jobs_of(uid)
+            conds = {c.type: c for c in (jobs[0].status.conditions or [])} if jobs else {}
+            cond = conds.get("Failed")
+            ok = cond is not None and cond.status == "True" and not api.pods_of(uid)
+            return cond if ok else None
+
+        cond = wait_until(failed, "the member Job Failed, no pod left", 20)
+        return f"member Job Failed ({cond.reason}: {cond.message}), no pod left"
+
+    _agent_restart_drill(e2e, "agent-restart-backoff-0", 0, failed_and_empty)
 
 
 def _ts(value: Any) -> float:

@@ -229,3 +229,18 @@ def test_node_health_says_since_when_a_node_is_not_ready() -> None:
     assert odd_health.not_ready_since is None  # unreadable: the agent counts from first sight
     assert up is not None
     assert (up.ready, up.not_ready_since) == (True, None)
+
+
+def test_a_hostname_is_found_on_the_node_carrying_it_or_on_a_node_of_that_name_without_one() -> (
+    None
+):
+    """A several-node pod set is pinned by ``kubernetes.io/hostname``; a failed copy whose pods
+    are gone is judged by whether a node still carries each hostname (rule 4a)."""
+    renamed = hgx_node("ip-10-0-0-1", labels={"kubernetes.io/hostname": "gpu-a"})
+    bare = hgx_node("gpu-b")
+    bare["metadata"]["labels"].pop("kubernetes.io/hostname", None)
+    state = state_with(renamed, bare)
+    assert state.node_of_hostname("gpu-a") == "ip-10-0-0-1"
+    assert state.node_of_hostname("gpu-b") == "gpu-b"  # no label: its name
+    assert state.node_of_hostname("ip-10-0-0-1") is None  # its hostname is another value
+    assert state.node_of_hostname("gpu-c") is None
