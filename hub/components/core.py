@@ -68,7 +68,6 @@ from gpufed.hub.components.managed import ManagedWorkloads
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.reports import Reports
@@ -150,7 +149,7 @@ class Controller:
             term, self.dispatch, self.reservations, self.mirror, self.finalizers, self.suspects
         )
         self.queues = Queues(term, self.mirror, self.lifecycle)
-        self.priorities = PriorityClasses()
+        self.priorities = self.state.priorities
         self.scheduler = Scheduler(
             term,
             self.snapshot,
@@ -158,7 +157,6 @@ class Controller:
             self.dispatch,
             self.mirror,
             self.queues,
-            self.priorities,
             self.lifecycle,
         )
         self.members = Members(
@@ -179,7 +177,6 @@ class Controller:
             self.mirror,
             self.rebuild,
             self.queues,
-            self.priorities,
         )
         self.managed = ManagedWorkloads(term)
         #: the hub state epoch (set by :meth:`load`; "" until then)

@@ -38,7 +38,7 @@ from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.namespaces import NamespaceLevels
-from gpufed.hub.components.priorities import PriorityClasses, priority_source
+from gpufed.hub.components.priorities import priority_source
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.state import JobState
@@ -72,11 +72,9 @@ class Intake:
         mirror: Mirror,
         rebuild: Rebuild,
         queues: Queues,
-        priorities: PriorityClasses,
     ) -> None:
         self._lifecycle = lifecycle
         self._rebuild = rebuild
-        self._priorities = priorities
         self._term = term
         self._queues = queues
         self._members = members
@@ -101,7 +99,7 @@ class Intake:
         kube = self._term.kube
         on_error = {
             GPUQUEUES: self._queues.list_failed,
-            PRIORITYCLASSES: self._priorities.list_failed,
+            PRIORITYCLASSES: self._term.state.priorities.list_failed,
         }.get(plural)
         await list_watch(
             plural,
@@ -118,7 +116,7 @@ class Intake:
             if self._queues.on_event(ev.type, ev.obj):
                 self._term.state.kick()
         elif plural == PRIORITYCLASSES:
-            if self._priorities.on_event(ev.type, ev.obj):
+            if self._term.state.priorities.on_event(ev.type, ev.obj):
                 self._term.state.kick()
         elif plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
@@ -138,7 +136,7 @@ class Intake:
             self._term.state.kick()
             return
         if plural == PRIORITYCLASSES:
-            self._priorities.listed(items)
+            self._term.state.priorities.listed(items)
             self._term.state.kick()
             return
         present = (

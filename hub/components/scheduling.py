@@ -52,7 +52,6 @@ from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
-from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import JobState, WorkState
@@ -107,14 +106,12 @@ class Scheduler:
         dispatch: Dispatch,
         mirror: Mirror,
         queues: Queues,
-        priorities: PriorityClasses,
         lifecycle: Lifecycle,
     ) -> None:
         self._term = term
         self._suspects = lifecycle.suspects
         self._preemption = Preemption(term, snapshot, reservations, lifecycle, mirror)
         self._queues = queues
-        self._priorities = priorities
         self._snapshot = snapshot
         #: job uid -> ((snapshot generation, remembered nodes version), why not final)
         self._recent_why: dict[str, tuple[tuple[int, int, int], str | None]] = {}
@@ -144,7 +141,7 @@ class Scheduler:
         #    victims stop)
         await self._reservations.expire(now, keep=self._preemption.holders())
         queues = self._queues
-        if not queues.synced.is_set() or not self._priorities.synced.is_set():
+        if not queues.synced.is_set() or not self._term.state.priorities.synced.is_set():
             # Nothing is admitted before this term knows the quotas and the PriorityClasses
             # (each first list kicks again).
             return
@@ -279,7 +276,7 @@ class Scheduler:
         if choice.error is not None:
             self._invalid(job, "spec.placement.queue", choice.error)
             return False
-        res = self._priorities.resolve(
+        res = self._term.state.priorities.resolve(
             job.priority, queue=choice.queue, cap=self._queues.max_priority(choice.queue)
         )
         if res.error is not None:

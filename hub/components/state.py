@@ -24,7 +24,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.api.stream import HeldJob
 from gpufed.api.work import FailureCause, PodSecurityLevel
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.priorities import PrioritySource
+from gpufed.hub.components.priorities import PriorityClasses, PrioritySource
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import MemberHealth
 from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
@@ -192,8 +192,9 @@ class MemberState:
 class HubState:
     """Jobs by UID, work items by (cluster, job UID), members by name, per-job locks, and where
     the term's components meet: the jobs that want placement (:meth:`want`, read by the
-    scheduler), the scheduler's wake-up (:meth:`kick`) and whether the term's first GPUJob list
-    is in (``jobs_listed``)."""
+    scheduler), the scheduler's wake-up (:meth:`kick`), whether the term's first GPUJob list
+    is in (``jobs_listed``), and the hub cluster's PriorityClasses (``priorities``: intake
+    feeds them, each scheduling cycle resolves the waiting jobs' priorities from them)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobState] = {}
@@ -206,6 +207,8 @@ class HubState:
         self.cycle_due = asyncio.Event()
         #: set once this term's first GPUJob list is in (intake sets it)
         self.jobs_listed = asyncio.Event()
+        #: the hub cluster's PriorityClasses (a cache of what intake lists and watches)
+        self.priorities = PriorityClasses()
 
     def kick(self) -> None:
         """Ask for a scheduling cycle soon (something changed that may let a job fit)."""
