@@ -291,17 +291,7 @@ class Intake:
         self._term.state.jobs[uid] = job
         if job.error is not None and not job.terminal and job.record is None and not job.claim:
             message = f"{job.error_field}: {job.error}"
-            self._mirror.set_status(
-                job,
-                st.invalid(
-                    job.status,
-                    field=job.error_field or "",
-                    message=message,
-                    now=self._mirror.now(),
-                ),
-            )
-            self._mirror.event(job, "Warning", "InvalidSpec", message)
-            log.info("hub.job.invalid", job=job.key, field=job.error_field, error=job.error)
+            self._mirror.invalid(job, job.error_field or "", message)
         return job
 
     def _reconcile_soon(self, job: JobState) -> None:

@@ -95,6 +95,16 @@ class JobState:
         except ValueError:
             return None
 
+    @property
+    def time_limit_at(self) -> float | None:
+        """Wall seconds when the running copy reaches ``spec.placement.timeLimitSeconds``
+        (from the workload's start in the member); None without a limit or a start."""
+        limit = self.obj.spec.placement.time_limit_seconds
+        start = self.started_at
+        if limit is None or start is None or self.status.phase != "Running":
+            return None
+        return start + limit
+
     def backing_off(self, now: float) -> bool:
         """Waiting out the backoff before a re-run at wall seconds ``now``
         (``record.not_before``)."""
