@@ -4,7 +4,8 @@ Walks GPUJobs through a real leader term over the unit tests' typed fakes
 (``tests/unit/hub/term.py``) under ``sys.setprofile`` and counts the gpufed files each path
 enters: ``plain`` (GPUJob event -> placed -> acked -> Running -> Succeeded),
 ``infrastructure_rerun`` (a NodeLost report -> the copy deleted -> Pending) and
-``delete_running`` (the GPUJob deleted while it runs -> the finalizer dropped). Also counts each
+``delete_running`` (the GPUJob deleted while it runs -> the finalizer dropped); the term's
+background loops (the join-token watch) start before a walk begins. Also counts each
 hub component's constructor peers and the callbacks ``core.py`` passes.
 
 Run from the repository root: ``.venv/bin/python scripts/hub_walk.py``.
@@ -91,6 +92,7 @@ def _fresh() -> Term:
 
 async def plain(tr: Tracer) -> None:
     t = _fresh()
+    await settle()  # the term's background loops (the join-token watch) start off the path
     tr.on = True
     s, rev = await _running(t, "u1")
     await t.ctrl.handle(s, WorkloadStatus(job_uid="u1", revision=rev, phase="Succeeded"))

@@ -75,7 +75,7 @@ from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.scheduling import Scheduler
 from gpufed.hub.components.state import HubState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
-from gpufed.hub.components.term import Term, TermTasks
+from gpufed.hub.components.term import Term, TermTasks, always_leading
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.hub.rules.records import (
     MAX_RECENT_NODE_RECORDS,
@@ -109,7 +109,7 @@ class Controller:
         *,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        leading: Callable[[], bool] = lambda: True,
+        leading: Callable[[], bool] = always_leading,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -134,7 +134,8 @@ class Controller:
             mono=mono,
             wall=wall,
             started=self.started,
-            leading=lambda: leading() and not self._stopped.is_set(),
+            leading=leading,
+            stopped=self._stopped,
         )
         self._term = term
         # Built in dependency order (docs/design.md §9): each takes the peers it calls; they

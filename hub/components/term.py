@@ -62,6 +62,11 @@ class TermTasks:
             t.cancel()
 
 
+def always_leading() -> bool:
+    """The lease of a hub that runs without an election (tests, a single replica)."""
+    return True
+
+
 @dataclass(frozen=True)
 class Term:
     """The shared context of one leader term.
@@ -69,8 +74,8 @@ class Term:
     ``store``/``kube``: the two ports (:mod:`gpufed.hub.adapters.ports`); ``mono``/``wall``: the
     monotonic and wall clocks (seconds) every timer and status time reads; ``started``:
     ``mono()`` when the term began (member timers count from it); ``tasks``: where background
-    work runs (:meth:`spawn`); ``leading``: True while this term may write to the hub API
-    (:meth:`check_fence`).
+    work runs (:meth:`spawn`); ``leading``: True while the leader lease is known to be held;
+    ``stopped``: set once the term ends (with ``leading``, :meth:`check_fence`).
     """
 
     config: HubConfig
@@ -83,12 +88,13 @@ class Term:
     wall: Callable[[], float]
     started: float
     leading: Callable[[], bool]
+    stopped: asyncio.Event
 
     def check_fence(self) -> None:
         """Right before a write to the hub API: raise :class:`NotLeaderError` unless this term
         still leads (the controller runs and the leader lease is known to be held: see
         :meth:`gpufed.hub.edge.leader.LeaderElector.holds`). Cheap: no request."""
-        if not self.leading():
+        if self.stopped.is_set() or not self.leading():
             raise NotLeaderError("not the leader any more: hub API writes are fenced")
 
     def spawn(self, coro: Awaitable[Any]) -> None:
