@@ -350,6 +350,8 @@ class Intake:
             job = self._term.state.jobs.get(uid)
             if job is None:
                 return
-            # First, so that a deleted job's member copy is cleaned up from the adopted record.
-            await self._rebuild.adopt(job)
+            if job.claim is not None:
+                # First, so that a deleted job's member copy is cleaned up from the adopted
+                # record.
+                await self._rebuild.adopt(job)
             await self._lifecycle.reconcile_locked(job)

@@ -17,7 +17,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
+from gpufed.api.gpujob import TERMINAL_PHASES, GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
@@ -78,7 +78,7 @@ class JobState:
 
     @property
     def terminal(self) -> bool:
-        return st.is_terminal(self.status)
+        return self.status.phase in TERMINAL_PHASES  # st.is_terminal, read without a call
 
     @property
     def placed_cluster(self) -> str | None:
