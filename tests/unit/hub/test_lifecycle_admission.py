@@ -95,9 +95,7 @@ def violations(decide: Callable[[lc.Facts], lc.Steps]) -> list[str]:
                 out.append(f"{name} {parts}: {steps} differs from {decide(facts)} without a view")
         elif (got := observed(steps)) != want:
             out.append(f"{name} {parts}: {got}, expected {want}")
-        elif want[0] == "wait" and not any(
-            isinstance(s, lc.WaitFor) and s.message for s in steps
-        ):
+        elif want[0] == "wait" and not any(isinstance(s, lc.WaitFor) and s.message for s in steps):
             out.append(f"{name} {parts}: a wait without its message")
     return out
 
