@@ -149,19 +149,17 @@ def peers(root: Path) -> dict[str, dict[str, Any]]:
     """Per hub component class: its constructor's peers (component-typed parameters besides
     what every term shares) and callback parameters."""
     out: dict[str, dict[str, Any]] = {}
-    for f in sorted((root / "hub" / "components").glob("*.py")):
-        for node in ast.parse(f.read_text()).body:
+    trees = [ast.parse(f.read_text()) for f in sorted((root / "hub" / "components").glob("*.py"))]
+    classes = {n.name for t in trees for n in t.body if isinstance(n, ast.ClassDef)}
+    for tree in trees:
+        for node in tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
                     args = [*item.args.args[1:], *item.args.kwonlyargs]
                     typed = [(a.arg, ast.unparse(a.annotation)) for a in args if a.annotation]
-                    comps = [
-                        a
-                        for a, t in typed
-                        if t[:1].isupper() and t not in SHARED and "Callable" not in t
-                    ]
+                    comps = [a for a, t in typed if t in classes and t not in SHARED]
                     calls = [a for a, t in typed if "Callable" in t]
                     if comps or calls:
                         out[node.name] = {"peers": comps, "callbacks": calls}
