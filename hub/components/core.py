@@ -134,7 +134,7 @@ class Controller:
             mono=mono,
             wall=wall,
             started=self.started,
-            leading=leading,
+            lease=leading,
             stopped=self._stopped,
         )
         self._term = term
