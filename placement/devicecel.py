@@ -19,7 +19,7 @@ Refused: version attributes (``driverVersion`` … need ``semver()``), per-devic
 ``all``, ``exists`` …) and every other function. A device on which an expression fails (an
 attribute it lacks) does not match, as in Kubernetes.
 
-Pure: called by the hub's job sizing (:mod:`gpufed.hub.rules.claims`) and by the placement
+Pure: called by the hub's job sizing (:mod:`gpufed.hub.rules.podsets`, "DRA claims") and by the placement
 filter ``DeviceSelectors`` (:mod:`gpufed.placement.plugins`).
 """
 

@@ -2,9 +2,11 @@
 
 Walks GPUJobs through a real leader term over the unit tests' typed fakes
 (``tests/unit/hub/term.py``) under ``sys.setprofile`` and counts the gpufed files each path
-enters: ``plain`` (GPUJob event -> placed -> acked -> Running -> Succeeded),
+enters: ``plain`` (GPUJob event -> placed -> acked -> Running -> Succeeded; also per step,
+one event the hub handles and what it sets off, with the hub files entered more than once),
 ``infrastructure_rerun`` (a NodeLost report -> the copy deleted -> Pending) and
-``delete_running`` (the GPUJob deleted while it runs -> the finalizer dropped). Also counts each
+``delete_running`` (the GPUJob deleted while it runs -> the finalizer dropped); the term's
+background loops (the join-token watch) start before a walk begins. Also counts each
 hub component's constructor peers and the callbacks ``core.py`` passes.
 
 Run from the repository root: ``.venv/bin/python scripts/hub_walk.py``.
@@ -40,11 +42,14 @@ def _rel(filename: str) -> str | None:
 
 
 class Tracer:
-    """Files entered (calls) and entries from another file, while ``on``."""
+    """Files entered (calls) and entries from another file, while ``on``; the entries also per
+    ``step`` (one event the hub handles and what it sets off: one decision)."""
 
     def __init__(self) -> None:
         self.files: collections.Counter[str] = collections.Counter()
         self.entries: collections.Counter[str] = collections.Counter()
+        self.by_step: dict[str, collections.Counter[str]] = {}
+        self.step = ""
         self.on = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -59,6 +64,7 @@ class Tracer:
             back = back.f_back
         if back is None or _rel(back.f_code.co_filename) != here:
             self.entries[here] += 1
+            self.by_step.setdefault(self.step, collections.Counter())[here] += 1
 
 
 async def _settle(times: int = 5) -> None:
@@ -66,16 +72,25 @@ async def _settle(times: int = 5) -> None:
         await settle()
 
 
-async def _running(t: Term, uid: str) -> tuple[Any, int]:
+async def _running(t: Term, uid: str, tr: Tracer | None = None) -> tuple[Any, int]:
+    def step(name: str) -> None:
+        if tr is not None:
+            tr.step = name
+
     s = t.ctrl.state.members["m1"].session
+    step("1 intake")
     await t.submit("j" + uid, uid, gpus=8)
+    step("2 cycle")
     await t.ctrl.scheduler.cycle()
     [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply" and x[1] == uid]  # type: ignore[arg-type]
+    step("3 ack")
     await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=rev, result="Applied"))  # type: ignore[arg-type]
     await settle()
+    step("4 inventory")
     busy = hgx_node("m1-n0", requested=8, job_uid=uid)
     t.ctrl.members.on_delta(t.ctrl.state.members["m1"], InventoryDelta(seq=2, upserts=(busy,)))
     await settle()
+    step("5 running")
     running = WorkloadStatus(job_uid=uid, revision=rev, phase="Running")
     await t.ctrl.handle(s, running)  # type: ignore[arg-type]
     await settle()
@@ -91,8 +106,10 @@ def _fresh() -> Term:
 
 async def plain(tr: Tracer) -> None:
     t = _fresh()
+    await settle()  # the term's background loops (the join-token watch) start off the path
     tr.on = True
-    s, rev = await _running(t, "u1")
+    s, rev = await _running(t, "u1", tr)
+    tr.step = "6 succeeded"
     await t.ctrl.handle(s, WorkloadStatus(job_uid="u1", revision=rev, phase="Succeeded"))
     await settle()
     tr.on = False
@@ -132,19 +149,17 @@ def peers(root: Path) -> dict[str, dict[str, Any]]:
     """Per hub component class: its constructor's peers (component-typed parameters besides
     what every term shares) and callback parameters."""
     out: dict[str, dict[str, Any]] = {}
-    for f in sorted((root / "hub" / "components").glob("*.py")):
-        for node in ast.parse(f.read_text()).body:
+    trees = [ast.parse(f.read_text()) for f in sorted((root / "hub" / "components").glob("*.py"))]
+    classes = {n.name for t in trees for n in t.body if isinstance(n, ast.ClassDef)}
+    for tree in trees:
+        for node in tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
                     args = [*item.args.args[1:], *item.args.kwonlyargs]
                     typed = [(a.arg, ast.unparse(a.annotation)) for a in args if a.annotation]
-                    comps = [
-                        a
-                        for a, t in typed
-                        if t[:1].isupper() and t not in SHARED and "Callable" not in t
-                    ]
+                    comps = [a for a, t in typed if t in classes and t not in SHARED]
                     calls = [a for a, t in typed if "Callable" in t]
                     if comps or calls:
                         out[node.name] = {"peers": comps, "callbacks": calls}
@@ -172,6 +187,15 @@ async def main() -> None:
             "hub": hub,
             "entries": {f: n for f, n in tr.entries.most_common() if f.startswith("hub/")},
         }
+        if len(tr.by_step) > 1:
+            # per decision: the hub files it enters, and those it enters more than once
+            result[name]["steps"] = {
+                step: {
+                    "hub_files": sum(1 for f in c if f.startswith("hub/")),
+                    "twice": {f: n for f, n in c.most_common() if f.startswith("hub/") and n > 1},
+                }
+                for step, c in sorted(tr.by_step.items())
+            }
     result["peers"] = peers(Path.cwd())
     print(json.dumps(result))
 

@@ -68,7 +68,6 @@ from gpufed.hub.components.managed import ManagedWorkloads
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.reports import Reports
@@ -76,7 +75,7 @@ from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.scheduling import Scheduler
 from gpufed.hub.components.state import HubState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
-from gpufed.hub.components.term import Term, TermTasks
+from gpufed.hub.components.term import Term, TermTasks, always_leading
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.hub.rules.records import (
     MAX_RECENT_NODE_RECORDS,
@@ -110,7 +109,7 @@ class Controller:
         *,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        leading: Callable[[], bool] = lambda: True,
+        leading: Callable[[], bool] = always_leading,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -135,7 +134,8 @@ class Controller:
             mono=mono,
             wall=wall,
             started=self.started,
-            leading=lambda: leading() and not self._stopped.is_set(),
+            lease=leading,
+            stopped=self._stopped,
         )
         self._term = term
         # Built in dependency order (docs/design.md §9): each takes the peers it calls; they
@@ -150,7 +150,7 @@ class Controller:
             term, self.dispatch, self.reservations, self.mirror, self.finalizers, self.suspects
         )
         self.queues = Queues(term, self.mirror, self.lifecycle)
-        self.priorities = PriorityClasses()
+        self.priorities = self.state.priorities
         self.scheduler = Scheduler(
             term,
             self.snapshot,
@@ -158,7 +158,6 @@ class Controller:
             self.dispatch,
             self.mirror,
             self.queues,
-            self.priorities,
             self.lifecycle,
         )
         self.members = Members(
@@ -179,7 +178,6 @@ class Controller:
             self.mirror,
             self.rebuild,
             self.queues,
-            self.priorities,
         )
         self.managed = ManagedWorkloads(term)
         #: the hub state epoch (set by :meth:`load`; "" until then)

@@ -13,8 +13,11 @@ PriorityClass change asks for a scheduling cycle.
 A new GPUJob is validated once (pod sets, allowed kinds, own namespace, where its priority
 comes from: :mod:`gpufed.hub.rules.podsets`, :mod:`gpufed.sync.manifests`,
 :mod:`gpufed.hub.components.priorities`) and, unless it was placed already, admitted at its namespace's
-Pod Security level (:mod:`gpufed.hub.rules.admission`, :mod:`gpufed.hub.components.namespaces`); a job in a
-namespace the Namespace watch has not shown yet waits for one read of that namespace. An
+Pod Security level (:mod:`gpufed.hub.rules.admission`; :class:`NamespaceLevels`: the value of the
+namespace's ``pod-security.kubernetes.io/enforce`` label, :func:`gpufed.sync.podsecurity.parse_level`,
+``HubConfig.default_pod_security`` when absent, ``restricted`` when it is not a level); a job in
+a namespace the Namespace watch has not shown yet waits for one read of that namespace (the two
+watches are not ordered). An
 invalid or refused job gets phase Failed, condition ``Valid=False`` naming the field and a
 Warning Event, and never reaches a member. Any unexpected error while reading one job marks only
 that job invalid: one GPUJob must never stop the leader for every other job. A valid job gets
@@ -25,6 +28,7 @@ GPUJob list sets ``HubState.jobs_listed``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -32,13 +36,13 @@ from pydantic import ValidationError
 
 from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob, GPUJobStatus
+from gpufed.api.labels import POD_SECURITY_ENFORCE_LABEL
 from gpufed.hub.adapters.listwatch import list_watch
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.namespaces import NamespaceLevels
-from gpufed.hub.components.priorities import PriorityClasses, priority_source
+from gpufed.hub.components.priorities import priority_source
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.state import JobState
@@ -47,7 +51,7 @@ from gpufed.hub.rules import status as st
 from gpufed.hub.rules.admission import AdmissionPolicy, admit
 from gpufed.hub.rules.podsets import placement_request
 from gpufed.sync.manifests import prepare_manifests
-from gpufed.sync.podsecurity import Level
+from gpufed.sync.podsecurity import Level, parse_level
 from gpufed.sync.retry import Backoff, Verdict
 
 log = structlog.get_logger("gpufed.hub.components.intake")
@@ -61,6 +65,47 @@ PRIORITYCLASSES = "priorityclasses"
 _QUEUE_ERRORS = frozenset({Verdict.RETRY, Verdict.REFUSED, Verdict.GONE})
 
 
+class NamespaceLevels:
+    """Namespace name -> Pod Security enforce level (see the module docstring); bounded: one
+    short string per namespace (the level, not the object)."""
+
+    def __init__(self, default: Level) -> None:
+        self.default = default
+        self._levels: dict[str, Level] = {}
+
+    def __len__(self) -> int:
+        return len(self._levels)
+
+    def level(self, name: str) -> Level | None:
+        """The level of namespace ``name``; None while the hub has not seen it."""
+        return self._levels.get(name)
+
+    def seen(self, name: str, labels: Mapping[str, Any] | None) -> Level:
+        """Namespace ``name`` exists with ``labels`` (None: it does not exist; its jobs are
+        going too, and the default level stands in). Returns its level."""
+        value = (labels or {}).get(POD_SECURITY_ENFORCE_LABEL)
+        level = parse_level(None if value is None else str(value), self.default)
+        if labels is not None:
+            self._levels[name] = level
+        return level
+
+    def on_event(self, type_: str, obj: Mapping[str, Any]) -> str:
+        """A Namespace watch event; returns the namespace's name."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if type_ == "DELETED":
+            self._levels.pop(name, None)
+        else:
+            self.seen(name, meta.get("labels") or {})
+        return name
+
+    def listed(self, names: Iterable[str]) -> None:
+        """After a (re)list: forget namespaces that are gone."""
+        present = set(names)
+        for name in [n for n in self._levels if n not in present]:
+            del self._levels[name]
+
+
 class Intake:
     """List+watch and GPUJob intake of one leader term (see the module docstring)."""
 
@@ -72,11 +117,9 @@ class Intake:
         mirror: Mirror,
         rebuild: Rebuild,
         queues: Queues,
-        priorities: PriorityClasses,
     ) -> None:
         self._lifecycle = lifecycle
         self._rebuild = rebuild
-        self._priorities = priorities
         self._term = term
         self._queues = queues
         self._members = members
@@ -101,7 +144,7 @@ class Intake:
         kube = self._term.kube
         on_error = {
             GPUQUEUES: self._queues.list_failed,
-            PRIORITYCLASSES: self._priorities.list_failed,
+            PRIORITYCLASSES: self._term.state.priorities.list_failed,
         }.get(plural)
         await list_watch(
             plural,
@@ -118,7 +161,7 @@ class Intake:
             if self._queues.on_event(ev.type, ev.obj):
                 self._term.state.kick()
         elif plural == PRIORITYCLASSES:
-            if self._priorities.on_event(ev.type, ev.obj):
+            if self._term.state.priorities.on_event(ev.type, ev.obj):
                 self._term.state.kick()
         elif plural == MEMBERCLUSTERS:
             self._members.on_event(ev.type, ev.obj)
@@ -138,7 +181,7 @@ class Intake:
             self._term.state.kick()
             return
         if plural == PRIORITYCLASSES:
-            self._priorities.listed(items)
+            self._term.state.priorities.listed(items)
             self._term.state.kick()
             return
         present = (
@@ -293,17 +336,7 @@ class Intake:
         self._term.state.jobs[uid] = job
         if job.error is not None and not job.terminal and job.record is None and not job.claim:
             message = f"{job.error_field}: {job.error}"
-            self._mirror.set_status(
-                job,
-                st.invalid(
-                    job.status,
-                    field=job.error_field or "",
-                    message=message,
-                    now=self._mirror.now(),
-                ),
-            )
-            self._mirror.event(job, "Warning", "InvalidSpec", message)
-            log.info("hub.job.invalid", job=job.key, field=job.error_field, error=job.error)
+            self._mirror.invalid(job, job.error_field or "", message)
         return job
 
     def _reconcile_soon(self, job: JobState) -> None:
@@ -317,6 +350,8 @@ class Intake:
             job = self._term.state.jobs.get(uid)
             if job is None:
                 return
-            # First, so that a deleted job's member copy is cleaned up from the adopted record.
-            await self._rebuild.adopt(job)
+            if job.claim is not None:
+                # First, so that a deleted job's member copy is cleaned up from the adopted
+                # record.
+                await self._rebuild.adopt(job)
             await self._lifecycle.reconcile_locked(job)

@@ -18,7 +18,11 @@ its steps:
   copy: its nodes suspect (:mod:`gpufed.hub.components.suspects`), the ``stopping`` mark written
   in etcd (then the copy is deleted and the job requeued), or ``Failed`` with
   ``RetriesExhausted``;
-- ``Want`` and ``AddFinalizer``.
+- ``Want`` and ``AddFinalizer``;
+- in a scheduling cycle (:meth:`Lifecycle.admit`, the cycle's view of the job's queue and
+  priority as a fact): ``Enqueue`` (the request carries its queue and priority), ``WaitFor``
+  (Pending with the reason, written once per message) or ``FailInvalid`` (``Valid=False``
+  naming the field).
 
 It also owns the job records whose GPUJob is gone (orphans: deleted before the record landed,
 or while no hub ran): their member copy is deleted and the record forgotten (:meth:`job_gone`,
@@ -47,7 +51,6 @@ from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import silence
 from gpufed.hub.rules.records import JobRecord, RequeueCause
-from gpufed.sync.failure import NODE_EVIDENCE
 
 log = structlog.get_logger("gpufed.hub.components.lifecycle")
 
@@ -109,6 +112,18 @@ class Lifecycle:
                 log.warning("hub.lifecycle.conflict", job=job.key, step=type(step).__name__)
                 break
         return steps
+
+    def admit(self, job: JobState, view: lc.QueueView) -> bool:
+        """Rule 7 inside a scheduling cycle: with ``view`` (the cycle's view of ``job``'s queue
+        and priority) decide whether ``job`` goes in its queue this cycle and carry that out.
+        True: its request now carries the queue and priority; False: it waits with a reason
+        (written once per message) or failed for good. Synchronous (nothing here awaits), so
+        the cycle needs no lock."""
+        entered = False
+        for step in lc.decide(self.facts(job, queue=view)):
+            if isinstance(step, lc.Enqueue | lc.WaitFor | lc.FailInvalid):
+                entered = self._admission(job, step) or entered
+        return entered
 
     async def stop(self, job: JobState, cause: RequeueCause) -> bool:
         """Requeue ``job`` for ``cause``: its record's ``stopping`` mark in etcd, then (rule 2)
@@ -212,8 +227,9 @@ class Lifecycle:
         for uid in sorted(u for u, c in self._awaiting.items() if c == cluster):
             await self.reconcile(uid)
 
-    def facts(self, job: JobState) -> lc.Facts:
-        """What is recorded about ``job`` now (the input of the pure rule)."""
+    def facts(self, job: JobState, *, queue: lc.QueueView | None = None) -> lc.Facts:
+        """What is recorded about ``job`` now (the input of the pure rule); ``queue``: a
+        scheduling cycle's view of its queue and priority (:meth:`admit`)."""
         rec = job.record
         retry = lc.retry_of(job.obj)
         cluster = rec.cluster if rec is not None else None
@@ -256,12 +272,13 @@ class Lifecycle:
             failure_cluster=job.failure[0] if job.failure is not None else None,
             failure_exempt=job.failure is not None
             and job.failure[1].reason in lc.NO_BUDGET_REASONS,
-            limit_at=self._limit_at(job),
+            limit_at=job.time_limit_at,
             now=self._term.wall(),
             not_before=rec.not_before if rec is not None else None,
             retries_left=max(0, retry.on_infrastructure_failure - self._used(job)),
             reschedule_on_loss=job.obj.spec.placement.reschedule == "OnClusterLoss",
             has_finalizer=FINALIZER in job.obj.metadata.finalizers,
+            queue=queue,
         )
 
     # --- the steps ---------------------------------------------------------------------------------
@@ -311,12 +328,41 @@ class Lifecycle:
             case lc.WaitUntil(at=at):
                 self._timers[job.uid] = at
                 self._term.state.wanted.discard(job.uid)
+            case lc.Enqueue() | lc.WaitFor() | lc.FailInvalid():
+                self._admission(job, step)
             case lc.AddFinalizer():
                 # Off the placement path: a job deleted before its finalizer landed is cleaned
                 # up from its etcd record (DELETED event, or the orphan sweep after a restart).
                 if job.uid not in self._adding:
                     self._adding.add(job.uid)
                     self._term.spawn(self._add_finalizer(job.uid))
+
+    def _admission(self, job: JobState, step: lc.Enqueue | lc.WaitFor | lc.FailInvalid) -> bool:
+        """Carry out a step of rule 7 in a scheduling cycle; True when the job is in its
+        queue."""
+        match step:
+            case lc.Enqueue(queue=queue, priority=priority, preemption_policy=policy):
+                assert job.request is not None
+                update: dict[str, object] = {
+                    "queue": queue,
+                    "priority": priority,
+                    "preemption_policy": policy,
+                }
+                if any(getattr(job.request, k) != v for k, v in update.items()):
+                    job.request = job.request.model_copy(update=update)
+                return True
+            case lc.WaitFor(reason=reason, message=message, warning=warning):
+                self._mirror.waiting(
+                    job, reason, message, event_type="Warning" if warning else "Normal"
+                )
+            case lc.FailInvalid(field=field, message=message):
+                if not message.startswith(f"{field}: "):
+                    message = f"{field}: {message}"
+                job.request = None
+                job.error, job.error_field = message, field
+                self._reservations.release(job.uid, "the job is invalid")  # a hold, if any
+                self._mirror.invalid(job, field, message)
+        return False
 
     async def _add_finalizer(self, uid: str) -> None:
         try:
@@ -347,18 +393,7 @@ class Lifecycle:
         self._term.metrics.requeues.labels(cause.kind).inc()
         self._reservations.release(job.uid, f"requeued: {cause.kind}")
         job.last_unschedulable = None
-        status = st.requeued(
-            job.status, cause, count=new.requeue_counts.get(cause.kind, 0), now=self._mirror.now()
-        )
-        if new.not_before is not None:
-            at = st.rfc3339(new.not_before)
-            status = status.model_copy(
-                update={
-                    "next_attempt_at": at,
-                    "message": f"{status.message} at {at} (backoff after "
-                    f"{new.budget_used} re-run{'s' if new.budget_used != 1 else ''})",
-                }
-            )
+        status = lc.requeued_status(job.status, cause, record=new, now=self._mirror.now())
         self._mirror.set_status(job, status)
         self._mirror.event(job, "Warning", cause.reason, cause.message)
         log.info(
@@ -371,16 +406,6 @@ class Lifecycle:
         )
         await self.reconcile_locked(job)  # placed again now, or after its backoff
 
-    @staticmethod
-    def _limit_at(job: JobState) -> float | None:
-        """Wall seconds when the running copy reaches ``spec.placement.timeLimitSeconds``
-        (from the workload's start in the member); None without a limit or a start."""
-        limit = job.obj.spec.placement.time_limit_seconds
-        start = job.started_at
-        if limit is None or start is None or job.status.phase != "Running":
-            return None
-        return start + limit
-
     def _fail_time_limit(self, job: JobState) -> None:
         limit = job.obj.spec.placement.time_limit_seconds or 0
         new = lc.time_limit_exceeded(job.status, limit_s=limit, now=self._mirror.now())
@@ -391,17 +416,8 @@ class Lifecycle:
         log.info("hub.job.time_limit", job=job.key, limit_s=limit)
 
     def refusal(self, ws: WorkState) -> str | None:
-        """Why the member refused this Apply for good (its ack ``Failed`` and not retryable,
-        or ``apply_retry_limit`` retryable failures in a row); None while it has not."""
-        ack = ws.ack
-        if ack is None or ack.revision != ws.revision or ack.result != "Failed":
-            return None
-        if not ack.retryable:
-            return ack.message
-        limit = self._term.config.apply_retry_limit
-        if ws.failures >= limit:
-            return f"gave up after {ws.failures} attempts: {ack.message}"
-        return None
+        """Why the member refused this Apply for good (:func:`lc.refusal`); None while not."""
+        return lc.refusal(ws.ack, ws.revision, ws.failures, self._term.config.apply_retry_limit)
 
     def _fail_refused(self, job: JobState) -> None:
         rec = job.record
@@ -453,16 +469,13 @@ class Lifecycle:
     def _mark_suspects(self, job: JobState) -> None:
         assert job.failure is not None
         cluster, cause = job.failure
-        # Only what Kubernetes observed of the node marks it suspect, never what the tenant can
-        # cause itself (its own exit codes, a pressure eviction it provoked, a drain or a
-        # member-side preemption): else one tenant could walk the fleet marking nodes and keep
-        # every other tenant off them for the cool-down.
-        marked = (
-            self._suspect(cluster, cause.nodes, f"{cause.reason} under {job.key}")
-            if cause.reason in NODE_EVIDENCE
-            else []
+        marked = self.suspects.mark_failure(
+            self._term.state.member(cluster),
+            cause,
+            job.key,
+            mono=self._term.mono(),
+            wall=self._term.wall(),
         )
-        retry = lc.retry_of(job.obj)
         log.warning(
             "hub.restart.infrastructure_failure",
             job=job.key,
@@ -471,38 +484,26 @@ class Lifecycle:
             nodes=list(cause.nodes),
             suspect=marked,
             used=self._used(job),
-            allowed=retry.on_infrastructure_failure,
+            allowed=lc.retry_of(job.obj).on_infrastructure_failure,
         )
 
     def _mark_unconfirmed(self, job: JobState, cluster: str | None) -> None:
-        """The old copy's pods left on nodes that are not Ready (unreachable: never confirmed
-        gone) do not hold the re-run back; those nodes become suspect (Kubernetes observed
-        them not Ready) and their GPUs stay counted as used by the inventory."""
+        """The old copy's pods left on nodes that are not Ready do not hold the re-run back;
+        those nodes become suspect and their GPUs stay counted as used by the inventory."""
         m = self._term.state.members.get(cluster) if cluster is not None else None
         if m is None or m.lost:
             return
-        nodes = sorted(
-            n.name for n in m.nodes.values() if job.uid in n.job_requests and not n.ready
+        nodes, marked = self.suspects.mark_unconfirmed(
+            m, job.uid, job.key, mono=self._term.mono(), wall=self._term.wall()
         )
-        if not nodes:
-            return
-        marked = self._suspect(
-            m.name, tuple(nodes), f"pods of {job.key} not confirmed gone (node not Ready)"
-        )
-        log.warning(
-            "hub.requeue.unconfirmed_pods", job=job.key, cluster=m.name, nodes=nodes, suspect=marked
-        )
-
-    def _suspect(self, cluster: str, nodes: tuple[str, ...], reason: str) -> list[str]:
-        """Mark ``nodes`` suspect and keep the member's marks in its etcd meta record (written
-        before a re-run decision is stored, :meth:`_persist_marks`, else at the next flush)."""
-        mono = self._term.mono()
-        marked = self.suspects.mark(cluster, nodes, reason, mono=mono, wall=self._term.wall())
-        if marked:
-            m = self._term.state.member(cluster)
-            m.meta = m.meta.model_copy(update={"suspects": self.suspects.records_of(cluster, mono)})
-            m.meta_dirty = True
-        return marked
+        if nodes:
+            log.warning(
+                "hub.requeue.unconfirmed_pods",
+                job=job.key,
+                cluster=m.name,
+                nodes=nodes,
+                suspect=marked,
+            )
 
     async def _persist_marks(self, cluster: str) -> None:
         """Write the member's meta record (its suspect marks) now, before the re-run decision

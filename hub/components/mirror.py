@@ -113,6 +113,27 @@ class Mirror:
             urgent=st.is_terminal(job.status),
         )
 
+    def invalid(self, job: JobState, field: str, message: str) -> None:
+        """``job`` can never be placed as written: ``Valid=False`` naming ``field`` with
+        ``message``, and a Warning ``InvalidSpec`` Event."""
+        self.set_status(job, st.invalid(job.status, field=field, message=message, now=self.now()))
+        self.event(job, "Warning", "InvalidSpec", message)
+        log.info("hub.job.invalid", job=job.key, field=field, error=message)
+
+    def waiting(
+        self, job: JobState, reason: str, message: str, *, event_type: str = "Normal"
+    ) -> None:
+        """``job`` waits for something other than capacity: Pending with ``reason`` and
+        ``message`` and an Event of ``event_type``, written once per message
+        (``JobState.last_unschedulable``)."""
+        sig = (reason, message)
+        if sig == job.last_unschedulable:
+            return
+        job.last_unschedulable = sig
+        self.set_status(job, st.waiting(job.status, reason=reason, message=message, now=self.now()))
+        self.event(job, event_type, reason, message)
+        log.info("placement.waiting", job=job.key, reason=reason)
+
     def forget_job(self, uid: str) -> None:
         """The GPUJob is gone: drop what is pending for it."""
         self.jobs.forget(uid)

@@ -4,6 +4,9 @@ rule that gives a GPUJob its priority and preemption policy (docs/design.md §4,
 Fed by :mod:`gpufed.hub.components.intake` (list+watch of ``priorityclasses``, the same loop as GPUJobs;
 a change asks for a scheduling cycle); asked by :mod:`gpufed.hub.components.scheduling` for every waiting
 job, each cycle, with the cap of the job's GPUQueue (:meth:`gpufed.hub.components.queues.Queues.max_priority`).
+The term's one :class:`PriorityClasses` is ``HubState.priorities``, where the two meet; whether
+a job waits for its class or fails for its value is the lifecycle's rule 7
+(:mod:`gpufed.hub.rules.lifecycle`), from what :meth:`PriorityClasses.resolve` finds.
 
 - **Where a job's class comes from** (:func:`priority_source`, once at intake):
   ``spec.placement.priorityClassName``, else the ``priorityClassName`` of the workload's pod

@@ -6,12 +6,13 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 
 1. expire reservations whose pods never showed up;
 2. read the queue: the jobs that still want placement, each in its GPUQueue
-   (:mod:`gpufed.hub.components.queues`; a ``spec.placement.queue`` naming another queue fails the job;
-   with ``--unlisted-namespaces reject`` a never-placed job of a namespace no GPUQueue lists
-   stays Pending, ``NamespaceNotListed``)
-   at its PriorityClass's value (:mod:`gpufed.hub.components.priorities`; a class that does not exist
-   keeps the job Pending, one above the queue's ``maxPriority`` fails it), and the quota
-   ledger rebuilt from the placements; no cycle places anything before the term's first
+   (:mod:`gpufed.hub.components.queues`) at its PriorityClass's value
+   (:mod:`gpufed.hub.components.priorities`), and the quota ledger rebuilt from the placements;
+   whether a job goes in, waits with a reason or fails is the lifecycle's rule 7, with this
+   cycle's view of its queue and priority as a fact (:meth:`Lifecycle.admit`: a
+   ``spec.placement.queue`` naming another queue or a class above the queue's ``maxPriority``
+   fails it; a class that does not exist, or with ``--unlisted-namespaces reject`` a namespace
+   no GPUQueue lists, keeps it Pending); no cycle places anything before the term's first
    GPUQueue and PriorityClass lists;
 3. decide: placement's queue pass (:func:`gpufed.placement.schedule_pass`: fair-share order
    between queues, then :func:`gpufed.placement.pass_key`: priority, jobs past the starvation
@@ -54,12 +55,12 @@ from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
-from gpufed.hub.components.priorities import PriorityClasses
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.state import JobState, WorkState
 from gpufed.hub.components.suspects import with_suspects
 from gpufed.hub.components.term import Term
+from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord
 from gpufed.placement import (
@@ -109,14 +110,13 @@ class Scheduler:
         dispatch: Dispatch,
         mirror: Mirror,
         queues: Queues,
-        priorities: PriorityClasses,
         lifecycle: Lifecycle,
     ) -> None:
         self._term = term
+        self._lifecycle = lifecycle
         self._suspects = lifecycle.suspects
         self._preemption = Preemption(term, snapshot, reservations, lifecycle, mirror)
         self._queues = queues
-        self._priorities = priorities
         self._snapshot = snapshot
         #: job uid -> ((snapshot generation, remembered nodes version), why not final)
         self._recent_why: dict[str, tuple[tuple[int, int, int], str | None]] = {}
@@ -146,7 +146,7 @@ class Scheduler:
         #    victims stop)
         await self._reservations.expire(now, keep=self._preemption.holders())
         queues = self._queues
-        if not queues.synced.is_set() or not self._priorities.synced.is_set():
+        if not queues.synced.is_set() or not self._term.state.priorities.synced.is_set():
             # Nothing is admitted before this term knows the quotas and the PriorityClasses
             # (each first list kicks again).
             return
@@ -160,7 +160,12 @@ class Scheduler:
         for uid in list(wanted):
             job = self._term.state.jobs.get(uid)
             backing_off = job is not None and job.backing_off(now)
-            if job is not None and job.wants_placement and not backing_off and self._enqueue(job):
+            if (
+                job is not None
+                and job.wants_placement
+                and not backing_off
+                and self._lifecycle.admit(job, self._queue_view(job))  # rule 7, with the view
+            ):
                 waiting.append(job)
             elif job is None or not job.wants_placement or backing_off:
                 wanted.discard(uid)  # a job in backoff comes back from the lifecycle
@@ -296,67 +301,26 @@ class Scheduler:
                 return n.pool.product
         return None
 
-    def _enqueue(self, job: JobState) -> bool:
-        """Put ``job``'s request in its GPUQueue at its PriorityClass's priority; False when it
-        cannot go in this cycle: Failed (naming the field) when its ``spec.placement.queue``
-        names a queue that does not list its namespace or its class is above the queue's cap;
-        Pending (the message naming the class) while its PriorityClass does not exist, and
-        (the message naming the namespace and the fix) while its namespace is listed by no
-        GPUQueue and the hub refuses such jobs (``--unlisted-namespaces reject``)."""
-        assert job.request is not None
-        refused = self._queues.unlisted(job)
-        if refused is not None:
-            self._wait(job, "NamespaceNotListed", refused, event_type="Warning")
-            return False
+    def _queue_view(self, job: JobState) -> lc.QueueView:
+        """This cycle's view of ``job``'s GPUQueue and priority (the queues, the
+        PriorityClasses; a fact of the lifecycle's rule 7)."""
+        unlisted = self._queues.unlisted(job)
+        if unlisted is not None:
+            return lc.QueueView(unlisted=unlisted)
         choice = self._queues.queue_of(job)
         if choice.error is not None:
-            self._invalid(job, "spec.placement.queue", choice.error)
-            return False
-        res = self._priorities.resolve(
+            return lc.QueueView(queue=choice.queue, queue_error=choice.error)
+        res = self._term.state.priorities.resolve(
             job.priority, queue=choice.queue, cap=self._queues.max_priority(choice.queue)
         )
-        if res.error is not None:
-            self._invalid(job, res.error_field, res.error)
-            return False
-        if res.waiting is not None:
-            self._wait(job, "PriorityClassNotFound", res.waiting)
-            return False
-        update: dict[str, object] = {
-            "queue": choice.queue,
-            "priority": res.priority,
-            "preemption_policy": res.preemption_policy,
-        }
-        if any(getattr(job.request, k) != v for k, v in update.items()):
-            job.request = job.request.model_copy(update=update)
-        return True
-
-    def _invalid(self, job: JobState, field: str, message: str) -> None:
-        """Fail ``job`` for good: ``Valid=False`` naming ``field``, a Warning Event."""
-        if not message.startswith(f"{field}: "):
-            message = f"{field}: {message}"
-        job.request = None
-        job.error, job.error_field = message, field
-        self._reservations.release(job.uid, "the job is invalid")  # a preemption hold, if any
-        self._mirror.set_status(
-            job, st.invalid(job.status, field=field, message=message, now=self._mirror.now())
+        return lc.QueueView(
+            queue=choice.queue,
+            priority=res.priority,
+            preemption_policy=res.preemption_policy,
+            priority_refused=res.error,
+            priority_field=res.error_field,
+            priority_missing=res.waiting,
         )
-        self._mirror.event(job, "Warning", "InvalidSpec", message)
-        log.info("hub.job.invalid", job=job.key, field=field)
-
-    def _wait(
-        self, job: JobState, reason: str, message: str, *, event_type: str = "Normal"
-    ) -> None:
-        """``job`` waits for something other than capacity (written once per message; the
-        Event of ``event_type``)."""
-        sig = (reason, message)
-        if sig == job.last_unschedulable:
-            return
-        job.last_unschedulable = sig
-        self._mirror.set_status(
-            job, st.waiting(job.status, reason=reason, message=message, now=self._mirror.now())
-        )
-        self._mirror.event(job, event_type, reason, message)
-        log.info("placement.waiting", job=job.key, reason=reason)
 
     def _not_placed(
         self, job: JobState, decision: Decision, preemption: NoPreemption | None = None
@@ -365,7 +329,7 @@ class Scheduler:
         earlier preemption still waits for, or why it preempts nothing."""
         still = self._preemption.waiting_message(job.uid)
         if still is not None:
-            self._wait(job, "Preempting", still)
+            self._mirror.waiting(job, "Preempting", still)
             return
         if preemption is not None and decision.outcome == Outcome.UNSCHEDULABLE:
             decision = decision.model_copy(

@@ -17,14 +17,14 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpufed.api.gpujob import GPUJob, GPUJobStatus, StatusCondition
+from gpufed.api.gpujob import TERMINAL_PHASES, GPUJob, GPUJobStatus, StatusCondition
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
 from gpufed.api.stream import HeldJob
 from gpufed.api.work import FailureCause, PodSecurityLevel
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.priorities import PrioritySource
+from gpufed.hub.components.priorities import PriorityClasses, PrioritySource
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import MemberHealth
 from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
@@ -78,7 +78,7 @@ class JobState:
 
     @property
     def terminal(self) -> bool:
-        return st.is_terminal(self.status)
+        return self.status.phase in TERMINAL_PHASES  # st.is_terminal, read without a call
 
     @property
     def placed_cluster(self) -> str | None:
@@ -94,6 +94,16 @@ class JobState:
             return st.parse_rfc3339(self.status.start_time)
         except ValueError:
             return None
+
+    @property
+    def time_limit_at(self) -> float | None:
+        """Wall seconds when the running copy reaches ``spec.placement.timeLimitSeconds``
+        (from the workload's start in the member); None without a limit or a start."""
+        limit = self.obj.spec.placement.time_limit_seconds
+        start = self.started_at
+        if limit is None or start is None or self.status.phase != "Running":
+            return None
+        return start + limit
 
     def backing_off(self, now: float) -> bool:
         """Waiting out the backoff before a re-run at wall seconds ``now``
@@ -192,8 +202,9 @@ class MemberState:
 class HubState:
     """Jobs by UID, work items by (cluster, job UID), members by name, per-job locks, and where
     the term's components meet: the jobs that want placement (:meth:`want`, read by the
-    scheduler), the scheduler's wake-up (:meth:`kick`) and whether the term's first GPUJob list
-    is in (``jobs_listed``)."""
+    scheduler), the scheduler's wake-up (:meth:`kick`), whether the term's first GPUJob list
+    is in (``jobs_listed``), and the hub cluster's PriorityClasses (``priorities``: intake
+    feeds them, each scheduling cycle resolves the waiting jobs' priorities from them)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobState] = {}
@@ -206,6 +217,8 @@ class HubState:
         self.cycle_due = asyncio.Event()
         #: set once this term's first GPUJob list is in (intake sets it)
         self.jobs_listed = asyncio.Event()
+        #: the hub cluster's PriorityClasses (a cache of what intake lists and watches)
+        self.priorities = PriorityClasses()
 
     def kick(self) -> None:
         """Ask for a scheduling cycle soon (something changed that may let a job fit)."""

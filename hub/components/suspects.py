@@ -2,7 +2,8 @@
 for a cool-down.
 
 The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.lifecycle` marks the nodes a failure
-cause names (:meth:`SuspectNodes.mark`); the scheduler keeps them off every placement while the
+cause names when Kubernetes observed them (:meth:`SuspectNodes.mark_failure`) and the not Ready
+nodes a re-run's old pods were left on (:meth:`SuspectNodes.mark_unconfirmed`); the scheduler keeps them off every placement while the
 mark lasts (:meth:`SuspectNodes.holds`, merged into placement's ``hold`` argument, the same
 mechanism the backfill uses, so ``gpufed explain`` names them); the member status writer shows
 them (:meth:`SuspectNodes.of_member`, ``MemberCluster.status.suspectNodes``, ``gpufed get
@@ -18,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpufed.api.work import FailureCause
+from gpufed.hub.components.state import MemberState
 from gpufed.hub.rules.records import SuspectRecord
 from gpufed.placement.queue import Hold
+from gpufed.sync.failure import NODE_EVIDENCE
 
 #: Default cool-down of a suspect node, seconds.
 DEFAULT_SUSPECT_COOLDOWN_S = 3600.0
@@ -66,6 +70,43 @@ class SuspectNodes:
         for s in mine[: max(0, len(mine) - MAX_SUSPECTS_PER_MEMBER)]:
             del self._marks[(s.cluster, s.node)]
         return out
+
+    def mark_failure(
+        self, m: MemberState, cause: FailureCause, job: str, *, mono: float, wall: float
+    ) -> list[str]:
+        """An infrastructure failure of ``job``'s copy in member ``m``: mark the nodes
+        ``cause`` names, when it is what Kubernetes observed of them
+        (:data:`gpufed.sync.failure.NODE_EVIDENCE`); returns the nodes marked."""
+        # Never what the tenant can cause itself (its own exit codes, a pressure eviction it
+        # provoked, a drain or a member-side preemption): else one tenant could walk the fleet
+        # marking nodes and keep every other tenant off them for the cool-down.
+        if cause.reason not in NODE_EVIDENCE:
+            return []
+        return self._mark_in(m, cause.nodes, f"{cause.reason} under {job}", mono, wall)
+
+    def mark_unconfirmed(
+        self, m: MemberState, uid: str, job: str, *, mono: float, wall: float
+    ) -> tuple[list[str], list[str]]:
+        """A re-run of job ``uid`` (``job``: its key) starts while pods of its old copy are
+        left on nodes of ``m`` that are not Ready (unreachable: never confirmed gone): those
+        nodes become suspect (Kubernetes observed them not Ready). Returns (those nodes, the
+        ones marked)."""
+        nodes = sorted(n.name for n in m.nodes.values() if uid in n.job_requests and not n.ready)
+        if not nodes:
+            return [], []
+        reason = f"pods of {job} not confirmed gone (node not Ready)"
+        return nodes, self._mark_in(m, nodes, reason, mono, wall)
+
+    def _mark_in(
+        self, m: MemberState, nodes: Iterable[str], reason: str, mono: float, wall: float
+    ) -> list[str]:
+        """Mark ``nodes`` of ``m`` and keep the member's marks in its meta record (written
+        before a re-run decision is stored, else at the next flush)."""
+        marked = self.mark(m.name, nodes, reason, mono=mono, wall=wall)
+        if marked:
+            m.meta = m.meta.model_copy(update={"suspects": self.records_of(m.name, mono)})
+            m.meta_dirty = True
+        return marked
 
     def records_of(self, cluster: str, mono: float) -> dict[str, SuspectRecord]:
         """The member's marks still on at ``mono``, as its etcd meta record keeps them."""

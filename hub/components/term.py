@@ -62,6 +62,11 @@ class TermTasks:
             t.cancel()
 
 
+def always_leading() -> bool:
+    """The lease of a hub that runs without an election (tests, a single replica)."""
+    return True
+
+
 @dataclass(frozen=True)
 class Term:
     """The shared context of one leader term.
@@ -69,8 +74,8 @@ class Term:
     ``store``/``kube``: the two ports (:mod:`gpufed.hub.adapters.ports`); ``mono``/``wall``: the
     monotonic and wall clocks (seconds) every timer and status time reads; ``started``:
     ``mono()`` when the term began (member timers count from it); ``tasks``: where background
-    work runs (:meth:`spawn`); ``leading``: True while this term may write to the hub API
-    (:meth:`check_fence`).
+    work runs (:meth:`spawn`); ``lease``: True while the leader lease is known to be held;
+    ``stopped``: set once the term ends (together: :meth:`leading`).
     """
 
     config: HubConfig
@@ -82,7 +87,13 @@ class Term:
     mono: Callable[[], float]
     wall: Callable[[], float]
     started: float
-    leading: Callable[[], bool]
+    lease: Callable[[], bool]
+    stopped: asyncio.Event
+
+    def leading(self) -> bool:
+        """True while this term may write to the hub API: not stopped, and the leader lease
+        known to be held (:meth:`gpufed.hub.edge.leader.LeaderElector.holds`). Cheap."""
+        return not self.stopped.is_set() and self.lease()
 
     def check_fence(self) -> None:
         """Right before a write to the hub API: raise :class:`NotLeaderError` unless this term

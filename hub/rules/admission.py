@@ -3,7 +3,7 @@ may be placed.
 
 Called by :mod:`gpufed.hub.components.intake` for every new job that was never placed, after
 :func:`gpufed.sync.manifests.prepare_manifests` (kinds, own namespace) succeeded. Pure: the
-caller passes the namespace's Pod Security level (:mod:`gpufed.hub.components.namespaces`) and the
+caller passes the namespace's Pod Security level (:class:`gpufed.hub.components.intake.NamespaceLevels`) and the
 policy from :class:`gpufed.hub.components.config.HubConfig`. In order (the first refusal wins, naming the
 field):
 

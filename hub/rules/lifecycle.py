@@ -36,7 +36,12 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
    the member's Job controller's to enforce.)
 7. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
    considers it, once the backoff after a re-run (``record.not_before``, :func:`requeued`) has
-   passed.
+   passed. In a scheduling cycle the cycle's view of the job's queue and priority is a fact
+   too (:class:`QueueView`), and the rule says whether the job goes in its queue
+   (:class:`Enqueue`), waits with a reason (:class:`WaitFor`: a namespace no GPUQueue lists
+   while the hub refuses such jobs, a PriorityClass that does not exist yet) or fails for good
+   (:class:`FailInvalid`, naming the field: a ``spec.placement.queue`` that does not take it, a
+   priority above the queue's cap or a system class).
 
 Besides these, a job the hub may place gets the finalizer (:class:`AddFinalizer`), off the
 placement path.
@@ -47,10 +52,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufed.api.gpujob import GPUJob, GPUJobStatus, Retry
+from gpufed.api.gpujob import MAX_RESTART_HISTORY, GPUJob, GPUJobStatus, RestartRecord, Retry
+from gpufed.api.request import PreemptionPolicy
 from gpufed.api.work import FailureCause, WorkloadStatus
 from gpufed.hub.rules import status as st
-from gpufed.hub.rules.records import MAX_REQUEUE_HISTORY, JobRecord, RequeueCause
+from gpufed.hub.rules.records import (
+    MAX_CAUSE_NODES,
+    MAX_REQUEUE_HISTORY,
+    AckRecord,
+    JobRecord,
+    RequeueCause,
+)
 from gpufed.sync.failure import (
     EVICTION_BY_EVICTION_API,
     PREEMPTION_BY_SCHEDULER,
@@ -82,7 +94,8 @@ class Facts:
     copy reaches the job's time limit (None: no limit, or not started); ``now`` / ``not_before``: wall seconds now and
     the end of the job's backoff (None: none);
     ``retries_left``: re-runs after infrastructure failures left
-    (``spec.placement.retry.onInfrastructureFailure`` minus those used).
+    (``spec.placement.retry.onInfrastructureFailure`` minus those used); ``queue``: the
+    scheduling cycle's view of the job's queue and priority (None outside a cycle).
     """
 
     deleting: bool = False
@@ -104,6 +117,30 @@ class Facts:
     retries_left: int = 0
     reschedule_on_loss: bool = False
     has_finalizer: bool = True
+    queue: QueueView | None = None
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """How a scheduling cycle sees a waiting job's queue and priority now (a fact of rule 7).
+
+    ``queue``: the GPUQueue its request goes in; ``priority`` / ``preemption_policy``: what its
+    PriorityClass resolves to there. What may keep it out, each a message naming the fix
+    (None: not so): ``unlisted``: its namespace is listed by no GPUQueue and the hub refuses
+    such jobs (``--unlisted-namespaces reject``); ``queue_error``: its
+    ``spec.placement.queue`` names a queue that does not take it; ``priority_refused`` (at
+    ``priority_field``): its priority may not be used in that queue (above the queue's cap, a
+    system class); ``priority_missing``: its PriorityClass does not exist (yet).
+    """
+
+    queue: str = ""
+    priority: int = 0
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    unlisted: str | None = None
+    queue_error: str | None = None
+    priority_refused: str | None = None
+    priority_field: str = "spec.placement.priorityClassName"
+    priority_missing: str | None = None
 
 
 # --- the steps ----------------------------------------------------------------------------------
@@ -177,6 +214,35 @@ class WaitUntil:
 
 
 @dataclass(frozen=True)
+class Enqueue:
+    """In a scheduling cycle: the job's request goes in GPUQueue ``queue`` at ``priority``
+    with ``preemption_policy`` (this cycle's pass considers it)."""
+
+    queue: str
+    priority: int
+    preemption_policy: PreemptionPolicy
+
+
+@dataclass(frozen=True)
+class WaitFor:
+    """In a scheduling cycle: the job waits for something other than capacity (Pending with
+    ``reason`` and ``message``, an Event, a Warning when ``warning``); each cycle asks again."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class FailInvalid:
+    """The job can never be placed as written: ``Failed``, ``Valid=False`` naming ``field``,
+    a Warning Event."""
+
+    field: str
+    message: str
+
+
+@dataclass(frozen=True)
 class AddFinalizer:
     """Add the hub's finalizer to the GPUJob (off the placement path)."""
 
@@ -193,6 +259,9 @@ Step = (
     | FailForGood
     | Want
     | WaitUntil
+    | Enqueue
+    | WaitFor
+    | FailInvalid
 )
 Steps = tuple[Step | AddFinalizer, ...]
 
@@ -233,8 +302,21 @@ def _fate(f: Facts) -> tuple[Step, ...]:
     if f.valid and not placed and not f.claimed:
         if f.not_before is not None and f.now < f.not_before:
             return (WaitUntil(f.not_before),)
-        return (Want(),)
+        return (Want(),) if f.queue is None else (_admission(f.queue),)
     return ()
+
+
+def _admission(q: QueueView) -> Enqueue | WaitFor | FailInvalid:
+    """Rule 7 in a scheduling cycle: in its queue, waiting with a reason, or failed."""
+    if q.unlisted is not None:
+        return WaitFor("NamespaceNotListed", q.unlisted, warning=True)
+    if q.queue_error is not None:
+        return FailInvalid("spec.placement.queue", q.queue_error)
+    if q.priority_refused is not None:
+        return FailInvalid(q.priority_field, q.priority_refused)
+    if q.priority_missing is not None:
+        return WaitFor("PriorityClassNotFound", q.priority_missing)
+    return Enqueue(q.queue, q.priority, q.preemption_policy)
 
 
 def _finalizer(f: Facts) -> tuple[AddFinalizer, ...]:
@@ -292,6 +374,19 @@ def requeued(
     )
 
 
+def refusal(ack: AckRecord | None, revision: int, failures: int, limit: int) -> str | None:
+    """Why the member refused the Apply at ``revision`` for good (rule 5): its ``ack``
+    ``Failed`` and not retryable, or ``limit`` retryable failures in a row (``failures``);
+    None while it has not."""
+    if ack is None or ack.revision != revision or ack.result != "Failed":
+        return None
+    if not ack.retryable:
+        return ack.message
+    if failures >= limit:
+        return f"gave up after {failures} attempts: {ack.message}"
+    return None
+
+
 # --- infrastructure failures (rule 5) -----------------------------------------------------------
 
 
@@ -335,6 +430,76 @@ def infrastructure_failed(
     return status.model_copy(
         update={"phase": "Failed", "message": message, "conditions": conds, "completion_time": now}
     )
+
+
+def requeued_status(
+    status: GPUJobStatus, cause: RequeueCause, *, record: JobRecord, now: str
+) -> GPUJobStatus:
+    """The job's copy in ``cause.cluster`` is gone and it waits to be placed again (rule 2;
+    ``record``: its record back in the queue, :func:`requeued`): phase Pending, no cluster,
+    condition ``cause.kind`` True with the cause's reason and message, ``Placed=False``; the
+    member's conditions and counts go; the requeues of that kind so far counted
+    (``status.preemptions`` for ``Preempted``; for a re-run :func:`restart_update`); with a
+    backoff, ``nextAttemptAt`` and the message say when. A terminal status is returned
+    unchanged."""
+    if st.is_terminal(status):
+        return status
+    count = record.requeue_counts.get(cause.kind, 0)
+    conds = st.set_condition(
+        status.conditions, cause.kind, "True", reason=cause.reason, message=cause.message, now=now
+    )
+    conds = st.set_condition(
+        conds, "Placed", "False", reason=cause.reason, message=cause.message, now=now
+    )
+    if cause.kind == INFRASTRUCTURE_FAILURE:
+        conds = st.set_condition(
+            conds, "Restarting", "True", reason=cause.reason, message=cause.message, now=now
+        )
+    conds = [c for c in conds if c.type in st.HUB_CONDITIONS and c.type != "Dispatched"]
+    update: dict[str, object] = {
+        "phase": "Pending",
+        "cluster": None,
+        "message": f"{cause.message}; waiting to be placed again",
+        "conditions": conds,
+        "active": None,
+        "ready": None,
+        "succeeded": None,
+        "failed": None,
+        "pod_issues": [],
+        "start_time": None,
+        "workload": None,
+    }
+    if cause.kind == "Preempted":
+        update["preemptions"] = count
+    else:  # issue 13: a re-run after an infrastructure failure
+        update.update(restart_update(status, cause, count=count, now=now))
+    if record.not_before is not None:
+        at = st.rfc3339(record.not_before)
+        used = record.budget_used
+        update["next_attempt_at"] = at
+        update["message"] = (
+            f"{update['message']} at {at} (backoff after {used} re-run{'s' if used != 1 else ''})"
+        )
+    return status.model_copy(update=update)
+
+
+def restart_update(
+    status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str
+) -> dict[str, object]:
+    """The status fields for one more re-run after ``cause``: ``restarts`` = ``count`` (the
+    job's infrastructure requeues so far) and ``restartHistory`` with this one appended (the
+    attempt that failed is ``status.attempt``; at most :data:`MAX_RESTART_HISTORY`, newest
+    last)."""
+    entry = RestartRecord(
+        attempt=status.attempt or 1,
+        cluster=cause.cluster,
+        nodes=list(cause.nodes)[:MAX_CAUSE_NODES],
+        reason=cause.reason,
+        message=cause.message,
+        time=now or None,
+    )
+    history = [*status.restart_history, entry][-MAX_RESTART_HISTORY:]
+    return {"restarts": count, "restart_history": history}
 
 
 def restarting(status: GPUJobStatus, cause: RequeueCause, *, now: str) -> GPUJobStatus:

@@ -54,8 +54,6 @@ from gpufed.api.gpujob import (
     WorkloadRef,
 )
 from gpufed.api.work import WorkloadStatus
-from gpufed.hub.rules.records import RequeueCause
-from gpufed.hub.rules.restart_status import restart_update
 
 #: Kind-independent: True once the job ended (derived from the phase by :func:`derived`).
 FINISHED_CONDITION = "Finished"
@@ -467,45 +465,6 @@ def cluster_lost(
             }
         )
     return status.model_copy(update={"phase": "Lost", "message": msg, "conditions": conds})
-
-
-def requeued(status: GPUJobStatus, cause: RequeueCause, *, count: int, now: str) -> GPUJobStatus:
-    """The job's copy in ``cause.cluster`` is gone and it waits to be placed again
-    (:mod:`gpufed.hub.components.lifecycle`): phase Pending, no cluster, condition ``cause.kind`` True with
-    the cause's reason and message, ``Placed=False``; the member's conditions and counts go.
-    ``count``: the job's requeues of that kind so far (``status.preemptions`` for
-    ``Preempted``). A terminal status is returned unchanged."""
-    if is_terminal(status):
-        return status
-    conds = set_condition(
-        status.conditions, cause.kind, "True", reason=cause.reason, message=cause.message, now=now
-    )
-    conds = set_condition(
-        conds, "Placed", "False", reason=cause.reason, message=cause.message, now=now
-    )
-    if cause.kind == "InfrastructureFailure":
-        conds = set_condition(
-            conds, "Restarting", "True", reason=cause.reason, message=cause.message, now=now
-        )
-    conds = [c for c in conds if c.type in HUB_CONDITIONS and c.type != "Dispatched"]
-    update: dict[str, object] = {
-        "phase": "Pending",
-        "cluster": None,
-        "message": f"{cause.message}; waiting to be placed again",
-        "conditions": conds,
-        "active": None,
-        "ready": None,
-        "succeeded": None,
-        "failed": None,
-        "pod_issues": [],
-        "start_time": None,
-        "workload": None,
-    }
-    if cause.kind == "Preempted":
-        update["preemptions"] = count
-    else:  # issue 13: a re-run after an infrastructure failure (gpufed.hub.components.lifecycle)
-        update.update(restart_update(status, cause, count=count, now=now))
-    return status.model_copy(update=update)
 
 
 # --- placement status <-> Decision ---------------------------------------------------------------

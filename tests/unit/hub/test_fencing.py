@@ -111,6 +111,21 @@ async def test_a_replica_that_lost_its_lease_writes_no_status_and_no_event() -> 
     await ctrl.mirror.stop()
 
 
+async def test_a_stopped_term_writes_no_status_and_no_event_while_its_lease_is_held() -> None:
+    # The term ended (another leader in etcd, a bug) before the lease ran out.
+    kube, ctrl, job = one_job(Lease(held=True))
+    ctrl.stop("another leader")
+
+    placed(job, "m1", ctrl)
+    ctrl.mirror.event(job, "Normal", "Placed", "on m1")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    assert kube.requests["patch_job_status"] == 0
+    assert kube.requests["emit_event"] == 0
+    await ctrl.mirror.stop()
+
+
 async def test_an_ex_leaders_pending_write_does_not_land_after_the_new_leader_wrote() -> None:
     old_lease = Lease(held=True)
     kube, old, old_job = one_job(old_lease)
