@@ -32,7 +32,12 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.cli.simclasses import print_classes
-from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
+from gpufed.placement.queue import (
+    DEFAULT_HOLDS_PER_SHAPE,
+    DEFAULT_SIZE_AGING_S,
+    QUEUE_ORDERS,
+    BackfillRule,
+)
 from gpufed.placement.sim.priomix import load_mix
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simfail import SimFailures
@@ -169,18 +174,20 @@ def simulate_command(
         "--queue-oldest-first (0: no holds at all).",
     ),
     holds_per_shape: int = typer.Option(
-        1,
+        DEFAULT_HOLDS_PER_SHAPE,
         "--queue-holds-per-shape",
         min=1,
         help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
-        "one pass, within --queue-max-holds.",
+        "one pass, within --queue-max-holds (1: one per shape per pass; the hub's flag of the "
+        "same name and default).",
     ),
     size_aging_s: float = typer.Option(
-        0.0,
+        DEFAULT_SIZE_AGING_S,
         "--queue-size-aging",
         min=0,
         help="Policy gpufed, smallest-first: a job's size in the order is divided by 1 + "
-        "waited / this (seconds; 0: sizes do not age).",
+        "waited / this (seconds; 0: sizes do not age; the hub's flag of the same name and "
+        "default).",
     ),
     backfill_limits: str = typer.Option(
         "on",

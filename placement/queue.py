@@ -9,8 +9,9 @@ Order of a pass (:func:`pass_key`; :func:`order_key` is the plain first-come ord
 ``priority`` first; within a priority, the jobs that have waited ``oldest_first_s`` (default
 16 h) or more, oldest first; then the others, fewer GPUs first (``BackfillRule.order``
 ``smallest-first``, the default, MIG devices counted as their fraction of a GPU and CPU-only
-jobs as 0; ``fifo``: earlier first whatever their size, arrival order, the old default), then
-earlier ``submitted_at``; then job name and UID. Why: a small job that finds
+jobs as 0, a size divided by ``1 + waited / BackfillRule.size_aging_s``; ``fifo``: earlier
+first whatever their size, arrival order, the old default), then earlier ``submitted_at``;
+then job name and UID. Why: a small job that finds
 room starts before a big one that would take the same GPUs, which shortens the mean wait; a job
 that has waited ``oldest_first_s`` is walked before every job that has not, so its hold (below)
 keeps them all off its nodes and it cannot starve.
@@ -57,6 +58,11 @@ from gpufed.placement.backfill import backfill_note, borrowable, ran_inside
 #: ``BackfillRule.order`` values
 QUEUE_ORDERS = ("smallest-first", "fifo")
 QueueOrder = Literal["smallest-first", "fifo"]
+#: defaults of ``BackfillRule.holds_per_shape`` and ``size_aging_s`` (the hub's
+#: ``--queue-holds-per-shape`` / ``--queue-size-aging`` and the simulator's flags of the same
+#: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
+DEFAULT_HOLDS_PER_SHAPE = 4
+DEFAULT_SIZE_AGING_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,10 @@ class BackfillRule(BaseModel):
     used where the caller estimates starts: ``schedule_pass(hold_start=...)``);
     ``holds_per_shape``: starving jobs of one shape (:func:`fit_key`) that may hold nodes in
     one pass, each other nodes (where the caller gives ``schedule_pass(hold_avoiding=...)``;
-    else 1), within ``max_holds``; ``size_aging_s``: with ``smallest-first``, a job's size in
-    the order is divided by ``1 + waited / size_aging_s`` (0: not at all), so a bigger job that
-    has waited goes ahead of smaller fresh ones before ``oldest_first_s``.
+    else 1), within ``max_holds`` (default 4; 1: one per shape per pass); ``size_aging_s``:
+    with ``smallest-first``, a job's size in the order is divided by ``1 + waited /
+    size_aging_s`` (default 1,800 s; 0: not at all), so a bigger job that has waited goes
+    ahead of smaller fresh ones before ``oldest_first_s``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -112,8 +119,8 @@ class BackfillRule(BaseModel):
     oldest_first_s: float = Field(default=57600.0, ge=0)
     order: QueueOrder = "smallest-first"
     backfill_by_limit: bool = True
-    holds_per_shape: int = Field(default=1, ge=1)
-    size_aging_s: float = Field(default=0.0, ge=0)
+    holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1)
+    size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
