@@ -195,6 +195,12 @@ def simulate_command(
         help="Policy gpufed: on, a job whose time limit ends before a starving job's expected "
         "start may run on the nodes it holds (backfill); off, nothing runs inside a hold.",
     ),
+    hold_within_wait: str = typer.Option(
+        "off",
+        "--queue-hold-within-wait",
+        help="Policy gpufed: on, a starving job (not yet past --queue-oldest-first) holds nodes "
+        "only when its expected start there is at most as far ahead as it has waited.",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
@@ -268,6 +274,8 @@ def simulate_command(
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
     if backfill_limits not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
+    if hold_within_wait not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -314,6 +322,7 @@ def simulate_command(
         backfill_by_limit=backfill_limits == "on",
         holds_per_shape=holds_per_shape,
         size_aging_s=size_aging_s,
+        hold_within_wait=hold_within_wait == "on",
     )
     try:
         members = load_fleet(fleet)

@@ -109,7 +109,10 @@ class BackfillRule(BaseModel):
     else 1), within ``max_holds`` (default 4; 1: one per shape per pass); ``size_aging_s``:
     with ``smallest-first``, a job's size in the order is divided by ``1 + waited /
     size_aging_s`` (default 1,800 s; 0: not at all), so a bigger job that has waited goes
-    ahead of smaller fresh ones before ``oldest_first_s``.
+    ahead of smaller fresh ones before ``oldest_first_s``; ``hold_within_wait``: a starving
+    job that has not waited ``oldest_first_s`` takes a hold only when its expected start there
+    (``hold_start``) is at most as far ahead as it has waited (no estimate: it holds), so a
+    drain longer than the wait so far idles no GPUs yet (default off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -121,6 +124,7 @@ class BackfillRule(BaseModel):
     backfill_by_limit: bool = True
     holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1)
     size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
+    hold_within_wait: bool = False
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -304,13 +308,16 @@ def schedule_pass(
         ):
             asked[key] = asked.get(key, 0) + 1
             hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
+            starts = hold_start(req, hold) if hold is not None and hold_start is not None else None
+            if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
+                hold = None  # its nodes would drain longer than it has waited: not yet
             if hold is not None:
                 hold = Hold(
                     hold.cluster,
                     hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
                     f"{waited:.0f} s) by the backfill rule",
-                    hold_start(req, hold) if lend and hold_start is not None else None,
+                    starts if lend else None,
                 )
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold

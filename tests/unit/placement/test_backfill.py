@@ -161,3 +161,29 @@ def test_the_rule_can_turn_backfill_off_whatever_the_caller_estimates() -> None:
     )
     assert result.backfilled == {}
     assert [d.outcome for _, d in result.decisions] == [Outcome.UNSCHEDULABLE] * 2
+
+
+@pytest.mark.parametrize(
+    ("starts", "within", "old", "held"),
+    [
+        (8000.0, False, False, True),  # off: it holds whatever its start
+        (8000.0, True, False, False),  # drain 4,000 s ahead, waited 3,000 s: not yet
+        (7000.0, True, False, True),  # drain exactly as long as it waited: it holds
+        (None, True, False, True),  # no estimate: it holds
+        (8000.0, True, True, True),  # past oldest_first_s: it always holds (the bound)
+    ],
+)
+def test_hold_within_wait_takes_a_hold_only_when_the_drain_is_within_the_wait(
+    starts: float | None, within: bool, old: bool, held: bool
+) -> None:
+    """BackfillRule.hold_within_wait: the 8-GPU job submitted at 1,000 s has waited 3,000 s
+    at 4,000 s; it holds a-n000 only when its expected start there is <= 3,000 s away."""
+    loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 0])]), starts)
+    big = limited("big", 8, None, at=1000.0)
+    rule = BackfillRule(hold_within_wait=within, oldest_first_s=2000.0 if old else 57_600.0)
+    result = schedule_pass(
+        [big], 4000.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start
+    )
+    assert ("a" in result.holds) is held
+    if held and starts is not None:
+        assert result.holds["a"].starts_at == starts
