@@ -201,6 +201,14 @@ def simulate_command(
         help="Policy gpufed: on, a starving job (not yet past --queue-oldest-first) holds nodes "
         "only when its expected start there is at most as far ahead as it has waited.",
     ),
+    hold_candidates: int = typer.Option(
+        1,
+        "--queue-hold-candidates",
+        min=1,
+        max=16,
+        help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
+        "is expected to start first (1: the nodes with the most free GPUs).",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
@@ -323,6 +331,7 @@ def simulate_command(
         holds_per_shape=holds_per_shape,
         size_aging_s=size_aging_s,
         hold_within_wait=hold_within_wait == "on",
+        hold_candidates=hold_candidates,
     )
     try:
         members = load_fleet(fleet)

@@ -112,7 +112,10 @@ class BackfillRule(BaseModel):
     ahead of smaller fresh ones before ``oldest_first_s``; ``hold_within_wait``: a starving
     job that has not waited ``oldest_first_s`` takes a hold only when its expected start there
     (``hold_start``) is at most as far ahead as it has waited (no estimate: it holds), so a
-    drain longer than the wait so far idles no GPUs yet (default off).
+    drain longer than the wait so far idles no GPUs yet (default off); ``hold_candidates``:
+    with ``hold_avoiding`` and ``hold_start``, a starving job weighs this many node sets
+    (``hold_for``'s choice, then the next ones ``hold_avoiding`` names) and holds the one where
+    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -125,6 +128,7 @@ class BackfillRule(BaseModel):
     holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1)
     size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
     hold_within_wait: bool = False
+    hold_candidates: int = Field(default=1, ge=1, le=16)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -309,6 +313,10 @@ def schedule_pass(
             asked[key] = asked.get(key, 0) + 1
             hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
             starts = hold_start(req, hold) if hold is not None and hold_start is not None else None
+            if hold is not None and hold_start is not None and hold_avoiding is not None:
+                hold, starts = _earliest(
+                    req, hold, starts, out.holds, rule, hold_avoiding, hold_start
+                )
             if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
                 hold = None  # its nodes would drain longer than it has waited: not yet
             if hold is not None:
@@ -348,3 +356,30 @@ def _holds_binding(
         prior = out.get(h.cluster)
         out[h.cluster] = prior.merged(h) if prior else h
     return (len(holders), picked), out
+
+
+def _earliest(
+    req: PlacementRequest,
+    hold: Hold,
+    starts: float | None,
+    held: Mapping[str, Hold],
+    rule: BackfillRule,
+    avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None],
+    start_of: Callable[[PlacementRequest, Hold], float | None],
+) -> tuple[Hold, float | None]:
+    """Of ``hold`` and the next ``rule.hold_candidates - 1`` node sets ``avoiding`` names
+    (each avoiding the pass's ``held`` and the candidates before it), the one with the earliest
+    expected start (an unknown start last; ties: the earlier candidate), and that start."""
+    avoid = dict(held)
+    cand = hold
+    for _ in range(rule.hold_candidates - 1):
+        prior = avoid.get(cand.cluster)
+        avoid[cand.cluster] = prior.merged(cand) if prior else cand
+        nxt = avoiding(req, avoid)
+        if nxt is None:
+            break
+        cand = nxt
+        s = start_of(req, cand)
+        if s is not None and (starts is None or s < starts):
+            hold, starts = cand, s
+    return hold, starts

@@ -187,3 +187,41 @@ def test_hold_within_wait_takes_a_hold_only_when_the_drain_is_within_the_wait(
     assert ("a" in result.holds) is held
     if held and starts is not None:
         assert result.holds["a"].starts_at == starts
+
+
+@pytest.mark.parametrize(
+    ("candidates", "starts", "node"),
+    [
+        (1, {"a-n000": 5000.0, "a-n001": 3000.0}, "a-n000"),  # hold_for's choice
+        (2, {"a-n000": 5000.0, "a-n001": 3000.0}, "a-n001"),  # the earlier start
+        (2, {"a-n000": 3000.0, "a-n001": 3000.0}, "a-n000"),  # a tie: the first candidate
+        (2, {"a-n000": None, "a-n001": 9000.0}, "a-n001"),  # an unknown start comes last
+        (3, {"a-n000": 5000.0, "a-n001": 6000.0}, "a-n000"),  # no third node set: two weighed
+    ],
+)
+def test_a_starving_job_holds_the_candidate_where_it_is_expected_to_start_first(
+    candidates: int, starts: dict[str, float | None], node: str
+) -> None:
+    """BackfillRule.hold_candidates: hold_for names a-n000, hold_avoiding then a-n001 (and
+    nothing once both are avoided); the hold goes where hold_start is earliest."""
+    loop = QueueLoop(FleetSnapshot([hgx_cluster("a", free=[4, 4])]))
+
+    def first(req: PlacementRequest) -> Hold | None:
+        return Hold("a", frozenset({"a-n000"}), "held")
+
+    def avoiding(req: PlacementRequest, held: dict[str, Hold]) -> Hold | None:
+        taken = held["a"].nodes if "a" in held else frozenset()
+        free = [n for n in ("a-n000", "a-n001") if n not in taken]
+        return Hold("a", frozenset(free[:1]), "held") if free else None
+
+    def start(req: PlacementRequest, hold: Hold) -> float | None:
+        (n,) = hold.nodes
+        return starts[n]
+
+    big = limited("big", 8, None, at=0.0)
+    rule = BackfillRule(hold_candidates=candidates, holds_per_shape=1)
+    result = schedule_pass(
+        [big], 4000.0, loop.attempt, first, rule, hold_start=start, hold_avoiding=avoiding
+    )
+    assert result.holds["a"].nodes == {node}
+    assert result.holds["a"].starts_at == starts[node]
