@@ -3,6 +3,8 @@ the hold's expected start, and the starvation bound with limits on."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from placement_builders import GPU, gpus_on, hgx_cluster, job
 from test_queue_order import Loop as QueueLoop
@@ -209,7 +211,7 @@ def test_a_starving_job_holds_the_candidate_where_it_is_expected_to_start_first(
     def first(req: PlacementRequest) -> Hold | None:
         return Hold("a", frozenset({"a-n000"}), "held")
 
-    def avoiding(req: PlacementRequest, held: dict[str, Hold]) -> Hold | None:
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
         taken = held["a"].nodes if "a" in held else frozenset()
         free = [n for n in ("a-n000", "a-n001") if n not in taken]
         return Hold("a", frozenset(free[:1]), "held") if free else None
