@@ -115,17 +115,7 @@ def test_the_unlisted_namespace_flags_reach_the_hub_config(
     cap: int | None,
 ) -> None:
     """Defaults: today's behaviour (the default queue, no cap); the int32 bounds are accepted."""
-    seen: list[HubConfig] = []
-    validate = hub_cli._validate
-
-    def first_check_only(values: dict[str, Any], *, insecure: bool) -> HubConfig:
-        seen.append(validate(values, insecure=insecure))
-        raise typer.Exit(0)  # stop before any side effect
-
-    monkeypatch.setattr(hub_cli, "_validate", first_check_only)
-    result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
-    assert result.exit_code == 0, result.output
-    (config,) = seen
+    config = _config_of(tmp_path, monkeypatch, args)
     assert (config.unlisted_namespaces, config.default_queue_max_priority) == (unlisted, cap)
 
 
@@ -150,6 +140,17 @@ def test_the_backfill_knobs_reach_the_hub_config_with_the_simulators_defaults(
 
     from gpufed.placement.queue import BackfillRule
 
+    rule = _config_of(tmp_path, monkeypatch, args).backfill_rule
+    assert (rule.holds_per_shape, rule.size_aging_s) == (per_shape, aging)
+    if not args:
+        sim = get_command(app).commands["simulate"]  # type: ignore[attr-defined]
+        defaults = {p.name: p.default for p in sim.params}
+        assert (defaults["holds_per_shape"], defaults["size_aging_s"]) == (4, 1800.0)
+        assert rule == BackfillRule()
+
+
+def _config_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> HubConfig:
+    """The HubConfig ``gpufed hub ARGS`` builds from its flags, stopped before any side effect."""
     seen: list[HubConfig] = []
     validate = hub_cli._validate
 
@@ -161,10 +162,4 @@ def test_the_backfill_knobs_reach_the_hub_config_with_the_simulators_defaults(
     result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
     assert result.exit_code == 0, result.output
     (config,) = seen
-    rule = config.backfill_rule
-    assert (rule.holds_per_shape, rule.size_aging_s) == (per_shape, aging)
-    if not args:
-        sim = get_command(app).commands["simulate"]  # type: ignore[attr-defined]
-        defaults = {p.name: p.default for p in sim.params}
-        assert (defaults["holds_per_shape"], defaults["size_aging_s"]) == (4, 1800.0)
-        assert rule == BackfillRule()
+    return config

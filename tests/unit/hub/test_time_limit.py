@@ -9,7 +9,7 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from tests.unit.hub.builders import hgx_node
-from tests.unit.hub.term import Term, sent, settle
+from tests.unit.hub.term import Term, running, sent, settle
 
 
 async def test_a_running_copy_is_stopped_at_its_time_limit() -> None:
@@ -84,18 +84,8 @@ async def test_a_job_stopped_at_its_limit_with_exit_code_143_declared_is_not_re_
     TimeLimitExceeded, with no re-run and no suspect node."""
     from gpufed.api.work import FailureCause
 
-    placement = {"timeLimitSeconds": 600, "retry": {"infrastructureExitCodes": [143]}}
-    t = Term()
-    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
-    s = t.connect("m1")
-    sent(s)
-    await t.submit("j", "u1", gpus=8, placement=placement)
-    await t.ctrl.scheduler.cycle()
-    [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
-    await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
-    t.ctrl.members.on_delta(
-        t.ctrl.state.members["m1"],
-        InventoryDelta(seq=2, upserts=(hgx_node("m1-n0", requested=8, job_uid="u1"),)),
+    t, s, rev = await running(
+        {"timeLimitSeconds": 600, "retry": {"infrastructureExitCodes": [143]}}
     )
     start = st.rfc3339(t.clock.wall())
     base = {"job_uid": "u1", "revision": rev, "kind": "Job.batch", "name": "j"}
