@@ -33,6 +33,7 @@ from gpufed.hub.components.config import HubConfig, TLSConfig
 from gpufed.hub.edge import certs as hub_certs
 from gpufed.hub.edge import log as hub_log
 from gpufed.hub.edge.app import Hub
+from gpufed.placement.queue import DEFAULT_HOLDS_PER_SHAPE, DEFAULT_SIZE_AGING_S
 
 app = typer.Typer(
     help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
@@ -214,6 +215,21 @@ def run(
             "--queue-oldest-first (0: no holds at all)"
         ),
     ] = 4,
+    queue_holds_per_shape: Annotated[
+        int,
+        typer.Option(
+            help="starving jobs of one shape that hold different nodes in one pass (1 to 64; "
+            "1: one per shape per pass), within --queue-max-holds"
+        ),
+    ] = DEFAULT_HOLDS_PER_SHAPE,
+    queue_size_aging: Annotated[
+        float,
+        typer.Option(
+            help="with smallest-first, a job's size in the order is divided by 1 + waited / "
+            "this, seconds, so a bigger job that waited passes fresh smaller ones (0: sizes do "
+            "not age)"
+        ),
+    ] = DEFAULT_SIZE_AGING_S,
     preemption: Annotated[
         bool,
         typer.Option(
@@ -332,6 +348,8 @@ def run(
         "queue_oldest_first_s": queue_oldest_first,
         "queue_starvation_s": queue_starvation,
         "queue_max_holds": queue_max_holds,
+        "queue_holds_per_shape": queue_holds_per_shape,
+        "queue_size_aging_s": queue_size_aging,
         "preemption": preemption,
         "preemption_min_runtime_s": preemption_min_runtime,
         "preemption_max_per_hour": preemption_max_per_hour,
@@ -402,6 +420,8 @@ FLAG_OF: dict[str, str] = {
     "queue_oldest_first_s": "--queue-oldest-first",
     "queue_starvation_s": "--queue-starvation",
     "queue_max_holds": "--queue-max-holds",
+    "queue_holds_per_shape": "--queue-holds-per-shape",
+    "queue_size_aging_s": "--queue-size-aging",
     "preemption": "--preemption/--no-preemption",
     "preemption_min_runtime_s": "--preemption-min-runtime",
     "preemption_max_per_hour": "--preemption-max-per-hour",

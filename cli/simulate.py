@@ -32,7 +32,12 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.cli.simclasses import print_classes
-from gpufed.placement.queue import QUEUE_ORDERS, BackfillRule
+from gpufed.placement.queue import (
+    DEFAULT_HOLDS_PER_SHAPE,
+    DEFAULT_SIZE_AGING_S,
+    QUEUE_ORDERS,
+    BackfillRule,
+)
 from gpufed.placement.sim.priomix import load_mix
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simfail import SimFailures
@@ -169,24 +174,40 @@ def simulate_command(
         "--queue-oldest-first (0: no holds at all).",
     ),
     holds_per_shape: int = typer.Option(
-        1,
+        DEFAULT_HOLDS_PER_SHAPE,
         "--queue-holds-per-shape",
         min=1,
         help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
-        "one pass, within --queue-max-holds.",
+        "one pass, within --queue-max-holds (1: one per shape per pass; the hub's flag of the "
+        "same name and default).",
     ),
     size_aging_s: float = typer.Option(
-        0.0,
+        DEFAULT_SIZE_AGING_S,
         "--queue-size-aging",
         min=0,
         help="Policy gpufed, smallest-first: a job's size in the order is divided by 1 + "
-        "waited / this (seconds; 0: sizes do not age).",
+        "waited / this (seconds; 0: sizes do not age; the hub's flag of the same name and "
+        "default).",
     ),
     backfill_limits: str = typer.Option(
         "on",
         "--queue-backfill-by-limit",
         help="Policy gpufed: on, a job whose time limit ends before a starving job's expected "
         "start may run on the nodes it holds (backfill); off, nothing runs inside a hold.",
+    ),
+    hold_within_wait: str = typer.Option(
+        "off",
+        "--queue-hold-within-wait",
+        help="Policy gpufed: on, a starving job (not yet past --queue-oldest-first) holds nodes "
+        "only when its expected start there is at most as far ahead as it has waited.",
+    ),
+    hold_candidates: int = typer.Option(
+        1,
+        "--queue-hold-candidates",
+        min=1,
+        max=16,
+        help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
+        "is expected to start first (1: the nodes with the most free GPUs).",
     ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
@@ -261,6 +282,8 @@ def simulate_command(
         raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
     if backfill_limits not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
+    if hold_within_wait not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -307,6 +330,8 @@ def simulate_command(
         backfill_by_limit=backfill_limits == "on",
         holds_per_shape=holds_per_shape,
         size_aging_s=size_aging_s,
+        hold_within_wait=hold_within_wait == "on",
+        hold_candidates=hold_candidates,
     )
     try:
         members = load_fleet(fleet)

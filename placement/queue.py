@@ -9,8 +9,9 @@ Order of a pass (:func:`pass_key`; :func:`order_key` is the plain first-come ord
 ``priority`` first; within a priority, the jobs that have waited ``oldest_first_s`` (default
 16 h) or more, oldest first; then the others, fewer GPUs first (``BackfillRule.order``
 ``smallest-first``, the default, MIG devices counted as their fraction of a GPU and CPU-only
-jobs as 0; ``fifo``: earlier first whatever their size, arrival order, the old default), then
-earlier ``submitted_at``; then job name and UID. Why: a small job that finds
+jobs as 0, a size divided by ``1 + waited / BackfillRule.size_aging_s``; ``fifo``: earlier
+first whatever their size, arrival order, the old default), then earlier ``submitted_at``;
+then job name and UID. Why: a small job that finds
 room starts before a big one that would take the same GPUs, which shortens the mean wait; a job
 that has waited ``oldest_first_s`` is walked before every job that has not, so its hold (below)
 keeps them all off its nodes and it cannot starve.
@@ -57,6 +58,11 @@ from gpufed.placement.backfill import backfill_note, borrowable, ran_inside
 #: ``BackfillRule.order`` values
 QUEUE_ORDERS = ("smallest-first", "fifo")
 QueueOrder = Literal["smallest-first", "fifo"]
+#: defaults of ``BackfillRule.holds_per_shape`` and ``size_aging_s`` (the hub's
+#: ``--queue-holds-per-shape`` / ``--queue-size-aging`` and the simulator's flags of the same
+#: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
+DEFAULT_HOLDS_PER_SHAPE = 4
+DEFAULT_SIZE_AGING_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,16 @@ class BackfillRule(BaseModel):
     used where the caller estimates starts: ``schedule_pass(hold_start=...)``);
     ``holds_per_shape``: starving jobs of one shape (:func:`fit_key`) that may hold nodes in
     one pass, each other nodes (where the caller gives ``schedule_pass(hold_avoiding=...)``;
-    else 1), within ``max_holds``; ``size_aging_s``: with ``smallest-first``, a job's size in
-    the order is divided by ``1 + waited / size_aging_s`` (0: not at all), so a bigger job that
-    has waited goes ahead of smaller fresh ones before ``oldest_first_s``.
+    else 1), within ``max_holds`` (default 4; 1: one per shape per pass); ``size_aging_s``:
+    with ``smallest-first``, a job's size in the order is divided by ``1 + waited /
+    size_aging_s`` (default 1,800 s; 0: not at all), so a bigger job that has waited goes
+    ahead of smaller fresh ones before ``oldest_first_s``; ``hold_within_wait``: a starving
+    job that has not waited ``oldest_first_s`` takes a hold only when its expected start there
+    (``hold_start``) is at most as far ahead as it has waited (no estimate: it holds), so a
+    drain longer than the wait so far idles no GPUs yet (default off); ``hold_candidates``:
+    with ``hold_avoiding`` and ``hold_start``, a starving job weighs this many node sets
+    (``hold_for``'s choice, then the next ones ``hold_avoiding`` names) and holds the one where
+    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -112,8 +125,10 @@ class BackfillRule(BaseModel):
     oldest_first_s: float = Field(default=57600.0, ge=0)
     order: QueueOrder = "smallest-first"
     backfill_by_limit: bool = True
-    holds_per_shape: int = Field(default=1, ge=1)
-    size_aging_s: float = Field(default=0.0, ge=0)
+    holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1)
+    size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
+    hold_within_wait: bool = False
+    hold_candidates: int = Field(default=1, ge=1, le=16)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -297,13 +312,20 @@ def schedule_pass(
         ):
             asked[key] = asked.get(key, 0) + 1
             hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
+            starts = hold_start(req, hold) if hold is not None and hold_start is not None else None
+            if hold is not None and hold_start is not None and hold_avoiding is not None:
+                hold, starts = _earliest(
+                    req, hold, starts, out.holds, rule, hold_avoiding, hold_start
+                )
+            if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
+                hold = None  # its nodes would drain longer than it has waited: not yet
             if hold is not None:
                 hold = Hold(
                     hold.cluster,
                     hold.nodes,
                     f"held for {req.job} (priority {req.priority}, waiting "
                     f"{waited:.0f} s) by the backfill rule",
-                    hold_start(req, hold) if lend and hold_start is not None else None,
+                    starts if lend else None,
                 )
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold
@@ -334,3 +356,30 @@ def _holds_binding(
         prior = out.get(h.cluster)
         out[h.cluster] = prior.merged(h) if prior else h
     return (len(holders), picked), out
+
+
+def _earliest(
+    req: PlacementRequest,
+    hold: Hold,
+    starts: float | None,
+    held: Mapping[str, Hold],
+    rule: BackfillRule,
+    avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None],
+    start_of: Callable[[PlacementRequest, Hold], float | None],
+) -> tuple[Hold, float | None]:
+    """Of ``hold`` and the next ``rule.hold_candidates - 1`` node sets ``avoiding`` names
+    (each avoiding the pass's ``held`` and the candidates before it), the one with the earliest
+    expected start (an unknown start last; ties: the earlier candidate), and that start."""
+    avoid = dict(held)
+    cand = hold
+    for _ in range(rule.hold_candidates - 1):
+        prior = avoid.get(cand.cluster)
+        avoid[cand.cluster] = prior.merged(cand) if prior else cand
+        nxt = avoiding(req, avoid)
+        if nxt is None:
+            break
+        cand = nxt
+        s = start_of(req, cand)
+        if s is not None and (starts is None or s < starts):
+            hold, starts = cand, s
+    return hold, starts

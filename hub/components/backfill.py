@@ -1,5 +1,8 @@
 """Backfill at the hub: when a hold's nodes drain, from the running jobs' own time limits.
 
+Also :func:`hold_avoiding`, the pass's other backfill callback: several starving jobs of one
+shape hold different nodes (``--queue-holds-per-shape``).
+
 The scheduling pass (:mod:`gpufed.hub.components.scheduling`, phase 3) gives
 :func:`gpufed.placement.schedule_pass` the ``hold_start`` this module builds
 (:func:`hold_start`): the expected start of a starving job on the nodes the backfill rule holds
@@ -25,9 +28,10 @@ from collections.abc import Callable, Mapping
 
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.components.state import JobState
-from gpufed.placement import FleetSnapshot, Hold
+from gpufed.placement import FleetSnapshot, Hold, Policy, hold_for
 from gpufed.placement.backfill import expected_start, releases_on
-from gpufed.placement.queue import gpus_of
+from gpufed.placement.queue import BackfillRule, gpus_of
+from gpufed.placement.quota import QuotaGate
 
 
 def end_of(job: JobState | None) -> float | None:
@@ -61,3 +65,21 @@ def hold_start(
         return expected_start(now, gpus_of(holder), *releases_on(snapshot, hold, ends))
 
     return start
+
+
+def hold_avoiding(
+    snapshot: FleetSnapshot, policy: Policy, gate: QuotaGate, rule: BackfillRule
+) -> Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None:
+    """``schedule_pass``'s ``hold_avoiding`` for one pass: the nodes a starving job should
+    hold (:func:`gpufed.placement.hold_for` with its queue's quota), other than those of the
+    pass's holds so far, so that up to ``rule.holds_per_shape`` starving jobs of one shape
+    drain different nodes. None when ``rule.holds_per_shape`` is 1: then the pass asks
+    ``hold_for`` once per shape, and a second starving job of another shape may name nodes
+    already held (as the simulator does, :mod:`gpufed.placement.sim.simulate`)."""
+    if rule.holds_per_shape <= 1:
+        return None
+
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
+        return hold_for(req, snapshot, policy, gate.for_request(req), avoid=held)
+
+    return avoiding

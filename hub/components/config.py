@@ -19,7 +19,12 @@ from gpufed.hub.rules.managed import KINDS as MANAGED_KINDS
 from gpufed.hub.rules.managed import UNMANAGEABLE
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
-from gpufed.placement.queue import BackfillRule, QueueOrder
+from gpufed.placement.queue import (
+    DEFAULT_HOLDS_PER_SHAPE,
+    DEFAULT_SIZE_AGING_S,
+    BackfillRule,
+    QueueOrder,
+)
 from gpufed.placement.quota import DEFAULT_QUEUE
 from gpufed.sync.manifests import DEFAULT_ALLOWED_KINDS
 from gpufed.sync.podsecurity import Level
@@ -117,7 +122,12 @@ class HubConfig(BaseModel):
       first) or ``fifo`` (earlier first); ``queue_starvation_s``: seconds a job waits without
       fitting before it holds the nodes it needs; ``queue_max_holds``: jobs holding nodes at
       once, not counting jobs past ``queue_oldest_first_s``, which always may, so they wait at
-      most that plus one drain within their queue (:class:`gpufed.placement.BackfillRule`; docs/placement.md, "Queue and backfill").
+      most that plus one drain within their queue (:class:`gpufed.placement.BackfillRule`;
+      docs/placement.md, "Queue and backfill"); ``queue_holds_per_shape``: starving jobs of one
+      shape that hold different nodes in one pass (1 to 64; 1: one per shape per pass), within
+      ``queue_max_holds``; ``queue_size_aging_s``: with ``smallest-first``, a job's size in the
+      order is divided by ``1 + waited / queue_size_aging_s`` (0: sizes do not age). Their
+      defaults are ``BackfillRule``'s, so the hub runs what ``gpufed simulate`` measures.
     - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
       PreemptLowerPriority`` preempts lower-priority jobs (and reclaims its queue's nominal
       quota) to free exactly the block it needs (docs/hub.md, "Preemption"); False: never.
@@ -194,6 +204,8 @@ class HubConfig(BaseModel):
     queue_oldest_first_s: float = Field(default=57_600.0, ge=0, le=365 * 86400)
     queue_starvation_s: float = Field(default=1800.0, ge=0, le=365 * 86400)
     queue_max_holds: int = Field(default=4, ge=0, le=1000)
+    queue_holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1, le=64)
+    queue_size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0, le=365 * 86400)
     preemption: bool = True
     preemption_min_runtime_s: float = Field(default=0.0, ge=0)
     preemption_max_per_hour: int = Field(default=3, ge=1)
@@ -218,6 +230,8 @@ class HubConfig(BaseModel):
             max_holds=self.queue_max_holds,
             oldest_first_s=self.queue_oldest_first_s,
             order=self.queue_order,
+            holds_per_shape=self.queue_holds_per_shape,
+            size_aging_s=self.queue_size_aging_s,
         )
 
     @property

@@ -32,7 +32,9 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
    the budget and without a backoff.
 6b. **Its time limit** (``spec.placement.timeLimitSeconds``, counted from the workload's start
    in the member): the job fails (``TimeLimitExceeded``) and its copy is deleted once it is
-   reached; until then a timer waits for it. (A batch/v1 Job's own ``activeDeadlineSeconds`` is
+   reached; until then a timer waits for it. A limit reached wins over rule 6: a failure
+   reported once the limit is reached (the copy stopped there exits 143, which a job may list
+   in ``infrastructureExitCodes``) ends the job ``TimeLimitExceeded``, never a re-run. (A batch/v1 Job's own ``activeDeadlineSeconds`` is
    the member's Job controller's to enforce.)
 7. **Waiting**: valid and placed nowhere (and no placement being adopted): the scheduler
    considers it, once the backoff after a re-run (``record.not_before``, :func:`requeued`) has
@@ -294,11 +296,15 @@ def _fate(f: Facts) -> tuple[Step, ...]:
         return (Lose(reschedule=f.reschedule_on_loss),)
     if placed and f.refused:
         return (FailRefused(), DeleteCopy())
+    if placed and f.limit_at is not None and f.now >= f.limit_at:
+        # 6b before 6: a copy stopped at its limit may report a failure (exit code 143 from
+        # the member's activeDeadlineSeconds), which must not turn into a re-run
+        return (FailTimeLimit(), DeleteCopy())
     if placed and f.failure_cluster == f.cluster:
         rerun = f.failure_exempt or f.retries_left > 0
         return (MarkSuspects(), StopForRerun() if rerun else FailForGood())
     if placed and f.limit_at is not None:
-        return (FailTimeLimit(), DeleteCopy()) if f.now >= f.limit_at else (WaitUntil(f.limit_at),)
+        return (WaitUntil(f.limit_at),)
     if f.valid and not placed and not f.claimed:
         if f.not_before is not None and f.now < f.not_before:
             return (WaitUntil(f.not_before),)

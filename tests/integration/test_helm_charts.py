@@ -170,6 +170,16 @@ def hub_with(*values: str) -> list[str]:
             "queues.defaultQueueMaxPriority is 2147483648: give an integer from -2147483648 to "
             "2147483647",
         ),
+        (
+            "gpufed-hub",
+            hub_with("queues.holdsPerShape=0"),
+            "queues.holdsPerShape is 0: give an integer from 1 to 64",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.sizeAgingSeconds=-1"),
+            "queues.sizeAgingSeconds is -1: give a number of seconds >= 0",
+        ),
         ("gpufed-agent", ["-n", NAMESPACE], "set cluster"),
         ("gpufed-agent", ["-n", NAMESPACE, "--set", "cluster=m1"], "hub.address"),
         (
@@ -214,6 +224,10 @@ def test_bad_values_fail_naming_the_value_and_the_fix(
         ),
         ({"defaultQueueMaxPriority": 0}, ["--default-queue-max-priority=0"]),
         ({"defaultQueueMaxPriority": -5}, ["--default-queue-max-priority=-5"]),
+        (
+            {"holdsPerShape": 1, "sizeAgingSeconds": 0},
+            ["--queue-holds-per-shape=1", "--queue-size-aging=0"],
+        ),
     ],
 )
 def test_the_queue_values_become_hub_flags_only_when_set(
@@ -229,7 +243,8 @@ def test_the_queue_values_become_hub_flags_only_when_set(
     docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/test-values.yaml", "-f", str(extra))
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert [a for a in args if a.startswith(("--unlisted", "--default-queue"))] == flags
+    prefixes = ("--unlisted", "--default-queue", "--queue-holds", "--queue-size")
+    assert [a for a in args if a.startswith(prefixes)] == flags
 
 
 def test_the_console_value_adds_a_caller_identity_console_beside_the_hub(

@@ -79,6 +79,27 @@ default (so the default install renders the kustomize base); a bad value fails n
 {{- end }}
 - --default-queue-max-priority={{ $n }}
 {{- end -}}
+{{- $hps := $q.holdsPerShape -}}
+{{- if and (not (kindIs "invalid" $hps)) (ne (toString $hps) "") -}}
+{{- $n := int64 $hps -}}
+{{- $whole := true -}}
+{{- if kindIs "float64" $hps -}}
+{{- $whole = eq (float64 $n) $hps -}}
+{{- else if kindIs "string" $hps -}}
+{{- $whole = eq (toString $n) $hps -}}
+{{- end -}}
+{{- if or (not $whole) (lt $n 1) (gt $n 64) -}}
+{{- fail (printf "queues.holdsPerShape is %s: give an integer from 1 to 64 (starving jobs of one shape that hold different nodes in one pass), or \"\" for the hub's default (4)" (toString $hps)) -}}
+{{- end }}
+- --queue-holds-per-shape={{ $n }}
+{{- end -}}
+{{- $age := $q.sizeAgingSeconds -}}
+{{- if and (not (kindIs "invalid" $age)) (ne (toString $age) "") -}}
+{{- if or (and (kindIs "string" $age) (not (regexMatch "^[0-9]+([.][0-9]+)?$" $age))) (lt (float64 $age) 0.0) -}}
+{{- fail (printf "queues.sizeAgingSeconds is %s: give a number of seconds >= 0 (0: sizes do not age), or \"\" for the hub's default (1800)" (toString $age)) -}}
+{{- end }}
+- --queue-size-aging={{ $age }}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -31,6 +31,17 @@ def no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--queue-oldest-first", "-5"], "Invalid value for --queue-oldest-first: must be >= 0"),
         (["--queue-max-holds", "-1"], "Invalid value for --queue-max-holds: must be >= 0"),
         (["--queue-starvation", "-1"], "Invalid value for --queue-starvation: must be >= 0"),
+        (
+            ["--queue-holds-per-shape", "0"],
+            "Invalid value for --queue-holds-per-shape: must be >= 1",
+        ),
+        (
+            ["--queue-holds-per-shape", "65"],
+            "Invalid value for --queue-holds-per-shape: must be <= 64",
+        ),
+        (["--queue-holds-per-shape", "two"], "--queue-holds-per-shape"),
+        (["--queue-size-aging", "-1"], "Invalid value for --queue-size-aging: must be >= 0"),
+        (["--queue-size-aging", "nan"], "Invalid value for --queue-size-aging"),
         (["--allocation", "pack"], "Invalid value for --allocation: use binpack or spread"),
         (["--default-pod-security", "open"], "Invalid value for --default-pod-security: use"),
         (["--member-lease", "0"], "Invalid value for --member-lease: must be > 0"),
@@ -106,6 +117,36 @@ def test_the_unlisted_namespace_flags_reach_the_hub_config(
     """Defaults: today's behaviour (the default queue, no cap); the int32 bounds are accepted."""
     config = config_of(tmp_path, monkeypatch, args)
     assert (config.unlisted_namespaces, config.default_queue_max_priority) == (unlisted, cap)
+
+
+@pytest.mark.parametrize(
+    ("args", "per_shape", "aging"),
+    [
+        ([], 4, 1800.0),
+        (["--queue-holds-per-shape", "1", "--queue-size-aging", "0"], 1, 0.0),
+        (["--queue-holds-per-shape", "64", "--queue-size-aging", "3600"], 64, 3600.0),
+    ],
+)
+def test_the_backfill_knobs_reach_the_hub_config_with_the_simulators_defaults(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    per_shape: int,
+    aging: float,
+) -> None:
+    """--queue-holds-per-shape / --queue-size-aging reach HubConfig and its BackfillRule; the
+    defaults are those ``gpufed simulate`` runs with (its flags of the same names)."""
+    from typer.main import get_command
+
+    from gpufed.placement.queue import BackfillRule
+
+    rule = config_of(tmp_path, monkeypatch, args).backfill_rule
+    assert (rule.holds_per_shape, rule.size_aging_s) == (per_shape, aging)
+    if not args:
+        sim = get_command(app).commands["simulate"]  # type: ignore[attr-defined]
+        defaults = {p.name: p.default for p in sim.params}
+        assert (defaults["holds_per_shape"], defaults["size_aging_s"]) == (4, 1800.0)
+        assert rule == BackfillRule()
 
 
 def config_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> HubConfig:

@@ -178,3 +178,46 @@ async def test_a_job_whose_limit_ends_after_the_expected_start_waits() -> None:
     await t.ctrl.scheduler.cycle()
     d = t.ctrl.state.jobs["ud"]
     assert d.status.phase == "Pending", d.status.message
+
+
+async def _two_starving_eights(holds_per_shape: int) -> Term:
+    """Two nodes each 6 of 8 GPUs busy (jobs without limits), two starving 8-GPU jobs of one
+    shape past the oldest-first age, then a fresh 2-GPU job without a limit."""
+    cfg = HubConfig(
+        insecure=True,
+        queue_starvation_s=STARVE_S,
+        queue_oldest_first_s=STARVE_S,
+        queue_holds_per_shape=holds_per_shape,
+    )
+    t = Term(config=cfg)
+    t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+    for name in ("a", "b"):
+        await _submit(t, name, 6)
+        await t.ctrl.scheduler.cycle()
+    for name in ("c1", "c2"):
+        await _submit(t, name, 8)
+    await t.ctrl.scheduler.cycle()
+    t.clock.advance(STARVE_S + 1)
+    await _submit(t, "d", 2)
+    await t.ctrl.scheduler.cycle()
+    return t
+
+
+async def test_the_hub_lets_several_starving_jobs_of_one_shape_hold_different_nodes() -> None:
+    """--queue-holds-per-shape reaches the pass (hold_avoiding): with the default (4) both
+    starving 8-GPU jobs hold a node each, so the 2-GPU job fits nowhere; with 1 only the first
+    holds one, and the 2-GPU job runs on the other node."""
+    assert HubConfig(insecure=True).queue_holds_per_shape == 4
+    held = await _two_starving_eights(4)
+    phases = {u: held.ctrl.state.jobs[u].status.phase for u in ("ua", "ub", "uc1", "uc2", "ud")}
+    assert phases == {
+        "ua": "Placed",
+        "ub": "Placed",
+        "uc1": "Pending",
+        "uc2": "Pending",
+        "ud": "Pending",
+    }, phases
+    assert "held for team-a/c" in held.ctrl.state.jobs["ud"].status.message
+    one = await _two_starving_eights(1)
+    assert one.ctrl.state.jobs["ud"].status.phase == "Placed"
+    assert one.ctrl.state.jobs["uc2"].status.phase == "Pending"

@@ -9,7 +9,7 @@ from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from tests.unit.hub.builders import hgx_node
-from tests.unit.hub.term import Term, sent, settle
+from tests.unit.hub.term import Term, running, sent, settle
 
 
 async def test_a_running_copy_is_stopped_at_its_time_limit() -> None:
@@ -58,7 +58,8 @@ def test_the_rule_waits_for_the_limit_and_acts_at_it() -> None:
     assert lc.decide(f) == (lc.WaitUntil(700.0),)
     at = lc.Facts(has_record=True, cluster="m1", work="apply", limit_at=700.0, now=700.0)
     assert lc.decide(at) == (lc.FailTimeLimit(), lc.DeleteCopy())
-    # an infrastructure failure at the same time re-runs it instead (rule 6 comes first)
+    # a failure reported once the limit is reached (the copy stopped there exits 143) ends it
+    # at its limit: the limit wins over rule 6, whatever re-runs are left
     both = lc.Facts(
         has_record=True,
         cluster="m1",
@@ -68,7 +69,47 @@ def test_the_rule_waits_for_the_limit_and_acts_at_it() -> None:
         failure_cluster="m1",
         retries_left=1,
     )
-    assert lc.decide(both) == (lc.MarkSuspects(), lc.StopForRerun())
+    assert lc.decide(both) == (lc.FailTimeLimit(), lc.DeleteCopy())
+    exempt = lc.Facts(**{**both.__dict__, "failure_exempt": True})
+    assert lc.decide(exempt) == (lc.FailTimeLimit(), lc.DeleteCopy())
+    # before the limit an infrastructure failure still re-runs it
+    early = lc.Facts(**{**both.__dict__, "now": 699.0})
+    assert lc.decide(early) == (lc.MarkSuspects(), lc.StopForRerun())
+
+
+async def test_a_job_stopped_at_its_limit_with_exit_code_143_declared_is_not_re_run() -> None:
+    """A tenant lists 143 (SIGTERM) in infrastructureExitCodes; the member's Job controller
+    stops the copy at activeDeadlineSeconds (= timeLimitSeconds), its pods exit 143, and the
+    agent's report comes before the hub's own timer fires: the job still ends Failed with
+    TimeLimitExceeded, with no re-run and no suspect node."""
+    from gpufed.api.work import FailureCause
+
+    t, s, rev = await running(
+        {"timeLimitSeconds": 600, "retry": {"infrastructureExitCodes": [143]}}
+    )
+    start = st.rfc3339(t.clock.wall())
+    base = {"job_uid": "u1", "revision": rev, "kind": "Job.batch", "name": "j"}
+    await t.ctrl.handle(s, WorkloadStatus(**base, phase="Running", start_time=start))
+    await settle()
+    t.clock.advance(600)  # the limit is reached; the member's report arrives first
+    stopped = FailureCause(
+        kind="Application", reason="DeadlineExceeded", exit_codes=(143,), nodes=("m1-n0",)
+    )
+    await t.ctrl.handle(
+        s, WorkloadStatus(**base, phase="Failed", start_time=start, failure=stopped)
+    )
+    await settle()
+    await t.ctrl.lifecycle.due()
+    await settle()
+    job = t.ctrl.state.jobs["u1"]
+    assert job.status.phase == "Failed", job.status.message
+    cond = next(c for c in job.status.conditions if c.type == "TimeLimitExceeded")
+    assert (cond.status, cond.reason) == ("True", "DeadlineExceeded")
+    assert not job.status.restarts
+    assert t.store.jobs["u1"][0].stopping is None, "marked for a re-run"
+    assert not [c for c in job.status.conditions if c.type == "Restarting" and c.status == "True"]
+    assert t.ctrl.suspects.of_member("m1", t.ctrl._term.mono()) == []
+    assert [op for op, _, _ in sent(s)] == ["delete"], "its member copy is deleted"
 
 
 async def test_a_hold_lends_its_nodes_to_a_job_whose_limit_ends_before_the_holder_starts() -> None:

@@ -3,6 +3,8 @@ the hold's expected start, and the starvation bound with limits on."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from placement_builders import GPU, gpus_on, hgx_cluster, job
 from test_queue_order import Loop as QueueLoop
@@ -161,3 +163,67 @@ def test_the_rule_can_turn_backfill_off_whatever_the_caller_estimates() -> None:
     )
     assert result.backfilled == {}
     assert [d.outcome for _, d in result.decisions] == [Outcome.UNSCHEDULABLE] * 2
+
+
+@pytest.mark.parametrize(
+    ("starts", "within", "old", "held"),
+    [
+        (8000.0, False, False, True),  # off: it holds whatever its start
+        (8000.0, True, False, False),  # drain 4,000 s ahead, waited 3,000 s: not yet
+        (7000.0, True, False, True),  # drain exactly as long as it waited: it holds
+        (None, True, False, True),  # no estimate: it holds
+        (8000.0, True, True, True),  # past oldest_first_s: it always holds (the bound)
+    ],
+)
+def test_hold_within_wait_takes_a_hold_only_when_the_drain_is_within_the_wait(
+    starts: float | None, within: bool, old: bool, held: bool
+) -> None:
+    """BackfillRule.hold_within_wait: the 8-GPU job submitted at 1,000 s has waited 3,000 s
+    at 4,000 s; it holds a-n000 only when its expected start there is <= 3,000 s away."""
+    loop = Loop(FleetSnapshot([hgx_cluster("a", free=[4, 0])]), starts)
+    big = limited("big", 8, None, at=1000.0)
+    rule = BackfillRule(hold_within_wait=within, oldest_first_s=2000.0 if old else 57_600.0)
+    result = schedule_pass(
+        [big], 4000.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start
+    )
+    assert ("a" in result.holds) is held
+    if held and starts is not None:
+        assert result.holds["a"].starts_at == starts
+
+
+@pytest.mark.parametrize(
+    ("candidates", "starts", "node"),
+    [
+        (1, {"a-n000": 5000.0, "a-n001": 3000.0}, "a-n000"),  # hold_for's choice
+        (2, {"a-n000": 5000.0, "a-n001": 3000.0}, "a-n001"),  # the earlier start
+        (2, {"a-n000": 3000.0, "a-n001": 3000.0}, "a-n000"),  # a tie: the first candidate
+        (2, {"a-n000": None, "a-n001": 9000.0}, "a-n001"),  # an unknown start comes last
+        (3, {"a-n000": 5000.0, "a-n001": 6000.0}, "a-n000"),  # no third node set: two weighed
+    ],
+)
+def test_a_starving_job_holds_the_candidate_where_it_is_expected_to_start_first(
+    candidates: int, starts: dict[str, float | None], node: str
+) -> None:
+    """BackfillRule.hold_candidates: hold_for names a-n000, hold_avoiding then a-n001 (and
+    nothing once both are avoided); the hold goes where hold_start is earliest."""
+    loop = QueueLoop(FleetSnapshot([hgx_cluster("a", free=[4, 4])]))
+
+    def first(req: PlacementRequest) -> Hold | None:
+        return Hold("a", frozenset({"a-n000"}), "held")
+
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
+        taken = held["a"].nodes if "a" in held else frozenset()
+        free = [n for n in ("a-n000", "a-n001") if n not in taken]
+        return Hold("a", frozenset(free[:1]), "held") if free else None
+
+    def start(req: PlacementRequest, hold: Hold) -> float | None:
+        (n,) = hold.nodes
+        return starts[n]
+
+    big = limited("big", 8, None, at=0.0)
+    rule = BackfillRule(hold_candidates=candidates, holds_per_shape=1)
+    result = schedule_pass(
+        [big], 4000.0, loop.attempt, first, rule, hold_start=start, hold_avoiding=avoiding
+    )
+    assert result.holds["a"].nodes == {node}
+    assert result.holds["a"].starts_at == starts[node]
