@@ -133,6 +133,9 @@ def place(
     fkey = ("plan", job.fit_key) if job.fit_key is not None else None
     # the bound holds ResourceAllocation's score, which follows the job's own allocation
     rkey = ("fit-bound", id(plugins), job.fit_key, request.allocation)
+    # a remembered plan's scores, computed once per pool version: they read the plan, the
+    # pool, the fit key's shapes and wishes, the job's allocation mode and the policy's weights
+    skey = ("scored", id(plugins), job.fit_key, request.allocation)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
@@ -154,11 +157,16 @@ def place(
         tier = clique_tier(job, pool) if policy.keep_cliques else 0
         if fkey is not None and not cdrule.applies(job, c, pool):
             if held is None:
+                known: Scored | None = pmemo.recall(skey)
+                if known is not None:
+                    ordered.append((tier, -known.total, name, pool.key, c, pool, known))
+                    continue
                 hit = pmemo.recall(fkey)
                 if hit is not None:
                     if isinstance(hit, Plan):
-                        total = _total(job, hit, scorers, total_w)
-                        ordered.append((tier, -total, name, pool.key, c, pool, hit))
+                        known = _scored(job, hit, scorers, total_w)
+                        pmemo.remember(skey, known)
+                        ordered.append((tier, -known.total, name, pool.key, c, pool, known))
                     else:
                         _keep(failures, name, hit)
                     continue
@@ -189,8 +197,8 @@ def place(
     # 4. plan in bound order (branch and bound)
     # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
-    best: tuple[int, float, str, Any, Plan] | None = None
-    scored: dict[str, tuple[float, Plan, Any]] = {}
+    best: tuple[int, float, str, Any, Scored] | None = None
+    scored: dict[str, tuple[float, Scored, Any]] = {}
     for tier, neg, name, pkey, c, pool, known in ordered:
         if best is not None and not explain:
             ub = -neg
@@ -220,16 +228,16 @@ def place(
                 if plan_memo is not None:
                     plan_memo.remember(fkey, (planner.name, result, pool))
                 continue
+            known = _scored(job, result, scorers, total_w)
             if plan_memo is not None:
                 plan_memo.remember(fkey, result)
-            total = _total(job, result, scorers, total_w)
-        else:
-            result, total = known, -neg
+                plan_memo.remember(skey, known)
+        total = known.total
         prev = scored.get(name)
         if prev is None or total > prev[0] or (total == prev[0] and pkey < prev[2]):
-            scored[name] = (total, result, pkey)
+            scored[name] = (total, known, pkey)
         if best is None or (tier, -total, name, pkey) < (best[0], -best[1], best[2], best[3]):
-            best = (tier, total, name, pkey, result)
+            best = (tier, total, name, pkey, known)
     # 5. decision
     if best is not None:
         if explain:
@@ -246,15 +254,31 @@ def place(
     return _not_placed(job, policy, now, all_failures, snapshot, plugins)
 
 
-_Row = tuple[int, float, str, Any, ClusterState, PoolState | None, Plan | None]
+_Row = tuple[int, float, str, Any, ClusterState, PoolState | None, "Scored | None"]
 
 
 def _row_order(row: _Row) -> tuple[int, float, str, Any]:
     return (row[0], row[1], row[2], row[3])
 
 
-def _total(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> float:
-    return sum(sc.weight * sc.score(job, plan) for sc in scorers) / total_w
+class Scored:
+    """A plan and its scores under one policy's scorers: ``parts`` (each scorer's 0-100 score,
+    in the scorers' order) and ``total`` (their weighted mean). Remembered in the pool memo
+    with the plan, so a remembered plan is scored once per pool version, not once per
+    decision."""
+
+    __slots__ = ("parts", "plan", "total")
+
+    def __init__(self, plan: Plan, parts: tuple[float, ...], total: float) -> None:
+        self.plan = plan
+        self.parts = parts
+        self.total = total
+
+
+def _scored(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> Scored:
+    parts = tuple(sc.score(job, plan) for sc in scorers)
+    total = sum(sc.weight * p for sc, p in zip(scorers, parts, strict=True)) / total_w
+    return Scored(plan, parts, total)
 
 
 def explain(
@@ -337,16 +361,17 @@ def _placed(
     job: JobShape,
     policy: Policy,
     now: float,
-    best: tuple[float, str, Plan],
-    scored: dict[str, tuple[float, Plan, Any]],
+    best: tuple[float, str, Scored],
+    scored: dict[str, tuple[float, Scored, Any]],
     failures: dict[str, Failure],
     explained: bool,
     plugins: Plugins,
     snapshot: FleetSnapshot,
 ) -> Decision:
-    total, cluster, plan = best
+    total, cluster, won = best
+    plan = won.plan
     scorers = plugins.scorers
-    parts = {sc.name: round(sc.score(job, plan), 3) for sc in scorers}
+    parts = {sc.name: round(p, 3) for sc, p in zip(scorers, won.parts, strict=True)}
     pod_sets = tuple(
         PodSetAssignment.model_construct(
             name=s.name, requests=s.requests, nodes=dict(sorted(plan.assign[s.index].items()))
@@ -359,8 +384,8 @@ def _placed(
             ClusterScore.model_construct(
                 cluster=n,
                 score=round(v[0], 3),
-                gpu_product=v[1].pool.product if v[1].pool is not None else None,
-                parts={sc.name: round(sc.score(job, v[1]), 3) for sc in scorers},
+                gpu_product=v[1].plan.pool.product if v[1].plan.pool is not None else None,
+                parts={sc.name: round(p, 3) for sc, p in zip(scorers, v[1].parts, strict=True)},
             )
             for n, v in sorted(scored.items(), key=lambda kv: (-kv[1][0], kv[0]))
         )
