@@ -29,6 +29,7 @@ Phases:
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -130,12 +131,14 @@ def place(
     dyn = plugins.dynamic_pool_filters
     scorers = plugins.scorers
     total_w = plugins.total_weight
-    fkey = ("plan", job.fit_key) if job.fit_key is not None else None
+    # the fit key by its memo id: hashed here once, not in every pool's look-up
+    fid = memo.key_id(job.fit_key) if job.fit_key is not None else None
+    fkey = ("plan", fid) if fid is not None else None
     # the bound holds ResourceAllocation's score, which follows the job's own allocation
-    rkey = ("fit-bound", id(plugins), job.fit_key, request.allocation)
+    rkey = ("fit-bound", id(plugins), fid, request.allocation)
     # a remembered plan's scores, computed once per pool version: they read the plan, the
     # pool, the fit key's shapes and wishes, the job's allocation mode and the policy's weights
-    skey = ("scored", id(plugins), job.fit_key, request.allocation)
+    skey = ("scored", id(plugins), fid, request.allocation)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
@@ -193,7 +196,7 @@ def place(
         if fkey is not None:
             pmemo.remember(rkey, ub)
         ordered.append((tier, -ub, name, pool.key, c, pool, None))
-    ordered.sort(key=_row_order)
+    ordered.sort(key=_ROW_ORDER)
     # 4. plan in bound order (branch and bound)
     # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
@@ -257,8 +260,8 @@ def place(
 _Row = tuple[int, float, str, Any, ClusterState, PoolState | None, "Scored | None"]
 
 
-def _row_order(row: _Row) -> tuple[int, float, str, Any]:
-    return (row[0], row[1], row[2], row[3])
+#: rows sort by clique tier, best bound first, member name, pool key (a C-level key function)
+_ROW_ORDER: Final = operator.itemgetter(0, 1, 2, 3)
 
 
 class Scored:
