@@ -116,3 +116,14 @@ def test_decisions_with_the_memo_equal_decisions_made_afresh(
             kept.reserve(got, float(i))
             fresh.reserve(want, float(i))
             live.append(got.uid)
+
+
+def test_a_key_id_never_stands_for_two_keys_even_after_the_table_is_cleared() -> None:
+    memo = PlacementMemo()
+    given_out: dict[int, object] = {}
+    for round_ in range(3):
+        for i in range(5000):  # past the table's cap: it is cleared along the way
+            key = ("shape", i % 4500)
+            kid = memo.key_id(key)
+            assert given_out.setdefault(kid, key) == key, round_
+            assert memo.key_id(key) == kid
