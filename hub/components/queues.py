@@ -35,8 +35,9 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   without a ``spec.maxPriority`` of its own is ``--default-queue-max-priority``.
 - **Before the first GPUQueue list** of a term nothing is admitted (:attr:`Queues.synced`):
   placing before the quotas are known could exceed them.
-- **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``,
-  ``fairShare``, through :meth:`gpufed.hub.components.mirror.Mirror.queue_status` (coalesced, fenced,
+- **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``
+  (counted over the jobs counted last time, the wanted ones and those charged, never the
+  finished ones; a full count every 30 s, drift ``kind="queue_jobs"``), ``fairShare``, through :meth:`gpufed.hub.components.mirror.Mirror.queue_status` (coalesced, fenced,
   resourceVersion-guarded); gauges ``gpufed_queue_gpus`` and ``gpufed_queue_pending_jobs``.
 
 Bounded: at most :data:`MAX_QUEUES` GPUQueues are admitted by (the rest, by name, are broken
@@ -63,7 +64,7 @@ from gpufed.api.queue import (
     QueueUsage,
     ShareSample,
 )
-from gpufed.hub.components.charges import Charge, JobCharges
+from gpufed.hub.components.charges import RECOUNT_S, Charge, JobCharges
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
@@ -94,6 +95,10 @@ DEFAULT_QUEUE_CAP_FLAG: Final = "--default-queue-max-priority"
 
 #: Most GPUQueues the hub admits by; more are broken (bounded memory and cycle time).
 MAX_QUEUES: Final = 1000
+
+#: Seconds after intake within which a job not yet wanted (its first reconcile has not run)
+#: is not counted as drift by the full count of :meth:`Queues.publish`.
+_FRESH_S: Final = 10.0
 
 
 def _field_of(exc: ValidationError) -> str:
@@ -130,6 +135,11 @@ class Queues:
         self.usage = QuotaUsage()
         #: the usage preemption plans on (:meth:`rebuild_usage`)
         self.planning_usage = QuotaUsage()
+        #: the jobs :meth:`publish` counted last (pending or admitted), and when it last
+        #: counted every job (monotonic seconds)
+        self._counted: set[str] = set()
+        self._counted_at: float | None = None
+        term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
         #: each job's charge, kept incrementally (:meth:`rebuild_usage`)
         self._charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
@@ -365,14 +375,7 @@ class Queues:
     def publish(self, shares: Mapping[str, float]) -> None:
         """Write every GPUQueue's status (skipped when unchanged) and refresh the gauges
         (``shares``: from :meth:`observe`)."""
-        pending: Counter[str] = Counter()
-        admitted: Counter[str] = Counter()
-        for job in self._term.state.jobs.values():
-            charged = self.usage.queue_of_job(job.uid)
-            if charged is not None:
-                admitted[charged] += 1
-            elif job.wants_placement and self.unlisted(job) is None:
-                pending[self.queue_of(job).queue] += 1
+        pending, admitted = self._job_counts()
         now = self._mirror.now()
         exported: set[tuple[str, str, str]] = set()
         exported_pending: set[str] = set()
@@ -400,6 +403,53 @@ class Queues:
         for name in self._exported_pending - exported_pending:
             self._term.metrics.queue_pending_jobs.remove(name)
         self._exported, self._exported_pending = exported, exported_pending
+
+    def _job_counts(self) -> tuple[Counter[str], Counter[str]]:
+        """(pending, admitted) jobs per queue: a job charged in :attr:`usage` is admitted to
+        the queue it charges; one that wants placement (and may be placed: :meth:`unlisted`)
+        is pending in its queue. Reads only the jobs counted last time, the wanted ones
+        (``HubState.wanted``), those charged now and the holds' (a job leaves "charged" only
+        to wait again or end), never the finished ones; every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S` every job, counting any job the
+        incremental count missed in ``gpufed_hub_incremental_drift_total{kind="queue_jobs"}``
+        (except jobs taken in within :data:`_FRESH_S`, not wanted yet)."""
+        state = self._term.state
+        now = self._term.mono()
+        kept = self._count_jobs(
+            {*self._counted, *state.wanted, *self._charges.uids(), *(u for u, _ in self._holds)}
+        )
+        if self._counted_at is None or now - self._counted_at >= RECOUNT_S:
+            full = self._count_jobs(state.jobs)
+            if self._counted_at is not None:
+                # the same rule counts both, so only jobs the incremental count did not read
+                # differ; a job intake took in moments ago is wanted at its first reconcile
+                missed = [u for u in full[2] - kept[2] if now - state.jobs[u].seen_mono >= _FRESH_S]
+                if missed:
+                    self._term.metrics.incremental_drift.labels("queue_jobs").inc(len(missed))
+                    log.warning("hub.queue.jobs_drift", jobs=len(missed), first=sorted(missed)[:5])
+            kept, self._counted_at = full, now
+        pending, admitted, self._counted = kept
+        return pending, admitted
+
+    def _count_jobs(self, uids: Iterable[str]) -> tuple[Counter[str], Counter[str], set[str]]:
+        """(pending, admitted, the UIDs counted) over the jobs of ``uids``."""
+        jobs = self._term.state.jobs
+        pending: Counter[str] = Counter()
+        admitted: Counter[str] = Counter()
+        counted: set[str] = set()
+        for uid in uids:
+            job = jobs.get(uid)
+            if job is None:
+                continue
+            charged = self.usage.queue_of_job(uid)
+            if charged is not None:
+                admitted[charged] += 1
+                counted.add(uid)
+            elif job.wants_placement:
+                counted.add(uid)
+                if self.unlisted(job) is None:
+                    pending[self.queue_of(job).queue] += 1
+        return pending, admitted, counted
 
     def _status(
         self,

@@ -3,10 +3,13 @@
 A real leader term over the typed fakes is driven by random job events (submit, scheduling
 cycle, a job succeeding, its GPUJob deleted, its copy stopped for a requeue or for a
 preemptor, the stopped copy's Delete acknowledged, the clock moving past the recount). After
-each event the queues' ledgers are rebuilt the incremental way, and compared with a recount
-written here from the etcd records the fake store holds: a record placed in a member charges
-its queue its ``charged`` amounts unless its GPUJob has finished; the admission ledger counts
-a victim still stopping, the planning ledger does not. The drift counter stays 0.
+each event the queues' ledgers and the GPUQueue status are rebuilt the incremental way, and
+compared with a recount written here from the etcd records the fake store holds and the holds
+the scheduler passed: a record placed in a member charges its queue its ``charged`` amounts
+unless its GPUJob has finished; the admission ledger counts a victim still stopping, the
+planning ledger does not; a waiting preemptor's hold charges its queue, in full for planning
+and less what its stopping victims charge for admission; the status counts pending and
+admitted jobs. The drift counters stay 0.
 """
 
 from __future__ import annotations
@@ -43,22 +46,66 @@ EVENTS = st.lists(
 )
 
 
-def recount(t: Term) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
-    """(admission, planning) usage per (queue, key) from the store's records alone."""
+def recount(
+    t: Term, gpus_of: dict[str, int]
+) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+    """(admission, planning) usage per (queue, key) from the store's records and the holds the
+    scheduler last passed (each job here is of namespace team-a, so of queue team-a, and has
+    one pod of ``gpus_of[uid]`` GPUs)."""
     admission: Counter[tuple[str, str]] = Counter()
     planning: Counter[tuple[str, str]] = Counter()
+    stopping_for: Counter[tuple[str, str]] = Counter()  # (preemptor, key) -> its victims' GPUs
     for uid, (rec, _) in t.store.jobs.items():
         if rec.cluster is None or rec.queue is None:
             continue
         job = t.ctrl.state.jobs.get(uid)
         if job is not None and job.status.phase in ("Succeeded", "Failed"):
             continue
-        victim = rec.stopping is not None and bool(rec.stopping.by_uid)
+        by = rec.stopping.by_uid if rec.stopping is not None else ""
         for key, amount in rec.charged.items():
             admission[(rec.queue, key)] += amount
-            if not victim:
+            if by:
+                stopping_for[(by, key)] += amount
+            else:
                 planning[(rec.queue, key)] += amount
+    for uid, product in t.ctrl.queues._holds:
+        job = t.ctrl.state.jobs.get(uid)
+        if product is None or job is None or job.status.phase != "Pending" or job.deleting:
+            continue
+        if job.record is not None and job.record.cluster is not None:
+            continue
+        gpus = gpus_of[uid]
+        planning[("team-a", product)] += gpus
+        admission[("team-a", product)] += max(0, gpus - stopping_for[(uid, product)])
     return +admission, +planning
+
+
+def job_counts(t: Term, gpus_of: dict[str, int]) -> tuple[int, int]:
+    """(pending, admitted) jobs of queue team-a: admitted when its record charges (placed, not
+    finished) or its hold charges more than its stopping victims do; pending when it waits
+    to be placed (Pending, not being deleted, placed nowhere) and is not admitted."""
+    charging: set[str] = set()
+    stopping_for: Counter[str] = Counter()
+    for uid, (rec, _) in t.store.jobs.items():
+        job = t.ctrl.state.jobs.get(uid)
+        if rec.cluster is None or job is None or job.status.phase in ("Succeeded", "Failed"):
+            continue
+        charging.add(uid)
+        if rec.stopping is not None and rec.stopping.by_uid:
+            stopping_for[rec.stopping.by_uid] += sum(rec.charged.values())
+    waiting = {
+        uid
+        for uid, job in t.ctrl.state.jobs.items()
+        if job.status.phase == "Pending"
+        and not job.deleting
+        and (job.record is None or job.record.cluster is None)
+    }
+    held = {
+        uid
+        for uid, product in t.ctrl.queues._holds
+        if product is not None and uid in waiting and gpus_of[uid] > stopping_for[uid]
+    }
+    return len(waiting - held), len(charging | held)
 
 
 def ledger(t: Term, planning: bool) -> Counter[tuple[str, str]]:
@@ -70,8 +117,8 @@ def ledger(t: Term, planning: bool) -> Counter[tuple[str, str]]:
     return +out
 
 
-def drift(t: Term) -> float:
-    return t.ctrl.metrics.incremental_drift.labels("queue_usage")._value.get()
+def drift(t: Term, kind: str = "queue_usage") -> float:
+    return float(t.ctrl.metrics.incremental_drift.labels(kind)._value.get())
 
 
 async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None:
@@ -81,17 +128,17 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
     t.member("m1", *(hgx_node(f"m1-n{i}") for i in range(4)))
     s = t.connect("m1")
     t.ctrl.heard(s)
-    submitted: set[int] = set()
+    gpus_of: dict[str, int] = {}
     for i, gpus in enumerate(sizes):  # a busy start: jobs submitted and placed
-        submitted.add(i)
+        gpus_of[f"u{i}"] = gpus
         await t.submit(f"j{i}", f"u{i}", gpus=gpus)
     await t.ctrl.scheduler.cycle()
     for kind, i, arg in events:
         uid = f"u{i}"
         job = t.ctrl.state.jobs.get(uid)
         rec = job.record if job is not None else None
-        if kind == "submit" and i not in submitted:
-            submitted.add(i)
+        if kind == "submit" and uid not in gpus_of:
+            gpus_of[uid] = arg
             await t.submit(f"j{i}", uid, gpus=arg)
         elif kind == "cycle":
             await t.ctrl.scheduler.cycle()
@@ -123,15 +170,17 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
         elif kind == "recount":
             t.clock.advance(RECOUNT_S)
         await settle()
-        t.ctrl.queues.rebuild_usage()
-        admission, planning = recount(t)
+        t.ctrl.queues.refresh()  # the ledgers and the GPUQueue status
+        admission, planning = recount(t, gpus_of)
         assert ledger(t, planning=False) == admission, (kind, uid)
         assert ledger(t, planning=True) == planning, (kind, uid)
-        assert drift(t) == 0
+        shown = t.ctrl.queues.shown["team-a"]
+        assert (shown.pending_jobs, shown.admitted_jobs) == job_counts(t, gpus_of), (kind, uid)
+        assert drift(t) == drift(t, "queue_jobs") == 0
     # a last full recount finds nothing the incremental charges missed
     t.clock.advance(RECOUNT_S)
-    t.ctrl.queues.rebuild_usage()
-    assert drift(t) == 0
+    t.ctrl.queues.refresh()
+    assert drift(t) == drift(t, "queue_jobs") == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
