@@ -50,7 +50,6 @@ from gpufed.placement.memo import PlacementMemo
 from gpufed.placement.plugins import (
     Code,
     Plugins,
-    Scorer,
     Status,
     never_reason,
     plugins_for,
@@ -58,6 +57,7 @@ from gpufed.placement.plugins import (
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
 from gpufed.placement.quota import QUOTA_PLUGIN, JobQuota
+from gpufed.placement.scorers import Scored, scored_plan
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.topocost import clique_tier, cost_note
@@ -159,22 +159,23 @@ def place(
         pmemo = memo.pool(pool)
         tier = clique_tier(job, pool) if policy.keep_cliques else 0
         if fkey is not None and not cdrule.applies(job, c, pool):
+            values = pmemo.current()
             if held is None:
-                known: Scored | None = pmemo.recall(skey)
+                known: Scored | None = values.get(skey)
                 if known is not None:
                     ordered.append((tier, -known.total, name, pool.key, c, pool, known))
                     continue
-                hit = pmemo.recall(fkey)
+                hit = values.get(fkey)
                 if hit is not None:
                     if isinstance(hit, Plan):
-                        known = _scored(job, hit, scorers, total_w)
+                        known = scored_plan(job, hit, scorers, total_w)
                         pmemo.remember(skey, known)
                         ordered.append((tier, -known.total, name, pool.key, c, pool, known))
                     else:
                         _keep(failures, name, hit)
                     continue
             # ResourceFit and the bound read only the pool: remembered whatever the holds
-            cached = pmemo.recall(rkey)
+            cached = values.get(rkey)
             if cached is not None:
                 if isinstance(cached, float):
                     ordered.append((tier, -cached, name, pool.key, c, pool, None))
@@ -231,7 +232,7 @@ def place(
                 if plan_memo is not None:
                     plan_memo.remember(fkey, (planner.name, result, pool))
                 continue
-            known = _scored(job, result, scorers, total_w)
+            known = scored_plan(job, result, scorers, total_w)
             if plan_memo is not None:
                 plan_memo.remember(fkey, result)
                 plan_memo.remember(skey, known)
@@ -262,26 +263,6 @@ _Row = tuple[int, float, str, Any, ClusterState, PoolState | None, "Scored | Non
 
 #: rows sort by clique tier, best bound first, member name, pool key (a C-level key function)
 _ROW_ORDER: Final = operator.itemgetter(0, 1, 2, 3)
-
-
-class Scored:
-    """A plan and its scores under one policy's scorers: ``parts`` (each scorer's 0-100 score,
-    in the scorers' order) and ``total`` (their weighted mean). Remembered in the pool memo
-    with the plan, so a remembered plan is scored once per pool version, not once per
-    decision."""
-
-    __slots__ = ("parts", "plan", "total")
-
-    def __init__(self, plan: Plan, parts: tuple[float, ...], total: float) -> None:
-        self.plan = plan
-        self.parts = parts
-        self.total = total
-
-
-def _scored(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> Scored:
-    parts = tuple(sc.score(job, plan) for sc in scorers)
-    total = sum(sc.weight * p for sc, p in zip(scorers, parts, strict=True)) / total_w
-    return Scored(plan, parts, total)
 
 
 def explain(
@@ -402,7 +383,7 @@ def _placed(
         + f": {_n(len(nodes), 'node')}"
         + (f", {_n(len(domains), 'NVLink domain')}" if domains else "")
         + f", score {total:.1f}"
-        + cost_note(job, plan, policy.keep_cliques)
+        + cost_note(job, plan, policy.keep_cliques, won.cost)
     )
     return Decision.model_construct(
         job=job.request.job,

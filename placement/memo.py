@@ -57,6 +57,15 @@ class PoolMemo:
             return None
         return self._values.get(key)
 
+    def current(self) -> dict[Any, Any]:
+        """The values remembered for the pool's current version (read-only for the caller:
+        :meth:`remember` writes), so one row of ``place()`` checks the version once and reads
+        several keys."""
+        if self._version != self._pool.version:
+            self._values.clear()
+            self._version = self._pool.version
+        return self._values
+
     def remember(self, key: Any, value: Any) -> None:
         """Remember a value derived from the pool's current state (dropped on any change)."""
         if self._version != self._pool.version:
