@@ -29,6 +29,7 @@ Phases:
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -51,7 +52,6 @@ from gpufed.placement.plugins import (
     CONDITION_TAINT_PREFIX,
     Code,
     Plugins,
-    Scorer,
     Status,
     never_reason,
     plugins_for,
@@ -59,6 +59,7 @@ from gpufed.placement.plugins import (
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold
 from gpufed.placement.quota import QUOTA_PLUGIN, JobQuota
+from gpufed.placement.scorers import Scored, scored_plan
 from gpufed.placement.shape import JobShape
 from gpufed.placement.snapshot import FleetSnapshot
 from gpufed.placement.topocost import clique_tier, cost_note
@@ -132,9 +133,14 @@ def place(
     dyn = plugins.dynamic_pool_filters
     scorers = plugins.scorers
     total_w = plugins.total_weight
-    fkey = ("plan", job.fit_key) if job.fit_key is not None else None
+    # the fit key by its memo id: hashed here once, not in every pool's look-up
+    fid = memo.key_id(job.fit_key) if job.fit_key is not None else None
+    fkey = ("plan", fid) if fid is not None else None
     # the bound holds ResourceAllocation's score, which follows the job's own allocation
-    rkey = ("fit-bound", id(plugins), job.fit_key, request.allocation)
+    rkey = ("fit-bound", id(plugins), fid, request.allocation)
+    # a remembered plan's scores, computed once per pool version: they read the plan, the
+    # pool, the fit key's shapes and wishes, the job's allocation mode and the policy's weights
+    skey = ("scored", id(plugins), fid, request.allocation)
     ordered: list[_Row] = []
     failures: dict[str, Failure] = {}
     for c, pool in static.candidates:
@@ -155,17 +161,23 @@ def place(
         pmemo = memo.pool(pool)
         tier = clique_tier(job, pool) if policy.keep_cliques else 0
         if fkey is not None and not cdrule.applies(job, c, pool):
+            values = pmemo.current()
             if held is None:
-                hit = pmemo.recall(fkey)
+                known: Scored | None = values.get(skey)
+                if known is not None:
+                    ordered.append((tier, -known.total, name, pool.key, c, pool, known))
+                    continue
+                hit = values.get(fkey)
                 if hit is not None:
                     if isinstance(hit, Plan):
-                        total = _total(job, hit, scorers, total_w)
-                        ordered.append((tier, -total, name, pool.key, c, pool, hit))
+                        known = scored_plan(job, hit, scorers, total_w)
+                        pmemo.remember(skey, known)
+                        ordered.append((tier, -known.total, name, pool.key, c, pool, known))
                     else:
                         _keep(failures, name, hit)
                     continue
             # ResourceFit and the bound read only the pool: remembered whatever the holds
-            cached = pmemo.recall(rkey)
+            cached = values.get(rkey)
             if cached is not None:
                 if isinstance(cached, float):
                     ordered.append((tier, -cached, name, pool.key, c, pool, None))
@@ -187,12 +199,12 @@ def place(
         if fkey is not None:
             pmemo.remember(rkey, ub)
         ordered.append((tier, -ub, name, pool.key, c, pool, None))
-    ordered.sort(key=_row_order)
+    ordered.sort(key=_ROW_ORDER)
     # 4. plan in bound order (branch and bound)
     # ties go by member name, then pool key, whatever order the memo let plans be made in
     planner = plugins.planner
-    best: tuple[int, float, str, Any, Plan] | None = None
-    scored: dict[str, tuple[float, Plan, Any]] = {}
+    best: tuple[int, float, str, Any, Scored] | None = None
+    scored: dict[str, tuple[float, Scored, Any]] = {}
     for tier, neg, name, pkey, c, pool, known in ordered:
         if best is not None and not explain:
             ub = -neg
@@ -222,16 +234,16 @@ def place(
                 if plan_memo is not None:
                     plan_memo.remember(fkey, (planner.name, result, pool))
                 continue
+            known = scored_plan(job, result, scorers, total_w)
             if plan_memo is not None:
                 plan_memo.remember(fkey, result)
-            total = _total(job, result, scorers, total_w)
-        else:
-            result, total = known, -neg
+                plan_memo.remember(skey, known)
+        total = known.total
         prev = scored.get(name)
         if prev is None or total > prev[0] or (total == prev[0] and pkey < prev[2]):
-            scored[name] = (total, result, pkey)
+            scored[name] = (total, known, pkey)
         if best is None or (tier, -total, name, pkey) < (best[0], -best[1], best[2], best[3]):
-            best = (tier, total, name, pkey, result)
+            best = (tier, total, name, pkey, known)
     # 5. decision
     if best is not None:
         if explain:
@@ -248,15 +260,11 @@ def place(
     return _not_placed(job, policy, now, all_failures, snapshot, plugins)
 
 
-_Row = tuple[int, float, str, Any, ClusterState, PoolState | None, Plan | None]
+_Row = tuple[int, float, str, Any, ClusterState, PoolState | None, "Scored | None"]
 
 
-def _row_order(row: _Row) -> tuple[int, float, str, Any]:
-    return (row[0], row[1], row[2], row[3])
-
-
-def _total(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> float:
-    return sum(sc.weight * sc.score(job, plan) for sc in scorers) / total_w
+#: rows sort by clique tier, best bound first, member name, pool key (a C-level key function)
+_ROW_ORDER: Final = operator.itemgetter(0, 1, 2, 3)
 
 
 def explain(
@@ -339,16 +347,17 @@ def _placed(
     job: JobShape,
     policy: Policy,
     now: float,
-    best: tuple[float, str, Plan],
-    scored: dict[str, tuple[float, Plan, Any]],
+    best: tuple[float, str, Scored],
+    scored: dict[str, tuple[float, Scored, Any]],
     failures: dict[str, Failure],
     explained: bool,
     plugins: Plugins,
     snapshot: FleetSnapshot,
 ) -> Decision:
-    total, cluster, plan = best
+    total, cluster, won = best
+    plan = won.plan
     scorers = plugins.scorers
-    parts = {sc.name: round(sc.score(job, plan), 3) for sc in scorers}
+    parts = {sc.name: round(p, 3) for sc, p in zip(scorers, won.parts, strict=True)}
     pod_sets = tuple(
         PodSetAssignment.model_construct(
             name=s.name, requests=s.requests, nodes=dict(sorted(plan.assign[s.index].items()))
@@ -361,8 +370,8 @@ def _placed(
             ClusterScore.model_construct(
                 cluster=n,
                 score=round(v[0], 3),
-                gpu_product=v[1].pool.product if v[1].pool is not None else None,
-                parts={sc.name: round(sc.score(job, v[1]), 3) for sc in scorers},
+                gpu_product=v[1].plan.pool.product if v[1].plan.pool is not None else None,
+                parts={sc.name: round(p, 3) for sc, p in zip(scorers, v[1].parts, strict=True)},
             )
             for n, v in sorted(scored.items(), key=lambda kv: (-kv[1][0], kv[0]))
         )
@@ -376,7 +385,7 @@ def _placed(
         + f": {_n(len(nodes), 'node')}"
         + (f", {_n(len(domains), 'NVLink domain')}" if domains else "")
         + f", score {total:.1f}"
-        + cost_note(job, plan, policy.keep_cliques)
+        + cost_note(job, plan, policy.keep_cliques, won.cost)
     )
     return Decision.model_construct(
         job=job.request.job,

@@ -20,6 +20,10 @@ next look-up) once that version moves:
   unchanged (a node joining or leaving the pool).
 
 Sizes are capped (1,024 fleet entries, 256 per pool and kind) by clearing, not evicting.
+
+Pool-memo keys name a job's fit key by a small int (:meth:`PlacementMemo.key_id`), so the key,
+a nested tuple, is hashed once per decision rather than once per pool looked up. Ids are
+never reused (a cleared table hands out new ones), so an id never stands for two keys.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gpufed.placement.index import PoolState
 
 _FLEET_CAP: Final = 1024
 _POOL_CAP: Final = 256
+_IDS_CAP: Final = 4096
 
 
 class PoolMemo:
@@ -51,6 +56,15 @@ class PoolMemo:
             self._version = self._pool.version
             return None
         return self._values.get(key)
+
+    def current(self) -> dict[Any, Any]:
+        """The values remembered for the pool's current version (read-only for the caller:
+        :meth:`remember` writes), so one row of ``place()`` checks the version once and reads
+        several keys."""
+        if self._version != self._pool.version:
+            self._values.clear()
+            self._version = self._pool.version
+        return self._values
 
     def remember(self, key: Any, value: Any) -> None:
         """Remember a value derived from the pool's current state (dropped on any change)."""
@@ -91,12 +105,26 @@ class PlacementMemo:
     """What ``place()`` remembers about one snapshot: fleet-level results and one
     :class:`PoolMemo` per pool (see the module docstring)."""
 
-    __slots__ = ("_fleet", "_generation", "_pools")
+    __slots__ = ("_fleet", "_generation", "_ids", "_next_id", "_pools")
 
     def __init__(self) -> None:
         self._fleet: dict[Any, Any] = {}
         self._generation = 0
         self._pools: dict[PoolState, PoolMemo] = {}
+        self._ids: dict[Any, int] = {}
+        self._next_id = 0
+
+    def key_id(self, key: Any) -> int:
+        """A small int that stands for ``key`` (hashable) in pool-memo keys: the same int for
+        equal keys while the table holds them; never one handed out before for another key
+        (the table is cleared past 4,096 keys and new ids continue from the last)."""
+        kid = self._ids.get(key)
+        if kid is None:
+            if len(self._ids) >= _IDS_CAP:
+                self._ids.clear()
+            kid = self._ids[key] = self._next_id
+            self._next_id += 1
+        return kid
 
     def recall(self, generation: int, key: Any) -> Any:
         """A fleet-level value remembered at snapshot ``generation``, or None."""

@@ -1,5 +1,6 @@
 """Score plugins of placement (0-100 each; ``place()`` takes their weighted mean):
-NVLinkBestFit, ResourceAllocation, TopologyLocality. TopologyCost is :mod:`.topocost`."""
+NVLinkBestFit, ResourceAllocation, TopologyLocality (TopologyCost is :mod:`.topocost`), and a
+plan's scores under them (:class:`Scored`, what ``place()`` remembers with a plan)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import ClassVar
 from gpufed.placement.fit import Plan
 from gpufed.placement.index import PoolState
 from gpufed.placement.memo import PoolMemo
+from gpufed.placement.pluginapi import Scorer
 from gpufed.placement.shape import JobShape
+from gpufed.placement.topocost import Destroyed, TopologyCost, destroyed
 
 
 # --- scorers ----------------------------------------------------------------------------------------
@@ -81,3 +84,36 @@ class TopologyLocality:
 
     def score(self, job: JobShape, plan: Plan) -> float:
         return plan.topo
+
+
+# --- a plan's scores ---------------------------------------------------------------------------
+class Scored:
+    """A plan and its scores under one policy's scorers: ``parts`` (each scorer's 0-100 score,
+    in the scorers' order), ``total`` (their weighted mean) and ``cost`` (what the plan
+    destroys, when TopologyCost is a scorer: the ``Placed`` message says it). Remembered in
+    the pool memo with the plan, so a remembered plan is scored once per pool version, not
+    once per decision."""
+
+    __slots__ = ("cost", "parts", "plan", "total")
+
+    def __init__(
+        self, plan: Plan, parts: tuple[float, ...], total: float, cost: Destroyed | None
+    ) -> None:
+        self.plan = plan
+        self.parts = parts
+        self.total = total
+        self.cost = cost
+
+
+def scored_plan(job: JobShape, plan: Plan, scorers: tuple[Scorer, ...], total_w: float) -> Scored:
+    """``plan``'s :class:`Scored` under ``scorers`` (``total_w``: the sum of their weights)."""
+    cost: Destroyed | None = None
+    parts: list[float] = []
+    for sc in scorers:
+        if isinstance(sc, TopologyCost):
+            cost = destroyed(job, plan)
+            parts.append(sc.score_of(cost))
+        else:
+            parts.append(sc.score(job, plan))
+    total = sum(sc.weight * p for sc, p in zip(scorers, parts, strict=True)) / total_w
+    return Scored(plan, tuple(parts), total, cost)

@@ -143,18 +143,25 @@ class TopologyCost:
         return 100.0
 
     def score(self, job: JobShape, plan: Plan) -> float:
-        d = destroyed(job, plan)
+        return self.score_of(destroyed(job, plan))
+
+    @staticmethod
+    def score_of(d: Destroyed) -> float:
+        """The score of a plan that destroys ``d`` (``place()`` keeps ``d`` for the message)."""
         if d.placed <= 0:
             return 100.0
         return 100.0 * d.placed / (d.placed + d.lost)
 
 
-def cost_note(job: JobShape, plan: Plan, keep_cliques: bool = True) -> str:
+def cost_note(
+    job: JobShape, plan: Plan, keep_cliques: bool = True, cost: Destroyed | None = None
+) -> str:
     """The part of a ``Placed`` message (``gpufed explain``) that says what the plan destroys
     and why an NVL72 pool took a job that needs no clique: ``"; breaks 1 whole node (7 GPUs
-    stranded)"``, ``"; NVL72 clique pool: no other pool fits it now"``; empty when neither."""
+    stranded)"``, ``"; NVL72 clique pool: no other pool fits it now"``; empty when neither.
+    ``cost``: :func:`destroyed` of this plan if already computed (on the pool's same state)."""
     out = ""
-    text = destroyed(job, plan).text()
+    text = (cost if cost is not None else destroyed(job, plan)).text()
     if text:
         out += f"; {text}"
     if keep_cliques and clique_tier(job, plan.pool):

@@ -1,9 +1,11 @@
-"""The hub cluster's API server: the only hub module that imports a Kubernetes client.
+"""The hub cluster's API server: with :mod:`.kuberesources` and :mod:`.kubewire`, the only hub
+modules that import a Kubernetes client.
 
 Implements :class:`gpufed.hub.adapters.ports.HubAPI` for the leader's components: intake (list+watch
 of GPUJobs, MemberClusters, GPUQueues, Namespaces and PriorityClasses), plain workloads and the
 GPUJobs made for them (any namespaced resource: list+watch, get, create, delete with a uid
-precondition, status replace), status writes (with a resourceVersion precondition), finalizers, Events and the list+watch of join-token Secrets; and, for the hub's
+precondition, status replace: :class:`gpufed.hub.adapters.kuberesources.ResourceAPI`, a part of
+:class:`KubeAPI`), status writes (with a resourceVersion precondition), finalizers, Events and the list+watch of join-token Secrets; and, for the hub's
 HTTP endpoints that serve people (``hub/edge/http.py``), who presents a bearer token and whether
 the hub cluster's RBAC lets them read something (:meth:`KubeAPI.review_access`).
 Objects cross this edge as plain dicts (the JSON form); callers validate them into
@@ -18,21 +20,30 @@ context), else ``~/.kube/config``, else in a pod the in-cluster service account;
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.client.rest import RESTResponse
 
 from gpufed.api.kubeconfig import resolve_kubeconfig
 from gpufed.api.labels import GROUP, VERSION
+from gpufed.hub.adapters.kuberesources import ResourceAPI
+from gpufed.hub.adapters.kubewire import (
+    JSON_PATCH,
+    check_and_read,
+    check_and_release,
+    deep_decoding,
+    get_or_none,
+    read_json,
+    resource_version_of,
+    status_replacement,
+    watch_events,
+)
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.sync.retry import kube_retry
 
@@ -42,60 +53,11 @@ MERGE_PATCH = "application/merge-patch+json"
 #: The core resources intake lists and watches besides the gpufed ones.
 NAMESPACES = "namespaces"
 PRIORITYCLASSES = "priorityclasses"
-JSON_PATCH = "application/json-patch+json"
-#: Objects per page of a list (``limit``/``continue``).
-LIST_PAGE = 500
 
 
-#: The API server stores objects nested up to 10,000 levels deep (its JSON decoder's limit);
-#: Python's decoder recurses once per level and stops at the interpreter's recursion limit
-#: (1,000 by default), so one such GPUJob used to fail every list of the hub and end every
-#: leader term. Replies are decoded with this limit instead (about 3 MiB of C stack at most);
-#: intake then refuses the job for its depth (api/bounds.py) like any other bad job.
-DECODE_RECURSION_LIMIT = 12_000
-
-
-#: How many :func:`deep_decoding` blocks are open now, and the limit to restore after the last.
-_deep = {"open": 0, "saved": 0}
-
-
-@contextlib.contextmanager
-def deep_decoding() -> Iterator[None]:
-    """Raise the recursion limit to :data:`DECODE_RECURSION_LIMIT` while a reply is decoded.
-
-    The limit is process-wide and blocks overlap (coroutines await inside them): it is
-    restored only when the last open block ends, so one coroutine leaving never lowers it
-    under another one still decoding.
-    """
-    if _deep["open"] == 0:
-        _deep["saved"] = sys.getrecursionlimit()
-        if _deep["saved"] < DECODE_RECURSION_LIMIT:
-            sys.setrecursionlimit(DECODE_RECURSION_LIMIT)
-    _deep["open"] += 1
-    try:
-        yield
-    finally:
-        _deep["open"] -= 1
-        if _deep["open"] == 0 and _deep["saved"] < DECODE_RECURSION_LIMIT:
-            sys.setrecursionlimit(_deep["saved"])
-
-
-class _DictWatch(watch.Watch):
-    """A watch whose events carry the objects as decoded from the stream, once: for custom
-    objects the client would encode each one to JSON and decode it again (three passes per
-    event, and the hub sees every GPUJob status write come back). Events are decoded with
-    :func:`deep_decoding`."""
-
-    def get_return_type(self, func: object) -> str:
-        return ""
-
-    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
-        with deep_decoding():
-            return super().unmarshal_event(data, response_type)
-
-
-class KubeAPI:
-    """Async access to the hub cluster (one ``ApiClient``; close with :meth:`close`)."""
+class KubeAPI(ResourceAPI):
+    """Async access to the hub cluster (one ``ApiClient``; close with :meth:`close`); the
+    calls on any namespaced resource are :class:`~gpufed.hub.adapters.kuberesources.ResourceAPI`'s."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self._api = api_client
@@ -134,13 +96,13 @@ class KubeAPI:
         async for attempt in kube_retry():
             with attempt:
                 if plural == NAMESPACES:
-                    resp = await _json(await self.core.list_namespace(_preload_content=False))
+                    resp = await read_json(await self.core.list_namespace(_preload_content=False))
                 elif plural == PRIORITYCLASSES:
-                    resp = await _json(
+                    resp = await read_json(
                         await self.scheduling.list_priority_class(_preload_content=False)
                     )
                 else:
-                    resp = await _json(
+                    resp = await read_json(
                         await self.custom.list_cluster_custom_object(
                             GROUP,
                             VERSION,
@@ -159,14 +121,14 @@ class KubeAPI:
         ``timeout_s``); raises ``ApiException`` 410 when ``resource_version`` is too old (the
         caller lists again: :attr:`gpufed.sync.retry.Verdict.GONE`)."""
         if plural in (NAMESPACES, PRIORITYCLASSES):
-            return _watch(
+            return watch_events(
                 self.core.list_namespace
                 if plural == NAMESPACES
                 else self.scheduling.list_priority_class,
                 resource_version=resource_version,
                 timeout_seconds=timeout_s,
             )
-        return _watch(
+        return watch_events(
             self.custom.list_cluster_custom_object,
             GROUP,
             VERSION,
@@ -174,139 +136,6 @@ class KubeAPI:
             resource_version=resource_version,
             timeout_seconds=timeout_s,
         )
-
-    # --- any namespaced resource (plain workloads and their GPUJobs) -------------------------
-
-    async def list_resource(
-        self, group: str, version: str, plural: str, *, label_selector: str = ""
-    ) -> tuple[list[dict[str, Any]], str]:
-        """Every object of ``group/version`` ``plural`` in all namespaces (``batch``, ``v1``,
-        ``jobs``), matching ``label_selector``, and the list's resourceVersion. Read in pages of
-        :data:`LIST_PAGE` (the API server serves every page at the first one's
-        resourceVersion), so no single answer holds the whole collection. Raises
-        ``ApiException`` 404 when the API server does not serve the resource (no CRD), 403
-        without the RBAC rule (neither is retried), 410 when the continue token expired (the
-        caller lists again)."""
-        items: list[dict[str, Any]] = []
-        token = ""
-        rv = ""
-        while True:
-            page: dict[str, Any] = {"_continue": token} if token else {}
-            async for attempt in kube_retry():
-                with attempt:
-                    resp = await _json(
-                        await self.custom.list_cluster_custom_object(
-                            group,
-                            version,
-                            plural,
-                            label_selector=label_selector,
-                            limit=LIST_PAGE,
-                            _preload_content=False,
-                            **page,
-                        )
-                    )
-            items.extend(resp.get("items") or [])
-            meta = resp.get("metadata") or {}
-            rv = rv or str(meta["resourceVersion"])
-            token = str(meta.get("continue") or "")
-            if not token:
-                return items, rv
-
-    def watch_resource(
-        self,
-        group: str,
-        version: str,
-        plural: str,
-        resource_version: str,
-        *,
-        label_selector: str = "",
-        timeout_s: int = 300,
-    ) -> AsyncIterator[WatchEvent | str]:
-        """Changes of what :meth:`list_resource` lists, as :meth:`watch_objects`."""
-        return _watch(
-            self.custom.list_cluster_custom_object,
-            group,
-            version,
-            plural,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_s,
-        )
-
-    async def get_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> dict[str, Any] | None:
-        """One namespaced object, or None when it does not exist."""
-        return await _get_or_none(
-            lambda: self.custom.get_namespaced_custom_object(
-                group, version, namespace, plural, name
-            )
-        )
-
-    async def create_object(
-        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Create ``body`` in ``namespace``; returns the object created. Raises
-        ``ApiException`` (409 when the name is taken). Not retried: a create whose reply was
-        lost would be refused as taken, and the caller reads again."""
-        return await _json(
-            await self.custom.create_namespaced_custom_object(
-                group, version, namespace, plural, body, _preload_content=False
-            )
-        )
-
-    async def delete_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str
-    ) -> bool:
-        """Delete ``namespace/name`` if its uid is still ``uid`` (a precondition: an object
-        created again under the name is never deleted by mistake). False when it was gone
-        already; ``ApiException`` 409 when the uid differs."""
-        body: Any = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
-        try:
-            async for attempt in kube_retry():
-                with attempt:
-                    await _check_and_release(
-                        await self.custom.delete_namespaced_custom_object(
-                            group,
-                            version,
-                            namespace,
-                            plural,
-                            name,
-                            body=body,
-                            _preload_content=False,
-                        )
-                    )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    async def replace_status(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        status: dict[str, Any],
-        resource_version: str,
-    ) -> str:
-        """Replace ``status`` of one namespaced object (a JSON patch ``add /status`` on the
-        status subresource, as :meth:`patch_member_status`) if it is still at
-        ``resource_version``; returns its new resourceVersion. ``ApiException`` 409 when it
-        changed, 422 when the API server refuses the status. One attempt."""
-        resp: Any = await self.custom.patch_namespaced_custom_object_status(
-            group,
-            version,
-            namespace,
-            plural,
-            name,
-            _status_replacement(status, resource_version),
-            _content_type=JSON_PATCH,  # type: ignore[call-arg]
-            _preload_content=False,
-        )
-        return _resource_version(await _check_and_read(resp))
 
     # --- join-token Secrets -----------------------------------------------------------------
 
@@ -321,7 +150,7 @@ class KubeAPI:
                 resp: Any = await self.core.list_namespaced_secret(
                     namespace, label_selector=label_selector, _preload_content=False
                 )
-                body = json.loads(await _check_and_read(resp))
+                body = json.loads(await check_and_read(resp))
         items: list[dict[str, Any]] = body.get("items") or []
         return items, str(body["metadata"]["resourceVersion"])
 
@@ -330,7 +159,7 @@ class KubeAPI:
     ) -> AsyncIterator[WatchEvent | str]:
         """Changes of the matching Secrets since ``resource_version`` (as
         :meth:`watch_objects`; a Secret that loses the label arrives as DELETED)."""
-        return _watch(
+        return watch_events(
             self.core.list_namespaced_secret,
             namespace,
             label_selector=label_selector,
@@ -362,7 +191,7 @@ class KubeAPI:
             _content_type=MERGE_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
-        return _resource_version(await _check_and_read(resp))
+        return resource_version_of(await check_and_read(resp))
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
@@ -389,7 +218,7 @@ class KubeAPI:
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One GPUJob, or None when it does not exist."""
-        return await _get_or_none(
+        return await get_or_none(
             lambda: self.custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, "gpujobs", name
             )
@@ -401,15 +230,15 @@ class KubeAPI:
         """One Namespace as JSON, or None when it does not exist."""
 
         async def read() -> dict[str, Any]:
-            return await _json(await self.core.read_namespace(name, _preload_content=False))
+            return await read_json(await self.core.read_namespace(name, _preload_content=False))
 
-        return await _get_or_none(read)
+        return await get_or_none(read)
 
     # --- MemberClusters ---------------------------------------------------------------------
 
     async def get_member(self, name: str) -> dict[str, Any] | None:
         """One MemberCluster, or None when it does not exist."""
-        return await _get_or_none(
+        return await get_or_none(
             lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "memberclusters", name)
         )
 
@@ -431,7 +260,7 @@ class KubeAPI:
 
     async def get_queue(self, name: str) -> dict[str, Any] | None:
         """One GPUQueue, or None when it does not exist."""
-        return await _get_or_none(
+        return await get_or_none(
             lambda: self.custom.get_cluster_custom_object(GROUP, VERSION, "gpuqueues", name)
         )
 
@@ -450,11 +279,11 @@ class KubeAPI:
             VERSION,
             plural,
             name,
-            _status_replacement(status, resource_version),
+            status_replacement(status, resource_version),
             _content_type=JSON_PATCH,  # type: ignore[call-arg]
             _preload_content=False,
         )
-        return _resource_version(await _check_and_read(resp))
+        return resource_version_of(await check_and_read(resp))
 
     # --- the replica's own Pod ------------------------------------------------------------------
 
@@ -510,7 +339,7 @@ class KubeAPI:
             resp: Any = await self.core.create_namespaced_event(
                 namespace, body, _preload_content=False
             )
-            await _check_and_release(resp)
+            await check_and_release(resp)
         except (TimeoutError, ApiException, OSError) as exc:
             log.warning("hub.event.failed", reason=reason, error=str(exc))
 
@@ -530,7 +359,7 @@ class KubeAPI:
             "kind": "TokenReview",
             "spec": {"token": token},
         }
-        got = await _json(await self.authn.create_token_review(review, _preload_content=False))
+        got = await read_json(await self.authn.create_token_review(review, _preload_content=False))
         status = got.get("status") or {}
         if not status.get("authenticated"):
             return None, str(status.get("error") or "the token was not accepted")
@@ -546,81 +375,10 @@ class KubeAPI:
                 "resourceAttributes": attributes,
             },
         }
-        got = await _json(
+        got = await read_json(
             await self.authz.create_subject_access_review(sar, _preload_content=False)
         )
         status = got.get("status") or {}
         if status.get("allowed"):
             return True, str(user.get("username", ""))
         return False, str(status.get("reason") or "RBAC allows no such access")
-
-
-async def _check_and_release(resp: Any) -> None:
-    """For calls made with ``_preload_content=False`` (the client then skips its own check):
-    raise ``ApiException`` for a non-2xx reply, and give the connection back."""
-    await _check_and_read(resp)
-
-
-async def _get_or_none(read: Callable[[], Awaitable[Any]]) -> dict[str, Any] | None:
-    """``read()``'s object (transient errors retried through ``kube_retry``, the reply decoded
-    with :func:`deep_decoding`), or None when it does not exist (404)."""
-    try:
-        async for attempt in kube_retry():
-            with attempt, deep_decoding():
-                obj: dict[str, Any] = await read()
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
-
-
-async def _check_and_read(resp: Any) -> bytes:
-    """As :func:`_check_and_release`, returning the reply's body."""
-    try:
-        body: bytes = await resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=RESTResponse(resp, body))  # type: ignore[arg-type]
-        return body
-    finally:
-        resp.release()
-
-
-def _status_replacement(status: dict[str, Any], resource_version: str) -> list[dict[str, Any]]:
-    """The JSON patch that replaces a whole ``status`` if the object is still at
-    ``resource_version`` (the API server checks the ``replace`` like an update's precondition)."""
-    return [
-        {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
-        {"op": "add", "path": "/status", "value": status},
-    ]
-
-
-def _resource_version(body: bytes) -> str:
-    """``metadata.resourceVersion`` of an object's JSON."""
-    with deep_decoding():
-        return str(json.loads(body)["metadata"]["resourceVersion"])
-
-
-async def _watch(func: Any, *args: Any, **kwargs: Any) -> AsyncIterator[WatchEvent | str]:
-    """One watch of a list call, with bookmarks (see :meth:`KubeAPI.watch_objects`)."""
-    w = _DictWatch()
-    try:
-        stream = w.stream(func, *args, allow_watch_bookmarks=True, **kwargs)
-        async for event in stream:
-            etype = event["type"]
-            raw = event["raw_object"]
-            if etype == "BOOKMARK":
-                yield str(raw["metadata"]["resourceVersion"])
-            elif etype in ("ADDED", "MODIFIED", "DELETED"):
-                yield WatchEvent(etype, raw)
-    finally:
-        await w.close()
-
-
-async def _json(resp: Any) -> dict[str, Any]:
-    """The JSON body of a call made with ``_preload_content=False`` (plain dicts, without the
-    typed models' cost); ``ApiException`` for a non-2xx reply."""
-    body = await _check_and_read(resp)
-    with deep_decoding():
-        out: dict[str, Any] = json.loads(body)
-    return out

@@ -17,7 +17,14 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   ends, is deleted (its record forgotten) or waits to be placed again (record without a
   cluster); a job being stopped for a preemptor charges until its copy is gone, and the
   preemptor's hold is charged to the preemptor's queue, until it is placed, for what its
-  stopping victims do not charge (so the GPUQueue status shows it). The ledger is rebuilt from those records at every cycle, so a restart, a failover
+  stopping victims do not charge (so the GPUQueue status shows it). Each job's charge is
+  kept incrementally from those records (:meth:`Queues.rebuild_usage`): every cycle reads only
+  the jobs that charged at the last count, those whose placement was committed or adopted
+  since (the dispatch tells :meth:`Queues.touch` of every work item it queues) and the orphan
+  records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
+  and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
+  in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
+  missed). The ledgers are built from the charges at every cycle, so a restart, a failover
   or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
@@ -28,8 +35,9 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   without a ``spec.maxPriority`` of its own is ``--default-queue-max-priority``.
 - **Before the first GPUQueue list** of a term nothing is admitted (:attr:`Queues.synced`):
   placing before the quotas are known could exceed them.
-- **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``,
-  ``fairShare``, through :meth:`gpufed.hub.components.mirror.Mirror.queue_status` (coalesced, fenced,
+- **Status** (:meth:`Queues.publish`): ``Active``, ``usage``, ``pendingJobs``, ``admittedJobs``
+  (counted over the jobs counted last time, the wanted ones and those charged, never the
+  finished ones; a full count every 30 s, drift ``kind="queue_jobs"``), ``fairShare``, through :meth:`gpufed.hub.components.mirror.Mirror.queue_status` (coalesced, fenced,
   resourceVersion-guarded); gauges ``gpufed_queue_gpus`` and ``gpufed_queue_pending_jobs``.
 
 Bounded: at most :data:`MAX_QUEUES` GPUQueues are admitted by (the rest, by name, are broken
@@ -56,6 +64,7 @@ from gpufed.api.queue import (
     QueueUsage,
     ShareSample,
 )
+from gpufed.hub.components.charges import RECOUNT_S, Charge, JobCharges
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
@@ -86,6 +95,10 @@ DEFAULT_QUEUE_CAP_FLAG: Final = "--default-queue-max-priority"
 
 #: Most GPUQueues the hub admits by; more are broken (bounded memory and cycle time).
 MAX_QUEUES: Final = 1000
+
+#: Seconds after intake within which a job not yet wanted (its first reconcile has not run)
+#: is not counted as drift by the full count of :meth:`Queues.publish`.
+_FRESH_S: Final = 10.0
 
 
 def _field_of(exc: ValidationError) -> str:
@@ -122,6 +135,13 @@ class Queues:
         self.usage = QuotaUsage()
         #: the usage preemption plans on (:meth:`rebuild_usage`)
         self.planning_usage = QuotaUsage()
+        #: the jobs :meth:`publish` counted last (pending or admitted), and when it last
+        #: counted every job (monotonic seconds)
+        self._counted: set[str] = set()
+        self._counted_at: float | None = None
+        term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
+        #: each job's charge, kept incrementally (:meth:`rebuild_usage`)
+        self._charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None
         #: set once the first GPUQueue list of this term is in
@@ -247,8 +267,14 @@ class Queues:
 
     # --- usage -----------------------------------------------------------------------------------
 
+    def touch(self, uid: str) -> None:
+        """Job ``uid``'s placement may have changed (a placement committed or adopted): the
+        next :meth:`rebuild_usage` reads its record. The dispatch calls it for every work item
+        it queues."""
+        self._charges.touch(uid)
+
     def rebuild_usage(self, holds: Sequence[tuple[str, str | None]] | None = None) -> None:
-        """Rebuild the ledger from the placements: the etcd records of jobs not finished, and
+        """Rebuild the ledgers from the placements: the etcd records of jobs not finished, and
         the records whose GPUJob this term has not seen (their copies still run). A record
         without a queue (from before queues, or adopted after a loss of etcd state) charges its
         job's queue now for the GPU product its status names.
@@ -260,36 +286,31 @@ class Queues:
         still run: no other job of its queue may take that quota meanwhile), and the hold is
         charged only for what its stopping victims do not charge, so the two never count the
         same GPUs twice. The scheduling cycle passes them; between cycles (:meth:`refresh`)
-        the last ones count."""
+        the last ones count.
+
+        Cost: the jobs that charged at the last count, the jobs touched since and the orphan
+        records (module docstring); a full count over every job every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S`, which counts the jobs whose
+        incremental charge differed (:class:`~gpufed.hub.components.charges.JobCharges`)."""
         if holds is not None:
             self._holds = tuple(holds)
-        jobs = self._term.state.jobs.values()
-        charges: list[tuple[str, str, Mapping[str, int]]] = []
+        self._build_ledgers(self._charges.update())
+
+    def _build_ledgers(self, charges: Mapping[str, Charge]) -> None:
+        """The admission ledger (``usage``) and the planning one (``planning_usage``) from the
+        jobs' charges and the holds (:meth:`rebuild_usage`)."""
         # preemptor uid -> what its victims still being stopped charge (their copies run)
         stopping_for: dict[str, Counter[str]] = {}
-        for j in jobs:
-            r = j.record
-            if r is None or j.terminal or r.cluster is None:
-                continue
-            if r.queue is not None and r.charged:
-                charges.append((r.uid, r.queue, r.charged))
-            elif r.queue is None and j.request is not None:
-                # A record without a queue: written before queues existed, or adopted by the
-                # rebuild after a loss of etcd state (docs/design.md §7 item 7). Its job's
-                # queue now, and what it takes on the product its status names.
-                placed = j.status.placement
-                demand = demand_of(j.request, placed.gpu_product if placed else None)
-                if demand:
-                    charges.append((r.uid, self.queue_of(j).queue, demand))
-            if r.stopping is not None and r.stopping.by_uid and charges and charges[-1][0] == r.uid:
+        rows: list[tuple[str, str, Mapping[str, int]]] = []
+        running: list[tuple[str, str, Mapping[str, int]]] = []
+        for uid, (queue, charged, by) in charges.items():
+            rows.append((uid, queue, charged))
+            if by is not None:
                 # preempted, copy not gone yet: it still charges its own queue (its pods run);
                 # the preemptor's hold is charged only for the rest (below)
-                stopping_for.setdefault(r.stopping.by_uid, Counter()).update(charges[-1][2])
-        charges.extend(
-            (r.uid, r.queue, r.charged)
-            for r in self._lifecycle.orphan_records()
-            if r.cluster is not None and r.queue is not None and r.charged
-        )
+                stopping_for.setdefault(by, Counter()).update(charged)
+            else:
+                running.append((uid, queue, charged))
         held_charges: list[tuple[str, str, Mapping[str, int]]] = []
         full_holds: list[tuple[str, str, Mapping[str, int]]] = []
         for uid, product in self._holds:
@@ -306,18 +327,13 @@ class Queues:
                 held_charges.append((uid, queue, demand))
         # A new ledger object: a pass's gate keeps charging the one it started with.
         usage = QuotaUsage()
-        usage.rebuild(held_charges + charges)
+        usage.rebuild(held_charges + rows)
         self.usage = usage
         # Preemption plans on the usage to come: victims being stopped count as gone and the
         # holds in full (else a queue whose victims still stop looks above its nominal and
         # loses more jobs to reclaim than it borrows: the seed-1 soak's preemption churn).
-        victims = {
-            j.uid
-            for j in jobs
-            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
-        }
         planning = QuotaUsage()
-        planning.rebuild(full_holds + [c for c in charges if c[0] not in victims])
+        planning.rebuild(full_holds + running)
         self.planning_usage = planning
 
     def gate(self) -> QuotaGate:
@@ -359,14 +375,7 @@ class Queues:
     def publish(self, shares: Mapping[str, float]) -> None:
         """Write every GPUQueue's status (skipped when unchanged) and refresh the gauges
         (``shares``: from :meth:`observe`)."""
-        pending: Counter[str] = Counter()
-        admitted: Counter[str] = Counter()
-        for job in self._term.state.jobs.values():
-            charged = self.usage.queue_of_job(job.uid)
-            if charged is not None:
-                admitted[charged] += 1
-            elif job.wants_placement and self.unlisted(job) is None:
-                pending[self.queue_of(job).queue] += 1
+        pending, admitted = self._job_counts()
         now = self._mirror.now()
         exported: set[tuple[str, str, str]] = set()
         exported_pending: set[str] = set()
@@ -394,6 +403,53 @@ class Queues:
         for name in self._exported_pending - exported_pending:
             self._term.metrics.queue_pending_jobs.remove(name)
         self._exported, self._exported_pending = exported, exported_pending
+
+    def _job_counts(self) -> tuple[Counter[str], Counter[str]]:
+        """(pending, admitted) jobs per queue: a job charged in :attr:`usage` is admitted to
+        the queue it charges; one that wants placement (and may be placed: :meth:`unlisted`)
+        is pending in its queue. Reads only the jobs counted last time, the wanted ones
+        (``HubState.wanted``), those charged now and the holds' (a job leaves "charged" only
+        to wait again or end), never the finished ones; every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S` every job, counting any job the
+        incremental count missed in ``gpufed_hub_incremental_drift_total{kind="queue_jobs"}``
+        (except jobs taken in within :data:`_FRESH_S`, not wanted yet)."""
+        state = self._term.state
+        now = self._term.mono()
+        kept = self._count_jobs(
+            {*self._counted, *state.wanted, *self._charges.uids(), *(u for u, _ in self._holds)}
+        )
+        if self._counted_at is None or now - self._counted_at >= RECOUNT_S:
+            full = self._count_jobs(state.jobs)
+            if self._counted_at is not None:
+                # the same rule counts both, so only jobs the incremental count did not read
+                # differ; a job intake took in moments ago is wanted at its first reconcile
+                missed = [u for u in full[2] - kept[2] if now - state.jobs[u].seen_mono >= _FRESH_S]
+                if missed:
+                    self._term.metrics.incremental_drift.labels("queue_jobs").inc(len(missed))
+                    log.warning("hub.queue.jobs_drift", jobs=len(missed), first=sorted(missed)[:5])
+            kept, self._counted_at = full, now
+        pending, admitted, self._counted = kept
+        return pending, admitted
+
+    def _count_jobs(self, uids: Iterable[str]) -> tuple[Counter[str], Counter[str], set[str]]:
+        """(pending, admitted, the UIDs counted) over the jobs of ``uids``."""
+        jobs = self._term.state.jobs
+        pending: Counter[str] = Counter()
+        admitted: Counter[str] = Counter()
+        counted: set[str] = set()
+        for uid in uids:
+            job = jobs.get(uid)
+            if job is None:
+                continue
+            charged = self.usage.queue_of_job(uid)
+            if charged is not None:
+                admitted[charged] += 1
+                counted.add(uid)
+            elif job.wants_placement:
+                counted.add(uid)
+                if self.unlisted(job) is None:
+                    pending[self.queue_of(job).queue] += 1
+        return pending, admitted, counted
 
     def _status(
         self,

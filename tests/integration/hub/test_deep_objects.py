@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpufed.api.protocol import agent_pb2 as pb
-from gpufed.hub.adapters.kube import deep_decoding
+from gpufed.hub.adapters.kubewire import deep_decoding
 from tests.integration.hub.harness import (
     FakeAgent,
     HubAPI,

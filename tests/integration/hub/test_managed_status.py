@@ -119,7 +119,7 @@ async def test_the_hub_lists_opted_in_workloads_in_pages_at_one_resource_version
 ) -> None:
     """``KubeAPI.list_resource`` reads pages (limit/continue) against the real API server and
     keeps only what the label selector names: the managed workloads' opt-in label."""
-    from gpufed.hub.adapters import kube as kube_adapter
+    from gpufed.hub.adapters import kuberesources as kube_adapter
 
     jobs = k8s.BatchV1Api(batch)
     template = {

@@ -1,10 +1,10 @@
-"""deep_decoding (gpufed.hub.adapters.kube): the raised recursion limit holds while any block is open."""
+"""deep_decoding (gpufed.hub.adapters.kubewire): the raised recursion limit holds while any block is open."""
 
 from __future__ import annotations
 
 import sys
 
-from gpufed.hub.adapters.kube import DECODE_RECURSION_LIMIT, deep_decoding
+from gpufed.hub.adapters.kubewire import DECODE_RECURSION_LIMIT, deep_decoding
 
 
 def test_overlapping_blocks_keep_the_limit_until_the_last_one_ends() -> None:

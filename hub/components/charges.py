@@ -1,0 +1,146 @@
+"""Each job's quota charge on the hub, kept incrementally, with a periodic full recount.
+
+Owned by :class:`gpufed.hub.components.queues.Queues`, which builds its ledgers from these
+charges every cycle (:meth:`Queues.rebuild_usage
+<gpufed.hub.components.queues.Queues.rebuild_usage>`). A job charges its queue from its etcd
+record (``JobRecord.queue`` / ``JobRecord.charged``) while it is placed and not finished; a
+record without a queue charges its job's queue now for the GPU product its status names; the
+records whose GPUJob this term has not seen (orphans) charge too. What a victim still being
+stopped charges carries its preemptor's UID (the preemptor's hold is charged only for the rest).
+
+Incremental: :meth:`JobCharges.update` reads only the jobs that charged at the last count, the
+jobs :meth:`JobCharges.touch`-ed since (a placement committed or adopted: the dispatch touches
+every work item it queues) and the orphan records, never the finished jobs the term keeps.
+Every :data:`RECOUNT_S` (and at the first update of a term) a full count over every job
+replaces the incremental charges, and each job whose charge differed is counted in
+``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` and logged
+(``hub.queue.usage_drift``): 0 unless a change path was missed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+import structlog
+
+from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import Term
+from gpufed.hub.rules.records import JobRecord
+from gpufed.placement.quota import demand_of
+
+log = structlog.get_logger("gpufed.hub.components.charges")
+
+#: Seconds between full recounts of the charges kept incrementally (the drift check).
+RECOUNT_S: Final = 30.0
+
+#: One job's charge: its queue, amounts per concrete key (GPU product or MIG resource), and the
+#: preemptor's UID when the job is a victim still being stopped (else None).
+Charge = tuple[str, Mapping[str, int], str | None]
+
+
+class JobCharges:
+    """Job UID -> :data:`Charge`, kept incrementally (module docstring).
+
+    ``orphans``: the job records whose GPUJob the term has not seen
+    (:meth:`gpufed.hub.components.lifecycle.Lifecycle.orphan_records`); ``queue_of``: the queue
+    a job of a record without a queue charges now.
+    """
+
+    def __init__(
+        self,
+        term: Term,
+        orphans: Callable[[], list[JobRecord]],
+        queue_of: Callable[[JobState], str],
+    ) -> None:
+        self._term = term
+        self._orphans = orphans
+        self._queue_of = queue_of
+        #: the charges at the last update (None until the term's first full count)
+        self._charges: dict[str, Charge] | None = None
+        #: jobs whose placement changed since the last update
+        self._touched: set[str] = set()
+        self._recounted = 0.0
+        term.metrics.incremental_drift.labels("queue_usage")  # exported from 0
+
+    def touch(self, uid: str) -> None:
+        """Job ``uid``'s record may charge now: the next :meth:`update` reads it."""
+        self._touched.add(uid)
+
+    def update(self) -> Mapping[str, Charge]:
+        """The charges now (read-only; a new mapping each update). Incremental, except every
+        :data:`RECOUNT_S` (monotonic clock) and the first time: a full count, and the
+        incremental charges compared with it (drift counted)."""
+        now = self._term.mono()
+        if self._charges is None or now - self._recounted >= RECOUNT_S:
+            full = self.count_all()
+            if self._charges is not None:
+                self._check_drift(self._count_changed(), full)
+            self._charges, self._recounted = full, now
+            self._touched.clear()
+        else:
+            self._charges = self._count_changed()
+        return self._charges
+
+    def uids(self) -> set[str]:
+        """The jobs (and orphan records) that charged at the last update."""
+        return set(self._charges or ())
+
+    def count_all(self) -> dict[str, Charge]:
+        """Every job's charge from every job the term knows and the orphan records (the full
+        count)."""
+        out: dict[str, Charge] = {}
+        for j in self._term.state.jobs.values():
+            c = self._charge_of(j)
+            if c is not None:
+                out[j.uid] = c
+        for r in self._orphans():
+            if (c := _orphan_charge(r)) is not None:
+                out[r.uid] = c
+        return out
+
+    def _count_changed(self) -> dict[str, Charge]:
+        """The charges, reading only the jobs that charged at the last update, those touched
+        since and the orphan records."""
+        jobs = self._term.state.jobs
+        orphans = {r.uid: r for r in self._orphans()}
+        out: dict[str, Charge] = {}
+        for uid in {*(self._charges or ()), *self._touched, *orphans}:
+            j = jobs.get(uid)
+            r = orphans.get(uid) if j is None else None
+            c = self._charge_of(j) if j is not None else _orphan_charge(r) if r else None
+            if c is not None:
+                out[uid] = c
+        self._touched.clear()
+        return out
+
+    def _charge_of(self, j: JobState) -> Charge | None:
+        """What job ``j`` charges now (None: nothing)."""
+        r = j.record
+        if r is None or r.cluster is None or j.terminal:
+            return None
+        by = r.stopping.by_uid if r.stopping is not None and r.stopping.by_uid else None
+        if r.queue is not None:
+            return (r.queue, r.charged, by) if r.charged else None
+        if j.request is None:
+            return None
+        # A record without a queue: written before queues existed, or adopted by the rebuild
+        # after a loss of etcd state (docs/design.md §7 item 7). Its job's queue now, and what
+        # it takes on the product its status names.
+        placed = j.status.placement
+        demand = demand_of(j.request, placed.gpu_product if placed else None)
+        return (self._queue_of(j), demand, by) if demand else None
+
+    def _check_drift(self, kept: Mapping[str, Charge], full: Mapping[str, Charge]) -> None:
+        """Count (and log) the jobs whose incremental charge differs from the full count."""
+        differ = sorted(u for u in kept.keys() | full.keys() if kept.get(u) != full.get(u))
+        if differ:
+            self._term.metrics.incremental_drift.labels("queue_usage").inc(len(differ))
+            log.warning("hub.queue.usage_drift", jobs=len(differ), first=differ[:5])
+
+
+def _orphan_charge(r: JobRecord) -> Charge | None:
+    """What an orphan record charges (its own queue and amounts while placed)."""
+    if r.cluster is not None and r.queue is not None and r.charged:
+        return (r.queue, r.charged, None)
+    return None
