@@ -310,7 +310,7 @@ class Controller:
         last_status = 0.0
         while True:
             await asyncio.sleep(min(self.config.inventory_flush_s, self.config.status_interval_s))
-            await self.members.flush()
+            await self.flush_inventories()
             now = self._mono()
             if now - last_status >= self.config.status_interval_s:
                 last_status = now
@@ -318,7 +318,14 @@ class Controller:
                 if self.queues.synced.is_set():
                     self.queues.refresh()
                     await self.queues.save_history()
-                await self._save_recent_nodes()
+
+    async def flush_inventories(self) -> None:
+        """Write the nodes that left or shrank (when they changed), then the changed
+        inventories: a node's departure reaches etcd only after it is remembered there, so a
+        leader that dies in between leaves its successor either the node (whose departure it
+        sees again when the agent reports) or the memory of it, never neither (issue 26)."""
+        await self._save_recent_nodes()
+        await self.members.flush()
 
     async def _save_recent_nodes(self) -> None:
         """Write the nodes that left or shrank within the hour when they changed (the newest
