@@ -345,6 +345,32 @@ def test_a_plain_forbidden_is_retried_for_the_grace_period_from_its_first_one_th
     assert grace.verdict("u1", exc) is Verdict.RETRY
 
 
+DISCOVERY_403 = (
+    'forbidden: User \\"system:serviceaccount:gpufed-system:gpufed-agent\\" cannot get path '
+    '\\"/apis/batch/v1\\"'
+)
+
+
+def test_a_forbidden_discovery_path_is_retried_ten_times_as_long() -> None:
+    # the chaos soak under load (seed 2): a restarted member API server refused discovery
+    # (every authenticated user may read it: its authorizer was not ready) for 84 s, past the
+    # 60 s grace, and two jobs failed as "the member refused the objects"
+    clock = FakeClock()
+    grace = ForbiddenGrace(60.0, clock=clock)
+    exc = forbidden(DISCOVERY_403, as_bytes=True)
+    assert grace.verdict("u1", exc) is Verdict.RETRY
+    clock.now += 84
+    assert grace.verdict("u1", exc) is Verdict.RETRY, "84 s: the soak's case"
+    clock.now += 515.9
+    assert grace.verdict("u1", exc) is Verdict.RETRY
+    clock.now += 0.1
+    assert grace.verdict("u1", exc) is Verdict.REFUSED, "bounded: 600 s"
+    # a resource 403 keeps the plain period
+    grace.verdict("u2", forbidden(PLAIN_403))
+    clock.now += 60
+    assert grace.verdict("u2", forbidden(PLAIN_403)) is Verdict.REFUSED
+
+
 def test_the_grace_changes_only_403s() -> None:
     clock = FakeClock()
     grace = ForbiddenGrace(60.0, clock=clock)
