@@ -119,7 +119,8 @@ async def test_the_hub_lists_opted_in_workloads_in_pages_at_one_resource_version
 ) -> None:
     """``KubeAPI.list_resource`` reads pages (limit/continue) against the real API server and
     keeps only what the label selector names: the managed workloads' opt-in label."""
-    from gpufed.hub.adapters import kuberesources as kube_adapter
+    from gpufed.hub.adapters import kuberesources
+    from gpufed.hub.adapters.kube import KubeAPI
 
     jobs = k8s.BatchV1Api(batch)
     template = {
@@ -137,8 +138,8 @@ async def test_the_hub_lists_opted_in_workloads_in_pages_at_one_resource_version
                 "spec": {"suspend": True, "template": template},
             },
         )
-    monkeypatch.setattr(kube_adapter, "LIST_PAGE", 2)
-    kube = await kube_adapter.KubeAPI.connect(hub_kubeconfig)
+    monkeypatch.setattr(kuberesources, "LIST_PAGE", 2)
+    kube = await KubeAPI.connect(hub_kubeconfig)
     try:
         everything, rv = await kube.list_resource("batch", "v1", "jobs")
         opted, _ = await kube.list_resource("batch", "v1", "jobs", label_selector="gpufed.io/queue")
