@@ -43,13 +43,13 @@ from gpufed.api.decision import (
 )
 from gpufed.api.request import PlacementRequest
 from gpufed.placement import computedomain as cdrule
+from gpufed.placement.filters import is_condition_taint
 from gpufed.placement.fit import Plan
 from gpufed.placement.index import PoolState
 from gpufed.placement.ledger import Ledger
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo
 from gpufed.placement.plugins import (
-    CONDITION_TAINT_PREFIX,
     Code,
     Plugins,
     Status,
@@ -474,7 +474,7 @@ def _member_never(
 
 
 def _condition_tainted(pool: PoolState) -> bool:
-    return any(t.key.startswith(CONDITION_TAINT_PREFIX) for t in pool.taints)
+    return any(is_condition_taint(t) for t in pool.taints)
 
 
 def _without_condition_taints(c: ClusterState) -> ClusterState:
@@ -486,11 +486,7 @@ def _without_condition_taints(c: ClusterState) -> ClusterState:
     healed.bulk_add(
         (
             n.inv.model_copy(
-                update={
-                    "taints": tuple(
-                        t for t in n.inv.taints if not t.key.startswith(CONDITION_TAINT_PREFIX)
-                    )
-                }
+                update={"taints": tuple(t for t in n.inv.taints if not is_condition_taint(t))}
             )
             for n in c.nodes.values()
         ),

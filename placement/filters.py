@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gpufed.api.inventory import tolerates_all
+from gpufed.api.inventory import Taint, tolerates_all
 from gpufed.api.labels import GPU_PRODUCT_LABEL
 from gpufed.placement.devicecel import matches
 from gpufed.placement.fit import Plan, plan
@@ -172,6 +172,12 @@ def _short(expr: str) -> str:
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 
 
+def is_condition_taint(t: Taint) -> bool:
+    """``t`` is a node-condition taint (not-ready, unreachable, pressure, ...): it goes when
+    the condition clears, so it never decides "could ever hold"."""
+    return t.key.startswith(CONDITION_TAINT_PREFIX)
+
+
 class NodeTaints:
     """The pool's node taints must be tolerated by every GPU pod set."""
 
@@ -188,7 +194,7 @@ class NodeTaints:
                 t = next(t for t in pool.taints if not any(x.tolerates(t) for x in s.tolerations))
                 # a node-condition taint (not-ready, unreachable, pressure) goes when the
                 # condition clears: the job waits, it is not rejected for ever
-                transient = t.key.startswith(CONDITION_TAINT_PREFIX)
+                transient = is_condition_taint(t)
                 return Status(
                     Code.UNSCHEDULABLE if transient else Code.UNRESOLVABLE,
                     f"{pool.product} nodes carry taint {t.key}={t.value}:{t.effect} that pod set "

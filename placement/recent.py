@@ -28,7 +28,7 @@ from gpufed.api.inventory import (
 )
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.engine import place
-from gpufed.placement.filters import CONDITION_TAINT_PREFIX
+from gpufed.placement.filters import is_condition_taint
 from gpufed.placement.policy import Policy
 from gpufed.placement.snapshot import FleetSnapshot
 
@@ -136,7 +136,7 @@ def _idle(inv: NodeInventory) -> NodeInventory:
             "ready": True,
             "unschedulable": False,
             "degraded": None,
-            "taints": tuple(t for t in inv.taints if not t.key.startswith(CONDITION_TAINT_PREFIX)),
+            "taints": tuple(t for t in inv.taints if not is_condition_taint(t)),
         }
     )
 
