@@ -20,7 +20,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from placement_builders import GB200, H100, job, member, node
+from placement_builders import GB200, H100, job, member, node, nvl72_cluster
 
 from gpufed.api.decision import Outcome
 from gpufed.api.inventory import MemberClusterState
@@ -43,23 +43,11 @@ def members(draw: Any, name: str) -> MemberClusterState:
         nodes = [
             node(f"{name}-n{i}", free=f, rack=f"{name}-r{i // 3}") for i, f in enumerate(frees)
         ]
-    else:
-        cliques = draw(
-            st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=3)
-        )
-        nodes = [
-            node(
-                f"{name}-c{c}-t{t}",
-                gpus=4,
-                free=f,
-                product=GB200,
-                clique=f"{name}.{c}",
-                rack=f"{name}-rack{c}",
-            )
-            for c, trays in enumerate(cliques)
-            for t, f in enumerate(trays)
-        ]
-    return member(name, nodes)
+        return member(name, nodes)
+    cliques = draw(
+        st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=3)
+    )
+    return nvl72_cluster(name, len(cliques), free=cliques)
 
 
 @st.composite

@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from placement_builders import GB200, GPU, H100, gpus_on, job, member, node
+from placement_builders import GB200, GPU, H100, gpus_on, job, member, node, nvl72_cluster
 
 from gpufed.api.inventory import MemberClusterState, NodeInventory
 from gpufed.api.request import PlacementRequest
@@ -42,21 +42,7 @@ def nvl_members(draw: Any, name: str) -> MemberClusterState:
     cliques = draw(
         st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), min_size=1, max_size=2)
     )
-    return member(
-        name,
-        [
-            node(
-                f"{name}-c{c}-t{t}",
-                gpus=4,
-                free=f,
-                product=GB200,
-                clique=f"{name}.{c}",
-                rack=f"{name}-rack{c}",
-            )
-            for c, trays in enumerate(cliques)
-            for t, f in enumerate(trays)
-        ],
-    )
+    return nvl72_cluster(name, len(cliques), free=cliques)
 
 
 @st.composite
