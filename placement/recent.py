@@ -78,8 +78,15 @@ class RecentNodes:
 
     def left(self, cluster: str, inv: NodeInventory) -> None:
         """Node ``inv`` of ``cluster`` left it, or is replaced by another shape: remember the
-        last inventory it had."""
+        last inventory it had, unless a larger shape of it is remembered already (a node that
+        shrank and then changed again, say its taints when it turned Ready, keeps the shape it
+        had before it shrank and the time that one left; found by the chaos soak, seed 2: a
+        GB200 tray whose GPUs were withdrawn while it was unreachable was remembered without
+        GPUs once it was Ready again, and the 2-tray gangs failed for good)."""
         key = (cluster, inv.name)
+        got = self._nodes.get(key)
+        if got is not None and not _holds_at_least(inv, got[0]):
+            return
         self._nodes.pop(key, None)
         self._nodes[key] = (inv, self._clock())
         while len(self._nodes) > self.max_nodes:
