@@ -24,8 +24,7 @@ from typing import Final
 
 import structlog
 
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules.records import JobRecord
 from gpufed.placement.quota import demand_of
 

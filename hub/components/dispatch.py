@@ -21,8 +21,7 @@ from collections.abc import Callable
 import structlog
 
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.state import MemberState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import MemberState, Term
 
 log = structlog.get_logger("gpufed.hub.components.dispatch")
 

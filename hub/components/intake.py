@@ -45,8 +45,7 @@ from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.priorities import priority_source
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.admission import AdmissionPolicy, admit
 from gpufed.hub.rules.podsets import placement_request

@@ -44,9 +44,8 @@ from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.finalizers import Finalizers
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState, WorkState
 from gpufed.hub.components.suspects import SuspectNodes
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term, WorkState
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import silence

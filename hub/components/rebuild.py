@@ -38,8 +38,7 @@ from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.scheduling import Scheduler
-from gpufed.hub.components.state import JobState, MemberState, WorkState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, MemberState, Term, WorkState
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import AckRecord, JobRecord, WorkRecord
 from gpufed.sync.computedomain import ComputeDomainSpec, compute_domain_of

@@ -57,9 +57,8 @@ from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState, WorkState
 from gpufed.hub.components.suspects import with_suspects
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term, WorkState
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpufed.api.work import FailureCause
-from gpufed.hub.components.state import MemberState
+from gpufed.hub.components.term import MemberState
 from gpufed.hub.rules.records import SuspectRecord
 from gpufed.placement.queue import Hold
 from gpufed.sync.failure import NODE_EVIDENCE

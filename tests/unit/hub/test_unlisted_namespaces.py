@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.components.config import HubConfig
-from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import JobState
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_priorities import priorityclass
