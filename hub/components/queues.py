@@ -68,9 +68,9 @@ from gpufed.hub.components.charges import RECOUNT_S, Charge, JobCharges
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.priorities import PriorityCap
 from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.admission import PriorityCap
 from gpufed.hub.rules.records import FairShareRecord
 from gpufed.placement.fairshare import DecayedUsage
 from gpufed.placement.quota import (

@@ -7,7 +7,7 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 1. expire reservations whose pods never showed up;
 2. read the queue: the jobs that still want placement, each in its GPUQueue
    (:mod:`gpufed.hub.components.queues`) at its PriorityClass's value
-   (:mod:`gpufed.hub.components.priorities`), and the quota ledger rebuilt from the placements;
+   (:mod:`gpufed.hub.rules.admission`), and the quota ledger rebuilt from the placements;
    whether a job goes in, waits with a reason or fails is the lifecycle's rule 7, with this
    cycle's view of its queue and priority as a fact (:meth:`Lifecycle.admit`: a
    ``spec.placement.queue`` naming another queue or a class above the queue's ``maxPriority``

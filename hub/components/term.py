@@ -39,8 +39,8 @@ from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.adapters.store import NotLeaderError, StoreUnavailableError
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.metrics import HubMetrics
-from gpufed.hub.components.priorities import PriorityClasses, PrioritySource
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.admission import PriorityClasses, PrioritySource
 from gpufed.hub.rules.health import MemberHealth
 from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
 
@@ -61,7 +61,7 @@ class JobState:
     ``pod_security``: the Pod Security level
     of its hub namespace seen at intake (sent with its work, so the agent labels a member
     namespace it creates alike); ``priority``: where its priority comes from (its
-    PriorityClass, resolved each cycle while it waits: :mod:`gpufed.hub.components.priorities`).
+    PriorityClass, resolved each cycle while it waits: :mod:`gpufed.hub.rules.admission`).
     """
 
     uid: str

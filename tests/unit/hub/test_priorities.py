@@ -1,4 +1,4 @@
-"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.components.priorities): where the class
+"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.rules.admission): where the class
 comes from, the deprecated free integer, resolution (default class, missing class, system
 classes, the GPUQueue's cap), and in a real leader term over typed fakes: a job whose class does
 not exist waits and is placed once it appears, a class above the queue's cap fails the job, the
@@ -12,7 +12,7 @@ import pytest
 
 from gpufed.api.errors import FieldError
 from gpufed.hub.adapters.ports import WatchEvent
-from gpufed.hub.components.priorities import (
+from gpufed.hub.rules.admission import (
     PriorityClasses,
     PrioritySource,
     priority_source,
