@@ -71,9 +71,8 @@ from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.reports import Reports
-from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.reservations import Reservations, SuspectNodes
 from gpufed.hub.components.scheduling import Scheduler
-from gpufed.hub.components.suspects import SuspectNodes
 from gpufed.hub.components.term import HubState, Term, TermTasks, WorkState, always_leading
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.hub.rules.records import (

@@ -15,7 +15,7 @@ its steps:
   or a re-run after an infrastructure failure completes (§7 item 9);
 - ``Lose`` — the job's member was lost: placed again with the copy fenced, or ``Lost``;
 - ``MarkSuspects``, ``StopForRerun``, ``FailForGood`` — an infrastructure failure of the current
-  copy: its nodes suspect (:mod:`gpufed.hub.components.suspects`), the ``stopping`` mark written
+  copy: its nodes suspect (:mod:`gpufed.hub.components.reservations`), the ``stopping`` mark written
   in etcd (then the copy is deleted and the job requeued), or ``Failed`` with
   ``RetriesExhausted``;
 - ``Want`` and ``AddFinalizer``;
@@ -43,8 +43,7 @@ from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.finalizers import Finalizers
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.suspects import SuspectNodes
+from gpufed.hub.components.reservations import Reservations, SuspectNodes
 from gpufed.hub.components.term import JobState, Term, WorkState
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st

@@ -192,6 +192,6 @@ class MemberMeta(_Record):
     #: UID of the member's kube-system Namespace, from the first agent that connected ("":
     #: not known yet); a stream from an agent of another Kubernetes cluster is refused
     cluster_uid: str = ""
-    #: node -> its suspect mark (:mod:`gpufed.hub.components.suspects`), so a restarted hub or a
+    #: node -> its suspect mark (:mod:`gpufed.hub.components.reservations`), so a restarted hub or a
     #: new leader keeps the marks and their expiry
     suspects: dict[str, SuspectRecord] = {}
