@@ -55,7 +55,7 @@ class Dispatch:
         items = []
         for ws in mine:
             if ws.record.op == "Apply":
-                items.append(ws.record.item(ws.revision, applied_before=ws.applied_before))
+                items.append(ws.item())
                 if not ws.settled:
                     ws.sent_at = now
         s.send_desired_set(items)
@@ -67,11 +67,7 @@ class Dispatch:
     def resend_desired_set(self, s: AgentSession) -> None:
         """The agent asked for the desired set again (a ResyncRequest)."""
         s.send_desired_set(
-            [
-                ws.record.item(ws.revision, applied_before=ws.applied_before)
-                for ws in self._term.state.work_of(s.cluster)
-                if ws.record.op == "Apply"
-            ]
+            [ws.item() for ws in self._term.state.work_of(s.cluster) if ws.record.op == "Apply"]
         )
 
     # --- the outbox ----------------------------------------------------------------------------------
@@ -101,7 +97,7 @@ class Dispatch:
             ws = self._term.state.work.get((cluster, uid))
             if ws is None or ws.settled:
                 continue
-            s.send_work(ws.record.item(ws.revision, applied_before=ws.applied_before))
+            s.send_work(ws.item())
             s.unacked[uid] = ws.revision
             ws.sent_at = self._term.mono()
             ws.retry_at = None

@@ -44,7 +44,7 @@ from gpufed.hub.components.members import Members
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
-from gpufed.hub.components.term import JobState, Term
+from gpufed.hub.components.term import JobState, Term, claim_of
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.admission import AdmissionPolicy, admit, priority_source
 from gpufed.hub.rules.podsets import placement_request
@@ -275,7 +275,8 @@ class Intake:
         self._lifecycle.adopt(job)
         # No record, or an older one than the status: a lost or restored etcd state
         # (docs/design.md §7 item 7); the placement is adopted in the reconcile, never redone.
-        self._rebuild.claim(job)
+        if job.claim is None:
+            job.claim = claim_of(job.record, job.status, self._term.state.held_on(job.uid))
         if job.record is not None and job.claim is None:
             placed = job.record.cluster
             if placed is not None and job.status.cluster != placed and not job.terminal:

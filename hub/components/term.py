@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import structlog
 
@@ -33,7 +33,7 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.membercluster import MemberClusterSpec
 from gpufed.api.request import PlacementRequest
 from gpufed.api.stream import HeldJob
-from gpufed.api.work import FailureCause, PodSecurityLevel
+from gpufed.api.work import FailureCause, PodSecurityLevel, WorkItem
 from gpufed.hub.adapters.ports import HubAPI, StateStore
 from gpufed.hub.adapters.sessions import AgentSession
 from gpufed.hub.adapters.store import NotLeaderError, StoreUnavailableError
@@ -45,6 +45,39 @@ from gpufed.hub.rules.health import MemberHealth
 from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
 
 log = structlog.get_logger("gpufed.hub.components.core")
+
+
+class Claim(NamedTuple):
+    """A placement to adopt: ``cluster``, the ``attempt`` it was, and where that came from
+    (``status``: the GPUJob status; ``agent``: the agent that holds the job)."""
+
+    cluster: str
+    attempt: int
+    source: str
+
+
+def claim_of(
+    record: JobRecord | None, status: GPUJobStatus, held_on: Collection[str]
+) -> Claim | None:
+    """The rule of :mod:`gpufed.hub.components.rebuild` (docs/design.md §7 item 7): which placement a GPUJob holds when etcd's record
+    is missing or older. ``held_on``: members whose agent reports holding the job.
+
+    - a status that names a member wins over no record, and over a record of a lower attempt
+      (a restore from an old backup); on an equal or higher record attempt the record wins
+      (it is the durable commit, written before the status);
+    - with no record and no member in the status, exactly one agent holding the job wins;
+    - otherwise nothing is adopted (the job is placed as usual, or the record stands).
+    """
+    if status.cluster is not None:
+        attempt = status.attempt or 1
+        if record is None:
+            return Claim(status.cluster, attempt, "status")
+        if record.cluster != status.cluster and attempt > record.attempt:
+            return Claim(status.cluster, attempt, "status")
+        return None
+    if record is None and len(held_on) == 1:
+        return Claim(next(iter(held_on)), 1, "agent")
+    return None
 
 
 @dataclass
@@ -78,9 +111,9 @@ class JobState:
     last_warning: str | None = None
     pod_security: PodSecurityLevel | Literal[""] = ""
     priority: PrioritySource = field(default_factory=PrioritySource)
-    #: a placement to adopt from what survived a loss of etcd state (gpufed.hub.components.rebuild.Claim);
-    #: while set the job is never placed
-    claim: Any = None
+    #: a placement to adopt from what survived a loss of etcd state (:func:`claim_of`, adopted
+    #: by gpufed.hub.components.rebuild); while set the job is never placed
+    claim: Claim | None = None
     #: an infrastructure failure of the current copy not acted on yet: (member, cause), recorded
     #: by reports and acted on by the lifecycle (gpufed.hub.rules.lifecycle, rule 5)
     failure: tuple[str, FailureCause] | None = None
@@ -161,6 +194,20 @@ class WorkState:
     @property
     def applied_before(self) -> bool:
         return self.ack is not None and self.ack.applied
+
+    def item(self) -> WorkItem:
+        """The protocol work item this entry sends: its record at ``revision``."""
+        rec = self.record
+        return WorkItem(
+            job_uid=rec.job_uid,
+            job=rec.job,
+            revision=self.revision,
+            op=rec.op,
+            namespace=rec.namespace,
+            manifests=rec.manifests if rec.op == "Apply" else (),
+            applied_before=self.applied_before,
+            pod_security=rec.pod_security,
+        )
 
     @property
     def settled(self) -> bool:
@@ -282,6 +329,10 @@ class HubState:
         if job is not None and job.placed_cluster not in (None, cluster):
             return job.placed_cluster
         return None
+
+    def held_on(self, uid: str) -> list[str]:
+        """Members whose agent's latest Hello listed job ``uid`` as held."""
+        return sorted(m.name for m in self.members.values() if uid in m.held)
 
     def registered_members(self) -> list[MemberState]:
         """Members whose MemberCluster exists on the hub."""

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.request import PreemptionPolicy
-from gpufed.api.work import AckResult, PodSecurityLevel, WorkItem, WorkOp
+from gpufed.api.work import AckResult, PodSecurityLevel, WorkOp
 
 
 class _Record(BaseModel):
@@ -113,19 +113,6 @@ class WorkRecord(_Record):
     fenced: bool = False
     created_at: float = 0.0
     pod_security: PodSecurityLevel | Literal[""] = ""
-
-    def item(self, revision: int, *, applied_before: bool) -> WorkItem:
-        """The protocol work item at ``revision``."""
-        return WorkItem(
-            job_uid=self.job_uid,
-            job=self.job,
-            revision=revision,
-            op=self.op,
-            namespace=self.namespace,
-            manifests=self.manifests if self.op == "Apply" else (),
-            applied_before=applied_before,
-            pod_security=self.pod_security,
-        )
 
 
 class AckRecord(_Record):
