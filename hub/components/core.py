@@ -148,8 +148,6 @@ class Controller:
             term, self.dispatch, self.reservations, self.mirror, self.finalizers, self.suspects
         )
         self.queues = Queues(term, self.mirror, self.lifecycle)
-        self.dispatch.on_queued = self.queues.touch
-        self.priorities = self.state.priorities
         self.scheduler = Scheduler(
             term,
             self.snapshot,

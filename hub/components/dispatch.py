@@ -16,8 +16,6 @@ Acks and workload reports come back through :mod:`gpufed.hub.components.reports`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
 from gpufed.hub.adapters.sessions import AgentSession
@@ -34,9 +32,6 @@ class Dispatch:
         term: Term,
     ) -> None:
         self._term = term
-        #: called with the job UID of every work item queued (the queues' usage reads the
-        #: job's record again: :meth:`gpufed.hub.components.queues.Queues.touch`)
-        self.on_queued: Callable[[str], None] = lambda uid: None
 
     # --- the stream opens --------------------------------------------------------------------------
 
@@ -73,8 +68,9 @@ class Dispatch:
     # --- the outbox ----------------------------------------------------------------------------------
 
     def enqueue(self, cluster: str, uid: str, *, send: bool = True) -> None:
-        """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now."""
-        self.on_queued(uid)
+        """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now. The
+        queues' usage reads the job's record again (``HubState.touched``)."""
+        self._term.state.touched.add(uid)
         m = self._term.state.members.get(cluster)
         if m is None:
             return

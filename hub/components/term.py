@@ -283,6 +283,11 @@ class HubState:
         self.jobs_listed = asyncio.Event()
         #: the hub cluster's PriorityClasses (a cache of what intake lists and watches)
         self.priorities = PriorityClasses()
+        #: jobs whose placement may have changed since the queues' usage last read them: the
+        #: dispatch adds the job of every work item it queues (a placement committed or
+        #: adopted, a copy deleted); the incremental charges (gpufed.hub.components.charges)
+        #: read and clear it
+        self.touched: set[str] = set()
 
     def kick(self) -> None:
         """Ask for a scheduling cycle soon (something changed that may let a job fit)."""
