@@ -233,6 +233,7 @@ class Lifecycle:
         cluster = rec.cluster if rec is not None else None
         work: lc.WorkOp = "none"
         pods_left = lost = refused = False
+        held_until: float | None = None
         if cluster is not None:
             ws = self._term.state.work.get((cluster, job.uid))
             if ws is not None:
@@ -253,8 +254,7 @@ class Lifecycle:
                     job.uid in n.job_requests and (n.ready or unready) for n in m.nodes.values()
                 )
                 if unready and hold_until is not None and hold_until != float("inf"):
-                    # judged again when the hold ends, if no inventory change comes first
-                    self._timers[job.uid] = min(self._timers.get(job.uid, hold_until), hold_until)
+                    held_until = hold_until
         return lc.Facts(
             deleting=job.deleting,
             terminal=job.terminal,
@@ -265,6 +265,7 @@ class Lifecycle:
             stopping=rec is not None and rec.stopping is not None,
             work=work,
             pods_left=pods_left,
+            pods_held_until=held_until,
             member_lost=lost,
             refused=refused,
             failure_cluster=job.failure[0] if job.failure is not None else None,

@@ -20,7 +20,7 @@ The sequences Hypothesis found when a rule was broken on purpose are kept as exa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import settings
 from hypothesis import strategies as hs
@@ -373,3 +373,12 @@ def _cause(reason: str) -> RequeueCause:
     return RequeueCause(
         kind="InfrastructureFailure", reason=reason, message="m", at=1.0, cluster="m1"
     )
+
+
+def test_a_stopped_copy_held_by_pods_on_unready_nodes_is_asked_again_when_the_hold_ends() -> None:
+    held = lc.Facts(has_record=True, cluster="m1", stopping=True, pods_left=True)
+    assert lc.decide(held) == ()  # pods on Ready nodes (or held until confirmed gone)
+    hold = replace(held, pods_held_until=400.0)
+    assert lc.decide(hold) == (lc.WaitUntil(400.0),)
+    assert lc.decide(replace(hold, work="delete")) == ()  # the Delete not acknowledged yet
+    assert lc.decide(replace(hold, pods_left=False)) == (lc.Requeue(),)
