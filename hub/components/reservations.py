@@ -28,18 +28,19 @@ sees ``free = reported free - reserved``, so the same GPUs are never handed out 
   the waiting preemptors' holds, and :meth:`let_go` drops the hold of a preemptor not placed
   on it once its victims are gone.
 
-**Suspect nodes** (:class:`SuspectNodes`): member nodes an infrastructure failure happened
-on, kept out of placement for a cool-down. The one owner of the hub's suspect marks. :mod:`gpufed.hub.components.lifecycle` marks the nodes a failure
-cause names when Kubernetes observed them (:meth:`SuspectNodes.mark_failure`) and the not Ready
-nodes a re-run's old pods were left on (:meth:`SuspectNodes.mark_unconfirmed`); the scheduler keeps them off every placement while the
-mark lasts (:meth:`SuspectNodes.holds`, merged into placement's ``hold`` argument, the same
-mechanism the backfill uses, so ``gpufed explain`` names them); the member status writer shows
-them (:meth:`SuspectNodes.of_member`, ``MemberCluster.status.suspectNodes``, ``gpufed get
-clusters``). A mark lasts ``cooldown_s`` (hub ``--suspect-node-cooldown``, default 3,600 s) on
-the hub's monotonic clock; a node marked again starts a new cool-down. The marks of a member are
-also kept in its etcd meta record (:meth:`SuspectNodes.records_of`, written by the lifecycle that
-marks them; :meth:`SuspectNodes.restore` at a new term), so a hub restart or a leader change
-keeps them until their wall-clock expiry.
+**Suspect nodes** (:class:`SuspectNodes`): member nodes an infrastructure failure happened on,
+kept out of placement for a cool-down. :mod:`gpufed.hub.components.lifecycle` marks the nodes a
+failure cause names when Kubernetes observed them (:meth:`SuspectNodes.mark_failure`) and the
+not Ready nodes a re-run's old pods were left on (:meth:`SuspectNodes.mark_unconfirmed`); the
+scheduler keeps them off every placement while the mark lasts (:meth:`SuspectNodes.holds`,
+merged into placement's ``hold`` argument, the same mechanism the backfill uses, so ``gpufed
+explain`` names them); the member status writer shows them (:meth:`SuspectNodes.of_member`,
+``MemberCluster.status.suspectNodes``, ``gpufed get clusters``). A mark lasts ``cooldown_s``
+(hub ``--suspect-node-cooldown``, default 3,600 s) on the hub's monotonic clock; a node marked
+again starts a new cool-down. The marks of a member are also kept in its etcd meta record
+(:meth:`SuspectNodes.records_of`, written by the lifecycle that marks them;
+:meth:`SuspectNodes.restore` at a new term), so a hub restart or a leader change keeps them
+until their wall-clock expiry.
 
 Called by the scheduling cycle, preemption, the lifecycle, reports and member handling of one
 leader term.

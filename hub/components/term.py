@@ -59,8 +59,9 @@ class Claim(NamedTuple):
 def claim_of(
     record: JobRecord | None, status: GPUJobStatus, held_on: Collection[str]
 ) -> Claim | None:
-    """The rule of :mod:`gpufed.hub.components.rebuild` (docs/design.md §7 item 7): which placement a GPUJob holds when etcd's record
-    is missing or older. ``held_on``: members whose agent reports holding the job.
+    """The rule of :mod:`gpufed.hub.components.rebuild` (docs/design.md §7 item 7): which
+    placement a GPUJob holds when etcd's record is missing or older, checked at intake.
+    ``held_on``: members whose agent reports holding the job.
 
     - a status that names a member wins over no record, and over a record of a lower attempt
       (a restore from an old backup); on an equal or higher record attempt the record wins
