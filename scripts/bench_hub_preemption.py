@@ -101,7 +101,7 @@ async def bench(
     if gc_mode == "freeze":
         heap.install()
     t = Term(config=HubConfig(insecure=True, preemption_deadline_s=deadline_s))
-    t.ctrl.priorities.listed([priorityclass("low", 100), priorityclass("high", 1000)])
+    t.ctrl.state.priorities.listed([priorityclass("low", 100), priorityclass("high", 1000)])
     for m in range(members):
         t.member(f"m{m}", *(hgx_node(f"m{m}-n{i}") for i in range(nodes)))
     for j in range(members * nodes):

@@ -83,7 +83,7 @@ TERMINATION_BY_KUBELET: Final = "TerminationByKubelet"
 EVICTION_BY_EVICTION_API: Final = "EvictionByEvictionAPI"
 PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
 #: Infrastructure reasons that are evidence about the node itself, which alone mark nodes
-#: suspect (the hub's ``hub/components/suspects.py``, via ``hub/components/lifecycle.py``): the node gone or NotReady,
+#: suspect (the hub's ``hub/components/reservations.py``, via ``hub/components/lifecycle.py``): the node gone or NotReady,
 #: GPUs withdrawn by the device plugin, the pod garbage collector after the node's deletion, a
 #: NoExecute taint. Not: ``InfrastructureExitCode`` (the tenant declares it),
 #: ``TerminationByKubelet`` (a pressure eviction the tenant's own pod can provoke),

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from gpufed.api.request import PlacementRequest
-from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import JobState
 from gpufed.placement import FleetSnapshot, Hold, Policy, hold_for
 from gpufed.placement.backfill import expected_start, releases_on
 from gpufed.placement.queue import BackfillRule, gpus_of

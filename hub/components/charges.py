@@ -9,8 +9,8 @@ records whose GPUJob this term has not seen (orphans) charge too. What a victim 
 stopped charges carries its preemptor's UID (the preemptor's hold is charged only for the rest).
 
 Incremental: :meth:`JobCharges.update` reads only the jobs that charged at the last count, the
-jobs :meth:`JobCharges.touch`-ed since (a placement committed or adopted: the dispatch touches
-every work item it queues) and the orphan records, never the finished jobs the term keeps.
+jobs touched since (``HubState.touched``: a placement committed or adopted; the dispatch adds
+the job of every work item it queues) and the orphan records, never the finished jobs the term keeps.
 Every :data:`RECOUNT_S` (and at the first update of a term) a full count over every job
 replaces the incremental charges, and each job whose charge differed is counted in
 ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` and logged
@@ -24,8 +24,7 @@ from typing import Final
 
 import structlog
 
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules.records import JobRecord
 from gpufed.placement.quota import demand_of
 
@@ -58,14 +57,10 @@ class JobCharges:
         self._queue_of = queue_of
         #: the charges at the last update (None until the term's first full count)
         self._charges: dict[str, Charge] | None = None
-        #: jobs whose placement changed since the last update
-        self._touched: set[str] = set()
+        #: jobs whose placement changed since the last update (the term's shared set)
+        self._touched = term.state.touched
         self._recounted = 0.0
         term.metrics.incremental_drift.labels("queue_usage")  # exported from 0
-
-    def touch(self, uid: str) -> None:
-        """Job ``uid``'s record may charge now: the next :meth:`update` reads it."""
-        self._touched.add(uid)
 
     def update(self) -> Mapping[str, Charge]:
         """The charges now (read-only; a new mapping each update). Incremental, except every

@@ -142,7 +142,7 @@ class HubConfig(BaseModel):
       loop; no new plan is started past it, and the preemptors left are planned next cycle;
       the first is always planned).
     - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
-      placement this long (0: never suspect; :mod:`gpufed.hub.components.suspects`).
+      placement this long (0: never suspect; :mod:`gpufed.hub.components.reservations`).
     - ``rerun_backoff_base_s`` / ``rerun_backoff_max_s``: the wait before a re-run after an
       infrastructure failure, doubling per re-run from the base up to the max (Kueue's
       ``requeuingStrategy``: 60 s and 3,600 s); 0 base: no wait. A drain or a member-side

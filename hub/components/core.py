@@ -21,7 +21,7 @@ The components, each in its own module (docs/design.md §9 walks a job through t
 :mod:`~gpufed.hub.components.tokens`   join tokens (watched Secrets), the agents' credential check
 :mod:`~gpufed.hub.components.mirror`   GPUJob / MemberCluster / GPUQueue status writes and Events
 :mod:`~gpufed.hub.components.managed`  plain Jobs/JobSets with managedBy gpufed.io/hub: their GPUJobs and status
-:mod:`~gpufed.hub.components.state`    the job, work and member state they share
+:mod:`~gpufed.hub.components.term`     the term they share: its state (jobs, work, members), tasks, clocks
 ==========================  ==================================================================
 
 Concurrency: one asyncio loop; every read-modify-write of one job runs under that job's lock,
@@ -71,11 +71,9 @@ from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
 from gpufed.hub.components.reports import Reports
-from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.reservations import Reservations, SuspectNodes
 from gpufed.hub.components.scheduling import Scheduler
-from gpufed.hub.components.state import HubState, WorkState
-from gpufed.hub.components.suspects import SuspectNodes
-from gpufed.hub.components.term import Term, TermTasks, always_leading
+from gpufed.hub.components.term import HubState, Term, TermTasks, WorkState, always_leading
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.hub.rules.records import (
     MAX_RECENT_NODE_RECORDS,
@@ -150,8 +148,6 @@ class Controller:
             term, self.dispatch, self.reservations, self.mirror, self.finalizers, self.suspects
         )
         self.queues = Queues(term, self.mirror, self.lifecycle)
-        self.dispatch.on_queued = self.queues.touch
-        self.priorities = self.state.priorities
         self.scheduler = Scheduler(
             term,
             self.snapshot,

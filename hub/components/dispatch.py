@@ -16,13 +16,10 @@ Acks and workload reports come back through :mod:`gpufed.hub.components.reports`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
 from gpufed.hub.adapters.sessions import AgentSession
-from gpufed.hub.components.state import MemberState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import MemberState, Term
 
 log = structlog.get_logger("gpufed.hub.components.dispatch")
 
@@ -35,9 +32,6 @@ class Dispatch:
         term: Term,
     ) -> None:
         self._term = term
-        #: called with the job UID of every work item queued (the queues' usage reads the
-        #: job's record again: :meth:`gpufed.hub.components.queues.Queues.touch`)
-        self.on_queued: Callable[[str], None] = lambda uid: None
 
     # --- the stream opens --------------------------------------------------------------------------
 
@@ -56,7 +50,7 @@ class Dispatch:
         items = []
         for ws in mine:
             if ws.record.op == "Apply":
-                items.append(ws.record.item(ws.revision, applied_before=ws.applied_before))
+                items.append(ws.item())
                 if not ws.settled:
                     ws.sent_at = now
         s.send_desired_set(items)
@@ -68,18 +62,15 @@ class Dispatch:
     def resend_desired_set(self, s: AgentSession) -> None:
         """The agent asked for the desired set again (a ResyncRequest)."""
         s.send_desired_set(
-            [
-                ws.record.item(ws.revision, applied_before=ws.applied_before)
-                for ws in self._term.state.work_of(s.cluster)
-                if ws.record.op == "Apply"
-            ]
+            [ws.item() for ws in self._term.state.work_of(s.cluster) if ws.record.op == "Apply"]
         )
 
     # --- the outbox ----------------------------------------------------------------------------------
 
     def enqueue(self, cluster: str, uid: str, *, send: bool = True) -> None:
-        """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now."""
-        self.on_queued(uid)
+        """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now. The
+        queues' usage reads the job's record again (``HubState.touched``)."""
+        self._term.state.touched.add(uid)
         m = self._term.state.members.get(cluster)
         if m is None:
             return
@@ -102,7 +93,7 @@ class Dispatch:
             ws = self._term.state.work.get((cluster, uid))
             if ws is None or ws.settled:
                 continue
-            s.send_work(ws.record.item(ws.revision, applied_before=ws.applied_before))
+            s.send_work(ws.item())
             s.unacked[uid] = ws.revision
             ws.sent_at = self._term.mono()
             ws.retry_at = None

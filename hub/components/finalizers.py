@@ -16,8 +16,7 @@ import structlog
 
 from gpufed.api.gpujob import GPUJob
 from gpufed.api.labels import FINALIZER
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.sync.retry import Verdict, status_of, verdict_of
 
 log = structlog.get_logger("gpufed.hub.components.finalizers")

@@ -6,13 +6,13 @@ Each resource is listed, then watched (:func:`gpufed.hub.adapters.listwatch.list
 missing from a re-list were deleted while unwatched. Transient errors back off; anything else
 ends the term, except for GPUQueues: a missing CRD or RBAC rule (404, 403) backs off too and
 places nothing meanwhile (:mod:`gpufed.hub.components.queues`), since placing without the quotas could
-exceed them; the same for PriorityClasses (:mod:`gpufed.hub.components.priorities`: a 403 without the
+exceed them; the same for PriorityClasses (:mod:`gpufed.hub.rules.admission`: a 403 without the
 RBAC rule places nothing rather than placing at the wrong priorities). A GPUQueue or
 PriorityClass change asks for a scheduling cycle.
 
 A new GPUJob is validated once (pod sets, allowed kinds, own namespace, where its priority
 comes from: :mod:`gpufed.hub.rules.podsets`, :mod:`gpufed.sync.manifests`,
-:mod:`gpufed.hub.components.priorities`) and, unless it was placed already, admitted at its namespace's
+:mod:`gpufed.hub.rules.admission`) and, unless it was placed already, admitted at its namespace's
 Pod Security level (:mod:`gpufed.hub.rules.admission`; :class:`NamespaceLevels`: the value of the
 namespace's ``pod-security.kubernetes.io/enforce`` label, :func:`gpufed.sync.podsecurity.parse_level`,
 ``HubConfig.default_pod_security`` when absent, ``restricted`` when it is not a level); a job in
@@ -42,13 +42,11 @@ from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.members import Members
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.priorities import priority_source
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.rebuild import Rebuild
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term, claim_of
 from gpufed.hub.rules import status as st
-from gpufed.hub.rules.admission import AdmissionPolicy, admit
+from gpufed.hub.rules.admission import AdmissionPolicy, admit, priority_source
 from gpufed.hub.rules.podsets import placement_request
 from gpufed.sync.manifests import prepare_manifests
 from gpufed.sync.podsecurity import Level, parse_level
@@ -277,7 +275,8 @@ class Intake:
         self._lifecycle.adopt(job)
         # No record, or an older one than the status: a lost or restored etcd state
         # (docs/design.md §7 item 7); the placement is adopted in the reconcile, never redone.
-        self._rebuild.claim(job)
+        if job.claim is None:
+            job.claim = claim_of(job.record, job.status, self._term.state.held_on(job.uid))
         if job.record is not None and job.claim is None:
             placed = job.record.cluster
             if placed is not None and job.status.cluster != placed and not job.terminal:

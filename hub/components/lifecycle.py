@@ -15,7 +15,7 @@ its steps:
   or a re-run after an infrastructure failure completes (§7 item 9);
 - ``Lose`` — the job's member was lost: placed again with the copy fenced, or ``Lost``;
 - ``MarkSuspects``, ``StopForRerun``, ``FailForGood`` — an infrastructure failure of the current
-  copy: its nodes suspect (:mod:`gpufed.hub.components.suspects`), the ``stopping`` mark written
+  copy: its nodes suspect (:mod:`gpufed.hub.components.reservations`), the ``stopping`` mark written
   in etcd (then the copy is deleted and the job requeued), or ``Failed`` with
   ``RetriesExhausted``;
 - ``Want`` and ``AddFinalizer``;
@@ -43,10 +43,8 @@ from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.finalizers import Finalizers
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState, WorkState
-from gpufed.hub.components.suspects import SuspectNodes
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.reservations import Reservations, SuspectNodes
+from gpufed.hub.components.term import JobState, Term, WorkState
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import silence
@@ -235,6 +233,7 @@ class Lifecycle:
         cluster = rec.cluster if rec is not None else None
         work: lc.WorkOp = "none"
         pods_left = lost = refused = False
+        held_until: float | None = None
         if cluster is not None:
             ws = self._term.state.work.get((cluster, job.uid))
             if ws is not None:
@@ -255,8 +254,7 @@ class Lifecycle:
                     job.uid in n.job_requests and (n.ready or unready) for n in m.nodes.values()
                 )
                 if unready and hold_until is not None and hold_until != float("inf"):
-                    # judged again when the hold ends, if no inventory change comes first
-                    self._timers[job.uid] = min(self._timers.get(job.uid, hold_until), hold_until)
+                    held_until = hold_until
         return lc.Facts(
             deleting=job.deleting,
             terminal=job.terminal,
@@ -267,6 +265,7 @@ class Lifecycle:
             stopping=rec is not None and rec.stopping is not None,
             work=work,
             pods_left=pods_left,
+            pods_held_until=held_until,
             member_lost=lost,
             refused=refused,
             failure_cluster=job.failure[0] if job.failure is not None else None,

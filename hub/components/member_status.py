@@ -1,6 +1,6 @@
 """The MemberCluster status the hub writes, and the member metrics that come with it.
 
-Pure over one member's state (:class:`gpufed.hub.components.state.MemberState`), its reservations and the
+Pure over one member's state (:class:`gpufed.hub.components.term.MemberState`), its reservations and the
 conditions last written; :mod:`gpufed.hub.components.members` calls it whenever the member's health or
 inventory changes and every ``status_interval_s``, and hands the result to
 :mod:`gpufed.hub.components.mirror`. ``lastHeartbeatTime`` advances in steps of at least
@@ -24,7 +24,7 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.membercluster import READY_CONDITION, MemberClusterStatus
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.metrics import HubMetrics
-from gpufed.hub.components.state import MemberState
+from gpufed.hub.components.term import MemberState
 from gpufed.hub.rules import status as st
 
 

@@ -42,8 +42,7 @@ from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.member_status import GPUTally, drift, health_of, member_status
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import MemberState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import MemberState, Term
 from gpufed.hub.components.tokens import JoinTokens
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.health import MemberHealth, health_at, silence

@@ -42,8 +42,7 @@ from gpufed.api.membercluster import MemberClusterStatus
 from gpufed.api.queue import GPUQueueStatus
 from gpufed.hub.adapters.store import NotLeaderError
 from gpufed.hub.adapters.writer import CoalescingWriter
-from gpufed.hub.components.state import JobState, MemberState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, MemberState, Term
 from gpufed.hub.rules import status as st
 from gpufed.sync.retry import Verdict, verdict_of
 

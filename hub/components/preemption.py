@@ -55,8 +55,7 @@ from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.lifecycle import marked
 from gpufed.hub.rules.records import MAX_CAUSE_NODES, JobRecord, RequeueCause

@@ -20,7 +20,7 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   stopping victims do not charge (so the GPUQueue status shows it). Each job's charge is
   kept incrementally from those records (:meth:`Queues.rebuild_usage`): every cycle reads only
   the jobs that charged at the last count, those whose placement was committed or adopted
-  since (the dispatch tells :meth:`Queues.touch` of every work item it queues) and the orphan
+  since (``HubState.touched``: the dispatch adds every work item's job it queues) and the orphan
   records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
   and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
   in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
@@ -68,10 +68,9 @@ from gpufed.hub.components.charges import RECOUNT_S, Charge, JobCharges
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.priorities import PriorityCap
-from gpufed.hub.components.state import JobState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules import status as st
+from gpufed.hub.rules.admission import PriorityCap
 from gpufed.hub.rules.records import FairShareRecord
 from gpufed.placement.fairshare import DecayedUsage
 from gpufed.placement.quota import (
@@ -266,12 +265,6 @@ class Queues:
         )
 
     # --- usage -----------------------------------------------------------------------------------
-
-    def touch(self, uid: str) -> None:
-        """Job ``uid``'s placement may have changed (a placement committed or adopted): the
-        next :meth:`rebuild_usage` reads its record. The dispatch calls it for every work item
-        it queues."""
-        self._charges.touch(uid)
 
     def rebuild_usage(self, holds: Sequence[tuple[str, str | None]] | None = None) -> None:
         """Rebuild the ledgers from the placements: the etcd records of jobs not finished, and

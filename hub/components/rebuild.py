@@ -7,7 +7,8 @@ the member and the placement attempt (``status.cluster``, ``status.attempt``), a
 which list the jobs they hold in their Hello (``held_jobs``). This module turns them back into
 placements, and deletes nothing while it does (docs/design.md §7 item 7):
 
-- :func:`claim_of` (pure) decides, per GPUJob at intake, whether a placement must be adopted:
+- :func:`gpufed.hub.components.term.claim_of` (pure, beside ``JobState.claim`` which it sets)
+  decides, per GPUJob at intake, whether a placement must be adopted:
   no record and a status that names a member (or, without one, exactly one agent that holds
   the job), or a record older than the status (a lower attempt, another member);
 - :meth:`Rebuild.adopt` records it in one etcd transaction (job record, work item with the
@@ -21,25 +22,21 @@ placements, and deletes nothing while it does (docs/design.md §7 item 7):
 - held jobs with no GPUJob on the hub are only logged (``hub.rebuild.unclaimed``) and counted
   (``gpufed_rebuild_unclaimed_held_jobs_total``): their agent evicts them after its grace period.
 
-Called by intake (``claim_of`` at intake, ``adopt`` in the job's reconcile) and by the
+Called by intake (``adopt`` in the job's reconcile) and by the
 controller when an agent's stream opens (:meth:`Rebuild.reported`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import NamedTuple
-
 import structlog
 
 from gpufed.api.errors import FieldError
-from gpufed.api.gpujob import GPUJobStatus, Retry
+from gpufed.api.gpujob import Retry
 from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.scheduling import Scheduler
-from gpufed.hub.components.state import JobState, MemberState, WorkState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import Claim, JobState, MemberState, Term, WorkState
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import AckRecord, JobRecord, WorkRecord
 from gpufed.sync.computedomain import ComputeDomainSpec, compute_domain_of
@@ -52,39 +49,6 @@ log = structlog.get_logger("gpufed.hub.components.rebuild")
 _APPLIED_PHASES = frozenset({"Running", "Succeeded", "Failed", "Lost"})
 
 
-class Claim(NamedTuple):
-    """A placement to adopt: ``cluster``, the ``attempt`` it was, and where that came from
-    (``status``: the GPUJob status; ``agent``: the agent that holds the job)."""
-
-    cluster: str
-    attempt: int
-    source: str
-
-
-def claim_of(
-    record: JobRecord | None, status: GPUJobStatus, held_on: Collection[str]
-) -> Claim | None:
-    """The rule (docs/design.md §7 item 7): which placement a GPUJob holds when etcd's record
-    is missing or older. ``held_on``: members whose agent reports holding the job.
-
-    - a status that names a member wins over no record, and over a record of a lower attempt
-      (a restore from an old backup); on an equal or higher record attempt the record wins
-      (it is the durable commit, written before the status);
-    - with no record and no member in the status, exactly one agent holding the job wins;
-    - otherwise nothing is adopted (the job is placed as usual, or the record stands).
-    """
-    if status.cluster is not None:
-        attempt = status.attempt or 1
-        if record is None:
-            return Claim(status.cluster, attempt, "status")
-        if record.cluster != status.cluster and attempt > record.attempt:
-            return Claim(status.cluster, attempt, "status")
-        return None
-    if record is None and len(held_on) == 1:
-        return Claim(next(iter(held_on)), 1, "agent")
-    return None
-
-
 class Rebuild:
     """Adoption of surviving placements in one leader term (see the module docstring)."""
 
@@ -95,15 +59,6 @@ class Rebuild:
         self._mirror = mirror
         #: a check for held jobs without a GPUJob waits for the term's first GPUJob list
         self._checking = False
-
-    def held_on(self, uid: str) -> list[str]:
-        """Members whose agent's latest Hello listed job ``uid`` as held."""
-        return sorted(m.name for m in self._term.state.members.values() if uid in m.held)
-
-    def claim(self, job: JobState) -> None:
-        """At intake: set ``job.claim`` when a placement must be adopted (:func:`claim_of`)."""
-        if job.claim is None:
-            job.claim = claim_of(job.record, job.status, self.held_on(job.uid))
 
     def reported(self, m: MemberState) -> None:
         """An agent's Hello listed what it holds (``m.held``): claim the jobs that no record
@@ -179,7 +134,7 @@ class Rebuild:
             job_uid=uid, job=job.key, namespace=ns, op="Apply", manifests=tuple(manifests),
             created_at=now, pod_security=job.pod_security,
         )  # fmt: skip
-        applied = claim.source == "agent" or claim.cluster in self.held_on(uid)
+        applied = claim.source == "agent" or claim.cluster in self._term.state.held_on(uid)
         applied = applied or job.status.phase in _APPLIED_PHASES
         # Revision 0: settles nothing, so the Apply (an adopt of what exists) is sent.
         ack = AckRecord(revision=0, result="Applied", applied=True, applied_at=now)

@@ -34,8 +34,7 @@ from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import WorkState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import Term, WorkState
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.lifecycle import infrastructure_cause
 from gpufed.hub.rules.records import AckRecord

@@ -7,7 +7,7 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 1. expire reservations whose pods never showed up;
 2. read the queue: the jobs that still want placement, each in its GPUQueue
    (:mod:`gpufed.hub.components.queues`) at its PriorityClass's value
-   (:mod:`gpufed.hub.components.priorities`), and the quota ledger rebuilt from the placements;
+   (:mod:`gpufed.hub.rules.admission`), and the quota ledger rebuilt from the placements;
    whether a job goes in, waits with a reason or fails is the lifecycle's rule 7, with this
    cycle's view of its queue and priority as a fact (:meth:`Lifecycle.admit`: a
    ``spec.placement.queue`` naming another queue or a class above the queue's ``maxPriority``
@@ -32,7 +32,8 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
    (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
    others get their "not placed" status (a quota's refusal in its words; a preemptor's what
    it preempts or why it preempts nothing); a preemptor not placed on its hold once its
-   victims are gone lets the hold go (:meth:`Scheduler._let_go`);
+   victims are gone lets the hold go
+   (:meth:`gpufed.hub.components.reservations.Reservations.let_go`);
 6. the GPUQueues' status and gauges, from the ledger rebuilt from what etcd now holds.
 """
 
@@ -56,10 +57,8 @@ from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.preemption import Preemption
 from gpufed.hub.components.queues import Queues
-from gpufed.hub.components.reservations import Reservations
-from gpufed.hub.components.state import JobState, WorkState
-from gpufed.hub.components.suspects import with_suspects
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.reservations import Reservations, with_suspects
+from gpufed.hub.components.term import JobState, Term, WorkState
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord
@@ -152,7 +151,7 @@ class Scheduler:
             return
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
         #    and the waiting preemptors' holds
-        holds = self._holds()
+        holds = self._reservations.hold_charges(self._term.state.wanted)
         queues.rebuild_usage(holds=holds)
         shares = queues.observe(now)
         waiting = []
@@ -257,50 +256,16 @@ class Scheduler:
                 if isinstance(answer, PreemptionPlan):
                     continue  # its status says what it preempts
                 if req.uid in holders:
-                    decision = self._let_go(job, decision)
+                    stopping = bool(self._preemption.victims_of(req.uid))
+                    decision = self._reservations.let_go(
+                        job.key, decision, victims_stopping=stopping
+                    )
                 self._not_placed(job, decision, answer)
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
-        queues.rebuild_usage(holds=self._holds())
+        queues.rebuild_usage(holds=self._reservations.hold_charges(self._term.state.wanted))
         queues.publish(shares)
-
-    def _let_go(self, job: JobState, decision: Decision) -> Decision:
-        """A preemptor not placed on its own hold: while its victims stop it keeps the hold;
-        once they are gone it lets the hold go (a held node never sits idle while its holder
-        cannot be admitted there; it may preempt again). Returns the decision to report,
-        its message naming the hold let go."""
-        if self._preemption.victims_of(job.uid):
-            return decision
-        res = self._reservations.held(job.uid)
-        if res is None or self._reservations.is_tentative(job.uid):
-            return decision
-        nodes = ", ".join(sorted(res.nodes)[:8])
-        self._reservations.release(job.uid, "its holder cannot be placed on it")
-        log.info("preemption.hold_released", job=job.key, cluster=res.cluster, nodes=nodes)
-        return decision.model_copy(
-            update={
-                "message": f"{decision.message}; let go of its preemption hold on {res.cluster} "
-                f"({nodes}): not placed there once its victims were gone"
-            }
-        )
-
-    def _holds(self) -> list[tuple[str, str | None]]:
-        """(job uid, GPU product) of each waiting job's confirmed preemption hold: the ledger
-        charges them to the preemptors' queues (:meth:`Queues.rebuild_usage`)."""
-        holds = self._reservations.confirmed_holds(self._term.state.wanted)
-        return [(res.job_uid, self._product_of(res)) for res in holds]
-
-    def _product_of(self, res: Reservation) -> str | None:
-        """The GPU product of the nodes a reservation holds (None when none is known)."""
-        if res.cluster not in self._snapshot.cluster_names:
-            return None
-        nodes = self._snapshot.cluster(res.cluster).nodes
-        for name in sorted(res.nodes):
-            n = nodes.get(name)
-            if n is not None and n.pool is not None:
-                return n.pool.product
-        return None
 
     def _queue_view(self, job: JobState) -> lc.QueueView:
         """This cycle's view of ``job``'s GPUQueue and priority (the queues, the

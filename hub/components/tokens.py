@@ -42,8 +42,7 @@ import structlog
 from gpufed.api.labels import JOIN_TOKEN_LABEL
 from gpufed.hub.adapters.listwatch import list_watch
 from gpufed.hub.adapters.ports import WatchEvent
-from gpufed.hub.components.state import MemberState
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import MemberState, Term
 from gpufed.sync.retry import Verdict
 
 log = structlog.get_logger("gpufed.hub.components.tokens")

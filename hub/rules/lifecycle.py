@@ -17,7 +17,9 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
 2. **Its copy is being stopped** for a requeue (``record.stopping``): a job that finished
    first stays finished (terminal is final). A lost member fences the copy and the job is
    requeued now. Otherwise the copy is deleted, and the job is requeued once the member
-   acknowledged the Delete *and* reports none of its pods (nothing runs twice at once).
+   acknowledged the Delete *and* reports none of its pods (nothing runs twice at once); pods
+   on nodes that are not Ready count for a while only, and the job is asked again when that
+   hold ends (``pods_held_until``: a wait-until step).
 3. **Finished**: nothing (terminal is final).
 4. **Its member is lost**: the copy is lost: the job is placed again (``reschedule:
    OnClusterLoss``, the old copy fenced) or ends ``Lost``.
@@ -88,7 +90,10 @@ class Facts:
 
     ``cluster``: the member its record places it in (None: placed nowhere); ``stopping``: its
     record's requeue mark; ``work``: its copy's work item in ``cluster``; ``pods_left``: that
-    member still reports pods of the job (terminating ones included); ``member_lost``: that
+    member still reports pods of the job (terminating ones included); ``pods_held_until``: wall
+    seconds when the stopped copy's pods on nodes that are not Ready stop counting among them
+    (None: none of them counts for a while, or they count until confirmed gone);
+    ``member_lost``: that
     member was declared lost; ``failure``: an infrastructure failure of the current copy that
     no step has acted on yet (``failure_cluster`` is where it was observed);
     ``refused``: the member refused the copy's Apply for good (rule 5); ``failure_exempt``: the
@@ -109,6 +114,7 @@ class Facts:
     stopping: bool = False
     work: WorkOp = "none"
     pods_left: bool = False
+    pods_held_until: float | None = None
     member_lost: bool = False
     refused: bool = False
     failure_cluster: str | None = None
@@ -210,7 +216,8 @@ class Want:
 
 @dataclass(frozen=True)
 class WaitUntil:
-    """The job waits out its backoff: ask again at ``at`` (wall seconds)."""
+    """The job waits for a time (its backoff, its time limit, the end of the hold of its
+    stopped copy's pods on nodes that are not Ready): ask again at ``at`` (wall seconds)."""
 
     at: float
 
@@ -289,6 +296,9 @@ def _fate(f: Facts) -> tuple[Step, ...]:
             return (DeleteCopy(),)
         if f.work == "none" and not f.pods_left:
             return (Requeue(),)
+        if f.work == "none" and f.pods_held_until is not None:
+            # judged again when the hold ends, if no inventory change comes first
+            return (WaitUntil(f.pods_held_until),)
         return ()
     if f.terminal:
         return ()

@@ -263,7 +263,7 @@ def main_workload_kind(template: Mapping[str, Any]) -> str:
 def placement_request(job: GPUJob, *, submitted_at: float) -> PlacementRequest:
     """The :class:`PlacementRequest` of a GPUJob: its pod sets plus ``spec.placement`` and
     ``spec.checkpoint``. ``priority`` is the spec's integer here; the hub's scheduling replaces
-    it with the job's PriorityClass value (:mod:`gpufed.hub.components.priorities`).
+    it with the job's PriorityClass value (:mod:`gpufed.hub.rules.admission`).
 
     ``gpuProducts`` may hold short names (``H100``): the request carries the GFD products they
     stand for (:func:`gpufed.api.gpus.resolve_gpu_products`); the GPUJob spec is not rewritten.

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.request import PreemptionPolicy
-from gpufed.api.work import AckResult, PodSecurityLevel, WorkItem, WorkOp
+from gpufed.api.work import AckResult, PodSecurityLevel, WorkOp
 
 
 class _Record(BaseModel):
@@ -114,19 +114,6 @@ class WorkRecord(_Record):
     created_at: float = 0.0
     pod_security: PodSecurityLevel | Literal[""] = ""
 
-    def item(self, revision: int, *, applied_before: bool) -> WorkItem:
-        """The protocol work item at ``revision``."""
-        return WorkItem(
-            job_uid=self.job_uid,
-            job=self.job,
-            revision=revision,
-            op=self.op,
-            namespace=self.namespace,
-            manifests=self.manifests if self.op == "Apply" else (),
-            applied_before=applied_before,
-            pod_security=self.pod_security,
-        )
-
 
 class AckRecord(_Record):
     """The member's latest answer about one job (key ``acks/<cluster>/<uid>``).
@@ -192,6 +179,6 @@ class MemberMeta(_Record):
     #: UID of the member's kube-system Namespace, from the first agent that connected ("":
     #: not known yet); a stream from an agent of another Kubernetes cluster is refused
     cluster_uid: str = ""
-    #: node -> its suspect mark (:mod:`gpufed.hub.components.suspects`), so a restarted hub or a
+    #: node -> its suspect mark (:mod:`gpufed.hub.components.reservations`), so a restarted hub or a
     #: new leader keeps the marks and their expiry
     suspects: dict[str, SuspectRecord] = {}

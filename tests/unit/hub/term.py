@@ -48,7 +48,7 @@ class Term:
         # No GPUQueues (the default queue, unlimited) until a test lists some.
         self.ctrl.queues.listed(self.kube.objects["gpuqueues"])
         # No PriorityClasses (every job at priority 0) until a test lists some.
-        self.ctrl.priorities.listed(self.kube.objects["priorityclasses"])
+        self.ctrl.state.priorities.listed(self.kube.objects["priorityclasses"])
 
     def member(self, name: str, *nodes: NodeInventory) -> None:
         """A MemberCluster ``name`` whose agent reported ``nodes``."""

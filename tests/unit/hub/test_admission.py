@@ -15,6 +15,7 @@ from gpufed.api.errors import FieldError
 from gpufed.api.gpujob import GPUJob
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.term import WorkState
 from gpufed.hub.rules.admission import AdmissionPolicy, admit
 from gpufed.sync.manifests import prepare_manifests
 from gpufed.sync.podsecurity import Level
@@ -235,7 +236,7 @@ async def test_an_admitted_job_carries_its_namespace_level_to_the_member() -> No
     await settle()
     ((work, _),) = t.store.work.values()
     assert work.pod_security == "privileged"
-    assert work.item(1, applied_before=False).pod_security == "privileged"
+    assert WorkState("m1", work, 1).item().pod_security == "privileged"
 
 
 async def test_a_job_in_a_namespace_not_seen_yet_waits_for_one_read_of_it() -> None:

@@ -26,7 +26,7 @@ from gpufed.hub.adapters.store import NotLeaderError
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
-from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import JobState
 from gpufed.hub.edge.leader import LeaderElector
 from gpufed.hub.rules import status as st
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj

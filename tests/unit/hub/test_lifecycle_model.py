@@ -11,7 +11,8 @@ is checked on the model's copies alone, never with decide():
   lost member deletes what it holds when it returns);
 - terminal is final: a finished job is never placed, requeued or re-run again;
 - a requeue waits for the copy: the job turns Pending only after its copy's Delete was
-  acknowledged and its pods are gone (or its member is lost);
+  acknowledged and its pods are gone (or its member is lost; pods on a node that is not Ready
+  count until their hold ends, and only a copy held so waits for a time);
 - progress: once the world stops changing, reconciling reaches a fixed point in a few rounds,
   and no job is left placed in a lost member.
 
@@ -20,7 +21,7 @@ The sequences Hypothesis found when a rule was broken on purpose are kept as exa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import settings
 from hypothesis import strategies as hs
@@ -30,6 +31,8 @@ from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules.records import JobRecord, RequeueCause
 
 MEMBERS = ("m1", "m2")
+#: when an unready-pod hold ends (the model has no clock: only that a time is asked for)
+HOLD_END = 300.0
 
 
 @dataclass
@@ -42,6 +45,9 @@ class Copy:
     #: accepted (``reschedule: OnClusterLoss`` is opt-in; docs/design.md §7 item 5), and the
     #: agent deletes it before it takes any new work
     fenced: bool = False
+    #: its pods are on a node that is not Ready and count only until their hold ends (the
+    #: kubelet never confirms them gone)
+    unready: bool = False
 
     @property
     def alive(self) -> bool:
@@ -80,6 +86,7 @@ class World:
             stopping=self.stopping,
             work="none" if c is None else c.work,  # type: ignore[arg-type]
             pods_left=c is not None and c.pods,
+            pods_held_until=HOLD_END if c is not None and c.pods and c.unready else None,
             member_lost=self.cluster in self.lost,
             refused=c is not None and c.work == "apply" and self.refused_in == self.cluster,
             failure_cluster=self.failure,
@@ -159,6 +166,14 @@ class LifecycleModel(RuleBasedStateMachine):
             case lc.FailForGood():
                 assert w.retries_left == 0
                 w.terminal, w.failure = True, None
+            case lc.WaitUntil(at=at):
+                c = w.copies.get(w.cluster) if w.cluster else None
+                assert w.stopping, "only a stopped copy's job waits for a time here"
+                assert c is not None
+                assert c.work == "none", "waits before the member acknowledged the Delete"
+                assert c.pods, "waits for pods that are gone"
+                assert c.unready, "waits for pods whose node is Ready"
+                assert at == HOLD_END
             case lc.Want():
                 assert not w.terminal, "terminal is final"
                 assert not w.deleting
@@ -191,6 +206,19 @@ class LifecycleModel(RuleBasedStateMachine):
     def pods_terminate(self, member: str) -> None:
         c = self.w.copies.get(member)
         if c is not None and c.work != "apply":
+            c.pods = False
+
+    @rule(member=hs.sampled_from(MEMBERS))
+    def node_not_ready(self, member: str) -> None:
+        c = self.w.copies.get(member)
+        if c is not None and c.pods:
+            c.unready = True
+
+    @rule(member=hs.sampled_from(MEMBERS))
+    def unready_hold_ends(self, member: str) -> None:
+        # the pods are never confirmed gone; past the hold the hub no longer counts them
+        c = self.w.copies.get(member)
+        if c is not None and c.unready and c.work != "apply":
             c.pods = False
 
     @rule(member=hs.sampled_from(MEMBERS))
@@ -255,7 +283,7 @@ class LifecycleModel(RuleBasedStateMachine):
         # of rounds must settle (no step is asked for twice forever).
         saved = self.w
         self.w = World(**{k: v for k, v in vars(saved).items()})
-        self.w.copies = {m: Copy(c.work, c.pods) for m, c in saved.copies.items()}
+        self.w.copies = {m: replace(c) for m, c in saved.copies.items()}
         self.w.lost = set(saved.lost)
         try:
             for _ in range(6):
@@ -327,6 +355,17 @@ def test_a_stopped_copy_is_requeued_only_once_its_pods_are_gone() -> None:
     assert m.w.pending_after_requeue
 
 
+def test_pods_on_a_node_not_ready_hold_the_requeue_until_their_hold_ends() -> None:
+    m = _run(("place", "m1"), ("preempt", None), ("reconcile", None), ("ack_delete", "m1"))
+    m.node_not_ready("m1")
+    m.reconcile()  # the model's Requeue asserts no copy may still run; a wait is checked too
+    assert m.w.cluster == "m1", "requeued while pods on a node not Ready still count"
+    m.unready_hold_ends("m1")
+    m.reconcile()
+    assert m.w.cluster is None
+    assert m.w.pending_after_requeue
+
+
 def test_a_copy_being_stopped_in_a_member_that_is_lost_is_requeued_at_once() -> None:
     m = _run(("place", "m1"), ("preempt", None), ("reconcile", None), ("member_lost", "m1"))
     m.reconcile()
@@ -373,3 +412,12 @@ def _cause(reason: str) -> RequeueCause:
     return RequeueCause(
         kind="InfrastructureFailure", reason=reason, message="m", at=1.0, cluster="m1"
     )
+
+
+def test_a_stopped_copy_held_by_pods_on_unready_nodes_is_asked_again_when_the_hold_ends() -> None:
+    held = lc.Facts(has_record=True, cluster="m1", stopping=True, pods_left=True)
+    assert lc.decide(held) == ()  # pods on Ready nodes (or held until confirmed gone)
+    hold = replace(held, pods_held_until=400.0)
+    assert lc.decide(hold) == (lc.WaitUntil(400.0),)
+    assert lc.decide(replace(hold, work="delete")) == ()  # the Delete not acknowledged yet
+    assert lc.decide(replace(hold, pods_left=False)) == (lc.Requeue(),)

@@ -44,7 +44,7 @@ class Fleet:
     def __init__(self, t: Term) -> None:
         self.t = t
         self.seq = 1
-        t.ctrl.priorities.listed(
+        t.ctrl.state.priorities.listed(
             [priorityclass("low", LOW), priorityclass("high", HIGH, policy="PreemptLowerPriority")]
         )
         t.member("m1", node("m1-n0"), node("m1-n1"))
@@ -158,7 +158,7 @@ async def test_a_high_priority_job_frees_the_cheapest_node_and_runs_there() -> N
 async def test_a_never_policy_and_equal_priority_preempt_nothing() -> None:
     t = Term()
     f = await full_member(t)
-    t.ctrl.priorities.listed(
+    t.ctrl.state.priorities.listed(
         [priorityclass("low", LOW), priorityclass("polite", HIGH, policy="Never")]
     )
     await f.submit("peer", "up", 8, "low")

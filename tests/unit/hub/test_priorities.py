@@ -1,4 +1,4 @@
-"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.components.priorities): where the class
+"""A GPUJob's priority from a PriorityClass on the hub (gpufed.hub.rules.admission): where the class
 comes from, the deprecated free integer, resolution (default class, missing class, system
 classes, the GPUQueue's cap), and in a real leader term over typed fakes: a job whose class does
 not exist waits and is placed once it appears, a class above the queue's cap fails the job, the
@@ -12,7 +12,7 @@ import pytest
 
 from gpufed.api.errors import FieldError
 from gpufed.hub.adapters.ports import WatchEvent
-from gpufed.hub.components.priorities import (
+from gpufed.hub.rules.admission import (
     PriorityClasses,
     PrioritySource,
     priority_source,
@@ -207,7 +207,9 @@ async def test_a_class_above_the_gpuqueue_cap_fails_the_job_with_valid_false() -
         }
     )
     t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
-    t.ctrl.priorities.listed([priorityclass("critical", 1_000_000), priorityclass("dev", 100)])
+    t.ctrl.state.priorities.listed(
+        [priorityclass("critical", 1_000_000), priorityclass("dev", 100)]
+    )
     t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
     await submit(t, "a", "ua", {"priorityClassName": "critical"})
     await submit(t, "b", "ub", {"priorityClassName": "dev"})
@@ -223,19 +225,19 @@ async def test_a_class_above_the_gpuqueue_cap_fails_the_job_with_valid_false() -
 
 async def test_nothing_is_placed_before_the_first_priorityclass_list() -> None:
     t = Term()
-    t.ctrl.priorities.synced.clear()
+    t.ctrl.state.priorities.synced.clear()
     t.member("m1", hgx_node("m1-n0"))
     await submit(t, "a", "ua", {})
     await t.ctrl.scheduler.cycle()
     assert "place" not in t.store.calls
-    t.ctrl.priorities.listed([priorityclass("normal", 5, default=True)])
+    t.ctrl.state.priorities.listed([priorityclass("normal", 5, default=True)])
     await t.ctrl.scheduler.cycle()
     assert t.store.jobs["ua"][0].priority == 5
 
 
 async def test_a_placed_job_keeps_the_priority_of_its_record_after_a_restart() -> None:
     t = Term()
-    t.ctrl.priorities.listed([priorityclass("prod", 7000)])
+    t.ctrl.state.priorities.listed([priorityclass("prod", 7000)])
     t.member("m1", hgx_node("m1-n0"))
     await submit(t, "a", "ua", {"priorityClassName": "prod"})
     await t.ctrl.scheduler.cycle()

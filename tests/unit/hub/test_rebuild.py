@@ -10,7 +10,7 @@ from gpufed.api.gpujob import GPUJobStatus
 from gpufed.api.stream import AgentHello, HeldJob
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.adapters.sessions import PROTOCOL_VERSION
-from gpufed.hub.components.rebuild import Claim, claim_of
+from gpufed.hub.components.term import Claim, claim_of
 from gpufed.hub.rules.records import JobRecord, WorkRecord
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, sent, settle

@@ -1,11 +1,11 @@
-"""Suspect nodes (gpufed.hub.components.suspects): marked for a cool-down, held off placement meanwhile,
+"""Suspect nodes (gpufed.hub.components.reservations): marked for a cool-down, held off placement meanwhile,
 bounded per member, and merged with the backfill's holds."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpufed.hub.components.suspects import MAX_SUSPECTS_PER_MEMBER, SuspectNodes, with_suspects
+from gpufed.hub.components.reservations import MAX_SUSPECTS_PER_MEMBER, SuspectNodes, with_suspects
 from gpufed.placement.queue import Hold
 
 

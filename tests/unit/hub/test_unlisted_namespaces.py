@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.components.config import HubConfig
-from gpufed.hub.components.state import JobState
+from gpufed.hub.components.term import JobState
 from tests.unit.hub.builders import batch_job, gpujob_obj, hgx_node
 from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_priorities import priorityclass
@@ -187,7 +187,7 @@ def capped_term(cap: int | None = 1000, *gpuqueues: dict[str, Any]) -> Term:
     t.ctrl.intake.namespaces.seen("team-b", {})
     t.kube.objects["gpuqueues"] += [gpuqueue("team-b", namespaces=("team-b",)), *gpuqueues]
     t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
-    t.ctrl.priorities.listed([priorityclass("dev", 100), priorityclass("prod", 5000)])
+    t.ctrl.state.priorities.listed([priorityclass("dev", 100), priorityclass("prod", 5000)])
     t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
     return t
 
@@ -217,7 +217,7 @@ async def test_the_cap_applies_to_the_default_queue_only() -> None:
 
 async def test_the_cap_lowers_an_implicit_default_priority_as_spec_max_priority_does() -> None:
     t = capped_term(10)
-    t.ctrl.priorities.listed([priorityclass("normal", 500, default=True)])
+    t.ctrl.state.priorities.listed([priorityclass("normal", 500, default=True)])
     await submit(t, "a", "ua")
     await t.ctrl.scheduler.cycle()
     assert t.store.jobs["ua"][0].priority == 10
