@@ -210,15 +210,23 @@ class FleetSnapshot:
         taints: tuple[Taint, ...] | None = None,
         served_kinds: frozenset[str] | None = None,
     ) -> None:
-        """Change a member's labels, member-level taints or served workload kinds."""
+        """Change a member's labels, member-level taints or served workload kinds. The fleet
+        generation (and with it every fleet-level memo entry) moves only when one of them
+        changed: the hub calls this on every MemberCluster watch event (its own status writes
+        included) and every full inventory snapshot."""
         c = self.cluster(cluster)
-        if labels is not None:
+        changed = False
+        if labels is not None and labels != c.labels:
             c.labels = dict(labels)
-        if taints is not None:
+            changed = True
+        if taints is not None and taints != c.taints:
             c.taints = taints
-        if served_kinds is not None:
+            changed = True
+        if served_kinds is not None and served_kinds != c.served_kinds:
             c.served_kinds = served_kinds
-        self.generation += 1
+            changed = True
+        if changed:
+            self.generation += 1
 
     # --- nodes ------------------------------------------------------------------------------
     def upsert_node(self, cluster: str, node: NodeInventory) -> None:

@@ -19,7 +19,10 @@ the system's own processes. :func:`measure` then, on one clock (:func:`time.mono
      shows ``Complete`` in the hub object's ``status.conditions``;
    - **cpu_per_job_ms** = CPU seconds of the system's components over the run / jobs;
    - **api_requests_per_job** = requests the hub and member API servers served over the run
-     (their own counter, every label set) / jobs; the benchmark's own share (its creates and
+     (their own counter, every label set) / jobs, also per API server and request kind
+     (``api_requests_per_job_by_kind``: ``{"hub": {"PATCH gpujobs/status": 2.1, "PATCH
+     gpujobs/status 409": 0.1, ...}}``) and the 409 conflicts apart
+     (``api_conflicts_per_job``); the benchmark's own share (its creates and
      metric reads: the same for every system) is reported apart as
      ``bench_api_requests_per_job``, and its CPU as ``bench_cpu_per_job_ms``; the rate
      of an idle window just before the jobs (requests per second, every API server) as
@@ -30,8 +33,8 @@ the system's own processes. :func:`measure` then, on one clock (:func:`time.mono
 Output of :func:`measure`: ``{"jobs", "rate", "dispatch_p50_ms", "dispatch_p99_ms",
 "status_p50_ms", "status_p99_ms", "jobs_per_s", "dispatched", "completed", "cpu_per_job_ms",
 "api_requests_per_job", "bench_cpu_per_job_ms", "bench_api_requests_per_job",
-"api_requests_per_job_by_cluster", "api_requests_idle_per_s", "cpu_idle_cores", "rss_mib",
-"cpu_cores", "wall_s"}`` (percentiles by
+"api_requests_per_job_by_cluster", "api_requests_per_job_by_kind", "api_conflicts_per_job",
+"api_requests_idle_per_s", "cpu_idle_cores", "rss_mib", "cpu_cores", "wall_s"}`` (percentiles by
 nearest rank over the jobs that got that far; ``rss_mib``: peak resident MiB of each of the
 system's components while the jobs ran; ``cpu_cores``: every sandbox process and the benchmark,
 in cores over the run).
@@ -54,7 +57,7 @@ from typing import Any
 import psutil
 import structlog
 
-from gpufed.sandbox.apimetrics import request_deltas, request_totals
+from gpufed.sandbox.apimetrics import Counts, counts_deltas, request_counts
 from gpufed.sandbox.kube import async_api_client
 from gpufed.sandbox.runtime import Sandbox, SandboxInfo
 
@@ -301,13 +304,13 @@ async def measure(
         # 2. Counters before (the reads themselves count as the benchmark's requests), and
         # the requests of an idle window: what the sandbox asks with no jobs (kwok's node
         # leases, controllers' resyncs, the system's own heartbeats).
-        idle0 = await request_totals(apis)
+        idle0 = await request_counts(apis)
         idle_cpu0 = _cpu_of(sandbox, system.components)
         idle_t0 = time.monotonic()
         await asyncio.sleep(idle_s)
-        requests0 = await request_totals(apis)
+        requests0 = await request_counts(apis)
         idle_wall = time.monotonic() - idle_t0
-        idle_rate = sum(request_deltas(idle0, requests0).values()) / idle_wall
+        idle_rate = sum(totals(counts_deltas(idle0, requests0)).values()) / idle_wall
         idle_cores = (_cpu_of(sandbox, system.components) - idle_cpu0) / idle_wall
         bench_requests = len(apis)
         cpu0 = {c.name: c.cpu_seconds for c in sandbox.supervisor.statuses()}
@@ -348,7 +351,8 @@ async def measure(
         wall = end - wall0
         own = _own_cpu_seconds() - own0
         statuses = sandbox.supervisor.statuses()
-        requests = request_deltas(requests0, await request_totals(apis))
+        by_kind = counts_deltas(requests0, await request_counts(apis))
+        requests = totals(by_kind)
     finally:
         for t in [*watchers, sampler, *creates]:
             t.cancel()
@@ -382,12 +386,45 @@ async def measure(
         "api_requests_per_job_by_cluster": {
             n: per_job(v, jobs, digits=1) for n, v in requests.items()
         },
+        "api_requests_per_job_by_kind": requests_by_kind(by_kind, jobs),
+        "api_conflicts_per_job": {
+            n: per_job(sum(v for (_, code), v in c.items() if code == "409"), jobs, digits=2)
+            for n, c in by_kind.items()
+        },
         "api_requests_idle_per_s": round(idle_rate, 1),
         "cpu_idle_cores": round(idle_cores, 3),
         "rss_mib": {c: round(rss.get(c, 0) / 2**20) for c in system.components},
         "cpu_cores": dict(sorted(cores.items(), key=lambda kv: -kv[1])),
         "wall_s": round(wall, 1),
     }
+
+
+def totals(counts: dict[str, Counts]) -> dict[str, float]:
+    """Requests per cluster, every kind and code summed."""
+    return {n: sum(c.values()) for n, c in counts.items()}
+
+
+def requests_by_kind(
+    counts: dict[str, Counts], jobs: int, *, floor: float = 0.05
+) -> dict[str, dict[str, float | None]]:
+    """``{cluster: {"PATCH gpujobs/status": per job, "PATCH gpujobs/status 409": per job,
+    ...}}``: requests of each kind per job (every code), and apart, under the kind followed by
+    its code, those answered with an error (4xx, 5xx); largest first. Rows of every code under
+    ``floor`` per job are left out (the background of kwok's leases and controllers'
+    resyncs); error rows never are."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, c in counts.items():
+        rows: dict[str, float] = {}
+        for (kind, code), v in c.items():
+            rows[kind] = rows.get(kind, 0.0) + v
+            if code[:1] in ("4", "5"):
+                rows[f"{kind} {code}"] = rows.get(f"{kind} {code}", 0.0) + v
+        out[name] = {
+            k: per_job(v, jobs, digits=2)
+            for k, v in sorted(rows.items(), key=lambda kv: (-kv[1], kv[0]))
+            if jobs and (v / jobs >= floor or k.count(" ") == 2)
+        }
+    return out
 
 
 def write_trace(path: Path, clock: Clock, wanted: set[str]) -> None:

@@ -44,12 +44,15 @@ from gpufed.hub.adapters.kubewire import (
     status_replacement,
     watch_events,
 )
+from gpufed.hub.adapters.ownwrites import OwnWrites
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.sync.retry import kube_retry
 
 log = structlog.get_logger("gpufed.hub.adapters.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+#: The parts of a GPUJob the hub writes apart (:class:`gpufed.hub.adapters.ownwrites.OwnWrites`).
+STATUS, FINALIZERS = "status", "finalizers"
 #: The core resources intake lists and watches besides the gpufed ones.
 NAMESPACES = "namespaces"
 PRIORITYCLASSES = "priorityclasses"
@@ -66,6 +69,8 @@ class KubeAPI(ResourceAPI):
         self.scheduling = client.SchedulingV1Api(api_client)
         self.authn = client.AuthenticationV1Api(api_client)
         self.authz = client.AuthorizationV1Api(api_client)
+        #: this client's own GPUJob writes: their preconditions skip over each other
+        self.own = OwnWrites()
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None, context: str | None = None) -> KubeAPI:
@@ -173,39 +178,22 @@ class KubeAPI(ResourceAPI):
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> str:
         """Merge-patch ``status`` of one GPUJob (``null`` values remove fields) if the object is
-        still at ``resource_version``; returns its new resourceVersion.
+        still at ``resource_version``, or changed since only by this client's own writes (its
+        finalizer patches and earlier status writes: :class:`~gpufed.hub.adapters.ownwrites.OwnWrites`;
+        one write of a GPUJob at a time); returns its new resourceVersion.
 
-        Raises ``ApiException`` 409 when it changed meanwhile (the caller re-reads: a status
-        computed from an older view must not overwrite a newer one), 404 when it is gone.
-        One attempt: status writes go through :class:`gpufed.hub.adapters.writer.CoalescingWriter`,
-        which is their one retry layer (it writes the latest value again after a failure).
+        Raises ``ApiException`` 409 when anyone else changed it meanwhile (the caller re-reads:
+        a status computed from an older view must not overwrite a newer one), 404 when it is
+        gone. One attempt: status writes go through
+        :class:`gpufed.hub.adapters.writer.CoalescingWriter`, which is their one retry layer (it
+        writes the latest value again after a failure).
         """
-        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        resp: Any = await self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            "gpujobs",
-            name,
-            body,
-            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-            _preload_content=False,
-        )
-        return resource_version_of(await check_and_read(resp))
-
-    async def set_job_finalizers(
-        self, namespace: str, name: str, finalizers: list[str], resource_version: str
-    ) -> dict[str, Any]:
-        """Replace ``metadata.finalizers`` if the object is still at ``resource_version``.
-
-        Returns the updated object. Raises ``ApiException`` 409 when it changed meanwhile
-        (re-read and try again), 404 when it is gone.
-        """
-        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
-        async for attempt in kube_retry():
-            # the client decodes the reply inside the call: with deep_decoding
-            with attempt, deep_decoding():
-                obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+        key = (namespace, name)
+        async with self.own.serial(key):
+            rv = self.own.rebase(key, resource_version, (STATUS, FINALIZERS))
+            body = {"metadata": {"resourceVersion": rv}, "status": status}
+            try:
+                resp: Any = await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
                     namespace,
@@ -213,7 +201,45 @@ class KubeAPI(ResourceAPI):
                     name,
                     body,
                     _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                    _preload_content=False,
                 )
+                new_rv = resource_version_of(await check_and_read(resp))
+            except ApiException as exc:
+                if exc.status == 404:
+                    self.own.forget(key)
+                raise
+            self.own.record(key, STATUS, rv, new_rv)
+        return new_rv
+
+    async def set_job_finalizers(
+        self, namespace: str, name: str, finalizers: list[str], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace ``metadata.finalizers`` if the object is still at ``resource_version``, or
+        changed since only by this client's own status writes (which leave the finalizers as
+        they were; one write of a GPUJob at a time).
+
+        Returns the updated object. Raises ``ApiException`` 409 when anything else changed it
+        meanwhile (re-read and try again), 404 when it is gone.
+        """
+        key = (namespace, name)
+        async with self.own.serial(key):
+            rv = self.own.rebase(key, resource_version, (STATUS,))
+            body = {"metadata": {"finalizers": finalizers, "resourceVersion": rv}}
+            async for attempt in kube_retry():
+                # the client decodes the reply inside the call: with deep_decoding
+                with attempt, deep_decoding():
+                    obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        "gpujobs",
+                        name,
+                        body,
+                        _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                    )
+            self.own.record(
+                key, FINALIZERS, rv, str(obj.get("metadata", {}).get("resourceVersion", ""))
+            )
         return obj
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -154,13 +154,16 @@ class HubAPI(Protocol):
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> str:
         """Merge-patch a GPUJob's status if it is still at ``resource_version`` (409 when it
-        changed); returns the new resourceVersion. One attempt: the caller's writer retries."""
+        changed; the kube adapter lets its own earlier writes of the job through:
+        :mod:`gpufed.hub.adapters.ownwrites`); returns the new resourceVersion. One attempt: the
+        caller's writer retries."""
         ...
 
     async def set_job_finalizers(
         self, namespace: str, name: str, finalizers: list[str], resource_version: str
     ) -> dict[str, Any]:
-        """Replace a GPUJob's finalizers at ``resource_version`` (409 when it changed)."""
+        """Replace a GPUJob's finalizers at ``resource_version`` (409 when it changed; the kube
+        adapter lets its own status writes of the job through)."""
         ...
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -15,7 +15,12 @@ from typer.testing import CliRunner
 
 from gpufed.cli.main import app
 from gpufed.sandbox import e2e_compare
-from gpufed.sandbox.apimetrics import counter_total, request_deltas
+from gpufed.sandbox.apimetrics import (
+    counter_total,
+    counts_deltas,
+    request_counts_of,
+    request_deltas,
+)
 from gpufed.sandbox.e2e_bench import bench_fleet, gpufed_result, gpujob, job_sizes
 from gpufed.sandbox.e2e_compare import (
     check_peer,
@@ -24,7 +29,14 @@ from gpufed.sandbox.e2e_compare import (
     ratio,
     ratios,
 )
-from gpufed.sandbox.e2e_harness import Clock, is_complete, job_names, per_job, percentile_ms
+from gpufed.sandbox.e2e_harness import (
+    Clock,
+    is_complete,
+    job_names,
+    per_job,
+    percentile_ms,
+    requests_by_kind,
+)
 from gpufed.sandbox.multikueue import MultiKueueInfo
 
 METRICS = """\
@@ -104,6 +116,53 @@ def test_the_request_counter_sums_every_label_set_and_nothing_else() -> None:
 def test_a_broken_sample_of_the_counter_is_an_error_naming_it(line: str) -> None:
     with pytest.raises(ValueError, match="apiserver_request_total"):
         counter_total(line)
+
+
+def test_requests_are_counted_by_kind_and_code() -> None:
+    text = (
+        METRICS
+        + 'apiserver_request_total{code="409",verb="PATCH",resource="gpujobs",'
+        + 'subresource="status",x="a\\"b,c=\\"d"} 3\n'
+        + 'apiserver_request_total{code="200",verb="PATCH",resource="gpujobs",subresource="status"} 7\n'
+    )
+    assert request_counts_of(text) == {
+        ("GET jobs", "200"): 12.0,
+        ("POST jobs", "201"): 35.0,
+        ("WATCH -", "200"): 2.0,
+        ("- -", "-"): 1.0,
+        ("PATCH gpujobs/status", "409"): 3.0,
+        ("PATCH gpujobs/status", "200"): 7.0,
+    }
+    with pytest.raises(ValueError, match="apiserver_request_total"):
+        request_counts_of("apiserver_request_total{code=200} 1")
+
+
+def test_the_per_job_table_sums_codes_and_shows_every_error_row() -> None:
+    before = {"hub": {("PATCH gpujobs/status", "200"): 5.0}, "m": {("GET pods", "200"): 50.0}}
+    after = {
+        "hub": {
+            ("PATCH gpujobs/status", "200"): 45.0,
+            ("PATCH gpujobs/status", "409"): 2.0,
+            ("GET gpujobs", "200"): 2.0,
+            ("POST events", "201"): 40.0,
+            ("GET leases", "200"): 0.5,
+        },
+        "m": {("GET pods", "200"): 4.0},  # restarted: counts from zero
+    }
+    deltas = counts_deltas(before, after)
+    assert deltas["m"] == {("GET pods", "200"): 4.0}
+    table = requests_by_kind(deltas, 20)
+    assert table["hub"] == {
+        "PATCH gpujobs/status": 2.1,
+        "POST events": 2.0,
+        "GET gpujobs": 0.1,
+        "PATCH gpujobs/status 409": 0.1,
+    }  # GET leases (0.025/job) is under the floor; the 409 row would be shown anyway
+    assert list(table["hub"])[:2] == ["PATCH gpujobs/status", "POST events"]
+    # a rare error is shown although its kind's total is under the floor
+    assert requests_by_kind({"hub": {("PATCH x", "422"): 1.0}}, 100) == {
+        "hub": {"PATCH x 422": 0.01}
+    }
 
 
 def test_request_deltas_count_a_restarted_api_server_from_zero() -> None:
