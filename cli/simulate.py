@@ -209,6 +209,13 @@ def simulate_command(
         help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
         "is expected to start first (1: the nodes with the most free GPUs).",
     ),
+    carry_holds: str = typer.Option(
+        "off",
+        "--queue-carry-holds",
+        help="Policy gpufed: on, the holds of the previous pass whose holders still wait also "
+        "keep off the younger jobs walked before their holder (fresh smaller ones), except "
+        "those whose time limit ends before the holder's expected start.",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
@@ -284,6 +291,8 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
     if hold_within_wait not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
+    if carry_holds not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-carry-holds")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -332,6 +341,7 @@ def simulate_command(
         size_aging_s=size_aging_s,
         hold_within_wait=hold_within_wait == "on",
         hold_candidates=hold_candidates,
+        carry_holds=carry_holds == "on",
     )
     try:
         members = load_fleet(fleet)

@@ -36,6 +36,10 @@ Backfill rule (docs/placement.md, "Queue and backfill"):
   still turns holds off), so its wait is
   bounded by ``oldest_first_s`` plus one drain of its nodes, within a queue (with GPUQueues,
   fair share orders the queues first).
+* with ``BackfillRule.carry_holds``, the holds of the previous pass whose holders still wait
+  also bind the jobs walked *before* their holder that the holder's hold would bind (younger or
+  of lower priority: under ``smallest-first`` the fresh smaller jobs), until the holder is
+  walked and holds afresh; a job whose time limit ends by the hold's start may still borrow it.
 
 Within one pass the fleet only loses capacity, so a job whose constraints and pod sets equal
 those of a job that already failed in the pass is answered from that failure without calling
@@ -44,7 +48,7 @@ those of a job that already failed in the pass is answered from that failure wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,7 +119,14 @@ class BackfillRule(BaseModel):
     drain longer than the wait so far idles no GPUs yet (default off); ``hold_candidates``:
     with ``hold_avoiding`` and ``hold_start``, a starving job weighs this many node sets
     (``hold_for``'s choice, then the next ones ``hold_avoiding`` names) and holds the one where
-    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice).
+    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice);
+    ``carry_holds``: the holds the previous pass took (``schedule_pass(carry=...)``, from its
+    ``PassResult.taken``) whose holders still wait bind, from the start of the pass, the jobs
+    walked before their holder that a hold of that holder would bind (younger or of lower
+    priority; a job whose time limit ends by the hold's start, re-estimated now, may still
+    borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
+    fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
+    (default off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -129,6 +140,7 @@ class BackfillRule(BaseModel):
     size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
     hold_within_wait: bool = False
     hold_candidates: int = Field(default=1, ge=1, le=16)
+    carry_holds: bool = False
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -229,6 +241,8 @@ class PassResult:
     holds: dict[str, Hold] = field(default_factory=dict)
     #: job UID -> the hold it ran inside as backfill (placed on nodes of a borrowed hold)
     backfilled: dict[str, Hold] = field(default_factory=dict)
+    #: every hold the pass took, with its holder, in the order taken (the next pass's ``carry``)
+    taken: list[tuple[PlacementRequest, Hold]] = field(default_factory=list)
 
     @property
     def placed(self) -> list[tuple[PlacementRequest, Decision]]:
@@ -248,6 +262,7 @@ def schedule_pass(
     key_of: Callable[[PlacementRequest], Any] = fit_key,
     hold_start: Callable[[PlacementRequest, Hold], float | None] | None = None,
     hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
+    carry: Sequence[tuple[PlacementRequest, Hold]] = (),
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -265,7 +280,9 @@ def schedule_pass(
     as before. ``hold_avoiding(request,
     holds)``: ``hold_for`` that does not name nodes of the pass's ``holds`` so far
     (:func:`gpufed.placement.hold_for` with ``avoid``); with it, up to
-    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass.
+    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass. ``carry``: the
+    previous pass's ``PassResult.taken``; with ``rule.carry_holds`` those of holders still in
+    ``queue`` bind the jobs walked before their holder (``BackfillRule.carry_holds``).
     """
     rule = rule or BackfillRule()
     out = PassResult()
@@ -278,9 +295,15 @@ def schedule_pass(
     # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
     holders: list[tuple[int, float, Hold]] = []
     capped = 0  # holds taken by jobs that had not waited oldest_first_s (the ones max_holds caps)
-    for req in queue if presorted else sorted(queue, key=pass_key(now, rule)):
+    walk = list(queue) if presorted else sorted(queue, key=pass_key(now, rule))
+    # the previous pass's holds, by holder not yet walked (BackfillRule.carry_holds)
+    carried = _carried(walk, carry, now, hold_start if lend else None) if rule.carry_holds else {}
+    for req in walk:
         key = key_of(req)
         seen, holds = _holds_binding(req, holders, out.holds)
+        if carried:
+            carried.pop(req.uid, None)  # its own hold: it is walked now and holds afresh
+            seen, holds = _carried_binding(req, seen, holds, carried)
         borrowed: list[Hold] = []
         if lend and req.time_limit_s is not None and holds:
             seen, holds, borrowed = borrowable(req, now, seen, holds)
@@ -320,19 +343,67 @@ def schedule_pass(
             if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
                 hold = None  # its nodes would drain longer than it has waited: not yet
             if hold is not None:
-                hold = Hold(
-                    hold.cluster,
-                    hold.nodes,
-                    f"held for {req.job} (priority {req.priority}, waiting "
-                    f"{waited:.0f} s) by the backfill rule",
-                    starts if lend else None,
-                )
+                hold = Hold(hold.cluster, hold.nodes, _held_for(req, now), starts if lend else None)
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold
                 holders.append((req.priority, req.submitted_at, hold))
+                out.taken.append((req, hold))
                 if not old:
                     capped += 1
     return out
+
+
+def _held_for(req: PlacementRequest, now: float) -> str:
+    """A backfill-rule hold's reason (what ``gpufed explain`` shows of held nodes)."""
+    return (
+        f"held for {req.job} (priority {req.priority}, waiting "
+        f"{now - req.submitted_at:.0f} s) by the backfill rule"
+    )
+
+
+def _carried(
+    walk: list[PlacementRequest],
+    carry: Sequence[tuple[PlacementRequest, Hold]],
+    now: float,
+    hold_start: Callable[[PlacementRequest, Hold], float | None] | None,
+) -> dict[str, tuple[int, float, Hold]]:
+    """Holder UID -> (priority, submit time, hold) of the carried holds whose holders are in
+    ``walk``; each hold's start re-estimated at ``now`` (None without ``hold_start``: it lends
+    nothing)."""
+    if not carry:
+        return {}
+    waiting = {r.uid for r in walk}
+    out: dict[str, tuple[int, float, Hold]] = {}
+    for holder, h in carry:
+        if holder.uid in waiting and holder.uid not in out:
+            starts = hold_start(holder, h) if hold_start is not None else None
+            hold = Hold(h.cluster, h.nodes, _held_for(holder, now), starts)
+            out[holder.uid] = (holder.priority, holder.submitted_at, hold)
+    return out
+
+
+def _carried_binding(
+    req: PlacementRequest,
+    seen: Any,
+    holds: Mapping[str, Hold],
+    carried: Mapping[str, tuple[int, float, Hold]],
+) -> tuple[Any, Mapping[str, Hold]]:
+    """``holds`` (token ``seen``) plus the carried holds that bind ``req``: those of a
+    higher-priority holder, or of one of its priority submitted at or before it (as
+    :func:`_holds_binding`: an older job is never held back by a younger one's hold)."""
+    picked = sorted(
+        uid
+        for uid, (p, at, _) in carried.items()
+        if p > req.priority or (p == req.priority and at <= req.submitted_at)
+    )
+    if not picked:
+        return seen, holds
+    out = dict(holds)
+    for uid in picked:
+        h = carried[uid][2]
+        prior = out.get(h.cluster)
+        out[h.cluster] = prior.merged(h) if prior else h
+    return (seen, tuple(picked)), out
 
 
 def _holds_binding(

@@ -251,6 +251,7 @@ def _run_gpufed(
         key = sim.by_uid[req.uid].key
         return (req.queue, key) if gate is not None and gate.enforce else key
 
+    carried: list[tuple[PlacementRequest, Hold]] = []  # the last pass's holds (carry_holds)
     for now, finished, arrived, node_events in _drain(sim, horizon):
         if qs is not None:
             qs.sample_until(now)
@@ -284,7 +285,9 @@ def _run_gpufed(
             key_of=key_of,
             hold_start=hold_start if rule.backfill_by_limit else None,
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
+            carry=carried,
         )
+        carried = result.taken
         for uid, borrowed in result.backfilled.items():
             run = sim.by_uid[uid]
             if run.backfill is None:

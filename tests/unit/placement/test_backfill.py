@@ -227,3 +227,59 @@ def test_a_starving_job_holds_the_candidate_where_it_is_expected_to_start_first(
     )
     assert result.holds["a"].nodes == {node}
     assert result.holds["a"].starts_at == starts[node]
+
+
+@pytest.mark.parametrize(
+    ("carry", "small", "placed", "borrowed"),
+    [
+        (False, limited("fresh", 1, None, at=4050.0), True, False),  # off: it takes a-n000
+        (True, limited("fresh", 1, None, at=4050.0), False, False),  # carried: kept off
+        (True, limited("fresh", 1, 900.0, at=4050.0), True, True),  # ends by the start
+        (True, limited("fresh", 1, 901.0, at=4050.0), False, False),  # a second too long
+        (True, limited("older", 1, None, at=-100.0), True, False),  # older than the holder
+    ],
+)
+def test_carried_holds_keep_younger_jobs_walked_first_off_the_draining_nodes(
+    carry: bool, small: PlacementRequest, placed: bool, borrowed: bool
+) -> None:
+    """BackfillRule.carry_holds: the 8-GPU job (submitted at 0) held a-n000 (4 of 8 free) in
+    the pass at 4,000 s; in the next one, at 4,100 s, a 1-GPU job is walked before it
+    (smallest-first). Carried, the hold keeps a younger job off a-n000 (a-n001 is full) unless
+    its limit ends by the holder's re-estimated start (5,000 s); an older job is never kept off.
+    The carried hold ends when its holder is walked: it holds afresh (the same nodes)."""
+    s = FleetSnapshot([hgx_cluster("a", free=[4, 0])])
+    loop = Loop(s, 5000.0)
+    big = limited("big", 8, None, at=0.0)
+    rule = BackfillRule(carry_holds=carry)
+    first = schedule_pass(
+        [big], 4000.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start
+    )
+    assert [(r.uid, h.nodes) for r, h in first.taken] == [("uid-big", {"a-n000"})]
+    result = schedule_pass(
+        [big, small],
+        4100.0,
+        loop.attempt,
+        loop.hold_for,
+        rule,
+        hold_start=loop.hold_start,
+        carry=first.taken,
+    )
+    assert [r.uid for r, _ in result.decisions] == [small.uid, "uid-big"]  # small walked first
+    d = result.decisions[0][1]
+    assert d.placed is placed
+    assert (small.uid in result.backfilled) is borrowed
+    if not placed:
+        assert "held for ns/big" in d.message
+    assert [(r.uid, h.nodes) for r, h in result.taken] == [("uid-big", {"a-n000"})]
+
+
+def test_a_carried_hold_binds_nobody_once_its_holder_has_left_the_queue() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[4, 0])])
+    loop = Loop(s, 5000.0)
+    rule = BackfillRule(carry_holds=True)
+    carry = [(limited("gone", 8, None, at=0.0), Hold("a", frozenset({"a-n000"}), "held"))]
+    fresh = limited("fresh", 1, None, at=4050.0)
+    result = schedule_pass(
+        [fresh], 4100.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start, carry=carry
+    )
+    assert result.decisions[0][1].placed
