@@ -33,6 +33,7 @@ from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.cli.simclasses import print_classes
 from gpufed.placement.queue import (
+    DEFAULT_CARRY_HOLDS,
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
     QUEUE_ORDERS,
@@ -210,7 +211,7 @@ def simulate_command(
         "is expected to start first (1: the nodes with the most free GPUs).",
     ),
     carry_holds: str = typer.Option(
-        "off",
+        "on" if DEFAULT_CARRY_HOLDS else "off",
         "--queue-carry-holds",
         help="Policy gpufed: on, the holds of the previous pass whose holders still wait also "
         "keep off the younger jobs walked before their holder (fresh smaller ones), except "

@@ -67,6 +67,8 @@ QueueOrder = Literal["smallest-first", "fifo"]
 #: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
 DEFAULT_HOLDS_PER_SHAPE = 4
 DEFAULT_SIZE_AGING_S = 1800.0
+#: default of ``BackfillRule.carry_holds`` (the hub's ``--queue-carry-holds`` and the simulator's)
+DEFAULT_CARRY_HOLDS = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ class BackfillRule(BaseModel):
     size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
     hold_within_wait: bool = False
     hold_candidates: int = Field(default=1, ge=1, le=16)
-    carry_holds: bool = False
+    carry_holds: bool = DEFAULT_CARRY_HOLDS
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:

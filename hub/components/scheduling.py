@@ -128,6 +128,8 @@ class Scheduler:
             reservation_ttl_s=term.config.reservation_ttl_s,
         )
         self._backfill = term.config.backfill_rule
+        #: the last pass's backfill holds, by holder (BackfillRule.carry_holds)
+        self._carried: list[tuple[PlacementRequest, Hold]] = []
 
     async def run(self) -> None:
         """Run a cycle each time one is due (:meth:`HubState.kick`, :meth:`HubState.want`),
@@ -233,7 +235,9 @@ class Scheduler:
             key_of=key_of,
             hold_start=hold_start(self._snapshot, self._term.state.jobs, now),
             hold_avoiding=hold_avoiding(self._snapshot, self._policy, gate, self._backfill),
+            carry=self._carried,
         )
+        self._carried = result.taken
         # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
         answers = await self._preemption.run(
             result.decisions,
