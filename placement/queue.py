@@ -69,6 +69,9 @@ DEFAULT_HOLDS_PER_SHAPE = 4
 DEFAULT_SIZE_AGING_S = 1800.0
 #: default of ``BackfillRule.carry_holds`` (the hub's ``--queue-carry-holds`` and the simulator's)
 DEFAULT_CARRY_HOLDS = False
+#: default of ``BackfillRule.spare_whole_nodes`` (the hub's ``--queue-spare-whole-nodes``, the
+#: simulator's)
+DEFAULT_SPARE_WHOLE_NODES = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,10 @@ class BackfillRule(BaseModel):
     priority; a job whose time limit ends by the hold's start, re-estimated now, may still
     borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
     fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
-    (default off).
+    (default off); ``spare_whole_nodes``: with ``schedule_pass(spare=...)``, a job smaller than
+    a node is first tried only on partly used nodes; if it finds no room there it is tried
+    again after the whole pass, anywhere: the nodes free from end to end go first to the jobs
+    of the pass that need them whole (default off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -143,6 +149,7 @@ class BackfillRule(BaseModel):
     hold_within_wait: bool = False
     hold_candidates: int = Field(default=1, ge=1, le=16)
     carry_holds: bool = DEFAULT_CARRY_HOLDS
+    spare_whole_nodes: bool = DEFAULT_SPARE_WHOLE_NODES
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -265,6 +272,7 @@ def schedule_pass(
     hold_start: Callable[[PlacementRequest, Hold], float | None] | None = None,
     hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
     carry: Sequence[tuple[PlacementRequest, Hold]] = (),
+    spare: Callable[[PlacementRequest], Mapping[str, Hold]] | None = None,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -285,6 +293,11 @@ def schedule_pass(
     ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass. ``carry``: the
     previous pass's ``PassResult.taken``; with ``rule.carry_holds`` those of holders still in
     ``queue`` bind the jobs walked before their holder (``BackfillRule.carry_holds``).
+    ``spare(request)``: the whole free nodes the job would break, as holds (member -> nodes;
+    :func:`gpufed.placement.holds.whole_free_nodes`); with ``rule.spare_whole_nodes`` the job
+    is first tried off them and, if that fails, once more after the walk (in pass order, its
+    failure then the one reported and the one that may take a hold). Holds taken in the pass
+    by older jobs (of its priority) bind it then, as every hold binds younger jobs.
     """
     rule = rule or BackfillRule()
     out = PassResult()
@@ -300,7 +313,10 @@ def schedule_pass(
     walk = list(queue) if presorted else sorted(queue, key=pass_key(now, rule))
     # the previous pass's holds, by holder not yet walked (BackfillRule.carry_holds)
     carried = _carried(walk, carry, now, hold_start if lend else None) if rule.carry_holds else {}
-    for req in walk:
+    deferred: list[PlacementRequest] = []  # jobs that found no room off whole free nodes
+    stage = {"spare": rule.spare_whole_nodes and spare is not None}
+
+    def visit(req: PlacementRequest) -> None:
         key = key_of(req)
         seen, holds = _holds_binding(req, holders, out.holds)
         if carried:
@@ -309,23 +325,46 @@ def schedule_pass(
         borrowed: list[Hold] = []
         if lend and req.time_limit_s is not None and holds:
             seen, holds, borrowed = borrowable(req, now, seen, holds)
-        prev = failed.get(key)
-        if prev is not None and prev[0] == seen:
-            if not record_skipped:
-                d = prev[1]
-            else:
-                d = prev[1].model_copy(update={"job": req.job, "uid": req.uid, "decided_at": now})
-                out.decisions.append((req, d))
+        keep = spare(req) if stage["spare"] and spare is not None else None
+        if keep:  # first only on partly used nodes: whole free ones wait for bigger jobs
+            trial = dict(holds)
+            for cluster, h in keep.items():
+                prior = trial.get(cluster)
+                trial[cluster] = prior.merged(h) if prior else h
+            prev = failed.get(("spare", key))
+            if prev is not None and prev[0] == seen:
+                deferred.append(req)
+                return
+            d = attempt(req, trial)
+            if d.outcome == Outcome.UNSCHEDULABLE:
+                failed[("spare", key)] = (seen, d)
+                deferred.append(req)
+                return
         else:
+            prev = failed.get(key)
+            if prev is not None and prev[0] == seen:
+                if not record_skipped:
+                    d = prev[1]
+                else:
+                    d = prev[1].model_copy(
+                        update={"job": req.job, "uid": req.uid, "decided_at": now}
+                    )
+                    out.decisions.append((req, d))
+                _hold(req, d, key)
+                return
             d = attempt(req, holds)
             if d.outcome == Outcome.UNSCHEDULABLE:
                 failed[key] = (seen, d)
-            elif borrowed and d.outcome == Outcome.PLACED:
-                inside = ran_inside(d, borrowed)
-                if inside is not None:
-                    out.backfilled[req.uid] = inside
-                    d = d.model_copy(update={"message": backfill_note(d, req, now, inside)})
-            out.decisions.append((req, d))
+        if borrowed and d.outcome == Outcome.PLACED:
+            inside = ran_inside(d, borrowed)
+            if inside is not None:
+                out.backfilled[req.uid] = inside
+                d = d.model_copy(update={"message": backfill_note(d, req, now, inside)})
+        out.decisions.append((req, d))
+        _hold(req, d, key)
+
+    def _hold(req: PlacementRequest, d: Decision, key: Any) -> None:
+        nonlocal capped
         waited = now - req.submitted_at
         old = waited >= rule.oldest_first_s
         if (
@@ -352,6 +391,12 @@ def schedule_pass(
                 out.taken.append((req, hold))
                 if not old:
                     capped += 1
+
+    for req in walk:
+        visit(req)
+    stage["spare"] = False
+    for req in deferred:  # then, in pass order, anywhere (whole free nodes the others left)
+        visit(req)
     return out
 
 

@@ -59,7 +59,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.api.resources import resource_list
 from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
-from gpufed.placement.holds import hold_for
+from gpufed.placement.holds import hold_for, whole_free_nodes
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import BackfillRule, Hold, pass_key, schedule_pass
 from gpufed.placement.sim.simbaselines import run_baseline
@@ -286,6 +286,7 @@ def _run_gpufed(
             hold_start=hold_start if rule.backfill_by_limit else None,
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
             carry=carried,
+            spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes else None,
         )
         carried = result.taken
         for uid, borrowed in result.backfilled.items():
