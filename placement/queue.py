@@ -134,7 +134,8 @@ class BackfillRule(BaseModel):
     (default off); ``spare_whole_nodes``: with ``schedule_pass(spare=...)``, a job smaller than
     a node is first tried only on partly used nodes; if it finds no room there it is tried
     again after the whole pass, anywhere: the nodes free from end to end go first to the jobs
-    of the pass that need them whole (default off).
+    of the pass that need them whole; not a job past ``oldest_first_s`` (its bound) (default
+    off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -325,7 +326,11 @@ def schedule_pass(
         borrowed: list[Hold] = []
         if lend and req.time_limit_s is not None and holds:
             seen, holds, borrowed = borrowable(req, now, seen, holds)
-        keep = spare(req) if stage["spare"] and spare is not None else None
+        keep = (
+            spare(req)
+            if stage["spare"] and spare is not None and now - req.submitted_at < rule.oldest_first_s
+            else None
+        )
         if keep:  # first only on partly used nodes: whole free ones wait for bigger jobs
             trial = dict(holds)
             for cluster, h in keep.items():

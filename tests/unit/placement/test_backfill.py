@@ -319,3 +319,19 @@ def test_spare_whole_nodes_gives_a_free_node_to_the_job_that_needs_it_whole(
         uid: {node} for uid, node in placed.items()
     }
     assert sorted(r.uid for r, _ in result.decisions) == sorted(j.uid for j in jobs)  # once each
+
+
+def test_a_job_past_the_oldest_first_age_is_not_spared() -> None:
+    """The 16 h bound: the 1-GPU job that has waited oldest_first_s takes the whole free node
+    before the younger 8-GPU job, spare_whole_nodes or not."""
+    from gpufed.placement.holds import whole_free_nodes
+
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
+    loop = QueueLoop(s)
+    old = limited("old", 1, None, at=0.0)
+    eight = limited("eight", 8, None, at=50_000.0)
+    rule = BackfillRule(spare_whole_nodes=True)
+    result = schedule_pass(
+        [old, eight], 60_000.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
+    )
+    assert {r.uid for r, d in result.decisions if d.placed} == {"uid-old"}
