@@ -99,17 +99,22 @@ def _stream(until: float) -> list[TraceJob]:
     return sorted([*small, big], key=lambda j: j.submit_s)
 
 
-@pytest.mark.parametrize("carry", [False, True], ids=["holds bind after", "carried holds"])
+@pytest.mark.parametrize(
+    ("carry", "spare"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["defaults", "carried holds", "spared whole nodes", "both"],
+)
 def test_with_drawn_limits_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
-    carry: bool,
+    carry: bool, spare: bool
 ) -> None:
     """The starvation bound with backfill on: the limits drawn by the simulator's default model
     let small jobs run inside the big job's hold only when they end before its expected start,
     so it still starts within 16 h plus one drain (the longest small job's limit here); also
-    with carried holds (the starving 1-GPU jobs take the four holds before it here)."""
+    with carried holds (the starving 1-GPU jobs take the four holds before it here) and with
+    whole free nodes spared."""
     jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
     drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
-    rule = BackfillRule(carry_holds=carry)
+    rule = BackfillRule(carry_holds=carry, spare_whole_nodes=spare)
     res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=rule)
     assert res.placed == res.jobs
     [rec] = [r for r in res.records if r.job_id == "big"]
