@@ -132,10 +132,11 @@ class BackfillRule(BaseModel):
     borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
     fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
     (default off); ``spare_whole_nodes``: with ``schedule_pass(spare=...)``, a job smaller than
-    a node is first tried only on partly used nodes; if it finds no room there it is tried
-    again after the whole pass, anywhere: the nodes free from end to end go first to the jobs
-    of the pass that need them whole; not a job past ``oldest_first_s`` (its bound) (default
-    off).
+    a node is first tried only on partly used nodes when a job of the pass that needs whole
+    nodes is ahead of it by first-come order (higher priority, or older); if it finds no room
+    there it is tried again after the whole pass, anywhere: the nodes free from end to end go
+    first to the older jobs that need them whole, as first-admit's arrival order gives them;
+    never a job past ``oldest_first_s`` (its bound) (default off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -316,6 +317,8 @@ def schedule_pass(
     carried = _carried(walk, carry, now, hold_start if lend else None) if rule.carry_holds else {}
     deferred: list[PlacementRequest] = []  # jobs that found no room off whole free nodes
     stage = {"spare": rule.spare_whole_nodes and spare is not None}
+    # priority -> the earliest submit time of the pass's jobs that need whole nodes
+    wholes = _whole_jobs(walk, spare) if stage["spare"] and spare is not None else {}
 
     def visit(req: PlacementRequest) -> None:
         key = key_of(req)
@@ -328,7 +331,10 @@ def schedule_pass(
             seen, holds, borrowed = borrowable(req, now, seen, holds)
         keep = (
             spare(req)
-            if stage["spare"] and spare is not None and now - req.submitted_at < rule.oldest_first_s
+            if stage["spare"]
+            and spare is not None
+            and now - req.submitted_at < rule.oldest_first_s
+            and _behind(req, wholes)
             else None
         )
         if keep:  # first only on partly used nodes: whole free ones wait for bigger jobs
@@ -403,6 +409,27 @@ def schedule_pass(
     for req in deferred:  # then, in pass order, anywhere (whole free nodes the others left)
         visit(req)
     return out
+
+
+def _whole_jobs(
+    walk: list[PlacementRequest], spare: Callable[[PlacementRequest], Mapping[str, Hold]]
+) -> dict[int, float]:
+    """Priority -> the earliest submit time among the jobs of ``walk`` that need whole nodes
+    (whole GPUs, none of the whole free nodes smaller than them: ``spare`` names none)."""
+    out: dict[int, float] = {}
+    for r in walk:
+        if gpus_of(r) > 0 and not spare(r):
+            at = out.get(r.priority)
+            if at is None or r.submitted_at < at:
+                out[r.priority] = r.submitted_at
+    return out
+
+
+def _behind(req: PlacementRequest, wholes: Mapping[int, float]) -> bool:
+    """Whether a job that needs whole nodes is ahead of ``req`` by first-come order: of a
+    higher priority, or of its priority and submitted before it."""
+    at = wholes.get(req.priority)
+    return (at is not None and at < req.submitted_at) or any(p > req.priority for p in wholes)
 
 
 def _held_for(req: PlacementRequest, now: float) -> str:

@@ -296,26 +296,28 @@ def test_a_carried_hold_binds_nobody_once_its_holder_has_left_the_queue() -> Non
 
 
 @pytest.mark.parametrize(
-    ("spare", "eight", "placed"),
+    ("spare", "eight_at", "placed"),
     [
-        (False, True, {"uid-small": "a-n000"}),  # walked first, the 1-GPU job breaks a-n000
-        (True, True, {"uid-eight": "a-n000"}),  # spared: the 8-GPU job gets it whole
-        (True, False, {"uid-small": "a-n000"}),  # nobody needs it whole: the retry takes it
+        (False, 0.0, {"uid-small": "a-n000"}),  # walked first, the 1-GPU job breaks a-n000
+        (True, 0.0, {"uid-eight": "a-n000"}),  # spared: the older 8-GPU job gets it whole
+        (True, None, {"uid-small": "a-n000"}),  # nobody needs it whole: it takes it
+        (True, 150.0, {"uid-small": "a-n000"}),  # the 8-GPU job is younger: first come
     ],
 )
-def test_spare_whole_nodes_gives_a_free_node_to_the_job_that_needs_it_whole(
-    spare: bool, eight: bool, placed: dict[str, str]
+def test_spare_whole_nodes_gives_a_free_node_to_the_older_job_that_needs_it_whole(
+    spare: bool, eight_at: float | None, placed: dict[str, str]
 ) -> None:
-    """BackfillRule.spare_whole_nodes: a-n000 is free end to end, a-n001 full. The fresh 1-GPU
-    job is walked before the 8-GPU one (smallest-first); spared, it is first tried off a-n000,
-    finds no room, and is tried again after the 8-GPU job."""
+    """BackfillRule.spare_whole_nodes: a-n000 is free end to end, a-n001 full. The 1-GPU job
+    (submitted at 100 s) is walked before the 8-GPU one (smallest-first); spared (an older job
+    needs whole nodes), it is first tried off a-n000, finds no room, and is tried again after
+    the 8-GPU job."""
     from gpufed.placement.holds import whole_free_nodes
 
     s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
     loop = QueueLoop(s)
     jobs = [limited("small", 1, None, at=100.0)]
-    if eight:
-        jobs.append(limited("eight", 8, None, at=0.0))
+    if eight_at is not None:
+        jobs.append(limited("eight", 8, None, at=eight_at))
     rule = BackfillRule(spare_whole_nodes=spare)
     result = schedule_pass(
         jobs, 200.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
