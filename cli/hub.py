@@ -37,7 +37,7 @@ from gpufed.placement.queue import (
     DEFAULT_CARRY_HOLDS,
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
-    DEFAULT_SPARE_WHOLE_NODES,
+    DEFAULT_SPARE_WHOLE_NODES_S,
 )
 
 app = typer.Typer(
@@ -244,13 +244,13 @@ def run(
         ),
     ] = DEFAULT_CARRY_HOLDS,
     queue_spare_whole_nodes: Annotated[
-        bool,
+        float,
         typer.Option(
-            help="a job smaller than a node is first tried only on partly used nodes, and "
-            "anywhere only after the pass's other jobs: whole free nodes go first to the jobs "
-            "that need them whole"
+            help="seconds a job smaller than a node is first tried only on partly used nodes, "
+            "and anywhere only after the pass's other jobs: whole free nodes go first to the "
+            "jobs that need them whole (0: off)"
         ),
-    ] = DEFAULT_SPARE_WHOLE_NODES,
+    ] = DEFAULT_SPARE_WHOLE_NODES_S,
     preemption: Annotated[
         bool,
         typer.Option(
@@ -372,7 +372,7 @@ def run(
         "queue_holds_per_shape": queue_holds_per_shape,
         "queue_size_aging_s": queue_size_aging,
         "queue_carry_holds": queue_carry_holds,
-        "queue_spare_whole_nodes": queue_spare_whole_nodes,
+        "queue_spare_whole_nodes_s": queue_spare_whole_nodes,
         "preemption": preemption,
         "preemption_min_runtime_s": preemption_min_runtime,
         "preemption_max_per_hour": preemption_max_per_hour,
@@ -446,7 +446,7 @@ FLAG_OF: dict[str, str] = {
     "queue_holds_per_shape": "--queue-holds-per-shape",
     "queue_size_aging_s": "--queue-size-aging",
     "queue_carry_holds": "--queue-carry-holds/--no-queue-carry-holds",
-    "queue_spare_whole_nodes": "--queue-spare-whole-nodes/--no-queue-spare-whole-nodes",
+    "queue_spare_whole_nodes_s": "--queue-spare-whole-nodes",
     "preemption": "--preemption/--no-preemption",
     "preemption_min_runtime_s": "--preemption-min-runtime",
     "preemption_max_per_hour": "--preemption-max-per-hour",

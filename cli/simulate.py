@@ -36,7 +36,7 @@ from gpufed.placement.queue import (
     DEFAULT_CARRY_HOLDS,
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
-    DEFAULT_SPARE_WHOLE_NODES,
+    DEFAULT_SPARE_WHOLE_NODES_S,
     QUEUE_ORDERS,
     BackfillRule,
 )
@@ -218,12 +218,14 @@ def simulate_command(
         "keep off the younger jobs walked before their holder (fresh smaller ones), except "
         "those whose time limit ends before the holder's expected start.",
     ),
-    spare_whole_nodes: str = typer.Option(
-        "on" if DEFAULT_SPARE_WHOLE_NODES else "off",
+    spare_whole_nodes_s: float = typer.Option(
+        DEFAULT_SPARE_WHOLE_NODES_S,
         "--queue-spare-whole-nodes",
-        help="Policy gpufed: on, a job smaller than a node is first tried only on partly used "
-        "nodes and, if it finds no room there, again after the pass's other jobs: whole free "
-        "nodes go first to the jobs that need them whole.",
+        min=0,
+        help="Policy gpufed: seconds a job smaller than a node is first tried only on partly "
+        "used nodes and, if it finds no room there, again after the pass's other jobs: whole "
+        "free nodes go first to the jobs that need them whole (0: off; the hub's flag of the "
+        "same name and default).",
     ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
@@ -302,8 +304,10 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
     if carry_holds not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-carry-holds")
-    if spare_whole_nodes not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-spare-whole-nodes")
+    if not math.isfinite(spare_whole_nodes_s):
+        raise typer.BadParameter(
+            "must be a number of seconds >= 0", param_hint="--queue-spare-whole-nodes"
+        )
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -353,7 +357,7 @@ def simulate_command(
         hold_within_wait=hold_within_wait == "on",
         hold_candidates=hold_candidates,
         carry_holds=carry_holds == "on",
-        spare_whole_nodes=spare_whole_nodes == "on",
+        spare_whole_nodes_s=spare_whole_nodes_s,
     )
     try:
         members = load_fleet(fleet)

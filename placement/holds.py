@@ -78,7 +78,7 @@ def hold_for(
 
 
 def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Mapping[str, Hold]]:
-    """``schedule_pass``'s ``spare`` (``BackfillRule.spare_whole_nodes``) for one pass.
+    """``schedule_pass``'s ``spare`` (``BackfillRule.spare_whole_nodes_s``) for one pass.
 
     For a job, the nodes it would break: offering nodes of whole-GPU pools with every
     allocatable GPU free and more GPUs than the job asks in all (:func:`gpus_of`), as holds by

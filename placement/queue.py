@@ -69,9 +69,9 @@ DEFAULT_HOLDS_PER_SHAPE = 4
 DEFAULT_SIZE_AGING_S = 1800.0
 #: default of ``BackfillRule.carry_holds`` (the hub's ``--queue-carry-holds`` and the simulator's)
 DEFAULT_CARRY_HOLDS = False
-#: default of ``BackfillRule.spare_whole_nodes`` (the hub's ``--queue-spare-whole-nodes``, the
-#: simulator's)
-DEFAULT_SPARE_WHOLE_NODES = False
+#: default of ``BackfillRule.spare_whole_nodes_s`` (the hub's ``--queue-spare-whole-nodes``, the
+#: simulator's), seconds
+DEFAULT_SPARE_WHOLE_NODES_S = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,12 @@ class BackfillRule(BaseModel):
     priority; a job whose time limit ends by the hold's start, re-estimated now, may still
     borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
     fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
-    (default off); ``spare_whole_nodes``: with ``schedule_pass(spare=...)``, a job smaller than
-    a node is first tried only on partly used nodes when a job of the pass that needs whole
-    nodes is ahead of it by first-come order (higher priority, or older); if it finds no room
-    there it is tried again after the whole pass, anywhere: the nodes free from end to end go
-    first to the older jobs that need them whole, as first-admit's arrival order gives them;
-    never a job past ``oldest_first_s`` (its bound) (default off).
+    (default off); ``spare_whole_nodes_s``: with ``schedule_pass(spare=...)``, a job smaller
+    than a node that has waited less than this (seconds; 0: off, the default) is first tried
+    only on partly used nodes; if it finds no room there it is tried again after the whole
+    pass, anywhere: the nodes free from end to end go first to the jobs of the pass that need
+    them whole, and a small job gives them up for at most this long (never one past
+    ``oldest_first_s``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -151,7 +151,7 @@ class BackfillRule(BaseModel):
     hold_within_wait: bool = False
     hold_candidates: int = Field(default=1, ge=1, le=16)
     carry_holds: bool = DEFAULT_CARRY_HOLDS
-    spare_whole_nodes: bool = DEFAULT_SPARE_WHOLE_NODES
+    spare_whole_nodes_s: float = Field(default=DEFAULT_SPARE_WHOLE_NODES_S, ge=0)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -296,8 +296,8 @@ def schedule_pass(
     previous pass's ``PassResult.taken``; with ``rule.carry_holds`` those of holders still in
     ``queue`` bind the jobs walked before their holder (``BackfillRule.carry_holds``).
     ``spare(request)``: the whole free nodes the job would break, as holds (member -> nodes;
-    :func:`gpufed.placement.holds.whole_free_nodes`); with ``rule.spare_whole_nodes`` the job
-    is first tried off them and, if that fails, once more after the walk (in pass order, its
+    :func:`gpufed.placement.holds.whole_free_nodes`); with ``rule.spare_whole_nodes_s`` a job
+    that has waited less than that is first tried off them and, if that fails, once more after the walk (in pass order, its
     failure then the one reported and the one that may take a hold). Holds taken in the pass
     by older jobs (of its priority) bind it then, as every hold binds younger jobs.
     """
@@ -316,9 +316,8 @@ def schedule_pass(
     # the previous pass's holds, by holder not yet walked (BackfillRule.carry_holds)
     carried = _carried(walk, carry, now, hold_start if lend else None) if rule.carry_holds else {}
     deferred: list[PlacementRequest] = []  # jobs that found no room off whole free nodes
-    stage = {"spare": rule.spare_whole_nodes and spare is not None}
-    # priority -> the earliest submit time of the pass's jobs that need whole nodes
-    wholes = _whole_jobs(walk, spare) if stage["spare"] and spare is not None else {}
+    stage = {"spare": rule.spare_whole_nodes_s > 0 and spare is not None}
+    spare_until = min(rule.spare_whole_nodes_s, rule.oldest_first_s)  # a job's wait, seconds
 
     def visit(req: PlacementRequest) -> None:
         key = key_of(req)
@@ -331,10 +330,7 @@ def schedule_pass(
             seen, holds, borrowed = borrowable(req, now, seen, holds)
         keep = (
             spare(req)
-            if stage["spare"]
-            and spare is not None
-            and now - req.submitted_at < rule.oldest_first_s
-            and _behind(req, wholes)
+            if stage["spare"] and spare is not None and now - req.submitted_at < spare_until
             else None
         )
         if keep:  # first only on partly used nodes: whole free ones wait for bigger jobs
@@ -409,27 +405,6 @@ def schedule_pass(
     for req in deferred:  # then, in pass order, anywhere (whole free nodes the others left)
         visit(req)
     return out
-
-
-def _whole_jobs(
-    walk: list[PlacementRequest], spare: Callable[[PlacementRequest], Mapping[str, Hold]]
-) -> dict[int, float]:
-    """Priority -> the earliest submit time among the jobs of ``walk`` that need whole nodes
-    (whole GPUs, none of the whole free nodes smaller than them: ``spare`` names none)."""
-    out: dict[int, float] = {}
-    for r in walk:
-        if gpus_of(r) > 0 and not spare(r):
-            at = out.get(r.priority)
-            if at is None or r.submitted_at < at:
-                out[r.priority] = r.submitted_at
-    return out
-
-
-def _behind(req: PlacementRequest, wholes: Mapping[int, float]) -> bool:
-    """Whether a job that needs whole nodes is ahead of ``req`` by first-come order: of a
-    higher priority, or of its priority and submitted before it."""
-    at = wholes.get(req.priority)
-    return (at is not None and at < req.submitted_at) or any(p > req.priority for p in wholes)
 
 
 def _held_for(req: PlacementRequest, now: float) -> str:

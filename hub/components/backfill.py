@@ -91,5 +91,5 @@ def spare_nodes(
 ) -> Callable[[PlacementRequest], Mapping[str, Hold]] | None:
     """``schedule_pass``'s ``spare`` for one pass (:func:`gpufed.placement.holds.whole_free_nodes`:
     the whole free nodes a job smaller than a node is first kept off), or None when
-    ``rule.spare_whole_nodes`` is off (``--queue-spare-whole-nodes``)."""
-    return whole_free_nodes(snapshot) if rule.spare_whole_nodes else None
+    ``rule.spare_whole_nodes_s`` is 0 (``--queue-spare-whole-nodes``)."""
+    return whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None

@@ -286,7 +286,7 @@ def _run_gpufed(
             hold_start=hold_start if rule.backfill_by_limit else None,
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
             carry=carried,
-            spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes else None,
+            spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None,
         )
         carried = result.taken
         for uid, borrowed in result.backfilled.items():

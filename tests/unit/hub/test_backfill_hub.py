@@ -255,17 +255,17 @@ async def test_the_hub_carries_a_starving_jobs_hold_to_the_fresh_jobs_walked_bef
 
 async def test_the_hub_spares_a_whole_free_node_for_the_job_that_needs_it_whole() -> None:
     """--queue-spare-whole-nodes reaches the pass (spare): m1-n0 has 1 GPU free, m1-n1 all 8;
-    the 2-GPU d is walked before the older 8-GPU e. Spared, e gets m1-n1 and d waits; without it
-    d breaks m1-n1 and e waits."""
+    the 2-GPU d is walked before the 8-GPU e. Spared, e gets m1-n1 and d waits; without it d
+    breaks m1-n1 and e waits."""
     for spare, placed in ((True, "ue"), (False, "ud")):
-        cfg = HubConfig(insecure=True, queue_spare_whole_nodes=spare)
+        cfg = HubConfig(insecure=True, queue_spare_whole_nodes_s=3600.0 if spare else 0.0)
         t = Term(config=cfg)
         t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
         await _submit(t, "a", 7)
         await t.ctrl.scheduler.cycle()
         await _submit(t, "e", 8)
         t.clock.advance(1)
-        await _submit(t, "d", 2)  # younger than e
+        await _submit(t, "d", 2)
         await t.ctrl.scheduler.cycle()
         phases = {u: t.ctrl.state.jobs[u].status.phase for u in ("ud", "ue")}
         assert phases == {u: "Placed" if u == placed else "Pending" for u in phases}, phases

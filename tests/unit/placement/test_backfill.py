@@ -114,7 +114,7 @@ def test_with_drawn_limits_the_big_job_still_waits_at_most_sixteen_hours_and_a_d
     whole free nodes spared."""
     jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
     drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
-    rule = BackfillRule(carry_holds=carry, spare_whole_nodes=spare)
+    rule = BackfillRule(carry_holds=carry, spare_whole_nodes_s=3600.0 if spare else 0.0)
     res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=rule)
     assert res.placed == res.jobs
     [rec] = [r for r in res.records if r.job_id == "big"]
@@ -296,29 +296,28 @@ def test_a_carried_hold_binds_nobody_once_its_holder_has_left_the_queue() -> Non
 
 
 @pytest.mark.parametrize(
-    ("spare", "eight_at", "placed"),
+    ("spare_s", "eight", "placed"),
     [
-        (False, 0.0, {"uid-small": "a-n000"}),  # walked first, the 1-GPU job breaks a-n000
-        (True, 0.0, {"uid-eight": "a-n000"}),  # spared: the older 8-GPU job gets it whole
-        (True, None, {"uid-small": "a-n000"}),  # nobody needs it whole: it takes it
-        (True, 150.0, {"uid-small": "a-n000"}),  # the 8-GPU job is younger: first come
+        (0.0, True, {"uid-small": "a-n000"}),  # off: walked first, the 1-GPU job breaks a-n000
+        (600.0, True, {"uid-eight": "a-n000"}),  # spared: the 8-GPU job gets it whole
+        (600.0, False, {"uid-small": "a-n000"}),  # nobody needs it whole: the retry takes it
+        (100.0, True, {"uid-small": "a-n000"}),  # it has waited 100 s: no longer spared
     ],
 )
-def test_spare_whole_nodes_gives_a_free_node_to_the_older_job_that_needs_it_whole(
-    spare: bool, eight_at: float | None, placed: dict[str, str]
+def test_spare_whole_nodes_gives_a_free_node_to_the_job_that_needs_it_whole(
+    spare_s: float, eight: bool, placed: dict[str, str]
 ) -> None:
-    """BackfillRule.spare_whole_nodes: a-n000 is free end to end, a-n001 full. The 1-GPU job
-    (submitted at 100 s) is walked before the 8-GPU one (smallest-first); spared (an older job
-    needs whole nodes), it is first tried off a-n000, finds no room, and is tried again after
-    the 8-GPU job."""
+    """BackfillRule.spare_whole_nodes_s: a-n000 is free end to end, a-n001 full. The 1-GPU job
+    (waiting 100 s) is walked before the 8-GPU one (smallest-first); spared, it is first tried
+    off a-n000, finds no room, and is tried again after the 8-GPU job."""
     from gpufed.placement.holds import whole_free_nodes
 
     s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
     loop = QueueLoop(s)
     jobs = [limited("small", 1, None, at=100.0)]
-    if eight_at is not None:
-        jobs.append(limited("eight", 8, None, at=eight_at))
-    rule = BackfillRule(spare_whole_nodes=spare)
+    if eight:
+        jobs.append(limited("eight", 8, None, at=150.0))
+    rule = BackfillRule(spare_whole_nodes_s=spare_s)
     result = schedule_pass(
         jobs, 200.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
     )
@@ -330,14 +329,14 @@ def test_spare_whole_nodes_gives_a_free_node_to_the_older_job_that_needs_it_whol
 
 def test_a_job_past_the_oldest_first_age_is_not_spared() -> None:
     """The 16 h bound: the 1-GPU job that has waited oldest_first_s takes the whole free node
-    before the younger 8-GPU job, spare_whole_nodes or not."""
+    before the younger 8-GPU job, however long spare_whole_nodes_s is."""
     from gpufed.placement.holds import whole_free_nodes
 
     s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
     loop = QueueLoop(s)
     old = limited("old", 1, None, at=0.0)
     eight = limited("eight", 8, None, at=50_000.0)
-    rule = BackfillRule(spare_whole_nodes=True)
+    rule = BackfillRule(spare_whole_nodes_s=10**9)
     result = schedule_pass(
         [old, eight], 60_000.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
     )
