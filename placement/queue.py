@@ -71,7 +71,7 @@ DEFAULT_SIZE_AGING_S = 1800.0
 DEFAULT_CARRY_HOLDS = False
 #: default of ``BackfillRule.spare_whole_nodes_s`` (the hub's ``--queue-spare-whole-nodes``, the
 #: simulator's), seconds
-DEFAULT_SPARE_WHOLE_NODES_S = 0.0
+DEFAULT_SPARE_WHOLE_NODES_S = 5400.0
 
 
 @dataclass(frozen=True)
