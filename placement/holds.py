@@ -81,10 +81,13 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     """``schedule_pass``'s ``spare`` (``BackfillRule.spare_whole_nodes_s``) for one pass.
 
     For a job, the nodes it would break: offering nodes of whole-GPU pools with every
-    allocatable GPU free and more GPUs than the job asks in all (:func:`gpus_of`), as holds by
-    member (no estimated start: nothing borrows them); empty for a job of no whole GPUs. The
-    free nodes are read once, at this call (within a pass nodes only fill up)."""
-    whole: dict[str, list[tuple[int, str]]] = {}
+    allocatable GPU free and more GPUs than the job asks in all (:func:`gpus_of`), and, for a
+    job of one pod, every such node of a multi-node NVLink domain (a clique tray: the jobs of
+    several pods that need the clique whole go first; TopologyCost would have kept it off them
+    anyway, had the other whole nodes not been spared), as holds by member (no estimated
+    start: nothing borrows them); empty for a job of no whole GPUs. The free nodes are read
+    once, at this call (within a pass nodes only fill up)."""
+    whole: dict[str, list[tuple[int, str, bool]]] = {}
     for c in snapshot.clusters():
         for pool in c.pools.values():
             if pool.slices:
@@ -95,21 +98,24 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
                 for entry in pool.buckets[f]:
                     n = entry[2]
                     if n.offers and n.gpu_alloc == f:
-                        whole.setdefault(c.name, []).append((f, n.name))
-    cache: dict[int, Mapping[str, Hold]] = {}
+                        whole.setdefault(c.name, []).append((f, n.name, n.domain is not None))
+    cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
 
     def spare(request: PlacementRequest) -> Mapping[str, Hold]:
         demand = gpus_of(request)
         if demand <= 0 or not whole:
             return {}
-        out = cache.get(demand)
+        one_pod = sum(ps.count for ps in request.pod_sets) == 1
+        out = cache.get((demand, one_pod))
         if out is None:
             out = {}
             for cluster, nodes in whole.items():
-                names = frozenset(name for gpus, name in nodes if gpus > demand)
+                names = frozenset(
+                    name for gpus, name, tray in nodes if gpus > demand or (tray and one_pod)
+                )
                 if names:
                     out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
-            cache[demand] = out
+            cache[(demand, one_pod)] = out
         return out
 
     return spare

@@ -341,3 +341,19 @@ def test_a_job_past_the_oldest_first_age_is_not_spared() -> None:
         [old, eight], 60_000.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
     )
     assert {r.uid for r, d in result.decisions if d.placed} == {"uid-old"}
+
+
+def test_a_one_pod_job_is_spared_off_whole_free_clique_trays_too() -> None:
+    """whole_free_nodes: a 4-GPU job of one pod would not break a free 4-GPU GB200 tray, but the
+    tray's clique is for the jobs of several pods that need it: it is spared off it; a job of
+    several pods is not (it may need the clique)."""
+    from placement_builders import nvl72_cluster
+
+    from gpufed.placement.holds import whole_free_nodes
+
+    s = FleetSnapshot([nvl72_cluster("g", trays=2)])
+    spare = whole_free_nodes(s)
+    one = limited("one", 4, None)
+    assert set(spare(one)["g"].nodes) == set(s.cluster("g").nodes)
+    two = job("two", gpus=4, pods=2, requests={GPU: 4})
+    assert spare(two) == {}
