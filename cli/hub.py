@@ -33,7 +33,12 @@ from gpufed.hub.components.config import HubConfig, TLSConfig
 from gpufed.hub.edge import certs as hub_certs
 from gpufed.hub.edge import log as hub_log
 from gpufed.hub.edge.app import Hub
-from gpufed.placement.queue import DEFAULT_HOLDS_PER_SHAPE, DEFAULT_SIZE_AGING_S
+from gpufed.placement.queue import (
+    DEFAULT_CARRY_HOLDS,
+    DEFAULT_HOLDS_PER_SHAPE,
+    DEFAULT_SIZE_AGING_S,
+    DEFAULT_SPARE_WHOLE_NODES_S,
+)
 
 app = typer.Typer(
     help="The gpufed hub: run it, or prepare certificates, CRDs and member join tokens.",
@@ -230,6 +235,22 @@ def run(
             "not age)"
         ),
     ] = DEFAULT_SIZE_AGING_S,
+    queue_carry_holds: Annotated[
+        bool,
+        typer.Option(
+            help="the holds of the last pass whose holders still wait also keep the younger "
+            "jobs walked before their holder (fresh smaller ones) off its nodes, except jobs "
+            "whose time limit ends before the holder's expected start"
+        ),
+    ] = DEFAULT_CARRY_HOLDS,
+    queue_spare_whole_nodes: Annotated[
+        float,
+        typer.Option(
+            help="seconds a job smaller than a node is first tried only on partly used nodes, "
+            "and anywhere only after the pass's other jobs: whole free nodes go first to the "
+            "jobs that need them whole (0: off)"
+        ),
+    ] = DEFAULT_SPARE_WHOLE_NODES_S,
     preemption: Annotated[
         bool,
         typer.Option(
@@ -350,6 +371,8 @@ def run(
         "queue_max_holds": queue_max_holds,
         "queue_holds_per_shape": queue_holds_per_shape,
         "queue_size_aging_s": queue_size_aging,
+        "queue_carry_holds": queue_carry_holds,
+        "queue_spare_whole_nodes_s": queue_spare_whole_nodes,
         "preemption": preemption,
         "preemption_min_runtime_s": preemption_min_runtime,
         "preemption_max_per_hour": preemption_max_per_hour,
@@ -422,6 +445,8 @@ FLAG_OF: dict[str, str] = {
     "queue_max_holds": "--queue-max-holds",
     "queue_holds_per_shape": "--queue-holds-per-shape",
     "queue_size_aging_s": "--queue-size-aging",
+    "queue_carry_holds": "--queue-carry-holds/--no-queue-carry-holds",
+    "queue_spare_whole_nodes_s": "--queue-spare-whole-nodes",
     "preemption": "--preemption/--no-preemption",
     "preemption_min_runtime_s": "--preemption-min-runtime",
     "preemption_max_per_hour": "--preemption-max-per-hour",

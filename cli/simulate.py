@@ -33,8 +33,10 @@ from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.cli.simclasses import print_classes
 from gpufed.placement.queue import (
+    DEFAULT_CARRY_HOLDS,
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
+    DEFAULT_SPARE_WHOLE_NODES_S,
     QUEUE_ORDERS,
     BackfillRule,
 )
@@ -209,6 +211,22 @@ def simulate_command(
         help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
         "is expected to start first (1: the nodes with the most free GPUs).",
     ),
+    carry_holds: str = typer.Option(
+        "on" if DEFAULT_CARRY_HOLDS else "off",
+        "--queue-carry-holds",
+        help="Policy gpufed: on, the holds of the previous pass whose holders still wait also "
+        "keep off the younger jobs walked before their holder (fresh smaller ones), except "
+        "those whose time limit ends before the holder's expected start.",
+    ),
+    spare_whole_nodes_s: float = typer.Option(
+        DEFAULT_SPARE_WHOLE_NODES_S,
+        "--queue-spare-whole-nodes",
+        min=0,
+        help="Policy gpufed: seconds a job smaller than a node is first tried only on partly "
+        "used nodes and, if it finds no room there, again after the pass's other jobs: whole "
+        "free nodes go first to the jobs that need them whole (0: off; the hub's flag of the "
+        "same name and default).",
+    ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
     old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
@@ -284,6 +302,12 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
     if hold_within_wait not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
+    if carry_holds not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-carry-holds")
+    if not math.isfinite(spare_whole_nodes_s):
+        raise typer.BadParameter(
+            "must be a number of seconds >= 0", param_hint="--queue-spare-whole-nodes"
+        )
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -332,6 +356,8 @@ def simulate_command(
         size_aging_s=size_aging_s,
         hold_within_wait=hold_within_wait == "on",
         hold_candidates=hold_candidates,
+        carry_holds=carry_holds == "on",
+        spare_whole_nodes_s=spare_whole_nodes_s,
     )
     try:
         members = load_fleet(fleet)

@@ -7,7 +7,7 @@ which member it should hold so that the work running there drains until it fits 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
@@ -17,7 +17,7 @@ from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo, PoolMemo
 from gpufed.placement.plugins import never_reason, plugins_for
 from gpufed.placement.policy import Policy
-from gpufed.placement.queue import Hold
+from gpufed.placement.queue import Hold, gpus_of
 from gpufed.placement.quota import JobQuota
 from gpufed.placement.shape import JobShape, PodSetShape
 from gpufed.placement.snapshot import FleetSnapshot
@@ -75,6 +75,50 @@ def hold_for(
     if best is None:
         return None
     return Hold(best[1], best[2], f"held for {request.job}")
+
+
+def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Mapping[str, Hold]]:
+    """``schedule_pass``'s ``spare`` (``BackfillRule.spare_whole_nodes_s``) for one pass.
+
+    For a job, the nodes it would break: offering nodes of whole-GPU pools with every
+    allocatable GPU free and more GPUs than the job asks in all (:func:`gpus_of`), and, for a
+    job of one pod, every such node of a multi-node NVLink domain (a clique tray: the jobs of
+    several pods that need the clique whole go first; TopologyCost would have kept it off them
+    anyway, had the other whole nodes not been spared), as holds by member (no estimated
+    start: nothing borrows them); empty for a job of no whole GPUs. The free nodes are read
+    once, at this call (within a pass nodes only fill up)."""
+    whole: dict[str, list[tuple[int, str, bool]]] = {}
+    for c in snapshot.clusters():
+        for pool in c.pools.values():
+            if pool.slices:
+                continue
+            for f in range(len(pool.buckets) - 1, 0, -1):
+                if not pool.counts[f]:
+                    continue
+                for entry in pool.buckets[f]:
+                    n = entry[2]
+                    if n.offers and n.gpu_alloc == f:
+                        whole.setdefault(c.name, []).append((f, n.name, n.domain is not None))
+    cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
+
+    def spare(request: PlacementRequest) -> Mapping[str, Hold]:
+        demand = gpus_of(request)
+        if demand <= 0 or not whole:
+            return {}
+        one_pod = sum(ps.count for ps in request.pod_sets) == 1
+        out = cache.get((demand, one_pod))
+        if out is None:
+            out = {}
+            for cluster, nodes in whole.items():
+                names = frozenset(
+                    name for gpus, name, tray in nodes if gpus > demand or (tray and one_pod)
+                )
+                if names:
+                    out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
+            cache[(demand, one_pod)] = out
+        return out
+
+    return spare
 
 
 def _nodes_to_hold(

@@ -36,6 +36,10 @@ Backfill rule (docs/placement.md, "Queue and backfill"):
   still turns holds off), so its wait is
   bounded by ``oldest_first_s`` plus one drain of its nodes, within a queue (with GPUQueues,
   fair share orders the queues first).
+* with ``BackfillRule.carry_holds``, the holds of the previous pass whose holders still wait
+  also bind the jobs walked *before* their holder that the holder's hold would bind (younger or
+  of lower priority: under ``smallest-first`` the fresh smaller jobs), until the holder is
+  walked and holds afresh; a job whose time limit ends by the hold's start may still borrow it.
 
 Within one pass the fleet only loses capacity, so a job whose constraints and pod sets equal
 those of a job that already failed in the pass is answered from that failure without calling
@@ -44,7 +48,7 @@ those of a job that already failed in the pass is answered from that failure wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,6 +67,11 @@ QueueOrder = Literal["smallest-first", "fifo"]
 #: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
 DEFAULT_HOLDS_PER_SHAPE = 4
 DEFAULT_SIZE_AGING_S = 1800.0
+#: default of ``BackfillRule.carry_holds`` (the hub's ``--queue-carry-holds`` and the simulator's)
+DEFAULT_CARRY_HOLDS = False
+#: default of ``BackfillRule.spare_whole_nodes_s`` (the hub's ``--queue-spare-whole-nodes``, the
+#: simulator's), seconds
+DEFAULT_SPARE_WHOLE_NODES_S = 5400.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,19 @@ class BackfillRule(BaseModel):
     drain longer than the wait so far idles no GPUs yet (default off); ``hold_candidates``:
     with ``hold_avoiding`` and ``hold_start``, a starving job weighs this many node sets
     (``hold_for``'s choice, then the next ones ``hold_avoiding`` names) and holds the one where
-    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice).
+    it is expected to start first (Slurm reserves the earliest start; 1: ``hold_for``'s choice);
+    ``carry_holds``: the holds the previous pass took (``schedule_pass(carry=...)``, from its
+    ``PassResult.taken``) whose holders still wait bind, from the start of the pass, the jobs
+    walked before their holder that a hold of that holder would bind (younger or of lower
+    priority; a job whose time limit ends by the hold's start, re-estimated now, may still
+    borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
+    fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
+    (default off); ``spare_whole_nodes_s``: with ``schedule_pass(spare=...)``, a job smaller
+    than a node that has waited less than this (seconds; 0: off, the default) is first tried
+    only on partly used nodes; if it finds no room there it is tried again after the whole
+    pass, anywhere: the nodes free from end to end go first to the jobs of the pass that need
+    them whole, and a small job gives them up for at most this long (never one past
+    ``oldest_first_s``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -129,6 +150,8 @@ class BackfillRule(BaseModel):
     size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0)
     hold_within_wait: bool = False
     hold_candidates: int = Field(default=1, ge=1, le=16)
+    carry_holds: bool = DEFAULT_CARRY_HOLDS
+    spare_whole_nodes_s: float = Field(default=DEFAULT_SPARE_WHOLE_NODES_S, ge=0)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -229,6 +252,8 @@ class PassResult:
     holds: dict[str, Hold] = field(default_factory=dict)
     #: job UID -> the hold it ran inside as backfill (placed on nodes of a borrowed hold)
     backfilled: dict[str, Hold] = field(default_factory=dict)
+    #: every hold the pass took, with its holder, in the order taken (the next pass's ``carry``)
+    taken: list[tuple[PlacementRequest, Hold]] = field(default_factory=list)
 
     @property
     def placed(self) -> list[tuple[PlacementRequest, Decision]]:
@@ -248,6 +273,8 @@ def schedule_pass(
     key_of: Callable[[PlacementRequest], Any] = fit_key,
     hold_start: Callable[[PlacementRequest, Hold], float | None] | None = None,
     hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
+    carry: Sequence[tuple[PlacementRequest, Hold]] = (),
+    spare: Callable[[PlacementRequest], Mapping[str, Hold]] | None = None,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -265,7 +292,14 @@ def schedule_pass(
     as before. ``hold_avoiding(request,
     holds)``: ``hold_for`` that does not name nodes of the pass's ``holds`` so far
     (:func:`gpufed.placement.hold_for` with ``avoid``); with it, up to
-    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass.
+    ``rule.holds_per_shape`` starving jobs of one shape hold nodes in one pass. ``carry``: the
+    previous pass's ``PassResult.taken``; with ``rule.carry_holds`` those of holders still in
+    ``queue`` bind the jobs walked before their holder (``BackfillRule.carry_holds``).
+    ``spare(request)``: the whole free nodes the job would break, as holds (member -> nodes;
+    :func:`gpufed.placement.holds.whole_free_nodes`); with ``rule.spare_whole_nodes_s`` a job
+    that has waited less than that is first tried off them and, if that fails, once more after the walk (in pass order, its
+    failure then the one reported and the one that may take a hold). Holds taken in the pass
+    by older jobs (of its priority) bind it then, as every hold binds younger jobs.
     """
     rule = rule or BackfillRule()
     out = PassResult()
@@ -278,29 +312,66 @@ def schedule_pass(
     # every hold of the pass in the order it was taken: (holder priority, holder submit, hold)
     holders: list[tuple[int, float, Hold]] = []
     capped = 0  # holds taken by jobs that had not waited oldest_first_s (the ones max_holds caps)
-    for req in queue if presorted else sorted(queue, key=pass_key(now, rule)):
+    walk = list(queue) if presorted else sorted(queue, key=pass_key(now, rule))
+    # the previous pass's holds, by holder not yet walked (BackfillRule.carry_holds)
+    carried = _carried(walk, carry, now, hold_start if lend else None) if rule.carry_holds else {}
+    deferred: list[PlacementRequest] = []  # jobs that found no room off whole free nodes
+    stage = {"spare": rule.spare_whole_nodes_s > 0 and spare is not None}
+    spare_until = min(rule.spare_whole_nodes_s, rule.oldest_first_s)  # a job's wait, seconds
+
+    def visit(req: PlacementRequest) -> None:
         key = key_of(req)
         seen, holds = _holds_binding(req, holders, out.holds)
+        if carried:
+            carried.pop(req.uid, None)  # its own hold: it is walked now and holds afresh
+            seen, holds = _carried_binding(req, seen, holds, carried)
         borrowed: list[Hold] = []
         if lend and req.time_limit_s is not None and holds:
             seen, holds, borrowed = borrowable(req, now, seen, holds)
-        prev = failed.get(key)
-        if prev is not None and prev[0] == seen:
-            if not record_skipped:
-                d = prev[1]
-            else:
-                d = prev[1].model_copy(update={"job": req.job, "uid": req.uid, "decided_at": now})
-                out.decisions.append((req, d))
+        keep = (
+            spare(req)
+            if stage["spare"] and spare is not None and now - req.submitted_at < spare_until
+            else None
+        )
+        if keep:  # first only on partly used nodes: whole free ones wait for bigger jobs
+            trial = dict(holds)
+            for cluster, h in keep.items():
+                prior = trial.get(cluster)
+                trial[cluster] = prior.merged(h) if prior else h
+            prev = failed.get(("spare", key))
+            if prev is not None and prev[0] == seen:
+                deferred.append(req)
+                return
+            d = attempt(req, trial)
+            if d.outcome == Outcome.UNSCHEDULABLE:
+                failed[("spare", key)] = (seen, d)
+                deferred.append(req)
+                return
         else:
+            prev = failed.get(key)
+            if prev is not None and prev[0] == seen:
+                if not record_skipped:
+                    d = prev[1]
+                else:
+                    d = prev[1].model_copy(
+                        update={"job": req.job, "uid": req.uid, "decided_at": now}
+                    )
+                    out.decisions.append((req, d))
+                _hold(req, d, key)
+                return
             d = attempt(req, holds)
             if d.outcome == Outcome.UNSCHEDULABLE:
                 failed[key] = (seen, d)
-            elif borrowed and d.outcome == Outcome.PLACED:
-                inside = ran_inside(d, borrowed)
-                if inside is not None:
-                    out.backfilled[req.uid] = inside
-                    d = d.model_copy(update={"message": backfill_note(d, req, now, inside)})
-            out.decisions.append((req, d))
+        if borrowed and d.outcome == Outcome.PLACED:
+            inside = ran_inside(d, borrowed)
+            if inside is not None:
+                out.backfilled[req.uid] = inside
+                d = d.model_copy(update={"message": backfill_note(d, req, now, inside)})
+        out.decisions.append((req, d))
+        _hold(req, d, key)
+
+    def _hold(req: PlacementRequest, d: Decision, key: Any) -> None:
+        nonlocal capped
         waited = now - req.submitted_at
         old = waited >= rule.oldest_first_s
         if (
@@ -320,19 +391,73 @@ def schedule_pass(
             if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
                 hold = None  # its nodes would drain longer than it has waited: not yet
             if hold is not None:
-                hold = Hold(
-                    hold.cluster,
-                    hold.nodes,
-                    f"held for {req.job} (priority {req.priority}, waiting "
-                    f"{waited:.0f} s) by the backfill rule",
-                    starts if lend else None,
-                )
+                hold = Hold(hold.cluster, hold.nodes, _held_for(req, now), starts if lend else None)
                 prior = out.holds.get(hold.cluster)
                 out.holds[hold.cluster] = prior.merged(hold) if prior else hold
                 holders.append((req.priority, req.submitted_at, hold))
+                out.taken.append((req, hold))
                 if not old:
                     capped += 1
+
+    for req in walk:
+        visit(req)
+    stage["spare"] = False
+    for req in deferred:  # then, in pass order, anywhere (whole free nodes the others left)
+        visit(req)
     return out
+
+
+def _held_for(req: PlacementRequest, now: float) -> str:
+    """A backfill-rule hold's reason (what ``gpufed explain`` shows of held nodes)."""
+    return (
+        f"held for {req.job} (priority {req.priority}, waiting "
+        f"{now - req.submitted_at:.0f} s) by the backfill rule"
+    )
+
+
+def _carried(
+    walk: list[PlacementRequest],
+    carry: Sequence[tuple[PlacementRequest, Hold]],
+    now: float,
+    hold_start: Callable[[PlacementRequest, Hold], float | None] | None,
+) -> dict[str, tuple[int, float, Hold]]:
+    """Holder UID -> (priority, submit time, hold) of the carried holds whose holders are in
+    ``walk``; each hold's start re-estimated at ``now`` (None without ``hold_start``: it lends
+    nothing)."""
+    if not carry:
+        return {}
+    waiting = {r.uid for r in walk}
+    out: dict[str, tuple[int, float, Hold]] = {}
+    for holder, h in carry:
+        if holder.uid in waiting and holder.uid not in out:
+            starts = hold_start(holder, h) if hold_start is not None else None
+            hold = Hold(h.cluster, h.nodes, _held_for(holder, now), starts)
+            out[holder.uid] = (holder.priority, holder.submitted_at, hold)
+    return out
+
+
+def _carried_binding(
+    req: PlacementRequest,
+    seen: Any,
+    holds: Mapping[str, Hold],
+    carried: Mapping[str, tuple[int, float, Hold]],
+) -> tuple[Any, Mapping[str, Hold]]:
+    """``holds`` (token ``seen``) plus the carried holds that bind ``req``: those of a
+    higher-priority holder, or of one of its priority submitted at or before it (as
+    :func:`_holds_binding`: an older job is never held back by a younger one's hold)."""
+    picked = sorted(
+        uid
+        for uid, (p, at, _) in carried.items()
+        if p > req.priority or (p == req.priority and at <= req.submitted_at)
+    )
+    if not picked:
+        return seen, holds
+    out = dict(holds)
+    for uid in picked:
+        h = carried[uid][2]
+        prior = out.get(h.cluster)
+        out[h.cluster] = prior.merged(h) if prior else h
+    return (seen, tuple(picked)), out
 
 
 def _holds_binding(

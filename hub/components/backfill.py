@@ -30,6 +30,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.hub.components.term import JobState
 from gpufed.placement import FleetSnapshot, Hold, Policy, hold_for
 from gpufed.placement.backfill import expected_start, releases_on
+from gpufed.placement.holds import whole_free_nodes
 from gpufed.placement.queue import BackfillRule, gpus_of
 from gpufed.placement.quota import QuotaGate
 
@@ -83,3 +84,12 @@ def hold_avoiding(
         return hold_for(req, snapshot, policy, gate.for_request(req), avoid=held)
 
     return avoiding
+
+
+def spare_nodes(
+    snapshot: FleetSnapshot, rule: BackfillRule
+) -> Callable[[PlacementRequest], Mapping[str, Hold]] | None:
+    """``schedule_pass``'s ``spare`` for one pass (:func:`gpufed.placement.holds.whole_free_nodes`:
+    the whole free nodes a job smaller than a node is first kept off), or None when
+    ``rule.spare_whole_nodes_s`` is 0 (``--queue-spare-whole-nodes``)."""
+    return whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None

@@ -20,8 +20,10 @@ from gpufed.hub.rules.managed import UNMANAGEABLE
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.preemption import PreemptionRules
 from gpufed.placement.queue import (
+    DEFAULT_CARRY_HOLDS,
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
+    DEFAULT_SPARE_WHOLE_NODES_S,
     BackfillRule,
     QueueOrder,
 )
@@ -126,7 +128,13 @@ class HubConfig(BaseModel):
       docs/placement.md, "Queue and backfill"); ``queue_holds_per_shape``: starving jobs of one
       shape that hold different nodes in one pass (1 to 64; 1: one per shape per pass), within
       ``queue_max_holds``; ``queue_size_aging_s``: with ``smallest-first``, a job's size in the
-      order is divided by ``1 + waited / queue_size_aging_s`` (0: sizes do not age). Their
+      order is divided by ``1 + waited / queue_size_aging_s`` (0: sizes do not age);
+      ``queue_carry_holds``: the holds of the previous pass whose holders still wait also keep
+      the younger jobs walked before their holder off its nodes (``BackfillRule.carry_holds``,
+      except jobs whose time limit ends before the holder's expected start);
+      ``queue_spare_whole_nodes_s``: a job smaller than a node that has waited less than this
+      is first tried only on partly used nodes, and anywhere only after the pass's other jobs
+      (``BackfillRule.spare_whole_nodes_s``; 0: off). Their
       defaults are ``BackfillRule``'s, so the hub runs what ``gpufed simulate`` measures.
     - ``preemption``: a job left Unschedulable whose PriorityClass has ``preemptionPolicy:
       PreemptLowerPriority`` preempts lower-priority jobs (and reclaims its queue's nominal
@@ -206,6 +214,10 @@ class HubConfig(BaseModel):
     queue_max_holds: int = Field(default=4, ge=0, le=1000)
     queue_holds_per_shape: int = Field(default=DEFAULT_HOLDS_PER_SHAPE, ge=1, le=64)
     queue_size_aging_s: float = Field(default=DEFAULT_SIZE_AGING_S, ge=0, le=365 * 86400)
+    queue_carry_holds: bool = DEFAULT_CARRY_HOLDS
+    queue_spare_whole_nodes_s: float = Field(
+        default=DEFAULT_SPARE_WHOLE_NODES_S, ge=0, le=365 * 86400
+    )
     preemption: bool = True
     preemption_min_runtime_s: float = Field(default=0.0, ge=0)
     preemption_max_per_hour: int = Field(default=3, ge=1)
@@ -232,6 +244,8 @@ class HubConfig(BaseModel):
             order=self.queue_order,
             holds_per_shape=self.queue_holds_per_shape,
             size_aging_s=self.queue_size_aging_s,
+            carry_holds=self.queue_carry_holds,
+            spare_whole_nodes_s=self.queue_spare_whole_nodes_s,
         )
 
     @property

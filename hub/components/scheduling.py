@@ -51,7 +51,7 @@ from gpufed.api.gpujob import Retry
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
-from gpufed.hub.components.backfill import hold_avoiding, hold_start
+from gpufed.hub.components.backfill import hold_avoiding, hold_start, spare_nodes
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
@@ -127,6 +127,8 @@ class Scheduler:
             reservation_ttl_s=term.config.reservation_ttl_s,
         )
         self._backfill = term.config.backfill_rule
+        #: the last pass's backfill holds, by holder (BackfillRule.carry_holds)
+        self._carried: list[tuple[PlacementRequest, Hold]] = []
 
     async def run(self) -> None:
         """Run a cycle each time one is due (:meth:`HubState.kick`, :meth:`HubState.want`),
@@ -232,7 +234,10 @@ class Scheduler:
             key_of=key_of,
             hold_start=hold_start(self._snapshot, self._term.state.jobs, now),
             hold_avoiding=hold_avoiding(self._snapshot, self._policy, gate, self._backfill),
+            carry=self._carried,
+            spare=spare_nodes(self._snapshot, self._backfill),
         )
+        self._carried = result.taken
         # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
         answers = await self._preemption.run(
             result.decisions,

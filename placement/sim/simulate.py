@@ -59,7 +59,7 @@ from gpufed.api.request import PlacementRequest
 from gpufed.api.resources import resource_list
 from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
-from gpufed.placement.holds import hold_for
+from gpufed.placement.holds import hold_for, whole_free_nodes
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import BackfillRule, Hold, pass_key, schedule_pass
 from gpufed.placement.sim.simbaselines import run_baseline
@@ -251,6 +251,7 @@ def _run_gpufed(
         key = sim.by_uid[req.uid].key
         return (req.queue, key) if gate is not None and gate.enforce else key
 
+    carried: list[tuple[PlacementRequest, Hold]] = []  # the last pass's holds (carry_holds)
     for now, finished, arrived, node_events in _drain(sim, horizon):
         if qs is not None:
             qs.sample_until(now)
@@ -284,7 +285,10 @@ def _run_gpufed(
             key_of=key_of,
             hold_start=hold_start if rule.backfill_by_limit else None,
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
+            carry=carried,
+            spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None,
         )
+        carried = result.taken
         for uid, borrowed in result.backfilled.items():
             run = sim.by_uid[uid]
             if run.backfill is None:

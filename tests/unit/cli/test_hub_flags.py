@@ -146,6 +146,8 @@ def test_the_backfill_knobs_reach_the_hub_config_with_the_simulators_defaults(
         sim = get_command(app).commands["simulate"]  # type: ignore[attr-defined]
         defaults = {p.name: p.default for p in sim.params}
         assert (defaults["holds_per_shape"], defaults["size_aging_s"]) == (4, 1800.0)
+        assert defaults["carry_holds"] == ("on" if rule.carry_holds else "off")
+        assert defaults["spare_whole_nodes_s"] == rule.spare_whole_nodes_s
         assert rule == BackfillRule()
 
 

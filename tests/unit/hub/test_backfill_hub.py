@@ -221,3 +221,51 @@ async def test_the_hub_lets_several_starving_jobs_of_one_shape_hold_different_no
     one = await _two_starving_eights(1)
     assert one.ctrl.state.jobs["ud"].status.phase == "Placed"
     assert one.ctrl.state.jobs["uc2"].status.phase == "Pending"
+
+
+async def _fresh_small_beside_a_starving_eight(carry: bool) -> Term:
+    """One node, 6 of 8 GPUs busy (a job without a limit); c (8 GPUs) starves and holds it; then
+    a fresh 2-GPU job d without a limit, walked before c (smallest-first, before the
+    oldest-first age)."""
+    cfg = HubConfig(insecure=True, queue_starvation_s=STARVE_S, queue_carry_holds=carry)
+    t = Term(config=cfg)
+    t.member("m1", hgx_node("m1-n0"))
+    await _submit(t, "a", 6)
+    await t.ctrl.scheduler.cycle()
+    await _submit(t, "c", 8)
+    await t.ctrl.scheduler.cycle()
+    t.clock.advance(STARVE_S + 1)
+    await t.ctrl.scheduler.cycle()  # c holds m1-n0 (it cannot start before a ends)
+    await _submit(t, "d", 2)
+    await t.ctrl.scheduler.cycle()
+    return t
+
+
+async def test_the_hub_carries_a_starving_jobs_hold_to_the_fresh_jobs_walked_before_it() -> None:
+    """--queue-carry-holds reaches the pass (carry): the hold c took in the last pass keeps the
+    younger d, walked first, off the node c drains; without it d takes 2 of the GPUs c waits for.
+    """
+    held = await _fresh_small_beside_a_starving_eight(True)
+    d = held.ctrl.state.jobs["ud"]
+    assert d.status.phase == "Pending"
+    assert "held for team-a/c" in d.status.message, d.status.message
+    free = await _fresh_small_beside_a_starving_eight(False)
+    assert free.ctrl.state.jobs["ud"].status.phase == "Placed"
+
+
+async def test_the_hub_spares_a_whole_free_node_for_the_job_that_needs_it_whole() -> None:
+    """--queue-spare-whole-nodes reaches the pass (spare): m1-n0 has 1 GPU free, m1-n1 all 8;
+    the 2-GPU d is walked before the 8-GPU e. Spared, e gets m1-n1 and d waits; without it d
+    breaks m1-n1 and e waits."""
+    for spare, placed in ((True, "ue"), (False, "ud")):
+        cfg = HubConfig(insecure=True, queue_spare_whole_nodes_s=3600.0 if spare else 0.0)
+        t = Term(config=cfg)
+        t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
+        await _submit(t, "a", 7)
+        await t.ctrl.scheduler.cycle()
+        await _submit(t, "e", 8)
+        t.clock.advance(1)
+        await _submit(t, "d", 2)
+        await t.ctrl.scheduler.cycle()
+        phases = {u: t.ctrl.state.jobs[u].status.phase for u in ("ud", "ue")}
+        assert phases == {u: "Placed" if u == placed else "Pending" for u in phases}, phases

@@ -99,17 +99,27 @@ def _stream(until: float) -> list[TraceJob]:
     return sorted([*small, big], key=lambda j: j.submit_s)
 
 
-def test_with_drawn_limits_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain() -> None:
+@pytest.mark.parametrize(
+    ("carry", "spare"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["defaults", "carried holds", "spared whole nodes", "both"],
+)
+def test_with_drawn_limits_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
+    carry: bool, spare: bool
+) -> None:
     """The starvation bound with backfill on: the limits drawn by the simulator's default model
     let small jobs run inside the big job's hold only when they end before its expected start,
-    so it still starts within 16 h plus one drain (the longest small job's limit here)."""
+    so it still starts within 16 h plus one drain (the longest small job's limit here); also
+    with carried holds (the starving 1-GPU jobs take the four holds before it here) and with
+    whole free nodes spared."""
     jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
     drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
-    res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=BackfillRule())
+    rule = BackfillRule(carry_holds=carry, spare_whole_nodes_s=3600.0 if spare else 0.0)
+    res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=rule)
     assert res.placed == res.jobs
     [rec] = [r for r in res.records if r.job_id == "big"]
     assert rec.wait_s is not None
-    assert 57_600 <= rec.wait_s <= 57_600 + drain
+    assert rec.wait_s <= 57_600 + drain
     report = class_report(res.records)
     assert report["time_limited"] == res.jobs
     assert report["backfill_limit_hits"] == 0  # drawn limits are never below the runtime
@@ -227,3 +237,123 @@ def test_a_starving_job_holds_the_candidate_where_it_is_expected_to_start_first(
     )
     assert result.holds["a"].nodes == {node}
     assert result.holds["a"].starts_at == starts[node]
+
+
+@pytest.mark.parametrize(
+    ("carry", "small", "placed", "borrowed"),
+    [
+        (False, limited("fresh", 1, None, at=4050.0), True, False),  # off: it takes a-n000
+        (True, limited("fresh", 1, None, at=4050.0), False, False),  # carried: kept off
+        (True, limited("fresh", 1, 900.0, at=4050.0), True, True),  # ends by the start
+        (True, limited("fresh", 1, 901.0, at=4050.0), False, False),  # a second too long
+        (True, limited("older", 1, None, at=-100.0), True, False),  # older than the holder
+    ],
+)
+def test_carried_holds_keep_younger_jobs_walked_first_off_the_draining_nodes(
+    carry: bool, small: PlacementRequest, placed: bool, borrowed: bool
+) -> None:
+    """BackfillRule.carry_holds: the 8-GPU job (submitted at 0) held a-n000 (4 of 8 free) in
+    the pass at 4,000 s; in the next one, at 4,100 s, a 1-GPU job is walked before it
+    (smallest-first). Carried, the hold keeps a younger job off a-n000 (a-n001 is full) unless
+    its limit ends by the holder's re-estimated start (5,000 s); an older job is never kept off.
+    The carried hold ends when its holder is walked: it holds afresh (the same nodes)."""
+    s = FleetSnapshot([hgx_cluster("a", free=[4, 0])])
+    loop = Loop(s, 5000.0)
+    big = limited("big", 8, None, at=0.0)
+    rule = BackfillRule(carry_holds=carry)
+    first = schedule_pass(
+        [big], 4000.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start
+    )
+    assert [(r.uid, h.nodes) for r, h in first.taken] == [("uid-big", {"a-n000"})]
+    result = schedule_pass(
+        [big, small],
+        4100.0,
+        loop.attempt,
+        loop.hold_for,
+        rule,
+        hold_start=loop.hold_start,
+        carry=first.taken,
+    )
+    assert [r.uid for r, _ in result.decisions] == [small.uid, "uid-big"]  # small walked first
+    d = result.decisions[0][1]
+    assert d.placed is placed
+    assert (small.uid in result.backfilled) is borrowed
+    if not placed:
+        assert "held for ns/big" in d.message
+    assert [(r.uid, h.nodes) for r, h in result.taken] == [("uid-big", {"a-n000"})]
+
+
+def test_a_carried_hold_binds_nobody_once_its_holder_has_left_the_queue() -> None:
+    s = FleetSnapshot([hgx_cluster("a", free=[4, 0])])
+    loop = Loop(s, 5000.0)
+    rule = BackfillRule(carry_holds=True)
+    carry = [(limited("gone", 8, None, at=0.0), Hold("a", frozenset({"a-n000"}), "held"))]
+    fresh = limited("fresh", 1, None, at=4050.0)
+    result = schedule_pass(
+        [fresh], 4100.0, loop.attempt, loop.hold_for, rule, hold_start=loop.hold_start, carry=carry
+    )
+    assert result.decisions[0][1].placed
+
+
+@pytest.mark.parametrize(
+    ("spare_s", "eight", "placed"),
+    [
+        (0.0, True, {"uid-small": "a-n000"}),  # off: walked first, the 1-GPU job breaks a-n000
+        (600.0, True, {"uid-eight": "a-n000"}),  # spared: the 8-GPU job gets it whole
+        (600.0, False, {"uid-small": "a-n000"}),  # nobody needs it whole: the retry takes it
+        (100.0, True, {"uid-small": "a-n000"}),  # it has waited 100 s: no longer spared
+    ],
+)
+def test_spare_whole_nodes_gives_a_free_node_to_the_job_that_needs_it_whole(
+    spare_s: float, eight: bool, placed: dict[str, str]
+) -> None:
+    """BackfillRule.spare_whole_nodes_s: a-n000 is free end to end, a-n001 full. The 1-GPU job
+    (waiting 100 s) is walked before the 8-GPU one (smallest-first); spared, it is first tried
+    off a-n000, finds no room, and is tried again after the 8-GPU job."""
+    from gpufed.placement.holds import whole_free_nodes
+
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
+    loop = QueueLoop(s)
+    jobs = [limited("small", 1, None, at=100.0)]
+    if eight:
+        jobs.append(limited("eight", 8, None, at=150.0))
+    rule = BackfillRule(spare_whole_nodes_s=spare_s)
+    result = schedule_pass(
+        jobs, 200.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
+    )
+    assert {r.uid: set(gpus_on(d)) for r, d in result.decisions if d.placed} == {
+        uid: {node} for uid, node in placed.items()
+    }
+    assert sorted(r.uid for r, _ in result.decisions) == sorted(j.uid for j in jobs)  # once each
+
+
+def test_a_job_past_the_oldest_first_age_is_not_spared() -> None:
+    """The 16 h bound: the 1-GPU job that has waited oldest_first_s takes the whole free node
+    before the younger 8-GPU job, however long spare_whole_nodes_s is."""
+    from gpufed.placement.holds import whole_free_nodes
+
+    s = FleetSnapshot([hgx_cluster("a", free=[8, 0])])
+    loop = QueueLoop(s)
+    old = limited("old", 1, None, at=0.0)
+    eight = limited("eight", 8, None, at=50_000.0)
+    rule = BackfillRule(spare_whole_nodes_s=10**9)
+    result = schedule_pass(
+        [old, eight], 60_000.0, loop.attempt, loop.hold_for, rule, spare=whole_free_nodes(s)
+    )
+    assert {r.uid for r, d in result.decisions if d.placed} == {"uid-old"}
+
+
+def test_a_one_pod_job_is_spared_off_whole_free_clique_trays_too() -> None:
+    """whole_free_nodes: a 4-GPU job of one pod would not break a free 4-GPU GB200 tray, but the
+    tray's clique is for the jobs of several pods that need it: it is spared off it; a job of
+    several pods is not (it may need the clique)."""
+    from placement_builders import nvl72_cluster
+
+    from gpufed.placement.holds import whole_free_nodes
+
+    s = FleetSnapshot([nvl72_cluster("g", trays=2)])
+    spare = whole_free_nodes(s)
+    one = limited("one", 4, None)
+    assert set(spare(one)["g"].nodes) == set(s.cluster("g").nodes)
+    two = job("two", gpus=4, pods=2, requests={GPU: 4})
+    assert spare(two) == {}
