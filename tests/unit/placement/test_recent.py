@@ -71,8 +71,7 @@ def test_held_back_exactly_when_the_fleet_before_the_changes_could_hold_the_job(
                 if r < 0.35:
                     s.remove_node(m, n.name)
                 elif r < 0.5:  # GPUs withdrawn
-                    alloc = {**n.allocatable, "nvidia.com/gpu": 0}
-                    s.upsert_node(m, n.model_copy(update={"allocatable": alloc}))
+                    s.upsert_node(m, _withdrawn(n))
         for j in JOBS:
             now_rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
             ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
@@ -128,6 +127,22 @@ def _not_ready(n: NodeInventory) -> NodeInventory:
     return n.model_copy(update={"ready": False, "taints": (*n.taints, UNREACHABLE)})
 
 
+def _withdrawn(n: NodeInventory) -> NodeInventory:
+    return n.model_copy(update={"allocatable": {**n.allocatable, "nvidia.com/gpu": 0}})
+
+
+def _fails_for_good_exactly_when_the_fleet_before_could_not(
+    s: FleetSnapshot, before: dict[str, list[NodeInventory]]
+) -> None:
+    """Every job of JOBS fails for good on ``s`` (rejected and not held back by its memory)
+    exactly when ``place()`` on the fleet ``before``, built afresh, rejects it."""
+    for j in JOBS:
+        ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
+        rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
+        held = rejected and recent_could_hold(j, s, s.recent, POLICY, 0) is not None  # type: ignore[arg-type]
+        assert (rejected and not held) == (not ever), j.job
+
+
 def test_a_node_condition_taint_alone_never_makes_a_job_fail_for_good() -> None:
     # The reference is place() on the fleet before the nodes went NotReady (built afresh, no
     # taints): a job it could hold must not be rejected while some nodes are NotReady (found
@@ -162,16 +177,11 @@ def test_a_job_fails_for_good_exactly_when_the_fleet_before_the_faults_could_not
                 if r < 0.25 and i:  # a member with no node left is unknown, not "never"
                     s.remove_node(m, n.name)
                 elif r < 0.45:  # GPUs withdrawn (the node may be NotReady too)
-                    alloc = {**n.allocatable, "nvidia.com/gpu": 0}
-                    gone = n.model_copy(update={"allocatable": alloc})
+                    gone = _withdrawn(n)
                     s.upsert_node(m, _not_ready(gone) if rng.random() < 0.5 else gone)
                 elif r < 0.7:
                     s.upsert_node(m, _not_ready(n))
-        for j in JOBS:
-            ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
-            rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
-            held = rejected and recent_could_hold(j, s, s.recent, POLICY, 0) is not None  # type: ignore[arg-type]
-            assert (rejected and not held) == (not ever), j.job
+        _fails_for_good_exactly_when_the_fleet_before_could_not(s, before)
 
 
 def test_the_soak_s_two_gb200_trays_one_unreachable_the_other_without_gpus_wait() -> None:
@@ -182,9 +192,7 @@ def test_the_soak_s_two_gb200_trays_one_unreachable_the_other_without_gpus_wait(
     s = snapshot_of(fleet_nodes(), clock)
     t0, t1 = (n for n in fleet_nodes()["mix"] if n.name in ("mix-t0", "mix-t1"))
     s.upsert_node("mix", _not_ready(t0))
-    s.upsert_node(
-        "mix", t1.model_copy(update={"allocatable": {**t1.allocatable, "nvidia.com/gpu": 0}})
-    )
+    s.upsert_node("mix", _withdrawn(t1))
     gang = JOBS[3]
     assert place(gang, s, POLICY, 0).outcome == Outcome.REJECTED  # on the nodes as they are
     why = recent_could_hold(gang, s, s.recent, POLICY, 0)  # type: ignore[arg-type]
@@ -197,10 +205,6 @@ def _ready(n: NodeInventory) -> NodeInventory:
     return n.model_copy(
         update={"ready": True, "taints": tuple(t for t in n.taints if t != UNREACHABLE)}
     )
-
-
-def _withdrawn(n: NodeInventory) -> NodeInventory:
-    return n.model_copy(update={"allocatable": {**n.allocatable, "nvidia.com/gpu": 0}})
 
 
 def test_a_tray_withdrawn_while_unreachable_is_remembered_whole_once_it_is_ready() -> None:
@@ -255,8 +259,4 @@ def test_a_job_fails_for_good_exactly_when_the_fleet_before_any_sequence_of_faul
                     else:  # back as it was before, or its GPUs given back
                         cur = base.model_copy(update={"allocatable": dict(n.allocatable)})
                     s.upsert_node(m, cur)
-        for j in JOBS:
-            ever = place(j, snapshot_of(before), POLICY, 0).outcome != Outcome.REJECTED
-            rejected = place(j, s, POLICY, 0).outcome == Outcome.REJECTED
-            held = rejected and recent_could_hold(j, s, s.recent, POLICY, 0) is not None  # type: ignore[arg-type]
-            assert (rejected and not held) == (not ever), j.job
+        _fails_for_good_exactly_when_the_fleet_before_could_not(s, before)
