@@ -31,6 +31,7 @@ T = TypeVar("T")
 H100 = "NVIDIA-H100-80GB-HBM3"
 #: Namespaces of the GPUJobs hub tests create (emptied after each test).
 JOB_NAMESPACES = ("team-a", "team-b")
+CLEANUP_S = 30.0  # how long HubAPI.cleanup waits for the GPUJobs to be gone
 #: Where join-token Secrets go.
 TOKEN_NAMESPACE = "gpufed-system"
 #: How long a wait for something that must happen may take before the test fails. Generous:
@@ -126,12 +127,28 @@ class HubAPI:
 
     async def cleanup(self) -> None:
         """Remove the GPUJobs of the test namespaces (finalizers stripped) and the members and
-        join Secrets this object registered."""
+        join Secrets this object registered.
+
+        Waits until the API server lists no GPUJob in those namespaces (stripping finalizers
+        again if something re-added one), up to ``CLEANUP_S`` seconds; raises ``AssertionError``
+        when jobs remain, so that a leftover fails the test that left it and not the next one.
+        """
+        deadline = time.monotonic() + CLEANUP_S
+        while left := await self._remove_jobs():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"GPUJobs left after the test: {sorted(left)}")
+            await asyncio.sleep(0.2)
+        await self._remove_registered()
+
+    async def _remove_jobs(self) -> list[str]:
+        """One pass of stripping finalizers and deleting; returns the jobs that were listed."""
+        listed: list[str] = []
         for ns in JOB_NAMESPACES:
             jobs = await self.custom.list_namespaced_custom_object(
                 "gpufed.io", "v1alpha1", ns, "gpujobs"
             )
             for obj in jobs["items"]:
+                listed.append(f"{ns}/{obj['metadata']['name']}")
                 name = obj["metadata"]["name"]
                 with contextlib.suppress(client.ApiException):
                     await self.custom.patch_namespaced_custom_object(
@@ -145,6 +162,9 @@ class HubAPI:
                     )
                 with contextlib.suppress(client.ApiException):
                     await self.delete_job(name, ns)
+        return listed
+
+    async def _remove_registered(self) -> None:
         for name in self.queues:
             with contextlib.suppress(client.ApiException):
                 await self.custom.delete_cluster_custom_object(

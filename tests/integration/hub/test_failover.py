@@ -112,8 +112,11 @@ class HubProcess:
 
 @pytest.fixture
 def hubs(
-    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str
+    tmp_path: Path, hub_kubeconfig: Path, etcd_endpoint: str, prefix: str, hub_api: HubAPI
 ) -> Iterator[list[HubProcess]]:
+    """Two hub processes, stopped before ``hub_api`` removes the test's objects (the fixture
+    depends on it for that order): a hub still running during that cleanup re-adds its
+    finalizer to a GPUJob being deleted, and the next test's hub then finds that job."""
     procs = [
         HubProcess(n, tmp_path, hub_kubeconfig, etcd_endpoint, prefix) for n in ("hub-a", "hub-b")
     ]
