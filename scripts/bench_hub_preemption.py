@@ -26,7 +26,8 @@ cycle that sees a preemptor eligible to its plan committed), ``preempted`` (vict
 and ``loop_stall_cpu_max_ms`` (the part of a stall the loop thread was on the CPU: without
 the time the process waited for a CPU on a loaded machine),
 ``cycles``, ``cycle_cpu_s`` (process CPU over the cycles) and the full garbage collections in
-them (``gc_full``, ``gc_full_cpu_s``). ``--gc freeze`` (the hub's default,
+them (``gc_full``, ``gc_full_cpu_s``; ``gc_whole_walks``: those that walked the whole
+heap). ``--gc freeze`` (the hub's default,
 :mod:`gpufed.hub.edge.heap`) freezes what survives each full collection; ``--gc default``
 leaves CPython's collector as it is (for a before/after).
 """
@@ -97,10 +98,10 @@ async def bench(
     max_cycles: int = 20,
 ) -> dict[str, Any]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    heap = HeapPolicy()
+    t = Term(config=HubConfig(insecure=True, preemption_deadline_s=deadline_s))
+    heap = HeapPolicy(t.ctrl.metrics)  # with the metrics, as the hub installs it
     if gc_mode == "freeze":
         heap.install()
-    t = Term(config=HubConfig(insecure=True, preemption_deadline_s=deadline_s))
     t.ctrl.state.priorities.listed([priorityclass("low", 100), priorityclass("high", 1000)])
     for m in range(members):
         t.member(f"m{m}", *(hgx_node(f"m{m}-n{i}") for i in range(nodes)))
@@ -140,7 +141,7 @@ async def bench(
     watch = asyncio.create_task(watch_loop(metrics, interval_s=0.01))
     ticker = asyncio.create_task(lease_ticker(lease_s, missed))
     await asyncio.sleep(0)
-    full0, full_s0 = heap.full_collections, heap.full_seconds
+    full0, full_s0, whole0 = heap.full_collections, heap.full_seconds, heap.whole_walks
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     first_cycle_s = 0.0
@@ -189,6 +190,7 @@ async def bench(
         },
         "gc_full": heap.full_collections - full0,
         "gc_full_cpu_s": round(heap.full_seconds - full_s0, 3),
+        "gc_whole_walks": heap.whole_walks - whole0,
     }
 
 

@@ -154,7 +154,8 @@ class HubMetrics:
         )
         self.gc_frozen_objects = Gauge(
             "gpufed_hub_gc_frozen_objects",
-            "Objects the hub froze after full collections (never walked by the collector again).",
+            "Objects frozen (not walked by young collections) when the hub's heap policy was "
+            "installed and after its last whole-heap walk (gpufed.hub.edge.heap).",
             registry=r,
         )
         self.lease_renewals_missed = Counter(

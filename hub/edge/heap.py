@@ -10,24 +10,38 @@ The hub's heap is mostly long-lived (node inventories, job records, the placemen
 so after each full collection :func:`gc.freeze` moves every survivor to the permanent
 generation: later full collections walk only what was allocated since (O(new objects), not
 O(heap)). Frozen objects are still freed by reference counting when dropped; only garbage
-that is a reference *cycle* among frozen objects is not collected while frozen: so every
-:data:`UNFREEZE_EVERY`-th full collection first unfreezes everything (:func:`gc.unfreeze`), and
-the one after it walks the whole heap once, frees such cycles and freezes again. Frozen cyclic
-garbage therefore lives at most that many full collections, and one full collection in
-:data:`UNFREEZE_EVERY` costs what every one cost before. ``gpufed_hub_gc_full_seconds`` observes each full collection's
-duration, ``gpufed_hub_gc_frozen_objects`` how many objects are frozen.
+that is a reference *cycle* among frozen objects is not collected while frozen. So once the
+heap has grown to :data:`UNFREEZE_GROWTH` times its size right after the last whole walk, the
+policy unfreezes everything (:func:`gc.unfreeze`): the next full collection walks the whole
+heap once, frees such cycles, and freezes again. Frozen cyclic garbage is therefore never more
+than (``UNFREEZE_GROWTH`` - 1) times the heap after the last whole walk, and a hub whose heap
+stays the size it is walks it again only when that much garbage has built up. The heap's size
+is :func:`sys.getallocatedblocks` (CPython's small-object allocator, counted per arena: ~2 ms
+at 15 million blocks). :func:`gc.get_freeze_count` walks the whole frozen list (1.6 s per call
+at 10 x 5,000 nodes with 50,000 jobs), so it is read only after a whole walk.
+
+A whole walk costs about 1 s per million objects and holds the event loop that long (10 x 5,000
+nodes with 50,000 running jobs: 5-7 s). The rule before, one whole walk in every 16 full
+collections, put one into every second preemption cycle at that size, because planning
+allocates enough for a dozen full collections a cycle (docs/benchmarks.md, "Whole-heap walks");
+the growth rule ties walks to the heap, not to the allocation rate.
+``gpufed_hub_gc_full_seconds`` observes each full collection's duration,
+``gpufed_hub_gc_frozen_objects`` how many objects were frozen at install and after the last
+whole walk.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from typing import Any
 
 from gpufed.hub.components.metrics import HubMetrics
 
-#: One full collection in this many unfreezes the heap first (see the module docstring).
-UNFREEZE_EVERY = 16
+#: The heap is unfrozen (and the next full collection walks all of it) once it has grown to
+#: this many times its size after the last whole walk (module docstring).
+UNFREEZE_GROWTH = 2.0
 
 
 class HeapPolicy:
@@ -39,12 +53,19 @@ class HeapPolicy:
         #: full collections seen since install, and their CPU seconds in all
         self.full_collections = 0
         self.full_seconds = 0.0
+        #: full collections that walked the whole heap (the heap was unfrozen before them)
+        self.whole_walks = 0
+        #: the heap's size (allocated blocks) right after the last whole walk or install: the
+        #: growth rule's base
+        self.walked_base = 0
+        self._whole_next = False
 
     def install(self) -> None:
         """Freeze what survives each full collection from now on (and what lives now)."""
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
         gc.freeze()
+        self.walked_base = sys.getallocatedblocks()
         self._frozen()
 
     def uninstall(self) -> None:
@@ -61,13 +82,17 @@ class HeapPolicy:
         took = time.process_time() - self._started
         self.full_collections += 1
         self.full_seconds += took
-        if self.full_collections % UNFREEZE_EVERY == 0:
+        gc.freeze()
+        if self._whole_next:  # this collection walked the whole heap: the new base
+            self._whole_next = False
+            self.whole_walks += 1
+            self.walked_base = sys.getallocatedblocks()
+            self._frozen()
+        elif sys.getallocatedblocks() >= UNFREEZE_GROWTH * max(self.walked_base, 1):
             gc.unfreeze()  # the next full collection walks everything and frees frozen cycles
-        else:
-            gc.freeze()
+            self._whole_next = True
         if self._metrics is not None:
             self._metrics.gc_full_seconds.observe(took)
-        self._frozen()
 
     def _frozen(self) -> None:
         if self._metrics is not None:

@@ -4,8 +4,13 @@ full collection is observed, and uninstall stops it."""
 from __future__ import annotations
 
 import gc
+import sys
+import weakref
+
+import pytest
 
 from gpufed.hub.components.metrics import HubMetrics
+from gpufed.hub.edge import heap as heap_module
 from gpufed.hub.edge.heap import HeapPolicy
 
 
@@ -29,7 +34,7 @@ def test_survivors_of_a_full_collection_are_frozen_and_observed() -> None:
         assert heap.full_collections == 1
         assert full_count(m) == 1
         assert gc.get_freeze_count() >= before + len(survivors)
-        assert m.gc_frozen_objects._value.get() == gc.get_freeze_count()
+        assert m.gc_frozen_objects._value.get() == before, "read only after a whole walk"
         heap.uninstall()
         heap.uninstall()  # idempotent
         gc.collect()
@@ -52,27 +57,61 @@ def test_a_young_collection_freezes_nothing() -> None:
         gc.unfreeze()
 
 
-def test_frozen_cyclic_garbage_is_freed_within_unfreeze_every_full_collections() -> None:
-    import weakref
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only a collection that walks it can free it
 
-    from gpufed.hub.edge import heap as heap_module
 
-    class Node:
-        def __init__(self) -> None:
-            self.me = self  # a reference cycle
+def _frozen_garbage() -> weakref.ref[_Cycle]:
+    """A reference cycle that survives a full collection (so is frozen), then dropped."""
+    cyclic = _Cycle()
+    gone = weakref.ref(cyclic)
+    gc.collect()  # survives (still referenced) and is frozen
+    del cyclic
+    return gone
 
+
+def test_a_heap_that_does_not_grow_is_never_walked_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many full collections with short-lived garbage (what a preemption cycle makes) leave
+    frozen cyclic garbage alone: no whole walk without growth. Before, every 16th did one."""
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH", 1.5)
     heap = HeapPolicy()
     try:
         heap.install()
-        cyclic = Node()
-        gone = weakref.ref(cyclic)
-        gc.collect()  # it survives (still referenced) and is frozen
-        del cyclic  # garbage now, but a frozen cycle: reference counting cannot free it
+        gone = _frozen_garbage()
+        for _ in range(40):
+            transient = [[i] for i in range(2000)]
+            gc.collect()
+            del transient
+        assert gone() is not None, "the frozen cycle was walked: a whole-heap collection ran"
+    finally:
+        heap.uninstall()
+        gc.unfreeze()
+
+
+def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_has_grown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH", 1.05)
+    m = HubMetrics()
+    heap = HeapPolicy(m)
+    try:
+        heap.install()
+        gone = _frozen_garbage()
         gc.collect()
         assert gone() is not None, "frozen: the cycle outlives a full collection"
-        for _ in range(heap_module.UNFREEZE_EVERY + 1):
+        grown = [[i] for i in range(int(0.06 * sys.getallocatedblocks()) + 1)]  # long-lived
+        gc.collect()  # frozen with them, past the growth: the heap is unfrozen
+        assert gone() is not None
+        gc.collect()  # walks the whole heap
+        assert gone() is None, "freed by the whole walk"
+        assert m.gc_frozen_objects._value.get() == gc.get_freeze_count(), "read after the walk"
+        # the base is the heap after that walk: the survivors do not trigger another
+        survivor = _frozen_garbage()
+        for _ in range(5):
             gc.collect()
-        assert gone() is None, "freed after an unfreeze"
+        assert survivor() is not None
+        del grown
     finally:
         heap.uninstall()
         gc.unfreeze()
