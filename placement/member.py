@@ -13,7 +13,8 @@ MIG mode and set of scheduling taints (``NoSchedule``/``NoExecute``), i.e. a Kub
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -70,6 +71,48 @@ class ClusterState:
             for g in (n.domain, n.rack, n.block):
                 if g is not None and g.entry is None:
                     n.pool._group_move(g, g.free, 0, 0)
+        return new_pool
+
+    def add_nodes(self, nodes: Sequence[NodeInventory], ledger: Ledger) -> bool:
+        """:meth:`add_node` for each of ``nodes``, with each group they join re-filed once for
+        all of them rather than once per node (the state is the same; a member's first
+        inventory comes this way, a chunk at a time). True when that made a new pool. Raises
+        ``ValueError``, changing nothing, for a node the member has or that is listed twice."""
+        names = [inv.name for inv in nodes]
+        if len(set(names)) != len(names) or any(x in self.nodes for x in names):
+            dup = next(x for i, x in enumerate(names) if x in self.nodes or x in names[:i])
+            raise ValueError(f"member {self.name!r}: node {dup!r} is there already")
+        new_pool = False
+        made: list[NodeState] = []
+        for inv in nodes:
+            n, p = self._make_node(inv, ledger)
+            new_pool |= p
+            made.append(n)
+        self.names.update(names)
+        # group -> [its pool, free GPUs added, capacity added]
+        moved: dict[GroupState, list[Any]] = {}
+        for n in made:
+            pool = n.pool
+            if pool is None:
+                continue
+            if n.offers:
+                f = n.gpu_free
+                pool._add_entry(n)
+                pool.free += f
+                pool.cap += n.gpu_alloc
+            for g in (n.domain, n.rack, n.block):
+                if g is None:
+                    continue
+                acc = moved.get(g)
+                if acc is None:
+                    acc = moved[g] = [pool, 0, 0]
+                if n.offers:
+                    g.count_offering(n.gpu_free)
+                    acc[1] += n.gpu_free
+                    acc[2] += n.gpu_alloc
+        for g, (pool, df, dcap) in moved.items():
+            if dcap or g.entry is None:
+                pool._group_move(g, g.free, df, dcap)
         return new_pool
 
     def remove_node(self, n: NodeState) -> PoolState | None:

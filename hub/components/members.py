@@ -338,8 +338,7 @@ class Members:
         for chunk in _chunks(changed):
             if m.name not in self._snapshot.cluster_names:
                 return
-            for n in chunk:
-                self._snapshot.upsert_node(m.name, n)
+            self._snapshot.upsert_nodes(m.name, chunk)
             yield
         self._inventory_changed(m)
 
