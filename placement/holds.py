@@ -86,19 +86,19 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     several pods that need the clique whole go first; TopologyCost would have kept it off them
     anyway, had the other whole nodes not been spared), as holds by member (no estimated
     start: nothing borrows them); empty for a job of no whole GPUs. The free nodes are read
-    once, at this call (within a pass nodes only fill up)."""
-    whole: dict[str, list[tuple[int, str, bool]]] = {}
+    once, at this call (within a pass nodes only fill up).
+
+    Cost: each pool's whole free nodes are kept in the placement memo for the pool's version
+    (:class:`~gpufed.placement.memo.PoolMemo`), so a call reads again only the pools that
+    changed since the last (O(pools) plus the whole free nodes of the changed pools), and a
+    job's answer is built from per-pool node sets kept there too."""
+    memo = snapshot.memo
+    whole: list[tuple[str, list[_WholeFree]]] = []
     for c in snapshot.clusters():
-        for pool in c.pools.values():
-            if pool.slices:
-                continue
-            for f in range(len(pool.buckets) - 1, 0, -1):
-                if not pool.counts[f]:
-                    continue
-                for entry in pool.buckets[f]:
-                    n = entry[2]
-                    if n.offers and n.gpu_alloc == f:
-                        whole.setdefault(c.name, []).append((f, n.name, n.domain is not None))
+        found = [_whole_free(memo, pool) for pool in c.pools.values() if not pool.slices]
+        found = [w for w in found if w.nodes]
+        if found:
+            whole.append((c.name, found))
     cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
 
     def spare(request: PlacementRequest) -> Mapping[str, Hold]:
@@ -109,16 +109,58 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
         out = cache.get((demand, one_pod))
         if out is None:
             out = {}
-            for cluster, nodes in whole.items():
-                names = frozenset(
-                    name for gpus, name, tray in nodes if gpus > demand or (tray and one_pod)
-                )
-                if names:
+            for cluster, pools in whole:
+                parts = [p for p in (w.spared(demand, one_pod) for w in pools) if p]
+                if parts:
+                    names = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
                     out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
             cache[(demand, one_pod)] = out
         return out
 
     return spare
+
+
+#: the PoolMemo key of a pool's whole free nodes (:func:`whole_free_nodes`)
+_WHOLE_KEY = ("holds.whole_free",)
+
+
+class _WholeFree:
+    """One pool's whole free nodes at one version: ``nodes`` (GPUs, name, clique tray?), most
+    GPUs first, and per (job GPUs, one pod?) the names a job of that kind would break."""
+
+    __slots__ = ("_spared", "nodes")
+
+    def __init__(self, nodes: list[tuple[int, str, bool]]) -> None:
+        self.nodes = nodes
+        self._spared: dict[tuple[int, bool], frozenset[str]] = {}
+
+    def spared(self, demand: int, one_pod: bool) -> frozenset[str]:
+        got = self._spared.get((demand, one_pod))
+        if got is None:
+            got = self._spared[(demand, one_pod)] = frozenset(
+                name for gpus, name, tray in self.nodes if gpus > demand or (tray and one_pod)
+            )
+        return got
+
+
+def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
+    """The pool's whole free nodes, from the memo while the pool is unchanged. In bucket ``f``
+    the entries of nodes with every GPU free (``entry[0]``) come after the partly used ones,
+    so only those are read."""
+    pm = memo.pool(pool)
+    got: _WholeFree | None = pm.recall(_WHOLE_KEY)
+    if got is None:
+        nodes: list[tuple[int, str, bool]] = []
+        for f in range(len(pool.buckets) - 1, 0, -1):
+            if not pool.counts[f]:
+                continue
+            bucket = pool.buckets[f]
+            for entry in bucket.islice(bucket.bisect_left((True,))):
+                n = entry[2]
+                nodes.append((f, n.name, n.domain is not None))
+        got = _WholeFree(nodes)
+        pm.remember(_WHOLE_KEY, got)
+    return got
 
 
 def _nodes_to_hold(
