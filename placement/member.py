@@ -216,9 +216,8 @@ class ClusterState:
         self.alloc_shapes[shape] = self.alloc_shapes.get(shape, 0) + 1
         n.reserved = ledger.outstanding(self.name, inv)
         n.gpu_free = n.compute_gpu_free()
-        for r, a in inv.allocatable.items():
-            if a > 0 and r != GPU_RESOURCE and (is_mig_resource(r) or "/" in r):
-                self.extended.setdefault(r, SortedList()).add(inv.name)
+        for r in _extended_of(shape):
+            self.extended.setdefault(r, SortedList()).add(inv.name)
         new_pool = False
         if n.gpu_alloc > 0:
             key = pool_key(inv)
@@ -258,6 +257,23 @@ def _alloc_shape(alloc: dict[str, int]) -> AllocShape:
     return tuple(sorted(alloc.items()))
 
 
+#: allocatable shape -> its non-GPU extended resources with some (MIG profiles, ...): nodes of
+#: a fleet have few shapes; cleared past _SHAPES_CAP
+_EXTENDED: dict[AllocShape, tuple[str, ...]] = {}
+_SHAPES_CAP = 4096
+
+
+def _extended_of(shape: AllocShape) -> tuple[str, ...]:
+    got = _EXTENDED.get(shape)
+    if got is None:
+        if len(_EXTENDED) >= _SHAPES_CAP:
+            _EXTENDED.clear()
+        got = _EXTENDED[shape] = tuple(
+            r for r, a in shape if a > 0 and r != GPU_RESOURCE and (is_mig_resource(r) or "/" in r)
+        )
+    return got
+
+
 def _dec(d: dict[AllocShape, int], key: AllocShape) -> None:
     left = d.get(key, 0) - 1
     if left > 0:
@@ -276,6 +292,8 @@ def pool_key(inv: NodeInventory) -> PoolKey:
     """The pool a node belongs to: (GPU product, MIG-single?, scheduling taints, kinds of DRA
     GPU): nodes whose GPUs are claimed through DRA never share a pool with nodes of the
     extended resource, whose pods could not use them."""
+    if not inv.taints and not inv.dra_gpus:  # most nodes
+        return (inv.gpu_product or "unknown", inv.mig_strategy == "single", (), ())
     return (
         inv.gpu_product or "unknown",
         inv.mig_strategy == "single",

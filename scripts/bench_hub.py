@@ -216,6 +216,9 @@ def apply_bench(nodes: int, repeat: int) -> dict[str, Any]:
     placement apply) in a leader term over the unit tests' fakes. Best of ``repeat`` runs
     each, interleaved."""
     import gc
+    import logging
+
+    import structlog
 
     from gpufed.api.inventory import ClusterHealth, ClusterInventory, MemberClusterState
     from gpufed.api.stream import InventorySnapshot
@@ -224,6 +227,7 @@ def apply_bench(nodes: int, repeat: int) -> dict[str, Any]:
     from tests.unit.hub.builders import membercluster_obj
     from tests.unit.hub.term import Term
 
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     invs = bench_nodes(nodes)
     step = SNAPSHOT_STEP_NODES
     chunks = [invs[i : i + step] for i in range(0, len(invs), step)]
