@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpufed.hub.components import scheduling
 from gpufed.hub.components.term import MemberState
 from tests.unit.hub.builders import hgx_node, membercluster_obj
 from tests.unit.hub.term import Term, settle
@@ -118,8 +119,11 @@ async def test_deletion_still_takes_the_member_out() -> None:
     assert m.spec is None
 
 
-async def test_the_scheduling_loop_runs_no_cycle_for_echoes() -> None:
+async def test_the_scheduling_loop_runs_no_cycle_for_echoes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Counted by ``gpufed_hub_scheduling_cycles_total`` with the real scheduling loop."""
+    monkeypatch.setattr(scheduling, "CYCLE_DEBOUNCE_S", 0)
     t = Term()
     m, echo = await _written(t)
     _quiet(t, m)
@@ -129,12 +133,11 @@ async def test_the_scheduling_loop_runs_no_cycle_for_echoes() -> None:
         before = _cycles(t)
         for _ in range(5):
             t.ctrl.members.on_event("MODIFIED", echo)
-            await asyncio.sleep(0.02)  # past the loop's debounce
+            await settle()
         assert _cycles(t) == before
         changed = copy.deepcopy(echo)
         _with_labels(changed)
         t.ctrl.members.on_event("MODIFIED", changed)
-        await asyncio.sleep(0.02)
         await settle()
         assert _cycles(t) == before + 1
     finally:
