@@ -79,7 +79,7 @@ class ClusterState:
         inventory comes this way, a chunk at a time). True when that made a new pool. Raises
         ``ValueError``, changing nothing, for a node the member has or that is listed twice."""
         names = [inv.name for inv in nodes]
-        if len(set(names)) != len(names) or any(x in self.nodes for x in names):
+        if len(set(names)) != len(names) or not self.nodes.keys().isdisjoint(names):
             dup = next(x for i, x in enumerate(names) if x in self.nodes or x in names[:i])
             raise ValueError(f"member {self.name!r}: node {dup!r} is there already")
         new_pool = False
@@ -107,8 +107,12 @@ class ClusterState:
                 if acc is None:
                     acc = moved[g] = [pool, 0, 0]
                 if n.offers:
-                    g.count_offering(n.gpu_free)
-                    acc[1] += n.gpu_free
+                    f = n.gpu_free
+                    counts = g.counts  # GroupState.count_offering, inline
+                    while len(counts) <= f:
+                        counts.append(0)
+                    counts[f] += 1
+                    acc[1] += f
                     acc[2] += n.gpu_alloc
         for g, (pool, df, dcap) in moved.items():
             if dcap or g.entry is None:

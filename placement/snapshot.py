@@ -245,9 +245,14 @@ class FleetSnapshot:
         runs of nodes new to the member are filed together (a member's first inventory costs
         less per node). Raises ``KeyError`` naming an unknown member."""
         c = self.cluster(cluster)
+        batch = list(nodes)
+        names = {inv.name for inv in batch}
+        if len(names) == len(batch) and c.nodes.keys().isdisjoint(names):
+            self._add_nodes(c, batch)  # all new: a member's first inventory
+            return
         fresh: list[NodeInventory] = []
-        names: set[str] = set()
-        for inv in nodes:
+        names = set()
+        for inv in batch:
             if inv.name in c.nodes or inv.name in names:
                 self._add_nodes(c, fresh)
                 fresh, names = [], set()
