@@ -96,7 +96,7 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     whole: list[tuple[str, list[_WholeFree]]] = []
     for c in snapshot.clusters():
         found = [_whole_free(memo, pool) for pool in c.pools.values() if not pool.slices]
-        found = [w for w in found if w.nodes]
+        found = [w for w in found if w.sets]
         if found:
             whole.append((c.name, found))
     cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
@@ -125,21 +125,26 @@ _WHOLE_KEY = ("holds.whole_free",)
 
 
 class _WholeFree:
-    """One pool's whole free nodes at one version: ``nodes`` (GPUs, name, clique tray?), most
-    GPUs first, and per (job GPUs, one pod?) the names a job of that kind would break."""
+    """One pool's whole free nodes at one version: their names by (GPUs, clique tray?) (an HGX
+    pool has one such set, a pool of NVL72 trays another), and per (job GPUs, one pod?) the
+    names a job of that kind would break (one of those sets itself when only one applies)."""
 
-    __slots__ = ("_spared", "nodes")
+    __slots__ = ("_spared", "sets")
 
-    def __init__(self, nodes: list[tuple[int, str, bool]]) -> None:
-        self.nodes = nodes
+    def __init__(self, sets: dict[tuple[int, bool], frozenset[str]]) -> None:
+        self.sets = sets
         self._spared: dict[tuple[int, bool], frozenset[str]] = {}
 
     def spared(self, demand: int, one_pod: bool) -> frozenset[str]:
         got = self._spared.get((demand, one_pod))
         if got is None:
-            got = self._spared[(demand, one_pod)] = frozenset(
-                name for gpus, name, tray in self.nodes if gpus > demand or (tray and one_pod)
-            )
+            parts = [
+                names
+                for (gpus, tray), names in self.sets.items()
+                if gpus > demand or (tray and one_pod)
+            ]
+            got = parts[0].union(*parts[1:]) if parts else frozenset()
+            self._spared[(demand, one_pod)] = got
         return got
 
 
@@ -150,15 +155,25 @@ def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
     pm = memo.pool(pool)
     got: _WholeFree | None = pm.recall(_WHOLE_KEY)
     if got is None:
-        nodes: list[tuple[int, str, bool]] = []
+        sets: dict[tuple[int, bool], frozenset[str]] = {}
+        trays = bool(pool.groups["nvlink"])  # else every node is its own NVLink domain
         for f in range(len(pool.buckets) - 1, 0, -1):
             if not pool.counts[f]:
                 continue
             bucket = pool.buckets[f]
-            for entry in bucket.islice(bucket.bisect_left((True,))):
-                n = entry[2]
-                nodes.append((f, n.name, n.domain is not None))
-        got = _WholeFree(nodes)
+            start = bucket.bisect_left((True,))
+            if start == len(bucket):
+                continue
+            if not trays:
+                sets[(f, False)] = frozenset(e[1] for e in bucket.islice(start))
+                continue
+            split: dict[bool, list[str]] = {False: [], True: []}
+            for e in bucket.islice(start):
+                split[e[2].domain is not None].append(e[1])
+            for tray, names in split.items():
+                if names:
+                    sets[(f, tray)] = frozenset(names)
+        got = _WholeFree(sets)
         pm.remember(_WHOLE_KEY, got)
     return got
 
