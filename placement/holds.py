@@ -8,11 +8,12 @@ which member it should hold so that the work running there drains until it fits 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import cast
 
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.engine import static_candidates
-from gpufed.placement.index import NodeState, PoolState
+from gpufed.placement.index import NodeEntry, NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo, PoolMemo
 from gpufed.placement.plugins import never_reason, plugins_for
@@ -120,6 +121,9 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     return spare
 
 
+#: sorts before every entry of a fully free node and after every partly used one (a prefix of
+#: the first; never compared with a NodeState)
+_FIRST_WHOLE = cast(NodeEntry, (True,))
 #: the PoolMemo key of a pool's whole free nodes (:func:`whole_free_nodes`)
 _WHOLE_KEY = ("holds.whole_free",)
 
@@ -161,7 +165,7 @@ def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
             if not pool.counts[f]:
                 continue
             bucket = pool.buckets[f]
-            start = bucket.bisect_left((True,))
+            start = bucket.bisect_left(_FIRST_WHOLE)
             if start == len(bucket):
                 continue
             if not trays:
