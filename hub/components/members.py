@@ -52,7 +52,8 @@ from gpufed.placement import FleetSnapshot
 log = structlog.get_logger("gpufed.hub.components.members")
 
 #: Nodes of a snapshot diffed or applied to the fleet snapshot between two turns of the event
-#: loop (about 3 ms: placement adds a new node in about 40 µs).
+#: loop (under 1 ms on a quiet machine: the whole apply costs about 9 µs a new node,
+#: scripts/bench_hub.py --apply).
 SNAPSHOT_STEP_NODES = 64
 #: How often the kept GPU summaries are checked against a full recount (seconds).
 RECOUNT_INTERVAL_S = 60.0
