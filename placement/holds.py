@@ -8,11 +8,12 @@ which member it should hold so that the work running there drains until it fits 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import cast
 
 from gpufed.api.inventory import tolerates_all
 from gpufed.api.request import PlacementRequest
 from gpufed.placement.engine import static_candidates
-from gpufed.placement.index import NodeState, PoolState
+from gpufed.placement.index import NodeEntry, NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo, PoolMemo
 from gpufed.placement.plugins import never_reason, plugins_for
@@ -86,19 +87,19 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     several pods that need the clique whole go first; TopologyCost would have kept it off them
     anyway, had the other whole nodes not been spared), as holds by member (no estimated
     start: nothing borrows them); empty for a job of no whole GPUs. The free nodes are read
-    once, at this call (within a pass nodes only fill up)."""
-    whole: dict[str, list[tuple[int, str, bool]]] = {}
+    once, at this call (within a pass nodes only fill up).
+
+    Cost: each pool's whole free nodes are kept in the placement memo for the pool's version
+    (:class:`~gpufed.placement.memo.PoolMemo`), so a call reads again only the pools that
+    changed since the last (O(pools) plus the whole free nodes of the changed pools), and a
+    job's answer is built from per-pool node sets kept there too."""
+    memo = snapshot.memo
+    whole: list[tuple[str, list[_WholeFree]]] = []
     for c in snapshot.clusters():
-        for pool in c.pools.values():
-            if pool.slices:
-                continue
-            for f in range(len(pool.buckets) - 1, 0, -1):
-                if not pool.counts[f]:
-                    continue
-                for entry in pool.buckets[f]:
-                    n = entry[2]
-                    if n.offers and n.gpu_alloc == f:
-                        whole.setdefault(c.name, []).append((f, n.name, n.domain is not None))
+        found = [_whole_free(memo, pool) for pool in c.pools.values() if not pool.slices]
+        found = [w for w in found if w.sets]
+        if found:
+            whole.append((c.name, found))
     cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
 
     def spare(request: PlacementRequest) -> Mapping[str, Hold]:
@@ -109,16 +110,76 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
         out = cache.get((demand, one_pod))
         if out is None:
             out = {}
-            for cluster, nodes in whole.items():
-                names = frozenset(
-                    name for gpus, name, tray in nodes if gpus > demand or (tray and one_pod)
-                )
-                if names:
+            for cluster, pools in whole:
+                parts = [p for p in (w.spared(demand, one_pod) for w in pools) if p]
+                if parts:
+                    names = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
                     out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
             cache[(demand, one_pod)] = out
         return out
 
     return spare
+
+
+#: sorts before every entry of a fully free node and after every partly used one (a prefix of
+#: the first; never compared with a NodeState)
+_FIRST_WHOLE = cast(NodeEntry, (True,))
+#: the PoolMemo key of a pool's whole free nodes (:func:`whole_free_nodes`)
+_WHOLE_KEY = ("holds.whole_free",)
+
+
+class _WholeFree:
+    """One pool's whole free nodes at one version: their names by (GPUs, clique tray?) (an HGX
+    pool has one such set, a pool of NVL72 trays another), and per (job GPUs, one pod?) the
+    names a job of that kind would break (one of those sets itself when only one applies)."""
+
+    __slots__ = ("_spared", "sets")
+
+    def __init__(self, sets: dict[tuple[int, bool], frozenset[str]]) -> None:
+        self.sets = sets
+        self._spared: dict[tuple[int, bool], frozenset[str]] = {}
+
+    def spared(self, demand: int, one_pod: bool) -> frozenset[str]:
+        got = self._spared.get((demand, one_pod))
+        if got is None:
+            parts = [
+                names
+                for (gpus, tray), names in self.sets.items()
+                if gpus > demand or (tray and one_pod)
+            ]
+            got = parts[0].union(*parts[1:]) if parts else frozenset()
+            self._spared[(demand, one_pod)] = got
+        return got
+
+
+def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
+    """The pool's whole free nodes, from the memo while the pool is unchanged. In bucket ``f``
+    the entries of nodes with every GPU free (``entry[0]``) come after the partly used ones,
+    so only those are read."""
+    pm = memo.pool(pool)
+    got: _WholeFree | None = pm.recall(_WHOLE_KEY)
+    if got is None:
+        sets: dict[tuple[int, bool], frozenset[str]] = {}
+        trays = bool(pool.groups["nvlink"])  # else every node is its own NVLink domain
+        for f in range(len(pool.buckets) - 1, 0, -1):
+            if not pool.counts[f]:
+                continue
+            bucket = pool.buckets[f]
+            start = bucket.bisect_left(_FIRST_WHOLE)
+            if start == len(bucket):
+                continue
+            if not trays:
+                sets[(f, False)] = frozenset(e[1] for e in bucket.islice(start))
+                continue
+            split: dict[bool, list[str]] = {False: [], True: []}
+            for e in bucket.islice(start):
+                split[e[2].domain is not None].append(e[1])
+            for tray, names in split.items():
+                if names:
+                    sets[(f, tray)] = frozenset(names)
+        got = _WholeFree(sets)
+        pm.remember(_WHOLE_KEY, got)
+    return got
 
 
 def _nodes_to_hold(

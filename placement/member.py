@@ -13,7 +13,8 @@ MIG mode and set of scheduling taints (``NoSchedule``/``NoExecute``), i.e. a Kub
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -70,6 +71,52 @@ class ClusterState:
             for g in (n.domain, n.rack, n.block):
                 if g is not None and g.entry is None:
                     n.pool._group_move(g, g.free, 0, 0)
+        return new_pool
+
+    def add_nodes(self, nodes: Sequence[NodeInventory], ledger: Ledger) -> bool:
+        """:meth:`add_node` for each of ``nodes``, with each group they join re-filed once for
+        all of them rather than once per node (the state is the same; a member's first
+        inventory comes this way, a chunk at a time). True when that made a new pool. Raises
+        ``ValueError``, changing nothing, for a node the member has or that is listed twice."""
+        names = [inv.name for inv in nodes]
+        if len(set(names)) != len(names) or not self.nodes.keys().isdisjoint(names):
+            dup = next(x for i, x in enumerate(names) if x in self.nodes or x in names[:i])
+            raise ValueError(f"member {self.name!r}: node {dup!r} is there already")
+        new_pool = False
+        made: list[NodeState] = []
+        for inv in nodes:
+            n, p = self._make_node(inv, ledger)
+            new_pool |= p
+            made.append(n)
+        self.names.update(names)
+        # group -> [its pool, free GPUs added, capacity added]
+        moved: dict[GroupState, list[Any]] = {}
+        for n in made:
+            pool = n.pool
+            if pool is None:
+                continue
+            if n.offers:
+                f = n.gpu_free
+                pool._add_entry(n)
+                pool.free += f
+                pool.cap += n.gpu_alloc
+            for g in (n.domain, n.rack, n.block):
+                if g is None:
+                    continue
+                acc = moved.get(g)
+                if acc is None:
+                    acc = moved[g] = [pool, 0, 0]
+                if n.offers:
+                    f = n.gpu_free
+                    counts = g.counts  # GroupState.count_offering, inline
+                    while len(counts) <= f:
+                        counts.append(0)
+                    counts[f] += 1
+                    acc[1] += f
+                    acc[2] += n.gpu_alloc
+        for g, (pool, df, dcap) in moved.items():
+            if dcap or g.entry is None:
+                pool._group_move(g, g.free, df, dcap)
         return new_pool
 
     def remove_node(self, n: NodeState) -> PoolState | None:
@@ -173,9 +220,8 @@ class ClusterState:
         self.alloc_shapes[shape] = self.alloc_shapes.get(shape, 0) + 1
         n.reserved = ledger.outstanding(self.name, inv)
         n.gpu_free = n.compute_gpu_free()
-        for r, a in inv.allocatable.items():
-            if a > 0 and r != GPU_RESOURCE and (is_mig_resource(r) or "/" in r):
-                self.extended.setdefault(r, SortedList()).add(inv.name)
+        for r in _extended_of(shape):
+            self.extended.setdefault(r, SortedList()).add(inv.name)
         new_pool = False
         if n.gpu_alloc > 0:
             key = pool_key(inv)
@@ -215,6 +261,23 @@ def _alloc_shape(alloc: dict[str, int]) -> AllocShape:
     return tuple(sorted(alloc.items()))
 
 
+#: allocatable shape -> its non-GPU extended resources with some (MIG profiles, ...): nodes of
+#: a fleet have few shapes; cleared past _SHAPES_CAP
+_EXTENDED: dict[AllocShape, tuple[str, ...]] = {}
+_SHAPES_CAP = 4096
+
+
+def _extended_of(shape: AllocShape) -> tuple[str, ...]:
+    got = _EXTENDED.get(shape)
+    if got is None:
+        if len(_EXTENDED) >= _SHAPES_CAP:
+            _EXTENDED.clear()
+        got = _EXTENDED[shape] = tuple(
+            r for r, a in shape if a > 0 and r != GPU_RESOURCE and (is_mig_resource(r) or "/" in r)
+        )
+    return got
+
+
 def _dec(d: dict[AllocShape, int], key: AllocShape) -> None:
     left = d.get(key, 0) - 1
     if left > 0:
@@ -233,6 +296,8 @@ def pool_key(inv: NodeInventory) -> PoolKey:
     """The pool a node belongs to: (GPU product, MIG-single?, scheduling taints, kinds of DRA
     GPU): nodes whose GPUs are claimed through DRA never share a pool with nodes of the
     extended resource, whose pods could not use them."""
+    if not inv.taints and not inv.dra_gpus:  # most nodes
+        return (inv.gpu_product or "unknown", inv.mig_strategy == "single", (), ())
     return (
         inv.gpu_product or "unknown",
         inv.mig_strategy == "single",

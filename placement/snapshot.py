@@ -240,6 +240,28 @@ class FleetSnapshot:
             self._remove_node(c, old)
         self._add_node(c, node)
 
+    def upsert_nodes(self, cluster: str, nodes: Iterable[NodeInventory]) -> None:
+        """:meth:`upsert_node` for each of ``nodes``, in order, in the same resulting state;
+        runs of nodes new to the member are filed together (a member's first inventory costs
+        less per node). Raises ``KeyError`` naming an unknown member."""
+        c = self.cluster(cluster)
+        batch = list(nodes)
+        names = {inv.name for inv in batch}
+        if len(names) == len(batch) and c.nodes.keys().isdisjoint(names):
+            self._add_nodes(c, batch)  # all new: a member's first inventory
+            return
+        fresh: list[NodeInventory] = []
+        names = set()
+        for inv in batch:
+            if inv.name in c.nodes or inv.name in names:
+                self._add_nodes(c, fresh)
+                fresh, names = [], set()
+                self.upsert_node(cluster, inv)
+            else:
+                fresh.append(inv)
+                names.add(inv.name)
+        self._add_nodes(c, fresh)
+
     def remove_node(self, cluster: str, name: str) -> None:
         """Remove one node of a member (no error when it is not there)."""
         c = self.cluster(cluster)
@@ -341,6 +363,23 @@ class FleetSnapshot:
             self.generation += 1
         if self.recent is not None and len(self.recent):
             self.recent.joined(c.name, inv)
+
+    def _add_nodes(self, c: ClusterState, invs: list[NodeInventory]) -> None:
+        """:meth:`_add_node` for nodes new to ``c``, none listed twice."""
+        if not invs:
+            return
+        if not c.nodes:
+            self.generation += 1
+        changed: set[str] = set()
+        for inv in invs:
+            changed |= self._ledger.seen_add(c.name, inv, +1)
+        if changed:
+            self._resettle(c.name, changed)
+        if c.add_nodes(invs, self._ledger):
+            self.generation += 1
+        if self.recent is not None and len(self.recent):
+            for inv in invs:
+                self.recent.joined(c.name, inv)
 
     def _remove_node(self, c: ClusterState, n: NodeState) -> None:
         if self.recent is not None:

@@ -13,6 +13,9 @@ by the agent; ``status`` = agent reported Running -> the GPUJob watch shows Runn
 monotonic clock. The member objects are not created (that is the agent's part; see
 ``gpufed bench e2e``), so this isolates the hub and the hub API server.
 
+``--apply [--nodes 5000]`` needs no sandbox either: the hub's CPU time per node to apply a new
+member's first full snapshot to placement's fleet snapshot (:func:`apply_bench`), JSON.
+
 ``--decode [--nodes 5000]`` needs no sandbox: it measures the hub's CPU time (process time, not
 wall clock) per node to take one member's full inventory snapshot as the gRPC server hands it
 over (bytes parsed, then :meth:`AgentSession.receive`), in the version-1 form (a Node message
@@ -40,6 +43,7 @@ from kubernetes_asyncio import watch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpufed.api.inventory import NodeInventory  # noqa: E402
 from gpufed.hub.adapters.etcd import free_port  # noqa: E402
 from gpufed.hub.edge import certs  # noqa: E402
 from gpufed.sandbox.runtime import SandboxInfo  # noqa: E402
@@ -173,37 +177,126 @@ async def _create(api: HubAPI, job: str) -> None:
     await api.create_job(job, gpu_job(1), namespace=NAMESPACE)
 
 
-def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
-    """CPU µs per node of a full snapshot, version-1 form and packed (module docstring)."""
+def bench_nodes(nodes: int) -> list[NodeInventory]:
+    """The nodes of ``gpufed bench scale``'s simulated member ``bench`` (GB200 NVL72 cliques,
+    HGX racks) with random GPUs requested by a few jobs (seeded: the same every run)."""
     import random
 
     from gpufed.api.fleetnodes import node_specs
-    from gpufed.api.inventory import MAX_NODES_PER_PART, node_from_labels
-    from gpufed.api.protocol import agent_pb2 as pb
-    from gpufed.api.protocol.codec import node_to_pb
-    from gpufed.api.protocol.packed import ShapeTable, packed_parts
+    from gpufed.api.inventory import node_from_labels
     from gpufed.api.resources import resource_list
-    from gpufed.hub.adapters.sessions import AgentSession
     from gpufed.sandbox.simagent import sim_cluster
 
     rng = random.Random(7)
-    encoded = []
+    out = []
     for spec in node_specs(sim_cluster("bench", nodes)):
         alloc = resource_list(spec.allocatable, field="allocatable")
         gpus = rng.randint(0, alloc.get("nvidia.com/gpu", 0))
         jobs = {f"job-{rng.randint(0, 99)}": {"nvidia.com/gpu": gpus}} if gpus else {}
-        encoded.append(
-            node_to_pb(
-                node_from_labels(
-                    spec.name,
-                    spec.labels,
-                    taints=spec.taints,
-                    allocatable=alloc,
-                    requested={"nvidia.com/gpu": gpus, "cpu": 4000 * gpus},
-                    job_requests=jobs,
-                )
+        out.append(
+            node_from_labels(
+                spec.name,
+                spec.labels,
+                taints=spec.taints,
+                allocatable=alloc,
+                requested={"nvidia.com/gpu": gpus, "cpu": 4000 * gpus},
+                job_requests=jobs,
             )
         )
+    return out
+
+
+def apply_bench(nodes: int, repeat: int) -> dict[str, Any]:
+    """CPU µs per node of applying one member's first full snapshot (:func:`bench_nodes`) to
+    the fleet snapshot, as the hub does (a member with no nodes, then chunks of
+    ``SNAPSHOT_STEP_NODES``): ``node_by_node`` (``upsert_node`` per node, the path before
+    ``upsert_nodes``), ``chunked`` (``upsert_nodes`` per chunk, the hub's path) and ``bulk``
+    (``set_member`` with every node: the floor, in one step); ``hub`` is the hub's whole
+    apply (``Members.on_snapshot``: diff, GPU summary, etcd bookkeeping and the chunked
+    placement apply) in a leader term over the unit tests' fakes. Best of ``repeat`` runs
+    each, interleaved."""
+    import gc
+    import logging
+
+    import structlog
+
+    from gpufed.api.inventory import ClusterHealth, ClusterInventory, MemberClusterState
+    from gpufed.api.stream import InventorySnapshot
+    from gpufed.hub.components.members import SNAPSHOT_STEP_NODES
+    from gpufed.placement import FleetSnapshot
+    from tests.unit.hub.builders import membercluster_obj
+    from tests.unit.hub.term import Term
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    invs = bench_nodes(nodes)
+    step = SNAPSHOT_STEP_NODES
+    chunks = [invs[i : i + step] for i in range(0, len(invs), step)]
+
+    def state(with_nodes: tuple[NodeInventory, ...] = ()) -> MemberClusterState:
+        return MemberClusterState(
+            name="bench",
+            health=ClusterHealth(ready=True),
+            inventory=ClusterInventory(cluster="bench", nodes=with_nodes),
+        )
+
+    def node_by_node() -> float:
+        s = FleetSnapshot([state()])
+        t0 = time.process_time()
+        for chunk in chunks:
+            for n in chunk:
+                s.upsert_node("bench", n)
+        return time.process_time() - t0
+
+    def chunked() -> float:
+        s = FleetSnapshot([state()])
+        t0 = time.process_time()
+        for chunk in chunks:
+            s.upsert_nodes("bench", chunk)
+        return time.process_time() - t0
+
+    def bulk() -> float:
+        s = FleetSnapshot()
+        every = tuple(invs)
+        t0 = time.process_time()
+        s.set_member(state(every))
+        return time.process_time() - t0
+
+    def hub() -> float:
+        t = Term()
+        t.ctrl.members.on_event("ADDED", membercluster_obj("bench"))
+        m = t.ctrl.state.member("bench")
+        snap = InventorySnapshot(seq=1, nodes=tuple(invs))
+        t0 = time.process_time()
+        t.ctrl.members.on_snapshot(m, snap)
+        spent = time.process_time() - t0
+        assert len(t.ctrl.snapshot.cluster("bench").nodes) == nodes
+        return spent
+
+    runs = {"node_by_node": node_by_node, "chunked": chunked, "bulk": bulk, "hub": hub}
+    if not hasattr(FleetSnapshot, "upsert_nodes"):  # an older checkout (a "before" run)
+        del runs["chunked"]
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeat):
+        for name, run in runs.items():
+            gc.collect()
+            best[name] = min(best[name], run())
+    out: dict[str, Any] = {"nodes": nodes, "chunk": step}
+    out |= {f"{k}_us_per_node": round(v / nodes * 1e6, 2) for k, v in best.items()}
+    if "chunked" in best:
+        out["speedup"] = round(best["node_by_node"] / best["chunked"], 2)
+    out["clock"] = f"process_time, best of {repeat}"
+    return out
+
+
+def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
+    """CPU µs per node of a full snapshot, version-1 form and packed (module docstring)."""
+    from gpufed.api.inventory import MAX_NODES_PER_PART
+    from gpufed.api.protocol import agent_pb2 as pb
+    from gpufed.api.protocol.codec import node_to_pb
+    from gpufed.api.protocol.packed import ShapeTable, packed_parts
+    from gpufed.hub.adapters.sessions import AgentSession
+
+    encoded = [node_to_pb(n) for n in bench_nodes(nodes)]
 
     def snapshot(bodies: list[dict[str, Any]]) -> list[bytes]:
         return [
@@ -252,8 +345,15 @@ def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decode", action="store_true", help="snapshot decode CPU per node")
-    parser.add_argument("--nodes", type=int, default=5000, help="--decode: nodes in the snapshot")
-    parser.add_argument("--repeat", type=int, default=5, help="--decode: runs (best is kept)")
+    parser.add_argument(
+        "--apply", action="store_true", help="a new member's first snapshot: apply CPU per node"
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=5000, help="--decode/--apply: nodes in the snapshot"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="--decode/--apply: runs (best is kept)"
+    )
     parser.add_argument("--state-dir", type=Path, help="a running sandbox")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rate", type=float, default=25.0)
@@ -261,6 +361,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.decode:
         print(json.dumps(decode_bench(args.nodes, args.repeat)))
+        return
+    if args.apply:
+        print(json.dumps(apply_bench(args.nodes, args.repeat)))
         return
     if args.state_dir is None:
         parser.error("--state-dir is required (or --decode)")

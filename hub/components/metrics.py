@@ -62,6 +62,11 @@ class HubMetrics:
             ["outcome"],
             registry=r,
         )
+        self.scheduling_cycles = Counter(
+            "gpufed_hub_scheduling_cycles_total",
+            "Scheduling cycles run (each a pass over every waiting job).",
+            registry=r,
+        )
         self.cluster_gpus = Gauge(
             "gpufed_cluster_gpus",
             "Whole GPUs per member cluster and GPU product; state is total, free or reserved.",

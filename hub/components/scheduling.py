@@ -138,6 +138,7 @@ class Scheduler:
             await due.wait()
             await asyncio.sleep(CYCLE_DEBOUNCE_S)
             due.clear()
+            self._term.metrics.scheduling_cycles.inc()
             await self.cycle()
 
     async def cycle(self) -> None:
