@@ -54,6 +54,62 @@ def expected_start(
     return None
 
 
+def idle_until_start(
+    now: float, demand: int, free_now: int, releases: Iterable[tuple[float | None, int]]
+) -> float | None:
+    """GPU-seconds the hold's GPUs stand idle from ``now`` until :func:`expected_start` (same
+    arguments), if nothing borrows them: its free GPUs for the whole wait, and each release
+    before that start from its end on. None when the start is unknown. The cost
+    ``BackfillRule.hold_choice`` ``least-idle`` ranks candidate holds by (less idle drain:
+    more of the fleet's GPU time used)."""
+    items = list(releases)
+    start = expected_start(now, demand, free_now, items)
+    if start is None:
+        return None
+    idle = free_now * (start - now)
+    for end, gpus in items:
+        if end is not None and end < start:
+            idle += gpus * (start - max(now, end))
+    return idle
+
+
+def best_hold(
+    req: PlacementRequest,
+    hold: Hold,
+    starts: float | None,
+    held: Mapping[str, Hold],
+    candidates: int,
+    avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None],
+    start_of: Callable[[PlacementRequest, Hold], float | None],
+    rank_of: Callable[[PlacementRequest, Hold], float | None] | None = None,
+) -> tuple[Hold, float | None]:
+    """Of ``hold`` (whose expected start is ``starts``) and the next ``candidates - 1`` node
+    sets ``avoiding`` names (each avoiding the pass's ``held`` and the candidates before it),
+    the one of least rank, and its expected start. The rank is ``rank_of(req, candidate)``
+    (``BackfillRule.hold_choice`` ``least-idle``: :func:`idle_until_start`), or without it
+    the expected start (``earliest-start``, Slurm's choice); an unknown rank comes last; ties
+    go to the earlier candidate."""
+
+    def rank(h: Hold, start: float | None) -> float | None:
+        return rank_of(req, h) if rank_of is not None else start
+
+    best_rank = rank(hold, starts)
+    avoid = dict(held)
+    cand = hold
+    for _ in range(candidates - 1):
+        prior = avoid.get(cand.cluster)
+        avoid[cand.cluster] = prior.merged(cand) if prior else cand
+        nxt = avoiding(req, avoid)
+        if nxt is None:
+            break
+        cand = nxt
+        s = start_of(req, cand)
+        r = rank(cand, s)
+        if r is not None and (best_rank is None or r < best_rank):
+            hold, starts, best_rank = cand, s, r
+    return hold, starts
+
+
 def releases_on(
     snapshot: FleetSnapshot, hold: Hold, end_of: Callable[[str], float | None]
 ) -> tuple[int, list[tuple[float | None, int]]]:
