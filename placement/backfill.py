@@ -13,6 +13,10 @@ holder could start, so it delays nobody. A job without a limit never runs inside
 whose start cannot be estimated (a job without a limit runs on its nodes, or the caller gives no
 estimate) lends nothing; holds other than the backfill rule's (a preemptor's, suspect nodes)
 carry no start and lend nothing.
+
+A starving job that weighs several node sets (``BackfillRule.hold_candidates``) holds the one
+:func:`best_hold` picks: the earliest expected start, or (``hold_choice`` ``least-idle``) the
+fewest GPU-seconds left idle until then (:func:`idle_until_start`).
 """
 
 from __future__ import annotations
