@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from placement_builders import GPU, hgx_cluster, job
+from test_backfill import _stream
 from test_queue_order import Loop as QueueLoop
 from test_simreport import run
 
@@ -152,15 +153,6 @@ def test_start_accuracy_lends_a_hold_to_fewer_jobs() -> None:
     half = _one_node_week(0.5)
     assert half["small"] == (1080.0, None)
     assert half["big"][0] == 990.0
-
-
-def _stream(until: float) -> list[TraceJob]:
-    """As test_backfill's: a 16-GPU job at t=50 among 1-GPU jobs every 100 s of 1,500 s."""
-    small = [
-        TraceJob(f"s{i}", i * 100.0, 1, 1500.0, 1, "Required") for i in range(int(until / 100))
-    ]
-    big = TraceJob("big", 50.0, 16, 1000.0, 8, "Preferred")
-    return sorted([*small, big], key=lambda j: j.submit_s)
 
 
 @pytest.mark.parametrize(
