@@ -37,6 +37,7 @@ from gpufed.placement.queue import (
     DEFAULT_HOLDS_PER_SHAPE,
     DEFAULT_SIZE_AGING_S,
     DEFAULT_SPARE_WHOLE_NODES_S,
+    HOLD_CHOICES,
     QUEUE_ORDERS,
     BackfillRule,
 )
@@ -211,6 +212,20 @@ def simulate_command(
         help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
         "is expected to start first (1: the nodes with the most free GPUs).",
     ),
+    hold_choice: str = typer.Option(
+        "earliest-start",
+        "--queue-hold-choice",
+        help="Policy gpufed: of the --queue-hold-candidates node sets, a starving job holds "
+        "the one where it is expected to start first (earliest-start) or the one whose GPUs "
+        "stand idle least until then (least-idle).",
+    ),
+    start_accuracy: float = typer.Option(
+        1.0,
+        "--queue-start-accuracy",
+        help="Policy gpufed: a hold's expected start counts each running job as ending at its "
+        "start plus this fraction of its time limit (not before now), in (0, 1]; 1: at its "
+        "limit. Less than 1 lends held nodes to fewer backfilled jobs.",
+    ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",
         "--queue-carry-holds",
@@ -302,6 +317,14 @@ def simulate_command(
         raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
     if hold_within_wait not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
+    if hold_choice not in HOLD_CHOICES:
+        raise typer.BadParameter(
+            f"use {' or '.join(HOLD_CHOICES)}", param_hint="--queue-hold-choice"
+        )
+    if not (0 < start_accuracy <= 1):
+        raise typer.BadParameter(
+            "must be a number > 0 and <= 1 (1: the time limit)", param_hint="--queue-start-accuracy"
+        )
     if carry_holds not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--queue-carry-holds")
     if not math.isfinite(spare_whole_nodes_s):
@@ -358,6 +381,8 @@ def simulate_command(
         hold_candidates=hold_candidates,
         carry_holds=carry_holds == "on",
         spare_whole_nodes_s=spare_whole_nodes_s,
+        hold_choice=hold_choice,
+        start_accuracy=start_accuracy,
     )
     try:
         members = load_fleet(fleet)

@@ -13,6 +13,10 @@ holder could start, so it delays nobody. A job without a limit never runs inside
 whose start cannot be estimated (a job without a limit runs on its nodes, or the caller gives no
 estimate) lends nothing; holds other than the backfill rule's (a preemptor's, suspect nodes)
 carry no start and lend nothing.
+
+A starving job that weighs several node sets (``BackfillRule.hold_candidates``) holds the one
+:func:`best_hold` picks: the earliest expected start, or (``hold_choice`` ``least-idle``) the
+fewest GPU-seconds left idle until then (:func:`idle_until_start`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,62 @@ def expected_start(
         if have >= demand:
             return max(now, end)
     return None
+
+
+def idle_until_start(
+    now: float, demand: int, free_now: int, releases: Iterable[tuple[float | None, int]]
+) -> float | None:
+    """GPU-seconds the hold's GPUs stand idle from ``now`` until :func:`expected_start` (same
+    arguments), if nothing borrows them: its free GPUs for the whole wait, and each release
+    before that start from its end on. None when the start is unknown. The cost
+    ``BackfillRule.hold_choice`` ``least-idle`` ranks candidate holds by (less idle drain:
+    more of the fleet's GPU time used)."""
+    items = list(releases)
+    start = expected_start(now, demand, free_now, items)
+    if start is None:
+        return None
+    idle = free_now * (start - now)
+    for end, gpus in items:
+        if end is not None and end < start:
+            idle += gpus * (start - max(now, end))
+    return idle
+
+
+def best_hold(
+    req: PlacementRequest,
+    hold: Hold,
+    starts: float | None,
+    held: Mapping[str, Hold],
+    candidates: int,
+    avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None],
+    start_of: Callable[[PlacementRequest, Hold], float | None],
+    rank_of: Callable[[PlacementRequest, Hold], float | None] | None = None,
+) -> tuple[Hold, float | None]:
+    """Of ``hold`` (whose expected start is ``starts``) and the next ``candidates - 1`` node
+    sets ``avoiding`` names (each avoiding the pass's ``held`` and the candidates before it),
+    the one of least rank, and its expected start. The rank is ``rank_of(req, candidate)``
+    (``BackfillRule.hold_choice`` ``least-idle``: :func:`idle_until_start`), or without it
+    the expected start (``earliest-start``, Slurm's choice); an unknown rank comes last; ties
+    go to the earlier candidate."""
+
+    def rank(h: Hold, start: float | None) -> float | None:
+        return rank_of(req, h) if rank_of is not None else start
+
+    best_rank = rank(hold, starts)
+    avoid = dict(held)
+    cand = hold
+    for _ in range(candidates - 1):
+        prior = avoid.get(cand.cluster)
+        avoid[cand.cluster] = prior.merged(cand) if prior else cand
+        nxt = avoiding(req, avoid)
+        if nxt is None:
+            break
+        cand = nxt
+        s = start_of(req, cand)
+        r = rank(cand, s)
+        if r is not None and (best_rank is None or r < best_rank):
+            hold, starts, best_rank = cand, s, r
+    return hold, starts
 
 
 def releases_on(

@@ -57,11 +57,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpufed.api.request import PlacementRequest
-from gpufed.placement.backfill import backfill_note, borrowable, ran_inside
+from gpufed.placement.backfill import backfill_note, best_hold, borrowable, ran_inside
 
 #: ``BackfillRule.order`` values
 QUEUE_ORDERS = ("smallest-first", "fifo")
 QueueOrder = Literal["smallest-first", "fifo"]
+#: ``BackfillRule.hold_choice`` values
+HOLD_CHOICES = ("earliest-start", "least-idle")
+HoldChoice = Literal["earliest-start", "least-idle"]
 #: defaults of ``BackfillRule.holds_per_shape`` and ``size_aging_s`` (the hub's
 #: ``--queue-holds-per-shape`` / ``--queue-size-aging`` and the simulator's flags of the same
 #: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
@@ -136,7 +139,13 @@ class BackfillRule(BaseModel):
     only on partly used nodes; if it finds no room there it is tried again after the whole
     pass, anywhere: the nodes free from end to end go first to the jobs of the pass that need
     them whole, and a small job gives them up for at most this long (never one past
-    ``oldest_first_s``).
+    ``oldest_first_s``); ``hold_choice``: which of the ``hold_candidates`` a starving job
+    holds: ``earliest-start`` (the default) or ``least-idle``, the one whose GPUs stand idle
+    least until its expected start (``schedule_pass(hold_rank=...)``); ``start_accuracy`` (in
+    (0, 1], default 1): the expected start of a hold counts each running job as ending at its
+    start plus this fraction of its time limit (not before now) rather than at its limit, as
+    users' limits over-estimate runtimes (the callers' ``hold_start``; < 1 lends less, never
+    more: a job borrowing must still end, by its own limit, before that earlier start).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -152,6 +161,8 @@ class BackfillRule(BaseModel):
     hold_candidates: int = Field(default=1, ge=1, le=16)
     carry_holds: bool = DEFAULT_CARRY_HOLDS
     spare_whole_nodes_s: float = Field(default=DEFAULT_SPARE_WHOLE_NODES_S, ge=0)
+    hold_choice: HoldChoice = "earliest-start"
+    start_accuracy: float = Field(default=1.0, gt=0, le=1)
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
@@ -275,6 +286,7 @@ def schedule_pass(
     hold_avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None = None,
     carry: Sequence[tuple[PlacementRequest, Hold]] = (),
     spare: Callable[[PlacementRequest], Mapping[str, Hold]] | None = None,
+    hold_rank: Callable[[PlacementRequest, Hold], float | None] | None = None,
 ) -> PassResult:
     """Walk ``queue`` in order, placing what fits and applying the backfill rule.
 
@@ -300,6 +312,8 @@ def schedule_pass(
     that has waited less than that is first tried off them and, if that fails, once more after the walk (in pass order, its
     failure then the one reported and the one that may take a hold). Holds taken in the pass
     by older jobs (of its priority) bind it then, as every hold binds younger jobs.
+    ``hold_rank(holder, hold)``: with ``rule.hold_choice`` ``least-idle``, what candidate holds
+    are ranked by (:func:`gpufed.placement.backfill.idle_until_start`; least first).
     """
     rule = rule or BackfillRule()
     out = PassResult()
@@ -385,8 +399,15 @@ def schedule_pass(
             hold = hold_avoiding(req, out.holds) if hold_avoiding is not None else hold_for(req)
             starts = hold_start(req, hold) if hold is not None and hold_start is not None else None
             if hold is not None and hold_start is not None and hold_avoiding is not None:
-                hold, starts = _earliest(
-                    req, hold, starts, out.holds, rule, hold_avoiding, hold_start
+                hold, starts = best_hold(
+                    req,
+                    hold,
+                    starts,
+                    out.holds,
+                    rule.hold_candidates,
+                    hold_avoiding,
+                    hold_start,
+                    hold_rank if rule.hold_choice == "least-idle" else None,
                 )
             if rule.hold_within_wait and not old and starts is not None and starts - now > waited:
                 hold = None  # its nodes would drain longer than it has waited: not yet
@@ -481,30 +502,3 @@ def _holds_binding(
         prior = out.get(h.cluster)
         out[h.cluster] = prior.merged(h) if prior else h
     return (len(holders), picked), out
-
-
-def _earliest(
-    req: PlacementRequest,
-    hold: Hold,
-    starts: float | None,
-    held: Mapping[str, Hold],
-    rule: BackfillRule,
-    avoiding: Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None],
-    start_of: Callable[[PlacementRequest, Hold], float | None],
-) -> tuple[Hold, float | None]:
-    """Of ``hold`` and the next ``rule.hold_candidates - 1`` node sets ``avoiding`` names
-    (each avoiding the pass's ``held`` and the candidates before it), the one with the earliest
-    expected start (an unknown start last; ties: the earlier candidate), and that start."""
-    avoid = dict(held)
-    cand = hold
-    for _ in range(rule.hold_candidates - 1):
-        prior = avoid.get(cand.cluster)
-        avoid[cand.cluster] = prior.merged(cand) if prior else cand
-        nxt = avoiding(req, avoid)
-        if nxt is None:
-            break
-        cand = nxt
-        s = start_of(req, cand)
-        if s is not None and (starts is None or s < starts):
-            hold, starts = cand, s
-    return hold, starts

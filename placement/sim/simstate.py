@@ -20,7 +20,7 @@ from gpufed.api.decision import Decision
 from gpufed.api.inventory import MemberClusterState
 from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.request import PlacementRequest, PodSet, TopologyRequest
-from gpufed.placement.backfill import expected_start
+from gpufed.placement.backfill import expected_start, idle_until_start
 from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import Hold, fit_key, gpus_of
 from gpufed.placement.quota import demand_of
@@ -294,11 +294,29 @@ class _Sim:
                 ]
         return out
 
-    def hold_start(self, req: PlacementRequest, hold: Hold, now: float) -> float | None:
+    def hold_start(
+        self, req: PlacementRequest, hold: Hold, now: float, accuracy: float = 1.0
+    ) -> float | None:
         """When ``req`` is expected to start on ``hold``'s nodes (:func:`.backfill.expected_start`
-        over the runs there and their time limits); None for a whole-member hold."""
+        over the runs there, each ending at its start plus ``accuracy`` times its time limit,
+        not before ``now``: ``BackfillRule.start_accuracy``); None for a whole-member hold."""
         if not hold.nodes:
             return None
+        return expected_start(now, gpus_of(req), *self._releases(hold, now, accuracy))
+
+    def hold_idle(
+        self, req: PlacementRequest, hold: Hold, now: float, accuracy: float = 1.0
+    ) -> float | None:
+        """GPU-seconds ``hold``'s GPUs stand idle until :meth:`hold_start`
+        (:func:`.backfill.idle_until_start`); None when that start is."""
+        if not hold.nodes:
+            return None
+        return idle_until_start(now, gpus_of(req), *self._releases(hold, now, accuracy))
+
+    def _releases(
+        self, hold: Hold, now: float, accuracy: float
+    ) -> tuple[int, list[tuple[float | None, int]]]:
+        """(free GPUs now, (end, GPUs) per run) of ``hold``'s nodes."""
         free = 0
         releases: dict[str, tuple[float | None, int]] = {}
         for n in hold.nodes:
@@ -312,9 +330,12 @@ class _Sim:
                     del runs[uid]  # ended or restarted since
                     continue
                 limit = run.job.time_limit_s
-                end, total = releases.get(uid, (None if limit is None else began + limit, 0))
+                end = None if limit is None else began + limit * accuracy
+                if end is not None and accuracy < 1.0:
+                    end = max(end, now)
+                end, total = releases.get(uid, (end, 0))
                 releases[uid] = (end, total + gpus)
-        return expected_start(now, gpus_of(req), free, releases.values())
+        return free, list(releases.values())
 
     def capacity(self) -> dict[tuple[str, str], int]:
         """(member, GPU product) -> whole GPUs of its pools now ('' for pools with no

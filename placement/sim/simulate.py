@@ -245,7 +245,10 @@ def _run_gpufed(
         return hold_for(req, snapshot, policy, quota, avoid=held)
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
-        return sim.hold_start(req, hold, now)
+        return sim.hold_start(req, hold, now, rule.start_accuracy)
+
+    def hold_idle(req: PlacementRequest, hold: Hold) -> float | None:
+        return sim.hold_idle(req, hold, now, rule.start_accuracy)
 
     def key_of(req: PlacementRequest) -> Any:
         key = sim.by_uid[req.uid].key
@@ -287,6 +290,7 @@ def _run_gpufed(
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
             carry=carried,
             spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None,
+            hold_rank=hold_idle if rule.hold_choice == "least-idle" else None,
         )
         carried = result.taken
         for uid, borrowed in result.backfilled.items():

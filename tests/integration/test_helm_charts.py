@@ -180,6 +180,47 @@ def hub_with(*values: str) -> list[str]:
             hub_with("queues.sizeAgingSeconds=-1"),
             "queues.sizeAgingSeconds is -1: give a number of seconds >= 0",
         ),
+        (
+            "gpufed-hub",
+            hub_with("queues.order=lifo"),
+            'queues.order is "lifo": use smallest-first',
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.defaultQueue=Team_A"),
+            'queues.defaultQueue is "Team_A": give a GPUQueue name',
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.fairShareHalfLifeSeconds=0"),
+            "queues.fairShareHalfLifeSeconds is 0: give a number of seconds > 0",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.oldestFirstSeconds=31536001"),
+            "queues.oldestFirstSeconds is 31536001: give a number of seconds >= 0, at most "
+            "31536000",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.starvationSeconds=soon"),
+            "queues.starvationSeconds is soon: give a number of seconds >= 0",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.maxHolds=2.5"),
+            "queues.maxHolds is 2.5: give an integer from 0 to 1000",
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.carryHolds=yes"),
+            'queues.carryHolds is "yes": give true or false',
+        ),
+        (
+            "gpufed-hub",
+            hub_with("queues.spareWholeNodesSeconds=-1"),
+            "queues.spareWholeNodesSeconds is -1: give a number of seconds >= 0",
+        ),
         ("gpufed-agent", ["-n", NAMESPACE], "set cluster"),
         ("gpufed-agent", ["-n", NAMESPACE, "--set", "cluster=m1"], "hub.address"),
         (
@@ -228,6 +269,29 @@ def test_bad_values_fail_naming_the_value_and_the_fix(
             {"holdsPerShape": 1, "sizeAgingSeconds": 0},
             ["--queue-holds-per-shape=1", "--queue-size-aging=0"],
         ),
+        ({"carryHolds": True}, ["--queue-carry-holds"]),
+        ({"carryHolds": False}, ["--no-queue-carry-holds"]),
+        ({"spareWholeNodesSeconds": 0}, ["--queue-spare-whole-nodes=0"]),
+        (
+            {
+                "defaultQueue": "research",
+                "fairShareHalfLifeSeconds": 3600.5,
+                "order": "fifo",
+                "oldestFirstSeconds": 28800,
+                "starvationSeconds": 600,
+                "maxHolds": 0,
+                "spareWholeNodesSeconds": 7200,
+            },
+            [
+                "--default-queue=research",
+                "--fair-share-half-life=3600.5",
+                "--queue-order=fifo",
+                "--queue-oldest-first=28800",
+                "--queue-starvation=600",
+                "--queue-max-holds=0",
+                "--queue-spare-whole-nodes=7200",
+            ],
+        ),
     ],
 )
 def test_the_queue_values_become_hub_flags_only_when_set(
@@ -243,8 +307,105 @@ def test_the_queue_values_become_hub_flags_only_when_set(
     docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/test-values.yaml", "-f", str(extra))
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    prefixes = ("--unlisted", "--default-queue", "--queue-holds", "--queue-size")
-    assert [a for a in args if a.startswith(prefixes)] == flags
+    assert queue_flags(args) == flags
+
+
+QUEUE_FLAG_PREFIXES = ("--unlisted", "--default-queue", "--fair-share", "--queue-", "--no-queue-")
+
+
+def queue_flags(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith(QUEUE_FLAG_PREFIXES)]
+
+
+#: The hub's own queue defaults, written out here (not read from HubConfig), so a chart that
+#: rendered a flag for an empty value, or a hub whose default moved, fails this test.
+HUB_QUEUE_DEFAULTS = {
+    "default_queue": "default",
+    "unlisted_namespaces": "default-queue",
+    "default_queue_max_priority": None,
+    "fair_share_half_life_s": 86_400.0,
+    "queue_order": "smallest-first",
+    "queue_oldest_first_s": 57_600.0,
+    "queue_starvation_s": 1800.0,
+    "queue_max_holds": 4,
+    "queue_holds_per_shape": 4,
+    "queue_size_aging_s": 1800.0,
+    "queue_carry_holds": False,
+    "queue_spare_whole_nodes_s": 5400.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "changed"),
+    [
+        ({}, {}),
+        (
+            {
+                "defaultQueue": "research",
+                "fairShareHalfLifeSeconds": 3600,
+                "order": "fifo",
+                "oldestFirstSeconds": 31536000,
+                "starvationSeconds": 0,
+                "maxHolds": 1000,
+                "holdsPerShape": 64,
+                "sizeAgingSeconds": 0.5,
+                "carryHolds": True,
+                "spareWholeNodesSeconds": 0,
+            },
+            {
+                "default_queue": "research",
+                "fair_share_half_life_s": 3600.0,
+                "queue_order": "fifo",
+                "queue_oldest_first_s": 31_536_000.0,
+                "queue_starvation_s": 0.0,
+                "queue_max_holds": 1000,
+                "queue_holds_per_shape": 64,
+                "queue_size_aging_s": 0.5,
+                "queue_carry_holds": True,
+                "queue_spare_whole_nodes_s": 0.0,
+            },
+        ),
+        ({"carryHolds": False}, {}),
+    ],
+)
+def test_the_rendered_queue_flags_give_the_hub_the_configured_rule(
+    helm: Callable[..., subprocess.CompletedProcess[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    values: dict[str, Any],
+    changed: dict[str, Any],
+) -> None:
+    """The queue flags the chart renders, parsed by the real ``gpufed hub`` command line: the
+    default install runs the hub's defaults (the same rule as ``gpufed simulate``'s), and every
+    set value (the extremes the hub accepts) reaches the hub's configuration."""
+    import typer
+    from typer.testing import CliRunner
+
+    from gpufed.cli import hub as hub_cli
+    from gpufed.cli.main import app
+    from gpufed.hub.components.config import HubConfig
+    from gpufed.placement.queue import BackfillRule
+
+    extra = tmp_path / "queues.yaml"
+    extra.write_text(yaml.safe_dump({"queues": values}))
+    docs = render(helm, "gpufed-hub", CHARTS / "gpufed-hub/ci/test-values.yaml", "-f", str(extra))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = queue_flags(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    seen: list[HubConfig] = []
+    validate = hub_cli._validate
+
+    def first_check_only(fields: dict[str, Any], *, insecure: bool) -> HubConfig:
+        seen.append(validate(fields, insecure=insecure))
+        raise typer.Exit(0)  # before any side effect
+
+    monkeypatch.setattr(hub_cli, "_validate", first_check_only)
+    result = CliRunner().invoke(app, ["hub", "--data-dir", str(tmp_path / "hub"), *args])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    got = {field: getattr(config, field) for field in HUB_QUEUE_DEFAULTS}
+    assert got == {**HUB_QUEUE_DEFAULTS, **changed}
+    if not changed:
+        assert config.backfill_rule == BackfillRule()
 
 
 def test_the_console_value_adds_a_caller_identity_console_beside_the_hub(

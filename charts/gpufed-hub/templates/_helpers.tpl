@@ -79,26 +79,67 @@ default (so the default install renders the kustomize base); a bad value fails n
 {{- end }}
 - --default-queue-max-priority={{ $n }}
 {{- end -}}
-{{- $hps := $q.holdsPerShape -}}
-{{- if and (not (kindIs "invalid" $hps)) (ne (toString $hps) "") -}}
-{{- $n := int64 $hps -}}
-{{- $whole := true -}}
-{{- if kindIs "float64" $hps -}}
-{{- $whole = eq (float64 $n) $hps -}}
-{{- else if kindIs "string" $hps -}}
-{{- $whole = eq (toString $n) $hps -}}
-{{- end -}}
-{{- if or (not $whole) (lt $n 1) (gt $n 64) -}}
-{{- fail (printf "queues.holdsPerShape is %s: give an integer from 1 to 64 (starving jobs of one shape that hold different nodes in one pass), or \"\" for the hub's default (4)" (toString $hps)) -}}
+{{- with $q.defaultQueue -}}
+{{- if not (and (kindIs "string" .) (le (len .) 63) (regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$" .)) -}}
+{{- fail (printf "queues.defaultQueue is %q: give a GPUQueue name (lowercase letters, digits, '-' and '.', at most 63 characters, starting and ending with a letter or digit), or \"\" for the hub's default (default)" (toString .)) -}}
 {{- end }}
-- --queue-holds-per-shape={{ $n }}
+- --default-queue={{ . }}
 {{- end -}}
-{{- $age := $q.sizeAgingSeconds -}}
-{{- if and (not (kindIs "invalid" $age)) (ne (toString $age) "") -}}
-{{- if or (and (kindIs "string" $age) (not (regexMatch "^[0-9]+([.][0-9]+)?$" $age))) (lt (float64 $age) 0.0) -}}
-{{- fail (printf "queues.sizeAgingSeconds is %s: give a number of seconds >= 0 (0: sizes do not age), or \"\" for the hub's default (1800)" (toString $age)) -}}
+{{- include "gpufed.secondsArg" (dict "name" "queues.fairShareHalfLifeSeconds" "value" $q.fairShareHalfLifeSeconds "flag" "--fair-share-half-life" "positive" true "max" 315360000 "what" "ten years; the half-life of the decayed GPU-seconds that order queues" "default" "86400") -}}
+{{- with $q.order -}}
+{{- if not (has . (list "smallest-first" "fifo")) -}}
+{{- fail (printf "queues.order is %q: use smallest-first (fewer GPUs first, within a queue and priority) or fifo (arrival order), or \"\" for the hub's default (smallest-first)" (toString .)) -}}
 {{- end }}
-- --queue-size-aging={{ $age }}
+- --queue-order={{ . }}
+{{- end -}}
+{{- include "gpufed.secondsArg" (dict "name" "queues.oldestFirstSeconds" "value" $q.oldestFirstSeconds "flag" "--queue-oldest-first" "positive" false "max" 31536000 "what" "a year; a job waiting this long goes ahead of every younger job of its queue and priority" "default" "57600") -}}
+{{- include "gpufed.secondsArg" (dict "name" "queues.starvationSeconds" "value" $q.starvationSeconds "flag" "--queue-starvation" "positive" false "max" 31536000 "what" "a year; a job waiting this long without fitting holds the nodes it needs" "default" "1800") -}}
+{{- include "gpufed.intArg" (dict "name" "queues.maxHolds" "value" $q.maxHolds "flag" "--queue-max-holds" "min" 0 "max" 1000 "what" "waiting jobs that hold nodes at once; 0: no holds" "default" "4") -}}
+{{- include "gpufed.intArg" (dict "name" "queues.holdsPerShape" "value" $q.holdsPerShape "flag" "--queue-holds-per-shape" "min" 1 "max" 64 "what" "starving jobs of one shape that hold different nodes in one pass" "default" "4") -}}
+{{- include "gpufed.secondsArg" (dict "name" "queues.sizeAgingSeconds" "value" $q.sizeAgingSeconds "flag" "--queue-size-aging" "positive" false "max" 31536000 "what" "a year; 0: sizes do not age" "default" "1800") -}}
+{{- $carry := $q.carryHolds -}}
+{{- if and (not (kindIs "invalid" $carry)) (ne (toString $carry) "") -}}
+{{- if not (kindIs "bool" $carry) -}}
+{{- fail (printf "queues.carryHolds is %q: give true or false (the last pass's holds also keep younger jobs off their nodes), or \"\" for the hub's default (false)" (toString $carry)) -}}
+{{- end }}
+- --{{ ternary "" "no-" $carry }}queue-carry-holds
+{{- end -}}
+{{- include "gpufed.secondsArg" (dict "name" "queues.spareWholeNodesSeconds" "value" $q.spareWholeNodesSeconds "flag" "--queue-spare-whole-nodes" "positive" false "max" 31536000 "what" "a year; seconds a job smaller than a node gives up whole free nodes; 0: off" "default" "5400") -}}
+{{- end -}}
+
+{{/* "- FLAG=N" for an integer value (a dict: name, value, flag, min, max, what, default), nothing
+for "" (the hub's default); anything but a whole number from min to max fails naming the value. */}}
+{{- define "gpufed.intArg" -}}
+{{- $v := .value -}}
+{{- if and (not (kindIs "invalid" $v)) (ne (toString $v) "") -}}
+{{- $n := int64 $v -}}
+{{- $whole := not (kindIs "bool" $v) -}}
+{{- if kindIs "float64" $v -}}
+{{- $whole = eq (float64 $n) $v -}}
+{{- else if kindIs "string" $v -}}
+{{- $whole = eq (toString $n) $v -}}
+{{- end -}}
+{{- if or (not $whole) (lt $n (int64 .min)) (gt $n (int64 .max)) -}}
+{{- fail (printf "%s is %s: give an integer from %d to %d (%s), or \"\" for the hub's default (%s)" .name (toString $v) (int64 .min) (int64 .max) .what .default) -}}
+{{- end }}
+- {{ .flag }}={{ $n }}
+{{- end -}}
+{{- end -}}
+
+{{/* "- FLAG=S" for a number of seconds (a dict: name, value, flag, positive (> 0 rather than
+>= 0), max, what, default), nothing for "" (the hub's default); anything else fails naming it. */}}
+{{- define "gpufed.secondsArg" -}}
+{{- $v := .value -}}
+{{- if and (not (kindIs "invalid" $v)) (ne (toString $v) "") -}}
+{{- $ok := not (kindIs "bool" $v) -}}
+{{- if kindIs "string" $v -}}
+{{- $ok = regexMatch "^[0-9]+([.][0-9]+)?$" $v -}}
+{{- end -}}
+{{- $low := ternary (le (float64 $v) 0.0) (lt (float64 $v) 0.0) .positive -}}
+{{- if or (not $ok) $low (gt (float64 $v) (float64 .max)) -}}
+{{- fail (printf "%s is %s: give a number of seconds %s 0, at most %d (%s), or \"\" for the hub's default (%s)" .name (toString $v) (ternary ">" ">=" .positive) (int64 .max) .what .default) -}}
+{{- end }}
+- {{ .flag }}={{ $v }}
 {{- end -}}
 {{- end -}}
 

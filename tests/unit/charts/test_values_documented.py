@@ -48,3 +48,29 @@ def test_every_value_has_a_row_in_the_readme(chart: str) -> None:
     paths = set(value_paths(values))
     assert sorted(paths - rows) == [], f"values without a row in charts/{chart}/README.md"
     assert sorted(rows - paths) == [], f"rows in charts/{chart}/README.md for no value"
+
+
+def test_the_hub_defaults_the_queue_rows_name_are_the_hubs() -> None:
+    """A ``queues.*`` value left ``""`` renders no flag, so the hub's own default applies: the
+    default each README row names is the ``gpufed hub`` default of the flag it names
+    (HubConfig's), so the table cannot go stale when a hub default moves."""
+    from gpufed.cli.hub import FLAG_OF
+    from gpufed.hub.components.config import HubConfig
+
+    field_of = {flag: f for f, flags in FLAG_OF.items() for flag in flags.split("/")}
+    readme = (CHARTS / "gpufed-hub" / "README.md").read_text()
+    rows = re.findall(
+        r"^\| `(queues\.\w+)` \| `\"\"` \(the hub's default, ([^)]+)\) \| ([^|]+)", readme, re.M
+    )
+    assert len(rows) >= 10, rows
+    for value, named, meaning in rows:
+        flag = re.search(r"`(--[a-z-]+)`", meaning)
+        assert flag is not None, value
+        default = HubConfig.model_fields[field_of[flag.group(1)]].default
+        text = named.split(":")[0].strip("` ")
+        if isinstance(default, bool):
+            assert text == str(default).lower(), value
+        elif isinstance(default, (int, float)):
+            assert float(text) == default, value
+        else:
+            assert text == default, value
