@@ -139,7 +139,6 @@ class Members:
             return
         else:
             self._snapshot.set_metadata(name, labels=labels, taints=taints)
-        m.status_dirty = True
         self._term.state.kick()
 
     def listed(self, names: set[str]) -> None:
@@ -263,7 +262,6 @@ class Members:
         was, m.member_api_error = m.member_api_error, hb.member_api_error
         if m.name in self._snapshot.cluster_names:
             self._snapshot.set_health(m.name, self._health(m))
-        m.status_dirty = True
         self.write_status(m)
         if m.member_api_error:
             log.warning("member.api_unreachable", cluster=m.name, error=m.member_api_error)
@@ -365,7 +363,6 @@ class Members:
         self._inventory_changed(m)
 
     def _inventory_changed(self, m: MemberState) -> None:
-        m.status_dirty = True
         self._reservations.settle(self.flush_nodes)
         if self._lifecycle.awaiting_pods_gone(m.name):
             self._term.spawn(self._lifecycle.inventory_changed(m.name))
@@ -433,7 +430,6 @@ class Members:
         was, m.health = m.health, health
         if m.name in self._snapshot.cluster_names:
             self._snapshot.set_health(m.name, self._health(m))
-        m.status_dirty = True
         self.write_status(m)
         quiet = silence(
             now=self._term.mono(), last_heard=m.last_heard, hub_start=self._term.started
@@ -473,7 +469,6 @@ class Members:
         """Write the member's MemberCluster status soon (no-op once it is gone)."""
         if m.spec is None:
             return
-        m.status_dirty = False
         status = member_status(
             m,
             self._term.config,

@@ -253,7 +253,6 @@ class MemberState:
     #: serialises snapshot applications (each takes many turns of the event loop)
     snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     meta_dirty: bool = False
-    status_dirty: bool = True
     #: what the agent's last heartbeat said about its member's API server ("": reachable)
     member_api_error: str = ""
     #: job uid -> what the agent's latest Hello said it holds (at most MAX_HELD_JOBS)

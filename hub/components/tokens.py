@@ -141,7 +141,7 @@ class JoinTokens:
         ref = self._ref(m)
         if ref is not None:
             self._want(ref[0])
-        self._resolve(lambda _ref: True, only=m.name)
+        self._resolve(lambda _ref: True, only=m)
 
     def member_gone(self, name: str) -> None:
         """The MemberCluster was deleted: its token authenticates nobody any more."""
@@ -154,12 +154,14 @@ class JoinTokens:
         return ref.namespace or self._term.config.token_namespace, ref.name, ref.key
 
     def _resolve(
-        self, refers: Callable[[tuple[str, str, str]], bool], *, only: str | None = None
+        self, refers: Callable[[tuple[str, str, str]], bool], *, only: MemberState | None = None
     ) -> None:
-        """Recompute the token of every registered member whose Secret ``refers(ref)``."""
-        for m in self._term.state.registered_members():
+        """Recompute the token of every registered member whose Secret ``refers(ref)``; with
+        ``only``, of that member alone (one MemberCluster event reads one member, not the fleet)."""
+        members = self._term.state.registered_members() if only is None else [only]
+        for m in members:
             ref = self._ref(m)
-            if ref is None or (only is not None and m.name != only) or not refers(ref):
+            if ref is None or not refers(ref):
                 continue
             namespace, name, key = ref
             ns = self._namespaces.get(namespace)

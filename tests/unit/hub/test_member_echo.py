@@ -40,7 +40,6 @@ def _cycles(t: Term) -> float:
 def _quiet(t: Term, m: MemberState) -> int:
     """Forget earlier asks; the fleet generation now."""
     t.ctrl.state.cycle_due.clear()
-    m.status_dirty = False
     return t.ctrl.snapshot.generation
 
 
@@ -52,7 +51,6 @@ async def test_the_echo_of_our_own_status_write_asks_for_nothing() -> None:
         t.ctrl.members.on_event("MODIFIED", echo)
         t.ctrl.members.on_event("ADDED", echo)
     assert not t.ctrl.state.cycle_due.is_set(), "no scheduling cycle for a status echo"
-    assert not m.status_dirty
     assert t.ctrl.snapshot.generation == gen
     t.ctrl.members.write_all_statuses()  # the next status interval
     await t.ctrl.mirror.members.drained()
@@ -102,7 +100,6 @@ async def test_a_change_the_hub_reads_still_asks_for_a_cycle(
     change(changed)
     t.ctrl.members.on_event("MODIFIED", changed)
     assert t.ctrl.state.cycle_due.is_set()
-    assert m.status_dirty
     assert (t.ctrl.snapshot.generation != gen) == moves_placement
     if moves_placement:
         member = t.ctrl.snapshot.member("m1")
