@@ -1,7 +1,8 @@
 """Each job's quota charge on the hub, kept incrementally, with a periodic full recount.
 
-Owned by :class:`gpufed.hub.components.queues.Queues`, which builds its ledgers from these
-charges every cycle (:meth:`Queues.rebuild_usage
+Owned by :class:`gpufed.hub.components.queues.Queues`, which changes its ledgers by what
+changed in these charges every cycle (:attr:`JobCharges.changed`,
+:mod:`gpufed.hub.components.ledgers`) (:meth:`Queues.rebuild_usage
 <gpufed.hub.components.queues.Queues.rebuild_usage>`). A job charges its queue from its etcd
 record (``JobRecord.queue`` / ``JobRecord.charged``) while it is placed and not finished; a
 record without a queue charges its job's queue now for the GPU product its status names; the

@@ -24,8 +24,11 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
   and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
   in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
-  missed). The ledgers are built from the charges at every cycle, so a restart, a failover
-  or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
+  missed). The ledgers follow the charges at every cycle, kept by the charges that changed
+  (:mod:`gpufed.hub.components.ledgers`: each cycle a fork with the holds, so a pass's gate
+  never charges the kept ledgers; checked against sums from scratch at each full recount,
+  ``kind="queue_ledger"``), so a restart, a failover or a placement that etcd refused can
+  neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
   ends when the pods bind, while the job keeps its GPUs.
