@@ -1,7 +1,8 @@
 """Each job's quota charge on the hub, kept incrementally, with a periodic full recount.
 
-Owned by :class:`gpufed.hub.components.queues.Queues`, which builds its ledgers from these
-charges every cycle (:meth:`Queues.rebuild_usage
+Owned by :class:`gpufed.hub.components.queues.Queues`, which changes its ledgers by what
+changed in these charges every cycle (:attr:`JobCharges.changed`,
+:mod:`gpufed.hub.components.ledgers`) (:meth:`Queues.rebuild_usage
 <gpufed.hub.components.queues.Queues.rebuild_usage>`). A job charges its queue from its etcd
 record (``JobRecord.queue`` / ``JobRecord.charged``) while it is placed and not finished; a
 record without a queue charges its job's queue now for the GPU product its status names; the
@@ -60,6 +61,12 @@ class JobCharges:
         #: jobs whose placement changed since the last update (the term's shared set)
         self._touched = term.state.touched
         self._recounted = 0.0
+        #: what the last update changed against the one before, by job UID (None: the job
+        #: charges nothing now); on a recount, the incremental changes (before the full count
+        #: replaced them); empty after the term's first count
+        self.changed: dict[str, Charge | None] = {}
+        #: True when the last update was a full count (:meth:`update`)
+        self.recounted = False
         term.metrics.incremental_drift.labels("queue_usage")  # exported from 0
 
     def update(self) -> Mapping[str, Charge]:
@@ -69,12 +76,15 @@ class JobCharges:
         now = self._term.mono()
         if self._charges is None or now - self._recounted >= RECOUNT_S:
             full = self.count_all()
+            self.changed = {}
             if self._charges is not None:
                 self._check_drift(self._count_changed(), full)
             self._charges, self._recounted = full, now
             self._touched.clear()
+            self.recounted = True
         else:
             self._charges = self._count_changed()
+            self.recounted = False
         return self._charges
 
     def uids(self) -> set[str]:
@@ -96,17 +106,25 @@ class JobCharges:
 
     def _count_changed(self) -> dict[str, Charge]:
         """The charges, reading only the jobs that charged at the last update, those touched
-        since and the orphan records."""
+        since and the orphan records; the differences from the last update in
+        :attr:`changed`."""
         jobs = self._term.state.jobs
         orphans = {r.uid: r for r in self._orphans()}
+        prev = self._charges or {}
         out: dict[str, Charge] = {}
-        for uid in {*(self._charges or ()), *self._touched, *orphans}:
-            j = jobs.get(uid)
-            r = orphans.get(uid) if j is None else None
-            c = self._charge_of(j) if j is not None else _orphan_charge(r) if r else None
-            if c is not None:
-                out[uid] = c
+        changed: dict[str, Charge | None] = {}
+        extra = {u for u in (*self._touched, *orphans) if u not in prev}
+        for uids in (prev, extra):
+            for uid in uids:
+                j = jobs.get(uid)
+                r = orphans.get(uid) if j is None else None
+                c = self._charge_of(j) if j is not None else _orphan_charge(r) if r else None
+                if c is not None:
+                    out[uid] = c
+                if prev.get(uid) != c:
+                    changed[uid] = c
         self._touched.clear()
+        self.changed = changed
         return out
 
     def _charge_of(self, j: JobState) -> Charge | None:

@@ -24,8 +24,11 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
   and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
   in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
-  missed). The ledgers are built from the charges at every cycle, so a restart, a failover
-  or a placement that etcd refused can neither double nor lose a job; within a cycle the pass
+  missed). The ledgers follow the charges at every cycle, kept by the charges that changed
+  (:mod:`gpufed.hub.components.ledgers`: each cycle a fork with the holds, so a pass's gate
+  never charges the kept ledgers; checked against sums from scratch at each full recount,
+  ``kind="queue_ledger"``), so a restart, a failover or a placement that etcd refused can
+  neither double nor lose a job; within a cycle the pass
   charges each placement at once (:meth:`gpufed.placement.quota.QuotaGate.charge`), so two jobs
   of one pass never exceed a quota together. Not the reservation ledger: a reservation also
   ends when the pods bind, while the job keeps its GPUs.
@@ -64,7 +67,8 @@ from gpufed.api.queue import (
     QueueUsage,
     ShareSample,
 )
-from gpufed.hub.components.charges import RECOUNT_S, Charge, JobCharges
+from gpufed.hub.components.charges import RECOUNT_S, JobCharges
+from gpufed.hub.components.ledgers import Hold, QueueLedgers
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
@@ -141,6 +145,9 @@ class Queues:
         term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
         #: each job's charge, kept incrementally (:meth:`rebuild_usage`)
         self._charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
+        #: the ledgers' bases, kept by the charges that changed (:meth:`rebuild_usage`)
+        self._ledgers = QueueLedgers()
+        term.metrics.incremental_drift.labels("queue_ledger")  # exported from 0
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None
         #: set once the first GPUQueue list of this term is in
@@ -281,53 +288,31 @@ class Queues:
         same GPUs twice. The scheduling cycle passes them; between cycles (:meth:`refresh`)
         the last ones count.
 
-        Cost: the jobs that charged at the last count, the jobs touched since and the orphan
-        records (module docstring); a full count over every job every
-        :data:`~gpufed.hub.components.charges.RECOUNT_S`, which counts the jobs whose
-        incremental charge differed (:class:`~gpufed.hub.components.charges.JobCharges`)."""
+        Cost: reading the charges, the jobs that charged at the last count, the jobs touched
+        since and the orphan records (module docstring); the ledgers, the charges that changed
+        and the holds (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). A full count
+        over every job every :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
+        whose incremental charge differed
+        (:class:`~gpufed.hub.components.charges.JobCharges`) and rebuilds the ledgers from
+        scratch, counting what the kept ones had different
+        (``gpufed_hub_incremental_drift_total{kind="queue_ledger"}``)."""
         if holds is not None:
             self._holds = tuple(holds)
-        self._build_ledgers(self._charges.update())
-
-    def _build_ledgers(self, charges: Mapping[str, Charge]) -> None:
-        """The admission ledger (``usage``) and the planning one (``planning_usage``) from the
-        jobs' charges and the holds (:meth:`rebuild_usage`)."""
-        # preemptor uid -> what its victims still being stopped charge (their copies run)
-        stopping_for: dict[str, Counter[str]] = {}
-        rows: list[tuple[str, str, Mapping[str, int]]] = []
-        running: list[tuple[str, str, Mapping[str, int]]] = []
-        for uid, (queue, charged, by) in charges.items():
-            rows.append((uid, queue, charged))
-            if by is not None:
-                # preempted, copy not gone yet: it still charges its own queue (its pods run);
-                # the preemptor's hold is charged only for the rest (below)
-                stopping_for.setdefault(by, Counter()).update(charged)
-            else:
-                running.append((uid, queue, charged))
-        held_charges: list[tuple[str, str, Mapping[str, int]]] = []
-        full_holds: list[tuple[str, str, Mapping[str, int]]] = []
+        charges = self._charges.update()
+        self._ledgers.apply(self._charges.changed)
+        if self._charges.recounted:
+            differ = self._ledgers.recount(charges)
+            if differ:
+                self._term.metrics.incremental_drift.labels("queue_ledger").inc(differ)
+        resolved: list[Hold] = []
         for uid, product in self._holds:
             held = self._term.state.jobs.get(uid)
             if held is None or held.request is None or not held.wants_placement:
                 continue
-            queue = self.queue_of(held).queue
-            full = demand_of(held.request, product)
-            if full:
-                full_holds.append((uid, queue, full))
-            still = stopping_for.get(uid, Counter())
-            demand = {k: v - still[k] for k, v in full.items()}
-            if demand := {k: v for k, v in demand.items() if v > 0}:
-                held_charges.append((uid, queue, demand))
-        # A new ledger object: a pass's gate keeps charging the one it started with.
-        usage = QuotaUsage()
-        usage.rebuild(held_charges + rows)
-        self.usage = usage
-        # Preemption plans on the usage to come: victims being stopped count as gone and the
-        # holds in full (else a queue whose victims still stop looks above its nominal and
-        # loses more jobs to reclaim than it borrows: the seed-1 soak's preemption churn).
-        planning = QuotaUsage()
-        planning.rebuild(full_holds + running)
-        self.planning_usage = planning
+            resolved.append((uid, self.queue_of(held).queue, demand_of(held.request, product)))
+        # New ledger objects (forks of the kept bases): a pass's gate keeps charging the one
+        # it started with, and its charges never reach the bases.
+        self.usage, self.planning_usage = self._ledgers.views(resolved)
 
     def gate(self) -> QuotaGate:
         """Admission for one pass over the current tree and ledger (the pass charges it)."""

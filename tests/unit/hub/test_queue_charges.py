@@ -9,7 +9,7 @@ the scheduler passed: a record placed in a member charges its queue its ``charge
 unless its GPUJob has finished; the admission ledger counts a victim still stopping, the
 planning ledger does not; a waiting preemptor's hold charges its queue, in full for planning
 and less what its stopping victims charge for admission; the status counts pending and
-admitted jobs. The drift counters stay 0.
+admitted jobs. The drift counters (queue_usage, queue_jobs, queue_ledger) stay 0.
 """
 
 from __future__ import annotations
@@ -176,11 +176,11 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
         assert ledger(t, planning=True) == planning, (kind, uid)
         shown = t.ctrl.queues.shown["team-a"]
         assert (shown.pending_jobs, shown.admitted_jobs) == job_counts(t, gpus_of), (kind, uid)
-        assert drift(t) == drift(t, "queue_jobs") == 0
+        assert drift(t) == drift(t, "queue_jobs") == drift(t, "queue_ledger") == 0
     # a last full recount finds nothing the incremental charges missed
     t.clock.advance(RECOUNT_S)
     t.ctrl.queues.refresh()
-    assert drift(t) == drift(t, "queue_jobs") == 0
+    assert drift(t) == drift(t, "queue_jobs") == drift(t, "queue_ledger") == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
