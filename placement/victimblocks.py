@@ -283,15 +283,8 @@ def _block_estimates(
     reasons: dict[str, str],
     bound: Bound,
 ) -> list[Estimate]:
-    """:func:`estimates` for a job that must sit in one block: one tuple per victim, the
-    :class:`Victim` objects only for jobs the fast rule cannot judge (past preemptions, any
-    job when there are queues; :meth:`Search.victim` decides those)."""
-    prio_p = s.p.request.priority
-    no_quota = s.quota is None
-    demand = s.job.demand
-    now = s.now
-    min_rt = s.rules.min_runtime_s
-    judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    """:func:`estimates` for a job that must sit in one block (:func:`block_estimate` per
+    block the bound does not pass over)."""
     name = c.name
     out: list[Estimate] = []
     for pool in pools:
@@ -300,54 +293,77 @@ def _block_estimates(
             if b.low > bound.prio:
                 bound.passed[name] = bound.passed.get(name, 0) + 1
                 continue
-            fc = b.free_cap(c, level)
-            if fc is None or fc[1] < demand:
-                continue
-            cand: list[tuple[int, float, str, int]] = []
-            for run, gpus in b.runs.values():
-                uid = run.uid
-                if uid in skip:
-                    continue
-                prio = run.priority
-                if prio >= prio_p and no_quota:
-                    continue  # no reclaim without queues
-                if (
-                    no_quota
-                    and prio < prio_p
-                    and not judged
-                    and not run.preempted
-                    and now - run.started_at >= min_rt
-                    and now >= run.preemptible_after
-                ):
-                    cost = work_lost_gpu_s(run, now)  # victim() would say yes: priority alone
-                else:
-                    v = s.victim(run, product)
-                    if isinstance(v, str):
-                        reasons[uid] = v
-                        continue
-                    cost = v.cost_gpu_s
-                cand.append((prio, cost, uid, gpus))
-            if not cand:
-                continue
-            if len(cand) > 1:
-                cand.sort()  # victim_key order (UIDs are unique: GPUs never compared)
-            free = fc[0]
-            spent = 0.0
-            for i, (prio, cost, _uid, gpus) in enumerate(cand):
-                free += gpus
-                spent += cost
-                if free >= demand:
-                    bound.add(prio)
-                    out.append(
-                        Estimate(
-                            (prio, round(spent, 6), i + 1, name),
-                            b.key,
-                            [x[2] for x in cand[: i + 1]],
-                            runs=b,
-                        )
-                    )
-                    break
+            e = block_estimate(s, c, b, level, product, skip, reasons)
+            if e is not None:
+                bound.add(e.head[0])
+                out.append(e)
     return out
+
+
+def block_estimate(
+    s: Search,
+    c: ClusterState,
+    b: BlockRuns,
+    level: str,
+    product: str,
+    skip: set[str],
+    reasons: dict[str, str],
+) -> Estimate | None:
+    """One block's greedy estimate for a job that must sit in one block (None: its eligible
+    victims not in ``skip`` cannot free enough): one tuple per victim, the :class:`Victim`
+    objects only for jobs the fast rule cannot judge (past preemptions, any job when there
+    are queues; :meth:`Search.victim` decides those). Ineligible jobs' reasons go to
+    ``reasons``. Reads the block's free GPUs live (call it with the cycle's plans applied)."""
+    demand = s.job.demand
+    fc = b.free_cap(c, level)
+    if fc is None or fc[1] < demand:
+        return None
+    prio_p = s.p.request.priority
+    no_quota = s.quota is None
+    now = s.now
+    min_rt = s.rules.min_runtime_s
+    judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    cand: list[tuple[int, float, str, int]] = []
+    for run, gpus in b.runs.values():
+        uid = run.uid
+        if uid in skip:
+            continue
+        prio = run.priority
+        if prio >= prio_p and no_quota:
+            continue  # no reclaim without queues
+        if (
+            no_quota
+            and prio < prio_p
+            and not judged
+            and not run.preempted
+            and now - run.started_at >= min_rt
+            and now >= run.preemptible_after
+        ):
+            cost = work_lost_gpu_s(run, now)  # victim() would say yes: priority alone
+        else:
+            v = s.victim(run, product)
+            if isinstance(v, str):
+                reasons[uid] = v
+                continue
+            cost = v.cost_gpu_s
+        cand.append((prio, cost, uid, gpus))
+    if not cand:
+        return None
+    if len(cand) > 1:
+        cand.sort()  # victim_key order (UIDs are unique: GPUs never compared)
+    free = fc[0]
+    spent = 0.0
+    for i, (prio, cost, _uid, gpus) in enumerate(cand):
+        free += gpus
+        spent += cost
+        if free >= demand:
+            return Estimate(
+                (prio, round(spent, 6), i + 1, c.name),
+                b.key,
+                [x[2] for x in cand[: i + 1]],
+                runs=b,
+            )
+    return None
 
 
 def cheapest(rows: list[Estimate], k: int) -> list[Estimate]:
