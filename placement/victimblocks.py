@@ -323,6 +323,8 @@ def block_estimate(
     now = s.now
     min_rt = s.rules.min_runtime_s
     judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    own = s.own_queue
+    default = s.quota.tree.default_queue if s.quota is not None else None
     cand: list[tuple[int, float, str, int]] = []
     for run, gpus in b.runs.values():
         uid = run.uid
@@ -332,14 +334,16 @@ def block_estimate(
         if prio >= prio_p and no_quota:
             continue  # no reclaim without queues
         if (
-            no_quota
-            and prio < prio_p
+            prio < prio_p
+            and (no_quota or (own is not None and (run.queue or default) == own))
             and not judged
             and not run.preempted
             and now - run.started_at >= min_rt
             and now >= run.preemptible_after
         ):
-            cost = work_lost_gpu_s(run, now)  # victim() would say yes: priority alone
+            # victim() would say yes on priority alone: no queues, or a lower priority of the
+            # preemptor's own queue whose withinQueue is not Never
+            cost = work_lost_gpu_s(run, now)
         else:
             v = s.victim(run, product)
             if isinstance(v, str):

@@ -116,6 +116,15 @@ class Search:
         self._product: dict[str, str] = {}
         #: victims eligible only because the preemptor borrows (borrowWithinParent)
         self._borrow: set[str] = set()
+        #: with queues, the preemptor's queue when its ``withinQueue`` lets it preempt lower
+        #: priorities there (a job of that queue below its priority then needs no full rule)
+        self.own_queue: str | None = None
+        if quota is not None:
+            q = p.request.queue or quota.tree.default_queue
+            node = quota.tree.nodes.get(q)
+            own = node.preemption if node is not None else DEFAULT_PREEMPTION
+            if own.within_queue != "Never":
+                self.own_queue = q
 
     # --- eligibility (docs/placement.md, "Who may preempt whom, when") ----------------------
     def victim(self, run: Running, product: str | None) -> Victim | str:
