@@ -202,15 +202,23 @@ class Estimate:
     ) -> tuple[Block, tuple[list[Victim], list[Victim]]]:
         """The filed block and its greedy split (chosen, rest), as a full scan files them.
         Call it with the cycle's earlier plans applied (the block's free GPUs as they leave
-        them), like :func:`estimates`."""
+        them), like :func:`estimates`. Raises :class:`FleetChangedError` when the block no longer
+        frees enough: the snapshot changed since the estimate by more than the cycle's own
+        plans (a caller that changes it while a worker plans)."""
         if self.filed is None:
             assert self.runs is not None
             runs = [r for r, _ in self.runs.runs.values() if r.uid not in skip]
-            b = next(b for b in file_blocks(s, c, runs, reasons) if b.key == self.bkey)
-            g = greedy(b, s.job.demand, s.job.max_gpus)
-            assert g is not None  # the same victims reached the demand in estimates()
+            b = next((b for b in file_blocks(s, c, runs, reasons) if b.key == self.bkey), None)
+            g = greedy(b, s.job.demand, s.job.max_gpus) if b is not None else None
+            if b is None or g is None:  # the same victims reached the demand in estimates()
+                raise FleetChangedError(f"block {self.bkey} of {c.name} changed since its estimate")
             self.filed = (b, g)
         return self.filed
+
+
+class FleetChangedError(RuntimeError):
+    """The snapshot changed under a decision by more than the cycle's own plans (a
+    ``RuntimeError``, like a dict changing size under a reader: the hub plans again)."""
 
 
 class Bound:

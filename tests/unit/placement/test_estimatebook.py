@@ -20,6 +20,7 @@ import copy
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from placement_builders import GB200, H100, job, member
@@ -40,7 +41,14 @@ from gpufed.placement.preemption import (
 )
 from gpufed.placement.quota import QuotaUsage
 from gpufed.placement.runindex import RunningIndex
-from gpufed.placement.victimblocks import Estimate, file_blocks, greedy, set_key
+from gpufed.placement.victimblocks import (
+    Estimate,
+    FleetChangedError,
+    block_estimate,
+    file_blocks,
+    greedy,
+    set_key,
+)
 from gpufed.placement.victims import Search
 from gpufed.placement.whatif import freed
 
@@ -291,3 +299,22 @@ def test_a_quota_answer_the_first_plan_changed_is_read_again() -> None:
     assert isinstance(answers[1], NoPreemption)
     for name, mine in zip(("p0", "p1"), answers, strict=True):
         _same(full.plan(team_a(name)), mine)
+
+
+def test_a_block_that_no_longer_frees_enough_says_the_fleet_changed() -> None:
+    """A kept estimate whose block, filed now, no longer reaches the demand (the snapshot moved
+    under a worker by more than the cycle's plans) raises FleetChangedError (a RuntimeError) the hub
+    counts as ``raced`` and plans again, instead of an assertion."""
+    snap = FleetSnapshot([member("m0", [busy_node("m0-n0", [("v", 8)], product=H100)])])
+    runs = [running("v", "m0", {"m0-n0": 8})]
+    p = Preemptor(job("p", gpus=8, nvlink="Required", priority=5))
+    index = RunningIndex(snap, runs)
+    s = Search(p, snap, POLICY, PreemptionRules(), NOW, None, None, (), ())
+    c = snap.cluster("m0")
+    [blk] = index.blocks("m0", "nvlink", next(iter(c.pools.values())).key)
+    e = block_estimate(s, c, blk, "nvlink", H100, set(), {})
+    assert e is not None
+    assert e.uids == ["v"]
+    with pytest.raises(FleetChangedError, match="changed since its estimate"):
+        e.block(s, c, {"v"}, {})  # its only victim is gone: nothing left to free
+    assert issubclass(FleetChangedError, RuntimeError)
