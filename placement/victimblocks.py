@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpufed.api.errors import GpufedError
 from gpufed.placement.index import PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
@@ -216,7 +217,7 @@ class Estimate:
         return self.filed
 
 
-class FleetChangedError(RuntimeError):
+class FleetChangedError(GpufedError, RuntimeError):
     """The snapshot changed under a decision by more than the cycle's own plans (a
     ``RuntimeError``, like a dict changing size under a reader: the hub plans again)."""
 
