@@ -32,7 +32,8 @@ still catch it)::
         StoreError, ConflictError (RECONCILE: re-read), StreamClosedError and RefusedError
         (their gRPC code), OwnershipConflictError (``retryable``), _StillChangingError
         (HTTP 409), EtcdStartError, the sandbox's SandboxError, BinariesError, ComponentError,
-        ControlPlaneError, IdentityError
+        ControlPlaneError, IdentityError, placement's FleetChangedError (RuntimeError: the
+        snapshot moved under a preemption plan; the hub plans again next cycle)
 
 Private control-flow classes that never leave their module (``cli.output._GoneError``,
 ``api.fleetcheck._IssuesError``) stay outside the tree.

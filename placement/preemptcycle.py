@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 
+from gpufed.placement.estimatebook import EstimateBook
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import (
     NoPreemption,
@@ -59,6 +60,8 @@ class PreemptionCycle:
         self.running = (
             running if isinstance(running, RunningIndex) else RunningIndex(snapshot, running)
         )
+        #: the block estimates kept across this cycle's preemptors (:mod:`.estimatebook`)
+        self.book = EstimateBook(self.running, now)
         self.quota = (
             QuotaView(quota.tree, copy.deepcopy(quota.usage)) if quota is not None else None
         )
@@ -82,6 +85,7 @@ class PreemptionCycle:
             quota=self.quota,
             gone=self._gone,
             placed=[p.decision for p in self.plans],
+            book=self.book,
         )
         if isinstance(result, PreemptionPlan):
             self.plans.append(result)

@@ -104,6 +104,9 @@ class RunningIndex:
     def __init__(self, snapshot: FleetSnapshot, running: Iterable[Running] = ()) -> None:
         self.snapshot = snapshot
         self._members: dict[str, _Member] = {}
+        #: moves on every add, remove and reindex (a reader that keeps what it derived from
+        #: the index knows it is stale)
+        self.version = 0
         for run in running:
             self.add(run)
 
@@ -117,6 +120,14 @@ class RunningIndex:
     def __contains__(self, uid: object) -> bool:
         return any(uid in m.runs for m in self._members.values())
 
+    def find(self, uid: str) -> Running | None:
+        """The job ``uid`` (None: not filed), O(members)."""
+        for m in self._members.values():
+            run = m.runs.get(uid)
+            if run is not None:
+                return run
+        return None
+
     @property
     def members(self) -> list[str]:
         """Members with at least one job filed, sorted."""
@@ -129,6 +140,7 @@ class RunningIndex:
 
     def add(self, run: Running) -> None:
         """File ``run`` (a job started or placed); replaces a job of the same UID."""
+        self.version += 1
         m = self._members.setdefault(run.cluster, _Member())
         if run.uid in m.runs:
             self.remove(run.uid, run.cluster)
@@ -142,6 +154,7 @@ class RunningIndex:
         run = m.runs.pop(uid, None) if m is not None else None
         if m is None or run is None:
             return None
+        self.version += 1
         for blocks, key in m.filed.pop(uid, ()):
             b = blocks.get(key)
             if b is not None and b.runs.pop(uid, None) is not None and not b.runs:
@@ -150,6 +163,7 @@ class RunningIndex:
 
     def reindex(self, cluster: str) -> None:
         """File ``cluster``'s jobs again from the snapshot's nodes as they are now."""
+        self.version += 1
         m = self._members.get(cluster)
         if m is not None:
             m.levels.clear()
@@ -174,6 +188,24 @@ class RunningIndex:
             for run in m.runs.values():
                 self._file(m, run, level, pools)
         return pools.get(pool, {}).values()
+
+    def block_of(self, cluster: str, level: str, node: str) -> BlockRuns | None:
+        """The block at ``level`` (one of :data:`LEVELS`) holding ``node`` of ``cluster``, as
+        filed so far (None: no filed job runs in it, the level is not filed yet, or the node
+        has no pool or no such label). O(1)."""
+        m = self._members.get(cluster)
+        pools = m.levels.get(level) if m is not None else None
+        if pools is None:
+            return None
+        try:
+            n = self.snapshot.cluster(cluster).nodes.get(node)
+        except KeyError:
+            return None
+        if n is None or n.pool is None:
+            return None
+        key = block_key(n, level)
+        blocks = pools.get(n.pool.key)
+        return blocks.get(key) if blocks is not None and key is not None else None
 
     def _file(
         self, m: _Member, run: Running, level: str, pools: dict[PoolKey, dict[str, BlockRuns]]

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpufed.api.errors import GpufedError
 from gpufed.placement.index import PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
@@ -202,15 +203,23 @@ class Estimate:
     ) -> tuple[Block, tuple[list[Victim], list[Victim]]]:
         """The filed block and its greedy split (chosen, rest), as a full scan files them.
         Call it with the cycle's earlier plans applied (the block's free GPUs as they leave
-        them), like :func:`estimates`."""
+        them), like :func:`estimates`. Raises :class:`FleetChangedError` when the block no longer
+        frees enough: the snapshot changed since the estimate by more than the cycle's own
+        plans (a caller that changes it while a worker plans)."""
         if self.filed is None:
             assert self.runs is not None
             runs = [r for r, _ in self.runs.runs.values() if r.uid not in skip]
-            b = next(b for b in file_blocks(s, c, runs, reasons) if b.key == self.bkey)
-            g = greedy(b, s.job.demand, s.job.max_gpus)
-            assert g is not None  # the same victims reached the demand in estimates()
+            b = next((b for b in file_blocks(s, c, runs, reasons) if b.key == self.bkey), None)
+            g = greedy(b, s.job.demand, s.job.max_gpus) if b is not None else None
+            if b is None or g is None:  # the same victims reached the demand in estimates()
+                raise FleetChangedError(f"block {self.bkey} of {c.name} changed since its estimate")
             self.filed = (b, g)
         return self.filed
+
+
+class FleetChangedError(GpufedError, RuntimeError):
+    """The snapshot changed under a decision by more than the cycle's own plans (a
+    ``RuntimeError``, like a dict changing size under a reader: the hub plans again)."""
 
 
 class Bound:
@@ -283,15 +292,8 @@ def _block_estimates(
     reasons: dict[str, str],
     bound: Bound,
 ) -> list[Estimate]:
-    """:func:`estimates` for a job that must sit in one block: one tuple per victim, the
-    :class:`Victim` objects only for jobs the fast rule cannot judge (past preemptions, any
-    job when there are queues; :meth:`Search.victim` decides those)."""
-    prio_p = s.p.request.priority
-    no_quota = s.quota is None
-    demand = s.job.demand
-    now = s.now
-    min_rt = s.rules.min_runtime_s
-    judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    """:func:`estimates` for a job that must sit in one block (:func:`block_estimate` per
+    block the bound does not pass over)."""
     name = c.name
     out: list[Estimate] = []
     for pool in pools:
@@ -300,54 +302,81 @@ def _block_estimates(
             if b.low > bound.prio:
                 bound.passed[name] = bound.passed.get(name, 0) + 1
                 continue
-            fc = b.free_cap(c, level)
-            if fc is None or fc[1] < demand:
-                continue
-            cand: list[tuple[int, float, str, int]] = []
-            for run, gpus in b.runs.values():
-                uid = run.uid
-                if uid in skip:
-                    continue
-                prio = run.priority
-                if prio >= prio_p and no_quota:
-                    continue  # no reclaim without queues
-                if (
-                    no_quota
-                    and prio < prio_p
-                    and not judged
-                    and not run.preempted
-                    and now - run.started_at >= min_rt
-                    and now >= run.preemptible_after
-                ):
-                    cost = work_lost_gpu_s(run, now)  # victim() would say yes: priority alone
-                else:
-                    v = s.victim(run, product)
-                    if isinstance(v, str):
-                        reasons[uid] = v
-                        continue
-                    cost = v.cost_gpu_s
-                cand.append((prio, cost, uid, gpus))
-            if not cand:
-                continue
-            if len(cand) > 1:
-                cand.sort()  # victim_key order (UIDs are unique: GPUs never compared)
-            free = fc[0]
-            spent = 0.0
-            for i, (prio, cost, _uid, gpus) in enumerate(cand):
-                free += gpus
-                spent += cost
-                if free >= demand:
-                    bound.add(prio)
-                    out.append(
-                        Estimate(
-                            (prio, round(spent, 6), i + 1, name),
-                            b.key,
-                            [x[2] for x in cand[: i + 1]],
-                            runs=b,
-                        )
-                    )
-                    break
+            e = block_estimate(s, c, b, level, product, skip, reasons)
+            if e is not None:
+                bound.add(e.head[0])
+                out.append(e)
     return out
+
+
+def block_estimate(
+    s: Search,
+    c: ClusterState,
+    b: BlockRuns,
+    level: str,
+    product: str,
+    skip: set[str],
+    reasons: dict[str, str],
+) -> Estimate | None:
+    """One block's greedy estimate for a job that must sit in one block (None: its eligible
+    victims not in ``skip`` cannot free enough): one tuple per victim, the :class:`Victim`
+    objects only for jobs the fast rule cannot judge (past preemptions, any job when there
+    are queues; :meth:`Search.victim` decides those). Ineligible jobs' reasons go to
+    ``reasons``. Reads the block's free GPUs live (call it with the cycle's plans applied)."""
+    demand = s.job.demand
+    fc = b.free_cap(c, level)
+    if fc is None or fc[1] < demand:
+        return None
+    prio_p = s.p.request.priority
+    no_quota = s.quota is None
+    now = s.now
+    min_rt = s.rules.min_runtime_s
+    judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
+    own = s.own_queue
+    default = s.quota.tree.default_queue if s.quota is not None else None
+    cand: list[tuple[int, float, str, int]] = []
+    for run, gpus in b.runs.values():
+        uid = run.uid
+        if uid in skip:
+            continue
+        prio = run.priority
+        if prio >= prio_p and no_quota:
+            continue  # no reclaim without queues
+        if (
+            prio < prio_p
+            and (no_quota or (own is not None and (run.queue or default) == own))
+            and not judged
+            and not run.preempted
+            and now - run.started_at >= min_rt
+            and now >= run.preemptible_after
+        ):
+            # victim() would say yes on priority alone: no queues, or a lower priority of the
+            # preemptor's own queue whose withinQueue is not Never
+            cost = work_lost_gpu_s(run, now)
+        else:
+            v = s.victim(run, product)
+            if isinstance(v, str):
+                reasons[uid] = v
+                continue
+            cost = v.cost_gpu_s
+        cand.append((prio, cost, uid, gpus))
+    if not cand:
+        return None
+    if len(cand) > 1:
+        cand.sort()  # victim_key order (UIDs are unique: GPUs never compared)
+    free = fc[0]
+    spent = 0.0
+    for i, (prio, cost, _uid, gpus) in enumerate(cand):
+        free += gpus
+        spent += cost
+        if free >= demand:
+            return Estimate(
+                (prio, round(spent, 6), i + 1, c.name),
+                b.key,
+                [x[2] for x in cand[: i + 1]],
+                runs=b,
+            )
+    return None
 
 
 def cheapest(rows: list[Estimate], k: int) -> list[Estimate]:

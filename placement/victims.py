@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from gpufed.api.decision import Decision, Outcome
 from gpufed.api.queue import DEFAULT_PREEMPTION
 from gpufed.placement.engine import place
+from gpufed.placement.estimatebook import EstimateBook, served
 from gpufed.placement.policy import Policy
 from gpufed.placement.preemption import (
     NoPreemption,
@@ -115,6 +116,15 @@ class Search:
         self._product: dict[str, str] = {}
         #: victims eligible only because the preemptor borrows (borrowWithinParent)
         self._borrow: set[str] = set()
+        #: with queues, the preemptor's queue when its ``withinQueue`` lets it preempt lower
+        #: priorities there (a job of that queue below its priority then needs no full rule)
+        self.own_queue: str | None = None
+        if quota is not None:
+            q = p.request.queue or quota.tree.default_queue
+            node = quota.tree.nodes.get(q)
+            own = node.preemption if node is not None else DEFAULT_PREEMPTION
+            if own.within_queue != "Never":
+                self.own_queue = q
 
     # --- eligibility (docs/placement.md, "Who may preempt whom, when") ----------------------
     def victim(self, run: Running, product: str | None) -> Victim | str:
@@ -324,6 +334,7 @@ def plan_preemption(
     quota: QuotaView | None = None,
     gone: Sequence[Running] = (),
     placed: Sequence[Decision] = (),
+    book: EstimateBook | None = None,
 ) -> PreemptionPlan | NoPreemption:
     """The cheapest preemption that lets ``preemptor`` be placed, or why there is none.
 
@@ -334,7 +345,9 @@ def plan_preemption(
     backfill holds of the pass (the job keeps off them in the what-if too). ``quota``: for
     reclaim and for admission once the victims are gone (None: no queues). ``gone``: the
     victims already chosen this cycle (taken off the fleet, never chosen again); ``placed``:
-    the what-if decisions of earlier preemptors this cycle (their GPUs stay held). Call it for a job ``place()`` left
+    the what-if decisions of earlier preemptors this cycle (their GPUs stay held). ``book``: the
+    cycle's kept block estimates over ``running`` (a :class:`~.estimatebook.EstimateBook`:
+    only the blocks the earlier plans changed are estimated again; the plan is the same). Call it for a job ``place()`` left
     ``Unschedulable``; raises nothing for a job that cannot preempt (the answer says why).
     """
     rules = rules or PreemptionRules()
@@ -364,6 +377,7 @@ def plan_preemption(
     # free GPUs as the cycle's earlier plans leave them (not nested in a what-if: freeing a
     # victim twice would take its GPUs off twice)
     with freed(snapshot, s.gone, placed, now):
+        entry = book.begin(s, skip) if book is not None and book.index is index else None
         for cluster in index.members:
             if cluster not in known:
                 continue
@@ -377,7 +391,11 @@ def plan_preemption(
                 members[cluster] = "member is not Ready"
                 continue
             reasons: dict[str, str] = {}
-            found_here = estimates(s, c, index, skip, reasons, bound)
+            found_here = (
+                book.estimates(entry, s, c, skip, reasons, bound)
+                if entry is not None and book is not None
+                else estimates(s, c, index, skip, reasons, bound)
+            )
             if not found_here and cluster not in bound.passed:
                 members[cluster] = (
                     "no block of the job's GPUs frees enough with eligible victims"
@@ -387,9 +405,11 @@ def plan_preemption(
             everywhere += found_here
             members[cluster] = "not searched: cheaper blocks elsewhere"
         # the cheapest blocks of the whole fleet by their estimate, at most max_blocks of them
+        if entry is not None and book is not None:
+            book.end(entry, s)
         tried = [
             (e.cluster, e.block(s, snapshot.cluster(e.cluster), skip, {}))
-            for e in cheapest(everywhere, rules.max_blocks)
+            for e in served(cheapest(everywhere, rules.max_blocks))
         ]
     found = search(s, [(cluster, block, split) for cluster, (block, split) in tried])
     members.update(found.members)

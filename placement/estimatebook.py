@@ -1,0 +1,244 @@
+"""The block estimates of one preemption cycle, kept across its preemptors (pure): a later
+preemptor re-estimates only the blocks the cycle's earlier plans changed.
+
+Built by :class:`~gpufed.placement.preemptcycle.PreemptionCycle`, read by
+:func:`~gpufed.placement.victims.plan_preemption` in place of
+:func:`~gpufed.placement.victimblocks.estimates` (docs/placement.md, "Preemption").
+
+A block's greedy estimate (:func:`~gpufed.placement.victimblocks.block_estimate`) depends on the
+preemptor only through what :func:`signature` names (priority, queue, pod sets, the block level
+it needs, its GPU products, and its submit time where its queue's ``withinQueue`` reads it), on
+the quota ledger only through the answers :class:`~gpufed.placement.victims.Search` caches per
+(queue, product), and on the fleet only through the block's running jobs, the skipped UIDs and
+the block's free GPUs. Within one cycle (one ``now``, one running-jobs index) the fleet changes
+between two preemptors only by the earlier plans: their victims leave (skipped, their GPUs
+freed) and their what-if placements are reserved. So per signature the book keeps every
+block's estimate (or that it has none) and, for the next preemptor of that signature,
+re-estimates only the blocks that hold a node of a new victim or of a new reservation; the
+rest are read back as they are. Blocks the priority bound (:class:`~.victimblocks.Bound`) passed
+over stay unread until the bound, rebuilt from the kept estimates, reaches them.
+
+The estimates kept are those a full scan would give now, so the blocks tried, and the plan,
+are the same (``tests/unit/placement/test_estimatebook.py`` checks it against a full scan after
+random plans). The book is dropped and rebuilt when anything else it cannot follow moves: the
+index (:attr:`~.runindex.RunningIndex.version`), ``now``, a quota answer, the earlier plans not
+being a prefix of the ones it saw. Preemptors with past preemptions (the cycle-back rule reads
+each one's own history) and jobs that need a whole member (filed per member at once) are
+estimated in full, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from gpufed.api.decision import Decision
+from gpufed.api.queue import DEFAULT_PREEMPTION
+from gpufed.placement.member import ClusterState
+from gpufed.placement.preemption import Running
+from gpufed.placement.runindex import BlockRuns, RunningIndex
+from gpufed.placement.victimblocks import Bound, Estimate, block_estimate, estimates, level_of
+
+if TYPE_CHECKING:
+    from gpufed.placement.victims import Search
+
+
+def signature(s: Search, level: str) -> Hashable:
+    """Everything about the preemptor that a block's estimate reads (module docstring)."""
+    req = s.p.request
+    submitted: float | None = None
+    if s.quota is not None:
+        tree = s.quota.tree
+        node = tree.nodes.get(req.queue or tree.default_queue)
+        policy = node.preemption if node is not None else DEFAULT_PREEMPTION
+        if policy.within_queue == "LowerOrNewerEqualPriority":
+            submitted = req.submitted_at
+    return (
+        req.priority,
+        req.queue,
+        level,
+        s.job.products,
+        s.job.demand,
+        tuple((ps.count, tuple(sorted(ps.requests.items()))) for ps in req.pod_sets),
+        submitted,
+        s.quota is None,
+    )
+
+
+class _Member:
+    """One member's kept blocks: each read block's estimate (None: it has none) and the
+    reasons its jobs are not eligible; the blocks the bound passed over, unread."""
+
+    __slots__ = ("passed", "reasons", "rows")
+
+    def __init__(self) -> None:
+        self.rows: dict[BlockRuns, Estimate | None] = {}
+        self.reasons: dict[BlockRuns, dict[str, str]] = {}
+        self.passed: dict[BlockRuns, str] = {}  # block -> its pool's GPU product
+
+
+class _Entry:
+    """The kept estimates for one signature, and what they were made with."""
+
+    __slots__ = ("above", "dirty", "gone", "members", "placed", "self_uid", "within")
+
+    def __init__(self, s: Search, self_uid: str) -> None:
+        self.members: dict[str, _Member] = {}
+        #: member -> blocks to read again before they are served
+        self.dirty: dict[str, set[BlockRuns]] = {}
+        self.gone: list[str] = [r.uid for r in s.gone]
+        self.placed: list[Decision] = list(s.placed)
+        self.self_uid = self_uid
+        self.above: dict[tuple[str, str], str] = {}
+        self.within: dict[tuple[str, str], bool] = {}
+
+
+class EstimateBook:
+    """One cycle's block estimates, per :func:`signature` (module docstring).
+
+    ``index``: the cycle's running jobs; ``now``: the cycle's clock. :meth:`estimates` answers
+    like :func:`~gpufed.placement.victimblocks.estimates`. Not thread-safe.
+    """
+
+    def __init__(self, index: RunningIndex, now: float) -> None:
+        self.index = index
+        self.now = now
+        self._version = index.version
+        self._entries: dict[Hashable, _Entry] = {}
+        #: blocks read, and blocks read back without reading, since the book was made
+        self.read = 0
+        self.kept = 0
+
+    def begin(self, s: Search, skip: set[str]) -> _Entry | None:
+        """The entry for this decision (made fresh when the one kept cannot be followed),
+        with the blocks the earlier plans changed marked to read again; None when this
+        preemptor is estimated in full. Call it once per decision, inside the cycle's
+        :func:`~gpufed.placement.whatif.freed` block, before :meth:`estimates`."""
+        level = level_of(s.job)
+        if level is None or s.p.preempted or s.now != self.now:
+            return None
+        if self.index.version != self._version:
+            self._entries.clear()
+            self._version = self.index.version
+        self_uid = s.p.request.uid
+        sig = signature(s, level)
+        entry = self._entries.get(sig)
+        if entry is not None and not self._follow(entry, s, level, self_uid):
+            entry = None
+        if entry is None:
+            entry = self._entries[sig] = _Entry(s, self_uid)
+        return entry
+
+    def _follow(self, entry: _Entry, s: Search, level: str, self_uid: str) -> bool:
+        """Mark what changed since ``entry`` was served; False when it cannot be followed."""
+        gone = [r.uid for r in s.gone]
+        if gone[: len(entry.gone)] != entry.gone or len(s.placed) < len(entry.placed):
+            return False
+        if any(a is not b for a, b in zip(entry.placed, s.placed, strict=False)):
+            return False
+        # the quota answers the kept estimates read must be those of this decision
+        mine = s.p.request.queue or (s.quota.tree.default_queue if s.quota is not None else "")
+        for (theirs, product), hit in entry.above.items():
+            if (s._borrowing(theirs, mine, product) or "") != hit:
+                return False
+        for (theirs, product), ok in entry.within.items():
+            if s._within(mine, theirs, product) != ok:
+                return False
+        nodes: list[tuple[str, str]] = []
+        new_gone: list[Running] = s.gone[len(entry.gone) :]
+        for r in new_gone:
+            nodes += [(r.cluster, n) for n in r.gpus]
+        for d in s.placed[len(entry.placed) :]:
+            if d.cluster is not None:
+                nodes += [(d.cluster, n) for n in d.node_requests()]
+        if self_uid != entry.self_uid:  # a preemptor that also runs skips itself
+            for uid in (self_uid, entry.self_uid):
+                found = self.index.find(uid)
+                if found is not None:
+                    nodes += [(found.cluster, n) for n in found.gpus]
+        for cluster, node in nodes:
+            b = self.index.block_of(cluster, level, node)
+            if b is not None:
+                entry.dirty.setdefault(cluster, set()).add(b)
+        entry.gone = gone
+        entry.placed = list(s.placed)
+        entry.self_uid = self_uid
+        return True
+
+    def end(self, entry: _Entry, s: Search) -> None:
+        """Keep the quota answers this decision read (call it after its last
+        :meth:`estimates`)."""
+        entry.above.update(s._above)
+        entry.within.update(s._within_cache)
+
+    def estimates(
+        self,
+        entry: _Entry | None,
+        s: Search,
+        c: ClusterState,
+        skip: set[str],
+        reasons: dict[str, str],
+        bound: Bound,
+    ) -> list[Estimate]:
+        """:func:`~gpufed.placement.victimblocks.estimates` for member ``c``: the kept
+        estimates, the changed blocks read again, and the blocks the bound no longer passes
+        over read now. The estimates returned are shared: take a copy before
+        :meth:`Estimate.block` (it keeps the filed block)."""
+        if entry is None:
+            return estimates(s, c, self.index, skip, reasons, bound)
+        level = level_of(s.job)
+        assert level is not None
+        m = entry.members.get(c.name)
+        if m is None:
+            m = entry.members[c.name] = _Member()
+            entry.dirty.pop(c.name, None)  # every block is read fresh
+            products = s.job.products
+            for pool in c.pools_sorted():
+                if pool.slices or (products is not None and pool.product not in products):
+                    continue
+                for b in self.index.blocks(c.name, level, pool.key):
+                    m.passed[b] = pool.product
+        else:
+            for b in entry.dirty.pop(c.name, ()):
+                product = m.passed.get(b)
+                if product is None and b in m.rows:
+                    n = c.nodes.get(b.node)
+                    product = n.pool.product if n is not None and n.pool is not None else None
+                    del m.rows[b]
+                    m.reasons.pop(b, None)
+                    if product is not None:
+                        m.passed[b] = product
+        # the kept estimates first (they tighten the bound), then the blocks passed over that
+        # the bound reaches, in index order (the bound only falls: one pass is enough)
+        out: list[Estimate] = []
+        for e in m.rows.values():
+            if e is not None:
+                bound.add(e.head[0])
+                out.append(e)
+        self.kept += len(m.rows)
+        read: list[BlockRuns] = []
+        for b in m.passed:
+            if b.low > bound.prio:
+                continue
+            read.append(b)
+            why: dict[str, str] = {}
+            e = block_estimate(s, c, b, level, m.passed[b], skip, why)
+            m.rows[b] = e
+            if why:
+                m.reasons[b] = why
+            if e is not None:
+                bound.add(e.head[0])
+                out.append(e)
+        for b in read:
+            del m.passed[b]
+        self.read += len(read)
+        if m.passed:
+            bound.passed[c.name] = bound.passed.get(c.name, 0) + len(m.passed)
+        for why in m.reasons.values():
+            reasons.update(why)
+        return out
+
+
+def served(rows: Sequence[Estimate]) -> list[Estimate]:
+    """Copies of kept estimates that :meth:`Estimate.block` may fill."""
+    return [Estimate(e.head, e.bkey, e.uids, e.filed, e.runs) for e in rows]
