@@ -146,9 +146,9 @@ class HubConfig(BaseModel):
       long ago may not preempt back the job that preempted it);
       ``preemption_max_preemptors``: preemptors planned per scheduling cycle (each plan runs
       what-if placements; the others wait for the next cycle); ``preemption_deadline_s``:
-      seconds of planning a cycle starts (planning runs in a worker thread, off the event
-      loop; no new plan is started past it, and the preemptors left are planned next cycle;
-      the first is always planned).
+      seconds of planning a cycle starts, counted once the cycle's running jobs are read and
+      filed (planning runs in a worker thread, off the event loop; no new plan is started
+      past it, and the preemptors left are planned next cycle; the first is always planned).
     - ``suspect_node_cooldown_s``: nodes named by an infrastructure failure are left out of
       placement this long (0: never suspect; :mod:`gpufed.hub.components.reservations`).
     - ``rerun_backoff_base_s`` / ``rerun_backoff_max_s``: the wait before a re-run after an

@@ -63,6 +63,48 @@ async def test_a_preemptor_left_at_the_deadline_is_planned_in_the_next_cycle(
     assert preempted(t) == 4
 
 
+class SettableClock:
+    """``time`` for the preemption module: ``perf_counter`` reads ``now``, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+async def test_the_deadline_counts_planning_not_reading_the_running_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # reading the running jobs takes 5 s of the fake clock, each plan 0.1 s, the deadline is
+    # 0.5 s: both preemptors are planned in one cycle (the setup, paid once a cycle whatever
+    # the deadline, is not planning); counted from before the setup, the second would wait
+    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=0.5)))
+    t = f.t
+    await f.submit("hi1", "uh1", 8, "high")
+    await f.submit("hi2", "uh2", 8, "high")
+    clock = SettableClock()
+    monkeypatch.setattr(preemption_module, "time", clock)
+    read = preemption_module.Preemption.running
+    real = PreemptionCycle.plan
+
+    def running(self: preemption_module.Preemption) -> Any:
+        clock.now += 5.0
+        return read(self)
+
+    def plan(self: PreemptionCycle, *args: Any, **kw: Any) -> Any:
+        clock.now += 0.1
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(preemption_module.Preemption, "running", running)
+    monkeypatch.setattr(PreemptionCycle, "plan", plan)
+    t.ctrl.state.cycle_due.clear()
+    await t.ctrl.scheduler.cycle()
+    assert t.store.calls.count("preempt") == 2
+    assert missed(t, "deadline") == 0
+    assert preempted(t) == 4
+
+
 async def test_a_plan_the_fleet_outgrew_while_it_was_made_is_not_committed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
