@@ -1,24 +1,20 @@
 """Which nodes a starving job holds (issue 29, goal 4): ``BackfillRule.hold_nodes``
 ``earliest-drain`` (``hold_for``'s ``start_on``): the nodes the running jobs' time limits free
 first, checked against a brute force over every node set with each node's drain counted one
-second at a time; and the 16 h starvation bound with the rule on."""
+second at a time (the 16 h starvation bound with the rule on: test_backfill_choice)."""
 
 from __future__ import annotations
 
 from itertools import combinations
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from placement_builders import hgx_cluster, job
-from test_backfill import _stream
 from test_simreport import run
 
 from gpufed.placement import BackfillRule, FleetSnapshot, Policy, hold_for
-from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simulate import simulate
-from gpufed.placement.sim.timelimits import TimeLimitModel, with_time_limits
 from gpufed.placement.sim.trace import TraceJob
 
 POLICY = Policy()
@@ -129,23 +125,6 @@ def test_in_the_simulator_the_starving_job_holds_the_node_that_drains_first() ->
     drain = _week("earliest-drain")
     assert (drain["big"], drain["s"]) == (1_990.0, 0.0)
     assert _week("earliest-drain-multi") == most_free  # a job of one pod: most-free
-
-
-@pytest.mark.parametrize("hold_nodes", ["earliest-drain", "earliest-drain-multi"])
-def test_with_earliest_drain_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
-    hold_nodes: str,
-) -> None:
-    """The starvation bound (as test_backfill's, drawn limits): the rule moves which nodes
-    drain, not whether the 16-GPU job holds once it has waited 16 h."""
-    jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
-    drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
-    rule = BackfillRule(hold_nodes=hold_nodes)  # type: ignore[arg-type]
-    res = simulate([hgx_cluster("a", nodes=3)], jobs, "gpufed", backfill=rule)
-    assert res.placed == res.jobs
-    [rec] = [r for r in res.records if r.job_id == "big"]
-    assert rec.wait_s is not None
-    assert rec.wait_s <= 57_600 + drain
-    assert class_report(res.records)["backfill_limit_hits"] == 0
 
 
 def test_a_bad_hold_nodes_value_names_its_flag(tmp_path: Path) -> None:
