@@ -231,8 +231,9 @@ def simulate_command(
         "most-free",
         "--queue-hold-nodes",
         help="Policy gpufed: how a starving job picks the nodes it holds: most-free (the most "
-        "free GPUs now) or earliest-drain (the nodes the running jobs' time limits free "
-        "first).",
+        "free GPUs now), earliest-drain (the nodes the running jobs' time limits free first), "
+        "earliest-drain-multi (so only for jobs of several pods) or earliest-drain-multi-free "
+        "(as that, and of the nodes drained by that start the most free now first).",
     ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",

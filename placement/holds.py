@@ -32,6 +32,8 @@ def hold_for(
     quota: JobQuota | None = None,
     avoid: Mapping[str, Hold] | None = None,
     start_on: NodeStart | None = None,
+    free_first: bool = False,
+    now: float = 0.0,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
 
@@ -41,7 +43,11 @@ def hold_for(
     they drain, not by how many GPUs are free now (:func:`_nodes_by_drain`): a job of one
     pod holds the node (or group) where it is expected to start first, a job of several pods
     the nodes that drain first, and the member where that start is earliest wins (ties: more
-    free GPUs, then name). Nodes whose start is unknown come last.
+    free GPUs, then name). Nodes whose start is unknown come last. ``free_first`` (with
+    ``start_on``, and ``now``, the pass clock): a job of several pods holds, of the nodes
+    expected drained within :data:`FREE_FIRST_SLACK` times its earliest start's wait, those
+    with the most free GPUs now (``BackfillRule.hold_nodes`` ``earliest-drain-multi-free``), so
+    the busy nodes that drain soon stay for the jobs that want them whole.
 
     ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
     again (a whole-member hold: that member is skipped), so several starving jobs of one shape
@@ -75,7 +81,7 @@ def hold_for(
             continue  # the whole member is held already
         skip = taken.nodes if taken is not None else frozenset()
         if pool is not None and start_on is not None:
-            drained = _nodes_by_drain(job, pool, skip, partial(start_on, c.name))
+            drained = _nodes_by_drain(job, pool, skip, partial(start_on, c.name), free_first, now)
             if drained is not None:
                 key = (drained[0], -drained[1], c.name, drained[2])
                 if soonest is None or key[:3] < soonest[:3]:
@@ -98,6 +104,10 @@ def hold_for(
     return Hold(best[1], best[2], f"held for {request.job}")
 
 
+#: ``hold_for``'s ``free_first``: how much later than the earliest start a hold of several
+#: nodes may start to take nodes with more free GPUs now (x the earliest start's wait)
+FREE_FIRST_SLACK = 1.5
+
 #: ``hold_for``'s ``start_on``: (member, node, GPUs) -> when that many GPUs of the node are
 #: expected free, seconds (None: unknown)
 NodeStart = Callable[[str, str, int], "float | None"]
@@ -108,6 +118,8 @@ def _nodes_by_drain(
     pool: PoolState,
     skip: frozenset[str],
     start_on: Callable[[str, int], float | None],
+    free_first: bool = False,
+    now: float = 0.0,
 ) -> tuple[float, int, frozenset[str]] | None:
     """(expected start, free GPUs now, node names) of the nodes ``job`` should hold in
     ``pool`` when nodes are chosen by when they drain (``hold_for``'s ``start_on``, here per
@@ -115,8 +127,11 @@ def _nodes_by_drain(
     group of that level (an HGX node is its own NVLink domain) where it is expected to start
     first; otherwise the nodes in order of their expected drain (each node asked for the GPUs
     the job's largest pods would take there), as many as hold the job once drained. A
-    group's or a set's start is that of the last node it needs. None when no nodes hold the
-    job drained or its start is unknown."""
+    group's or a set's start is that of the last node it needs. ``free_first``: of the nodes
+    expected drained within :data:`FREE_FIRST_SLACK` times the earliest such start's wait
+    (from ``now``), those with the most free GPUs now (the nodes still busy that drain soon
+    stay for the jobs that want them whole). None when no nodes hold the job drained or its start is
+    unknown."""
     inf = float("inf")
     level = next(
         (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
@@ -143,8 +158,22 @@ def _nodes_by_drain(
             if slots >= job.gpu_pods and _drained_fits(job, chosen):
                 if t == inf:
                     return None
+                if free_first:  # a start a little later, from the nodes with most free now
+                    until = now + FREE_FIRST_SLACK * max(0.0, t - now)
+                    chosen = _most_free_first([x for x in timed if x[0] <= until])
+                    t = max(x[0] for x in timed if x[3] in chosen)
                 return t, sum(x.gpu_free for x in chosen), frozenset(x.name for x in chosen)
         return None
+
+    def _most_free_first(timed: list[tuple[float, int, str, NodeState]]) -> list[NodeState]:
+        chosen: list[NodeState] = []
+        slots = 0
+        for _, _, _, n in sorted(timed, key=lambda x: (x[1], x[0], x[2])):
+            chosen.append(n)
+            slots += _drained_slots(big, n)
+            if slots >= job.gpu_pods and _drained_fits(job, chosen):
+                break
+        return chosen
 
     if pool.slices:
         return None

@@ -66,8 +66,10 @@ QueueOrder = Literal["smallest-first", "fifo"]
 HOLD_CHOICES = ("earliest-start", "least-idle")
 HoldChoice = Literal["earliest-start", "least-idle"]
 #: ``BackfillRule.hold_nodes`` values
-HOLD_NODES = ("most-free", "earliest-drain", "earliest-drain-multi")
-HoldNodes = Literal["most-free", "earliest-drain", "earliest-drain-multi"]
+HOLD_NODES = ("most-free", "earliest-drain", "earliest-drain-multi", "earliest-drain-multi-free")
+HoldNodes = Literal[
+    "most-free", "earliest-drain", "earliest-drain-multi", "earliest-drain-multi-free"
+]
 #: defaults of ``BackfillRule.holds_per_shape`` and ``size_aging_s`` (the hub's
 #: ``--queue-holds-per-shape`` / ``--queue-size-aging`` and the simulator's flags of the same
 #: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
@@ -152,7 +154,9 @@ class BackfillRule(BaseModel):
     ``hold_nodes``: how ``hold_for`` picks a starving job's nodes: ``most-free`` (the default:
     the nodes or group with the most free GPUs now) or ``earliest-drain`` (where the running
     jobs' time limits free them first: ``hold_for``'s ``start_on``, given by the caller) or
-    ``earliest-drain-multi`` (so for jobs of several GPU pods; one-pod jobs most-free).
+    ``earliest-drain-multi`` (so for jobs of several GPU pods; one-pod jobs most-free) or
+    ``earliest-drain-multi-free`` (as that, the earliest start's nodes taken most free first:
+    ``hold_for``'s ``free_first``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -253,18 +253,30 @@ def _run_gpufed(
         return starts[key]
 
     start_on = node_start if rule.hold_nodes != "most-free" else None
-    multi_only = rule.hold_nodes == "earliest-drain-multi"
+    multi_only = rule.hold_nodes in ("earliest-drain-multi", "earliest-drain-multi-free")
+    free_first = rule.hold_nodes == "earliest-drain-multi-free"
 
     def holds(req: PlacementRequest) -> Hold | None:
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
         quota = gate.for_request(req) if gate is not None else None
         by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
-        return hold_for(req, snapshot, policy, quota, start_on=by_drain)
+        return hold_for(
+            req, snapshot, policy, quota, start_on=by_drain, free_first=free_first, now=now
+        )
 
     def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
         quota = gate.for_request(req) if gate is not None else None
         by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
-        return hold_for(req, snapshot, policy, quota, avoid=held, start_on=by_drain)
+        return hold_for(
+            req,
+            snapshot,
+            policy,
+            quota,
+            avoid=held,
+            start_on=by_drain,
+            free_first=free_first,
+            now=now,
+        )
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
         return sim.hold_start(req, hold, now, rule.start_accuracy)

@@ -163,8 +163,16 @@ def test_start_accuracy_lends_a_hold_to_fewer_jobs() -> None:
         BackfillRule(hold_candidates=4, hold_choice="least-idle", start_accuracy=0.4),
         BackfillRule(hold_nodes="earliest-drain"),
         BackfillRule(hold_nodes="earliest-drain-multi"),
+        BackfillRule(hold_nodes="earliest-drain-multi-free"),
     ],
-    ids=["least-idle", "accuracy 0.4", "both", "earliest-drain", "earliest-drain-multi"],
+    ids=[
+        "least-idle",
+        "accuracy 0.4",
+        "both",
+        "earliest-drain",
+        "earliest-drain-multi",
+        "earliest-drain-multi-free",
+    ],
 )
 def test_with_either_rule_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
     rule: BackfillRule,

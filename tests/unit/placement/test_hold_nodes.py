@@ -14,6 +14,7 @@ from placement_builders import hgx_cluster, job
 from test_simreport import run
 
 from gpufed.placement import BackfillRule, FleetSnapshot, Policy, hold_for
+from gpufed.placement.holds import FREE_FIRST_SLACK
 from gpufed.placement.sim.simulate import simulate
 from gpufed.placement.sim.trace import TraceJob
 
@@ -52,7 +53,9 @@ def fleets(draw: st.DrawFn) -> list[Node]:
     return out
 
 
-def _hold(nodes: list[Node], req_gpus: int, pods: int, by_drain: bool) -> frozenset[str]:
+def _hold(
+    nodes: list[Node], req_gpus: int, pods: int, by_drain: bool, free_first: bool = False
+) -> frozenset[str]:
     names = [f"a-n{i:03d}" for i in range(len(nodes))]
     snap = FleetSnapshot([hgx_cluster("a", free=[_free_at_second(n, NOW) for n in nodes])])
 
@@ -61,7 +64,9 @@ def _hold(nodes: list[Node], req_gpus: int, pods: int, by_drain: bool) -> frozen
         return float(_drain_second(nodes[names.index(node)], gpus))
 
     req = job("big", gpus=req_gpus, pods=pods)
-    hold = hold_for(req, snap, POLICY, start_on=start_on if by_drain else None)
+    hold = hold_for(
+        req, snap, POLICY, start_on=start_on if by_drain else None, free_first=free_first, now=NOW
+    )
     assert hold is not None
     return hold.nodes
 
@@ -85,6 +90,38 @@ def test_earliest_drain_holds_a_node_set_where_the_job_starts_first(
 
     best = min(start(c) for c in combinations(range(len(nodes)), pods))
     assert start(idx) == best
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=fleets(), data=st.data())
+def test_free_first_holds_the_most_free_nodes_drained_within_the_slack(
+    nodes: list[Node], data: st.DataObject
+) -> None:
+    """``earliest-drain-multi-free``: a job of ``pods`` 8-GPU pods holds, of the nodes
+    drained (second by second) within FREE_FIRST_SLACK times the earliest start's wait, a set
+    with the most free GPUs now of every such set (brute force over the sets)."""
+    pods = data.draw(st.integers(2, max(2, len(nodes))))
+    if pods > len(nodes):
+        return
+    held = _hold(nodes, 8, pods, by_drain=True, free_first=True)
+    idx = [int(n.rsplit("n", 1)[1]) for n in held]
+    drain = [_drain_second(n, 8) for n in nodes]
+    free = [_free_at_second(n, NOW) for n in nodes]
+    best = min(max(drain[i] for i in c) for c in combinations(range(len(nodes)), pods))
+    until = NOW + FREE_FIRST_SLACK * (best - NOW)
+    allowed = [i for i in range(len(nodes)) if drain[i] <= until]
+    most = max(sum(free[i] for i in c) for c in combinations(allowed, pods))
+    assert len(idx) == pods
+    assert all(drain[i] <= until for i in idx)
+    assert sum(free[i] for i in idx) == most
+
+
+def test_free_first_leaves_a_busy_node_that_drains_soon_to_others() -> None:
+    """n000 (busy, drained at 110) and n002 (busy, 130) are the earliest pair; n001 has 7
+    GPUs free and drains at 140, within 1.5 x the 30 s wait: free-first holds n000 and n001."""
+    nodes: list[Node] = [[(8, 110)], [(1, 140)], [(8, 130)]]
+    assert _hold(nodes, 8, 2, by_drain=True) == {"a-n000", "a-n002"}
+    assert _hold(nodes, 8, 2, by_drain=True, free_first=True) == {"a-n000", "a-n001"}
 
 
 def test_without_the_rule_the_node_with_most_free_gpus_is_held_even_if_it_drains_last() -> None:
@@ -132,4 +169,4 @@ def test_a_bad_hold_nodes_value_names_its_flag(tmp_path: Path) -> None:
     text = " ".join(w for w in out.split() if w != "│")
     assert code == 2
     assert "--queue-hold-nodes" in text
-    assert "use most-free or earliest-drain or earliest-drain-multi" in text
+    assert "use most-free or earliest-drain or earliest-drain-multi or" in text
