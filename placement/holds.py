@@ -97,7 +97,7 @@ def hold_for(
             continue
         if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
             best = (found[0], c.name, found[1])
-    if soonest is not None and (best is None or start_on is not None):
+    if soonest is not None:  # only with start_on
         return Hold(soonest[2], soonest[3], f"held for {request.job}")
     if best is None:
         return None
@@ -130,8 +130,8 @@ def _nodes_by_drain(
     group's or a set's start is that of the last node it needs. ``free_first``: of the nodes
     expected drained within :data:`FREE_FIRST_SLACK` times the earliest such start's wait
     (from ``now``), those with the most free GPUs now (the nodes still busy that drain soon
-    stay for the jobs that want them whole). None when no nodes hold the job drained or its start is
-    unknown."""
+    stay for the jobs that want them whole). None when no nodes hold the job drained or its
+    start is unknown."""
     inf = float("inf")
     level = next(
         (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
@@ -160,12 +160,12 @@ def _nodes_by_drain(
                     return None
                 if free_first:  # a start a little later, from the nodes with most free now
                     until = now + FREE_FIRST_SLACK * max(0.0, t - now)
-                    chosen = _most_free_first([x for x in timed if x[0] <= until])
+                    chosen = most_free_first([x for x in timed if x[0] <= until])
                     t = max(x[0] for x in timed if x[3] in chosen)
                 return t, sum(x.gpu_free for x in chosen), frozenset(x.name for x in chosen)
         return None
 
-    def _most_free_first(timed: list[tuple[float, int, str, NodeState]]) -> list[NodeState]:
+    def most_free_first(timed: list[tuple[float, int, str, NodeState]]) -> list[NodeState]:
         chosen: list[NodeState] = []
         slots = 0
         for _, _, _, n in sorted(timed, key=lambda x: (x[1], x[0], x[2])):
