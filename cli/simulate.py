@@ -38,6 +38,7 @@ from gpufed.placement.queue import (
     DEFAULT_SIZE_AGING_S,
     DEFAULT_SPARE_WHOLE_NODES_S,
     HOLD_CHOICES,
+    HOLD_NODES,
     QUEUE_ORDERS,
     BackfillRule,
 )
@@ -226,6 +227,14 @@ def simulate_command(
         "start plus this fraction of its time limit (not before now), in (0, 1]; 1: at its "
         "limit. Less than 1 lends held nodes to fewer backfilled jobs.",
     ),
+    hold_nodes: str = typer.Option(
+        "most-free",
+        "--queue-hold-nodes",
+        help="Policy gpufed: how a starving job picks the nodes it holds: most-free (the most "
+        "free GPUs now), earliest-drain (the nodes the running jobs' time limits free first), "
+        "earliest-drain-multi (so only for jobs of several pods) or earliest-drain-multi-free "
+        "(as that, and of the nodes drained by that start the most free now first).",
+    ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",
         "--queue-carry-holds",
@@ -321,6 +330,8 @@ def simulate_command(
         raise typer.BadParameter(
             f"use {' or '.join(HOLD_CHOICES)}", param_hint="--queue-hold-choice"
         )
+    if hold_nodes not in HOLD_NODES:
+        raise typer.BadParameter(f"use {' or '.join(HOLD_NODES)}", param_hint="--queue-hold-nodes")
     if not (0 < start_accuracy <= 1):
         raise typer.BadParameter(
             "must be a number > 0 and <= 1 (1: the time limit)", param_hint="--queue-start-accuracy"
@@ -383,6 +394,7 @@ def simulate_command(
         spare_whole_nodes_s=spare_whole_nodes_s,
         hold_choice=hold_choice,
         start_accuracy=start_accuracy,
+        hold_nodes=hold_nodes,
     )
     try:
         members = load_fleet(fleet)

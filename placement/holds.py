@@ -8,6 +8,7 @@ which member it should hold so that the work running there drains until it fits 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import cast
 
 from gpufed.api.inventory import tolerates_all
@@ -30,8 +31,23 @@ def hold_for(
     policy: Policy,
     quota: JobQuota | None = None,
     avoid: Mapping[str, Hold] | None = None,
+    start_on: NodeStart | None = None,
+    free_first: bool = False,
+    now: float = 0.0,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
+
+    ``start_on(member, node, gpus)``: when ``gpus`` GPUs of that node are expected free
+    (seconds, the pass clock; None: never known, as with a job without a time limit there;
+    ``BackfillRule.hold_nodes`` ``earliest-drain``). With it the nodes are chosen by when
+    they drain, not by how many GPUs are free now (:func:`_nodes_by_drain`): a job of one
+    pod holds the node (or group) where it is expected to start first, a job of several pods
+    the nodes that drain first, and the member where that start is earliest wins (ties: more
+    free GPUs, then name). Nodes whose start is unknown come last. ``free_first`` (with
+    ``start_on``, and ``now``, the pass clock): a job of several pods holds, of the nodes
+    expected drained within :data:`FREE_FIRST_SLACK` times its earliest start's wait, those
+    with the most free GPUs now (``BackfillRule.hold_nodes`` ``earliest-drain-multi-free``), so
+    the busy nodes that drain soon stay for the jobs that want them whole.
 
     ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
     again (a whole-member hold: that member is skipped), so several starving jobs of one shape
@@ -54,6 +70,7 @@ def hold_for(
     job = JobShape.of(request)
     static = static_candidates(job, snapshot, plugins_for(policy))
     best: tuple[int, str, frozenset[str]] | None = None
+    soonest: tuple[float, int, str, frozenset[str]] | None = None
     for c, pool in static.candidates:
         if never_reason(job, c, pool, _pool_memo(snapshot.memo, pool)) is not None:
             continue
@@ -63,6 +80,13 @@ def hold_for(
         if taken is not None and not taken.nodes:
             continue  # the whole member is held already
         skip = taken.nodes if taken is not None else frozenset()
+        if pool is not None and start_on is not None:
+            drained = _nodes_by_drain(job, pool, skip, partial(start_on, c.name), free_first, now)
+            if drained is not None:
+                key = (drained[0], -drained[1], c.name, drained[2])
+                if soonest is None or key[:3] < soonest[:3]:
+                    soonest = key
+            continue
         if pool is None:
             found: tuple[int, frozenset[str]] | None = (
                 (0, frozenset()) if not skip and _drained_fits_other(job, c) else None
@@ -73,9 +97,108 @@ def hold_for(
             continue
         if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
             best = (found[0], c.name, found[1])
+    if soonest is not None:  # only with start_on
+        return Hold(soonest[2], soonest[3], f"held for {request.job}")
     if best is None:
         return None
     return Hold(best[1], best[2], f"held for {request.job}")
+
+
+#: ``hold_for``'s ``free_first``: how much later than the earliest start a hold of several
+#: nodes may start to take nodes with more free GPUs now (x the earliest start's wait)
+FREE_FIRST_SLACK = 1.5
+
+#: ``hold_for``'s ``start_on``: (member, node, GPUs) -> when that many GPUs of the node are
+#: expected free, seconds (None: unknown)
+NodeStart = Callable[[str, str, int], "float | None"]
+
+
+def _nodes_by_drain(
+    job: JobShape,
+    pool: PoolState,
+    skip: frozenset[str],
+    start_on: Callable[[str, int], float | None],
+    free_first: bool = False,
+    now: float = 0.0,
+) -> tuple[float, int, frozenset[str]] | None:
+    """(expected start, free GPUs now, node names) of the nodes ``job`` should hold in
+    ``pool`` when nodes are chosen by when they drain (``hold_for``'s ``start_on``, here per
+    node name and GPUs): for a job that must sit in one NVLink domain, rack or block, the
+    group of that level (an HGX node is its own NVLink domain) where it is expected to start
+    first; otherwise the nodes in order of their expected drain (each node asked for the GPUs
+    the job's largest pods would take there), as many as hold the job once drained. A
+    group's or a set's start is that of the last node it needs. ``free_first``: of the nodes
+    expected drained within :data:`FREE_FIRST_SLACK` times the earliest such start's wait
+    (from ``now``), those with the most free GPUs now (the nodes still busy that drain soon
+    stay for the jobs that want them whole). None when no nodes hold the job drained or its
+    start is unknown."""
+    inf = float("inf")
+    level = next(
+        (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
+        "nvlink" if job.gpu_pods == 1 else None,
+    )
+    big = job.gpu_sets[0]
+
+    def need(n: NodeState) -> int:
+        return min(n.gpu_alloc, _drained_slots(big, n) * big.gpus)
+
+    def greedy(nodes: list[NodeState]) -> tuple[float, int, frozenset[str]] | None:
+        timed = []
+        for n in nodes:
+            if n.name in skip or _drained_slots(big, n) <= 0:
+                continue
+            t = start_on(n.name, need(n))
+            timed.append((inf if t is None else t, -n.gpu_free, n.name, n))
+        timed.sort(key=lambda x: x[:3])
+        chosen: list[NodeState] = []
+        slots = 0
+        for t, _, _, n in timed:
+            chosen.append(n)
+            slots += _drained_slots(big, n)
+            if slots >= job.gpu_pods and _drained_fits(job, chosen):
+                if t == inf:
+                    return None
+                if free_first:  # a start a little later, from the nodes with most free now
+                    until = now + FREE_FIRST_SLACK * max(0.0, t - now)
+                    chosen = most_free_first([x for x in timed if x[0] <= until])
+                    t = max(x[0] for x in timed if x[3] in chosen)
+                return t, sum(x.gpu_free for x in chosen), frozenset(x.name for x in chosen)
+        return None
+
+    def most_free_first(timed: list[tuple[float, int, str, NodeState]]) -> list[NodeState]:
+        chosen: list[NodeState] = []
+        slots = 0
+        for _, _, _, n in sorted(timed, key=lambda x: (x[1], x[0], x[2])):
+            chosen.append(n)
+            slots += _drained_slots(big, n)
+            if slots >= job.gpu_pods and _drained_fits(job, chosen):
+                break
+        return chosen
+
+    if pool.slices:
+        return None
+    best: tuple[float, int, frozenset[str]] | None = None
+    if level is not None:
+        if level == "nvlink" and pool.single_count:
+            for n in _offering(pool):
+                if n.domain is not None or n.name in skip or not _drained_fits(job, [n]):
+                    continue
+                t = start_on(n.name, job.demand)
+                if t is not None and (best is None or (t, -n.gpu_free) < (best[0], -best[1])):
+                    best = (t, n.gpu_free, frozenset({n.name}))
+        for g in pool.groups[level].values():
+            if skip and not skip.isdisjoint(g.nodes):
+                continue
+            got = greedy(list(g.nodes.values()))
+            if got is not None and (best is None or (got[0], -got[1]) < (best[0], -best[1])):
+                best = got
+        return best
+    return greedy(_offering(pool))
+
+
+def _offering(pool: PoolState) -> list[NodeState]:
+    """The nodes of ``pool`` that offer capacity, by name."""
+    return [n for _, n in sorted(pool.nodes.items()) if n.offers]
 
 
 def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Mapping[str, Hold]]:

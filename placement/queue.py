@@ -65,6 +65,11 @@ QueueOrder = Literal["smallest-first", "fifo"]
 #: ``BackfillRule.hold_choice`` values
 HOLD_CHOICES = ("earliest-start", "least-idle")
 HoldChoice = Literal["earliest-start", "least-idle"]
+#: ``BackfillRule.hold_nodes`` values
+HOLD_NODES = ("most-free", "earliest-drain", "earliest-drain-multi", "earliest-drain-multi-free")
+HoldNodes = Literal[
+    "most-free", "earliest-drain", "earliest-drain-multi", "earliest-drain-multi-free"
+]
 #: defaults of ``BackfillRule.holds_per_shape`` and ``size_aging_s`` (the hub's
 #: ``--queue-holds-per-shape`` / ``--queue-size-aging`` and the simulator's flags of the same
 #: names): tuned on the contended ITP week (docs/benchmarks.md, issue 29)
@@ -145,7 +150,13 @@ class BackfillRule(BaseModel):
     (0, 1], default 1): the expected start of a hold counts each running job as ending at its
     start plus this fraction of its time limit (not before now) rather than at its limit, as
     users' limits over-estimate runtimes (the callers' ``hold_start``; < 1 lends less, never
-    more: a job borrowing must still end, by its own limit, before that earlier start).
+    more: a job borrowing must still end, by its own limit, before that earlier start);
+    ``hold_nodes``: how ``hold_for`` picks a starving job's nodes: ``most-free`` (the default:
+    the nodes or group with the most free GPUs now) or ``earliest-drain`` (where the running
+    jobs' time limits free them first: ``hold_for``'s ``start_on``, given by the caller) or
+    ``earliest-drain-multi`` (so for jobs of several GPU pods; one-pod jobs most-free) or
+    ``earliest-drain-multi-free`` (as that, the earliest start's nodes taken most free first:
+    ``hold_for``'s ``free_first``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -163,6 +174,7 @@ class BackfillRule(BaseModel):
     spare_whole_nodes_s: float = Field(default=DEFAULT_SPARE_WHOLE_NODES_S, ge=0)
     hold_choice: HoldChoice = "earliest-start"
     start_accuracy: float = Field(default=1.0, gt=0, le=1)
+    hold_nodes: HoldNodes = "most-free"
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:

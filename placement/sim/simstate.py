@@ -302,7 +302,7 @@ class _Sim:
         not before ``now``: ``BackfillRule.start_accuracy``); None for a whole-member hold."""
         if not hold.nodes:
             return None
-        return expected_start(now, gpus_of(req), *self._releases(hold, now, accuracy))
+        return expected_start(now, gpus_of(req), *self.releases(hold, now, accuracy))
 
     def hold_idle(
         self, req: PlacementRequest, hold: Hold, now: float, accuracy: float = 1.0
@@ -311,9 +311,9 @@ class _Sim:
         (:func:`.backfill.idle_until_start`); None when that start is."""
         if not hold.nodes:
             return None
-        return idle_until_start(now, gpus_of(req), *self._releases(hold, now, accuracy))
+        return idle_until_start(now, gpus_of(req), *self.releases(hold, now, accuracy))
 
-    def _releases(
+    def releases(
         self, hold: Hold, now: float, accuracy: float
     ) -> tuple[int, list[tuple[float | None, int]]]:
         """(free GPUs now, (end, GPUs) per run) of ``hold``'s nodes."""

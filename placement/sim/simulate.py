@@ -57,6 +57,7 @@ from gpufed.api.labels import GPU_RESOURCE
 from gpufed.api.queue import GPUQueue
 from gpufed.api.request import PlacementRequest
 from gpufed.api.resources import resource_list
+from gpufed.placement.backfill import expected_start
 from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.holds import hold_for, whole_free_nodes
@@ -209,6 +210,11 @@ def simulate(
     return result
 
 
+def gpu_pods(req: PlacementRequest) -> int:
+    """Pods of ``req`` that request whole GPUs."""
+    return sum(ps.count for ps in req.pod_sets if ps.requests.get(GPU_RESOURCE, 0) > 0)
+
+
 def _run_gpufed(
     sim: _Sim,
     horizon: float,
@@ -227,6 +233,7 @@ def _run_gpufed(
         quota = gate.for_request(req) if gate is not None else None
         d = place(req, snapshot, policy, now, hold=hold, quota=quota)
         if d.outcome == Outcome.PLACED:
+            starts.clear()
             sim.start(pending.pop(req.uid), d, now)
             if qs is not None:
                 qs.start(req, d.gpu_product)
@@ -236,13 +243,40 @@ def _run_gpufed(
                 qs.drop(req)
         return d
 
+    starts: dict[tuple[str, str, int], float | None] = {}  # this pass's, until a placement
+
+    def node_start(cluster: str, node: str, gpus: int) -> float | None:
+        key = (cluster, node, gpus)
+        if key not in starts:
+            one = Hold(cluster, frozenset({node}), "")
+            starts[key] = expected_start(now, gpus, *sim.releases(one, now, rule.start_accuracy))
+        return starts[key]
+
+    start_on = node_start if rule.hold_nodes != "most-free" else None
+    multi_only = rule.hold_nodes in ("earliest-drain-multi", "earliest-drain-multi-free")
+    free_first = rule.hold_nodes == "earliest-drain-multi-free"
+
     def holds(req: PlacementRequest) -> Hold | None:
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
-        return hold_for(req, snapshot, policy, gate.for_request(req) if gate is not None else None)
+        quota = gate.for_request(req) if gate is not None else None
+        by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
+        return hold_for(
+            req, snapshot, policy, quota, start_on=by_drain, free_first=free_first, now=now
+        )
 
     def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
         quota = gate.for_request(req) if gate is not None else None
-        return hold_for(req, snapshot, policy, quota, avoid=held)
+        by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
+        return hold_for(
+            req,
+            snapshot,
+            policy,
+            quota,
+            avoid=held,
+            start_on=by_drain,
+            free_first=free_first,
+            now=now,
+        )
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
         return sim.hold_start(req, hold, now, rule.start_accuracy)
@@ -274,6 +308,7 @@ def _run_gpufed(
                 fails.handle(sim, kind, uid, now, pending, qs)
         if not pending:
             continue
+        starts.clear()
         requests = (r.request for r in pending.values())
         within = pass_key(now, rule)
         queue = qs.order(now, requests, within) if qs is not None else sorted(requests, key=within)

@@ -161,14 +161,26 @@ def test_start_accuracy_lends_a_hold_to_fewer_jobs() -> None:
         BackfillRule(hold_candidates=4, hold_choice="least-idle"),
         BackfillRule(start_accuracy=0.4),
         BackfillRule(hold_candidates=4, hold_choice="least-idle", start_accuracy=0.4),
+        BackfillRule(hold_nodes="earliest-drain"),
+        BackfillRule(hold_nodes="earliest-drain-multi"),
+        BackfillRule(hold_nodes="earliest-drain-multi-free"),
     ],
-    ids=["least-idle", "accuracy 0.4", "both"],
+    ids=[
+        "least-idle",
+        "accuracy 0.4",
+        "both",
+        "earliest-drain",
+        "earliest-drain-multi",
+        "earliest-drain-multi-free",
+    ],
 )
 def test_with_either_rule_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
     rule: BackfillRule,
 ) -> None:
     """The starvation bound (as test_backfill's, drawn limits): neither rule lets a hold lend
-    past the limit-based start, so the 16-GPU job still starts within 16 h plus one drain."""
+    past the limit-based start, so the 16-GPU job still starts within 16 h plus one drain; nor
+    does holding the nodes that drain first (``hold_nodes``, test_hold_nodes), which moves
+    which nodes drain, not whether the job holds once it has waited 16 h."""
     jobs = with_time_limits(_stream(70_000.0), TimeLimitModel())
     drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
     res = simulate([hgx_cluster("a", nodes=3)], jobs, "gpufed", backfill=rule)
