@@ -39,15 +39,21 @@ def preempted(t: Term) -> int:
     return sum(1 for r, _ in t.store.jobs.values() if r.stopping is not None)
 
 
+async def two_preemptors(*, deadline_s: float) -> Term:
+    """A full member and two 8-GPU high-priority jobs waiting to preempt, planning deadline
+    ``deadline_s``."""
+    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=deadline_s)))
+    await f.submit("hi1", "uh1", 8, "high")
+    await f.submit("hi2", "uh2", 8, "high")
+    return f.t
+
+
 async def test_a_preemptor_left_at_the_deadline_is_planned_in_the_next_cycle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # each clock read is 1 s later, the deadline 0.5 s after the start: the first preemptor is
     # planned all the same (a worker that starts late still makes progress), the second not
-    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=0.5)))
-    t = f.t
-    await f.submit("hi1", "uh1", 8, "high")
-    await f.submit("hi2", "uh2", 8, "high")
+    t = await two_preemptors(deadline_s=0.5)
     monkeypatch.setattr(preemption_module, "time", SteppingClock())
     t.ctrl.state.cycle_due.clear()
     await t.ctrl.scheduler.cycle()
@@ -79,10 +85,7 @@ async def test_the_deadline_counts_planning_not_reading_the_running_jobs(
     # reading the running jobs takes 5 s of the fake clock, each plan 0.1 s, the deadline is
     # 0.5 s: both preemptors are planned in one cycle (the setup, paid once a cycle whatever
     # the deadline, is not planning); counted from before the setup, the second would wait
-    f = await full_member(Term(config=HubConfig(insecure=True, preemption_deadline_s=0.5)))
-    t = f.t
-    await f.submit("hi1", "uh1", 8, "high")
-    await f.submit("hi2", "uh2", 8, "high")
+    t = await two_preemptors(deadline_s=0.5)
     clock = SettableClock()
     monkeypatch.setattr(preemption_module, "time", clock)
     read = preemption_module.Preemption.running
