@@ -33,11 +33,10 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from gpufed.api.decision import Decision
-from gpufed.api.queue import DEFAULT_PREEMPTION
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running
 from gpufed.placement.runindex import BlockRuns, RunningIndex
-from gpufed.placement.victimblocks import Bound, Estimate, block_estimate, estimates, level_of
+from gpufed.placement.victimblocks import Bound, Estimate, block_estimate, level_of
 
 if TYPE_CHECKING:
     from gpufed.placement.victims import Search
@@ -47,12 +46,8 @@ def signature(s: Search, level: str) -> Hashable:
     """Everything about the preemptor that a block's estimate reads (module docstring)."""
     req = s.p.request
     submitted: float | None = None
-    if s.quota is not None:
-        tree = s.quota.tree
-        node = tree.nodes.get(req.queue or tree.default_queue)
-        policy = node.preemption if node is not None else DEFAULT_PREEMPTION
-        if policy.within_queue == "LowerOrNewerEqualPriority":
-            submitted = req.submitted_at
+    if s.quota is not None and s.preemption.within_queue == "LowerOrNewerEqualPriority":
+        submitted = req.submitted_at
     return (
         req.priority,
         req.queue,
@@ -173,19 +168,17 @@ class EstimateBook:
 
     def estimates(
         self,
-        entry: _Entry | None,
+        entry: _Entry,
         s: Search,
         c: ClusterState,
         skip: set[str],
         reasons: dict[str, str],
         bound: Bound,
     ) -> list[Estimate]:
-        """:func:`~gpufed.placement.victimblocks.estimates` for member ``c``: the kept
-        estimates, the changed blocks read again, and the blocks the bound no longer passes
-        over read now. The estimates returned are shared: take a copy before
-        :meth:`Estimate.block` (it keeps the filed block)."""
-        if entry is None:
-            return estimates(s, c, self.index, skip, reasons, bound)
+        """:func:`~gpufed.placement.victimblocks.estimates` for member ``c`` and the entry
+        :meth:`begin` gave: the kept estimates, the changed blocks read again, and the blocks
+        the bound no longer passes over read now. The estimates returned are shared: take a
+        copy before :meth:`Estimate.block` (it keeps the filed block)."""
         level = level_of(s.job)
         assert level is not None
         m = entry.members.get(c.name)

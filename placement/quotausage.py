@@ -92,7 +92,6 @@ class QuotaUsage:
             # fork's own entries win over the handed-over ones
             out._jobs.update(dict(self._jobs))
             out._own.update({q: dict(own) for q, own in dict(self._own).items()})
-            out._count = self._count
         return out
 
     def _entry(self, job_uid: str) -> tuple[str, dict[str, int]] | None:

@@ -116,15 +116,17 @@ class Search:
         self._product: dict[str, str] = {}
         #: victims eligible only because the preemptor borrows (borrowWithinParent)
         self._borrow: set[str] = set()
+        #: with queues, the preemptor's queue (None: no queues) and its ``spec.preemption``
+        self.queue: str | None = None
+        self.preemption = DEFAULT_PREEMPTION
+        if quota is not None:
+            self.queue = p.request.queue or quota.tree.default_queue
+            node = quota.tree.nodes.get(self.queue)
+            if node is not None:
+                self.preemption = node.preemption
         #: with queues, the preemptor's queue when its ``withinQueue`` lets it preempt lower
         #: priorities there (a job of that queue below its priority then needs no full rule)
-        self.own_queue: str | None = None
-        if quota is not None:
-            q = p.request.queue or quota.tree.default_queue
-            node = quota.tree.nodes.get(q)
-            own = node.preemption if node is not None else DEFAULT_PREEMPTION
-            if own.within_queue != "Never":
-                self.own_queue = q
+        self.own_queue = self.queue if self.preemption.within_queue != "Never" else None
 
     # --- eligibility (docs/placement.md, "Who may preempt whom, when") ----------------------
     def victim(self, run: Running, product: str | None) -> Victim | str:
@@ -143,8 +145,7 @@ class Search:
         tree = self.quota.tree
         q = self.p.request.queue or tree.default_queue
         theirs = run.queue or tree.default_queue
-        node = tree.nodes.get(q)
-        policy = node.preemption if node is not None else DEFAULT_PREEMPTION
+        policy = self.preemption
         if theirs == q:
             rule = policy.within_queue
             if rule == "Never":

@@ -242,9 +242,10 @@ class Preemption:
         ``preemption_deadline_s`` of planning (counted once the cycle's running jobs are read
         and filed, a cost paid once a cycle whatever the deadline; the preemptors left get no
         answer and are planned next cycle); the first is always planned, however late the
-        worker starts, so every cycle makes progress. The worker reads the fleet while the loop may change it: each plan is
-        re-checked on the loop before it is committed (:meth:`_fits`), and a worker that met a
-        fleet changing under it plans nothing this cycle."""
+        worker starts, so every cycle makes progress. The worker reads the fleet while the
+        loop may change it: each plan is re-checked on the loop before it is committed
+        (:meth:`_fits`), and a worker that met a fleet changing under it plans nothing this
+        cycle."""
         preemptors = self.preemptors(decisions)
         # jobs waiting out NO_PLAN_RETRY_S keep their last answer (their status stays put)
         answers: dict[str, PreemptionPlan | NoPreemption] = {

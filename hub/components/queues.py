@@ -293,9 +293,10 @@ class Queues:
         and the holds (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). A full count
         over every job every :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
         whose incremental charge differed
-        (:class:`~gpufed.hub.components.charges.JobCharges`) and rebuilds the ledgers from
-        scratch, counting what the kept ones had different
-        (``gpufed_hub_incremental_drift_total{kind="queue_ledger"}``)."""
+        (:class:`~gpufed.hub.components.charges.JobCharges`) and checks the kept ledgers
+        against sums from scratch, counting what they had different
+        (``gpufed_hub_incremental_drift_total{kind="queue_ledger"}``) and rebuilding them
+        only then."""
         if holds is not None:
             self._holds = tuple(holds)
         charges = self._charges.update()

@@ -63,6 +63,7 @@ from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.holds import hold_for, whole_free_nodes
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import BackfillRule, Hold, pass_key, schedule_pass
+from gpufed.placement.shape import JobShape
 from gpufed.placement.sim.simbaselines import run_baseline
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simfirstadmit import run_first_admit
@@ -210,11 +211,6 @@ def simulate(
     return result
 
 
-def gpu_pods(req: PlacementRequest) -> int:
-    """Pods of ``req`` that request whole GPUs."""
-    return sum(ps.count for ps in req.pod_sets if ps.requests.get(GPU_RESOURCE, 0) > 0)
-
-
 def _run_gpufed(
     sim: _Sim,
     horizon: float,
@@ -257,16 +253,12 @@ def _run_gpufed(
     free_first = rule.hold_nodes == "earliest-drain-multi-free"
 
     def holds(req: PlacementRequest) -> Hold | None:
+        return avoiding(req, None)
+
+    def avoiding(req: PlacementRequest, held: Mapping[str, Hold] | None) -> Hold | None:
         # a job its quota blocks holds no nodes it cannot use: others drain them meanwhile
         quota = gate.for_request(req) if gate is not None else None
-        by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
-        return hold_for(
-            req, snapshot, policy, quota, start_on=by_drain, free_first=free_first, now=now
-        )
-
-    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
-        quota = gate.for_request(req) if gate is not None else None
-        by_drain = start_on if not multi_only or gpu_pods(req) > 1 else None
+        by_drain = start_on if not multi_only or JobShape.of(req).gpu_pods > 1 else None
         return hold_for(
             req,
             snapshot,
