@@ -340,6 +340,10 @@ class Members:
             self._snapshot.upsert_nodes(m.name, chunk)
             yield
         self._inventory_changed(m)
+        # The MemberCluster shows the nodes at once, not at the next periodic status write
+        # (up to ``status_interval_s`` later): a joining member is Ready with its nodes within
+        # its own ingest time (issue 25's registration p99).
+        self.write_status(m)
 
     def on_delta(self, m: MemberState, delta: InventoryDelta) -> None:
         """An inventory delta patches the member's nodes."""
