@@ -55,7 +55,32 @@ NODE_LABELS: frozenset[str] = frozenset(
     {"kubernetes.io/hostname", DEFAULT_RACK_LABEL, DEFAULT_BLOCK_LABEL, GPU_CLIQUE_LABEL}
 )
 
-_FIELDS_SET = frozenset(NodeInventory.model_fields)
+
+class _FieldsSet(set[str]):
+    """Every field's name, one set shared by all decoded nodes (a set of its own per node was
+    728 bytes, a quarter of a decoded node; issue 25's hub RSS). pydantic copies a model's
+    fields set on ``model_copy``/``copy``/``deepcopy`` and only then adds the updated names,
+    so copies get a plain set of their own (a frozenset crashed there, issue 26); changing the
+    shared set itself raises ``TypeError``."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a decoded node's fields set is shared: copy the model to change it")
+
+    add = discard = remove = pop = clear = update = _refuse  # type: ignore[assignment]
+    difference_update = intersection_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> set[str]:
+        return set(self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> set[str]:
+        return set(self)
+
+    def __reduce__(self) -> tuple[type, tuple[list[str]]]:
+        return (set, (list(self),))
+
+
+_FIELDS_SET = _FieldsSet(NodeInventory.model_fields)
 _new = object.__new__
 _set = object.__setattr__
 
@@ -408,9 +433,8 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
                 "dra_gpus": s.dra_gpus,
             },
         )
-        # a set of its own, as pydantic's: model_copy(update=...) adds to it (a shared
-        # frozenset crashed the hub's preemption what-if, issue 26)
-        _set(node, "__pydantic_fields_set__", set(fields_set))
+        # one shared set (:class:`_FieldsSet`): a copy gets its own before pydantic adds to it
+        _set(node, "__pydantic_fields_set__", fields_set)
         _set(node, "__pydantic_extra__", None)
         _set(node, "__pydantic_private__", None)
         out.append(node)

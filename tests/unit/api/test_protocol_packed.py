@@ -6,6 +6,8 @@ decoded with :func:`node_from_pb` (full pydantic validation)."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -208,3 +210,11 @@ def test_a_decoded_node_can_be_copied_with_updates_as_a_validated_one() -> None:
         assert copied.job_requests == {}
         assert got.requested == want.requested, "the original is unchanged"
         assert "requested" in copied.model_fields_set
+        # decoded nodes share one fields set (issue 25's RSS); a copy's change never reaches it
+        assert got.model_fields_set == set(NodeInventory.model_fields)
+        assert copy.deepcopy(got) == got
+        assert copy.copy(got).model_fields_set == set(NodeInventory.model_fields)
+    with pytest.raises(TypeError, match="shared"):
+        decoded[0].model_fields_set.add("x")
+    assert all(n.model_fields_set == set(NodeInventory.model_fields) for n in decoded)
+    assert pickle.loads(pickle.dumps(decoded[0])) == decoded[0]
