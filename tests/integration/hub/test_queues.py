@@ -52,6 +52,7 @@ async def test_quota_admission_status_and_a_restart_that_rebuilds_usage_once(
         assert status["admittedJobs"] == 1
         active = next(c for c in status["conditions"] if c["type"] == "Active")
         assert active["status"] == "True"
+
         async def b_waits() -> dict[str, Any] | None:
             b = await hub_api.job("b")
             message = ((b or {}).get("status") or {}).get("message", "")
