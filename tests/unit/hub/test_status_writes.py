@@ -19,6 +19,7 @@ import copy
 
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.adapters.ports import WatchEvent
+from gpufed.hub.adapters.sessions import AgentSession
 from tests.unit.fake_time import FakeClock
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, sent, settle
@@ -33,10 +34,8 @@ async def _advance(clock: FakeClock, seconds: float) -> None:
     await settle()
 
 
-async def _job_life(t: Term, clock: FakeClock) -> list[dict[str, object]]:
-    """One job through a member as the e2e bench sees it: placed; acknowledged and running
-    (ready 0) within 0.1 s; ready 1 a second later; succeeded 3 s later. Returns the statuses
-    written, in order."""
+async def _placed(t: Term) -> tuple[AgentSession, int]:
+    """Job u1 (8 GPUs) placed on member m1 and sent to its agent: (the stream, revision)."""
     t.member("m1", hgx_node("m1-n0"), hgx_node("m1-n1"))
     s = t.connect("m1")
     sent(s)
@@ -44,6 +43,14 @@ async def _job_life(t: Term, clock: FakeClock) -> list[dict[str, object]]:
     await t.ctrl.scheduler.cycle()
     [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
     await settle()
+    return s, rev
+
+
+async def _job_life(t: Term, clock: FakeClock) -> list[dict[str, object]]:
+    """One job through a member as the e2e bench sees it: placed; acknowledged and running
+    (ready 0) within 0.1 s; ready 1 a second later; succeeded 3 s later. Returns the statuses
+    written, in order."""
+    s, rev = await _placed(t)
     await _advance(clock, 0.05)
     await t.ctrl.handle(s, WorkAck(job_uid="u1", revision=rev, result="Applied"))
     await _advance(clock, 0.05)
@@ -94,13 +101,7 @@ async def test_a_jobs_placed_dispatched_and_running_steps_take_one_status_write(
 async def test_a_terminal_status_is_not_held() -> None:
     t, clock = _term_with_fake_writer_clock()
     try:
-        t.member("m1", hgx_node("m1-n0"))
-        s = t.connect("m1")
-        sent(s)
-        await t.submit("j", "u1", gpus=8)
-        await t.ctrl.scheduler.cycle()
-        [(_, _, rev)] = [x for x in sent(s) if x[0] == "apply"]
-        await settle()
+        s, rev = await _placed(t)
         assert t.kube.requests["patch_job_status"] == 0  # held
         # It fails at once, within the hold: written without waiting for the clock.
         failed = WorkloadStatus(job_uid="u1", revision=rev, phase="Failed", failed=1)
