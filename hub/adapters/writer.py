@@ -6,7 +6,10 @@ one key becomes one write of the latest value; a value equal to the last one wri
 skipped. With ``min_interval_s``, a key written less than that long ago waits out the rest
 of the interval before its next write, so the steps of one transition that arrive close
 together (placed, dispatched, running) become fewer writes, while an update after a quiet
-spell (a job finishing) is written at once. This writer is the write path's one retry layer
+spell (a job finishing) is written at once. With ``hold_s``, a normal update of a key that is
+neither queued nor being written waits that long before it is written, so the steps that follow
+it within that time (a job placed, its objects acknowledged, its pods running) go in the same
+write instead of one write each. This writer is the write path's one retry layer
 (the write function makes one attempt): a failure is sorted by
 :func:`gpufed.sync.retry.verdict_of` — the object is gone (GONE): its key is dropped; the API
 server refuses the value itself (REFUSED: 400, 403, 422): logged and not retried, since writing
@@ -36,7 +39,8 @@ WriteFn = Callable[[str, Any], Awaitable[None]]
 
 class CoalescingWriter:
     """``submit(key, value)``; ``workers`` tasks call ``write(key, value)``; a key is written
-    at most once per ``min_interval_s`` seconds unless urgent (module docstring).
+    at most once per ``min_interval_s`` seconds unless urgent, and a normal update of an idle
+    key ``hold_s`` seconds after it was submitted (module docstring).
 
     ``clock`` (seconds, monotonic; default the running loop's ``time()``) and ``sleep``
     (default :func:`asyncio.sleep`) are the writer's only sources of time: the interval and
@@ -50,6 +54,7 @@ class CoalescingWriter:
         *,
         workers: int = 4,
         min_interval_s: float = 0.0,
+        hold_s: float = 0.0,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -57,6 +62,7 @@ class CoalescingWriter:
         self._write = write
         self._workers = workers
         self._min_interval_s = min_interval_s
+        self._hold_s = hold_s
         self._clock = clock
         self._sleep = sleep
         self._timers: set[asyncio.Task[None]] = set()  # delayed re-queues (min_interval_s)
@@ -102,7 +108,12 @@ class CoalescingWriter:
             if urgent:
                 self._urgent.add(key)  # requeued as urgent once the current write ends
             return
-        self._enqueue(key, 0 if urgent else 1)
+        if urgent:
+            self._enqueue(key, 0)
+        elif key not in self._queued:
+            # The first change after a quiet spell: held, so that what follows it soon
+            # coalesces into the same write (an entry already queued keeps its time).
+            self._enqueue(key, 1, delay=self._hold_s)
 
     def _enqueue(self, key: str, priority: int, delay: float = 0.0) -> None:
         current = self._queued.get(key)

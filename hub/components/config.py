@@ -79,7 +79,9 @@ class HubConfig(BaseModel):
       writer's throughput is this many divided by one write's latency: it must stay above
       the rate at which jobs change phase (a job ending is one write, and a backlog of them
       delays every job's final status), also while each write takes a loaded API server
-      0.3-0.5 s.
+      0.3-0.5 s. ``status_hold_s``: a job's status change after a quiet spell is written
+      this long after it happened (not a terminal one: that is written at once), so that the
+      steps that follow it soon (placed, acknowledged, running) take one write, not three.
     - ``apply_retry_limit``: a job whose Apply the member refuses with a retryable error
       (5xx, 429, a namespace being terminated, …) is sent again with backoff (5 s doubling
       to ``apply_retry_max_s``) this many times, then Failed (reason ``MemberRejected``); its
@@ -182,6 +184,7 @@ class HubConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     max_unacked_per_cluster: int = Field(default=64, ge=1)
     status_writers: int = Field(default=32, ge=1)
+    status_hold_s: float = Field(default=0.25, ge=0)
     resend_after_s: float = Field(default=30.0, gt=0)
     apply_retry_limit: int = Field(default=10, ge=1)
     apply_retry_max_s: float = Field(default=60.0, gt=0)

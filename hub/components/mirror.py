@@ -48,6 +48,9 @@ from gpufed.sync.retry import Verdict, verdict_of
 
 log = structlog.get_logger("gpufed.hub.components.mirror")
 
+#: resourceVersions remembered per GPUJob as older than our last status write of it
+MAX_OLDER_RVS = 16
+
 
 class Mirror:
     """Coalesced status writers and Events of one leader term (see the module docstring).
@@ -66,6 +69,7 @@ class Mirror:
             self._write_job_status,
             workers=term.config.status_writers,
             min_interval_s=0.25,
+            hold_s=term.config.status_hold_s,
         )
         self.members = CoalescingWriter("member-status", self._write_member_status)
         self.queues = CoalescingWriter(
@@ -74,6 +78,10 @@ class Mirror:
         #: uid -> (resourceVersion our last status write returned, or None after a conflict;
         #: the GPUJob object the watch had shown when we wrote)
         self._job_rvs: dict[str, tuple[str | None, GPUJob | None]] = {}
+        #: uid -> resourceVersions of the GPUJob older than our last status write of it (the
+        #: ones our writes were conditioned on and those our earlier writes returned): a watch
+        #: view at one of them lags behind our own write, it is no overwrite (newest last)
+        self._job_older: dict[str, dict[str, None]] = {}
         #: MemberCluster -> resourceVersion our last status write returned
         self._member_rvs: dict[str, str] = {}
         #: GPUQueue -> resourceVersion our last status write returned
@@ -137,6 +145,7 @@ class Mirror:
         """The GPUJob is gone: drop what is pending for it."""
         self.jobs.forget(uid)
         self._job_rvs.pop(uid, None)
+        self._job_older.pop(uid, None)
 
     async def _write_job_status(self, uid: str, value: Any) -> None:
         ns, name, payload = value
@@ -158,6 +167,14 @@ class Mirror:
                 self._job_rvs[uid] = (None, seen)
             self._term.metrics.status_writes.labels("job", result).inc()
             raise
+        older = self._job_older.setdefault(uid, {})
+        previous = self._job_rvs.get(uid, (None, None))[0]
+        for v in (previous, rv):
+            if v and v != new_rv:
+                older.pop(v, None)
+                older[v] = None
+        while len(older) > MAX_OLDER_RVS:
+            del older[next(iter(older))]
         self._job_rvs[uid] = (new_rv, seen)
         self._term.metrics.status_writes.labels("job", "ok").inc()
 
@@ -167,18 +184,30 @@ class Mirror:
         None: read it first, the last write conflicted)."""
         mine = self._job_rvs.get(uid)
         if job is not None and (mine is None or mine[1] is not job.obj):
+            if mine is not None and mine[0] is not None and self._behind(uid, job):
+                return mine[0]  # the watch shows a view older than our own last write
             return job.obj.metadata.resource_version or None
         return mine[0] if mine is not None else None
+
+    def _behind(self, uid: str, job: JobState) -> bool:
+        """The watch's view of the GPUJob predates our last status write of it (it is at a
+        resourceVersion our writes were conditioned on or replaced)."""
+        rv = job.obj.metadata.resource_version
+        return rv is not None and rv in self._job_older.get(uid, ())
 
     def resync_jobs(self) -> int:
         """Level-triggered correction: every job whose status, as the hub API shows it (the
         GPUJob watch), differs from the one this term computed is written again. Skips jobs
-        with a write pending, and jobs the watch has shown nothing of since our last write
-        (the shown status predates it). Returns how many were corrected."""
+        with a write pending, jobs the watch has shown nothing of since our last write, and
+        jobs it shows at a resourceVersion older than our last write (an echo of an earlier
+        write of ours, or the view that write replaced: the watch lags, and what it shows
+        predates our write). Returns how many were corrected."""
         corrected = 0
         for uid, job in list(self._term.state.jobs.items()):
             mine = self._job_rvs.get(uid)
             if self.jobs.pending(uid) or (mine is not None and mine[1] is job.obj):
+                continue
+            if mine is not None and self._behind(uid, job):
                 continue
             shown = job.obj.status or GPUJobStatus()
             if shown == job.status:

@@ -72,7 +72,9 @@ async def test_a_lost_member_loses_or_reschedules_its_jobs_and_is_fenced_on_retu
         assert moved.job == "team-a/move"
         assert moved.job_uid == items["move"].job_uid
         await m2.ack(moved)
-        obj = await wait_for(lambda: _phase(hub_api, "move", "Placed"), "move placed on m2")
+        # Placed on m2, not the Placed on m1 of before the loss: a non-terminal status is
+        # written status_hold_s after it changed, so the API may still show that one.
+        obj = await wait_for(lambda: _placed_on(hub_api, "move", "m2"), "move placed on m2")
         assert obj["status"]["cluster"] == "m2"
         assert hub.store is not None
         record = (await hub.store.load()).jobs[moved.job_uid]
@@ -119,6 +121,11 @@ async def _ready(api: HubAPI, name: str, want: str) -> bool:
 async def _phase(api: HubAPI, name: str, phase: str) -> dict[str, Any] | None:
     obj = await api.job(name)
     return obj if obj and (obj.get("status") or {}).get("phase") == phase else None
+
+
+async def _placed_on(api: HubAPI, name: str, cluster: str) -> dict[str, Any] | None:
+    obj = await _phase(api, name, "Placed")
+    return obj if obj and obj["status"].get("cluster") == cluster else None
 
 
 async def _dispatched(api: HubAPI, name: str) -> bool:

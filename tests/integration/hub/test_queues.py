@@ -52,8 +52,14 @@ async def test_quota_admission_status_and_a_restart_that_rebuilds_usage_once(
         assert status["admittedJobs"] == 1
         active = next(c for c in status["conditions"] if c["type"] == "Active")
         assert active["status"] == "True"
-        b = await wait_for(lambda: hub_api.job("b"), "job b")
-        assert "team-a uses 8 of 8" in (b.get("status") or {}).get("message", "")
+
+        async def b_waits() -> dict[str, Any] | None:
+            b = await hub_api.job("b")
+            message = ((b or {}).get("status") or {}).get("message", "")
+            return b if "team-a uses 8 of 8" in message else None
+
+        # (the job's status is written status_hold_s after it changed, the queue's at once)
+        await wait_for(b_waits, "job b waiting for team-a's quota")
         assert hub.store is not None
         records = (await hub.store.load()).jobs
         assert [(r.queue, r.charged) for r in records.values()] == [("team-a", {H100: 8})]

@@ -111,7 +111,9 @@ async def test_an_ex_leaders_pending_write_does_not_land_after_the_new_leader_wr
         # The ex-leader: a term that saw the GPUJob as created, with a status it computed
         # then, still queued when it wakes up after the new leader wrote.
         kube = await KubeAPI.connect(hub_kubeconfig)
-        ex = Controller(HubConfig(insecure=True), FakeStore(), kube, HubMetrics(), leading=Lease())
+        # status_hold_s=0: its queued write goes first, before any other fence check.
+        config = HubConfig(insecure=True, status_hold_s=0)
+        ex = Controller(config, FakeStore(), kube, HubMetrics(), leading=Lease())
         try:
             ex.mirror.start()
             ex.intake.namespaces.seen("team-a", {})  # as its Namespace watch had shown it

@@ -49,7 +49,7 @@ def term(kube: FakeHubAPI, leading: Lease) -> Controller:
     """A controller whose fence is ``leading``."""
     clock = TermClock()
     ctrl = Controller(
-        HubConfig(insecure=True),
+        HubConfig(insecure=True, status_hold_s=0),  # writes at once: these tests are about fences
         store=FakeStore(),
         kube=kube,
         metrics=HubMetrics(),

@@ -237,6 +237,37 @@ async def test_updates_soon_after_a_write_wait_out_the_interval_and_coalesce() -
         await w.stop()
 
 
+async def test_a_change_after_a_quiet_spell_is_held_and_what_follows_soon_joins_it() -> None:
+    writes: list[tuple[str, Any]] = []
+
+    async def write(key: str, value: Any) -> None:
+        writes.append((key, value))
+
+    clock = FakeClock()
+    w = CoalescingWriter(
+        "t", write, workers=1, min_interval_s=0.2, hold_s=0.25, clock=clock.time, sleep=clock.sleep
+    )
+    w.start()
+    try:
+        w.submit("job", "Placed")
+        await asyncio.wait_for(clock.until_sleeping(), 5)
+        w.submit("job", "Dispatched")  # held with it: no second timer
+        w.submit("job", "Running")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert writes == []
+        assert clock.requested == [0.25]
+        clock.advance(0.25)
+        await asyncio.wait_for(w.drained(), 5)
+        assert writes == [("job", "Running")]
+        w.submit("job", "Succeeded", urgent=True)  # not held, not held back by the interval
+        await asyncio.wait_for(w.drained(), 5)
+        assert writes == [("job", "Running"), ("job", "Succeeded")]
+        assert clock.requested == [0.25]
+    finally:
+        await w.stop()
+
+
 async def test_an_urgent_value_goes_ahead_of_the_queue_and_past_the_interval() -> None:
     writes: list[tuple[str, Any]] = []
     writing = asyncio.Event()
