@@ -273,7 +273,9 @@ class Queues:
 
     # --- usage -----------------------------------------------------------------------------------
 
-    def rebuild_usage(self, holds: Sequence[tuple[str, str | None]] | None = None) -> None:
+    def rebuild_usage(
+        self, holds: Sequence[tuple[str, str | None]] | None = None, *, recount: bool = True
+    ) -> None:
         """Rebuild the ledgers from the placements: the etcd records of jobs not finished, and
         the records whose GPUJob this term has not seen (their copies still run). A record
         without a queue (from before queues, or adopted after a loss of etcd state) charges its
@@ -288,10 +290,12 @@ class Queues:
         same GPUs twice. The scheduling cycle passes them; between cycles (:meth:`refresh`)
         the last ones count.
 
-        Cost: reading the charges, the jobs that charged at the last count, the jobs touched
-        since and the orphan records (module docstring); the ledgers, the charges that changed
-        and the holds (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). A full count
-        over every job every :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
+        Cost: reading the jobs touched since the last count and the orphan records (module
+        docstring); the ledgers, the charges that changed and the holds
+        (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). With ``recount`` (the status
+        loop's :meth:`refresh`; the scheduling cycle passes False, so no decision waits for
+        it), a full count over every job every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
         whose incremental charge differed
         (:class:`~gpufed.hub.components.charges.JobCharges`) and checks the kept ledgers
         against sums from scratch, counting what they had different
@@ -299,7 +303,7 @@ class Queues:
         only then."""
         if holds is not None:
             self._holds = tuple(holds)
-        charges = self._charges.update()
+        charges = self._charges.update(recount=recount)
         self._ledgers.apply(self._charges.changed)
         if self._charges.recounted:
             differ = self._ledgers.recount(charges)

@@ -155,7 +155,7 @@ class Scheduler:
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
         #    and the waiting preemptors' holds
         holds = self._reservations.hold_charges(self._term.state.wanted)
-        queues.rebuild_usage(holds=holds)
+        queues.rebuild_usage(holds=holds, recount=False)  # the status loop recounts
         shares = queues.observe(now)
         waiting = []
         wanted = self._term.state.wanted
@@ -270,7 +270,9 @@ class Scheduler:
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
-        queues.rebuild_usage(holds=self._reservations.hold_charges(self._term.state.wanted))
+        queues.rebuild_usage(
+            holds=self._reservations.hold_charges(self._term.state.wanted), recount=False
+        )
         queues.publish(shares)
 
     def _queue_view(self, job: JobState) -> lc.QueueView:

@@ -1,8 +1,11 @@
 """Queue usage kept incrementally (gpufed.hub.components.charges) equals a brute-force recount.
 
 A real leader term over the typed fakes is driven by random job events (submit, scheduling
-cycle, a job succeeding, its GPUJob deleted, its copy stopped for a requeue or for a
-preemptor, the stopped copy's Delete acknowledged, the clock moving past the recount). After
+cycle, a job running, succeeding, failing for the infrastructure (requeued, re-run) or for
+its application, its GPUJob deleted, its copy stopped for a requeue or for a preemptor, the
+stopped copy's Delete acknowledged, the clock moving past the recount). The charges follow
+only the jobs marked touched (gpufed.hub.components.term.JobTable), so a change path that
+did not mark its job fails here (the recount below reads the store, not the hub's code). After
 each event the queues' ledgers and the GPUQueue status are rebuilt the incremental way, and
 compared with a recount written here from the etcd records the fake store holds and the holds
 the scheduler passed: a record placed in a member charges its queue its ``charged`` amounts
@@ -21,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufed.api.work import WorkAck, WorkloadStatus
+from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
 from gpufed.hub.components.charges import RECOUNT_S
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
@@ -29,12 +32,19 @@ from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_queues import H100, gpuqueue
 
 JOBS = 6
+#: how a copy fails: infrastructure (requeued and run again) or the application (final)
+FAILURES = (
+    FailureCause(kind="Infrastructure", reason="NodeLost", message="gone", nodes=("m1-n0",)),
+    FailureCause(kind="Application", reason="BackoffLimitExceeded", exit_codes=(1,)),
+)
 EVENTS = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.integers(0, JOBS - 1), st.sampled_from([1, 2, 4, 8])),
         st.tuples(st.just("cycle"), st.just(0), st.just(0)),
         st.tuples(st.just("cycle"), st.just(0), st.just(0)),
         st.tuples(st.just("succeed"), st.integers(0, JOBS - 1), st.just(0)),
+        st.tuples(st.just("run"), st.integers(0, JOBS - 1), st.just(0)),
+        st.tuples(st.just("fail"), st.integers(0, JOBS - 1), st.integers(0, 1)),
         st.tuples(st.just("delete"), st.integers(0, JOBS - 1), st.just(0)),
         st.tuples(st.just("stop"), st.integers(0, 3), st.integers(-1, JOBS - 1)),
         st.tuples(st.just("stop"), st.integers(0, 3), st.integers(-1, JOBS - 1)),
@@ -145,6 +155,16 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
         elif kind == "succeed" and job is not None and rec is not None and rec.cluster:
             rev = t.store.work[(rec.cluster, uid)][1]
             await t.ctrl.handle(s, WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded"))
+        elif kind in ("run", "fail") and job is not None and rec is not None and rec.cluster:
+            rev = t.store.work[(rec.cluster, uid)][1]
+            report = (
+                WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
+                if kind == "run"
+                else WorkloadStatus(
+                    job_uid=uid, revision=rev, phase="Failed", failure=FAILURES[arg]
+                )
+            )
+            await t.ctrl.handle(s, report)
         elif kind == "delete" and job is not None:
             t.ctrl.lifecycle.job_gone(uid)
         elif kind == "stop" and job is not None and rec is not None and rec.cluster:
@@ -191,7 +211,7 @@ def test_incremental_queue_usage_equals_a_recount_of_the_records(
     asyncio.run(scenario(sizes, events))
 
 
-def test_a_missed_change_path_is_counted_as_drift_and_corrected() -> None:
+def test_a_change_behind_the_table_is_counted_as_drift_at_the_recount_and_corrected() -> None:
     async def run() -> None:
         t = Term()
         t.member("m1", hgx_node("m1-n0"))
@@ -199,19 +219,22 @@ def test_a_missed_change_path_is_counted_as_drift_and_corrected() -> None:
         await t.ctrl.scheduler.cycle()
         t.ctrl.queues.rebuild_usage()
         assert dict(t.ctrl.queues.usage.own("default")) == {H100: 8}
-        # a record changed behind the hub's back (no touch): the incremental count keeps it,
-        # the next full recount finds and fixes it
         job = t.ctrl.state.jobs["u1"]
-        other: Any = job.record.model_copy(update={"charged": {H100: 4}})  # type: ignore[union-attr]
-        job.record = other
+        half: Any = job.record.model_copy(update={"charged": {H100: 4}})  # type: ignore[union-attr]
+        # through the table: the next update reads the job (no recount needed)
+        job.record = half
+        t.ctrl.queues.rebuild_usage(recount=False)
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}
+        # behind the table's back (no touch): the incremental count keeps what it had...
+        object.__setattr__(job, "record", half.model_copy(update={"charged": {H100: 2}}))
         t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}  # u1 is still read
-        t.ctrl.state.jobs["u2"] = job.__class__(**{**job.__dict__, "uid": "u2"})
-        t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "u2 not read yet"
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "u1 is not read again"
+        # ...until the next full recount finds and fixes it
         t.clock.advance(RECOUNT_S)
+        t.ctrl.queues.rebuild_usage(recount=False)
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "a cycle never recounts"
         t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 8}
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 2}
         assert drift(t) == 1
 
     asyncio.run(run())
