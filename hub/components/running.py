@@ -1,0 +1,247 @@
+"""The running jobs preemption may choose from, and their index by block, kept across cycles.
+
+Owned by :class:`gpufed.hub.components.preemption.Preemption`, read by its planning worker
+(docs/hub.md "Preemption"). A job is running, as a possible victim, while its record places it
+in a member, it is not being stopped, not finished, not being deleted and not claimed; it is
+filed with the GPUs it holds per node (the member's ``job_requests``, else its reservation),
+its start (the first Applied ack, else the placement), its checkpoint, past preemptions and
+submit time (:meth:`RunningJobs.build`).
+
+Incremental: each :meth:`RunningJobs.update` reads again only the jobs that may have changed
+since the last one: those marked touched (``HubState.follow``: every job entering or leaving
+the term's jobs and every change of its record, status, request, GPUJob or claim; the dispatch
+and an ack marks the job of a work item), those whose GPUs per node in the members'
+inventories changed (compared with the last update's), and those filed from a reservation (it
+may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
+changed by the same jobs, and a member whose snapshot state was replaced or whose fleet
+generation moved is filed again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and
+at the first update) every job is read and the index built from scratch; each job whose kept
+entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
+logged (``hub.preemption.running_drift``): 0 unless a change path was missed.
+
+Threads: :meth:`RunningJobs.update` runs in the planning worker while the event loop may
+change the jobs; the loop only adds to the touched set. A worker that meets a changing dict
+raises (the caller counts the cycle as raced); the kept state is then dropped and built from
+scratch at the next update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import fields
+from typing import Final
+
+import structlog
+
+from gpufed.api.labels import GPU_RESOURCE
+from gpufed.hub.components.charges import RECOUNT_S
+from gpufed.hub.components.term import Term
+from gpufed.hub.rules import status as st
+from gpufed.hub.rules.records import JobRecord
+from gpufed.placement import FleetSnapshot
+from gpufed.placement.preemption import PreemptionEvent, Running
+from gpufed.placement.runindex import RunningIndex
+
+log = structlog.get_logger("gpufed.hub.components.running")
+
+#: (member, job UID) -> node -> whole GPUs the job holds there, from the members' inventories
+Held = dict[tuple[str, str], dict[str, int]]
+
+#: The fields of :class:`~gpufed.placement.preemption.Running` (compared by value: it is not)
+_FIELDS: Final = tuple(f.name for f in fields(Running))
+
+
+def events(record: JobRecord | None) -> tuple[PreemptionEvent, ...]:
+    """The job's past preemptions, for the hourly cap and the no-cycle rule."""
+    if record is None:
+        return ()
+    return tuple(PreemptionEvent(c.at, c.by_uid) for c in record.requeues if c.kind == "Preempted")
+
+
+def same(a: Running | None, b: Running | None) -> bool:
+    """Whether two entries say the same (field by field)."""
+    if a is None or b is None:
+        return a is b
+    return all(getattr(a, f) == getattr(b, f) for f in _FIELDS)
+
+
+class RunningJobs:
+    """Job UID -> :class:`~gpufed.placement.preemption.Running` and the index over them, kept
+    incrementally (module docstring)."""
+
+    def __init__(self, term: Term, snapshot: FleetSnapshot) -> None:
+        self._term = term
+        self._snapshot = snapshot
+        #: jobs that may have changed since the last update (HubState.touch adds to it)
+        self._touched = term.state.follow()
+        #: the kept entries and index (None: built from scratch at the next update)
+        self._runs: dict[str, Running] | None = None
+        self.index: RunningIndex | None = None
+        self._held: Held = {}
+        #: jobs filed from their reservation (read at every update: it may expire)
+        self._reserved: set[str] = set()
+        #: member -> (its snapshot state's id, the fleet generation) when last filed
+        self._filed: dict[str, tuple[int, int]] = {}
+        self._recounted = 0.0
+        #: True when the last update built everything from scratch
+        self.recounted = False
+        term.metrics.incremental_drift.labels("running")  # exported from 0
+
+    # --- one update ---------------------------------------------------------------------------
+
+    def update(self) -> RunningIndex:
+        """The running jobs now, indexed (the kept index, changed in place). Incremental,
+        except the first time and every :data:`RECOUNT_S` (monotonic): every job read, the
+        index built from scratch, the kept entries compared (drift counted). Raises what a
+        dict changing under the worker raises (RuntimeError, KeyError); the kept state is then
+        dropped."""
+        try:
+            return self._update()
+        except BaseException:
+            self._runs, self.index = None, None
+            raise
+
+    def _update(self) -> RunningIndex:
+        now = self._term.mono()
+        held = self.held()
+        if self._runs is None or self.index is None or now - self._recounted >= RECOUNT_S:
+            if self._runs is not None and self.index is not None:
+                self._apply(held)
+                kept = self._runs
+            else:
+                kept = None
+                self._touched.clear()
+            full = self.build(held)
+            if kept is not None:
+                self._check_drift(kept, full)
+            self._runs, self._held, self._recounted = full, held, now
+            self._reserved = {u for u, r in full.items() if (r.cluster, u) not in held}
+            self.index = RunningIndex(self._snapshot, full.values())
+            self._filed = self._members_now()
+            self.recounted = True
+            return self.index
+        self._apply(held)
+        self.recounted = False
+        return self.index
+
+    def _apply(self, held: Held) -> None:
+        """Read again the jobs that may have changed; change the entries and the index."""
+        runs, index = self._runs, self.index
+        assert runs is not None
+        assert index is not None
+        touched = self._touched
+        read = set(touched)  # one C call: the loop may add meanwhile
+        touched.difference_update(read)  # what it adds after stays for the next update
+        old = self._held
+        for key in old.keys() | held.keys():
+            if old.get(key) != held.get(key):
+                read.add(key[1])
+        read |= self._reserved
+        self._held = held
+        # members re-filed from the snapshot as it is now (their nodes' pools may differ)
+        filed = self._members_now()
+        for name in index.members:
+            if self._filed.get(name) != filed.get(name):
+                index.reindex(name)
+        self._filed = filed
+        for uid in sorted(read):
+            run = self._running(uid, held)
+            prev = runs.get(uid)
+            if same(prev, run):
+                continue
+            if prev is not None:
+                index.remove(uid, prev.cluster)
+                del runs[uid]
+            if run is not None:
+                runs[uid] = run
+                index.add(run)
+            if run is not None and (run.cluster, uid) not in held:
+                self._reserved.add(uid)
+            else:
+                self._reserved.discard(uid)
+
+    def _members_now(self) -> dict[str, tuple[int, int]]:
+        gen = self._snapshot.generation
+        return {c.name: (id(c), gen) for c in self._snapshot.clusters()}
+
+    # --- from scratch -------------------------------------------------------------------------
+
+    def held(self) -> Held:
+        """The whole GPUs each job holds per node, from the members' inventories (O(nodes))."""
+        held: Held = {}
+        # list(...) copies each dict in one C call: the worker thread never iterates a dict the
+        # loop changes meanwhile
+        for m in list(self._term.state.members.values()):
+            for n in list(m.nodes.values()):
+                for uid, reqs in n.job_requests.items():
+                    count = reqs.get(GPU_RESOURCE, 0)
+                    if count > 0:
+                        held.setdefault((m.name, uid), {})[n.name] = count
+        return held
+
+    def build(self, held: Held) -> dict[str, Running]:
+        """Every running job from scratch (by UID, sorted): the full count."""
+        out: dict[str, Running] = {}
+        for uid in sorted(list(self._term.state.jobs)):
+            run = self._running(uid, held)
+            if run is not None:
+                out[uid] = run
+        return out
+
+    def _running(self, uid: str, held: Held) -> Running | None:
+        """Job ``uid`` as a possible victim now (None: not running, or holds no whole GPU)."""
+        job = self._term.state.jobs.get(uid)
+        if job is None:
+            return None
+        rec = job.record
+        if (
+            rec is None
+            or rec.cluster is None
+            or rec.stopping is not None
+            or job.terminal
+            or job.deleting
+            or job.claim is not None
+        ):
+            return None
+        gpus = held.get((rec.cluster, uid))
+        if not gpus:
+            res = self._snapshot.reservation(uid)
+            gpus = (
+                {n: a.get(GPU_RESOURCE, 0) for n, a in res.nodes.items() if a.get(GPU_RESOURCE)}
+                if res is not None
+                else {}
+            )
+        if not gpus:
+            return None  # holds no whole GPU: freeing it frees nothing a GPU job needs
+        ws = self._term.state.work.get((rec.cluster, uid))
+        started = rec.placed_at
+        if ws is not None and ws.ack is not None and ws.ack.applied_at is not None:
+            started = ws.ack.applied_at
+        checkpoint = None
+        if job.status.last_checkpoint_time:
+            with contextlib.suppress(ValueError):
+                checkpoint = st.parse_rfc3339(job.status.last_checkpoint_time)
+        request = job.request
+        priority = rec.priority
+        if priority is None:
+            priority = request.priority if request is not None else 0
+        return Running(
+            uid=uid,
+            job=job.key,
+            cluster=rec.cluster,
+            priority=priority,
+            gpus=gpus,
+            started_at=started,
+            queue=rec.queue,
+            last_checkpoint=checkpoint,
+            checkpoint_interval_s=request.checkpoint_interval_s if request else None,
+            preempted=events(rec),
+            submitted_at=request.submitted_at if request is not None else None,
+        )
+
+    def _check_drift(self, kept: dict[str, Running], full: dict[str, Running]) -> None:
+        """Count (and log) the jobs whose kept entry differs from the full count."""
+        differ = sorted(u for u in kept.keys() | full.keys() if not same(kept.get(u), full.get(u)))
+        if differ:
+            self._term.metrics.incremental_drift.labels("running").inc(len(differ))
+            log.warning("hub.preemption.running_drift", jobs=len(differ), first=differ[:5])
