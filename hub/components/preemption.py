@@ -109,6 +109,8 @@ class Preemption:
         self._no_plan_until: dict[str, tuple[float, NoPreemption]] = {}
         #: the running jobs and their index, kept across cycles (read by the planning worker)
         self._running = RunningJobs(term, snapshot)
+        #: one worker at a time changes or reads them (a cycle's planning, the refresh)
+        self._running_lock = asyncio.Lock()
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -165,6 +167,18 @@ class Preemption:
         from scratch (the kept ones: :class:`~gpufed.hub.components.running.RunningJobs`)."""
         return list(self._running.build(self._running.held()).values())
 
+    async def refresh(self) -> None:
+        """Between cycles (the term's status loop): bring the kept running jobs up to date in
+        a worker thread, and every :data:`~gpufed.hub.components.charges.RECOUNT_S` rebuild
+        them from scratch there (the drift check), so a preempting cycle finds them ready and
+        never pays the rebuild. A dict changing under the worker drops them (built again next
+        time). Nothing when preemption is off."""
+        if not self._term.config.preemption:
+            return
+        async with self._running_lock:
+            with contextlib.suppress(RuntimeError, KeyError):
+                await asyncio.to_thread(self._running.update)
+
     # --- 3-5. one cycle ---------------------------------------------------------------------------
 
     async def run(
@@ -198,14 +212,15 @@ class Preemption:
         metrics = self._term.metrics
         t0 = time.perf_counter()
         try:
-            planned, missed = await asyncio.to_thread(
-                self._plan,
-                preemptors,
-                policy,
-                quota,
-                now,
-                self._term.config.preemption_deadline_s,
-            )
+            async with self._running_lock:
+                planned, missed = await asyncio.to_thread(
+                    self._plan,
+                    preemptors,
+                    policy,
+                    quota,
+                    now,
+                    self._term.config.preemption_deadline_s,
+                )
         except (RuntimeError, KeyError) as exc:  # a dict changed size / a node went meanwhile
             log.warning("preemption.planning_raced", error=str(exc), preemptors=len(preemptors))
             metrics.preemption_plans_missed.labels("raced").inc(len(preemptors))
@@ -247,7 +262,7 @@ class Preemption:
         when they were read and built from scratch each cycle, that setup alone took ~1.8 s of
         the 2 s default, so a cycle planned one preemptor although each later one of a shape
         the cycle has estimated costs ~25 ms)."""
-        running = self._running.update()
+        running = self._running.update(recount=False)
         if not len(running):
             return [], 0
         if quota is None:  # nothing to reclaim: only jobs above the lowest running priority

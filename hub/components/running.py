@@ -15,7 +15,8 @@ inventories changed (compared with the last update's), and those filed from a re
 may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
 changed by the same jobs, and a member whose snapshot state was replaced or whose fleet
 generation moved is filed again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and
-at the first update) every job is read and the index built from scratch; each job whose kept
+at the first update) the status loop reads every job and builds the index from scratch (never
+a planning worker: no decision waits for it); each job whose kept
 entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
 logged (``hub.preemption.running_drift``): 0 unless a change path was missed.
 
@@ -89,22 +90,26 @@ class RunningJobs:
 
     # --- one update ---------------------------------------------------------------------------
 
-    def update(self) -> RunningIndex:
+    def update(self, *, recount: bool = True) -> RunningIndex:
         """The running jobs now, indexed (the kept index, changed in place). Incremental,
-        except the first time and every :data:`RECOUNT_S` (monotonic): every job read, the
-        index built from scratch, the kept entries compared (drift counted). Raises what a
-        dict changing under the worker raises (RuntimeError, KeyError); the kept state is then
-        dropped."""
+        except the first time and, with ``recount``, every :data:`RECOUNT_S` (monotonic):
+        every job read, the index built from scratch, the kept entries compared (drift
+        counted). The planning worker passes ``recount=False`` (a decision never waits for the
+        rebuild); the status loop's :meth:`Preemption.refresh
+        <gpufed.hub.components.preemption.Preemption.refresh>` recounts. Raises what a dict
+        changing under the worker raises (RuntimeError, KeyError); the kept state is then
+        dropped. One caller at a time (the caller serialises)."""
         try:
-            return self._update()
+            return self._update(recount)
         except BaseException:
             self._runs, self.index = None, None
             raise
 
-    def _update(self) -> RunningIndex:
+    def _update(self, recount: bool) -> RunningIndex:
         now = self._term.mono()
         held = self.held()
-        if self._runs is None or self.index is None or now - self._recounted >= RECOUNT_S:
+        due = recount and now - self._recounted >= RECOUNT_S
+        if self._runs is None or self.index is None or due:
             if self._runs is not None and self.index is not None:
                 self._apply(held)
                 kept = self._runs
@@ -117,6 +122,9 @@ class RunningJobs:
             self._runs, self._held, self._recounted = full, held, now
             self._reserved = {u for u, r in full.items() if (r.cluster, u) not in held}
             self.index = RunningIndex(self._snapshot, full.values())
+            if recount:
+                # the status loop's rebuild files every level now: planning never pays for it
+                self.index.file_levels()
             self._filed = self._members_now()
             self.recounted = True
             return self.index

@@ -141,6 +141,12 @@ class Scheduler:
             self._term.metrics.scheduling_cycles.inc()
             await self.cycle()
 
+    async def refresh_preemption(self) -> None:
+        """Between cycles (the term's status loop): the kept running jobs preemption plans
+        from, brought up to date (:meth:`Preemption.refresh
+        <gpufed.hub.components.preemption.Preemption.refresh>`)."""
+        await self._preemption.refresh()
+
     async def cycle(self) -> None:
         """One scheduling pass over every waiting job (numbered phases: module docstring)."""
         now = self._term.wall()

@@ -323,6 +323,8 @@ class HubState:
         #: them (the incremental charges, gpufed.hub.components.charges, read and clear it)
         self.touched: set[str] = self.follow()
         self.jobs: dict[str, JobState] = JobTable(self.touch)
+        #: the jobs whose record is being stopped now (kept by :meth:`touch`)
+        self._stopping: dict[str, JobState] = {}
         self.work: dict[tuple[str, str], WorkState] = {}
         self.members: dict[str, MemberState] = {}
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
@@ -349,6 +351,11 @@ class HubState:
         it queues (an ack's start time)."""
         for s in self._followers:
             s.add(uid)
+        j = self.jobs.get(uid)
+        if j is not None and j.record is not None and j.record.stopping is not None:
+            self._stopping[uid] = j
+        else:
+            self._stopping.pop(uid, None)
 
     def kick(self) -> None:
         """Ask for a scheduling cycle soon (something changed that may let a job fit)."""
@@ -361,13 +368,9 @@ class HubState:
         self.cycle_due.set()
 
     def stopping(self) -> list[JobState]:
-        """The jobs whose copy is being stopped for a requeue now (by UID)."""
-        stopping = [
-            (uid, j)
-            for uid, j in self.jobs.items()
-            if j.record is not None and j.record.stopping is not None
-        ]
-        return [j for _, j in sorted(stopping, key=lambda x: x[0])]  # filter first: jobs are many
+        """The jobs whose copy is being stopped for a requeue now (by UID). O(stopping jobs):
+        kept by :meth:`touch` (every change of a job's record marks it)."""
+        return [self._stopping[uid] for uid in sorted(self._stopping)]
 
     def lock(self, uid: str) -> asyncio.Lock:
         """The lock that serialises every read-modify-write of job ``uid``."""

@@ -197,6 +197,11 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
         shown = t.ctrl.queues.shown["team-a"]
         assert (shown.pending_jobs, shown.admitted_jobs) == job_counts(t, gpus_of), (kind, uid)
         assert drift(t) == drift(t, "queue_jobs") == drift(t, "queue_ledger") == 0
+        # the jobs being stopped, kept by the marks, equal a scan of every job
+        scan = sorted(
+            u for u, j in t.ctrl.state.jobs.items() if j.record and j.record.stopping is not None
+        )
+        assert [j.uid for j in t.ctrl.state.stopping()] == scan, (kind, uid)
     # a last full recount finds nothing the incremental charges missed
     t.clock.advance(RECOUNT_S)
     t.ctrl.queues.refresh()

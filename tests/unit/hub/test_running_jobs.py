@@ -252,7 +252,11 @@ def test_a_change_behind_the_table_is_counted_as_running_drift_and_corrected() -
         object.__setattr__(job, "record", other)  # behind the table's back: no touch
         assert [r.priority for r in kept.update()] == [0], "u1 is not read again"
         t.clock.advance(RECOUNT_S)
-        assert [r.priority for r in kept.update()] == [7]
+        assert [r.priority for r in kept.update(recount=False)] == [0], "planning never recounts"
+        await t.ctrl.scheduler.refresh_preemption()  # the status loop's refresh: recounts
+        assert kept.recounted
+        assert kept.index is not None
+        assert [r.priority for r in kept.index] == [7]
         assert drift(t) == 1
 
     asyncio.run(run())
