@@ -179,7 +179,7 @@ class Scheduler:
                 wanted.discard(uid)  # a job in backoff comes back from the lifecycle
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
-            queues.publish(shares)
+            queues.publish(shares, recount=False)
             return
         gate = queues.gate()
         requests = fair_sorted(
@@ -279,7 +279,7 @@ class Scheduler:
         queues.rebuild_usage(
             holds=self._reservations.hold_charges(self._term.state.wanted), recount=False
         )
-        queues.publish(shares)
+        queues.publish(shares, recount=False)
 
     def _queue_view(self, job: JobState) -> lc.QueueView:
         """This cycle's view of ``job``'s GPUQueue and priority (the queues, the
