@@ -131,6 +131,53 @@ def drift(t: Term, kind: str = "queue_usage") -> float:
     return float(t.ctrl.metrics.incremental_drift.labels(kind)._value.get())
 
 
+#: the events of one job that :func:`job_event` makes
+JOB_EVENTS = ("succeed", "run", "fail", "delete", "stop", "gone")
+
+
+async def job_event(t: Term, s: Any, kind: str, uid: str, arg: int) -> None:
+    """One event of job ``uid`` over agent session ``s`` of member m1 (nothing when it does
+    not apply): its copy succeeding, running, failing (``FAILURES[arg]``), its GPUJob deleted,
+    its copy stopped for a requeue (``arg`` < 0) or for preemptor ``u{arg}``, the stopped
+    copy's Delete acknowledged (``gone``)."""
+    job = t.ctrl.state.jobs.get(uid)
+    rec = job.record if job is not None else None
+    if job is None:
+        return
+    if kind == "delete":
+        t.ctrl.lifecycle.job_gone(uid)
+    elif kind == "gone":
+        ws = t.ctrl.state.work.get(("m1", uid))
+        if ws is not None and ws.record.op == "Delete":
+            await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=ws.revision, result="Deleted"))
+    elif rec is None or rec.cluster is None:
+        return
+    elif kind == "stop":
+        by = f"u{arg}" if arg >= 0 else None
+        cause = RequeueCause(
+            kind="Preempted" if by else "InfrastructureFailure",
+            reason="Test",
+            message="stopped by the test",
+            at=t.clock.wall(),
+            cluster=rec.cluster,
+            by_uid=by or "",
+            by=f"team-a/j{arg}" if by else "",
+        )
+        async with t.ctrl.state.lock(uid):
+            await t.ctrl.lifecycle.stop(job, cause)
+    else:
+        rev = t.store.work[(rec.cluster, uid)][1]
+        if kind == "run":
+            report = WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
+        elif kind == "succeed":
+            report = WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded")
+        else:
+            report = WorkloadStatus(
+                job_uid=uid, revision=rev, phase="Failed", failure=FAILURES[arg]
+            )
+        await t.ctrl.handle(s, report)
+
+
 async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None:
     t = Term()
     t.kube.objects["gpuqueues"].append(gpuqueue("team-a", namespaces=("team-a",), nominal=24))
@@ -145,48 +192,13 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
     await t.ctrl.scheduler.cycle()
     for kind, i, arg in events:
         uid = f"u{i}"
-        job = t.ctrl.state.jobs.get(uid)
-        rec = job.record if job is not None else None
         if kind == "submit" and uid not in gpus_of:
             gpus_of[uid] = arg
             await t.submit(f"j{i}", uid, gpus=arg)
         elif kind == "cycle":
             await t.ctrl.scheduler.cycle()
-        elif kind == "succeed" and job is not None and rec is not None and rec.cluster:
-            rev = t.store.work[(rec.cluster, uid)][1]
-            await t.ctrl.handle(s, WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded"))
-        elif kind in ("run", "fail") and job is not None and rec is not None and rec.cluster:
-            rev = t.store.work[(rec.cluster, uid)][1]
-            report = (
-                WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
-                if kind == "run"
-                else WorkloadStatus(
-                    job_uid=uid, revision=rev, phase="Failed", failure=FAILURES[arg]
-                )
-            )
-            await t.ctrl.handle(s, report)
-        elif kind == "delete" and job is not None:
-            t.ctrl.lifecycle.job_gone(uid)
-        elif kind == "stop" and job is not None and rec is not None and rec.cluster:
-            by = f"u{arg}" if arg >= 0 else None
-            cause = RequeueCause(
-                kind="Preempted" if by else "InfrastructureFailure",
-                reason="Test",
-                message="stopped by the test",
-                at=t.clock.wall(),
-                cluster=rec.cluster,
-                by_uid=by or "",
-                by=f"team-a/j{arg}" if by else "",
-            )
-            async with t.ctrl.state.lock(uid):
-                await t.ctrl.lifecycle.stop(job, cause)
-        elif kind == "gone":
-            work = next((k for k in t.ctrl.state.work if k[1] == uid), None)
-            if work is not None:
-                ws = t.ctrl.state.work[work]
-                if ws.record.op == "Delete":
-                    ack = WorkAck(job_uid=uid, revision=ws.revision, result="Deleted")
-                    await t.ctrl.handle(s, ack)
+        elif kind in JOB_EVENTS:
+            await job_event(t, s, kind, uid, arg)
         elif kind == "recount":
             t.clock.advance(RECOUNT_S)
         await settle()

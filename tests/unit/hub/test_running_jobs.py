@@ -26,15 +26,14 @@ from hypothesis import strategies as st
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import InventoryDelta
-from gpufed.api.work import WorkAck, WorkloadStatus
+from gpufed.api.work import WorkAck
 from gpufed.hub.components.charges import RECOUNT_S
-from gpufed.hub.rules.records import RequeueCause
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import Preemptor
 from gpufed.placement.runindex import LEVELS, RunningIndex
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, settle
-from tests.unit.hub.test_queue_charges import FAILURES
+from tests.unit.hub.test_queue_charges import JOB_EVENTS, job_event
 
 JOBS = 6
 NODES = 4
@@ -128,8 +127,6 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
     for kind, i, arg in events:
         uid = f"u{i}"
         job = t.ctrl.state.jobs.get(uid)
-        rec = job.record if job is not None else None
-        placed = rec is not None and rec.cluster is not None
         if kind == "submit" and job is None:
             await t.submit(f"j{i}", uid, gpus=arg)
         elif kind == "cycle":
@@ -146,45 +143,13 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
             ms = t.ctrl.state.members["m1"]
             ups = tuple(node(f"m1-n{n}", pods) for n in range(NODES))
             t.ctrl.members.on_delta(ms, InventoryDelta(seq=seq, upserts=ups))
-        elif kind in ("succeed", "run", "fail") and placed and job is not None:
-            assert rec is not None
-            assert rec.cluster is not None
-            rev = t.store.work[(rec.cluster, uid)][1]
-            if kind == "run":
-                report = WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
-            elif kind == "succeed":
-                report = WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded")
-            else:
-                report = WorkloadStatus(
-                    job_uid=uid, revision=rev, phase="Failed", failure=FAILURES[arg]
-                )
-            await t.ctrl.handle(s, report)
-        elif kind == "delete" and job is not None:
-            t.ctrl.lifecycle.job_gone(uid)
-        elif kind == "stop" and placed and job is not None:
-            assert rec is not None
-            assert rec.cluster is not None
-            by = f"u{arg}" if arg >= 0 else None
-            cause = RequeueCause(
-                kind="Preempted" if by else "InfrastructureFailure",
-                reason="Test",
-                message="stopped by the test",
-                at=t.clock.wall(),
-                cluster=rec.cluster,
-                by_uid=by or "",
-                by=f"team-a/j{arg}" if by else "",
-            )
-            async with t.ctrl.state.lock(uid):
-                await t.ctrl.lifecycle.stop(job, cause)
+        elif kind in JOB_EVENTS:
+            await job_event(t, s, kind, uid, arg)
         elif kind == "applied":
             ws = t.ctrl.state.work.get(("m1", uid))
             if ws is not None and ws.record.op == "Apply":
                 t.clock.advance(1)  # a start later than the placement
                 await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=ws.revision, result="Applied"))
-        elif kind == "gone":
-            ws = t.ctrl.state.work.get(("m1", uid))
-            if ws is not None and ws.record.op == "Delete":
-                await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=ws.revision, result="Deleted"))
         elif kind == "recount":
             t.clock.advance(RECOUNT_S)
         elif kind == "expire":
