@@ -111,6 +111,7 @@ class Preemption:
         self._running = RunningJobs(term, snapshot)
         #: one worker at a time changes or reads them (a cycle's planning, the refresh)
         self._running_lock = asyncio.Lock()
+        self._refreshing = False
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -178,6 +179,22 @@ class Preemption:
         async with self._running_lock:
             with contextlib.suppress(RuntimeError, KeyError):
                 await asyncio.to_thread(self._running.update)
+
+    def refresh_soon(self) -> None:
+        """:meth:`refresh` in the background (the status loop never waits for it), unless one
+        is under way or a cycle's planning holds the running jobs (it brings them up to date
+        itself)."""
+        if self._refreshing or self._running_lock.locked() or not self._term.config.preemption:
+            return
+        self._refreshing = True
+
+        async def run() -> None:
+            try:
+                await self.refresh()
+            finally:
+                self._refreshing = False
+
+        self._term.spawn(run())
 
     # --- 3-5. one cycle ---------------------------------------------------------------------------
 

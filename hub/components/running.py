@@ -13,8 +13,9 @@ the term's jobs and every change of its record, status, request, GPUJob or claim
 and an ack marks the job of a work item), those whose GPUs per node in the members'
 inventories changed (compared with the last update's), and those filed from a reservation (it
 may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
-changed by the same jobs, and a member whose snapshot state was replaced or whose fleet
-generation moved is filed again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and
+changed by the same jobs, and a member whose snapshot state was replaced or any of whose nodes
+was added, removed or re-filed (a new node object: its shape, labels or pool changed) is filed
+again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and
 at the first update) the status loop reads every job and builds the index from scratch (never
 a planning worker: no decision waits for it); each job whose kept
 entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
@@ -81,8 +82,8 @@ class RunningJobs:
         self._held: Held = {}
         #: jobs filed from their reservation (read at every update: it may expire)
         self._reserved: set[str] = set()
-        #: member -> (its snapshot state's id, the fleet generation) when last filed
-        self._filed: dict[str, tuple[int, int]] = {}
+        #: member -> its filing fingerprint when last filed (:meth:`_members_now`)
+        self._filed: dict[str, tuple[int, int, int]] = {}
         self._recounted = 0.0
         #: True when the last update built everything from scratch
         self.recounted = False
@@ -146,7 +147,7 @@ class RunningJobs:
                 read.add(key[1])
         read |= self._reserved
         self._held = held
-        # members re-filed from the snapshot as it is now (their nodes' pools may differ)
+        # members re-filed from the snapshot as it is now (a node's pool or groups may differ)
         filed = self._members_now()
         for name in index.members:
             if self._filed.get(name) != filed.get(name):
@@ -168,9 +169,15 @@ class RunningJobs:
             else:
                 self._reserved.discard(uid)
 
-    def _members_now(self) -> dict[str, tuple[int, int]]:
-        gen = self._snapshot.generation
-        return {c.name: (id(c), gen) for c in self._snapshot.clusters()}
+    def _members_now(self) -> dict[str, tuple[int, int, int]]:
+        """Each member's filing fingerprint: its snapshot state and its nodes' objects (a node
+        whose shape, labels or pool changed is a new object; one updated in place, its GPUs in
+        use, is not). O(nodes), in C."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for c in self._snapshot.clusters():
+            nodes = list(c.nodes.values())  # one C call: the loop may change the dict
+            out[c.name] = (id(c), len(nodes), sum(map(id, nodes)))
+        return out
 
     # --- from scratch -------------------------------------------------------------------------
 

@@ -142,10 +142,13 @@ class Scheduler:
             await self.cycle()
 
     async def refresh_preemption(self) -> None:
-        """Between cycles (the term's status loop): the kept running jobs preemption plans
-        from, brought up to date (:meth:`Preemption.refresh
-        <gpufed.hub.components.preemption.Preemption.refresh>`)."""
+        """Between cycles: the kept running jobs preemption plans from, brought up to date
+        (:meth:`Preemption.refresh <gpufed.hub.components.preemption.Preemption.refresh>`)."""
         await self._preemption.refresh()
+
+    def refresh_preemption_soon(self) -> None:
+        """:meth:`refresh_preemption` in the background (the term's status loop)."""
+        self._preemption.refresh_soon()
 
     async def cycle(self) -> None:
         """One scheduling pass over every waiting job (numbered phases: module docstring)."""

@@ -2,7 +2,8 @@
 equal a recount written here, and plan the same preemptions as an index built from scratch.
 
 A real leader term over the typed fakes is driven by random job events (submit, scheduling
-cycle, a job's pods reported bound on their nodes or gone from them, its work acknowledged
+cycle, a job's pods reported bound on their nodes or gone from them, a node joining or leaving
+a shared NVLink domain (re-filed in the snapshot), its work acknowledged
 Applied, a job running,
 succeeding, failing for the infrastructure or its application, its GPUJob deleted, its copy
 stopped for a requeue or a preemptor, the stopped copy's Delete acknowledged, the holds of
@@ -54,19 +55,25 @@ EVENTS = st.lists(
         st.tuples(st.just("recount"), st.just(0), st.just(0)),
         st.tuples(st.just("expire"), st.just(0), st.just(0)),
         st.tuples(st.just("applied"), st.integers(0, JOBS - 1), st.just(0)),
+        st.tuples(st.just("relabel"), st.integers(0, NODES - 1), st.just(0)),
     ),
     min_size=1,
     max_size=25,
 )
 
 
-def node(name: str, pods: dict[str, dict[str, int]]) -> NodeInventory:
-    """HGX node ``name`` with the pods of ``pods`` (uid -> node -> GPUs) on it."""
+def node(name: str, pods: dict[str, dict[str, int]], domain: str = "") -> NodeInventory:
+    """HGX node ``name`` with the pods of ``pods`` (uid -> node -> GPUs) on it, in NVLink
+    domain ``domain`` (default: its own)."""
     base = hgx_node(name)
     jobs = {u: {"nvidia.com/gpu": g[name]} for u, g in sorted(pods.items()) if name in g}
     used = sum(r["nvidia.com/gpu"] for r in jobs.values())
     return base.model_copy(
-        update={"requested": {"nvidia.com/gpu": used} if used else {}, "job_requests": jobs}
+        update={
+            "requested": {"nvidia.com/gpu": used} if used else {},
+            "job_requests": jobs,
+            "nvlink_domain": domain or base.nvlink_domain,
+        }
     )
 
 
@@ -118,6 +125,7 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
     s = t.connect("m1")
     t.ctrl.heard(s)
     pods: dict[str, dict[str, int]] = {}
+    domains: dict[str, str] = {}  # node -> its NVLink domain when not its own
     seq = 1
     for i, gpus in enumerate(sizes):
         await t.submit(f"j{i}", f"u{i}", gpus=gpus)
@@ -131,9 +139,13 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
             await t.submit(f"j{i}", uid, gpus=arg)
         elif kind == "cycle":
             await t.ctrl.scheduler.cycle()
-        elif kind in ("bind", "unbind"):
+        elif kind in ("bind", "unbind", "relabel"):
             res = t.ctrl.snapshot.reservation(uid)
-            if kind == "bind" and res is not None:
+            if kind == "relabel":  # the node joins a shared NVLink domain, or leaves it
+                name = f"m1-n{i}"
+                if domains.pop(name, None) is None:
+                    domains[name] = "shared"
+            elif kind == "bind" and res is not None:
                 pods[uid] = {n: a["nvidia.com/gpu"] for n, a in res.nodes.items()}
             elif kind == "unbind" and uid in pods:
                 del pods[uid]
@@ -141,7 +153,7 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
                 continue
             seq += 1
             ms = t.ctrl.state.members["m1"]
-            ups = tuple(node(f"m1-n{n}", pods) for n in range(NODES))
+            ups = tuple(node(f"m1-n{n}", pods, domains.get(f"m1-n{n}", "")) for n in range(NODES))
             t.ctrl.members.on_delta(ms, InventoryDelta(seq=seq, upserts=ups))
         elif kind in JOB_EVENTS:
             await job_event(t, s, kind, uid, arg)
