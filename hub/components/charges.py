@@ -104,10 +104,6 @@ class JobCharges:
             self.recounted = False
         return self._charges
 
-    def uids(self) -> set[str]:
-        """The jobs (and orphan records) that charged at the last update."""
-        return set(self._charges or ())
-
     def count_all(self) -> dict[str, Charge]:
         """Every job's charge from every job the term knows and the orphan records (the full
         count)."""

@@ -183,8 +183,12 @@ class Preemption:
     def refresh_soon(self) -> None:
         """:meth:`refresh` in the background (the status loop never waits for it), unless one
         is under way or a cycle's planning holds the running jobs (it brings them up to date
-        itself)."""
-        if self._refreshing or self._running_lock.locked() or not self._term.config.preemption:
+        itself). With preemption off, the kept running jobs and their marks are dropped."""
+        if not self._term.config.preemption:
+            if not self._running_lock.locked():
+                self._running.drop()  # the marks it follows would only pile up
+            return
+        if self._refreshing or self._running_lock.locked():
             return
         self._refreshing = True
 

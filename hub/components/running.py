@@ -89,6 +89,13 @@ class RunningJobs:
         self.recounted = False
         term.metrics.incremental_drift.labels("running")  # exported from 0
 
+    def drop(self) -> None:
+        """Forget everything kept and the marks gathered (preemption is off: nothing reads
+        them; the next update builds from scratch)."""
+        self._touched.clear()
+        self._runs, self.index = None, None
+        self._held, self._reserved, self._filed = {}, set(), {}
+
     # --- one update ---------------------------------------------------------------------------
 
     def update(self, *, recount: bool = True) -> RunningIndex:

@@ -29,6 +29,7 @@ from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
 from gpufed.hub.components.charges import RECOUNT_S
+from gpufed.hub.components.config import HubConfig
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import Preemptor
 from gpufed.placement.runindex import LEVELS, RunningIndex
@@ -235,5 +236,20 @@ def test_a_change_behind_the_table_is_counted_as_running_drift_and_corrected() -
         assert kept.index is not None
         assert [r.priority for r in kept.index] == [7]
         assert drift(t) == 1
+
+    asyncio.run(run())
+
+
+def test_with_preemption_off_the_marks_do_not_pile_up() -> None:
+    async def run() -> None:
+        t = Term(config=HubConfig(insecure=True, preemption=False))
+        t.member("m1", hgx_node("m1-n0"))
+        await t.submit("j", "u1", gpus=8)
+        await t.ctrl.scheduler.cycle()
+        kept = t.ctrl.scheduler._preemption._running
+        assert kept._touched == {"u1"}
+        t.ctrl.scheduler.refresh_preemption_soon()  # the status loop's turn
+        assert kept._touched == set()
+        assert kept.index is None
 
     asyncio.run(run())
