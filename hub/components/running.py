@@ -11,14 +11,13 @@ Incremental: each :meth:`RunningJobs.update` reads again only the jobs that may 
 since the last one: those marked touched (``HubState.follow``: every job entering or leaving
 the term's jobs and every change of its record, status, request, GPUJob or claim; the dispatch
 and an ack marks the job of a work item), those whose GPUs per node in the members'
-inventories changed (compared with the last update's), and those filed from a reservation (it
-may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
+inventories changed (:class:`HeldGPUs`: only the nodes whose inventory object is new are
+read), and those filed from a reservation (it may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
 changed by the same jobs, and a member whose snapshot state was replaced or any of whose nodes
 was added, removed or re-filed (a new node object: its shape, labels or pool changed) is filed
-again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and
-at the first update) the status loop reads every job and builds the index from scratch (never
-a planning worker: no decision waits for it); each job whose kept
-entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
+again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and at the first update) the
+status loop reads every job and node and builds the index from scratch (never a planning
+worker: no decision waits for it); each job whose kept entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
 logged (``hub.preemption.running_drift``): 0 unless a change path was missed.
 
 Threads: :meth:`RunningJobs.update` runs in the planning worker while the event loop may
@@ -30,14 +29,16 @@ scratch at the next update.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Final
 
 import structlog
 
+from gpufed.api.inventory import NodeInventory
 from gpufed.api.labels import GPU_RESOURCE
 from gpufed.hub.components.charges import RECOUNT_S
-from gpufed.hub.components.term import Term
+from gpufed.hub.components.term import MemberState, Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord
 from gpufed.placement import FleetSnapshot
@@ -67,6 +68,59 @@ def same(a: Running | None, b: Running | None) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in _FIELDS)
 
 
+class HeldGPUs:
+    """(member, job UID) -> node -> whole GPUs the job holds there (:attr:`map`), from the
+    members' inventories, kept by the nodes that changed: a node's inventory is an immutable
+    object replaced on every change, so a node whose object is not the one read last time
+    changed. :meth:`update` is O(nodes) in identity checks (one dict copy per member, in C)
+    plus O(changed nodes' jobs)."""
+
+    def __init__(self) -> None:
+        self.map: Held = {}
+        #: member -> node name -> the inventory object read last time
+        self._seen: dict[str, dict[str, NodeInventory]] = {}
+
+    def update(self, members: Mapping[str, MemberState]) -> set[str]:
+        """Follow the members' inventories as they are now; the UIDs of the jobs whose GPUs
+        per node changed."""
+        moved: set[str] = set()
+        live: set[str] = set()
+        for m in list(members.values()):  # one C call: the loop may change the dicts
+            live.add(m.name)
+            nodes = dict(m.nodes)
+            seen = self._seen.get(m.name, {})
+            for name, inv in nodes.items():
+                old = seen.get(name)
+                if old is not inv:
+                    if old is not None:
+                        self._take(m.name, name, old, moved)
+                    self._put(m.name, name, inv, moved)
+            for name in seen.keys() - nodes.keys():
+                self._take(m.name, name, seen[name], moved)
+            self._seen[m.name] = nodes
+        for name in self._seen.keys() - live:
+            for node, inv in self._seen.pop(name).items():
+                self._take(name, node, inv, moved)
+        return moved
+
+    def _put(self, member: str, node: str, inv: NodeInventory, moved: set[str]) -> None:
+        for uid, reqs in inv.job_requests.items():
+            count = reqs.get(GPU_RESOURCE, 0)
+            if count > 0:
+                self.map.setdefault((member, uid), {})[node] = count
+                moved.add(uid)
+
+    def _take(self, member: str, node: str, inv: NodeInventory, moved: set[str]) -> None:
+        for uid, reqs in inv.job_requests.items():
+            if reqs.get(GPU_RESOURCE, 0) > 0:
+                gpus = self.map.get((member, uid))
+                if gpus is not None:
+                    gpus.pop(node, None)
+                    if not gpus:
+                        del self.map[(member, uid)]
+                moved.add(uid)
+
+
 class RunningJobs:
     """Job UID -> :class:`~gpufed.placement.preemption.Running` and the index over them, kept
     incrementally (module docstring)."""
@@ -79,7 +133,8 @@ class RunningJobs:
         #: the kept entries and index (None: built from scratch at the next update)
         self._runs: dict[str, Running] | None = None
         self.index: RunningIndex | None = None
-        self._held: Held = {}
+        #: the GPUs each job holds per node, kept by the nodes that changed
+        self._held = HeldGPUs()
         #: jobs filed from their reservation (read at every update: it may expire)
         self._reserved: set[str] = set()
         #: member -> its filing fingerprint when last filed (:meth:`_members_now`)
@@ -94,7 +149,7 @@ class RunningJobs:
         them; the next update builds from scratch)."""
         self._touched.clear()
         self._runs, self.index = None, None
-        self._held, self._reserved, self._filed = {}, set(), {}
+        self._held, self._reserved, self._filed = HeldGPUs(), set(), {}
 
     # --- one update ---------------------------------------------------------------------------
 
@@ -110,24 +165,27 @@ class RunningJobs:
         try:
             return self._update(recount)
         except BaseException:
-            self._runs, self.index = None, None
+            self.drop()
             raise
 
     def _update(self, recount: bool) -> RunningIndex:
         now = self._term.mono()
-        held = self.held()
+        members = self._term.state.members
         due = recount and now - self._recounted >= RECOUNT_S
         if self._runs is None or self.index is None or due:
             if self._runs is not None and self.index is not None:
-                self._apply(held)
+                self._apply(self._held.update(members))
                 kept = self._runs
             else:
                 kept = None
                 self._touched.clear()
+            fresh = HeldGPUs()
+            fresh.update(members)
+            held = fresh.map
             full = self.build(held)
             if kept is not None:
                 self._check_drift(kept, full)
-            self._runs, self._held, self._recounted = full, held, now
+            self._runs, self._held, self._recounted = full, fresh, now
             self._reserved = {u for u, r in full.items() if (r.cluster, u) not in held}
             self.index = RunningIndex(self._snapshot, full.values())
             if recount:
@@ -136,24 +194,22 @@ class RunningJobs:
             self._filed = self._members_now()
             self.recounted = True
             return self.index
-        self._apply(held)
+        self._apply(self._held.update(members))
         self.recounted = False
         return self.index
 
-    def _apply(self, held: Held) -> None:
-        """Read again the jobs that may have changed; change the entries and the index."""
+    def _apply(self, moved: set[str]) -> None:
+        """Read again the jobs that may have changed (``moved``: those whose GPUs per node
+        changed); change the entries and the index."""
         runs, index = self._runs, self.index
         assert runs is not None
         assert index is not None
+        held = self._held.map
         touched = self._touched
         read = set(touched)  # one C call: the loop may add meanwhile
         touched.difference_update(read)  # what it adds after stays for the next update
-        old = self._held
-        for key in old.keys() | held.keys():
-            if old.get(key) != held.get(key):
-                read.add(key[1])
+        read |= moved
         read |= self._reserved
-        self._held = held
         # members re-filed from the snapshot as it is now (a node's pool or groups may differ)
         filed = self._members_now()
         for name in index.members:
@@ -226,7 +282,9 @@ class RunningJobs:
         ):
             return None
         gpus = held.get((rec.cluster, uid))
-        if not gpus:
+        if gpus:
+            gpus = dict(gpus)  # the held map changes in place
+        else:
             res = self._snapshot.reservation(uid)
             gpus = (
                 {n: a.get(GPU_RESOURCE, 0) for n, a in res.nodes.items() if a.get(GPU_RESOURCE)}
