@@ -19,11 +19,13 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   preemptor's hold is charged to the preemptor's queue, until it is placed, for what its
   stopping victims do not charge (so the GPUQueue status shows it). Each job's charge is
   kept incrementally from those records (:meth:`Queues.rebuild_usage`): every cycle reads only
-  the jobs that charged at the last count, those whose placement was committed or adopted
-  since (``HubState.touched``: the dispatch adds every work item's job it queues) and the orphan
-  records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
-  and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
-  in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
+  the jobs marked touched since (``HubState.touched``: the term's job table marks every change
+  of a job's record, status, request, GPUJob or claim) and the orphan records; running jobs
+  that did not change and finished jobs are never walked
+  (:mod:`gpufed.hub.components.charges`). Every 30 s (the status loop's :meth:`refresh`,
+  never a scheduling cycle) and at the start of a term, a full count over every job replaces
+  it and any job whose charge differs is counted in
+  ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
   missed). The ledgers follow the charges at every cycle, kept by the charges that changed
   (:mod:`gpufed.hub.components.ledgers`: each cycle a fork with the holds, so a pass's gate
   never charges the kept ledgers; checked against sums from scratch at each full recount,
