@@ -4,12 +4,14 @@
 Usage::
 
     .venv/bin/python scripts/bench_hub_preemption.py [--members 4] [--nodes 64] [--high 8]
-        [--gc freeze|default] [--deadline-s 2.0] [--lease-s 15]
+        [--gc freeze|default] [--deadline-s 2.0] [--lease-s 15] [--cold]
 
 A leader term (``gpufed.hub.components.core.Controller``) over the typed fakes of the hub unit tests
 (tests/unit/hub/term.py: etcd and the hub API in memory), ``--members`` members of ``--nodes``
 8-GPU HGX nodes each, every node running one low-priority 8-GPU job (placed by the hub's own
-cycles, then reported bound), then ``--high`` high-priority 8-GPU jobs arrive. Prints one JSON
+cycles, then reported bound), then, after 600 s on the term's clock (in which the hub's status loop
+refreshed the queues and, where the hub keeps them, the running jobs preemption plans from:
+``--cold`` leaves that out), ``--high`` high-priority 8-GPU jobs arrive. Prints one JSON
 line: the cycle that plans and commits their preemptions (``preempt_cycle_s``: planning, the
 etcd transactions against the in-memory store, the Deletes queued), the planning alone
 (``planning_s``, the hub's ``gpufed_preemption_planning_seconds``), and how many jobs were
@@ -96,6 +98,7 @@ async def bench(
     deadline_s: float = 2.0,
     lease_s: float = 15.0,
     max_cycles: int = 20,
+    warm: bool = True,
 ) -> dict[str, Any]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     t = Term(config=HubConfig(insecure=True, preemption_deadline_s=deadline_s))
@@ -124,6 +127,13 @@ async def bench(
         t.ctrl.members.on_delta(ms, InventoryDelta(seq=2, upserts=tuple(ups)))
     await settle()
     t.clock.advance(600)
+    if warm:
+        # what the hub's status loop did meanwhile: the queues' recount, and (where the hub
+        # has it) the kept running jobs of preemption brought up to date
+        t.ctrl.queues.refresh()
+        refresh = getattr(t.ctrl.scheduler, "refresh_preemption", None)
+        if refresh is not None:
+            await refresh()
     for h in range(high):
         submit(t, f"h{h}", "high")
     await settle()
@@ -172,6 +182,7 @@ async def bench(
         "preemptors": high,
         "gc": gc_mode,
         "deadline_s": deadline_s,
+        "warm": warm,
         "preempted": preempted,
         "holds": sum(1 for u in t.store.reservations if u.startswith("h")),
         "committed": len(committed),
@@ -203,6 +214,11 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=2.0)
     ap.add_argument("--lease-s", type=float, default=15.0)
     ap.add_argument("--max-cycles", type=int, default=20)
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="no status-loop refresh before the preemptors arrive",
+    )
     a = ap.parse_args()
     result = asyncio.run(
         bench(
@@ -213,6 +229,7 @@ def main() -> None:
             deadline_s=a.deadline_s,
             lease_s=a.lease_s,
             max_cycles=a.max_cycles,
+            warm=not a.cold,
         )
     )
     print(json.dumps(result))

@@ -21,7 +21,9 @@ amount or become a victim). Two ways, alternated within each repeat, process CPU
   of the changed charges and :meth:`~gpufed.hub.components.ledgers.QueueLedgers.views`.
 
 Besides, once per size: ``charges_ms``: the incremental :meth:`JobCharges.update` itself
-(every charged job re-read, as before this work; fake jobs, no recount, median of 5), and
+with ``--changed`` jobs marked touched (fake jobs, no recount, median of 5), and
+``charges_every_ms`` with every job marked (what each update read before the charges followed
+only the touched jobs, stop 39), and
 ``recount_ms``: :meth:`QueueLedgers.recount` (the check every 30 s); ``copy_before_ms`` /
 ``copy_after_ms``: one ``copy.deepcopy`` of the planning ledger (preemption planning takes one
 per cycle and one per what-if's admission check), old ledger / a fork. Prints one JSON line per
@@ -128,24 +130,28 @@ def _changes(
     return out
 
 
-def _charges_update_ms(charges: Mapping[str, Charge]) -> float:
-    """One incremental JobCharges.update over fake jobs that charge ``charges``."""
+def _charges_update_ms(charges: Mapping[str, Charge], touched: int) -> float:
+    """One incremental JobCharges.update over fake jobs that charge ``charges``, ``touched`` of
+    them marked touched (``HubState.touched``) before each."""
     jobs = {}
     for uid, (queue, charged, by) in charges.items():
         stopping = SimpleNamespace(by_uid=by) if by else None
         record = SimpleNamespace(cluster="m", queue=queue, charged=charged, stopping=stopping)
         jobs[uid] = SimpleNamespace(uid=uid, record=record, terminal=False, request=None)
     clock = [0.0]
+    marks: set[str] = set()
     term: Any = SimpleNamespace(
-        state=SimpleNamespace(jobs=jobs, touched=set()),
+        state=SimpleNamespace(jobs=jobs, touched=marks),
         metrics=HubMetrics(),
         mono=lambda: clock[0],
     )
     jc = JobCharges(term, list, lambda j: "default")
     jc.update()  # the term's first (full) count
     spent = []
+    uids = list(jobs)
     for i in range(5):
         clock[0] = 1.0 + i
+        marks.update(uids[i * touched : (i + 1) * touched] if touched < len(uids) else uids)
         t0 = time.process_time()
         jc.update()
         spent.append((time.process_time() - t0) * 1000)
@@ -191,7 +197,8 @@ def bench(n: int, changed: int, repeat: int, seed: int, ledger_old: Any) -> dict
         "before_ms": round(b, 3),
         "after_ms": round(a, 4),
         "ratio": round(b / a, 1) if a else None,
-        "charges_ms": round(_charges_update_ms(charges), 2),
+        "charges_ms": round(_charges_update_ms(charges, changed), 3),
+        "charges_every_ms": round(_charges_update_ms(charges, n), 2),
         "recount_ms": round(recount_ms, 1),
         "copy_before_ms": round(statistics.median(copies[0]), 2),
         "copy_after_ms": round(statistics.median(copies[1]), 4),

@@ -9,13 +9,18 @@ record without a queue charges its job's queue now for the GPU product its statu
 records whose GPUJob this term has not seen (orphans) charge too. What a victim still being
 stopped charges carries its preemptor's UID (the preemptor's hold is charged only for the rest).
 
-Incremental: :meth:`JobCharges.update` reads only the jobs that charged at the last count, the
-jobs touched since (``HubState.touched``: a placement committed or adopted; the dispatch adds
-the job of every work item it queues) and the orphan records, never the finished jobs the term keeps.
-Every :data:`RECOUNT_S` (and at the first update of a term) a full count over every job
-replaces the incremental charges, and each job whose charge differed is counted in
-``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` and logged
-(``hub.queue.usage_drift``): 0 unless a change path was missed.
+Incremental: :meth:`JobCharges.update` reads only the jobs touched since the last update
+(``HubState.touched``: :class:`~gpufed.hub.components.term.JobTable` marks every job that
+enters or leaves the term's jobs and every change of a job's record, status, request, GPUJob or
+claim, whichever path makes it: a placement committed or adopted, a job finishing, its GPUJob
+deleted, its copy stopped for a requeue or a preemptor, a re-run), the orphan records, and the
+few jobs whose record has no queue; never the running jobs that did not change, nor the
+finished jobs the term keeps. Every :data:`RECOUNT_S` (and at the first update of a term) a
+full count over every job replaces the incremental charges, and each job whose charge differed
+is counted in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` and logged
+(``hub.queue.usage_drift``): 0 unless a change bypassed the table (a test changing a record
+behind the hub's back). The scheduling cycle never waits for that count: it runs from the
+status loop's refresh (:meth:`Queues.refresh <gpufed.hub.components.queues.Queues.refresh>`).
 """
 
 from __future__ import annotations
@@ -58,8 +63,15 @@ class JobCharges:
         self._queue_of = queue_of
         #: the charges at the last update (None until the term's first full count)
         self._charges: dict[str, Charge] | None = None
-        #: jobs whose placement changed since the last update (the term's shared set)
+        #: jobs that may have changed since the last update (the term's shared set,
+        #: ``HubState.touched``: every change of a job's record, status, request, GPUJob or
+        #: claim, and every job entering or leaving the term's jobs)
         self._touched = term.state.touched
+        #: the charging jobs whose record has no queue (re-read every update)
+        self._legacy: set[str] = set()
+        #: the orphan records that charged at the last update (re-read: one adopted or
+        #: cleaned up leaves the orphans without a touch)
+        self._was_orphan: set[str] = set()
         self._recounted = 0.0
         #: what the last update changed against the one before, by job UID (None: the job
         #: charges nothing now); on a recount, the incremental changes (before the full count
@@ -69,27 +81,28 @@ class JobCharges:
         self.recounted = False
         term.metrics.incremental_drift.labels("queue_usage")  # exported from 0
 
-    def update(self) -> Mapping[str, Charge]:
-        """The charges now (read-only; a new mapping each update). Incremental, except every
-        :data:`RECOUNT_S` (monotonic clock) and the first time: a full count, and the
-        incremental charges compared with it (drift counted)."""
+    def update(self, *, recount: bool = True) -> Mapping[str, Charge]:
+        """The charges now (read-only; the same mapping, changed in place, each update).
+        Incremental, except the first time and, with ``recount``, every :data:`RECOUNT_S`
+        (monotonic clock): a full count, and the incremental charges compared with it (drift
+        counted). The scheduling cycle passes ``recount=False`` (a decision never waits for
+        the full count); the status loop's refresh recounts."""
         now = self._term.mono()
-        if self._charges is None or now - self._recounted >= RECOUNT_S:
+        if self._charges is None or (recount and now - self._recounted >= RECOUNT_S):
             full = self.count_all()
             self.changed = {}
             if self._charges is not None:
-                self._check_drift(self._count_changed(), full)
+                self._count_changed()
+                self._check_drift(self._charges, full)
             self._charges, self._recounted = full, now
+            self._legacy = {u for u, j in self._term.state.jobs.items() if _legacy(j, full)}
+            self._was_orphan = {r.uid for r in self._orphans() if r.uid in full}
             self._touched.clear()
             self.recounted = True
         else:
-            self._charges = self._count_changed()
+            self._count_changed()
             self.recounted = False
         return self._charges
-
-    def uids(self) -> set[str]:
-        """The jobs (and orphan records) that charged at the last update."""
-        return set(self._charges or ())
 
     def count_all(self) -> dict[str, Charge]:
         """Every job's charge from every job the term knows and the orphan records (the full
@@ -104,28 +117,42 @@ class JobCharges:
                 out[r.uid] = c
         return out
 
-    def _count_changed(self) -> dict[str, Charge]:
-        """The charges, reading only the jobs that charged at the last update, those touched
-        since and the orphan records; the differences from the last update in
-        :attr:`changed`."""
+    def _count_changed(self) -> None:
+        """Change the charges in place, reading only the jobs touched since the last update
+        (``HubState.touched``), the orphan records and the jobs that charged as orphans at
+        the last update, and the jobs whose record has no queue (they charge their job's
+        queue now, which may change without a touch); the differences in :attr:`changed`.
+        O(those jobs), never every job."""
         jobs = self._term.state.jobs
         orphans = {r.uid: r for r in self._orphans()}
-        prev = self._charges or {}
-        out: dict[str, Charge] = {}
+        charges = self._charges
+        assert charges is not None
         changed: dict[str, Charge | None] = {}
-        extra = {u for u in (*self._touched, *orphans) if u not in prev}
-        for uids in (prev, extra):
-            for uid in uids:
-                j = jobs.get(uid)
-                r = orphans.get(uid) if j is None else None
-                c = self._charge_of(j) if j is not None else _orphan_charge(r) if r else None
-                if c is not None:
-                    out[uid] = c
-                if prev.get(uid) != c:
-                    changed[uid] = c
-        self._touched.clear()
+        legacy = self._legacy
+        was_orphan: set[str] = set()
+        touched = self._touched
+        # take out what is read (a change made meanwhile marks it again)
+        read = set(touched)
+        touched.difference_update(read)
+        for uid in read | orphans.keys() | self._was_orphan | legacy:
+            j = jobs.get(uid)
+            r = orphans.get(uid) if j is None else None
+            c = self._charge_of(j) if j is not None else _orphan_charge(r) if r else None
+            old = charges.get(uid)
+            if old != c:
+                changed[uid] = c
+                if c is None:
+                    del charges[uid]
+                else:
+                    charges[uid] = c
+            if j is not None and _legacy(j, charges):
+                legacy.add(uid)
+            else:
+                legacy.discard(uid)
+            if r is not None and c is not None:
+                was_orphan.add(uid)
+        self._was_orphan = was_orphan
         self.changed = changed
-        return out
 
     def _charge_of(self, j: JobState) -> Charge | None:
         """What job ``j`` charges now (None: nothing)."""
@@ -150,6 +177,11 @@ class JobCharges:
         if differ:
             self._term.metrics.incremental_drift.labels("queue_usage").inc(len(differ))
             log.warning("hub.queue.usage_drift", jobs=len(differ), first=differ[:5])
+
+
+def _legacy(j: JobState, charges: Mapping[str, Charge]) -> bool:
+    """Whether job ``j`` charges by a record without a queue (its job's queue now)."""
+    return j.uid in charges and j.record is not None and j.record.queue is None
 
 
 def _orphan_charge(r: JobRecord) -> Charge | None:

@@ -314,6 +314,7 @@ class Controller:
                 if self.queues.synced.is_set():
                     self.queues.refresh()
                     await self.queues.save_history()
+                self.scheduler.refresh_preemption_soon()
 
     async def flush_inventories(self) -> None:
         """Write the nodes that left or shrank (when they changed), then the changed

@@ -69,8 +69,8 @@ class Dispatch:
 
     def enqueue(self, cluster: str, uid: str, *, send: bool = True) -> None:
         """Queue job ``uid``'s work item for ``cluster`` (once); with ``send``, pump now. The
-        queues' usage reads the job's record again (``HubState.touched``)."""
-        self._term.state.touched.add(uid)
+        job is marked touched (:meth:`~gpufed.hub.components.term.HubState.touch`)."""
+        self._term.state.touch(uid)
         m = self._term.state.members.get(cluster)
         if m is None:
             return

@@ -174,7 +174,8 @@ class HubMetrics:
             "Values the hub keeps incrementally that a periodic full recount found different "
             "(then rebuilt), by kind (member_gpus: a MemberCluster's GPU summary; queue_usage: "
             "a job's charge to its queue; queue_jobs: a job the GPUQueue status counts missed; "
-            "queue_ledger: an entry of the quota ledgers kept from the changed charges). Stays 0 "
+            "queue_ledger: an entry of the quota ledgers kept from the changed charges; running: a "
+            "running job kept for preemption planning). Stays 0 "
             "unless a change path was missed.",
             ["kind"],
             registry=r,

@@ -20,6 +20,8 @@ this module feeds them and acts on their answer:
    the placement), its submit time (the request's ``submitted_at``, for ``withinQueue:
    LowerOrNewerEqualPriority``), ``status.lastCheckpointTime``,
    ``spec.checkpoint.intervalSeconds`` and its past preemptions (``JobRecord.requeues``, for the hourly cap and no cycles);
+   kept across cycles with their index by block, read again only for the jobs that changed
+   (:mod:`gpufed.hub.components.running`);
 3. **plan**: one :class:`~gpufed.placement.PreemptionCycle` for all of them, in order (a
    later plan never counts GPUs an earlier one freed);
 4. **commit**, per plan, in ONE etcd transaction before anything is deleted
@@ -55,6 +57,7 @@ from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.reservations import Reservations
+from gpufed.hub.components.running import RunningJobs, events
 from gpufed.hub.components.term import JobState, Term
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.lifecycle import marked
@@ -63,7 +66,6 @@ from gpufed.placement import FleetSnapshot, Policy
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import (
     NoPreemption,
-    PreemptionEvent,
     PreemptionPlan,
     Preemptor,
     QuotaView,
@@ -79,13 +81,6 @@ NO_PLAN_RETRY_S = 30.0
 
 #: Nodes named in a victim's condition message (the rest are counted).
 _NODES_SHOWN = 8
-
-
-def _events(record: JobRecord | None) -> tuple[PreemptionEvent, ...]:
-    """The job's past preemptions, for the hourly cap and the no-cycle rule."""
-    if record is None:
-        return ()
-    return tuple(PreemptionEvent(c.at, c.by_uid) for c in record.requeues if c.kind == "Preempted")
 
 
 def _names(items: Sequence[str]) -> str:
@@ -112,6 +107,11 @@ class Preemption:
         #: job uid -> monotonic time before which a job whose plan found nothing is not
         #: planned again (a full fleet would otherwise be searched in every cycle)
         self._no_plan_until: dict[str, tuple[float, NoPreemption]] = {}
+        #: the running jobs and their index, kept across cycles (read by the planning worker)
+        self._running = RunningJobs(term, snapshot)
+        #: one worker at a time changes or reads them (a cycle's planning, the refresh)
+        self._running_lock = asyncio.Lock()
+        self._refreshing = False
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
@@ -158,72 +158,47 @@ class Preemption:
                 continue  # its earlier preemption is still under way: never twice
             if req.uid in self._no_plan_until:
                 continue
-            out.append(Preemptor(req, preempted=_events(job.record)))
+            out.append(Preemptor(req, preempted=events(job.record)))
         return out
 
     # --- 2. running jobs ------------------------------------------------------------------------
 
     def running(self) -> list[Running]:
-        """Every job placed in a member now, as a possible victim (module docstring, 2)."""
-        held: dict[tuple[str, str], dict[str, int]] = {}
-        # list(...) copies each dict in one C call: the worker thread never iterates a dict the
-        # loop changes meanwhile
-        for m in list(self._term.state.members.values()):
-            for n in list(m.nodes.values()):
-                for uid, reqs in n.job_requests.items():
-                    count = reqs.get(GPU_RESOURCE, 0)
-                    if count > 0:
-                        held.setdefault((m.name, uid), {})[n.name] = count
-        out: list[Running] = []
-        for uid, job in sorted(list(self._term.state.jobs.items())):
-            rec = job.record
-            if (
-                rec is None
-                or rec.cluster is None
-                or rec.stopping is not None
-                or job.terminal
-                or job.deleting
-                or job.claim is not None
-            ):
-                continue
-            gpus = held.get((rec.cluster, uid))
-            if not gpus:
-                res = self._snapshot.reservation(uid)
-                gpus = (
-                    {n: a.get(GPU_RESOURCE, 0) for n, a in res.nodes.items() if a.get(GPU_RESOURCE)}
-                    if res is not None
-                    else {}
-                )
-            if not gpus:
-                continue  # holds no whole GPU: freeing it frees nothing a GPU job needs
-            ws = self._term.state.work.get((rec.cluster, uid))
-            started = rec.placed_at
-            if ws is not None and ws.ack is not None and ws.ack.applied_at is not None:
-                started = ws.ack.applied_at
-            checkpoint = None
-            if job.status.last_checkpoint_time:
-                with contextlib.suppress(ValueError):
-                    checkpoint = st.parse_rfc3339(job.status.last_checkpoint_time)
-            request = job.request
-            priority = rec.priority
-            if priority is None:
-                priority = request.priority if request is not None else 0
-            out.append(
-                Running(
-                    uid=uid,
-                    job=job.key,
-                    cluster=rec.cluster,
-                    priority=priority,
-                    gpus=gpus,
-                    started_at=started,
-                    queue=rec.queue,
-                    last_checkpoint=checkpoint,
-                    checkpoint_interval_s=request.checkpoint_interval_s if request else None,
-                    preempted=_events(rec),
-                    submitted_at=request.submitted_at if request is not None else None,
-                )
-            )
-        return out
+        """Every job placed in a member now, as a possible victim (module docstring, 2), read
+        from scratch (the kept ones: :class:`~gpufed.hub.components.running.RunningJobs`)."""
+        return list(self._running.build(self._running.held()).values())
+
+    async def refresh(self) -> None:
+        """Between cycles (the term's status loop): bring the kept running jobs up to date in
+        a worker thread, and every :data:`~gpufed.hub.components.charges.RECOUNT_S` rebuild
+        them from scratch there (the drift check), so a preempting cycle finds them ready and
+        never pays the rebuild. A dict changing under the worker drops them (built again next
+        time). Nothing when preemption is off."""
+        if not self._term.config.preemption:
+            return
+        async with self._running_lock:
+            with contextlib.suppress(RuntimeError, KeyError):
+                await asyncio.to_thread(self._running.update)
+
+    def refresh_soon(self) -> None:
+        """:meth:`refresh` in the background (the status loop never waits for it), unless one
+        is under way or a cycle's planning holds the running jobs (it brings them up to date
+        itself). With preemption off, the kept running jobs and their marks are dropped."""
+        if not self._term.config.preemption:
+            if not self._running_lock.locked():
+                self._running.drop()  # the marks it follows would only pile up
+            return
+        if self._refreshing or self._running_lock.locked():
+            return
+        self._refreshing = True
+
+        async def run() -> None:
+            try:
+                await self.refresh()
+            finally:
+                self._refreshing = False
+
+        self._term.spawn(run())
 
     # --- 3-5. one cycle ---------------------------------------------------------------------------
 
@@ -239,8 +214,8 @@ class Preemption:
 
         The planning (steps 2 and 3) runs in a worker thread, so the event loop keeps
         renewing the lease, acking and writing status meanwhile; no plan is started after
-        ``preemption_deadline_s`` of planning (counted once the cycle's running jobs are read
-        and filed, a cost paid once a cycle whatever the deadline; the preemptors left get no
+        ``preemption_deadline_s`` of planning (counted once the cycle's running jobs are
+        brought up to date, a cost paid once a cycle whatever the deadline; the preemptors left get no
         answer and are planned next cycle); the first is always planned, however late the
         worker starts, so every cycle makes progress. The worker reads the fleet while the
         loop may change it: each plan is re-checked on the loop before it is committed
@@ -258,14 +233,15 @@ class Preemption:
         metrics = self._term.metrics
         t0 = time.perf_counter()
         try:
-            planned, missed = await asyncio.to_thread(
-                self._plan,
-                preemptors,
-                policy,
-                quota,
-                now,
-                self._term.config.preemption_deadline_s,
-            )
+            async with self._running_lock:
+                planned, missed = await asyncio.to_thread(
+                    self._plan,
+                    preemptors,
+                    policy,
+                    quota,
+                    now,
+                    self._term.config.preemption_deadline_s,
+                )
         except (RuntimeError, KeyError) as exc:  # a dict changed size / a node went meanwhile
             log.warning("preemption.planning_raced", error=str(exc), preemptors=len(preemptors))
             metrics.preemption_plans_missed.labels("raced").inc(len(preemptors))
@@ -303,11 +279,12 @@ class Preemption:
     ) -> tuple[list[tuple[Preemptor, PreemptionPlan | NoPreemption]], int]:
         """Steps 2 and 3, in the worker thread: each planned preemptor with its answer, in
         order, and how many were left for the deadline (``deadline_s`` seconds of planning,
-        from when the running jobs are read and the cycle's index is built: at 10 x 5,000 that
-        setup alone took ~1.8 s of the 2 s default, so a cycle planned one preemptor although
-        each later one of a shape the cycle has estimated costs ~25 ms)."""
-        running = self.running()
-        if not running:
+        from when the kept running jobs and their index are brought up to date: at 10 x 5,000,
+        when they were read and built from scratch each cycle, that setup alone took ~1.8 s of
+        the 2 s default, so a cycle planned one preemptor although each later one of a shape
+        the cycle has estimated costs ~25 ms)."""
+        running = self._running.update(recount=False)
+        if not len(running):
             return [], 0
         if quota is None:  # nothing to reclaim: only jobs above the lowest running priority
             lowest = min(r.priority for r in running)

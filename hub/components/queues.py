@@ -19,11 +19,13 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   preemptor's hold is charged to the preemptor's queue, until it is placed, for what its
   stopping victims do not charge (so the GPUQueue status shows it). Each job's charge is
   kept incrementally from those records (:meth:`Queues.rebuild_usage`): every cycle reads only
-  the jobs that charged at the last count, those whose placement was committed or adopted
-  since (``HubState.touched``: the dispatch adds every work item's job it queues) and the orphan
-  records; finished jobs are never walked (:mod:`gpufed.hub.components.charges`). Every 30 s
-  and at the start of a term, a full count over every job replaces it and any job whose charge differs is counted
-  in ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
+  the jobs marked touched since (``HubState.touched``: the term's job table marks every change
+  of a job's record, status, request, GPUJob or claim) and the orphan records; running jobs
+  that did not change and finished jobs are never walked
+  (:mod:`gpufed.hub.components.charges`). Every 30 s (the status loop's :meth:`refresh`,
+  never a scheduling cycle) and at the start of a term, a full count over every job replaces
+  it and any job whose charge differs is counted in
+  ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
   missed). The ledgers follow the charges at every cycle, kept by the charges that changed
   (:mod:`gpufed.hub.components.ledgers`: each cycle a fork with the holds, so a pass's gate
   never charges the kept ledgers; checked against sums from scratch at each full recount,
@@ -138,10 +140,17 @@ class Queues:
         self.usage = QuotaUsage()
         #: the usage preemption plans on (:meth:`rebuild_usage`)
         self.planning_usage = QuotaUsage()
-        #: the jobs :meth:`publish` counted last (pending or admitted), and when it last
-        #: counted every job (monotonic seconds)
-        self._counted: set[str] = set()
+        #: the jobs :meth:`publish` counted last: uid -> (admitted?, queue; "" for a waiting
+        #: job no pending count shows), the counts per queue, and when it last counted every
+        #: job (monotonic seconds)
+        self._rows: dict[str, tuple[bool, str]] = {}
+        self._pending: Counter[str] = Counter()
+        self._admitted: Counter[str] = Counter()
         self._counted_at: float | None = None
+        #: what may have changed a job's count since the last publish: the jobs marked
+        #: touched (HubState.follow), those whose charge changed, the holds' jobs
+        self._count_touched = term.state.follow()
+        self._usage_changed: set[str] = set()
         term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
         #: each job's charge, kept incrementally (:meth:`rebuild_usage`)
         self._charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
@@ -273,7 +282,9 @@ class Queues:
 
     # --- usage -----------------------------------------------------------------------------------
 
-    def rebuild_usage(self, holds: Sequence[tuple[str, str | None]] | None = None) -> None:
+    def rebuild_usage(
+        self, holds: Sequence[tuple[str, str | None]] | None = None, *, recount: bool = True
+    ) -> None:
         """Rebuild the ledgers from the placements: the etcd records of jobs not finished, and
         the records whose GPUJob this term has not seen (their copies still run). A record
         without a queue (from before queues, or adopted after a loss of etcd state) charges its
@@ -288,18 +299,23 @@ class Queues:
         same GPUs twice. The scheduling cycle passes them; between cycles (:meth:`refresh`)
         the last ones count.
 
-        Cost: reading the charges, the jobs that charged at the last count, the jobs touched
-        since and the orphan records (module docstring); the ledgers, the charges that changed
-        and the holds (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). A full count
-        over every job every :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
+        Cost: reading the jobs touched since the last count and the orphan records (module
+        docstring); the ledgers, the charges that changed and the holds
+        (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). With ``recount`` (the status
+        loop's :meth:`refresh`; the scheduling cycle passes False, so no decision waits for
+        it), a full count over every job every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
         whose incremental charge differed
         (:class:`~gpufed.hub.components.charges.JobCharges`) and checks the kept ledgers
         against sums from scratch, counting what they had different
         (``gpufed_hub_incremental_drift_total{kind="queue_ledger"}``) and rebuilding them
         only then."""
+        charges = self._charges.update(recount=recount)
+        self._usage_changed.update(self._charges.changed)
+        self._usage_changed.update(u for u, _ in self._holds)
         if holds is not None:
             self._holds = tuple(holds)
-        charges = self._charges.update()
+            self._usage_changed.update(u for u, _ in self._holds)
         self._ledgers.apply(self._charges.changed)
         if self._charges.recounted:
             differ = self._ledgers.recount(charges)
@@ -351,10 +367,11 @@ class Queues:
 
     # --- status ----------------------------------------------------------------------------------
 
-    def publish(self, shares: Mapping[str, float]) -> None:
+    def publish(self, shares: Mapping[str, float], *, recount: bool = True) -> None:
         """Write every GPUQueue's status (skipped when unchanged) and refresh the gauges
-        (``shares``: from :meth:`observe`)."""
-        pending, admitted = self._job_counts()
+        (``shares``: from :meth:`observe`). ``recount``: as for :meth:`rebuild_usage` (the
+        scheduling cycle passes False)."""
+        pending, admitted = self._job_counts(recount)
         now = self._mirror.now()
         exported: set[tuple[str, str, str]] = set()
         exported_pending: set[str] = set()
@@ -383,52 +400,83 @@ class Queues:
             self._term.metrics.queue_pending_jobs.remove(name)
         self._exported, self._exported_pending = exported, exported_pending
 
-    def _job_counts(self) -> tuple[Counter[str], Counter[str]]:
+    def _job_counts(self, recount: bool = True) -> tuple[Counter[str], Counter[str]]:
         """(pending, admitted) jobs per queue: a job charged in :attr:`usage` is admitted to
         the queue it charges; one that wants placement (and may be placed: :meth:`unlisted`)
-        is pending in its queue. Reads only the jobs counted last time, the wanted ones
-        (``HubState.wanted``), those charged now and the holds' (a job leaves "charged" only
-        to wait again or end), never the finished ones; every
-        :data:`~gpufed.hub.components.charges.RECOUNT_S` every job, counting any job the
-        incremental count missed in ``gpufed_hub_incremental_drift_total{kind="queue_jobs"}``
+        is pending in its queue. Kept across publishes: reads again only the jobs marked
+        touched since (``HubState.follow``), those whose charge or hold changed, the wanted
+        ones (``HubState.wanted``) and those counted waiting last time (their queue and
+        whether it is listed may change without a mark), never the running jobs that did not
+        change nor the finished ones; with ``recount``, every
+        :data:`~gpufed.hub.components.charges.RECOUNT_S` every job, counting any job whose
+        count the kept one missed in ``gpufed_hub_incremental_drift_total{kind="queue_jobs"}``
         (except jobs taken in within :data:`_FRESH_S`, not wanted yet)."""
         state = self._term.state
         now = self._term.mono()
-        kept = self._count_jobs(
-            {*self._counted, *state.wanted, *self._charges.uids(), *(u for u, _ in self._holds)}
-        )
-        if self._counted_at is None or now - self._counted_at >= RECOUNT_S:
-            full = self._count_jobs(state.jobs)
+        read = set(self._count_touched)
+        self._count_touched.difference_update(read)
+        read |= self._usage_changed
+        self._usage_changed = set()
+        read.update(state.wanted)
+        read.update(u for u, (admitted, _) in self._rows.items() if not admitted)
+        for uid in read:
+            self._recount_job(uid)
+        if self._counted_at is None or (recount and now - self._counted_at >= RECOUNT_S):
+            pending, admitted, rows = self._count_jobs(state.jobs)
             if self._counted_at is not None:
-                # the same rule counts both, so only jobs the incremental count did not read
-                # differ; a job intake took in moments ago is wanted at its first reconcile
-                missed = [u for u in full[2] - kept[2] if now - state.jobs[u].seen_mono >= _FRESH_S]
+                # a job intake took in moments ago is wanted at its first reconcile
+                missed = [
+                    u
+                    for u in rows.keys() ^ self._rows.keys()
+                    | {u for u in rows.keys() & self._rows.keys() if rows[u] != self._rows[u]}
+                    if u not in state.jobs or now - state.jobs[u].seen_mono >= _FRESH_S
+                ]
                 if missed:
                     self._term.metrics.incremental_drift.labels("queue_jobs").inc(len(missed))
                     log.warning("hub.queue.jobs_drift", jobs=len(missed), first=sorted(missed)[:5])
-            kept, self._counted_at = full, now
-        pending, admitted, self._counted = kept
-        return pending, admitted
+            self._pending, self._admitted, self._rows = pending, admitted, rows
+            self._counted_at = now
+        return +self._pending, +self._admitted
 
-    def _count_jobs(self, uids: Iterable[str]) -> tuple[Counter[str], Counter[str], set[str]]:
-        """(pending, admitted, the UIDs counted) over the jobs of ``uids``."""
-        jobs = self._term.state.jobs
+    def _row(self, uid: str) -> tuple[bool, str] | None:
+        """Job ``uid``'s count now: (True, the queue it charges) when admitted, (False, its
+        queue; "" when unlisted) when it wants placement, else None."""
+        job = self._term.state.jobs.get(uid)
+        if job is None:
+            return None
+        charged = self.usage.queue_of_job(uid)
+        if charged is not None:
+            return (True, charged)
+        if job.wants_placement:
+            return (False, self.queue_of(job).queue if self.unlisted(job) is None else "")
+        return None
+
+    def _recount_job(self, uid: str) -> None:
+        """Move job ``uid``'s kept count to what it is now."""
+        old = self._rows.get(uid)
+        new = self._row(uid)
+        if old == new:
+            return
+        if old is not None:
+            (self._admitted if old[0] else self._pending)[old[1]] -= 1
+            del self._rows[uid]
+        if new is not None:
+            (self._admitted if new[0] else self._pending)[new[1]] += 1
+            self._rows[uid] = new
+
+    def _count_jobs(
+        self, uids: Iterable[str]
+    ) -> tuple[Counter[str], Counter[str], dict[str, tuple[bool, str]]]:
+        """(pending, admitted, each counted job's row) over the jobs of ``uids``."""
         pending: Counter[str] = Counter()
         admitted: Counter[str] = Counter()
-        counted: set[str] = set()
+        rows: dict[str, tuple[bool, str]] = {}
         for uid in uids:
-            job = jobs.get(uid)
-            if job is None:
-                continue
-            charged = self.usage.queue_of_job(uid)
-            if charged is not None:
-                admitted[charged] += 1
-                counted.add(uid)
-            elif job.wants_placement:
-                counted.add(uid)
-                if self.unlisted(job) is None:
-                    pending[self.queue_of(job).queue] += 1
-        return pending, admitted, counted
+            row = self._row(uid)
+            if row is not None:
+                (admitted if row[0] else pending)[row[1]] += 1
+                rows[uid] = row
+        return pending, admitted, rows
 
     def _status(
         self,

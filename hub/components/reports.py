@@ -117,6 +117,7 @@ class Reports:
                     return
                 await self._term.store.put_ack(cluster, uid, record)
                 ws.ack = record
+                self._term.state.touch(uid)  # its start (the kept running jobs read it)
                 self._dispatched(uid, cluster)
             elif ack.result == "Deleted" and op == "Delete":
                 await self._term.store.forget_work(cluster, uid)

@@ -141,6 +141,15 @@ class Scheduler:
             self._term.metrics.scheduling_cycles.inc()
             await self.cycle()
 
+    async def refresh_preemption(self) -> None:
+        """Between cycles: the kept running jobs preemption plans from, brought up to date
+        (:meth:`Preemption.refresh <gpufed.hub.components.preemption.Preemption.refresh>`)."""
+        await self._preemption.refresh()
+
+    def refresh_preemption_soon(self) -> None:
+        """:meth:`refresh_preemption` in the background (the term's status loop)."""
+        self._preemption.refresh_soon()
+
     async def cycle(self) -> None:
         """One scheduling pass over every waiting job (numbered phases: module docstring)."""
         now = self._term.wall()
@@ -155,7 +164,7 @@ class Scheduler:
         # 2. the queue: each waiting job in its GPUQueue; the quota ledger from the placements
         #    and the waiting preemptors' holds
         holds = self._reservations.hold_charges(self._term.state.wanted)
-        queues.rebuild_usage(holds=holds)
+        queues.rebuild_usage(holds=holds, recount=False)  # the status loop recounts
         shares = queues.observe(now)
         waiting = []
         wanted = self._term.state.wanted
@@ -173,7 +182,7 @@ class Scheduler:
                 wanted.discard(uid)  # a job in backoff comes back from the lifecycle
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
-            queues.publish(shares)
+            queues.publish(shares, recount=False)
             return
         gate = queues.gate()
         requests = fair_sorted(
@@ -270,8 +279,10 @@ class Scheduler:
         if commits:
             await asyncio.gather(*commits)
         # 6. the queues' status, from the placements etcd now holds
-        queues.rebuild_usage(holds=self._reservations.hold_charges(self._term.state.wanted))
-        queues.publish(shares)
+        queues.rebuild_usage(
+            holds=self._reservations.hold_charges(self._term.state.wanted), recount=False
+        )
+        queues.publish(shares, recount=False)
 
     def _queue_view(self, job: JobState) -> lc.QueueView:
         """This cycle's view of ``job``'s GPUQueue and priority (the queues, the

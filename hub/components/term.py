@@ -24,7 +24,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import structlog
 
@@ -45,6 +45,12 @@ from gpufed.hub.rules.health import MemberHealth
 from gpufed.hub.rules.records import AckRecord, JobRecord, MemberMeta, WorkRecord
 
 log = structlog.get_logger("gpufed.hub.components.core")
+
+#: The :class:`JobState` attributes whose change may change what the job charges its queue or
+#: how it runs as a possible victim: assigning any of them marks the job touched
+#: (:meth:`HubState.touch`). Everything they hold is immutable (frozen records, models that are
+#: replaced, never changed in place), so an assignment is the only way they change.
+FOLLOWED: Final = frozenset({"record", "status", "request", "obj", "claim"})
 
 
 class Claim(NamedTuple):
@@ -118,6 +124,15 @@ class JobState:
     #: an infrastructure failure of the current copy not acted on yet: (member, cause), recorded
     #: by reports and acted on by the lifecycle (gpufed.hub.rules.lifecycle, rule 5)
     failure: tuple[str, FailureCause] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A job in a HubState's table (``_touch`` set by :class:`JobTable`) reports every
+        # change of a :data:`FOLLOWED` attribute, whichever path makes it.
+        object.__setattr__(self, name, value)
+        if name in FOLLOWED:
+            touch = self.__dict__.get("_touch")
+            if touch is not None:
+                touch(self.uid)
 
     @property
     def key(self) -> str:
@@ -263,6 +278,37 @@ class MemberState:
         return self.meta.lost_at is not None
 
 
+class JobTable(dict[str, JobState]):
+    """``HubState.jobs``: job UID -> :class:`JobState`, a dict that marks a job touched when
+    it enters or leaves the table, and hands each job it holds the mark, so every later change
+    of the job's :data:`FOLLOWED` attributes marks it too (``touch(uid)``). Reads are a plain
+    dict's."""
+
+    def __init__(self, touch: Callable[[str], None]) -> None:
+        super().__init__()
+        self._touch = touch
+
+    def __setitem__(self, uid: str, job: JobState) -> None:
+        object.__setattr__(job, "_touch", self._touch)
+        super().__setitem__(uid, job)
+        self._touch(uid)
+
+    def __delitem__(self, uid: str) -> None:
+        super().__delitem__(uid)
+        self._touch(uid)
+
+    def pop(self, uid: str, *default: Any) -> Any:
+        job = super().pop(uid, *default)
+        self._touch(uid)
+        return job
+
+    def _refused(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("HubState.jobs changes one job at a time ([uid] = job, pop, del)")
+
+    # the bulk changes would bypass the marks
+    clear = popitem = setdefault = update = __ior__ = _refused
+
+
 class HubState:
     """Jobs by UID, work items by (cluster, job UID), members by name, per-job locks, and where
     the term's components meet: the jobs that want placement (:meth:`want`, read by the
@@ -271,7 +317,14 @@ class HubState:
     feeds them, each scheduling cycle resolves the waiting jobs' priorities from them)."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, JobState] = {}
+        #: the sets :meth:`touch` adds to (one per follower, :meth:`follow`)
+        self._followers: list[set[str]] = []
+        #: jobs whose placement or record may have changed since the queues' usage last read
+        #: them (the incremental charges, gpufed.hub.components.charges, read and clear it)
+        self.touched: set[str] = self.follow()
+        self.jobs: dict[str, JobState] = JobTable(self.touch)
+        #: the jobs whose record is being stopped now (kept by :meth:`touch`)
+        self._stopping: dict[str, JobState] = {}
         self.work: dict[tuple[str, str], WorkState] = {}
         self.members: dict[str, MemberState] = {}
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
@@ -283,11 +336,26 @@ class HubState:
         self.jobs_listed = asyncio.Event()
         #: the hub cluster's PriorityClasses (a cache of what intake lists and watches)
         self.priorities = PriorityClasses()
-        #: jobs whose placement may have changed since the queues' usage last read them: the
-        #: dispatch adds the job of every work item it queues (a placement committed or
-        #: adopted, a copy deleted); the incremental charges (gpufed.hub.components.charges)
-        #: read and clear it
-        self.touched: set[str] = set()
+
+    def follow(self) -> set[str]:
+        """A new set that every later :meth:`touch` adds to: the follower reads the jobs in it
+        and clears it (or takes out what it read)."""
+        out: set[str] = set()
+        self._followers.append(out)
+        return out
+
+    def touch(self, uid: str) -> None:
+        """Job ``uid`` may have changed: what it charges, whether and how it runs. Called for
+        every job entering or leaving :attr:`jobs` and every change of a :data:`FOLLOWED`
+        attribute of a job in it (:class:`JobTable`), and by the dispatch for every work item
+        it queues (an ack's start time)."""
+        for s in self._followers:
+            s.add(uid)
+        j = self.jobs.get(uid)
+        if j is not None and j.record is not None and j.record.stopping is not None:
+            self._stopping[uid] = j
+        else:
+            self._stopping.pop(uid, None)
 
     def kick(self) -> None:
         """Ask for a scheduling cycle soon (something changed that may let a job fit)."""
@@ -300,13 +368,9 @@ class HubState:
         self.cycle_due.set()
 
     def stopping(self) -> list[JobState]:
-        """The jobs whose copy is being stopped for a requeue now (by UID)."""
-        stopping = [
-            (uid, j)
-            for uid, j in self.jobs.items()
-            if j.record is not None and j.record.stopping is not None
-        ]
-        return [j for _, j in sorted(stopping, key=lambda x: x[0])]  # filter first: jobs are many
+        """The jobs whose copy is being stopped for a requeue now (by UID). O(stopping jobs):
+        kept by :meth:`touch` (every change of a job's record marks it)."""
+        return [self._stopping[uid] for uid in sorted(self._stopping)]
 
     def lock(self, uid: str) -> asyncio.Lock:
         """The lock that serialises every read-modify-write of job ``uid``."""

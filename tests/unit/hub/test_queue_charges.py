@@ -1,8 +1,11 @@
 """Queue usage kept incrementally (gpufed.hub.components.charges) equals a brute-force recount.
 
 A real leader term over the typed fakes is driven by random job events (submit, scheduling
-cycle, a job succeeding, its GPUJob deleted, its copy stopped for a requeue or for a
-preemptor, the stopped copy's Delete acknowledged, the clock moving past the recount). After
+cycle, a job running, succeeding, failing for the infrastructure (requeued, re-run) or for
+its application, its GPUJob deleted, its copy stopped for a requeue or for a preemptor, the
+stopped copy's Delete acknowledged, the clock moving past the recount). The charges follow
+only the jobs marked touched (gpufed.hub.components.term.JobTable), so a change path that
+did not mark its job fails here (the recount below reads the store, not the hub's code). After
 each event the queues' ledgers and the GPUQueue status are rebuilt the incremental way, and
 compared with a recount written here from the etcd records the fake store holds and the holds
 the scheduler passed: a record placed in a member charges its queue its ``charged`` amounts
@@ -21,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufed.api.work import WorkAck, WorkloadStatus
+from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
 from gpufed.hub.components.charges import RECOUNT_S
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
@@ -29,12 +32,19 @@ from tests.unit.hub.term import Term, settle
 from tests.unit.hub.test_queues import H100, gpuqueue
 
 JOBS = 6
+#: how a copy fails: infrastructure (requeued and run again) or the application (final)
+FAILURES = (
+    FailureCause(kind="Infrastructure", reason="NodeLost", message="gone", nodes=("m1-n0",)),
+    FailureCause(kind="Application", reason="BackoffLimitExceeded", exit_codes=(1,)),
+)
 EVENTS = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.integers(0, JOBS - 1), st.sampled_from([1, 2, 4, 8])),
         st.tuples(st.just("cycle"), st.just(0), st.just(0)),
         st.tuples(st.just("cycle"), st.just(0), st.just(0)),
         st.tuples(st.just("succeed"), st.integers(0, JOBS - 1), st.just(0)),
+        st.tuples(st.just("run"), st.integers(0, JOBS - 1), st.just(0)),
+        st.tuples(st.just("fail"), st.integers(0, JOBS - 1), st.integers(0, 1)),
         st.tuples(st.just("delete"), st.integers(0, JOBS - 1), st.just(0)),
         st.tuples(st.just("stop"), st.integers(0, 3), st.integers(-1, JOBS - 1)),
         st.tuples(st.just("stop"), st.integers(0, 3), st.integers(-1, JOBS - 1)),
@@ -121,6 +131,53 @@ def drift(t: Term, kind: str = "queue_usage") -> float:
     return float(t.ctrl.metrics.incremental_drift.labels(kind)._value.get())
 
 
+#: the events of one job that :func:`job_event` makes
+JOB_EVENTS = ("succeed", "run", "fail", "delete", "stop", "gone")
+
+
+async def job_event(t: Term, s: Any, kind: str, uid: str, arg: int) -> None:
+    """One event of job ``uid`` over agent session ``s`` of member m1 (nothing when it does
+    not apply): its copy succeeding, running, failing (``FAILURES[arg]``), its GPUJob deleted,
+    its copy stopped for a requeue (``arg`` < 0) or for preemptor ``u{arg}``, the stopped
+    copy's Delete acknowledged (``gone``)."""
+    job = t.ctrl.state.jobs.get(uid)
+    rec = job.record if job is not None else None
+    if job is None:
+        return
+    if kind == "delete":
+        t.ctrl.lifecycle.job_gone(uid)
+    elif kind == "gone":
+        ws = t.ctrl.state.work.get(("m1", uid))
+        if ws is not None and ws.record.op == "Delete":
+            await t.ctrl.handle(s, WorkAck(job_uid=uid, revision=ws.revision, result="Deleted"))
+    elif rec is None or rec.cluster is None:
+        return
+    elif kind == "stop":
+        by = f"u{arg}" if arg >= 0 else None
+        cause = RequeueCause(
+            kind="Preempted" if by else "InfrastructureFailure",
+            reason="Test",
+            message="stopped by the test",
+            at=t.clock.wall(),
+            cluster=rec.cluster,
+            by_uid=by or "",
+            by=f"team-a/j{arg}" if by else "",
+        )
+        async with t.ctrl.state.lock(uid):
+            await t.ctrl.lifecycle.stop(job, cause)
+    else:
+        rev = t.store.work[(rec.cluster, uid)][1]
+        if kind == "run":
+            report = WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
+        elif kind == "succeed":
+            report = WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded")
+        else:
+            report = WorkloadStatus(
+                job_uid=uid, revision=rev, phase="Failed", failure=FAILURES[arg]
+            )
+        await t.ctrl.handle(s, report)
+
+
 async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None:
     t = Term()
     t.kube.objects["gpuqueues"].append(gpuqueue("team-a", namespaces=("team-a",), nominal=24))
@@ -135,38 +192,13 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
     await t.ctrl.scheduler.cycle()
     for kind, i, arg in events:
         uid = f"u{i}"
-        job = t.ctrl.state.jobs.get(uid)
-        rec = job.record if job is not None else None
         if kind == "submit" and uid not in gpus_of:
             gpus_of[uid] = arg
             await t.submit(f"j{i}", uid, gpus=arg)
         elif kind == "cycle":
             await t.ctrl.scheduler.cycle()
-        elif kind == "succeed" and job is not None and rec is not None and rec.cluster:
-            rev = t.store.work[(rec.cluster, uid)][1]
-            await t.ctrl.handle(s, WorkloadStatus(job_uid=uid, revision=rev, phase="Succeeded"))
-        elif kind == "delete" and job is not None:
-            t.ctrl.lifecycle.job_gone(uid)
-        elif kind == "stop" and job is not None and rec is not None and rec.cluster:
-            by = f"u{arg}" if arg >= 0 else None
-            cause = RequeueCause(
-                kind="Preempted" if by else "InfrastructureFailure",
-                reason="Test",
-                message="stopped by the test",
-                at=t.clock.wall(),
-                cluster=rec.cluster,
-                by_uid=by or "",
-                by=f"team-a/j{arg}" if by else "",
-            )
-            async with t.ctrl.state.lock(uid):
-                await t.ctrl.lifecycle.stop(job, cause)
-        elif kind == "gone":
-            work = next((k for k in t.ctrl.state.work if k[1] == uid), None)
-            if work is not None:
-                ws = t.ctrl.state.work[work]
-                if ws.record.op == "Delete":
-                    ack = WorkAck(job_uid=uid, revision=ws.revision, result="Deleted")
-                    await t.ctrl.handle(s, ack)
+        elif kind in JOB_EVENTS:
+            await job_event(t, s, kind, uid, arg)
         elif kind == "recount":
             t.clock.advance(RECOUNT_S)
         await settle()
@@ -177,6 +209,11 @@ async def scenario(sizes: list[int], events: list[tuple[str, int, int]]) -> None
         shown = t.ctrl.queues.shown["team-a"]
         assert (shown.pending_jobs, shown.admitted_jobs) == job_counts(t, gpus_of), (kind, uid)
         assert drift(t) == drift(t, "queue_jobs") == drift(t, "queue_ledger") == 0
+        # the jobs being stopped, kept by the marks, equal a scan of every job
+        scan = sorted(
+            u for u, j in t.ctrl.state.jobs.items() if j.record and j.record.stopping is not None
+        )
+        assert [j.uid for j in t.ctrl.state.stopping()] == scan, (kind, uid)
     # a last full recount finds nothing the incremental charges missed
     t.clock.advance(RECOUNT_S)
     t.ctrl.queues.refresh()
@@ -191,7 +228,7 @@ def test_incremental_queue_usage_equals_a_recount_of_the_records(
     asyncio.run(scenario(sizes, events))
 
 
-def test_a_missed_change_path_is_counted_as_drift_and_corrected() -> None:
+def test_a_change_behind_the_table_is_counted_as_drift_at_the_recount_and_corrected() -> None:
     async def run() -> None:
         t = Term()
         t.member("m1", hgx_node("m1-n0"))
@@ -199,19 +236,22 @@ def test_a_missed_change_path_is_counted_as_drift_and_corrected() -> None:
         await t.ctrl.scheduler.cycle()
         t.ctrl.queues.rebuild_usage()
         assert dict(t.ctrl.queues.usage.own("default")) == {H100: 8}
-        # a record changed behind the hub's back (no touch): the incremental count keeps it,
-        # the next full recount finds and fixes it
         job = t.ctrl.state.jobs["u1"]
-        other: Any = job.record.model_copy(update={"charged": {H100: 4}})  # type: ignore[union-attr]
-        job.record = other
+        half: Any = job.record.model_copy(update={"charged": {H100: 4}})  # type: ignore[union-attr]
+        # through the table: the next update reads the job (no recount needed)
+        job.record = half
+        t.ctrl.queues.rebuild_usage(recount=False)
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}
+        # behind the table's back (no touch): the incremental count keeps what it had...
+        object.__setattr__(job, "record", half.model_copy(update={"charged": {H100: 2}}))
         t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}  # u1 is still read
-        t.ctrl.state.jobs["u2"] = job.__class__(**{**job.__dict__, "uid": "u2"})
-        t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "u2 not read yet"
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "u1 is not read again"
+        # ...until the next full recount finds and fixes it
         t.clock.advance(RECOUNT_S)
+        t.ctrl.queues.rebuild_usage(recount=False)
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 4}, "a cycle never recounts"
         t.ctrl.queues.rebuild_usage()
-        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 8}
+        assert dict(t.ctrl.queues.usage.own("default")) == {H100: 2}
         assert drift(t) == 1
 
     asyncio.run(run())
