@@ -235,6 +235,20 @@ def simulate_command(
         "earliest-drain-multi (so only for jobs of several pods) or earliest-drain-multi-free "
         "(as that, and of the nodes drained by that start the most free now first).",
     ),
+    oldest_first_one_pod_s: float | None = typer.Option(
+        None,
+        "--queue-oldest-first-one-pod",
+        min=0,
+        help="Policy gpufed: seconds a job of one GPU pod (8 GPUs on an HGX node or fewer) "
+        "waits before it is walked oldest first and holds whatever the cap, when shorter "
+        "than --queue-oldest-first (default: the same bound as every job).",
+    ),
+    hold_busy_nodes: str = typer.Option(
+        "off",
+        "--queue-hold-busy-nodes",
+        help="Policy gpufed: on, a starving job of one HGX node may hold a node with no free "
+        "GPU when every node of the pool is full (off: it holds nothing there).",
+    ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",
         "--queue-carry-holds",
@@ -342,6 +356,8 @@ def simulate_command(
         raise typer.BadParameter(
             "must be a number of seconds >= 0", param_hint="--queue-spare-whole-nodes"
         )
+    if hold_busy_nodes not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-hold-busy-nodes")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -395,6 +411,8 @@ def simulate_command(
         hold_choice=hold_choice,
         start_accuracy=start_accuracy,
         hold_nodes=hold_nodes,
+        oldest_first_one_pod_s=oldest_first_one_pod_s,
+        hold_busy_nodes=hold_busy_nodes == "on",
     )
     try:
         members = load_fleet(fleet)

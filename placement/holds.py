@@ -34,6 +34,7 @@ def hold_for(
     start_on: NodeStart | None = None,
     free_first: bool = False,
     now: float = 0.0,
+    busy: bool = False,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
 
@@ -48,6 +49,11 @@ def hold_for(
     expected drained within :data:`FREE_FIRST_SLACK` times its earliest start's wait, those
     with the most free GPUs now (``BackfillRule.hold_nodes`` ``earliest-drain-multi-free``), so
     the busy nodes that drain soon stay for the jobs that want them whole.
+
+    ``busy`` (``BackfillRule.hold_busy_nodes``): a job that must sit in one HGX node (one pod)
+    may hold a node with no free GPU when no node of the pool has one (the first by name);
+    without it such a job holds nothing in a pool whose every node is full, so on a saturated
+    fleet one-node jobs never hold (docs/benchmarks.md, issue 29, ``backfill6``).
 
     ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
     again (a whole-member hold: that member is skipped), so several starving jobs of one shape
@@ -92,7 +98,7 @@ def hold_for(
                 (0, frozenset()) if not skip and _drained_fits_other(job, c) else None
             )
         else:
-            found = _nodes_to_hold(job, pool, skip)
+            found = _nodes_to_hold(job, pool, skip, busy)
         if found is None:
             continue
         if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
@@ -306,10 +312,11 @@ def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
 
 
 def _nodes_to_hold(
-    job: JobShape, pool: PoolState, skip: frozenset[str] = frozenset()
+    job: JobShape, pool: PoolState, skip: frozenset[str] = frozenset(), busy: bool = False
 ) -> tuple[int, frozenset[str]] | None:
     """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``, none of them
-    in ``skip`` (a group with a node in ``skip`` is not chosen)."""
+    in ``skip`` (a group with a node in ``skip`` is not chosen). ``busy``: a job of one node
+    that finds no node with a free GPU holds the first full one (``hold_for``)."""
     level = next(
         (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
         "nvlink" if job.gpu_pods == 1 else None,
@@ -330,6 +337,11 @@ def _nodes_to_hold(
             if _drained_fits(job, list(g.nodes.values())):
                 best = (g.free, g.key, sorted(g.nodes))
                 break
+        if best is None and busy and job.gpu_pods == 1 and level == "nvlink" and pool.single_count:
+            for entry in pool.buckets[0]:  # every node full: the first that holds it drained
+                n = entry[2]
+                if n.domain is None and n.name not in skip and _drained_fits(job, [n]):
+                    return 0, frozenset({n.name})
         return (best[0], frozenset(best[2])) if best is not None else None
     chosen: list[NodeState] = []
     free = 0

@@ -156,7 +156,15 @@ class BackfillRule(BaseModel):
     jobs' time limits free them first: ``hold_for``'s ``start_on``, given by the caller) or
     ``earliest-drain-multi`` (so for jobs of several GPU pods; one-pod jobs most-free) or
     ``earliest-drain-multi-free`` (as that, the earliest start's nodes taken most free first:
-    ``hold_for``'s ``free_first``).
+    ``hold_for``'s ``free_first``); ``oldest_first_one_pod_s`` (seconds, default None: off):
+    a job of one GPU pod (:func:`gpu_pods_of`; an 8-GPU job is one whole HGX node) counts as
+    past ``oldest_first_s`` once it has waited this long, when that is shorter
+    (:meth:`oldest_first_for`): it is walked oldest first and holds whatever the cap, so the
+    one-node jobs' tail no longer waits on the cap the starving small jobs take first
+    (docs/benchmarks.md, issue 29, ``backfill6``); every job's bound stays
+    ``oldest_first_s`` or less; ``hold_busy_nodes`` (default off): a starving job of one
+    HGX node may hold a node with no free GPU when every node of the pool is full
+    (``hold_for``'s ``busy``; the caller passes it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -175,12 +183,27 @@ class BackfillRule(BaseModel):
     hold_choice: HoldChoice = "earliest-start"
     start_accuracy: float = Field(default=1.0, gt=0, le=1)
     hold_nodes: HoldNodes = "most-free"
+    oldest_first_one_pod_s: float | None = Field(default=None, ge=0)
+    hold_busy_nodes: bool = False
+
+    def oldest_first_for(self, request: PlacementRequest) -> float:
+        """Seconds ``request`` waits before it is walked oldest first and holds whatever the
+        cap: ``oldest_first_s``, or for a job of one GPU pod the smaller of it and
+        ``oldest_first_one_pod_s`` when that is set."""
+        if self.oldest_first_one_pod_s is not None and gpu_pods_of(request) == 1:
+            return min(self.oldest_first_s, self.oldest_first_one_pod_s)
+        return self.oldest_first_s
 
 
 def order_key(request: PlacementRequest) -> tuple[int, float, str, str]:
     """First-come sort key: priority (high first), submit time, job name, UID (the pass order
     with ``order="fifo"``, and the order of preemption candidates)."""
     return (-request.priority, request.submitted_at, request.job, request.uid)
+
+
+def gpu_pods_of(request: PlacementRequest) -> int:
+    """Pods of the job that request whole GPUs (``nvidia.com/gpu``), all pod sets together."""
+    return sum(ps.count for ps in request.pod_sets if ps.requests.get(GPU_RESOURCE, 0) > 0)
 
 
 def gpus_of(request: PlacementRequest) -> int:
@@ -229,10 +252,11 @@ def pass_key(
     by_size = rule.order == "smallest-first"
 
     aging = rule.size_aging_s
+    per_job = rule.oldest_first_one_pod_s is not None
 
     def key(r: PlacementRequest) -> tuple[int, int, float, float, str, str]:
         waited = now - r.submitted_at
-        fresh = by_size and waited < limit
+        fresh = by_size and waited < (rule.oldest_first_for(r) if per_job else limit)
         size = gpu_size_of(r) if fresh else 0.0
         if fresh and aging > 0 and waited > 0:
             size /= 1.0 + waited / aging
@@ -399,7 +423,7 @@ def schedule_pass(
     def _hold(req: PlacementRequest, d: Decision, key: Any) -> None:
         nonlocal capped
         waited = now - req.submitted_at
-        old = waited >= rule.oldest_first_s
+        old = waited >= rule.oldest_first_for(req)
         if (
             d.outcome == Outcome.UNSCHEDULABLE
             and asked.get(key, 0) < per_shape

@@ -268,6 +268,7 @@ def _run_gpufed(
             start_on=by_drain,
             free_first=free_first,
             now=now,
+            busy=rule.hold_busy_nodes,
         )
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:

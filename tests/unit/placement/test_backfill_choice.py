@@ -164,6 +164,7 @@ def test_start_accuracy_lends_a_hold_to_fewer_jobs() -> None:
         BackfillRule(hold_nodes="earliest-drain"),
         BackfillRule(hold_nodes="earliest-drain-multi"),
         BackfillRule(hold_nodes="earliest-drain-multi-free"),
+        BackfillRule(hold_nodes="earliest-drain-multi", oldest_first_one_pod_s=14_400),
     ],
     ids=[
         "least-idle",
@@ -172,6 +173,7 @@ def test_start_accuracy_lends_a_hold_to_fewer_jobs() -> None:
         "earliest-drain",
         "earliest-drain-multi",
         "earliest-drain-multi-free",
+        "one pod at 4 h",
     ],
 )
 def test_with_either_rule_the_big_job_still_waits_at_most_sixteen_hours_and_a_drain(
