@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpufed.api.errors import GpufedError
-from gpufed.placement.index import PoolState
+from gpufed.placement.index import GroupState, NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
-from gpufed.placement.runindex import BlockRuns, RunningIndex
+from gpufed.placement.runindex import BlockRuns, RunningIndex, block_group
 from gpufed.placement.shape import JobShape
 
 if TYPE_CHECKING:
@@ -83,6 +83,16 @@ class Block:
     product_free: dict[str, int] = field(default_factory=dict)
 
 
+def holds_a_pod(n: NodeState, g: GroupState | None, pod_gpus: int) -> bool:
+    """Whether a node of the block of ``n`` (its group ``g``; None: ``n`` alone) has
+    ``pod_gpus`` allocatable GPUs: a block none of whose nodes can hold the job's largest pod
+    never fits it, whatever is stopped there (a one-pod 8-GPU job and a GB200 clique of 4-GPU
+    trays), so it is not searched (its sets would spend the what-ifs of the exact search)."""
+    if g is None:
+        return n.gpu_alloc >= pod_gpus
+    return any(x.gpu_alloc >= pod_gpus for x in g.nodes.values())
+
+
 def file_blocks(
     s: Search, c: ClusterState, runs: Iterable[Running], reasons: dict[str, str]
 ) -> list[Block]:
@@ -90,6 +100,8 @@ def file_blocks(
     level = level_of(s.job)
     products = s.job.products
     blocks: dict[str, Block] = {}
+    hopeless: set[str] = set()  # blocks none of whose nodes can hold the largest pod
+    pod_gpus = s.job.max_gpus
     prio = s.p.request.priority
     for run in runs:
         if run.priority >= prio and s.quota is None:
@@ -116,6 +128,11 @@ def file_blocks(
                     continue  # a node without that label can never hold a job that needs it
             b = blocks.get(key)
             if b is None:
+                if key in hopeless:
+                    continue
+                if level is not None and not holds_a_pod(n, block_group(n, level), pod_gpus):
+                    hopeless.add(key)
+                    continue
                 b = blocks[key] = Block(key, free, cap)
             b.victims[run.uid] = v
             b.freed[run.uid] = b.freed.get(run.uid, 0) + gpus
@@ -327,6 +344,10 @@ def block_estimate(
     fc = b.free_cap(c, level)
     if fc is None or fc[1] < demand:
         return None
+    if level:
+        n = c.nodes[b.node]
+        if not holds_a_pod(n, block_group(n, level), s.job.max_gpus):
+            return None
     prio_p = s.p.request.priority
     no_quota = s.quota is None
     now = s.now

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 from placement_builders import GB200, H100, job, member
 from preemption_builders import busy_node, running
@@ -144,8 +144,28 @@ def brute_force(f: Fleet, req: Any) -> dict[tuple[str, frozenset[str]], bool]:
     return fits
 
 
+# Found by CI's random search (stop 39): a one-pod 8-GPU job, an HGX node and a GB200 clique
+# of 4-GPU trays with 5 eligible jobs. The clique can never hold the pod, but its 31 sets spent
+# the exact search's what-ifs, so the (right) plan came from the bounded search.
+_TRAYS_THAT_CANNOT_HOLD_THE_POD = Fleet(
+    nodes=(
+        Node("m0", "m0-n0", 8, None),
+        *(Node("m0", f"m0-c-t{t}", 4, "m0-fab") for t in range(4)),
+    ),
+    jobs=(
+        Job("j0", "m0", {"m0-n0": 8}, 0, 100.0),
+        Job("j1", "m0", {"m0-c-t0": 2}, 0, 50.0),
+        Job("j2", "m0", {"m0-c-t0": 1}, 0, 50.0),
+        Job("j3", "m0", {"m0-c-t0": 1}, 0, 50.0),
+        Job("j4", "m0", {"m0-c-t1": 2}, 0, 50.0),
+        Job("j5", "m0", {"m0-c-t1": 2}, 0, 50.0),
+    ),
+)
+
+
 @SETTINGS
 @given(fleets(), preemptors)
+@example(_TRAYS_THAT_CANNOT_HOLD_THE_POD, ((8, 1), "Required", 1))
 def test_the_plan_is_the_brute_force_optimum_and_minimal(f: Fleet, wanted: Any) -> None:
     (gpus, pods), nvl, prio = wanted
     req = job("p", gpus=gpus, pods=pods, nvlink=nvl, priority=prio)
