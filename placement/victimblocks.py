@@ -116,21 +116,20 @@ def file_blocks(
             if isinstance(v, str):
                 reasons[run.uid] = v
                 break
+            g = None if level is None else block_group(n, level)
             if level is None:
                 key, free, cap = "", 0, 0
+            elif g is not None:
+                key, free, cap = g.key, g.free, g.cap
+            elif level == "nvlink":
+                key, free, cap = n.domain_id, n.gpu_free, n.gpu_alloc
             else:
-                g = getattr(n, level if level != "nvlink" else "domain")
-                if g is not None:
-                    key, free, cap = g.key, g.free, g.cap
-                elif level == "nvlink":
-                    key, free, cap = n.domain_id, n.gpu_free, n.gpu_alloc
-                else:
-                    continue  # a node without that label can never hold a job that needs it
+                continue  # a node without that label can never hold a job that needs it
             b = blocks.get(key)
             if b is None:
                 if key in hopeless:
                     continue
-                if level is not None and not holds_a_pod(n, block_group(n, level), pod_gpus):
+                if level is not None and not holds_a_pod(n, g, pod_gpus):
                     hopeless.add(key)
                     continue
                 b = blocks[key] = Block(key, free, cap)
