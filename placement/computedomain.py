@@ -26,6 +26,7 @@ reported bound). Pure functions over the snapshot; no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import TYPE_CHECKING, Final
 
 from gpufed.api.labels import COMPUTE_DOMAIN_KIND, COMPUTE_DOMAIN_NODE_LABEL
@@ -121,7 +122,7 @@ def plan_domain(
     job: JobShape,
     cluster: ClusterState,
     pool: PoolState | None,
-    exclude: frozenset[str],
+    exclude: Set[str],
     planner: Planner,
     snapshot: FleetSnapshot,
 ) -> Plan | Status:

@@ -6,6 +6,7 @@ not fit"; their order and what each says no to: :mod:`gpufed.placement.plugins`.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import ClassVar
 
 from gpufed.api.inventory import Taint, tolerates_all
@@ -257,7 +258,7 @@ class TopologyFit:
         job: JobShape,
         cluster: ClusterState,
         pool: PoolState | None,
-        exclude: frozenset[str] = frozenset(),
+        exclude: Set[str] = frozenset(),
     ) -> Plan | Status:
         result = plan(job, cluster, pool, exclude)
         if isinstance(result, str):

@@ -18,7 +18,7 @@ Phases of :func:`plan` (docs/placement.md, "Topology fit"):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
 
 from gpufed.api.inventory import tolerates_all
@@ -52,7 +52,7 @@ def plan(
     job: JobShape,
     cluster: ClusterState,
     pool: PoolState | None,
-    exclude: frozenset[str] = frozenset(),
+    exclude: Set[str] = frozenset(),
 ) -> Plan | str:
     """The best plan for ``job`` in ``pool`` of ``cluster``, or the reason none exists.
 
@@ -130,7 +130,7 @@ def fill(
     out: dict[str, int],
     *,
     check_taints: bool = False,
-    exclude: frozenset[str] = frozenset(),
+    exclude: Set[str] = frozenset(),
 ) -> int:
     """Put up to ``need`` pods of ``ps`` on ``nodes`` in order; returns how many fit.
 
@@ -196,7 +196,7 @@ def _fill_all(
     taken: _Taken,
     taken_res: _TakenRes,
     order: str,
-    exclude: frozenset[str] = frozenset(),
+    exclude: Set[str] = frozenset(),
 ) -> bool:
     for s in job.gpu_sets:
         if nodes_for is not None:
@@ -256,7 +256,7 @@ def _try_in(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
-    exclude: frozenset[str],
+    exclude: Set[str],
 ) -> bool:
     if not _fill_all(job, nodes, pool, assign, taken, taken_res, "bestfit", exclude):
         for a in assign:
@@ -282,7 +282,7 @@ def _grouped(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
-    exclude: frozenset[str],
+    exclude: Set[str],
 ) -> bool:
     """Best-fit group of ``level`` that holds every GPU pod (single-node domains included)."""
     demand = job.demand
@@ -343,7 +343,7 @@ def _place_other(
     assign: list[dict[str, int]],
     taken: _Taken,
     taken_res: _TakenRes,
-    exclude: frozenset[str],
+    exclude: Set[str],
 ) -> str | None:
     """Pod sets without whole GPUs: MIG slices best fit, CPU pods first fit by node name."""
     for s in job.other_sets:

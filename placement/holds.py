@@ -7,7 +7,7 @@ which member it should hold so that the work running there drains until it fits 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from functools import partial
 from typing import cast
 
@@ -17,6 +17,7 @@ from gpufed.placement.engine import static_candidates
 from gpufed.placement.index import NodeEntry, NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.memo import PlacementMemo, PoolMemo
+from gpufed.placement.nodenames import NodeUnion, parts_of
 from gpufed.placement.plugins import never_reason, plugins_for
 from gpufed.placement.policy import Policy
 from gpufed.placement.queue import Hold, gpus_of
@@ -122,7 +123,7 @@ NodeStart = Callable[[str, str, int], "float | None"]
 def _nodes_by_drain(
     job: JobShape,
     pool: PoolState,
-    skip: frozenset[str],
+    skip: Set[str],
     start_on: Callable[[str, int], float | None],
     free_first: bool = False,
     now: float = 0.0,
@@ -240,9 +241,10 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
         if out is None:
             out = {}
             for cluster, pools in whole:
-                parts = [p for p in (w.spared(demand, one_pod) for w in pools) if p]
-                if parts:
-                    names = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+                # the pools' own sets, not a copy of their union (nodenames.py: the copy per
+                # member, job size and pass was most of the hub's CPU on a large idle fleet)
+                names = NodeUnion.of(p for w in pools for p in parts_of(w.spared(demand, one_pod)))
+                if names:
                     out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
             cache[(demand, one_pod)] = out
         return out
@@ -260,23 +262,23 @@ _WHOLE_KEY = ("holds.whole_free",)
 class _WholeFree:
     """One pool's whole free nodes at one version: their names by (GPUs, clique tray?) (an HGX
     pool has one such set, a pool of NVL72 trays another), and per (job GPUs, one pod?) the
-    names a job of that kind would break (one of those sets itself when only one applies)."""
+    names a job of that kind would break (one of those sets itself when only one applies, else
+    a :class:`~gpufed.placement.nodenames.NodeUnion` of them: no copy)."""
 
     __slots__ = ("_spared", "sets")
 
     def __init__(self, sets: dict[tuple[int, bool], frozenset[str]]) -> None:
         self.sets = sets
-        self._spared: dict[tuple[int, bool], frozenset[str]] = {}
+        self._spared: dict[tuple[int, bool], Set[str]] = {}
 
-    def spared(self, demand: int, one_pod: bool) -> frozenset[str]:
+    def spared(self, demand: int, one_pod: bool) -> Set[str]:
         got = self._spared.get((demand, one_pod))
         if got is None:
-            parts = [
+            got = NodeUnion.of(
                 names
                 for (gpus, tray), names in self.sets.items()
                 if gpus > demand or (tray and one_pod)
-            ]
-            got = parts[0].union(*parts[1:]) if parts else frozenset()
+            )
             self._spared[(demand, one_pod)] = got
         return got
 
@@ -312,7 +314,7 @@ def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
 
 
 def _nodes_to_hold(
-    job: JobShape, pool: PoolState, skip: frozenset[str] = frozenset(), busy: bool = False
+    job: JobShape, pool: PoolState, skip: Set[str] = frozenset(), busy: bool = False
 ) -> tuple[int, frozenset[str]] | None:
     """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``, none of them
     in ``skip`` (a group with a node in ``skip`` is not chosen). ``busy``: a job of one node

@@ -7,6 +7,7 @@ in order, are :func:`gpufed.placement.plugins.plugins_for` (which re-exports the
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Protocol
@@ -80,7 +81,7 @@ class Planner(Protocol):
         job: JobShape,
         cluster: ClusterState,
         pool: PoolState | None,
-        exclude: frozenset[str] = frozenset(),
+        exclude: Set[str] = frozenset(),
     ) -> Plan | Status:
         """A :class:`Plan` that uses no node in ``exclude``, or the status saying why none
         exists."""

@@ -48,7 +48,7 @@ those of a job that already failed in the pass is answered from that failure wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -94,7 +94,7 @@ class Hold:
     """
 
     cluster: str
-    nodes: frozenset[str]
+    nodes: Set[str]
     reason: str
     starts_at: float | None = None
 
