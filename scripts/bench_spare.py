@@ -7,7 +7,11 @@ of GPUs in use).
 Usage::
 
     nice -n 19 .venv/bin/python scripts/bench_spare.py [--members 100] [--nodes 5000]
-        [--changes 10 --passes 20]
+        [--changes 10 --passes 20] [--mixed]
+
+``--mixed``: every member has an HGX pool and a GB200 NVL72 pool (half its nodes each), as
+``gpufed bench scale``'s members do, so a member's whole free nodes span two pools (the
+synthetic fleet's members have one pool each).
 
 Prints one JSON line (milliseconds of process CPU time, medians over ``--passes`` passes):
 ``cold_ms``: the first call on the fleet (every pool read); ``idle_ms``: a pass with nothing
@@ -30,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpufed.api.inventory import NodeInventory  # noqa: E402
+from gpufed.api.inventory import MemberClusterState, NodeInventory  # noqa: E402
 from gpufed.api.labels import GPU_RESOURCE  # noqa: E402
 from gpufed.api.request import PlacementRequest, PodSet  # noqa: E402
 from gpufed.placement import FleetSnapshot  # noqa: E402
@@ -71,9 +75,32 @@ def _churn(
         )
 
 
-def bench(members: int, nodes: int, changes: int, passes: int, seed: int) -> dict[str, Any]:
+def _mixed(members: int, nodes: int, seed: int) -> list[MemberClusterState]:
+    """``members`` members of ``nodes`` nodes, each the HGX nodes of one synthetic member and
+    the NVL72 nodes of another (half each; the NVL72 members are reused in turn)."""
+    fleet, _ = synthetic_fleet(members * 2, max(1, nodes // 2), seed)
+    kind = "gpufed.io/kind"
+    hgx = [m for m in fleet if m.labels.get(kind) == "hgx"]
+    nvl = [m for m in fleet if m.labels.get(kind) == "nvl72"]
+    out = []
+    for i in range(members):
+        h, n = hgx[i % len(hgx)], nvl[i % len(nvl)]
+        name = f"mixed-{i:03d}"
+        inv = h.inventory.model_copy(
+            update={"cluster": name, "nodes": h.inventory.nodes + n.inventory.nodes}
+        )
+        out.append(h.model_copy(update={"name": name, "inventory": inv}))
+    return out
+
+
+def bench(
+    members: int, nodes: int, changes: int, passes: int, seed: int, mixed: bool = False
+) -> dict[str, Any]:
     t0 = time.monotonic()
-    fleet, shape = synthetic_fleet(members, nodes, seed)
+    if mixed:
+        fleet = _mixed(members, nodes, seed)
+    else:
+        fleet, _ = synthetic_fleet(members, nodes, seed)
     snapshot = FleetSnapshot(fleet)
     every = [(m.name, inv) for m in fleet for inv in m.inventory.nodes]
     del fleet
@@ -89,7 +116,8 @@ def bench(members: int, nodes: int, changes: int, passes: int, seed: int) -> dic
     return {
         "members": members,
         "nodes_per_member": nodes,
-        "nodes": shape.nodes,
+        "nodes": len(every),
+        "mixed": mixed,
         "whole_free_nodes_kept_for_1_gpu": held,
         "cold_ms": round(cold * 1e3, 2),
         "idle_ms": round(statistics.median(idle) * 1e3, 3),
@@ -108,13 +136,20 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=10, help="nodes changed between passes")
     parser.add_argument("--passes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--mixed", action="store_true", help="an HGX and an NVL72 pool in every member"
+    )
     args = parser.parse_args()
     for name in ("members", "nodes", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: {getattr(args, name)}; use at least 1")
     if args.changes < 0:
         parser.error(f"--changes: {args.changes}; use 0 or more")
-    print(json.dumps(bench(args.members, args.nodes, args.changes, args.passes, args.seed)))
+    print(
+        json.dumps(
+            bench(args.members, args.nodes, args.changes, args.passes, args.seed, args.mixed)
+        )
+    )
 
 
 if __name__ == "__main__":
