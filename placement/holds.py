@@ -222,14 +222,35 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     Cost: each pool's whole free nodes are kept in the placement memo for the pool's version
     (:class:`~gpufed.placement.memo.PoolMemo`), so a call reads again only the pools that
     changed since the last (O(pools) plus the whole free nodes of the changed pools), and a
-    job's answer is built from per-pool node sets kept there too."""
+    job's answer is built from per-pool node sets kept there too: a member's answer is a
+    :class:`~gpufed.placement.nodenames.NodeUnion` of its pools' sets (never a copy), kept
+    across calls while none of the member's pools changed."""
     memo = snapshot.memo
-    whole: list[tuple[str, list[_WholeFree]]] = []
+    #: member -> (its pools' _WholeFree, (job GPUs, one pod?) -> its hold or None), kept
+    #: across passes: a member whose pools are all unchanged answers with the same holds
+    kept: dict[str, tuple[tuple[_WholeFree, ...], dict[tuple[int, bool], Hold | None]]]
+    kept = memo.kept.setdefault(_WHOLE_KEY, {})
+    whole: list[tuple[str, dict[tuple[int, bool], Hold | None], tuple[_WholeFree, ...]]] = []
+    names: list[str] = []
     for c in snapshot.clusters():
-        found = [_whole_free(memo, pool) for pool in c.pools.values() if not pool.slices]
-        found = [w for w in found if w.sets]
+        names.append(c.name)
+        found = tuple(
+            w for w in (_whole_free(memo, p) for p in c.pools.values() if not p.slices) if w.sets
+        )
+        entry = kept.get(c.name)
+        if (
+            entry is None
+            or len(entry[0]) != len(found)
+            or any(a is not b for a, b in zip(entry[0], found, strict=True))
+        ):
+            entry = kept[c.name] = (found, {})
+        if len(entry[1]) > _ANSWERS_CAP:  # distinct job sizes are the caller's: bounded
+            entry[1].clear()
         if found:
-            whole.append((c.name, found))
+            whole.append((c.name, entry[1], found))
+    if len(kept) > len(names):  # members that left the snapshot
+        for gone in kept.keys() - set(names):
+            del kept[gone]
     cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
 
     def spare(request: PlacementRequest) -> Mapping[str, Hold]:
@@ -237,16 +258,29 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
         if demand <= 0 or not whole:
             return {}
         one_pod = sum(ps.count for ps in request.pod_sets) == 1
-        out = cache.get((demand, one_pod))
+        key = (demand, one_pod)
+        out = cache.get(key)
         if out is None:
             out = {}
-            for cluster, pools in whole:
-                # the pools' own sets, not a copy of their union (nodenames.py: the copy per
-                # member, job size and pass was most of the hub's CPU on a large idle fleet)
-                names = NodeUnion.of(p for w in pools for p in parts_of(w.spared(demand, one_pod)))
-                if names:
-                    out[cluster] = Hold(cluster, names, "whole free nodes kept for bigger jobs")
-            cache[(demand, one_pod)] = out
+            for cluster, answers, pools in whole:
+                if key in answers:
+                    hold = answers[key]
+                else:
+                    # the pools' own sets, not a copy of their union (nodenames.py: the copy
+                    # per member, job size and pass was most of the hub's CPU on a large idle
+                    # fleet)
+                    union = NodeUnion.of(
+                        p for w in pools for p in parts_of(w.spared(demand, one_pod))
+                    )
+                    hold = (
+                        Hold(cluster, union, "whole free nodes kept for bigger jobs")
+                        if union
+                        else None
+                    )
+                    answers[key] = hold
+                if hold is not None:
+                    out[cluster] = hold
+            cache[key] = out
         return out
 
     return spare
@@ -255,6 +289,8 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
 #: sorts before every entry of a fully free node and after every partly used one (a prefix of
 #: the first; never compared with a NodeState)
 _FIRST_WHOLE = cast(NodeEntry, (True,))
+#: answers (job GPUs, one pod?) kept per member between its pools' changes, at most
+_ANSWERS_CAP = 64
 #: the PoolMemo key of a pool's whole free nodes (:func:`whole_free_nodes`)
 _WHOLE_KEY = ("holds.whole_free",)
 

@@ -105,9 +105,12 @@ class PlacementMemo:
     """What ``place()`` remembers about one snapshot: fleet-level results and one
     :class:`PoolMemo` per pool (see the module docstring)."""
 
-    __slots__ = ("_fleet", "_generation", "_ids", "_next_id", "_pools")
+    __slots__ = ("_fleet", "_generation", "_ids", "_next_id", "_pools", "kept")
 
     def __init__(self) -> None:
+        #: values kept across snapshot generations, by callers that check their own inputs
+        #: (each under its own key; :func:`gpufed.placement.holds.whole_free_nodes`)
+        self.kept: dict[Any, Any] = {}
         self._fleet: dict[Any, Any] = {}
         self._generation = 0
         self._pools: dict[PoolState, PoolMemo] = {}
