@@ -7,6 +7,7 @@ The reference is this file's own arithmetic over the final nodes, not summarize(
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from gpufed.api.inventory import GPUSummary, NodeInventory
 from gpufed.hub.components.member_status import GPUTally, drift
@@ -111,3 +112,48 @@ async def test_the_hubs_kept_summaries_show_no_drift_after_snapshots_and_deltas(
         assert t.ctrl.members.tally(m).summary() == want
     assert t.ctrl.members.recount() == 0
     assert t.ctrl.metrics.incremental_drift.labels("member_gpus")._value.get() == 0
+
+
+async def test_the_recount_round_is_spread_over_ticks_and_finds_a_missed_change(
+    monkeypatch: Any,
+) -> None:
+    """The tick checks at most RECOUNT_NODES_PER_TICK nodes' worth of members (whole members,
+    at least one), so 100 members x 5,000 nodes never hold the event loop in one turn; the
+    round still reaches every member and finds a summary that a missed change left wrong."""
+    from gpufed.hub.components import members as members_mod
+    from tests.unit.hub.builders import hgx_node
+    from tests.unit.hub.term import Term
+
+    monkeypatch.setattr(members_mod, "RECOUNT_NODES_PER_TICK", 3)
+    t = Term()
+    for i in range(5):
+        t.member(f"m{i}", hgx_node(f"m{i}-a"), hgx_node(f"m{i}-b"))
+    ms = t.ctrl.members
+    for i in range(5):
+        ms.tally(t.ctrl.state.members[f"m{i}"])
+    checked: list[str] = []
+    real = members_mod.drift
+
+    def counting(tally: GPUTally, nodes: Any) -> bool:
+        nodes = list(nodes)
+        checked.append(nodes[0].name.split("-")[0])
+        return real(tally, nodes)
+
+    monkeypatch.setattr(members_mod, "drift", counting)
+    # a change behind the table: m4's kept summary counts a node it no longer has
+    ms._tallies["m4"] = GPUTally([*t.ctrl.state.members["m4"].nodes.values(), hgx_node("x")])
+    value = t.ctrl.metrics.incremental_drift.labels("member_gpus")._value
+    await ms.check_health()
+    assert checked == [], "no round before RECOUNT_INTERVAL_S"
+    t.clock.advance(members_mod.RECOUNT_INTERVAL_S)
+    await ms.check_health()
+    assert checked == ["m0", "m1"]  # 2 + 2 nodes: the share of 3 is passed after the second
+    await ms.check_health()
+    assert checked == ["m0", "m1", "m2", "m3"]
+    assert value.get() == 0
+    await ms.check_health()
+    assert checked == ["m0", "m1", "m2", "m3", "m4"]
+    assert value.get() == 1
+    await ms.check_health()  # the round is over: the next starts RECOUNT_INTERVAL_S later
+    assert len(checked) == 5
+    assert ms.recount() == 0, "m4 was rebuilt"
