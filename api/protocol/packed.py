@@ -13,8 +13,13 @@ a message object and a validation each (``scripts/bench_hub.py --decode``).
 Decoding refuses the whole message (:class:`~gpufed.api.protocol.codec.ProtocolError` naming
 the column or node and the rule) for what :func:`node_from_pb` refuses, and for columns whose
 lengths or indices do not add up; the caller keeps its last good inventory. Decoded nodes of
-one shape share its ``allocatable``, ``taints`` and (without own labels) ``labels`` objects:
-inventory is never mutated in place, only replaced.
+one shape share its ``allocatable`` and ``taints`` objects, and equal ``requested`` and
+``job_requests`` amounts within a message share one dict: inventory is never mutated in place,
+only replaced. A decoded node's ``labels`` are a read-only
+:class:`~gpufed.api.nodelabels.NodeLabels` over its shape's (one object for the shape's nodes
+without labels of their own), and its field values sit in a key-sharing ``__dict__``
+(:func:`gpufed.api.inventory._share_field_keys`): ~1.3 KB a node held by the hub instead of
+~2.4 KB (issue 25's hub RSS; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from gpufed.api.inventory import (
     is_dns1123_subdomain,
 )
 from gpufed.api.labels import DEFAULT_BLOCK_LABEL, DEFAULT_RACK_LABEL, GPU_CLIQUE_LABEL
+from gpufed.api.nodelabels import LabelLayout, NodeLabels
 from gpufed.api.protocol import agent_pb2 as pb
 from gpufed.api.protocol.codec import (
     ProtocolError,
@@ -88,6 +94,8 @@ _set = object.__setattr__
 @dataclass(frozen=True, slots=True)
 class _Shape:
     labels: dict[str, str]
+    #: ``labels`` read-only, shared by the shape's nodes without labels of their own
+    node_labels: NodeLabels
     gpu_product: str | None
     mig_strategy: str
     taints: tuple[Any, ...]
@@ -238,8 +246,10 @@ def _shape_of(msg: pb.Node, index: int) -> _Shape:
         node = node_from_pb(probe)
     except ProtocolError as exc:
         raise ProtocolError(f"shape {index}: {str(exc).split(': ', 1)[-1]}") from exc
+    labels = dict(node.labels)
     return _Shape(
-        labels=node.labels,
+        labels=labels,
+        node_labels=LabelLayout(labels, ()).labels(()),
         gpu_product=node.gpu_product,
         mig_strategy=node.mig_strategy,
         taints=node.taints,
@@ -376,7 +386,9 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
     # 3. The names, in one regular-expression match for the whole message.
     names = list(msg.names)
     _check_names(names)
-    # 4. The nodes: one dict and one model object each, no validation left to do.
+    # one string for a name and its hostname label (the strings are interned)
+    names = [intern(n) for n in names]
+    # 4. The nodes: one model object each, no validation left to do.
     shapes = trial.shapes
     out: list[NodeInventory] = []
     lkeys = [strings[i] for i in msg.label_key]
@@ -387,6 +399,10 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
     jcounts = list(msg.job_amount_count)
     jkeys = [strings[i] for i in msg.job_amount_key]
     jvals = list(msg.job_amount_value)
+    layouts: dict[tuple[int, tuple[str, ...]], LabelLayout] = {}
+    amounts: dict[tuple[Any, ...], dict[str, int]] = {}
+    job_maps: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
+    no_jobs: dict[str, dict[str, int]] = {}
     li = ri = ji = jai = 0
     rows = zip(
         names, msg.shape, msg.flags, msg.nvlink_domain, msg.rack, msg.block, msg.degraded,
@@ -395,44 +411,67 @@ def unpack_nodes(msg: pb.PackedNodes, book: ShapeBook) -> list[NodeInventory]:
     fields_set = _FIELDS_SET
     for name, si, flags, dom, rack, block, deg, nl, nr, nj in rows:
         s = shapes[si]
-        labels = s.labels
+        labels = s.node_labels
         if nl:
-            labels = labels.copy()
-            labels.update(zip(lkeys[li : li + nl], lvals[li : li + nl], strict=False))
+            # the shape's labels and the node's own, without a dict per node (api/nodelabels)
+            keys = tuple(lkeys[li : li + nl])
+            layout = layouts.get((si, keys))
+            if layout is None:
+                layout = layouts[si, keys] = LabelLayout(s.labels, keys)
+                if layout.size > MAX_NODE_LABELS:
+                    raise ProtocolError(f"node {_quote(name)}: labels: more than {MAX_NODE_LABELS}")
+            labels = layout.labels(tuple(lvals[li : li + nl]))
             li += nl
-            if len(labels) > MAX_NODE_LABELS:
-                raise ProtocolError(f"node {_quote(name)}: labels: more than {MAX_NODE_LABELS}")
-        requested = dict(zip(rkeys[ri : ri + nr], rvals[ri : ri + nr], strict=False)) if nr else {}
+        # equal amounts share one dict within a message (never mutated: replaced), as the
+        # shape's allocatable is shared: most nodes repeat a few GPU counts and jobs
+        key: tuple[Any, ...] = (*rkeys[ri : ri + nr], *rvals[ri : ri + nr])
+        requested = amounts.get(key)
+        if requested is None:
+            requested = amounts[key] = dict(
+                zip(rkeys[ri : ri + nr], rvals[ri : ri + nr], strict=False)
+            )
         ri += nr
-        jobs: dict[str, dict[str, int]] = {}
-        if nj:
+        if nj == 1:
+            n = jcounts[ji]
+            key = (*jkeys[jai : jai + n], *jvals[jai : jai + n])
+            one = amounts.get(key)
+            if one is None:
+                one = amounts[key] = dict(
+                    zip(jkeys[jai : jai + n], jvals[jai : jai + n], strict=False)
+                )
+            jobs = job_maps.get((juids[ji], id(one)))
+            if jobs is None:
+                jobs = job_maps[juids[ji], id(one)] = {juids[ji]: one}
+            jai += n
+            ji += 1
+        elif nj:
+            jobs = {}
             for j in range(ji, ji + nj):
                 n = jcounts[j]
                 jobs[juids[j]] = dict(zip(jkeys[jai : jai + n], jvals[jai : jai + n], strict=False))
                 jai += n
             ji += nj
+        else:
+            jobs = no_jobs
         node = _new(NodeInventory)
-        _set(
-            node,
-            "__dict__",
-            {
-                "name": name,
-                "labels": labels,
-                "gpu_product": s.gpu_product,
-                "mig_strategy": s.mig_strategy,
-                "nvlink_domain": strings[dom] if dom else "node:" + name,
-                "rack": strings[rack],
-                "block": strings[block],
-                "ready": flags & 1 == 1,
-                "unschedulable": flags & 2 == 2,
-                "taints": s.taints,
-                "allocatable": s.allocatable,
-                "requested": requested,
-                "job_requests": jobs,
-                "degraded": strings[deg],
-                "dra_gpus": s.dra_gpus,
-            },
-        )
+        # stored key by key in field order, the dict shares its keys with every node's
+        # (inventory._share_field_keys): 190 bytes a node instead of 464
+        d = node.__dict__
+        d["name"] = name
+        d["labels"] = labels
+        d["gpu_product"] = s.gpu_product
+        d["mig_strategy"] = s.mig_strategy
+        d["nvlink_domain"] = strings[dom] if dom else "node:" + name
+        d["rack"] = strings[rack]
+        d["block"] = strings[block]
+        d["ready"] = flags & 1 == 1
+        d["unschedulable"] = flags & 2 == 2
+        d["taints"] = s.taints
+        d["allocatable"] = s.allocatable
+        d["requested"] = requested
+        d["job_requests"] = jobs
+        d["degraded"] = strings[deg]
+        d["dra_gpus"] = s.dra_gpus
         # one shared set (:class:`_FieldsSet`): a copy gets its own before pydantic adds to it
         _set(node, "__pydantic_fields_set__", fields_set)
         _set(node, "__pydantic_extra__", None)
