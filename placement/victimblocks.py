@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from gpufed.api.errors import GpufedError
 from gpufed.placement.index import GroupState, NodeState, PoolState
 from gpufed.placement.member import ClusterState
-from gpufed.placement.preemption import Running, Victim
+from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
 from gpufed.placement.runindex import BlockRuns, RunningIndex, block_group
 from gpufed.placement.shape import JobShape
 
@@ -354,9 +354,7 @@ def block_estimate(
     judged = bool(s.p.preempted)  # cycle-back needs the full rule for every victim
     own = s.own_queue
     default = s.quota.tree.default_queue if s.quota is not None else None
-    victim = s.victim
     cand: list[tuple[int, float, str, int]] = []
-    append = cand.append
     for run, gpus in b.runs.values():
         uid = run.uid
         if uid in skip:
@@ -364,34 +362,24 @@ def block_estimate(
         prio = run.priority
         if prio >= prio_p and no_quota:
             continue  # no reclaim without queues
-        started = run.started_at
         if (
             prio < prio_p
             and (no_quota or (own is not None and (run.queue or default) == own))
             and not judged
             and not run.preempted
-            and now - started >= min_rt
+            and now - run.started_at >= min_rt
             and now >= run.preemptible_after
         ):
             # victim() would say yes on priority alone: no queues, or a lower priority of the
-            # preemptor's own queue whose withinQueue is not Never. work_lost_gpu_s inlined
-            # (this loop runs once per running job of the fleet for a cycle's first preemptor)
-            since = now - started if now > started else 0.0
-            last = run.last_checkpoint
-            if last is not None:
-                since = now - (last if last > started else started)
-                if since < 0.0:
-                    since = 0.0
-            elif run.checkpoint_interval_s:
-                since = since % run.checkpoint_interval_s
-            cost = sum(run.gpus.values()) * since
+            # preemptor's own queue whose withinQueue is not Never
+            cost = work_lost_gpu_s(run, now)
         else:
-            v = victim(run, product)
+            v = s.victim(run, product)
             if isinstance(v, str):
                 reasons[uid] = v
                 continue
             cost = v.cost_gpu_s
-        append((prio, cost, uid, gpus))
+        cand.append((prio, cost, uid, gpus))
     if not cand:
         return None
     if len(cand) > 1:
