@@ -78,6 +78,8 @@ def _running(draw: Any, uid: str, cluster: str, gpus: dict[str, int]) -> Running
         started_at=draw(st.sampled_from([0.0, 1000.0, NOW - 100, NOW - 100, NOW - 5])),
         queue=draw(st.sampled_from(QUEUES)),
         interval=draw(st.sampled_from([None, 600.0])),
+        # a checkpoint before the start counts from the start (a restart resumes from it)
+        last_checkpoint=draw(st.sampled_from([None, None, None, 500.0, NOW - 30])),
         preempted=draw(st.sampled_from([(), (), (), ((NOW - 60, "x"),)])),
         submitted_at=draw(st.sampled_from([None, 10.0, 20.0])),
     )
