@@ -247,7 +247,8 @@ def simulate_command(
         "off",
         "--queue-hold-busy-nodes",
         help="Policy gpufed: on, a starving job of one HGX node may hold a node with no free "
-        "GPU when every node of the pool is full (off: it holds nothing there).",
+        "GPU when every node of the pool is full, the first by name (earliest-drain: the one "
+        "where it is expected to start first; off: it holds nothing there).",
     ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",
@@ -356,8 +357,10 @@ def simulate_command(
         raise typer.BadParameter(
             "must be a number of seconds >= 0", param_hint="--queue-spare-whole-nodes"
         )
-    if hold_busy_nodes not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-hold-busy-nodes")
+    if hold_busy_nodes not in ("on", "off", "earliest-drain"):
+        raise typer.BadParameter(
+            "use on, off or earliest-drain", param_hint="--queue-hold-busy-nodes"
+        )
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -412,7 +415,8 @@ def simulate_command(
         start_accuracy=start_accuracy,
         hold_nodes=hold_nodes,
         oldest_first_one_pod_s=oldest_first_one_pod_s,
-        hold_busy_nodes=hold_busy_nodes == "on",
+        hold_busy_nodes=hold_busy_nodes != "off",
+        hold_busy_by_drain=hold_busy_nodes == "earliest-drain",
     )
     try:
         members = load_fleet(fleet)

@@ -7,6 +7,7 @@ which member it should hold so that the work running there drains until it fits 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Set
 from functools import partial
 from typing import cast
@@ -36,6 +37,7 @@ def hold_for(
     free_first: bool = False,
     now: float = 0.0,
     busy: bool = False,
+    busy_start_on: NodeStart | None = None,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
 
@@ -55,6 +57,9 @@ def hold_for(
     may hold a node with no free GPU when no node of the pool has one (the first by name);
     without it such a job holds nothing in a pool whose every node is full, so on a saturated
     fleet one-node jobs never hold (docs/benchmarks.md, issue 29, ``backfill6``).
+    ``busy_start_on`` (with ``busy``; ``BackfillRule.hold_busy_by_drain``): that full node is
+    the one where the job is expected to start first (as ``start_on``; unknown starts last,
+    ties by name) instead of the first by name.
 
     ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
     again (a whole-member hold: that member is skipped), so several starving jobs of one shape
@@ -99,7 +104,8 @@ def hold_for(
                 (0, frozenset()) if not skip and _drained_fits_other(job, c) else None
             )
         else:
-            found = _nodes_to_hold(job, pool, skip, busy)
+            by_drain = partial(busy_start_on, c.name) if busy_start_on is not None else None
+            found = _nodes_to_hold(job, pool, skip, busy, by_drain)
         if found is None:
             continue
         if best is None or found[0] > best[0] or (found[0] == best[0] and c.name < best[1]):
@@ -350,11 +356,17 @@ def _whole_free(memo: PlacementMemo, pool: PoolState) -> _WholeFree:
 
 
 def _nodes_to_hold(
-    job: JobShape, pool: PoolState, skip: Set[str] = frozenset(), busy: bool = False
+    job: JobShape,
+    pool: PoolState,
+    skip: Set[str] = frozenset(),
+    busy: bool = False,
+    busy_start_on: Callable[[str, int], float | None] | None = None,
 ) -> tuple[int, frozenset[str]] | None:
     """(free GPUs now, node names) of the nodes ``job`` should hold in ``pool``, none of them
     in ``skip`` (a group with a node in ``skip`` is not chosen). ``busy``: a job of one node
-    that finds no node with a free GPU holds the first full one (``hold_for``)."""
+    that finds no node with a free GPU holds the first full one (``hold_for``), or with
+    ``busy_start_on`` (node name, GPUs -> expected start, seconds, None: unknown) the one
+    where it is expected to start first (unknown last, ties by name)."""
     level = next(
         (lv for lv in ("nvlink", "rack", "block") if lv in job.required),
         "nvlink" if job.gpu_pods == 1 else None,
@@ -376,10 +388,18 @@ def _nodes_to_hold(
                 best = (g.free, g.key, sorted(g.nodes))
                 break
         if best is None and busy and job.gpu_pods == 1 and level == "nvlink" and pool.single_count:
+            soonest: tuple[float, str] | None = None
             for entry in pool.buckets[0]:  # every node full: the first that holds it drained
                 n = entry[2]
                 if n.domain is None and n.name not in skip and _drained_fits(job, [n]):
-                    return 0, frozenset({n.name})
+                    if busy_start_on is None:
+                        return 0, frozenset({n.name})
+                    start = busy_start_on(n.name, job.gpu_sets[0].gpus)
+                    key = (math.inf if start is None else start, n.name)
+                    if soonest is None or key < soonest:
+                        soonest = key
+            if soonest is not None:
+                return 0, frozenset({soonest[1]})
         return (best[0], frozenset(best[2])) if best is not None else None
     chosen: list[NodeState] = []
     free = 0

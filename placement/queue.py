@@ -164,7 +164,9 @@ class BackfillRule(BaseModel):
     (docs/benchmarks.md, issue 29, ``backfill6``); every job's bound stays
     ``oldest_first_s`` or less; ``hold_busy_nodes`` (default off): a starving job of one
     HGX node may hold a node with no free GPU when every node of the pool is full
-    (``hold_for``'s ``busy``; the caller passes it).
+    (``hold_for``'s ``busy``; the caller passes it); ``hold_busy_by_drain`` (default off;
+    with ``hold_busy_nodes``): that full node is the one where the job is expected to start
+    first, not the first by name (``hold_for``'s ``busy_start_on``; the caller passes it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -185,6 +187,7 @@ class BackfillRule(BaseModel):
     hold_nodes: HoldNodes = "most-free"
     oldest_first_one_pod_s: float | None = Field(default=None, ge=0)
     hold_busy_nodes: bool = False
+    hold_busy_by_drain: bool = False
 
     def oldest_first_for(self, request: PlacementRequest) -> float:
         """Seconds ``request`` waits before it is walked oldest first and holds whatever the

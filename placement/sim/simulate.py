@@ -269,6 +269,7 @@ def _run_gpufed(
             free_first=free_first,
             now=now,
             busy=rule.hold_busy_nodes,
+            busy_start_on=node_start if rule.hold_busy_by_drain else None,
         )
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
