@@ -237,25 +237,21 @@ def whole_free_nodes(snapshot: FleetSnapshot) -> Callable[[PlacementRequest], Ma
     kept: dict[str, tuple[tuple[_WholeFree, ...], dict[tuple[int, bool], Hold | None]]]
     kept = memo.kept.setdefault(_WHOLE_KEY, {})
     whole: list[tuple[str, dict[tuple[int, bool], Hold | None], tuple[_WholeFree, ...]]] = []
-    names: list[str] = []
+    names: set[str] = set()
     for c in snapshot.clusters():
-        names.append(c.name)
+        names.add(c.name)
         found = tuple(
             w for w in (_whole_free(memo, p) for p in c.pools.values() if not p.slices) if w.sets
         )
         entry = kept.get(c.name)
-        if (
-            entry is None
-            or len(entry[0]) != len(found)
-            or any(a is not b for a, b in zip(entry[0], found, strict=True))
-        ):
+        if entry is None or entry[0] != found:  # _WholeFree compares by identity
             entry = kept[c.name] = (found, {})
         if len(entry[1]) > _ANSWERS_CAP:  # distinct job sizes are the caller's: bounded
             entry[1].clear()
         if found:
             whole.append((c.name, entry[1], found))
-    if len(kept) > len(names):  # members that left the snapshot
-        for gone in kept.keys() - set(names):
+    if len(kept) > len(names):  # members that left the snapshot (every member has an entry)
+        for gone in kept.keys() - names:
             del kept[gone]
     cache: dict[tuple[int, bool], Mapping[str, Hold]] = {}
 

@@ -133,3 +133,16 @@ def test_whole_free_nodes_equals_a_scan_of_every_node_after_every_change(
         # the spare of the pass that started before the change answers as of its call
         assert answers(taken) == before
         assert answers(whole_free_nodes(s)) == [reference(s, r) for r in JOBS]
+
+
+def test_the_answers_kept_across_calls_follow_the_members_of_the_snapshot() -> None:
+    """A member that left is forgotten at the next call, also when another joined meanwhile
+    (the kept answers must not hold its node-name sets for the hub's lifetime)."""
+    s = FleetSnapshot([member("a", [_node("a", 0, "hgx", 0, True, False)])])
+    s.set_member(member("b", [_node("b", 0, "hgx", 0, True, False)]))
+    whole_free_nodes(s)
+    assert set(s.memo.kept[("holds.whole_free",)]) == {"a", "b"}
+    s.remove_member("b")
+    s.set_member(member("c", [_node("c", 0, "hgx", 0, True, False)]))
+    assert answers(whole_free_nodes(s)) == [reference(s, r) for r in JOBS]
+    assert set(s.memo.kept[("holds.whole_free",)]) == {"a", "c"}
