@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from typing import Any, TypeVar
 
 import aetcd
@@ -465,20 +466,15 @@ class Store:
         written, so a member's whole inventory is never held as JSON at once (issue 25: with
         members' writes in flight together that was ~300 bytes a node of the hub's peak RSS)."""
         tx = self._client.transactions
-        ops: list[Any] = []
-        for n in upserts:
-            ops.append(
+        ops = chain(
+            (
                 tx.put(self._k("clusters", cluster, "nodes", n.name), n.model_dump_json().encode())
-            )
-            if len(ops) == _MAX_OPS:
-                await self._guarded(ops)
-                ops = []
-        for name in removed:
-            ops.append(tx.delete(self._k("clusters", cluster, "nodes", name)))
-            if len(ops) == _MAX_OPS:
-                await self._guarded(ops)
-                ops = []
-        await self._guarded(ops)
+                for n in upserts
+            ),
+            (tx.delete(self._k("clusters", cluster, "nodes", name)) for name in removed),
+        )
+        while batch := list(islice(ops, _MAX_OPS)):
+            await self._guarded(batch)
 
     async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
         """One job record and its revision (after an ambiguous placement write)."""
