@@ -11,7 +11,8 @@ It reads exactly as the dict ``{**base, **dict(zip(keys, values))}`` (same keys,
 iteration order; a key given twice keeps its first place and its last value, as
 ``dict.update`` does); it compares equal to that dict, and ``copy()``, ``copy.copy``,
 ``copy.deepcopy`` and pickling give a plain dict of the same items. Changing it raises
-``TypeError`` (it has no ``__setitem__``): inventory is never mutated in place, only replaced.
+``TypeError`` (``__setitem__`` and ``__delitem__`` refuse): inventory is never mutated in
+place, only replaced.
 The base dict must not change after the first :class:`LabelLayout` over it is made.
 """
 
