@@ -153,14 +153,17 @@ class HubMetrics:
         self.gc_full_seconds = Histogram(
             "gpufed_hub_gc_full_seconds",
             "CPU seconds of each full (generation 2) garbage collection of the hub process "
-            "(its survivors are then frozen: gpufed.hub.edge.heap).",
+            "(its survivors are then frozen: gpufed.hub.edge.heap); walk=whole for one that "
+            "walked the whole heap, walk=new for one that walked only what was new.",
+            ["walk"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.gc_frozen_objects = Gauge(
-            "gpufed_hub_gc_frozen_objects",
-            "Objects frozen (not walked by young collections) when the hub's heap policy was "
-            "installed and after its last whole-heap walk (gpufed.hub.edge.heap).",
+        self.gc_walked_heap_blocks = Gauge(
+            "gpufed_hub_gc_walked_heap_blocks",
+            "Allocated memory blocks of the hub's heap (sys.getallocatedblocks) when its heap "
+            "policy was installed and right after its last whole-heap walk: the base of the "
+            "growth rule (gpufed.hub.edge.heap).",
             registry=r,
         )
         self.lease_renewals_missed = Counter(

@@ -17,17 +17,18 @@ heap once, frees such cycles, and freezes again. Frozen cyclic garbage is theref
 than (``UNFREEZE_GROWTH`` - 1) times the heap after the last whole walk, and a hub whose heap
 stays the size it is walks it again only when that much garbage has built up. The heap's size
 is :func:`sys.getallocatedblocks` (CPython's small-object allocator, counted per arena: ~2 ms
-at 15 million blocks). :func:`gc.get_freeze_count` walks the whole frozen list (1.6 s per call
-at 10 x 5,000 nodes with 50,000 jobs), so it is read only after a whole walk.
+at 15 million blocks). :func:`gc.get_freeze_count` walks the whole frozen list (0.17 s at
+100 x 5,000 nodes, 3 million frozen objects, on top of the walk's 1.4 s; 1.6 s at 10 x 5,000
+with 50,000 jobs), so the policy never calls it.
 
 A whole walk costs about 1 s per million objects and holds the event loop that long (10 x 5,000
 nodes with 50,000 running jobs: 5-7 s). The rule before, one whole walk in every 16 full
 collections, put one into every second preemption cycle at that size, because planning
 allocates enough for a dozen full collections a cycle (docs/benchmarks.md, "Whole-heap walks");
 the growth rule ties walks to the heap, not to the allocation rate.
-``gpufed_hub_gc_full_seconds`` observes each full collection's duration,
-``gpufed_hub_gc_frozen_objects`` how many objects were frozen at install and after the last
-whole walk.
+``gpufed_hub_gc_full_seconds{walk="whole"|"new"}`` observes each full collection's CPU
+seconds (whole: it walked the whole heap), ``gpufed_hub_gc_walked_heap_blocks`` the growth
+rule's base (the heap's blocks at install and after the last whole walk).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class HeapPolicy:
             gc.callbacks.append(self._callback)
         gc.freeze()
         self.walked_base = sys.getallocatedblocks()
-        self._frozen()
+        self._walked()
 
     def uninstall(self) -> None:
         """Stop freezing (what is frozen stays frozen)."""
@@ -83,17 +84,18 @@ class HeapPolicy:
         self.full_collections += 1
         self.full_seconds += took
         gc.freeze()
-        if self._whole_next:  # this collection walked the whole heap: the new base
+        whole = self._whole_next
+        if whole:  # this collection walked the whole heap: the new base
             self._whole_next = False
             self.whole_walks += 1
             self.walked_base = sys.getallocatedblocks()
-            self._frozen()
+            self._walked()
         elif sys.getallocatedblocks() >= UNFREEZE_GROWTH * max(self.walked_base, 1):
             gc.unfreeze()  # the next full collection walks everything and frees frozen cycles
             self._whole_next = True
         if self._metrics is not None:
-            self._metrics.gc_full_seconds.observe(took)
+            self._metrics.gc_full_seconds.labels(walk="whole" if whole else "new").observe(took)
 
-    def _frozen(self) -> None:
+    def _walked(self) -> None:
         if self._metrics is not None:
-            self._metrics.gc_frozen_objects.set(gc.get_freeze_count())
+            self._metrics.gc_walked_heap_blocks.set(self.walked_base)
