@@ -112,10 +112,12 @@ def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_has_grown(
     monkeypatch: pytest.MonkeyPatch, freeze_counts: list[int]
 ) -> None:
     monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH", 1.05)
+    now = [0.0]
     m = HubMetrics()
-    heap = HeapPolicy(m)
+    heap = HeapPolicy(m, clock=lambda: now[0])
     try:
         heap.install()
+        now[0] = heap_module.WALK_INTERVAL_S  # the interval after install has passed
         gone = _frozen_garbage()
         gc.collect()
         assert gone() is not None, "frozen: the cycle outlives a full collection"
@@ -129,11 +131,65 @@ def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_has_grown(
         assert m.gc_walked_heap_blocks._value.get() == heap.walked_base
         assert abs(heap.walked_base - walked) < 0.01 * walked, "the base: the heap after the walk"
         assert freeze_counts == [], "the frozen list is never walked to count it"
+        assert heap.walked_at == now[0]
+        now[0] += heap_module.WALK_INTERVAL_S
         # the base is the heap after that walk: the survivors do not trigger another
         survivor = _frozen_garbage()
         for _ in range(5):
             gc.collect()
         assert survivor() is not None
+        del grown
+    finally:
+        heap.uninstall()
+        gc.unfreeze()
+
+
+def test_a_heap_that_doubles_soon_after_a_walk_waits_for_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Within WALK_INTERVAL_S of the last whole walk a growth past UNFREEZE_GROWTH (but not
+    UNFREEZE_GROWTH_SOON) walks nothing: a hub ingesting its fleet is not walked at each
+    doubling. Once the interval has passed, the next full collections walk the whole heap."""
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH", 1.05)
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH_SOON", 1e6)
+    now = [1000.0]
+    heap = HeapPolicy(clock=lambda: now[0])
+    try:
+        heap.install()
+        gone = _frozen_garbage()
+        grown = [[i] for i in range(int(0.06 * sys.getallocatedblocks()) + 1)]  # long-lived
+        now[0] += heap_module.WALK_INTERVAL_S - 1
+        for _ in range(3):
+            gc.collect()
+        assert gone() is not None, "walked within the interval"
+        assert heap.whole_walks == 0
+        now[0] += 1
+        gc.collect()  # past the interval, and grown: unfrozen
+        gc.collect()  # the whole walk
+        assert gone() is None, "freed once the interval had passed"
+        assert (heap.whole_walks, heap.walked_at) == (1, now[0])
+        del grown
+    finally:
+        heap.uninstall()
+        gc.unfreeze()
+
+
+def test_a_heap_that_grows_past_the_soon_bound_is_walked_within_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interval never holds back a walk once the heap grew UNFREEZE_GROWTH_SOON times:
+    frozen cyclic garbage stays bounded while the clock stands still."""
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH", 1e6)
+    monkeypatch.setattr(heap_module, "UNFREEZE_GROWTH_SOON", 1.05)
+    heap = HeapPolicy(clock=lambda: 0.0)
+    try:
+        heap.install()
+        gone = _frozen_garbage()
+        grown = [[i] for i in range(int(0.06 * sys.getallocatedblocks()) + 1)]
+        gc.collect()
+        gc.collect()
+        assert gone() is None, "walked at the soon bound without waiting"
+        assert heap.whole_walks == 1
         del grown
     finally:
         heap.uninstall()
