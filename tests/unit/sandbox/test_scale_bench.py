@@ -130,6 +130,38 @@ def test_bind_then_release_leaves_the_node_idle() -> None:
     assert (dict(n.requested), len(n.job_requests), agent.free_gpus(node)) == ({}, 0, 8)
 
 
+@pytest.mark.parametrize("bound_before", [False, True])
+def test_the_first_snapshot_is_what_the_nodes_are_when_it_is_sent(bound_before: bool) -> None:
+    """The packed snapshot made when the agent is built goes out only while no pod changed a
+    node; decoded as the hub decodes it, the snapshot is the agent's nodes at sending time."""
+    from gpufed.api.protocol.packed import ShapeTable
+    from gpufed.hub.adapters.sessions import AgentSession
+
+    agent = _agent(nodes=40)
+    node = agent.node_names[3]
+    if bound_before:
+        agent.bind(node, {"nvidia.com/gpu": 5, "pods": 1}, "uid-1")
+    agent._shapes = ShapeTable()  # what the Welcome of a version-2 hub sets
+    agent._snapshot()
+    session = AgentSession(cluster="sim-000", protocol_version=2)
+    done = None
+    while not agent._out.empty():
+        msg, _ = agent._out.get_nowait()
+        done = session.receive(pb.AgentMessage.FromString(msg.SerializeToString()))
+    assert done is not None
+    want = {n.name: node_from_pb(n) for n in agent.nodes.values()}
+    assert {n.name: n for n in done.nodes} == want
+    assert want[node].requested.get("nvidia.com/gpu", 0) == (5 if bound_before else 0)
+    # a later delta on the same stream decodes against the shapes the snapshot sent
+    agent.bind(agent.node_names[0], {"nvidia.com/gpu": 1}, None)
+    for body in agent._bodies([agent.nodes[agent.node_names[0]]], "upserts"):
+        delta = session.receive(
+            pb.AgentMessage(inventory_delta=pb.InventoryDelta(seq=agent.seq + 1, **body))
+        )
+    assert delta is not None
+    assert [n.requested["nvidia.com/gpu"] for n in delta.upserts] == [1]
+
+
 def test_a_work_item_is_acked_at_once_and_held() -> None:
     async def go() -> None:
         agent = _agent()
