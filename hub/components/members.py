@@ -385,10 +385,9 @@ class Members:
             return
         async with m.nodes_lock:
             if m.dirty_nodes or m.removed_nodes:
-                upserts = [m.nodes[n] for n in m.dirty_nodes if n in m.nodes]
-                removed = list(m.removed_nodes)
+                changed = m.dirty_nodes | m.removed_nodes
                 m.dirty_nodes, m.removed_nodes = set(), set()
-                await self._term.store.write_nodes(m.name, upserts, removed)
+                await self._term.store.write_nodes(m.name, m.nodes, changed)
 
     # --- timers ----------------------------------------------------------------------------------
 
