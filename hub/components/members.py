@@ -487,8 +487,15 @@ class Members:
         self._term.state.kick()
 
     async def flush(self) -> None:
-        """Persist changed inventories and member facts (the term's flush loop)."""
+        """Persist changed inventories and member facts (the term's flush loop). A member's
+        inventory is written after the snapshots already waiting to be applied (one member's
+        at a time, in arrival order: :meth:`take_snapshot`): when many members join at once,
+        persisting yields the event loop to their applies, and each member is placeable and
+        Ready sooner (issue 25's registration p99); its nodes reach etcd a little later."""
         for m in list(self._term.state.members.values()):
+            if m.dirty_nodes or m.removed_nodes:
+                async with self._ingest:  # no wait when no apply is running or queued
+                    pass
             await self.flush_nodes(m.name)
             if m.meta_dirty:
                 await self._term.persist_meta(m)

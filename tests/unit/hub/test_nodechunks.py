@@ -97,7 +97,8 @@ def test_a_shape_is_written_once_a_part() -> None:
         nodes += unpack_nodes(part, book)
     text = nc.encode_chunk(nodes).decode()
     assert text.count('"nvidia.com/gpu":8,"cpu":128000') == 1  # the shared allocatable
-    assert text.count('"zone":"z1"') == 1 and text.count("NoSchedule") == 1
+    assert text.count('"zone":"z1"') == 1
+    assert text.count("NoSchedule") == 1
     assert len(text) < sum(len(n.model_dump_json()) for n in nodes) * 0.5
     assert dumps(nc.decode_chunk(text.encode())) == dumps(pool)
 
@@ -123,24 +124,36 @@ def test_a_bucket_is_crc32_of_the_name_the_same_everywhere() -> None:
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "says"),
     [
-        b"",
-        b"not json",
-        b"[]",
-        b'{"v": 2, "objs": [], "nodes": []}',
-        b'{"v": 1, "objs": {}, "nodes": []}',
-        b'{"v": 1, "objs": [], "nodes": [["n"]]}',
-        b'{"v": 1, "objs": [], "nodes": [["n", {}, null, "none", "node:n", null, null, true,'
-        b' false, 0, 0, {}, {}, null, -1]]}',  # index 0 of no objects
-        b'{"v": 1, "objs": [[], {"nvidia.com/gpu": "x"}], "nodes": [["n", {}, null, "none",'
-        b' "node:n", null, null, true, false, 0, 1, {}, {}, null, -1]]}',  # invalid amount
-        b'{"v": 1, "objs": [[], {}], "nodes": [["n", [7, []], null, "none", "node:n", null,'
-        b' null, true, false, 0, 1, {}, {}, null, -1]]}',  # no such layout
+        (b"", "Expecting value"),
+        (b"not json", "Expecting value"),
+        (b"[]", "not a node chunk"),
+        (b'{"v": 2, "objs": [], "nodes": []}', "not a node chunk of form 1"),
+        (b'{"v": 1, "objs": {}, "nodes": []}', "must be lists"),
+        (b'{"v": 1, "objs": [], "nodes": [["n"]]}', "a node row must be a list of 15"),
+        (
+            b'{"v": 1, "objs": [], "nodes": [["n", {}, null, "none", "node:n", null, null, true,'
+            b" false, 0, 0, {}, {}, null, -1]]}",
+            "object index 0 out of range",
+        ),
+        (
+            b'{"v": 1, "objs": [[], {"nvidia.com/gpu": "x"}], "nodes": [["n", {}, null, "none",'
+            b' "node:n", null, null, true, false, 0, 1, {}, {}, null, -1]]}',
+            "allocatable",
+        ),
+        (
+            b'{"v": 1, "objs": [[], {}], "nodes": [["n", [7, []], null, "none", "node:n", null,'
+            b" null, true, false, 0, 1, {}, {}, null, -1]]}",
+            "object index 7",
+        ),
+        (b'{"v": 1, "objs": [], "nodes": [[1, 2]]}', "a node row"),
+        (b'{"v": 1, "objs": [], "nodes": [5]}', "a node row"),
+        (b'{"v": 1}', "malformed node chunk: KeyError"),
     ],
 )
-def test_a_value_that_does_not_add_up_raises_value_error(value: bytes) -> None:
-    with pytest.raises(ValueError):
+def test_a_value_that_does_not_add_up_raises_value_error(value: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
         nc.decode_chunk(value)
 
 
