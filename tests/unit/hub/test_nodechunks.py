@@ -96,7 +96,7 @@ def test_a_shape_is_written_once_a_part() -> None:
     for part in packed_parts([node_to_pb(n) for n in pool], ShapeTable(), 1 << 20):
         nodes += unpack_nodes(part, book)
     text = nc.encode_chunk(nodes).decode()
-    assert text.count('"nvidia.com/gpu":8,"cpu":128000') == 1  # the shared allocatable
+    assert text.count('"cpu":128000') == 1  # the shared allocatable
     assert text.count('"zone":"z1"') == 1
     assert text.count("NoSchedule") == 1
     assert len(text) < sum(len(n.model_dump_json()) for n in nodes) * 0.5
