@@ -524,9 +524,10 @@ class Store:
                 tx.delete(self._k("clusters", cluster, "nodes", name))
                 for name in index.legacy.get(b, ())
             ]  # the release before's keys go with the bucket's first write (~60 at most)
-            gone = todo.difference(nodes)
             ups = [n for name in todo if (n := nodes.get(name)) is not None]
-            if not full and not (gone & names) and len(loose | todo) <= len(names) // 2:
+            gone = todo.difference(nodes) if len(ups) != len(todo) else set()
+            half = len(names) // 2
+            if not full and len(todo) <= half and not (gone & names) and len(loose | todo) <= half:
                 added = 0
                 for n in ups:  # node keys of their own
                     v = encode_chunk((n,))
@@ -538,12 +539,16 @@ class Store:
                 loose -= gone
                 encoded = len(ups)
             else:  # the bucket whole
-                names |= loose
-                names |= todo
-                names -= gone
-                members = [n for name in names if (n := nodes.get(name)) is not None]
-                if len(members) != len(names):
-                    names.intersection_update(nodes)
+                if names or loose or gone:
+                    names |= loose
+                    names |= todo
+                    names -= gone
+                    members = [n for name in names if (n := nodes.get(name)) is not None]
+                    if len(members) != len(names):
+                        names.intersection_update(nodes)
+                else:  # nothing stored yet (a new member): the changed nodes are all of it
+                    names |= todo
+                    members = ups
                 parts = encode_parts(members)
                 ops += [tx.put(self._chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
                 if full or loose or len(parts) < index.parts.get(b, 0):
