@@ -4,10 +4,11 @@ Used by :class:`gpufed.hub.adapters.store.Store` (``write_nodes`` and ``load``).
 nodes are split into :data:`BUCKETS` buckets by a hash of the node name (:func:`bucket_of`,
 CRC-32: the same in every process and release, so a new leader rewrites the buckets its
 predecessor wrote); a bucket is stored as one or more *parts*, keys
-``clusters/<cluster>/nodechunks/<bucket:03d>/<part:03d>`` each at most :data:`PART_BYTES`, and
-rewritten whole when one of its nodes changed or left. A full snapshot of 5,000 nodes is ~256
-puts instead of 5,000 (one etcd op costs the hub ~6-7 µs of CPU in aetcd, a node's pydantic
-JSON ~2.3 µs; issue 25), a changed node re-encodes its bucket (~20 nodes at 5,000).
+``clusters/<cluster>/nodechunks/<bucket:03d>/<part:03d>`` each at most :data:`PART_BYTES`,
+plus a key of its own for each node changed since (``<bucket:03d>/n/<node>``, one chunk of one
+node, newer than the parts) until the bucket is rewritten whole (the store's policy:
+``Store.write_nodes``). A full snapshot of 5,000 nodes is ~256 puts instead of 5,000 (one etcd
+op costs the hub ~6-7 µs of CPU in aetcd, a node's pydantic JSON ~2.3 µs; issue 25).
 
 A part's value is compact JSON (:func:`encode_chunk`)::
 
@@ -56,8 +57,9 @@ def bucket_of(name: str) -> int:
 
 
 def encode_chunk(nodes: Iterable[NodeInventory]) -> bytes:
-    """One part's value (UTF-8 JSON, module docstring) for ``nodes``; ~1 µs a node of
-    shared-shape nodes (``scripts/bench_hub.py --persist``)."""
+    """One part's value (UTF-8 JSON, module docstring) for ``nodes``: a few µs of CPU a
+    node, less for nodes that share their shape's objects (``scripts/bench_hub.py
+    --persist``, docs/benchmarks.md)."""
     objs: list[Any] = []
     ref: dict[int, int] = {}  # id(object) -> index in objs; the nodes keep the objects alive
     get = ref.get
