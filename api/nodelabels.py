@@ -65,6 +65,16 @@ class NodeLabels(Mapping[str, str]):
         self._layout = layout
         self._values = values
 
+    @property
+    def layout(self) -> LabelLayout:
+        """The shared layout (base labels and own keys); for encoders that write a shape once."""
+        return self._layout
+
+    @property
+    def own_values(self) -> tuple[str, ...]:
+        """The node's own values, one per ``layout.keys``."""
+        return self._values
+
     def __getitem__(self, key: str) -> str:
         i = self._layout.pos.get(key)
         if i is not None:

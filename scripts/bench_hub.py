@@ -342,6 +342,90 @@ def decode_bench(nodes: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def persist_bench(nodes: int, repeat: int, etcd: str | None) -> dict[str, Any]:
+    """Hub CPU µs per node to persist one member's inventory to etcd (module docstring)."""
+
+    from gpufed.api.protocol.codec import node_to_pb
+    from gpufed.api.protocol.packed import ShapeBook, ShapeTable, packed_parts, unpack_nodes
+
+    plain = bench_nodes(nodes)
+    book, packed = ShapeBook(), []
+    for part in packed_parts([node_to_pb(n) for n in plain], ShapeTable(), 4 * 2**20):
+        packed += unpack_nodes(part, book)
+    return asyncio.run(_persist(packed, plain, repeat, etcd))
+
+
+async def _persist(
+    packed: list[NodeInventory], plain: list[NodeInventory], repeat: int, etcd: str | None
+) -> dict[str, Any]:
+    import statistics
+    import tempfile
+
+    from gpufed.hub.adapters.etcd import EmbeddedEtcd
+    from gpufed.hub.adapters.store import Store
+
+    async with contextlib.AsyncExitStack() as stack:
+        if etcd is None:
+            from gpufed.cli.hub import resolve_etcd_binary
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            etcd = (
+                await stack.enter_async_context(EmbeddedEtcd(resolve_etcd_binary(), tmp))
+            ).endpoint
+        store = await Store.connect(
+            [etcd], prefix=f"/bench-persist/{uuid.uuid4().hex}/", hub_id="b"
+        )
+        stack.push_async_callback(store.close)
+        assert await store.try_acquire(await store.grant_lease(60))
+        tx = store._client.transactions
+
+        async def per_node_keys(cluster: str, nodes: list[NodeInventory]) -> None:
+            # what the release before did: one key a node, pydantic JSON, 100 puts a txn
+            for i in range(0, len(nodes), 100):
+                await store._guarded(
+                    [
+                        tx.put(
+                            store._k("clusters", cluster, "nodes", n.name),
+                            n.model_dump_json().encode(),
+                        )
+                        for n in nodes[i : i + 100]
+                    ]
+                )
+
+        async def cpu(fn: Any) -> float:
+            t0 = time.process_time()
+            await fn
+            return time.process_time() - t0
+
+        out: dict[str, Any] = {"nodes": len(packed), "clock": f"process_time, median of {repeat}"}
+        for form, nodes in (("packed", packed), ("v1", plain)):
+            n = len(nodes)
+            by_name = {x.name: x for x in nodes}
+            churn = nodes[:: max(1, n // 50)]  # 2 % of the nodes change
+            changed = {
+                x.name: x.model_copy(update={"requested": {**x.requested, "cpu": 1}}) for x in churn
+            }
+            after = {**by_name, **changed}
+            runs: dict[str, list[float]] = {
+                k: [] for k in ("keys", "chunks", "keys_delta", "chunks_delta")
+            }
+            for r in range(repeat):  # alternated
+                c = f"{form}-{r}"
+                runs["keys"].append(await cpu(per_node_keys(c + "k", nodes)) / n)
+                runs["chunks"].append(await cpu(store.write_nodes(c, by_name, by_name)) / n)
+                runs["keys_delta"].append(
+                    await cpu(per_node_keys(c + "k", list(changed.values()))) / len(churn)
+                )
+                runs["chunks_delta"].append(
+                    await cpu(store.write_nodes(c, after, changed)) / len(churn)
+                )
+            for k, v in runs.items():
+                out[f"{form}_{k}_cpu_us_per_node"] = round(statistics.median(v) * 1e6, 2)
+            loaded = (await store.load()).nodes[f"{form}-0"]
+            assert loaded == after, "the chunks do not load back as written"
+        return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decode", action="store_true", help="snapshot decode CPU per node")
@@ -354,6 +438,10 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=5, help="--decode/--apply: runs (best is kept)"
     )
+    parser.add_argument(
+        "--persist", action="store_true", help="persisting a member's inventory: CPU per node"
+    )
+    parser.add_argument("--etcd", help="--persist: host:port of an etcd (default: start one)")
     parser.add_argument("--state-dir", type=Path, help="a running sandbox")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rate", type=float, default=25.0)
@@ -364,6 +452,9 @@ def main() -> None:
         return
     if args.apply:
         print(json.dumps(apply_bench(args.nodes, args.repeat)))
+        return
+    if args.persist:
+        print(json.dumps(persist_bench(args.nodes, args.repeat, args.etcd)))
         return
     if args.state_dir is None:
         parser.error("--state-dir is required (or --decode)")

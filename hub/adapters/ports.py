@@ -12,7 +12,7 @@ Kubernetes client's ``ApiException``, which :func:`gpufed.sync.retry.verdict_of`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,9 +128,10 @@ class StateStore(Protocol):
         ...
 
     async def write_nodes(
-        self, cluster: str, upserts: Iterable[NodeInventory], removed: Iterable[str]
+        self, cluster: str, nodes: Mapping[str, NodeInventory], changed: Iterable[str]
     ) -> None:
-        """Persist changed and removed nodes of one member."""
+        """Persist one member's inventory ``nodes`` (name -> node) after the ``changed`` names
+        were upserted or removed."""
         ...
 
 

@@ -19,7 +19,11 @@ key (after the prefix)                 value
 ``reservations/<uid>``                 reservation ledger entry (JSON of ``Reservation``); for
                                        a waiting preemptor, its hold on the freed nodes
 ``clusters/<cluster>/meta``            :class:`MemberMeta`: served kinds, agent version, lost mark
-``clusters/<cluster>/nodes/<node>``    :class:`NodeInventory`: the last good inventory, per node
+``clusters/<cluster>/nodechunks/       the last good inventory, in chunks of the nodes of one
+<bucket>/<part>``                      bucket (:mod:`gpufed.hub.adapters.nodechunks`)
+``clusters/<cluster>/nodes/<node>``    :class:`NodeInventory` (the release before wrote the
+                                       inventory per node): read, and deleted at the member's
+                                       first write
 =====================================  =========================================================
 
 Every write is a transaction guarded by ``value(leader) == <this hub's id>``, so a replica
@@ -37,9 +41,8 @@ Transient etcd errors (unavailable, timeouts) are retried here, once, with jitte
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, islice
 from typing import Any, TypeVar
 
 import aetcd
@@ -53,6 +56,13 @@ from tenacity import (
 
 from gpufed.api.errors import GpufedError, PermanentError, TransientError
 from gpufed.api.inventory import NodeInventory
+from gpufed.hub.adapters.nodechunks import (
+    BUCKETS,
+    bucket_of,
+    decode_chunk,
+    encode_chunk,
+    encode_parts,
+)
 from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
@@ -132,6 +142,23 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 LOAD_PAGE = 500
 #: Largest gRPC message the etcd client accepts (gRPC's default is 4 MiB).
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+#: Most value bytes in one inventory transaction (etcd's ``--max-request-bytes`` is 1.5 MiB).
+TXN_BYTES = 1024 * 1024
+#: Most nodes encoded for one inventory transaction (~1-3 µs each, so a few ms of the event
+#: loop at a time).
+TXN_NODES = 1024
+
+
+@dataclass
+class _Index:
+    """What one member's stored chunks hold, by bucket: the node names in its parts, its part
+    count, and the names of its node keys (``<bucket>/n/<node>``, newer than the parts)."""
+
+    names: dict[int, set[str]] = field(default_factory=dict)
+    parts: dict[int, int] = field(default_factory=dict)
+    loose: dict[int, set[str]] = field(default_factory=dict)
+    #: names of the per-node keys of the release before (``clusters/<cluster>/nodes/<node>``)
+    legacy: dict[int, set[str]] = field(default_factory=dict)
 
 
 class Store:
@@ -146,6 +173,10 @@ class Store:
         self.prefix = prefix
         self.hub_id = hub_id
         self._leader_key = self._k("leader")
+        #: each member's stored chunks as this replica last loaded or wrote them
+        self._index: dict[str, _Index] = {}
+        #: members whose next :meth:`write_nodes` rewrites every chunk (stored form unknown)
+        self._rewrite: set[str] = set()
 
     @classmethod
     async def connect(
@@ -459,22 +490,103 @@ class Store:
         )
 
     async def write_nodes(
-        self, cluster: str, upserts: Iterable[NodeInventory], removed: Iterable[str]
+        self, cluster: str, nodes: Mapping[str, NodeInventory], changed: Iterable[str]
     ) -> None:
-        """Persist changed and removed nodes of one member (batched, guarded: puts, then
-        deletes, ``_MAX_OPS`` a transaction). Each batch's JSON is made just before it is
-        written, so a member's whole inventory is never held as JSON at once (issue 25: with
-        members' writes in flight together that was ~300 bytes a node of the hub's peak RSS)."""
+        """Persist one member's inventory after ``changed`` nodes were upserted or removed:
+        ``nodes`` is the member's whole inventory now (name -> node), ``changed`` the names
+        added, changed or gone since the last write (layout: :mod:`~gpufed.hub.adapters.
+        nodechunks`). In a bucket with a few changed nodes and none of its parts' nodes gone,
+        each changed node is written as a node key of its own (``<bucket>/n/<node>``, one put,
+        as cheap as the per-node keys of the release before); once they would be more than
+        half of its parts' nodes, or one of those left, the bucket is rewritten whole (its
+        parts, node keys deleted). Every bucket is rewritten, and the per-node keys of the
+        release before deleted, when this member's stored form is not known to match (an
+        upgrade, a write that failed). Guarded, in transactions of at most ``_MAX_OPS`` ops,
+        :data:`TXN_BYTES` and :data:`TXN_NODES` nodes (the event loop is free between two; a
+        value's JSON is made just before its transaction). Raises as the other writes."""
+        index = self._index.setdefault(cluster, _Index())
+        full = cluster in self._rewrite
+        by_bucket: dict[int, set[str]] = {}
+        for name in nodes if full else changed:
+            by_bucket.setdefault(bucket_of(name), set()).add(name)
+        self._rewrite.add(cluster)  # until this write went through
         tx = self._client.transactions
-        ops = chain(
-            (
-                tx.put(self._k("clusters", cluster, "nodes", n.name), n.model_dump_json().encode())
-                for n in upserts
-            ),
-            (tx.delete(self._k("clusters", cluster, "nodes", name)) for name in removed),
-        )
-        while batch := list(islice(ops, _MAX_OPS)):
-            await self._guarded(batch)
+        batch: list[Any] = []
+        size = count = 0
+        for b in range(BUCKETS) if full else sorted(by_bucket):
+            names = index.names.setdefault(b, set())
+            loose = index.loose.setdefault(b, set())
+            todo = by_bucket.get(b, set())
+            if full:
+                names.clear()
+                loose.clear()
+            ops: list[Any] = [
+                tx.delete(self._k("clusters", cluster, "nodes", name))
+                for name in index.legacy.get(b, ())
+            ]  # the release before's keys go with the bucket's first write (~60 at most)
+            ups = [n for name in todo if (n := nodes.get(name)) is not None]
+            gone = todo.difference(nodes) if len(ups) != len(todo) else set()
+            half = len(names) // 2
+            if not full and len(todo) <= half and not (gone & names) and len(loose | todo) <= half:
+                added = 0
+                for n in ups:  # node keys of their own
+                    v = encode_chunk((n,))
+                    ops.append(tx.put(self._chunk_key(cluster, b, node=n.name), v))
+                    added += len(v)
+                for name in gone:
+                    ops.append(tx.delete(self._chunk_key(cluster, b, node=name)))
+                loose |= todo
+                loose -= gone
+                encoded = len(ups)
+            else:  # the bucket whole
+                if names or loose or gone:
+                    names |= loose
+                    names |= todo
+                    names -= gone
+                    members = [n for name in names if (n := nodes.get(name)) is not None]
+                    if len(members) != len(names):
+                        names.intersection_update(nodes)
+                else:  # nothing stored yet (a new member): the changed nodes are all of it
+                    names |= todo
+                    members = ups
+                parts = encode_parts(members)
+                ops += [tx.put(self._chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
+                if full or loose or len(parts) < index.parts.get(b, 0):
+                    # parts past the new last one, and every node key (they sort after)
+                    ops.append(
+                        tx.delete(
+                            self._chunk_key(cluster, b, len(parts)),
+                            range_end=aetcd.utils.prefix_range_end(self._chunk_key(cluster, b)),
+                        )
+                    )
+                index.parts[b] = len(parts)
+                loose.clear()
+                added, encoded = sum(map(len, parts)), len(members)
+            if batch and (
+                len(batch) + len(ops) > _MAX_OPS
+                or size + added > TXN_BYTES
+                or count + encoded > TXN_NODES
+            ):
+                await self._guarded(batch)
+                batch, size, count = [], 0, 0
+            batch += ops
+            size += added
+            count += encoded
+        await self._guarded(batch)
+        index.legacy.clear()
+        self._rewrite.discard(cluster)
+
+    def _chunk_key(
+        self, cluster: str, bucket: int, part: int | None = None, *, node: str = ""
+    ) -> bytes:
+        """``clusters/<cluster>/nodechunks/<bucket>/<part>``, ``.../<bucket>/n/<node>`` (a
+        node key), or the bucket's prefix (neither)."""
+        b = f"{bucket:03d}"
+        if node:
+            return self._k("clusters", cluster, "nodechunks", b, "n", node)
+        if part is None:
+            return self._k("clusters", cluster, "nodechunks", b, "")
+        return self._k("clusters", cluster, "nodechunks", b, f"{part:03d}")
 
     async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
         """One job record and its revision (after an ambiguous placement write)."""
@@ -502,6 +614,8 @@ class Store:
         end = aetcd.utils.prefix_range_end(prefix)
         start, revision = prefix, 0
         out: Loaded | None = None
+        self._index, self._rewrite = {}, set()
+        legacy: dict[str, dict[str, NodeInventory]] = {}
         while True:
             # Pages of LOAD_PAGE keys, every page at the first page's revision (one consistent
             # view): etcd answers a range in one gRPC message, and a fleet's inventory is far
@@ -521,12 +635,57 @@ class Store:
             for kv in page.kvs:
                 key = kv.key.decode()[len(self.prefix) :]
                 try:
-                    _load_one(out, key.split("/"), kv.value, kv.mod_revision)
+                    match key.split("/"):
+                        case ["clusters", cluster, "nodechunks", b, p]:
+                            self._load_chunk(out, cluster, int(b), p, kv.value)
+                        case ["clusters", cluster, "nodechunks", b, "n", name]:
+                            self._load_chunk(out, cluster, int(b), None, kv.value, name)
+                        case ["clusters", cluster, "nodes", name]:
+                            node = NodeInventory.model_validate_json(kv.value)
+                            legacy.setdefault(cluster, {})[node.name] = node
+                            index = self._index.setdefault(cluster, _Index())
+                            index.legacy.setdefault(bucket_of(name), set()).add(name)
+                            self._rewrite.add(cluster)
+                        case parts:
+                            _load_one(out, parts, kv.value, kv.mod_revision)
                 except ValueError as exc:
                     raise StoreError(f"etcd key {self.prefix}{key}: {exc}") from exc
             if not page.more or not page.kvs:
+                # Per-node keys of the release before: a bucket's go in the transaction that
+                # first writes it, so the two never hold one node (what a chunk holds wins).
+                for cluster, nodes in legacy.items():
+                    out.nodes[cluster] = {**nodes, **out.nodes.get(cluster, {})}
                 return out
             start = bytes(page.kvs[-1].key) + b"\0"
+
+    def _load_chunk(
+        self,
+        out: Loaded,
+        cluster: str,
+        bucket: int,
+        part: str | None,
+        value: bytes,
+        node_key: str = "",
+    ) -> None:
+        """One chunk part (``part``) or node key (``node_key``: the node's name) into ``out``
+        and the member's index; ``ValueError`` when it does not decode. A node key is newer
+        than its bucket's parts (and sorts after them). A node outside its bucket marks the
+        member for a whole rewrite."""
+        index = self._index.setdefault(cluster, _Index())
+        if part is not None:
+            index.parts[bucket] = max(index.parts.get(bucket, 0), int(part) + 1)
+            names = index.names.setdefault(bucket, set())
+        else:
+            names = index.loose.setdefault(bucket, set())
+        nodes = out.nodes.setdefault(cluster, {})
+        decoded = decode_chunk(value)
+        if node_key and [n.name for n in decoded] != [node_key]:
+            raise ValueError(f"a node key holds {[n.name for n in decoded]!r:.200}")
+        for node in decoded:
+            nodes[node.name] = node
+            names.add(node.name)
+            if bucket_of(node.name) != bucket:
+                self._rewrite.add(cluster)
 
     async def _range(self, request: Any) -> Any:
         """One etcd Range request (aetcd's ``get_prefix`` has no ``limit``), its gRPC errors
@@ -562,9 +721,6 @@ def _load_one(out: Loaded, parts: list[str], value: bytes, revision: int) -> Non
             out.fair_share = FairShareRecord.model_validate_json(value)
         case ["recentnodes"]:
             out.recent_nodes = RecentNodesRecord.model_validate_json(value)
-        case ["clusters", cluster, "nodes", _node]:
-            node = NodeInventory.model_validate_json(value)
-            out.nodes.setdefault(cluster, {})[node.name] = node
         case _:
             pass  # the leader key and anything a newer hub wrote
 

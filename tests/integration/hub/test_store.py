@@ -127,8 +127,10 @@ async def test_a_standby_takes_over_when_the_leader_stops_renewing(
 async def test_inventory_and_member_meta_round_trip(store: Store) -> None:
     await lead(store)
     nodes = [NodeInventory(name=f"n{i}", nvlink_domain=f"node:n{i}") for i in range(150)]
-    await store.write_nodes("m1", nodes, [])
-    await store.write_nodes("m1", [], ["n0", "n1"])
+    by_name = {n.name: n for n in nodes}
+    await store.write_nodes("m1", by_name, list(by_name))
+    del by_name["n0"], by_name["n1"]
+    await store.write_nodes("m1", by_name, ["n0", "n1"])
     await store.put_member_meta("m1", MemberMeta(agent_version="0.1.0", lost_at=5.0))
     loaded = await store.load()
     assert sorted(loaded.nodes["m1"]) == sorted(f"n{i}" for i in range(2, 150))
@@ -220,8 +222,10 @@ async def test_the_leader_loads_a_state_larger_than_one_grpc_message(store: Stor
         for i in range(6_000)
     ]
     stored = sum(len(n.model_dump_json()) for n in nodes)
-    await store.write_nodes("big", nodes[:3_000], ())
-    await store.write_nodes("big", nodes[3_000:], ())
+    first = {n.name: n for n in nodes[:3_000]}
+    await store.write_nodes("big", first, list(first))
+    every = {n.name: n for n in nodes}
+    await store.write_nodes("big", every, [n.name for n in nodes[3_000:]])
     await store.place(job(), work(), "{}", expect_job_revision=None)
     loaded = await store.load()
     assert set(loaded.nodes["big"]) == {n.name for n in nodes}

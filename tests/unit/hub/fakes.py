@@ -12,7 +12,7 @@ import asyncio
 import base64
 import collections
 import copy
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,14 +209,15 @@ class FakeStore:
         self.metas.append((cluster, meta))
 
     async def write_nodes(
-        self, cluster: str, upserts: Iterable[NodeInventory], removed: Iterable[str]
+        self, cluster: str, nodes: Mapping[str, NodeInventory], changed: Iterable[str]
     ) -> None:
         self.calls.append("write_nodes")
         stored = self.nodes.setdefault(cluster, {})
-        for n in upserts:
-            stored[n.name] = n
-        for name in removed:
-            stored.pop(name, None)
+        for name in changed:
+            if name in nodes:
+                stored[name] = nodes[name]
+            else:
+                stored.pop(name, None)
 
 
 @dataclass

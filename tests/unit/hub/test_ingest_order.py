@@ -63,3 +63,24 @@ async def test_a_joining_member_shows_its_nodes_without_waiting_for_the_periodic
     last = written[-1]
     assert last.get("nodes") == 3, last
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in last["conditions"])
+
+
+async def test_the_periodic_flush_writes_inventory_after_the_applies_waiting() -> None:
+    """Persisting nodes does not compete with members' snapshot applies on the event loop: a
+    flush that finds applies running or queued writes after them (issue 25)."""
+    t = Term()
+    for name in ("m1", "m2"):
+        t.ctrl.members.on_event("ADDED", membercluster_obj(name))
+    count = 4 * members_module.SNAPSHOT_STEP_NODES
+    await t.ctrl.members.take_snapshot(t.ctrl.state.member("m1"), snapshot("m1", 5))
+    applying = asyncio.create_task(
+        t.ctrl.members.take_snapshot(t.ctrl.state.member("m2"), snapshot("m2", count))
+    )
+    await asyncio.sleep(0)  # m2's apply holds the ingest lock, part-way
+    flush = asyncio.create_task(t.ctrl.members.flush())
+    while not applying.done():
+        assert "write_nodes" not in t.store.calls, "a write ran while an apply was under way"
+        await asyncio.sleep(0)
+    await flush
+    assert set(t.store.nodes) == {"m1", "m2"}
+    assert len(t.store.nodes["m2"]) == count
