@@ -163,3 +163,14 @@ def test_a_valid_minimal_value_decodes() -> None:
         b" true, false, 0, 1, {}, {}, null, -1]]}"
     )
     assert nc.decode_chunk(value) == [NodeInventory(name="n", nvlink_domain="node:n")]
+
+
+def test_the_chunk_form_covers_every_field_of_a_node() -> None:
+    """A field added to NodeInventory or Taint must be added to the chunk's row (and FORMAT
+    raised), or a failover would load nodes without it: this fails until it is."""
+    assert list(NodeInventory.model_fields) == [
+        "name", "labels", "gpu_product", "mig_strategy", "nvlink_domain", "rack", "block",
+        "ready", "unschedulable", "taints", "allocatable", "requested", "job_requests",
+        "degraded", "dra_gpus",
+    ]  # fmt: skip
+    assert list(Taint.model_fields) == ["key", "value", "effect"]
