@@ -7,7 +7,7 @@ GPUs) or of several nodes gets room on a fleet whose nodes never empty on their 
 that would run past that drain (its own limit ends later, or it has none) is first tried off
 such nodes, with the whole free nodes of ``spare_whole_nodes_s`` (:func:`spare_draining`); if
 it finds no room elsewhere it is tried again after the pass, anywhere (``schedule_pass``'s
-``spare`` stage), so no job waits longer for it than one pass.
+``spare`` stage), so it still starts in the same pass when it fits anywhere.
 """
 
 from __future__ import annotations
