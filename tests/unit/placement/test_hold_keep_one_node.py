@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from placement_builders import hgx_cluster, job
@@ -17,7 +18,10 @@ from test_simreport import run
 
 from gpufed.placement import FleetSnapshot, Policy, hold_for
 from gpufed.placement.queue import BackfillRule, Hold
+from gpufed.placement.sim import simulate as sim_module
+from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simulate import simulate
+from gpufed.placement.sim.timelimits import TimeLimitModel, with_time_limits
 from gpufed.placement.sim.trace import TraceJob
 
 NODES = ["a-n000", "a-n001", "a-n002", "a-n003"]
@@ -158,3 +162,48 @@ def test_in_the_simulator_a_one_node_holder_keeps_its_node_across_passes() -> No
     assert (fresh["big"], fresh["s"]) == (990.0, 500.0)
     kept = _sim(keep=True)
     assert (kept["big"], kept["s"]) == (990.0, 0.0)
+
+
+def _one_node_stream() -> list[TraceJob]:
+    """1-GPU jobs of 1,500 s every 100 s (15 at once on 16 GPUs) and an 8-GPU job at 5,000 s,
+    which starves and holds a node; limits drawn by the simulator's default model."""
+    small = [TraceJob(f"s{i}", i * 100.0, 1, 1_500.0, 1, "Preferred") for i in range(700)]
+    big = TraceJob("big", 5_000.0, 8, 1_000.0, 8, "Preferred")
+    return with_time_limits(sorted([*small, big], key=lambda j: j.submit_s), TimeLimitModel())
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        BackfillRule(hold_nodes="earliest-drain", hold_keep_one_node=True),
+        BackfillRule(
+            hold_nodes="earliest-drain-multi",
+            oldest_first_one_pod_s=14_400,
+            hold_busy_nodes=True,
+            hold_busy_by_drain=True,
+            hold_keep_one_node=True,
+        ),
+    ],
+    ids=["earliest-drain + keep", "busy by drain + keep"],
+)
+def test_with_keep_the_one_node_job_still_waits_at_most_sixteen_hours_and_a_drain(
+    rule: BackfillRule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The starvation bound (as test_backfill's, drawn limits), with the kept hold in use."""
+    kept: list[Hold] = []
+
+    def spy(*args: Any, **kw: Any) -> Hold | None:
+        if kw.get("keep") is not None:
+            kept.append(kw["keep"])
+        return hold_for(*args, **kw)
+
+    monkeypatch.setattr(sim_module, "hold_for", spy)
+    jobs = _one_node_stream()
+    drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
+    res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=rule)
+    assert res.placed == res.jobs
+    [rec] = [r for r in res.records if r.job_id == "big"]
+    assert rec.wait_s is not None
+    assert rec.wait_s <= 57_600 + drain
+    assert kept  # the holder kept its node in some pass
+    assert class_report(res.records)["backfill_limit_hits"] == 0

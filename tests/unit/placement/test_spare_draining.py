@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from placement_builders import hgx_cluster
+from test_hold_keep_one_node import _one_node_stream
 from test_simreport import run
 
 from gpufed.placement.queue import BackfillRule
+from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simulate import simulate
 from gpufed.placement.sim.trace import TraceJob
 
@@ -78,3 +80,19 @@ def test_the_simulator_takes_the_flag(tmp_path: Path) -> None:
     assert json.loads(out)["placed"] == 3
     code, out = run(tmp_path, "--policy", "gpufed", "--queue-spare-draining", "-1")
     assert code == 2
+
+
+def test_with_spare_draining_the_one_node_job_still_waits_at_most_sixteen_hours_and_a_drain() -> (
+    None
+):
+    """The starvation bound (as test_backfill's, drawn limits): sparing changes where a fresh
+    job goes first, not whether the starving job holds."""
+    jobs = _one_node_stream()
+    drain = max(j.time_limit_s or 0.0 for j in jobs if j.job_id != "big")
+    rule = BackfillRule(hold_nodes="earliest-drain", spare_draining_s=3_600)
+    res = simulate([hgx_cluster("a", nodes=2)], jobs, "gpufed", backfill=rule)
+    assert res.placed == res.jobs
+    [rec] = [r for r in res.records if r.job_id == "big"]
+    assert rec.wait_s is not None
+    assert rec.wait_s <= 57_600 + drain
+    assert class_report(res.records)["backfill_limit_hits"] == 0
