@@ -60,8 +60,8 @@ def spare_draining(
     partly used nodes expected to drain (:func:`drain_ends`) after ``now`` and within
     ``within_s`` seconds whose drain the job would delay (``now`` + its time limit past the
     drain end; a job without a limit delays every one), as holds by member (no estimated
-    start: nothing borrows them). The drain ends are read once, at the first call (within a
-    pass nodes only fill up)."""
+    start: nothing borrows them). The drain ends are read once, at the first call: a node a
+    job of the pass lands on stays listed, as before that job, for the rest of the pass."""
     ends: dict[str, list[tuple[str, float]]] | None = None
 
     def spare(request: PlacementRequest) -> Mapping[str, Hold]:
