@@ -250,6 +250,13 @@ def simulate_command(
         "GPU when every node of the pool is full, the first by name (earliest-drain: the one "
         "where it is expected to start first; off: it holds nothing there).",
     ),
+    keep_one_node_hold: str = typer.Option(
+        "off",
+        "--queue-keep-one-node-hold",
+        help="Policy gpufed: on, a starving job of one GPU pod holds again the nodes it held "
+        "in the last pass while they can still take it (the other rules choose only for a "
+        "new holder); off: every pass chooses afresh.",
+    ),
     carry_holds: str = typer.Option(
         "on" if DEFAULT_CARRY_HOLDS else "off",
         "--queue-carry-holds",
@@ -265,6 +272,14 @@ def simulate_command(
         "used nodes and, if it finds no room there, again after the pass's other jobs: whole "
         "free nodes go first to the jobs that need them whole (0: off; the hub's flag of the "
         "same name and default).",
+    ),
+    spare_draining_s: float = typer.Option(
+        0.0,
+        "--queue-spare-draining",
+        min=0,
+        help="Policy gpufed, with --queue-spare-whole-nodes: seconds; the partly used nodes "
+        "whose running jobs all end by their limits within this long are spared too, from "
+        "the jobs that would run past that drain (0: off).",
     ),
     old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
     old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
@@ -361,6 +376,8 @@ def simulate_command(
         raise typer.BadParameter(
             "use on, off or earliest-drain", param_hint="--queue-hold-busy-nodes"
         )
+    if keep_one_node_hold not in ("on", "off"):
+        raise typer.BadParameter("use on or off", param_hint="--queue-keep-one-node-hold")
     if retry not in ("on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--retry")
     if checkpoint_s is not None and not checkpoint_s > 0:
@@ -417,6 +434,8 @@ def simulate_command(
         oldest_first_one_pod_s=oldest_first_one_pod_s,
         hold_busy_nodes=hold_busy_nodes != "off",
         hold_busy_by_drain=hold_busy_nodes == "earliest-drain",
+        hold_keep_one_node=keep_one_node_hold == "on",
+        spare_draining_s=spare_draining_s,
     )
     try:
         members = load_fleet(fleet)

@@ -38,6 +38,7 @@ def hold_for(
     now: float = 0.0,
     busy: bool = False,
     busy_start_on: NodeStart | None = None,
+    keep: Hold | None = None,
 ) -> Hold | None:
     """The nodes a starving job should hold (:mod:`.queue`), or None.
 
@@ -60,6 +61,15 @@ def hold_for(
     ``busy_start_on`` (with ``busy``; ``BackfillRule.hold_busy_by_drain``): that full node is
     the one where the job is expected to start first (as ``start_on``; unknown starts last,
     ties by name) instead of the first by name.
+
+    ``keep`` (``BackfillRule.hold_keep_one_node``; the caller passes the hold this job took in
+    the last pass): a job of one GPU pod holds those nodes again, before any other choice
+    (``start_on``, ``busy``, most free), while their member still passes the filters below and
+    is not held whole in ``avoid``, every one of them is still in one pool of that member and
+    not in ``avoid``, and they would hold the job once drained; otherwise the choice is made
+    afresh. So a one-node job's hold stays on the node that has been draining for it instead of
+    moving to whichever node is now expected to drain first (docs/benchmarks.md, issue 29,
+    ``backfill8``). A job of several pods ignores it.
 
     ``avoid``: holds already taken in the pass (member -> hold); their nodes are not chosen
     again (a whole-member hold: that member is skipped), so several starving jobs of one shape
@@ -92,6 +102,8 @@ def hold_for(
         if taken is not None and not taken.nodes:
             continue  # the whole member is held already
         skip = taken.nodes if taken is not None else frozenset()
+        if keep is not None and _keeps(job, keep, c, pool, skip):
+            return Hold(c.name, frozenset(keep.nodes), f"held for {request.job}")
         if pool is not None and start_on is not None:
             drained = _nodes_by_drain(job, pool, skip, partial(start_on, c.name), free_first, now)
             if drained is not None:
@@ -115,6 +127,21 @@ def hold_for(
     if best is None:
         return None
     return Hold(best[1], best[2], f"held for {request.job}")
+
+
+def _keeps(
+    job: JobShape, keep: Hold, c: ClusterState, pool: PoolState | None, skip: Set[str]
+) -> bool:
+    """Whether ``job`` (one GPU pod) holds ``keep``'s nodes again in ``pool`` of ``c``
+    (``hold_for``'s ``keep``): all of them in the pool, none in ``skip``, and the job fits
+    them drained."""
+    if pool is None or job.gpu_pods != 1 or keep.cluster != c.name:
+        return False
+    if not keep.nodes or not skip.isdisjoint(keep.nodes):
+        return False
+    nodes = [pool.nodes.get(name) for name in sorted(keep.nodes)]
+    kept = [n for n in nodes if n is not None]
+    return len(kept) == len(nodes) and _drained_fits(job, kept)
 
 
 #: ``hold_for``'s ``free_first``: how much later than the earliest start a hold of several

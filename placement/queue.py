@@ -166,7 +166,15 @@ class BackfillRule(BaseModel):
     HGX node may hold a node with no free GPU when every node of the pool is full
     (``hold_for``'s ``busy``; the caller passes it); ``hold_busy_by_drain`` (default off;
     with ``hold_busy_nodes``): that full node is the one where the job is expected to start
-    first, not the first by name (``hold_for``'s ``busy_start_on``; the caller passes it).
+    first, not the first by name (``hold_for``'s ``busy_start_on``; the caller passes it);
+    ``hold_keep_one_node`` (default off): a starving job of one GPU pod holds again the nodes
+    it held in the last pass while they can still take it, the other rules choosing only for
+    a new holder (``hold_for``'s ``keep``; the caller passes the last pass's hold, from
+    ``PassResult.taken``), so its hold stays on the node draining for it (docs/benchmarks.md,
+    issue 29, ``backfill8``); ``spare_draining_s`` (seconds, default 0: off; with
+    ``spare_whole_nodes_s``): the partly used nodes whose running jobs all end, by their
+    limits, within this long are spared too, from the jobs that would run past that drain
+    (the caller's ``spare``; the simulator's :mod:`gpufed.placement.sim.simdrain`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -188,6 +196,8 @@ class BackfillRule(BaseModel):
     oldest_first_one_pod_s: float | None = Field(default=None, ge=0)
     hold_busy_nodes: bool = False
     hold_busy_by_drain: bool = False
+    hold_keep_one_node: bool = False
+    spare_draining_s: float = Field(default=0.0, ge=0)
 
     def oldest_first_for(self, request: PlacementRequest) -> float:
         """Seconds ``request`` waits before it is walked oldest first and holds whatever the

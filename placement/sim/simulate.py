@@ -62,9 +62,10 @@ from gpufed.placement.engine import place
 from gpufed.placement.fairshare import DEFAULT_HALF_LIFE_S
 from gpufed.placement.holds import hold_for, whole_free_nodes
 from gpufed.placement.policy import Policy
-from gpufed.placement.queue import BackfillRule, Hold, pass_key, schedule_pass
+from gpufed.placement.queue import BackfillRule, Hold, gpu_pods_of, pass_key, schedule_pass
 from gpufed.placement.shape import JobShape
 from gpufed.placement.sim.simbaselines import run_baseline
+from gpufed.placement.sim.simdrain import spare_draining
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simfirstadmit import run_first_admit
 from gpufed.placement.sim.simpreempt import SimPreemption, preempt_after_pass
@@ -72,6 +73,7 @@ from gpufed.placement.sim.simquota import QueueSim
 from gpufed.placement.sim.simstate import SimResult, _drain, _Run, _Sim, request_of
 from gpufed.placement.sim.timelimits import SCATTER_SLOWDOWN
 from gpufed.placement.sim.trace import TraceError, TraceJob, read_trace
+from gpufed.placement.snapshot import FleetSnapshot
 
 __all__ = [
     "HORIZON_AFTER_LAST_ARRIVAL_S",
@@ -211,6 +213,20 @@ def simulate(
     return result
 
 
+def _spare(
+    sim: _Sim, snapshot: FleetSnapshot, now: float, rule: BackfillRule
+) -> Callable[[PlacementRequest], Mapping[str, Hold]] | None:
+    """``schedule_pass``'s ``spare`` for one pass: the whole free nodes
+    (``spare_whole_nodes_s``), with ``spare_draining_s`` also the nodes about to drain
+    (:func:`~gpufed.placement.sim.simdrain.spare_draining`); None when off."""
+    if rule.spare_whole_nodes_s <= 0:
+        return None
+    whole = whole_free_nodes(snapshot)
+    if rule.spare_draining_s <= 0:
+        return whole
+    return spare_draining(sim, snapshot, now, rule.spare_draining_s, whole)
+
+
 def _run_gpufed(
     sim: _Sim,
     horizon: float,
@@ -270,6 +286,7 @@ def _run_gpufed(
             now=now,
             busy=rule.hold_busy_nodes,
             busy_start_on=node_start if rule.hold_busy_by_drain else None,
+            keep=kept.get(req.uid),
         )
 
     def hold_start(req: PlacementRequest, hold: Hold) -> float | None:
@@ -283,6 +300,7 @@ def _run_gpufed(
         return (req.queue, key) if gate is not None and gate.enforce else key
 
     carried: list[tuple[PlacementRequest, Hold]] = []  # the last pass's holds (carry_holds)
+    kept: dict[str, Hold] = {}  # one-pod holder UID -> its last pass's hold (hold_keep_one_node)
     for now, finished, arrived, node_events in _drain(sim, horizon):
         if qs is not None:
             qs.sample_until(now)
@@ -318,10 +336,12 @@ def _run_gpufed(
             hold_start=hold_start if rule.backfill_by_limit else None,
             hold_avoiding=avoiding if rule.holds_per_shape > 1 else None,
             carry=carried,
-            spare=whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None,
+            spare=_spare(sim, snapshot, now, rule),
             hold_rank=hold_idle if rule.hold_choice == "least-idle" else None,
         )
         carried = result.taken
+        if rule.hold_keep_one_node:
+            kept = {r.uid: h for r, h in result.taken if gpu_pods_of(r) == 1}
         for uid, borrowed in result.backfilled.items():
             run = sim.by_uid[uid]
             if run.backfill is None:
