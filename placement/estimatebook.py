@@ -15,8 +15,11 @@ between two preemptors only by the earlier plans: their victims leave (skipped, 
 freed) and their what-if placements are reserved. So per signature the book keeps every
 block's estimate (or that it has none) and, for the next preemptor of that signature,
 re-estimates only the blocks that hold a node of a new victim or of a new reservation; the
-rest are read back as they are. Blocks the priority bound (:class:`~.victimblocks.Bound`) passed
-over stay unread until the bound, rebuilt from the kept estimates, reaches them.
+rest are read back as they are. Blocks the bounds (:class:`~.victimblocks.Bound`: the priority
+and the :func:`~.victimblocks.block_floor` of the ``k``-th cheapest) passed over stay unread
+until the bounds, rebuilt from the kept estimates, reach them; they are read cheapest floor
+first (a heap per member, made once per signature), and a member whose pools' floors are all
+beyond the bound is passed over without listing its blocks.
 
 The estimates kept are those a full scan would give now, so the blocks tried, and the plan,
 are the same (``tests/unit/placement/test_estimatebook.py`` checks it against a full scan after

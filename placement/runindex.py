@@ -6,6 +6,9 @@ caller across decisions, :meth:`RunningIndex.add` / :meth:`RunningIndex.remove` 
 and end: the benchmark does), read by :mod:`.victims` for every decision: a decision reads only
 the pools of the GPU products its job accepts and, in them, the blocks of the level its job
 must sit in, instead of every running job of the fleet (docs/placement.md, "Preemption").
+Per block and per pool it keeps a :class:`Floor` of the jobs filed there, from which
+:func:`~gpufed.placement.victimblocks.block_floor` bounds the block's estimate, so a decision
+reads the blocks in that order and stops early.
 
 The index files a job under the pool and groups its nodes had when it was added. It stays
 true while the snapshot's nodes keep their pools and groups: what-ifs, reservations and pods

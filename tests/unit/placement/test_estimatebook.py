@@ -165,13 +165,14 @@ def brute_cheapest(
     quota: QuotaView | None,
     gone: list[Running],
     placed: list[Any],
+    now: float = NOW,
 ) -> list[tuple[Any, str]]:
-    """The ``max_blocks`` cheapest blocks' (SetKey, block key), by a scan of every running job
-    of each member the search reads (no index, no bound, no book)."""
-    s = Search(p, snap, POLICY, rules, NOW, None, quota, placed, gone)
+    """The ``max_blocks`` cheapest blocks' (SetKey, block key) at ``now``, by a scan of every
+    running job of each member the search reads (no index, no bound, no book)."""
+    s = Search(p, snap, POLICY, rules, now, None, quota, placed, gone)
     skip = {r.uid for r in gone} | {p.request.uid}
-    with freed(snap, gone, placed, NOW):
-        fits = place(p.request, snap, POLICY, NOW)
+    with freed(snap, gone, placed, now):
+        fits = place(p.request, snap, POLICY, now)
         never = {r.cluster for r in fits.rejections if r.code == "UnschedulableAndUnresolvable"}
         rows = []
         for name in sorted({r.cluster for r in runs}):
