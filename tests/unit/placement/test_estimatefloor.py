@@ -118,7 +118,7 @@ def tied_fleets(draw: Any) -> tuple[FleetSnapshot, list[Running]]:
         for i in range(draw(st.integers(2, 8))):
             n, jobs = f"{name}-n{i}", []
             for j in range(8 // size):
-                uid = f"{n}-j{j}"
+                uid = f"j{draw(st.integers(0, 99)):02d}-{n}-{j}"  # UIDs in no node order
                 jobs.append((uid, size))
                 start = draw(st.sampled_from([1000.0, 1000.0, NOW - 100]))
                 runs.append(
@@ -134,7 +134,8 @@ def tied_fleets(draw: Any) -> tuple[FleetSnapshot, list[Running]]:
                 )
             nodes.append(busy_node(n, jobs, product=H100))
         members.append(member(name, nodes))
-    return FleetSnapshot(members), runs
+    # filed in any order: a block's first job need not hold its least UID
+    return FleetSnapshot(members), draw(st.permutations(runs))
 
 
 def _change(live: list[Running], ended: list[Running], change: Any, now: float) -> str:
