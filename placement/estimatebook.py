@@ -15,8 +15,11 @@ between two preemptors only by the earlier plans: their victims leave (skipped, 
 freed) and their what-if placements are reserved. So per signature the book keeps every
 block's estimate (or that it has none) and, for the next preemptor of that signature,
 re-estimates only the blocks that hold a node of a new victim or of a new reservation; the
-rest are read back as they are. Blocks the priority bound (:class:`~.victimblocks.Bound`) passed
-over stay unread until the bound, rebuilt from the kept estimates, reaches them.
+rest are read back as they are. Blocks the bounds (:class:`~.victimblocks.Bound`: the priority
+and the :func:`~.victimblocks.block_floor` of the ``k``-th cheapest) passed over stay unread
+until the bounds, rebuilt from the kept estimates, reach them; they are read cheapest floor
+first (a heap per member, made once per signature), and a member whose pools' floors are all
+beyond the bound is passed over without listing its blocks.
 
 The estimates kept are those a full scan would give now, so the blocks tried, and the plan,
 are the same (``tests/unit/placement/test_estimatebook.py`` checks it against a full scan after
@@ -29,6 +32,8 @@ estimated in full, as before.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
@@ -36,10 +41,21 @@ from gpufed.api.decision import Decision
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running
 from gpufed.placement.runindex import BlockRuns, RunningIndex
-from gpufed.placement.victimblocks import Bound, Estimate, block_estimate, level_of
+from gpufed.placement.victimblocks import (
+    Bound,
+    Estimate,
+    FloorKey,
+    block_estimate,
+    block_floor,
+    level_of,
+)
 
 if TYPE_CHECKING:
     from gpufed.placement.victims import Search
+
+
+#: tie-breaks of the floor heaps (blocks are never compared)
+_TICK = itertools.count()
 
 
 def signature(s: Search, level: str) -> Hashable:
@@ -62,14 +78,19 @@ def signature(s: Search, level: str) -> Hashable:
 
 class _Member:
     """One member's kept blocks: each read block's estimate (None: it has none) and the
-    reasons its jobs are not eligible; the blocks the bound passed over, unread."""
+    reasons its jobs are not eligible; the blocks the bound passed over, unread, and the same
+    in :func:`~.victimblocks.block_floor` order (a heap, made on first need; an entry whose
+    block is no longer passed over is stale). ``filled``: False while the member was passed
+    over whole (by its pools' floors: its blocks not even listed yet)."""
 
-    __slots__ = ("passed", "reasons", "rows")
+    __slots__ = ("filled", "heap", "passed", "reasons", "rows")
 
     def __init__(self) -> None:
         self.rows: dict[BlockRuns, Estimate | None] = {}
         self.reasons: dict[BlockRuns, dict[str, str]] = {}
         self.passed: dict[BlockRuns, str] = {}  # block -> its pool's GPU product
+        self.heap: list[tuple[FloorKey, int, BlockRuns]] | None = None
+        self.filled = False
 
 
 class _Entry:
@@ -181,18 +202,32 @@ class EstimateBook:
         copy before :meth:`Estimate.block` (it keeps the filed block)."""
         level = level_of(s.job)
         assert level is not None
+        name, now, index = c.name, self.now, self.index
         m = entry.members.get(c.name)
         if m is None:
             m = entry.members[c.name] = _Member()
-            entry.dirty.pop(c.name, None)  # every block is read fresh
+        if not m.filled:
+            entry.dirty.pop(name, None)  # every block is read fresh
             products = s.job.products
-            for pool in c.pools_sorted():
-                if pool.slices or (products is not None and pool.product not in products):
-                    continue
-                for b in self.index.blocks(c.name, level, pool.key):
+            pools = [
+                p
+                for p in c.pools_sorted()
+                if not p.slices and (products is None or p.product in products)
+            ]
+            listed = [(p, index.blocks(name, level, p.key)) for p in pools]
+            # the member passed over whole while its pools' floors are beyond the bound
+            floors = [index.floor(name, level, p.key) for p in pools]
+            if all(f is None or bound.beyond(block_floor(f, now, name, "")) for f in floors):
+                count = sum(len(blocks) for _, blocks in listed)
+                if count:
+                    bound.passed[name] = bound.passed.get(name, 0) + count
+                return []
+            m.filled = True
+            for pool, blocks in listed:
+                for b in blocks:
                     m.passed[b] = pool.product
         else:
-            for b in entry.dirty.pop(c.name, ()):
+            for b in entry.dirty.pop(name, ()):
                 product = m.passed.get(b)
                 if product is None and b in m.rows:
                     n = c.nodes.get(b.node)
@@ -201,32 +236,41 @@ class EstimateBook:
                     m.reasons.pop(b, None)
                     if product is not None:
                         m.passed[b] = product
-        # the kept estimates first (they tighten the bound), then the blocks passed over that
-        # the bound reaches, in index order (the bound only falls: one pass is enough)
+                        if m.heap is not None:
+                            fk = block_floor(b, now, name, b.key)
+                            heapq.heappush(m.heap, (fk, next(_TICK), b))
+        # the kept estimates first (they tighten the bound), then the blocks passed over, in
+        # floor order, until the next floor is beyond the bound (the bound only falls)
         out: list[Estimate] = []
         for e in m.rows.values():
             if e is not None:
-                bound.add(e.head[0])
+                bound.found(e)
                 out.append(e)
         self.kept += len(m.rows)
-        read: list[BlockRuns] = []
-        for b in m.passed:
-            if b.low > bound.prio:
-                continue
-            read.append(b)
-            why: dict[str, str] = {}
-            e = block_estimate(s, c, b, level, m.passed[b], skip, why)
-            m.rows[b] = e
-            if why:
-                m.reasons[b] = why
-            if e is not None:
-                bound.add(e.head[0])
-                out.append(e)
-        for b in read:
-            del m.passed[b]
-        self.read += len(read)
         if m.passed:
-            bound.passed[c.name] = bound.passed.get(c.name, 0) + len(m.passed)
+            if m.heap is None:
+                m.heap = [(block_floor(b, now, name, b.key), next(_TICK), b) for b in m.passed]
+                heapq.heapify(m.heap)
+            heap = m.heap
+            while heap:
+                fk, _, b = heap[0]
+                if b not in m.passed:
+                    heapq.heappop(heap)  # stale: read since
+                    continue
+                if b.low > bound.prio or bound.beyond(fk):
+                    break
+                heapq.heappop(heap)
+                why: dict[str, str] = {}
+                e = block_estimate(s, c, b, level, m.passed.pop(b), skip, why)
+                self.read += 1
+                m.rows[b] = e
+                if why:
+                    m.reasons[b] = why
+                if e is not None:
+                    bound.found(e)
+                    out.append(e)
+        if m.passed:
+            bound.passed[name] = bound.passed.get(name, 0) + len(m.passed)
         for why in m.reasons.values():
             reasons.update(why)
         return out

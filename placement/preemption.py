@@ -24,6 +24,7 @@ it now and it did not preempt the preemptor less than ``cooldown_s`` ago.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -174,6 +175,20 @@ def work_lost_gpu_s(run: Running, now: float) -> float:
     elif run.checkpoint_interval_s:
         since = since % run.checkpoint_interval_s
     return run.gpu_count * since
+
+
+def cost_anchor(run: Running) -> float:
+    """When :func:`work_lost_gpu_s` starts counting ``run``'s work lost, in seconds on the
+    ``now`` clock, when that cost is ``gpu_count x max(0, now - anchor)`` (its reported
+    checkpoint, not before its start; else its start); ``inf`` when it is not (a checkpoint
+    interval and no reported checkpoint: the cost is then only known to be at least 0). A
+    victim's cost is at least ``gpus x max(0, now - anchor)`` for any ``gpus`` at most its GPUs
+    and ``anchor`` at least this (the cost floor of :func:`~.victimblocks.block_floor`)."""
+    if run.last_checkpoint is not None:
+        return max(run.last_checkpoint, run.started_at)
+    if run.checkpoint_interval_s:
+        return math.inf
+    return run.started_at
 
 
 def preemptible(run: Running, rules: PreemptionRules, now: float) -> str | None:

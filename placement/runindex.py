@@ -6,6 +6,9 @@ caller across decisions, :meth:`RunningIndex.add` / :meth:`RunningIndex.remove` 
 and end: the benchmark does), read by :mod:`.victims` for every decision: a decision reads only
 the pools of the GPU products its job accepts and, in them, the blocks of the level its job
 must sit in, instead of every running job of the fleet (docs/placement.md, "Preemption").
+Per block and per pool it keeps a :class:`Floor` of the jobs filed there, from which
+:func:`~gpufed.placement.victimblocks.block_floor` bounds the block's estimate, so a decision
+reads the blocks in that order and stops early.
 
 The index files a job under the pool and groups its nodes had when it was added. It stays
 true while the snapshot's nodes keep their pools and groups: what-ifs, reservations and pods
@@ -16,12 +19,12 @@ lacks is kept but filed nowhere until the member is re-indexed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Final
 
 from gpufed.placement.index import GroupState, NodeState, PoolKey
 from gpufed.placement.member import ClusterState
-from gpufed.placement.preemption import Running
+from gpufed.placement.preemption import Running, cost_anchor
 from gpufed.placement.snapshot import FleetSnapshot
 
 #: The block levels a job can require (:func:`gpufed.placement.victims.level_of`); ``""``: the
@@ -32,17 +35,47 @@ LEVELS: Final = ("nvlink", "rack", "block", "")
 Entry = tuple[Running, int]
 
 
-class BlockRuns:
+class Floor:
+    """Bounds over the jobs filed in a block (or a pool's blocks), loose once a job leaves (not
+    tightened then): ``low`` at most their lowest priority, ``gmin`` at most their fewest GPUs
+    (:attr:`~gpufed.placement.preemption.Running.gpu_count`), ``amax`` at least their latest
+    :func:`~gpufed.placement.preemption.cost_anchor`, ``umin`` at most their least UID. What
+    :func:`~gpufed.placement.victimblocks.block_floor` bounds a block's estimate with."""
+
+    __slots__ = ("amax", "gmin", "low", "umin")
+
+    def __init__(self, run: Running) -> None:
+        self.low = run.priority
+        self.gmin = run.gpu_count
+        self.amax = cost_anchor(run)
+        self.umin = run.uid
+
+    def add(self, run: Running) -> None:
+        """Widen the bounds to cover ``run``."""
+        if run.priority < self.low:
+            self.low = run.priority
+        g = run.gpu_count
+        if g < self.gmin:
+            self.gmin = g
+        a = cost_anchor(run)
+        if a > self.amax:
+            self.amax = a
+        if run.uid < self.umin:
+            self.umin = run.uid
+
+
+class BlockRuns(Floor):
     """The running jobs of one block of one pool: ``runs`` (uid -> :data:`Entry`), a node of
     the block (``node``) through which the block's live free and allocatable GPUs are read, and
-    ``low``: at most the lowest priority of its jobs (a bound: not raised when a job leaves)."""
+    the :class:`Floor` of its jobs (``low``: at most the lowest priority of its jobs, and so on;
+    bounds: not tightened when a job leaves)."""
 
-    __slots__ = ("key", "low", "node", "runs")
+    __slots__ = ("key", "node", "runs")
 
-    def __init__(self, key: str, node: str, low: int) -> None:
+    def __init__(self, key: str, node: str, run: Running) -> None:
+        super().__init__(run)
         self.key = key
         self.node = node
-        self.low = low
         self.runs: dict[str, Entry] = {}
 
     def free_cap(self, c: ClusterState, level: str) -> tuple[int, int] | None:
@@ -84,7 +117,7 @@ def block_key(n: NodeState, level: str) -> str | None:
 class _Member:
     """One member's part of the index: by pool, then level, then block."""
 
-    __slots__ = ("filed", "levels", "runs")
+    __slots__ = ("filed", "floors", "levels", "runs")
 
     def __init__(self) -> None:
         self.runs: dict[str, Running] = {}
@@ -92,6 +125,8 @@ class _Member:
         self.filed: dict[str, list[tuple[dict[str, BlockRuns], str]]] = {}
         #: level -> pool key -> block key -> BlockRuns (a level is filed on first demand)
         self.levels: dict[str, dict[PoolKey, dict[str, BlockRuns]]] = {}
+        #: level -> pool key -> the Floor of every job filed in the pool's blocks at that level
+        self.floors: dict[str, dict[PoolKey, Floor]] = {}
 
 
 class RunningIndex:
@@ -167,6 +202,7 @@ class RunningIndex:
         m = self._members.get(cluster)
         if m is not None:
             m.levels.clear()
+            m.floors.clear()
             m.filed.clear()
 
     def file_levels(self, levels: Iterable[str] = LEVELS) -> None:
@@ -176,7 +212,7 @@ class RunningIndex:
             for level in levels:
                 self.blocks(name, level, ("", False, (), ()))
 
-    def blocks(self, cluster: str, level: str, pool: PoolKey) -> Iterable[BlockRuns]:
+    def blocks(self, cluster: str, level: str, pool: PoolKey) -> Collection[BlockRuns]:
         """The blocks at ``level`` (one of :data:`LEVELS`) of one pool of ``cluster`` that run
         at least one filed job."""
         m = self._members.get(cluster)
@@ -185,9 +221,17 @@ class RunningIndex:
         pools = m.levels.get(level)
         if pools is None:
             pools = m.levels[level] = {}
+            m.floors[level] = {}
             for run in m.runs.values():
                 self._file(m, run, level, pools)
         return pools.get(pool, {}).values()
+
+    def floor(self, cluster: str, level: str, pool: PoolKey) -> Floor | None:
+        """The :class:`Floor` of every job filed in the blocks of :meth:`blocks` (call it after
+        :meth:`blocks`, which files the level); None when none was filed there. O(1)."""
+        m = self._members.get(cluster)
+        floors = m.floors.get(level) if m is not None else None
+        return floors.get(pool) if floors is not None else None
 
     def block_of(self, cluster: str, level: str, node: str) -> BlockRuns | None:
         """The block at ``level`` (one of :data:`LEVELS`) holding ``node`` of ``cluster``, as
@@ -224,9 +268,15 @@ class RunningIndex:
             blocks = pools.setdefault(n.pool.key, {})
             b = blocks.get(key)
             if b is None:
-                b = blocks[key] = BlockRuns(key, name, run.priority)
-            elif run.priority < b.low:
-                b.low = run.priority
+                b = blocks[key] = BlockRuns(key, name, run)
+            else:
+                b.add(run)
+            floors = m.floors.setdefault(level, {})
+            f = floors.get(n.pool.key)
+            if f is None:
+                floors[n.pool.key] = Floor(run)
+            else:
+                f.add(run)
             prev = b.runs.get(run.uid)
             b.runs[run.uid] = (run, gpus + (prev[1] if prev is not None else 0))
             if prev is None:

@@ -19,6 +19,7 @@ are those a scan of every running job gives.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from gpufed.api.errors import GpufedError
 from gpufed.placement.index import GroupState, NodeState, PoolState
 from gpufed.placement.member import ClusterState
 from gpufed.placement.preemption import Running, Victim, work_lost_gpu_s
-from gpufed.placement.runindex import BlockRuns, RunningIndex, block_group
+from gpufed.placement.runindex import BlockRuns, Floor, RunningIndex, block_group
 from gpufed.placement.shape import JobShape
 
 if TYPE_CHECKING:
@@ -238,19 +239,54 @@ class FleetChangedError(GpufedError, RuntimeError):
     ``RuntimeError``, like a dict changing size under a reader: the hub plans again)."""
 
 
-class Bound:
-    """The priority the ``k``-th cheapest estimate found so far reaches (across members): a
-    block none of whose jobs is below it cannot be among the ``k`` cheapest, and is passed
-    over unread (its estimate's first key, its highest victim priority, would be higher)."""
+#: A lower bound of an :meth:`Estimate.key` (:func:`block_floor`), compared with keys.
+FloorKey = tuple[tuple[int, float, int, str, tuple[str]], str]
 
-    __slots__ = ("counts", "k", "passed", "prio")
+
+def block_floor(f: Floor, now: float, cluster: str, bkey: str) -> FloorKey:
+    """A lower bound, in :meth:`Estimate.key` order, of the estimate of any block whose jobs
+    ``f`` bounds (:class:`~gpufed.placement.runindex.Floor`), in member ``cluster``, block key
+    ``bkey`` (``""``: any block of a pool), at ``now``, whatever the preemptor, its rules and
+    the victims skipped: ``(low, cost floor, 1, cluster, (umin,)), bkey``. The greedy victims'
+    highest priority is at least ``low``; at that priority their work lost is at least one
+    victim's, at least ``round(gmin x max(0, now - amax), 6)`` (float operations are monotone,
+    so the floor is exact against :func:`~gpufed.placement.preemption.work_lost_gpu_s`); they
+    are at least one; their sorted UIDs start at or after ``umin``. O(1)."""
+    cost = round(f.gmin * max(0.0, now - f.amax), 6)
+    return ((f.low, cost, 1, cluster, (f.umin,)), bkey)
+
+
+class Bound:
+    """The ``k`` cheapest estimates found so far (across members) and the priority the
+    ``k``-th reaches: a block none of whose jobs is below that priority, or whose
+    :func:`block_floor` is at or above the ``k``-th key (:meth:`beyond`), cannot be among the
+    ``k`` cheapest (keys are unique: the block key ends them), and is passed over unread."""
+
+    __slots__ = ("counts", "k", "keys", "passed", "prio")
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.prio: float = float("inf")
         self.counts: dict[int, int] = {}
+        #: the keys of the (at most) k cheapest estimates found, ascending
+        self.keys: list[tuple[SetKey, str]] = []
         #: blocks passed over, per member
         self.passed: dict[str, int] = {}
+
+    def found(self, e: Estimate) -> None:
+        """Count estimate ``e`` in (its priority, and its key among the k cheapest)."""
+        self.add(e.head[0])
+        keys = self.keys
+        if len(keys) >= self.k and e.head > keys[-1][0][:4]:
+            return  # not among the k cheapest: no need for its sorted UIDs
+        bisect.insort(keys, e.key())
+        if len(keys) > self.k:
+            keys.pop()
+
+    def beyond(self, floor: FloorKey) -> bool:
+        """Whether a block of this floor cannot be among the k cheapest."""
+        keys = self.keys
+        return len(keys) >= self.k and floor >= keys[-1]
 
     def add(self, prio: int) -> None:
         self.counts[prio] = self.counts.get(prio, 0) + 1
@@ -308,20 +344,42 @@ def _block_estimates(
     reasons: dict[str, str],
     bound: Bound,
 ) -> list[Estimate]:
-    """:func:`estimates` for a job that must sit in one block (:func:`block_estimate` per
-    block the bound does not pass over)."""
+    """:func:`estimates` for a job that must sit in one block: :func:`block_estimate` per
+    block the bound does not pass over, in :func:`block_floor` order, until the floor of the
+    next block is at or above the ``k``-th cheapest estimate found (a pool whose
+    :meth:`~.runindex.RunningIndex.floor` is already there is not looked into)."""
     name = c.name
+    now = s.now
     out: list[Estimate] = []
+    todo: list[tuple[FloorKey, int, BlockRuns, str]] = []
+    passed = 0
     for pool in pools:
-        product = pool.product
-        for b in index.blocks(name, level, pool.key):
+        blocks = index.blocks(name, level, pool.key)
+        f = index.floor(name, level, pool.key)
+        if f is not None and bound.beyond(block_floor(f, now, name, "")):
+            passed += len(blocks)
+            continue
+        for b in blocks:
             if b.low > bound.prio:
-                bound.passed[name] = bound.passed.get(name, 0) + 1
+                passed += 1
                 continue
-            e = block_estimate(s, c, b, level, product, skip, reasons)
-            if e is not None:
-                bound.add(e.head[0])
-                out.append(e)
+            bf = block_floor(b, now, name, b.key)
+            if bound.beyond(bf):
+                passed += 1
+                continue
+            todo.append((bf, len(todo), b, pool.product))
+    heapq.heapify(todo)
+    while todo:
+        bf, _, b, product = heapq.heappop(todo)
+        if bound.beyond(bf):
+            passed += 1 + len(todo)  # the rest's floors are at least this one
+            break
+        e = block_estimate(s, c, b, level, product, skip, reasons)
+        if e is not None:
+            bound.found(e)
+            out.append(e)
+    if passed:
+        bound.passed[name] = bound.passed.get(name, 0) + passed
     return out
 
 
