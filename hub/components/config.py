@@ -81,7 +81,9 @@ class HubConfig(BaseModel):
       delays every job's final status), also while each write takes a loaded API server
       0.3-0.5 s. ``status_hold_s``: a job's status change after a quiet spell is written
       this long after it happened (not a terminal one: that is written at once), so that the
-      steps that follow it soon (placed, acknowledged, running) take one write, not three.
+      steps that follow it soon (placed, acknowledged, running) take one write, not three;
+      1 s, as Kubernetes' Job controller batches a Job's status syncs (``syncJobBatchPeriod``).
+      At 0.25 s the e2e bench's hub API server fell behind (docs/benchmarks.md, stop 41).
     - ``apply_retry_limit``: a job whose Apply the member refuses with a retryable error
       (5xx, 429, a namespace being terminated, …) is sent again with backoff (5 s doubling
       to ``apply_retry_max_s``) this many times, then Failed (reason ``MemberRejected``); its
@@ -184,7 +186,7 @@ class HubConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     max_unacked_per_cluster: int = Field(default=64, ge=1)
     status_writers: int = Field(default=32, ge=1)
-    status_hold_s: float = Field(default=0.25, ge=0)
+    status_hold_s: float = Field(default=1.0, ge=0)
     resend_after_s: float = Field(default=30.0, gt=0)
     apply_retry_limit: int = Field(default=10, ge=1)
     apply_retry_max_s: float = Field(default=60.0, gt=0)

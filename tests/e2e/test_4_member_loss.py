@@ -78,7 +78,7 @@ def test_a_member_whose_agent_stops_turns_not_ready_then_lost_and_its_jobs_follo
     st = hub.wait_phase(staying, "Lost", timeout_s=SLACK_S)
     assert "ClusterLost" in _condition_reasons(st)
     # Running on y, not the last status shown on x: a non-terminal status change is written
-    # status_hold_s (0.25 s) after it happened, so Running on x can still show just after
+    # status_hold_s (1 s) after it happened, so Running on x can still show just after
     # the staying job turned Lost.
     st = wait_until(
         lambda: (s := hub.status(moving)).get("phase") == "Running" and s.get("cluster") == y and s,
