@@ -32,6 +32,7 @@ class ClusterState:
         "agent_version",
         "alloc_shapes",
         "extended",
+        "filings",
         "health",
         "labels",
         "name",
@@ -50,6 +51,10 @@ class ClusterState:
         self.served_kinds: frozenset[str] = frozenset()
         self.agent_version = ""
         self.nodes: dict[str, NodeState] = {}
+        #: node objects filed or taken out so far (a node re-filed, its shape, labels or pool
+        #: changed, counts twice; one updated in place, its GPUs in use, not at all): a
+        #: reader that keeps a view of the filing compares it (O(1)) to see any change
+        self.filings = 0
         self.pools: dict[PoolKey, PoolState] = {}
         #: non-GPU extended resources (MIG profiles, ...) -> names of nodes that have some
         self.extended: dict[str, SortedList[str]] = {}
@@ -149,6 +154,7 @@ class ClusterState:
                 if not lst:
                     del self.extended[r]
         del self.nodes[n.name]
+        self.filings += 1
         self.names.remove(n.name)
         return dropped
 
@@ -216,6 +222,7 @@ class ClusterState:
     def _make_node(self, inv: NodeInventory, ledger: Ledger) -> tuple[NodeState, bool]:
         n = NodeState(self, inv)
         self.nodes[inv.name] = n
+        self.filings += 1
         shape = _alloc_shape(inv.allocatable)
         self.alloc_shapes[shape] = self.alloc_shapes.get(shape, 0) + 1
         n.reserved = ledger.outstanding(self.name, inv)

@@ -21,6 +21,7 @@ The MemberCluster status the hub writes is computed in :mod:`gpufed.hub.componen
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -364,6 +365,9 @@ class Members:
             if m.nodes.pop(name, None) is not None:
                 m.removed_nodes.add(name)
                 m.dirty_nodes.discard(name)
+        self._term.state.nodes_changed(
+            m.name, itertools.chain((n.name for n in delta.upserts), delta.removed)
+        )
         if m.spec is None or m.name not in self._snapshot.cluster_names:
             return
         for name in delta.removed:

@@ -144,6 +144,8 @@ class Queues:
         #: job no pending count shows), the counts per queue, and when it last counted every
         #: job (monotonic seconds)
         self._rows: dict[str, tuple[bool, str]] = {}
+        #: the uids of :attr:`_rows` counted pending (not admitted): read again each publish
+        self._pending_rows: set[str] = set()
         self._pending: Counter[str] = Counter()
         self._admitted: Counter[str] = Counter()
         self._counted_at: float | None = None
@@ -418,7 +420,7 @@ class Queues:
         read |= self._usage_changed
         self._usage_changed = set()
         read.update(state.wanted)
-        read.update(u for u, (admitted, _) in self._rows.items() if not admitted)
+        read.update(self._pending_rows)
         for uid in read:
             self._recount_job(uid)
         if self._counted_at is None or (recount and now - self._counted_at >= RECOUNT_S):
@@ -435,6 +437,7 @@ class Queues:
                     self._term.metrics.incremental_drift.labels("queue_jobs").inc(len(missed))
                     log.warning("hub.queue.jobs_drift", jobs=len(missed), first=sorted(missed)[:5])
             self._pending, self._admitted, self._rows = pending, admitted, rows
+            self._pending_rows = {u for u, (counted, _) in rows.items() if not counted}
             self._counted_at = now
         return +self._pending, +self._admitted
 
@@ -460,9 +463,12 @@ class Queues:
         if old is not None:
             (self._admitted if old[0] else self._pending)[old[1]] -= 1
             del self._rows[uid]
+            self._pending_rows.discard(uid)
         if new is not None:
             (self._admitted if new[0] else self._pending)[new[1]] += 1
             self._rows[uid] = new
+            if not new[0]:
+                self._pending_rows.add(uid)
 
     def _count_jobs(
         self, uids: Iterable[str]

@@ -73,25 +73,53 @@ def same(a: Running | None, b: Running | None) -> bool:
 
 class HeldGPUs:
     """(member, job UID) -> node -> whole GPUs the job holds there (:attr:`map`), from the
-    members' inventories, kept by the nodes that changed: a node's inventory is an immutable
-    object replaced on every change, so a node whose object is not the one read last time
-    changed. :meth:`update` is O(nodes) in identity checks (one dict copy per member, in C)
-    plus O(changed nodes' jobs)."""
+    members' inventories, kept by the nodes that changed. A member's ``nodes`` dict is either
+    changed in place by an inventory delta, which marks the nodes it sets or removes
+    (``HubState.nodes_changed``, followed as ``marks``), or replaced whole (a snapshot, a
+    restore): :meth:`update` reads a member whose dict is the one it read last time by its
+    marked nodes only, and a member with a new dict node by node (a node's inventory is an
+    immutable object replaced on every change, so a node whose object is not the one read last
+    time changed). Without ``marks`` every member is read node by node. Cost: O(members +
+    marked nodes + the nodes of members with a new dict), plus O(changed nodes' jobs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, marks: set[tuple[str, str]] | None = None) -> None:
         self.map: Held = {}
         #: member -> node name -> the inventory object read last time
         self._seen: dict[str, dict[str, NodeInventory]] = {}
+        #: member -> its ``nodes`` dict object read last time (only its marks are read next)
+        self._dicts: dict[str, dict[str, NodeInventory]] = {}
+        self._marks = marks
 
     def update(self, members: Mapping[str, MemberState]) -> set[str]:
         """Follow the members' inventories as they are now; the UIDs of the jobs whose GPUs
         per node changed."""
         moved: set[str] = set()
         live: set[str] = set()
+        by_member: dict[str, list[str]] = {}
+        if self._marks is not None:
+            read = set(self._marks)  # one C call: the loop may add meanwhile
+            self._marks.difference_update(read)  # what it adds after stays for the next one
+            for member, name in read:
+                by_member.setdefault(member, []).append(name)
         for m in list(members.values()):  # one C call: the loop may change the dicts
             live.add(m.name)
-            nodes = dict(m.nodes)
-            seen = self._seen.get(m.name, {})
+            current = m.nodes
+            seen = self._seen.get(m.name)
+            if self._marks is not None and seen is not None and self._dicts.get(m.name) is current:
+                for name in by_member.get(m.name, ()):
+                    old = seen.get(name)
+                    inv = current.get(name)
+                    if old is inv:
+                        continue
+                    if old is not None:
+                        self._take(m.name, name, old, moved)
+                        del seen[name]
+                    if inv is not None:
+                        self._put(m.name, name, inv, moved)
+                        seen[name] = inv
+                continue
+            nodes = dict(current)
+            seen = seen or {}
             for name, inv in nodes.items():
                 old = seen.get(name)
                 if old is not inv:
@@ -101,7 +129,9 @@ class HeldGPUs:
             for name in seen.keys() - nodes.keys():
                 self._take(m.name, name, seen[name], moved)
             self._seen[m.name] = nodes
+            self._dicts[m.name] = current
         for name in self._seen.keys() - live:
+            self._dicts.pop(name, None)
             for node, inv in self._seen.pop(name).items():
                 self._take(name, node, inv, moved)
         return moved
@@ -136,8 +166,10 @@ class RunningJobs:
         #: the kept entries and index (None: built from scratch at the next update)
         self._runs: dict[str, Running] | None = None
         self.index: RunningIndex | None = None
+        #: nodes set or removed in place since the last update (HubState.nodes_changed)
+        self._node_marks = term.state.follow_nodes()
         #: the GPUs each job holds per node, kept by the nodes that changed
-        self._held = HeldGPUs()
+        self._held = HeldGPUs(self._node_marks)
         #: jobs filed from their reservation (read at every update: it may expire)
         self._reserved: set[str] = set()
         #: member -> its filing fingerprint when last filed (:meth:`_members_now`)
@@ -151,8 +183,9 @@ class RunningJobs:
         """Forget everything kept and the marks gathered (preemption is off: nothing reads
         them; the next update builds from scratch)."""
         self._touched.clear()
+        self._node_marks.clear()
         self._runs, self.index = None, None
-        self._held, self._reserved, self._filed = HeldGPUs(), set(), {}
+        self._held, self._reserved, self._filed = HeldGPUs(self._node_marks), set(), {}
 
     # --- one update ---------------------------------------------------------------------------
 
@@ -183,7 +216,8 @@ class RunningJobs:
             else:
                 kept = None
                 self._touched.clear()
-            fresh = HeldGPUs()
+            self._node_marks.clear()  # the fresh read below reads every node
+            fresh = HeldGPUs(self._node_marks)
             fresh.update(members)
             held = fresh.map
             full = self.build(held)
@@ -244,14 +278,10 @@ class RunningJobs:
                 self._reserved.discard(uid)
 
     def _members_now(self) -> dict[str, tuple[int, int, int]]:
-        """Each member's filing fingerprint: its snapshot state and its nodes' objects (a node
-        whose shape, labels or pool changed is a new object; one updated in place, its GPUs in
-        use, is not). O(nodes), in C."""
-        out: dict[str, tuple[int, int, int]] = {}
-        for c in self._snapshot.clusters():
-            nodes = list(c.nodes.values())  # one C call: the loop may change the dict
-            out[c.name] = (id(c), len(nodes), sum(map(id, nodes)))
-        return out
+        """Each member's filing fingerprint: its snapshot state and how many node objects it
+        filed and took out (``ClusterState.filings``: a node whose shape, labels or pool
+        changed is a new object; one updated in place, its GPUs in use, is not). O(members)."""
+        return {c.name: (id(c), len(c.nodes), c.filings) for c in self._snapshot.clusters()}
 
     # --- from scratch -------------------------------------------------------------------------
 

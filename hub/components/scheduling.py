@@ -170,16 +170,10 @@ class Scheduler:
         wanted = self._term.state.wanted
         for uid in list(wanted):
             job = self._term.state.jobs.get(uid)
-            backing_off = job is not None and job.backing_off(now)
-            if (
-                job is not None
-                and job.wants_placement
-                and not backing_off
-                and self._lifecycle.admit(job, self._queue_view(job))  # rule 7, with the view
-            ):
-                waiting.append(job)
-            elif job is None or not job.wants_placement or backing_off:
+            if job is None or not job.wants_placement or job.backing_off(now):
                 wanted.discard(uid)  # a job in backoff comes back from the lifecycle
+            elif self._lifecycle.admit(job, self._queue_view(job)):  # rule 7, with the view
+                waiting.append(job)
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
             queues.publish(shares, recount=False)
@@ -278,6 +272,15 @@ class Scheduler:
                 self._not_placed(job, decision, answer)
         if commits:
             await asyncio.gather(*commits)
+            # A placed job leaves the wanted set now, not at the next cycle's walk over it:
+            # every cycle, and the queue counts and hold charges read from that set, then cost
+            # what changed since, not the jobs placed before (issue 25: a cycle after placing
+            # 500,000 jobs walked them all three times).
+            for req, decision in result.decisions:
+                if decision.outcome == Outcome.PLACED:
+                    placed = self._term.state.jobs.get(req.uid)
+                    if placed is None or not placed.wants_placement:
+                        wanted.discard(req.uid)
         # 6. the queues' status, from the placements etcd now holds
         queues.rebuild_usage(
             holds=self._reservations.hold_charges(self._term.state.wanted), recount=False

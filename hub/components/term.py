@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
@@ -319,6 +319,8 @@ class HubState:
     def __init__(self) -> None:
         #: the sets :meth:`touch` adds to (one per follower, :meth:`follow`)
         self._followers: list[set[str]] = []
+        #: the sets :meth:`nodes_changed` adds to (one per follower, :meth:`follow_nodes`)
+        self._node_followers: list[set[tuple[str, str]]] = []
         #: jobs whose placement or record may have changed since the queues' usage last read
         #: them (the incremental charges, gpufed.hub.components.charges, read and clear it)
         self.touched: set[str] = self.follow()
@@ -343,6 +345,22 @@ class HubState:
         out: set[str] = set()
         self._followers.append(out)
         return out
+
+    def follow_nodes(self) -> set[tuple[str, str]]:
+        """A new set that every later :meth:`nodes_changed` adds (member, node name) to: the
+        follower reads the nodes in it and takes out what it read."""
+        out: set[tuple[str, str]] = set()
+        self._node_followers.append(out)
+        return out
+
+    def nodes_changed(self, member: str, names: Iterable[str]) -> None:
+        """Nodes ``names`` of ``member`` were set or removed in place in its
+        ``MemberState.nodes`` (an inventory delta). A whole new ``nodes`` dict (a snapshot, a
+        restore) is not marked: a follower sees the new dict object."""
+        if self._node_followers:
+            marks = [(member, name) for name in names]
+            for s in self._node_followers:
+                s.update(marks)
 
     def touch(self, uid: str) -> None:
         """Job ``uid`` may have changed: what it charges, whether and how it runs. Called for

@@ -356,3 +356,24 @@ async def test_the_status_keeps_a_days_fair_share_one_sample_per_15_minutes() ->
     t2.ctrl.queues.refresh()
     kept = t2.ctrl.queues.shown["team-a"].fair_share_history
     assert [s.time for s in kept] == [s["time"] for s in samples[1:]], "carried on, not resampled"
+
+
+async def test_a_pending_job_out_of_the_wanted_set_follows_its_queue_without_a_mark() -> None:
+    # A job waiting out a timer (the lifecycle's WaitUntil takes it out of the wanted set) is
+    # still pending in its queue; when the GPUQueues are re-listed so that another queue lists
+    # its namespace, nothing marks the job, and the next publish still counts it there.
+    t = team_a_term(8, nodes=1)
+    await t.submit("a", "ua", gpus=8)
+    await t.submit("b", "ub", gpus=8)
+    await t.ctrl.scheduler.cycle()
+    waiting = next(u for u, p in phases(t).items() if p == "Pending")
+    t.ctrl.state.wanted.discard(waiting)
+    assert t.ctrl.queues.shown["team-a"].pending_jobs == 1
+    t.kube.objects["gpuqueues"][:] = [
+        gpuqueue("team-a", namespaces=(), nominal=8),
+        gpuqueue("team-b", namespaces=("team-a",), nominal=8),
+    ]
+    t.ctrl.queues.listed(t.kube.objects["gpuqueues"])
+    t.ctrl.queues.publish({}, recount=False)
+    assert t.ctrl.queues.shown["team-b"].pending_jobs == 1
+    assert t.ctrl.queues.shown["team-a"].pending_jobs == 0

@@ -30,6 +30,8 @@ from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
 from gpufed.hub.components.charges import RECOUNT_S
 from gpufed.hub.components.config import HubConfig
+from gpufed.hub.components.running import HeldGPUs
+from gpufed.hub.components.term import MemberState
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import Preemptor
 from gpufed.placement.runindex import LEVELS, RunningIndex
@@ -300,3 +302,30 @@ def test_with_preemption_off_the_marks_do_not_pile_up() -> None:
         assert kept.index is None
 
     asyncio.run(run())
+
+
+def test_held_gpus_read_a_member_by_its_marked_nodes_and_a_new_dict_whole() -> None:
+    # Cost per change (issue 25): after the first read, a member whose nodes dict is the same
+    # object is read only at the nodes an inventory delta marked; a change nobody marked is not
+    # seen (so the update did not walk the member's nodes), a marked one is, and a whole new
+    # dict (a snapshot) is read node by node without marks.
+    marks: set[tuple[str, str]] = set()
+    m = MemberState("m1")
+    m.nodes = {"n0": node("n0", {"u1": {"n0": 8}}), "n1": node("n1", {})}
+    held = HeldGPUs(marks)
+    assert held.update({"m1": m}) == {"u1"}
+    assert held.map == {("m1", "u1"): {"n0": 8}}
+    m.nodes["n1"] = node("n1", {"u2": {"n1": 4}})
+    assert held.update({"m1": m}) == set()
+    marks.add(("m1", "n1"))
+    assert held.update({"m1": m}) == {"u2"}
+    assert held.map == {("m1", "u1"): {"n0": 8}, ("m1", "u2"): {"n1": 4}}
+    assert marks == set()
+    del m.nodes["n0"]
+    marks.add(("m1", "n0"))
+    assert held.update({"m1": m}) == {"u1"}
+    m.nodes = {"n1": node("n1", {"u3": {"n1": 2}})}
+    assert held.update({"m1": m}) == {"u2", "u3"}
+    assert held.map == {("m1", "u3"): {"n1": 2}}
+    assert held.update({}) == {"u3"}
+    assert held.map == {}

@@ -90,3 +90,18 @@ async def test_a_job_too_big_for_the_reported_members_waits_for_the_others() -> 
     assert status.phase == "Pending"
     assert "m2" in status.message
     assert "not reported any node yet" in status.message
+
+
+async def test_a_placed_job_leaves_the_wanted_set_in_the_cycle_that_places_it() -> None:
+    # The next cycle, the queue counts and the hold charges read the wanted set: a job placed
+    # stays out of it, so what they read is what changed, not every job placed before (issue
+    # 25: a cycle after 500,000 placements walked them all).
+    t = Term()
+    t.member("m1", hgx_node("m1-n0"))
+    await t.submit("a", "ua", gpus=8)
+    await t.submit("b", "ub", gpus=8)
+    assert t.ctrl.state.wanted == {"ua", "ub"}
+    await t.ctrl.scheduler.cycle()
+    placed = {u for u, j in t.ctrl.state.jobs.items() if j.status.phase == "Placed"}
+    assert len(placed) == 1
+    assert t.ctrl.state.wanted == {"ua", "ub"} - placed
