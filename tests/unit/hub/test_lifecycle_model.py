@@ -100,6 +100,11 @@ class World:
             reserved=self.reserved,
         )
 
+    def runs_reachable(self) -> bool:
+        """The current copy is applied and its pods run, in a member that is not lost."""
+        c = self.copies.get(self.cluster) if self.cluster else None
+        return c is not None and c.work == "apply" and c.pods and self.cluster not in self.lost
+
     def alive_reachable(self) -> list[str]:
         return [
             m for m, c in self.copies.items() if c.alive and not c.fenced and m not in self.lost
@@ -218,10 +223,8 @@ class LifecycleModel(RuleBasedStateMachine):
     @rule()
     def pods_bound(self) -> None:
         # the member's inventory shows the copy's pods: the reservation is settled
-        w = self.w
-        c = w.copies.get(w.cluster) if w.cluster else None
-        if c is not None and c.work == "apply" and c.pods and w.cluster not in w.lost:
-            w.reserved = False
+        if self.w.runs_reachable():
+            self.w.reserved = False
 
     @rule(member=hs.sampled_from(MEMBERS))
     def pods_terminate(self, member: str) -> None:
@@ -262,10 +265,8 @@ class LifecycleModel(RuleBasedStateMachine):
     @precondition(lambda self: self.w.cluster is not None and not self.w.stopping)
     @rule()
     def finish(self) -> None:
-        w = self.w
-        c = w.copies.get(w.cluster) if w.cluster else None
-        if c is not None and c.work == "apply" and c.pods and w.cluster not in w.lost:
-            w.terminal = True
+        if self.w.runs_reachable():
+            self.w.terminal = True
 
     @rule()
     def infrastructure_failure(self) -> None:
