@@ -4,10 +4,12 @@ Also :func:`hold_avoiding`, the pass's other backfill callback: several starving
 shape hold different nodes (``--queue-holds-per-shape``).
 
 The scheduling pass (:mod:`gpufed.hub.components.scheduling`, phase 3) gives
-:func:`gpufed.placement.schedule_pass` the ``hold_start`` this module builds
-(:func:`hold_start`): the expected start of a starving job on the nodes the backfill rule holds
-for it, so that a job whose declared time limit ends before then may run there
-(:mod:`gpufed.placement.backfill`, docs/placement.md "Backfill by time limit").
+:func:`gpufed.placement.schedule_pass` :func:`hold_start` (bound to the pass's fleet, jobs and
+clock with :func:`functools.partial`): the expected start of a starving job on the nodes the
+backfill rule holds for it, so that a job whose declared time limit ends before then may run
+there (:mod:`gpufed.placement.backfill`, docs/placement.md "Backfill by time limit"). Both are
+plain functions, bound, not built, per pass: this module is entered only when a pass weighs a
+hold (docs/design.md §9, "The path, measured").
 
 The estimate reads only facts a new leader reads back, so a leader change changes no estimate
 and no backfill decision: a job's end at the latest (:func:`end_of`) is its start plus its time
@@ -24,14 +26,13 @@ a Job at its ``activeDeadlineSeconds``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.components.term import JobState
 from gpufed.placement import FleetSnapshot, Hold, Policy, hold_for
 from gpufed.placement.backfill import expected_start, releases_on
-from gpufed.placement.holds import whole_free_nodes
-from gpufed.placement.queue import BackfillRule, gpus_of
+from gpufed.placement.queue import gpus_of
 from gpufed.placement.quota import QuotaGate
 
 
@@ -50,46 +51,37 @@ def end_of(job: JobState | None) -> float | None:
 
 
 def hold_start(
-    snapshot: FleetSnapshot, jobs: Mapping[str, JobState], now: float
-) -> Callable[[PlacementRequest, Hold], float | None]:
-    """``schedule_pass``'s ``hold_start`` for one pass at wall seconds ``now``: for a holder
-    and its hold, the earliest wall time at which the hold's free GPUs plus those its running
-    and reserved jobs release by :func:`end_of` reach the holder's demand
-    (:func:`gpufed.placement.backfill.expected_start`); None (the hold lends nothing) when that
-    needs a job without a limit, or for a whole-member hold. ``jobs``: the leader's jobs by UID,
-    read when the pass asks."""
+    snapshot: FleetSnapshot,
+    jobs: Mapping[str, JobState],
+    now: float,
+    holder: PlacementRequest,
+    hold: Hold,
+) -> float | None:
+    """``schedule_pass``'s ``hold_start`` for a pass at wall seconds ``now`` (the first three
+    arguments bound per pass): for ``holder`` and its ``hold``, the earliest wall time at which
+    the hold's free GPUs plus those its running and reserved jobs release by :func:`end_of`
+    reach the holder's demand (:func:`gpufed.placement.backfill.expected_start`); None (the
+    hold lends nothing) when that needs a job without a limit, or for a whole-member hold.
+    ``jobs``: the leader's jobs by UID, read when the pass asks."""
 
     def ends(uid: str) -> float | None:
         return end_of(jobs.get(uid))
 
-    def start(holder: PlacementRequest, hold: Hold) -> float | None:
-        return expected_start(now, gpus_of(holder), *releases_on(snapshot, hold, ends))
-
-    return start
+    return expected_start(now, gpus_of(holder), *releases_on(snapshot, hold, ends))
 
 
 def hold_avoiding(
-    snapshot: FleetSnapshot, policy: Policy, gate: QuotaGate, rule: BackfillRule
-) -> Callable[[PlacementRequest, Mapping[str, Hold]], Hold | None] | None:
-    """``schedule_pass``'s ``hold_avoiding`` for one pass: the nodes a starving job should
-    hold (:func:`gpufed.placement.hold_for` with its queue's quota), other than those of the
-    pass's holds so far, so that up to ``rule.holds_per_shape`` starving jobs of one shape
-    drain different nodes. None when ``rule.holds_per_shape`` is 1: then the pass asks
-    ``hold_for`` once per shape, and a second starving job of another shape may name nodes
-    already held (as the simulator does, :mod:`gpufed.placement.sim.simulate`)."""
-    if rule.holds_per_shape <= 1:
-        return None
-
-    def avoiding(req: PlacementRequest, held: Mapping[str, Hold]) -> Hold | None:
-        return hold_for(req, snapshot, policy, gate.for_request(req), avoid=held)
-
-    return avoiding
-
-
-def spare_nodes(
-    snapshot: FleetSnapshot, rule: BackfillRule
-) -> Callable[[PlacementRequest], Mapping[str, Hold]] | None:
-    """``schedule_pass``'s ``spare`` for one pass (:func:`gpufed.placement.holds.whole_free_nodes`:
-    the whole free nodes a job smaller than a node is first kept off), or None when
-    ``rule.spare_whole_nodes_s`` is 0 (``--queue-spare-whole-nodes``)."""
-    return whole_free_nodes(snapshot) if rule.spare_whole_nodes_s > 0 else None
+    snapshot: FleetSnapshot,
+    policy: Policy,
+    gate: QuotaGate,
+    req: PlacementRequest,
+    held: Mapping[str, Hold],
+) -> Hold | None:
+    """``schedule_pass``'s ``hold_avoiding`` for a pass (the first three arguments bound per
+    pass): the nodes starving ``req`` should hold (:func:`gpufed.placement.hold_for` with its
+    queue's quota), other than those of the pass's holds so far (``held``), so that up to
+    ``BackfillRule.holds_per_shape`` starving jobs of one shape drain different nodes. The pass
+    gives it only when ``holds_per_shape`` is above 1: with 1 it asks ``hold_for`` once per
+    shape, and a second starving job of another shape may name nodes already held (as the
+    simulator does, :mod:`gpufed.placement.sim.simulate`)."""
+    return hold_for(req, snapshot, policy, gate.for_request(req), avoid=held)

@@ -166,7 +166,7 @@ class Controller:
             self.mirror,
             self.tokens,
         )
-        self.reports = Reports(term, self.dispatch, self.reservations, self.mirror, self.lifecycle)
+        self.reports = Reports(term, self.dispatch, self.mirror, self.lifecycle)
         self.rebuild = Rebuild(term, self.scheduler, self.dispatch, self.mirror)
         self.intake = Intake(
             term,

@@ -18,6 +18,7 @@ its steps:
   copy: its nodes suspect (:mod:`gpufed.hub.components.reservations`), the ``stopping`` mark written
   in etcd (then the copy is deleted and the job requeued), or ``Failed`` with
   ``RetriesExhausted``;
+- ``Release`` — a finished job's reservation released (the member reported it done);
 - ``Want`` and ``AddFinalizer``;
 - in a scheduling cycle (:meth:`Lifecycle.admit`, the cycle's view of the job's queue and
   priority as a fact): ``Enqueue`` (the request carries its queue and priority), ``WaitFor``
@@ -229,6 +230,7 @@ class Lifecycle:
         """What is recorded about ``job`` now (the input of the pure rule); ``queue``: a
         scheduling cycle's view of its queue and priority (:meth:`admit`)."""
         rec = job.record
+        terminal = job.terminal
         retry = lc.retry_of(job.obj)
         cluster = rec.cluster if rec is not None else None
         work: lc.WorkOp = "none"
@@ -257,7 +259,7 @@ class Lifecycle:
                     held_until = hold_until
         return lc.Facts(
             deleting=job.deleting,
-            terminal=job.terminal,
+            terminal=terminal,
             valid=job.request is not None,
             claimed=job.claim is not None,
             has_record=rec is not None,
@@ -277,6 +279,8 @@ class Lifecycle:
             retries_left=max(0, retry.on_infrastructure_failure - self._used(job)),
             reschedule_on_loss=job.obj.spec.placement.reschedule == "OnClusterLoss",
             has_finalizer=FINALIZER in job.obj.metadata.finalizers,
+            # only rule 3 (finished) asks
+            reserved=terminal and self._reservations.held(job.uid) is not None,
             queue=queue,
         )
 
@@ -305,6 +309,8 @@ class Lifecycle:
                 await self._finalizers.drop_finalizer(job)
             case lc.Requeue():
                 await self._requeue(job)
+            case lc.Release():
+                self._reservations.release(job.uid, f"the job {job.status.phase.lower()}")
             case lc.Lose(reschedule=reschedule):
                 await self._lose(job, reschedule)
             case lc.FailRefused():

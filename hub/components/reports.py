@@ -1,5 +1,6 @@
 """Reports: what members say about the work they were sent — acks and workload status — and
-what follows from it for the work item, the GPUJob's status and its reservation.
+what follows from it for the work item and the GPUJob's status (what follows for the job's
+fate, the lifecycle decides).
 
 - An **ack** answers one work item revision. It is checked at once on the stream's read path
   (an ack for a job assigned to another member closes the stream) and persisted off it, so
@@ -10,10 +11,11 @@ what follows from it for the work item, the GPUJob's status and its reservation.
   failing ``apply_retry_limit`` times in a row, is the lifecycle's to settle (the job fails,
   whatever part was accepted is deleted).
 - A **workload status** becomes the GPUJob's status through the pure rules of
-  :mod:`gpufed.hub.rules.status` (terminal phases are final); a finished job's reservation is
-  released. A report that shows an infrastructure failure of the current copy is not mirrored:
-  it is recorded (``JobState.failure``) and the lifecycle decides (a re-run, or ``Failed``
-  for good). Its checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
+  :mod:`gpufed.hub.rules.status` (terminal phases are final); a finished job is the
+  lifecycle's to settle (its reservation released, rule 3). A report that shows an
+  infrastructure failure of the current copy is not mirrored: it is recorded
+  (``JobState.failure``) and the lifecycle decides (a re-run, or ``Failed`` for good). Its
+  checkpoint time (``gpufed.io/last-checkpoint``, forwarded by the agent) is
   checked again with :func:`gpufed.sync.status.parse_checkpoint` on the hub's clock: a value
   in the future or not RFC 3339 is ignored with ``agent.checkpoint_refused`` and
   ``status.lastCheckpointTime`` keeps the last good one (it only moves forward). Agents
@@ -33,7 +35,6 @@ from gpufed.hub.adapters.sessions import AgentSession, RefusedError
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
-from gpufed.hub.components.reservations import Reservations
 from gpufed.hub.components.term import Term, WorkState
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.lifecycle import infrastructure_cause
@@ -52,13 +53,11 @@ class Reports:
         self,
         term: Term,
         dispatch: Dispatch,
-        reservations: Reservations,
         mirror: Mirror,
         lifecycle: Lifecycle,
     ) -> None:
         self._term = term
         self._dispatch = dispatch
-        self._reservations = reservations
         self._mirror = mirror
         self._lifecycle = lifecycle
         #: workload reports that came before this term's GPUJob list (latest per job uid)
@@ -240,7 +239,11 @@ class Reports:
             return  # its copy is being stopped for a requeue: what it reports now is not news
         if job.failure is not None:
             return  # an infrastructure failure is being acted on: what follows is not news
-        cause = None if job.terminal or job.deleting else infrastructure_cause(job.obj, report)
+        cause = (
+            None  # a report that carries no failure shows none: no rule to ask
+            if report.failure is None or job.terminal or job.deleting
+            else infrastructure_cause(job.obj, report)
+        )
         if cause is not None:
             # Infrastructure failed under it: a re-run, or failed for good; never shown
             # Failed in between.
@@ -274,14 +277,13 @@ class Reports:
                 self._mirror.event(job, "Normal", new.phase, new.message)
             elif new.phase == "Failed":
                 self._mirror.event(job, "Warning", "Failed", new.message)
-        if new.phase in ("Succeeded", "Failed"):
-            self._reservations.release(job.uid, f"the job {new.phase.lower()}")
-        elif (
+        if new.phase in ("Succeeded", "Failed") or (
             job.obj.spec.placement.time_limit_seconds is not None
             and new.phase == "Running"
             and before != "Running"
         ):
-            # it started: the lifecycle times its limit (rule 6b)
+            # finished: the lifecycle releases its reservation (rule 3); started: it times
+            # its limit (rule 6b)
             self._term.spawn(self._lifecycle.reconcile(job.uid))
 
     async def _replay_after_list(self) -> None:

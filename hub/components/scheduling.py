@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import structlog
 
@@ -51,7 +52,7 @@ from gpufed.api.gpujob import Retry
 from gpufed.api.labels import HOSTNAME_LABEL
 from gpufed.api.request import PlacementRequest
 from gpufed.hub.adapters.store import ConflictError
-from gpufed.hub.components.backfill import hold_avoiding, hold_start, spare_nodes
+from gpufed.hub.components.backfill import hold_avoiding, hold_start
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.mirror import Mirror
@@ -71,6 +72,7 @@ from gpufed.placement import (
     schedule_pass,
 )
 from gpufed.placement.fairshare import fair_sorted
+from gpufed.placement.holds import whole_free_nodes
 from gpufed.placement.preemption import NoPreemption, PreemptionPlan, QuotaView
 from gpufed.placement.queue import pass_key, queued_fit_key
 from gpufed.placement.quota import demand_of
@@ -236,10 +238,16 @@ class Scheduler:
             self._backfill,
             presorted=True,
             key_of=key_of,
-            hold_start=hold_start(self._snapshot, self._term.state.jobs, now),
-            hold_avoiding=hold_avoiding(self._snapshot, self._policy, gate, self._backfill),
+            # bound, not built: backfill.py is entered only when the pass weighs a hold
+            hold_start=partial(hold_start, self._snapshot, self._term.state.jobs, now),
+            hold_avoiding=partial(hold_avoiding, self._snapshot, self._policy, gate)
+            if self._backfill.holds_per_shape > 1
+            else None,
             carry=self._carried,
-            spare=spare_nodes(self._snapshot, self._backfill),
+            # the whole free nodes, read once at the pass's start (within it nodes only fill up)
+            spare=whole_free_nodes(self._snapshot)
+            if self._backfill.spare_whole_nodes_s > 0
+            else None,
         )
         self._carried = result.taken
         # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)

@@ -20,7 +20,8 @@ The rules, first match wins (docs/design.md §7 items 3, 6 and 9):
    acknowledged the Delete *and* reports none of its pods (nothing runs twice at once); pods
    on nodes that are not Ready count for a while only, and the job is asked again when that
    hold ends (``pods_held_until``: a wait-until step).
-3. **Finished**: nothing (terminal is final).
+3. **Finished**: a reservation still left is released (the member reported the job done;
+   ``reserved``); nothing else (terminal is final).
 4. **Its member is lost**: the copy is lost: the job is placed again (``reschedule:
    OnClusterLoss``, the old copy fenced) or ends ``Lost``.
 5. **Its member refused the copy** (an Apply acknowledged ``Failed`` and not retryable, or
@@ -101,7 +102,8 @@ class Facts:
     copy reaches the job's time limit (None: no limit, or not started); ``now`` / ``not_before``: wall seconds now and
     the end of the job's backoff (None: none);
     ``retries_left``: re-runs after infrastructure failures left
-    (``spec.placement.retry.onInfrastructureFailure`` minus those used); ``queue``: the
+    (``spec.placement.retry.onInfrastructureFailure`` minus those used); ``reserved``: a
+    finished job still has a reservation (rule 3; read for finished jobs only); ``queue``: the
     scheduling cycle's view of the job's queue and priority (None outside a cycle).
     """
 
@@ -125,6 +127,7 @@ class Facts:
     retries_left: int = 0
     reschedule_on_loss: bool = False
     has_finalizer: bool = True
+    reserved: bool = False
     queue: QueueView | None = None
 
 
@@ -172,6 +175,11 @@ class Forget:
 class Requeue:
     """The stopped copy is gone: the record back in the queue (:func:`requeued`), the
     reservation released, the job Pending with its cause's condition, placed again."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """The job finished: release the reservation it still has (rule 3)."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +268,7 @@ Step = (
     DeleteCopy
     | Forget
     | Requeue
+    | Release
     | Lose
     | FailRefused
     | FailTimeLimit
@@ -301,7 +310,7 @@ def _fate(f: Facts) -> tuple[Step, ...]:
             return (WaitUntil(f.pods_held_until),)
         return ()
     if f.terminal:
-        return ()
+        return (Release(),) if f.reserved else ()
     if placed and f.member_lost:
         return (Lose(reschedule=f.reschedule_on_loss),)
     if placed and f.refused:

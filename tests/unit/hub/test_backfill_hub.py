@@ -5,6 +5,11 @@ record's placed_at), so a new leader estimates the same hold start and lends the
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Awaitable
+from types import FrameType
+from typing import Any
+
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.cli.jobs import explain_text
@@ -269,3 +274,39 @@ async def test_the_hub_spares_a_whole_free_node_for_the_job_that_needs_it_whole(
         await t.ctrl.scheduler.cycle()
         phases = {u: t.ctrl.state.jobs[u].status.phase for u in ("ud", "ue")}
         assert phases == {u: "Placed" if u == placed else "Pending" for u in phases}, phases
+
+
+async def _backfill_calls(cycle: Awaitable[None]) -> list[str]:
+    """The functions of hub/components/backfill.py entered while ``cycle`` runs (a profile
+    hook, so the count is the interpreter's, not the module's own)."""
+    entered: list[str] = []
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.endswith("hub/components/backfill.py"):
+            entered.append(frame.f_code.co_name)
+
+    before = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        await cycle
+    finally:
+        sys.setprofile(before)
+    return entered
+
+
+async def test_a_cycle_enters_backfill_only_when_it_weighs_a_hold() -> None:
+    """The pass's backfill callbacks are bound, not built (issue 22, the walk): a cycle that
+    places what fits, holding nothing, enters backfill.py not at all; one where a starving job
+    weighs a hold on the full node estimates its start there (hold_start) and, with the default
+    4 holds per shape, names its nodes there (hold_avoiding)."""
+    t = _hub()
+    t.member("m1", hgx_node("m1-n0"))
+    await _submit(t, "a", 6)
+    assert await _backfill_calls(t.ctrl.scheduler.cycle()) == []
+    assert t.ctrl.state.jobs["ua"].status.phase == "Placed"
+    await _submit(t, "c", 8)
+    await t.ctrl.scheduler.cycle()
+    t.clock.advance(STARVE_S + 1)
+    weighed = await _backfill_calls(t.ctrl.scheduler.cycle())
+    assert {"hold_start", "hold_avoiding"} <= set(weighed), weighed
+    assert t.ctrl.state.jobs["uc"].status.phase == "Pending"

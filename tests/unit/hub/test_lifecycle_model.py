@@ -9,7 +9,8 @@ is checked on the model's copies alone, never with decide():
 - a deleted job lets go (its finalizer dropped) only once every copy's Delete was sent and a
   reachable member acknowledged it (its pods may still terminate: the member deletes them; a
   lost member deletes what it holds when it returns);
-- terminal is final: a finished job is never placed, requeued or re-run again;
+- terminal is final: a finished job is never placed, requeued or re-run again, and once the
+  world is quiet it holds no reservation (the hub's ledger would keep its GPUs from others);
 - a requeue waits for the copy: the job turns Pending only after its copy's Delete was
   acknowledged and its pods are gone (or its member is lost; pods on a node that is not Ready
   count until their hold ends, and only a copy held so waits for a time);
@@ -73,6 +74,9 @@ class World:
     gone: bool = False
     #: the member refused the current copy's Apply for good (in that member)
     refused_in: str | None = None
+    #: the job's reservation in the hub's ledger: taken when it is placed, settled once its
+    #: pods show up in the member's inventory, released by the steps that end a copy
+    reserved: bool = False
 
     def facts(self) -> lc.Facts:
         c = self.copies.get(self.cluster) if self.cluster else None
@@ -93,7 +97,13 @@ class World:
             retries_left=self.retries_left,
             reschedule_on_loss=self.reschedule,
             has_finalizer=self.finalizer,
+            reserved=self.reserved,
         )
+
+    def runs_reachable(self) -> bool:
+        """The current copy is applied and its pods run, in a member that is not lost."""
+        c = self.copies.get(self.cluster) if self.cluster else None
+        return c is not None and c.work == "apply" and c.pods and self.cluster not in self.lost
 
     def alive_reachable(self) -> list[str]:
         return [
@@ -139,13 +149,16 @@ class LifecycleModel(RuleBasedStateMachine):
                 w.has_record = False
                 w.cluster = None
                 w.gone = True
+                w.reserved = False
             case lc.Requeue():
                 assert not w.terminal, "terminal is final"
                 assert not w.alive_reachable(), "requeued while the copy may still run"
                 w.cluster, w.stopping = None, False
                 w.pending_after_requeue = True
+                w.reserved = False
             case lc.Lose(reschedule=reschedule):
                 assert w.cluster in w.lost
+                w.reserved = False
                 if reschedule:
                     c = w.copies.get(w.cluster)
                     if c is not None and c.work != "none":
@@ -155,7 +168,7 @@ class LifecycleModel(RuleBasedStateMachine):
                     w.terminal = True
             case lc.FailRefused():
                 assert w.refused_in == w.cluster
-                w.terminal = True
+                w.terminal, w.reserved = True, False
             case lc.MarkSuspects():
                 assert w.failure is not None
             case lc.StopForRerun():
@@ -165,7 +178,11 @@ class LifecycleModel(RuleBasedStateMachine):
                 w.retries_left -= 1
             case lc.FailForGood():
                 assert w.retries_left == 0
-                w.terminal, w.failure = True, None
+                w.terminal, w.failure, w.reserved = True, None, False
+            case lc.Release():
+                assert w.terminal, "only a finished job's reservation is released here"
+                assert w.reserved, "released a reservation that is not there"
+                w.reserved = False
             case lc.WaitUntil(at=at):
                 c = w.copies.get(w.cluster) if w.cluster else None
                 assert w.stopping, "only a stopped copy's job waits for a time here"
@@ -192,6 +209,7 @@ class LifecycleModel(RuleBasedStateMachine):
         w.wanted = False
         w.cluster, w.has_record, w.pending_after_requeue = member, True, False
         w.copies[member] = Copy()
+        w.reserved = True
         w.refused_in = None
 
     # --- the members -------------------------------------------------------------------------------
@@ -201,6 +219,12 @@ class LifecycleModel(RuleBasedStateMachine):
         c = self.w.copies.get(member)
         if c is not None and c.work in ("delete", "fenced") and member not in self.w.lost:
             c.work = "none"
+
+    @rule()
+    def pods_bound(self) -> None:
+        # the member's inventory shows the copy's pods: the reservation is settled
+        if self.w.runs_reachable():
+            self.w.reserved = False
 
     @rule(member=hs.sampled_from(MEMBERS))
     def pods_terminate(self, member: str) -> None:
@@ -241,10 +265,8 @@ class LifecycleModel(RuleBasedStateMachine):
     @precondition(lambda self: self.w.cluster is not None and not self.w.stopping)
     @rule()
     def finish(self) -> None:
-        w = self.w
-        c = w.copies.get(w.cluster) if w.cluster else None
-        if c is not None and c.work == "apply" and c.pods and w.cluster not in w.lost:
-            w.terminal = True
+        if self.w.runs_reachable():
+            self.w.terminal = True
 
     @rule()
     def infrastructure_failure(self) -> None:
@@ -301,6 +323,8 @@ class LifecycleModel(RuleBasedStateMachine):
             assert w.terminal or w.deleting or w.cluster not in w.lost, (
                 "a job is left placed in a lost member"
             )
+            assert not (w.terminal and w.reserved), "a finished job keeps its reservation"
+
             refused = w.copies.get(w.refused_in) if w.refused_in else None
             if refused is not None and w.cluster == w.refused_in and w.refused_in not in w.lost:
                 assert w.terminal or w.deleting or w.stopping, "a refused job does not fail"
