@@ -255,9 +255,10 @@ def backfill_rule(
 ) -> BackfillRule:
     """Check every rule flag (``typer.BadParameter`` naming the first bad one, in the order
     below), warn on stderr when ``--queue-order`` is not smallest-first and ``policies`` (the
-    ``--policy`` names) lack gpufed, and return the :class:`BackfillRule` the ``--queue-*`` flags make.
-    The hidden older names (``--starvation-s``, ``--oldest-first-s``, ``--max-holds``) win
-    over the newer ones when given, and a bad value is named under the name it was given."""
+    ``--policy`` names) lack gpufed, and return the :class:`BackfillRule` the ``--queue-*``
+    flags make. The hidden older names (``--starvation-s``, ``--oldest-first-s``,
+    ``--max-holds``) win over the newer ones when given, and a bad value is named under the
+    name it was given."""
     if preemption not in (None, "on", "off"):
         raise typer.BadParameter("use on or off", param_hint="--preemption")
     if victims not in VICTIM_RULES:
