@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic_core import to_json
 
@@ -201,12 +201,11 @@ def _obj(objs: list[Any], i: Any) -> Any:
 def chunk_key(cluster: str, bucket: int, part: int | None = None, *, node: str = "") -> str:
     """``clusters/<cluster>/nodechunks/<bucket>/<part>``, ``.../<bucket>/n/<node>`` (a node
     key), or the bucket's prefix (neither; it ends in ``/``): keys after the store's prefix."""
-    b = f"clusters/{cluster}/nodechunks/{bucket:03d}/"
     if node:
-        return f"{b}n/{node}"
+        return f"clusters/{cluster}/nodechunks/{bucket:03d}/n/{node}"
     if part is None:
-        return b
-    return f"{b}{part:03d}"
+        return f"clusters/{cluster}/nodechunks/{bucket:03d}/"
+    return f"clusters/{cluster}/nodechunks/{bucket:03d}/{part:03d}"
 
 
 def legacy_key(cluster: str, name: str) -> str:
@@ -215,29 +214,32 @@ def legacy_key(cluster: str, name: str) -> str:
     return f"clusters/{cluster}/nodes/{name}"
 
 
-@dataclass(frozen=True, slots=True)
-class Put:
-    """Write ``value`` at ``key`` (after the store's prefix)."""
+class Put(NamedTuple):
+    """Write ``value`` at ``key`` (after the store's prefix): an op as a plain reader of
+    :meth:`ChunkIndex.plan_write` (a test) makes it."""
 
     key: str
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(NamedTuple):
     """Delete ``key`` (after the store's prefix); with ``under`` (a prefix, ``""``: none),
-    every key from ``key`` up to the last key under ``under``."""
+    every key from ``key`` up to the last key under ``under``. As :class:`Put`."""
 
     key: str
     under: str = ""
 
 
+#: an op as the caller of :meth:`ChunkIndex.plan_write` makes it (``put`` and ``delete``)
+Op = TypeVar("Op")
+
+
 @dataclass(slots=True)
-class BucketOps:
+class BucketOps(Generic[Op]):
     """One bucket's share of a write: its ops in order, the value bytes its puts carry and
     the nodes it encoded (the store's transaction limits count both)."""
 
-    ops: list[Put | Delete]
+    ops: list[Op]
     value_bytes: int
     nodes: int
 
@@ -257,13 +259,13 @@ class _Index:
 
 
 @dataclass(slots=True)
-class WritePlan:
+class WritePlan(Generic[Op]):
     """One member's write (:meth:`ChunkIndex.plan_write`): iterate :attr:`buckets` for the
     ops, then report them written (:meth:`ChunkIndex.written`)."""
 
     cluster: str
     #: one :class:`BucketOps` a touched bucket, encoded only when asked for
-    buckets: Iterator[BucketOps]
+    buckets: Iterator[BucketOps[Op]]
     _index: _Index
 
 
@@ -278,8 +280,13 @@ class ChunkIndex:
         self._rewrite: set[str] = set()
 
     def plan_write(
-        self, cluster: str, nodes: Mapping[str, NodeInventory], changed: Iterable[str]
-    ) -> WritePlan:
+        self,
+        cluster: str,
+        nodes: Mapping[str, NodeInventory],
+        changed: Iterable[str],
+        put: Callable[[str, bytes], Op],
+        delete: Callable[[str, str], Op],
+    ) -> WritePlan[Op]:
         """The ops that persist one member's inventory after ``changed`` nodes were upserted
         or removed: one :class:`BucketOps` a touched bucket, each encoded only when the caller
         asks for the next (so it may run a transaction between two). ``nodes`` is the member's
@@ -291,16 +298,20 @@ class ChunkIndex:
         parts, node keys deleted). Every bucket is rewritten, and the per-node keys of the
         release before deleted, when this member's stored form is not known to match (an
         upgrade, a write that failed): the member stays so marked until the caller reports
-        the plan written (:meth:`written`). The index records each bucket as it is planned."""
+        the plan written (:meth:`written`). The index records each bucket as it is planned.
+        Each op is what ``put(key, value)`` or ``delete(key, under)`` makes of it (keys after
+        the store's prefix, as :class:`Put` and :class:`Delete` spell them): the store makes
+        its etcd transaction ops at once, with no op in between."""
         index = self._index.setdefault(cluster, _Index())
         full = cluster in self._rewrite
         by_bucket: dict[int, set[str]] = {}
         for name in nodes if full else changed:
             by_bucket.setdefault(bucket_of(name), set()).add(name)
         self._rewrite.add(cluster)  # until this write went through
-        return WritePlan(cluster, _buckets(cluster, nodes, index, by_bucket, full), index)
+        buckets = _buckets(cluster, nodes, index, by_bucket, full, put, delete)
+        return WritePlan(cluster, buckets, index)
 
-    def written(self, plan: WritePlan) -> None:
+    def written(self, plan: WritePlan[Any]) -> None:
         """Every op of ``plan`` was written: the member's stored form is known again (and the
         per-node keys of the release before are gone)."""
         plan._index.legacy.clear()
@@ -352,15 +363,17 @@ def _buckets(
     index: _Index,
     by_bucket: dict[int, set[str]],
     full: bool,
-) -> Iterator[BucketOps]:
+    put: Callable[[str, bytes], Op],
+    delete: Callable[[str, str], Op],
+) -> Iterator[BucketOps[Op]]:
     """The per-bucket half of :meth:`ChunkIndex.plan_write`."""
     for b in range(BUCKETS) if full else sorted(by_bucket):
         # this bucket's sets, stored back below (loose: only while not empty)
         names = set() if full else set(index.names.get(b, ()))
         loose = set() if full else index.loose.pop(b, set())
         todo = by_bucket.get(b, set())
-        ops: list[Put | Delete] = [
-            Delete(legacy_key(cluster, name)) for name in index.legacy.get(b, ())
+        ops = [
+            delete(legacy_key(cluster, name), "") for name in index.legacy.get(b, ())
         ]  # the release before's keys go with the bucket's first write (~60 at most)
         ups = [n for name in todo if (n := nodes.get(name)) is not None]
         gone = todo.difference(nodes) if len(ups) != len(todo) else set()
@@ -369,10 +382,10 @@ def _buckets(
             added = 0
             for n in ups:  # node keys of their own
                 v = encode_chunk((n,))
-                ops.append(Put(chunk_key(cluster, b, node=n.name), v))
+                ops.append(put(chunk_key(cluster, b, node=n.name), v))
                 added += len(v)
             for name in gone:
-                ops.append(Delete(chunk_key(cluster, b, node=name)))
+                ops.append(delete(chunk_key(cluster, b, node=name), ""))
             loose |= todo
             loose -= gone
             encoded = len(ups)
@@ -388,10 +401,10 @@ def _buckets(
                 names |= todo
                 members = ups
             parts = encode_parts(members)
-            ops += [Put(chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
+            ops += [put(chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
             if full or loose or len(parts) < index.parts.get(b, 0):
                 # parts past the new last one, and every node key (they sort after)
-                ops.append(Delete(chunk_key(cluster, b, len(parts)), chunk_key(cluster, b)))
+                ops.append(delete(chunk_key(cluster, b, len(parts)), chunk_key(cluster, b)))
             index.parts[b] = len(parts)
             loose.clear()
             added, encoded = sum(map(len, parts)), len(members)

@@ -56,7 +56,7 @@ from tenacity import (
 
 from gpufed.api.errors import GpufedError, PermanentError, TransientError
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.adapters.nodechunks import ChunkIndex, Delete
+from gpufed.hub.adapters.nodechunks import ChunkIndex
 from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
@@ -479,20 +479,20 @@ class Store:
         guarded, in transactions of at most ``_MAX_OPS`` ops, :data:`TXN_BYTES` and
         :data:`TXN_NODES` nodes (the event loop is free between two; a value's JSON is made
         just before its transaction). Raises as the other writes."""
-        plan = self._chunks.plan_write(cluster, nodes, changed)
-        tx = self._client.transactions
+        tx, prefix, end = self._client.transactions, self.prefix, aetcd.utils.prefix_range_end
+        plan = self._chunks.plan_write(
+            cluster,
+            nodes,
+            changed,
+            put=lambda key, value: tx.put((prefix + key).encode(), value),
+            delete=lambda key, under: tx.delete(
+                (prefix + key).encode(), range_end=end((prefix + under).encode()) if under else None
+            ),
+        )
         batch: list[Any] = []
         size = count = 0
         for bucket in plan.buckets:
-            ops = [
-                tx.delete(
-                    self._k(op.key),
-                    range_end=aetcd.utils.prefix_range_end(self._k(op.under)) if op.under else None,
-                )
-                if isinstance(op, Delete)
-                else tx.put(self._k(op.key), op.value)
-                for op in bucket.ops
-            ]
+            ops = bucket.ops
             if batch and (
                 len(batch) + len(ops) > _MAX_OPS
                 or size + bucket.value_bytes > TXN_BYTES

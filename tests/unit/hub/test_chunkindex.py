@@ -3,12 +3,13 @@ deletes it plans, applied to a plain dict of keys (a stand-in for etcd the test 
 prefix deletes included), always read back as exactly the inventory the test keeps in a
 second dict, through random churn (node keys of their own and whole rewrites), by a new
 replica that loads the keys, after a write that stopped half way, and after the per-node keys
-of the release before; and no transaction puts a key twice or puts what it deletes (etcd
-refuses both)."""
+of the release before; a write after one that went through touches only the changed nodes'
+buckets; and no transaction puts a key twice or puts what it deletes (etcd refuses both)."""
 
 from __future__ import annotations
 
 import random
+from unittest.mock import ANY
 
 import pytest
 
@@ -27,7 +28,17 @@ def node(name: str, version: int) -> NodeInventory:
     )
 
 
-def apply(kv: dict[str, bytes], bucket: nc.BucketOps) -> None:
+Op = nc.Put | nc.Delete
+
+
+def planned(
+    index: nc.ChunkIndex, nodes: dict[str, NodeInventory], changed: list[str]
+) -> nc.WritePlan[Op]:
+    """The index's plan for member ``m1``, its ops as :class:`Put` and :class:`Delete`."""
+    return index.plan_write("m1", dict(nodes), changed, nc.Put, nc.Delete)
+
+
+def apply(kv: dict[str, bytes], bucket: nc.BucketOps[Op]) -> None:
     """One bucket's ops as etcd runs them in a transaction (checked first: what etcd refuses)."""
     puts = [op.key for op in bucket.ops if isinstance(op, nc.Put)]
     assert len(puts) == len(set(puts)), "a key put twice in one transaction"
@@ -51,11 +62,14 @@ def apply(kv: dict[str, bytes], bucket: nc.BucketOps) -> None:
 
 def write(
     index: nc.ChunkIndex, kv: dict[str, bytes], nodes: dict[str, NodeInventory], changed: list[str]
-) -> None:
-    plan = index.plan_write("m1", dict(nodes), changed)
-    for bucket in plan.buckets:
+) -> list[nc.BucketOps[Op]]:
+    """``changed`` written as the index plans it; the plan's buckets."""
+    plan = planned(index, nodes, changed)
+    buckets = list(plan.buckets)
+    for bucket in buckets:
         apply(kv, bucket)
     index.written(plan)
+    return buckets
 
 
 def load(kv: dict[str, bytes]) -> tuple[nc.ChunkIndex, dict[str, NodeInventory]]:
@@ -104,7 +118,9 @@ def test_random_churn_reads_back_as_the_inventory_kept_aside(seed: int) -> None:
         new = [f"x{step}-{i}" for i in range(rng.choice([0, 1, 10, 30]))]
         want.update({n: node(n, step) for n in new})
         before = chunk_keys(kv)
-        write(index, kv, want, [*changed, *new])
+        buckets = write(index, kv, want, [*changed, *new])
+        # once a write went through, the next touches only the changed nodes' buckets
+        assert len(buckets) == len({nc.bucket_of(n) for n in [*changed, *new]})
         paths.add("node keys" if any("/n/" in k for k in chunk_keys(kv) - before) else "whole")
         assert load(kv)[1] == want
         if step % 10 == 0:  # another replica takes over from what is stored
@@ -123,11 +139,11 @@ def test_a_write_that_stopped_half_way_is_followed_by_a_whole_rewrite() -> None:
     gone = sorted(want)[::3]
     for name in gone:
         want.pop(name)
-    plan = index.plan_write("m1", dict(want), gone)
+    plan = planned(index, want, gone)
     for bucket, _ in zip(plan.buckets, range(3), strict=False):  # three buckets land
         apply(kv, bucket)
     # not reported written: the next write (nothing changed since) rewrites every bucket
-    plan = index.plan_write("m1", dict(want), [])
+    plan = planned(index, want, [])
     buckets = list(plan.buckets)
     assert len(buckets) == nc.BUCKETS
     for bucket in buckets:
@@ -146,7 +162,8 @@ def test_the_release_befores_per_node_keys_go_with_the_first_write() -> None:
     assert not any(k.startswith("clusters/m1/nodes/") for k in kv)
     assert load(kv)[1] == want
     want["n002"] = node("n002", 3)
-    write(index, kv, want, ["n002"])
+    [bucket] = write(index, kv, want, ["n002"])  # one bucket, and no old key deleted again
+    assert bucket.ops == [nc.Put(nc.chunk_key("m1", nc.bucket_of("n002"), node="n002"), ANY)]
     assert load(kv)[1] == want
 
 
