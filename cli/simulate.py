@@ -13,14 +13,15 @@ row per policy, job run and quota key (``policy`` +
 queue's usage from those intervals (:mod:`gpufed.placement.sim.siminvariants`), add
 ``invariant_violations`` to the output, print the first few on stderr and exit 1 when any is
 found (after every output is written). Every ~10 s of wall time a progress line goes to stderr
-(jobs arrived / total, simulated day), with ``--json`` too.
+(jobs arrived / total, simulated day), with ``--json`` too. The simulated hub's rule flags
+(preemption, retries, time limits, the ``--queue-*`` flags) are declared, checked and mapped
+to a :class:`~gpufed.placement.queue.BackfillRule` in :mod:`gpufed.cli.simflags`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,22 +32,13 @@ import typer
 
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
+from gpufed.cli import simflags
 from gpufed.cli.simclasses import print_classes
-from gpufed.placement.queue import (
-    DEFAULT_CARRY_HOLDS,
-    DEFAULT_HOLDS_PER_SHAPE,
-    DEFAULT_SIZE_AGING_S,
-    DEFAULT_SPARE_WHOLE_NODES_S,
-    HOLD_CHOICES,
-    HOLD_NODES,
-    QUEUE_ORDERS,
-    BackfillRule,
-)
 from gpufed.placement.sim.priomix import load_mix
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.siminvariants import check_intervals
-from gpufed.placement.sim.simpreempt import VICTIM_RULES, SimPreemption
+from gpufed.placement.sim.simpreempt import SimPreemption
 from gpufed.placement.sim.simreport import (
     CSV_COLUMNS,
     INTERVAL_COLUMNS,
@@ -65,8 +57,6 @@ from gpufed.placement.sim.simulate import (
     simulate,
 )
 from gpufed.placement.sim.timelimits import (
-    DEFAULT_FACTOR,
-    SCATTER_SLOWDOWN,
     TimeLimitModel,
     with_time_limits,
 )
@@ -110,194 +100,36 @@ def simulate_command(
     half_life: float = typer.Option(
         86_400.0, "--half-life", min=1, help="Half-life of decayed usage, seconds (fair share)."
     ),
-    preemption: str | None = typer.Option(
-        None,
-        "--preemption",
-        help="on: waiting jobs preempt lower-priority (or borrowing) running jobs; off: no "
-        "preemption. Either adds preemptions, gpu_hours_lost and wait_p95_s_by_priority.",
-    ),
-    victims: str = typer.Option(
-        "gpufed",
-        "--victims",
-        help=f"With --preemption on: the victim rule, {' or '.join(VICTIM_RULES)} (the "
-        "topology-blind baseline).",
-    ),
-    priority_mix: str | None = typer.Option(
-        None,
-        "--priority-mix",
-        help="builtin, or a JSON file: set each job's priority and checkpoint interval from "
-        'the trace (docs/placement.md, "Preemption").',
-    ),
-    failure_interval: float | None = typer.Option(
-        None,
-        "--node-failure-interval-s",
-        help="Fleet-wide mean time between node failures, seconds (exponential, seeded): a "
-        "failure takes one GPU node down and its jobs lose the work since their checkpoint. "
-        "Adds node_failures, retry, goodput, restarts, failed_infra.",
-    ),
-    repair_s: float = typer.Option(
-        3600.0, "--repair-s", help="With node failures: seconds until a failed node is back."
-    ),
-    retry: str = typer.Option(
-        "on",
-        "--retry",
-        help="With node failures: on, jobs of a failed node are re-placed (up to 6 times, "
-        "the GPUJob default); off, they fail.",
-    ),
-    checkpoint_s: float | None = typer.Option(
-        None,
-        "--checkpoint-s",
-        help="Checkpoint interval, seconds, for trace jobs without a checkpoint_s value.",
-    ),
-    queue_order: str = typer.Option(
-        "smallest-first",
-        "--queue-order",
-        help="Policy gpufed: order of jobs not yet starving, within a priority: smallest-first "
-        "(fewer GPUs first; the hub's default) or fifo (earlier first: arrival order, the old "
-        "default).",
-    ),
-    starvation_s: float = typer.Option(
-        1800.0,
-        "--queue-starvation",
-        help="Policy gpufed: seconds a job waits without fitting before it holds nodes (the "
-        "hub's flag of the same name).",
-    ),
-    oldest_first_s: float = typer.Option(
-        57600.0,
-        "--queue-oldest-first",
-        help="Policy gpufed: seconds a job waits before it goes ahead of every younger job "
-        "of its priority, oldest first (with smallest-first), and holds nodes whatever "
-        "--queue-max-holds: its wait is bounded by this plus one drain, within a queue (with "
-        "--queues, fair share orders the queues first). \\[default: 16 h (57600 s)]",
-        show_default=False,
-    ),
-    max_holds: int = typer.Option(
-        4,
-        "--queue-max-holds",
-        help="Policy gpufed: starving jobs that hold nodes at once, not counting jobs past "
-        "--queue-oldest-first (0: no holds at all).",
-    ),
-    holds_per_shape: int = typer.Option(
-        DEFAULT_HOLDS_PER_SHAPE,
-        "--queue-holds-per-shape",
-        min=1,
-        help="Policy gpufed: starving jobs of one shape that may hold (different) nodes in "
-        "one pass, within --queue-max-holds (1: one per shape per pass; the hub's flag of the "
-        "same name and default).",
-    ),
-    size_aging_s: float = typer.Option(
-        DEFAULT_SIZE_AGING_S,
-        "--queue-size-aging",
-        min=0,
-        help="Policy gpufed, smallest-first: a job's size in the order is divided by 1 + "
-        "waited / this (seconds; 0: sizes do not age; the hub's flag of the same name and "
-        "default).",
-    ),
-    backfill_limits: str = typer.Option(
-        "on",
-        "--queue-backfill-by-limit",
-        help="Policy gpufed: on, a job whose time limit ends before a starving job's expected "
-        "start may run on the nodes it holds (backfill); off, nothing runs inside a hold.",
-    ),
-    hold_within_wait: str = typer.Option(
-        "off",
-        "--queue-hold-within-wait",
-        help="Policy gpufed: on, a starving job (not yet past --queue-oldest-first) holds nodes "
-        "only when its expected start there is at most as far ahead as it has waited.",
-    ),
-    hold_candidates: int = typer.Option(
-        1,
-        "--queue-hold-candidates",
-        min=1,
-        max=16,
-        help="Policy gpufed: node sets a starving job weighs before it holds the one where it "
-        "is expected to start first (1: the nodes with the most free GPUs).",
-    ),
-    hold_choice: str = typer.Option(
-        "earliest-start",
-        "--queue-hold-choice",
-        help="Policy gpufed: of the --queue-hold-candidates node sets, a starving job holds "
-        "the one where it is expected to start first (earliest-start) or the one whose GPUs "
-        "stand idle least until then (least-idle).",
-    ),
-    start_accuracy: float = typer.Option(
-        1.0,
-        "--queue-start-accuracy",
-        help="Policy gpufed: a hold's expected start counts each running job as ending at its "
-        "start plus this fraction of its time limit (not before now), in (0, 1]; 1: at its "
-        "limit. Less than 1 lends held nodes to fewer backfilled jobs.",
-    ),
-    hold_nodes: str = typer.Option(
-        "most-free",
-        "--queue-hold-nodes",
-        help="Policy gpufed: how a starving job picks the nodes it holds: most-free (the most "
-        "free GPUs now), earliest-drain (the nodes the running jobs' time limits free first), "
-        "earliest-drain-multi (so only for jobs of several pods) or earliest-drain-multi-free "
-        "(as that, and of the nodes drained by that start the most free now first).",
-    ),
-    oldest_first_one_pod_s: float | None = typer.Option(
-        None,
-        "--queue-oldest-first-one-pod",
-        min=0,
-        help="Policy gpufed: seconds a job of one GPU pod (8 GPUs on an HGX node or fewer) "
-        "waits before it is walked oldest first and holds whatever the cap, when shorter "
-        "than --queue-oldest-first (default: the same bound as every job).",
-    ),
-    hold_busy_nodes: str = typer.Option(
-        "off",
-        "--queue-hold-busy-nodes",
-        help="Policy gpufed: on, a starving job of one HGX node may hold a node with no free "
-        "GPU when every node of the pool is full, the first by name (earliest-drain: the one "
-        "where it is expected to start first; off: it holds nothing there).",
-    ),
-    keep_one_node_hold: str = typer.Option(
-        "off",
-        "--queue-keep-one-node-hold",
-        help="Policy gpufed: on, a starving job of one GPU pod holds again the nodes it held "
-        "in the last pass while they can still take it (the other rules choose only for a "
-        "new holder); off: every pass chooses afresh.",
-    ),
-    carry_holds: str = typer.Option(
-        "on" if DEFAULT_CARRY_HOLDS else "off",
-        "--queue-carry-holds",
-        help="Policy gpufed: on, the holds of the previous pass whose holders still wait also "
-        "keep off the younger jobs walked before their holder (fresh smaller ones), except "
-        "those whose time limit ends before the holder's expected start.",
-    ),
-    spare_whole_nodes_s: float = typer.Option(
-        DEFAULT_SPARE_WHOLE_NODES_S,
-        "--queue-spare-whole-nodes",
-        min=0,
-        help="Policy gpufed: seconds a job smaller than a node is first tried only on partly "
-        "used nodes and, if it finds no room there, again after the pass's other jobs: whole "
-        "free nodes go first to the jobs that need them whole (0: off; the hub's flag of the "
-        "same name and default).",
-    ),
-    spare_draining_s: float = typer.Option(
-        0.0,
-        "--queue-spare-draining",
-        min=0,
-        help="Policy gpufed, with --queue-spare-whole-nodes: seconds; the partly used nodes "
-        "whose running jobs all end by their limits within this long are spared too, from "
-        "the jobs that would run past that drain (0: off).",
-    ),
-    old_starvation_s: float | None = typer.Option(None, "--starvation-s", hidden=True),
-    old_oldest_first_s: float | None = typer.Option(None, "--oldest-first-s", hidden=True),
-    old_max_holds: int | None = typer.Option(None, "--max-holds", hidden=True),
-    time_limit_factor: float = typer.Option(
-        DEFAULT_FACTOR,
-        "--time-limit-factor",
-        help="Jobs without a time_limit_s in the trace get a declared limit drawn uniformly in "
-        "[runtime, F x runtime], rounded up to a round value users pick (docs/placement.md, "
-        '"Simulator"); 0: they get none (no job without a trace limit may backfill or is '
-        "stopped).",
-    ),
-    scatter_slowdown: float = typer.Option(
-        SCATTER_SLOWDOWN,
-        "--scatter-slowdown",
-        help="Run-time factor of an NVLink-Required job of several pods that a policy spreads "
-        "over several NVLink domains (>= 1).",
-    ),
+    preemption: str | None = simflags.PREEMPTION,
+    victims: str = simflags.VICTIMS,
+    priority_mix: str | None = simflags.PRIORITY_MIX,
+    failure_interval: float | None = simflags.NODE_FAILURE_INTERVAL_S,
+    repair_s: float = simflags.REPAIR_S,
+    retry: str = simflags.RETRY,
+    checkpoint_s: float | None = simflags.CHECKPOINT_S,
+    queue_order: str = simflags.QUEUE_ORDER,
+    starvation_s: float = simflags.QUEUE_STARVATION,
+    oldest_first_s: float = simflags.QUEUE_OLDEST_FIRST,
+    max_holds: int = simflags.QUEUE_MAX_HOLDS,
+    holds_per_shape: int = simflags.QUEUE_HOLDS_PER_SHAPE,
+    size_aging_s: float = simflags.QUEUE_SIZE_AGING,
+    backfill_limits: str = simflags.QUEUE_BACKFILL_BY_LIMIT,
+    hold_within_wait: str = simflags.QUEUE_HOLD_WITHIN_WAIT,
+    hold_candidates: int = simflags.QUEUE_HOLD_CANDIDATES,
+    hold_choice: str = simflags.QUEUE_HOLD_CHOICE,
+    start_accuracy: float = simflags.QUEUE_START_ACCURACY,
+    hold_nodes: str = simflags.QUEUE_HOLD_NODES,
+    oldest_first_one_pod_s: float | None = simflags.QUEUE_OLDEST_FIRST_ONE_POD,
+    hold_busy_nodes: str = simflags.QUEUE_HOLD_BUSY_NODES,
+    keep_one_node_hold: str = simflags.QUEUE_KEEP_ONE_NODE_HOLD,
+    carry_holds: str = simflags.QUEUE_CARRY_HOLDS,
+    spare_whole_nodes_s: float = simflags.QUEUE_SPARE_WHOLE_NODES,
+    spare_draining_s: float = simflags.QUEUE_SPARE_DRAINING,
+    old_starvation_s: float | None = simflags.STARVATION_S,
+    old_oldest_first_s: float | None = simflags.OLDEST_FIRST_S,
+    old_max_holds: int | None = simflags.MAX_HOLDS,
+    time_limit_factor: float = simflags.TIME_LIMIT_FACTOR,
+    scatter_slowdown: float = simflags.SCATTER_SLOWDOWN,
     seed: int = typer.Option(
         0, "--seed", help="Seed of the node failures and of the drawn time limits."
     ),
@@ -348,94 +180,35 @@ def simulate_command(
         raise typer.BadParameter("name each policy once", param_hint="--policy")
     if member_fit not in ("spread", "pack"):
         raise typer.BadParameter("use spread or pack", param_hint="--member-fit")
-    if preemption not in (None, "on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--preemption")
-    if victims not in VICTIM_RULES:
-        raise typer.BadParameter(f"use {' or '.join(VICTIM_RULES)}", param_hint="--victims")
-    if backfill_limits not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-backfill-by-limit")
-    if hold_within_wait not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-hold-within-wait")
-    if hold_choice not in HOLD_CHOICES:
-        raise typer.BadParameter(
-            f"use {' or '.join(HOLD_CHOICES)}", param_hint="--queue-hold-choice"
-        )
-    if hold_nodes not in HOLD_NODES:
-        raise typer.BadParameter(f"use {' or '.join(HOLD_NODES)}", param_hint="--queue-hold-nodes")
-    if not (0 < start_accuracy <= 1):
-        raise typer.BadParameter(
-            "must be a number > 0 and <= 1 (1: the time limit)", param_hint="--queue-start-accuracy"
-        )
-    if carry_holds not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-carry-holds")
-    if not math.isfinite(spare_whole_nodes_s):
-        raise typer.BadParameter(
-            "must be a number of seconds >= 0", param_hint="--queue-spare-whole-nodes"
-        )
-    if hold_busy_nodes not in ("on", "off", "earliest-drain"):
-        raise typer.BadParameter(
-            "use on, off or earliest-drain", param_hint="--queue-hold-busy-nodes"
-        )
-    if keep_one_node_hold not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--queue-keep-one-node-hold")
-    if retry not in ("on", "off"):
-        raise typer.BadParameter("use on or off", param_hint="--retry")
-    if checkpoint_s is not None and not checkpoint_s > 0:
-        raise typer.BadParameter("must be > 0 seconds", param_hint="--checkpoint-s")
-    if queue_order not in QUEUE_ORDERS:
-        raise typer.BadParameter(f"use {' or '.join(QUEUE_ORDERS)}", param_hint="--queue-order")
-    # the older names (hidden) still work; a value given under either name is checked under it
-    starvation_flag, oldest_flag, holds_flag = (
-        "--queue-starvation",
-        "--queue-oldest-first",
-        "--queue-max-holds",
-    )
-    if old_starvation_s is not None:
-        starvation_s, starvation_flag = old_starvation_s, "--starvation-s"
-    if old_oldest_first_s is not None:
-        oldest_first_s, oldest_flag = old_oldest_first_s, "--oldest-first-s"
-    if old_max_holds is not None:
-        max_holds, holds_flag = old_max_holds, "--max-holds"
-    if not (starvation_s >= 0 and math.isfinite(starvation_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=starvation_flag)
-    if not (oldest_first_s >= 0 and math.isfinite(oldest_first_s)):
-        raise typer.BadParameter("must be a number of seconds >= 0", param_hint=oldest_flag)
-    if max_holds < 0:
-        raise typer.BadParameter("must be >= 0", param_hint=holds_flag)
-    if not (
-        time_limit_factor == 0 or (math.isfinite(time_limit_factor) and time_limit_factor >= 1)
-    ):
-        raise typer.BadParameter(
-            "must be 0 (no drawn limits) or a number >= 1", param_hint="--time-limit-factor"
-        )
-    if not (math.isfinite(scatter_slowdown) and scatter_slowdown >= 1):
-        raise typer.BadParameter("must be a number >= 1", param_hint="--scatter-slowdown")
-    if "gpufed" not in policies and queue_order != "smallest-first":
-        typer.echo(
-            "gpufed simulate: warning: --queue-order applies to the gpufed policy only "
-            f"(not to {', '.join(policies)})",
-            err=True,
-        )
-    backfill = BackfillRule(
+    backfill = simflags.backfill_rule(
+        policies,
+        preemption=preemption,
+        victims=victims,
+        retry=retry,
+        checkpoint_s=checkpoint_s,
+        queue_order=queue_order,
         starvation_s=starvation_s,
-        max_holds=max_holds,
         oldest_first_s=oldest_first_s,
-        order=queue_order,
-        backfill_by_limit=backfill_limits == "on",
+        max_holds=max_holds,
         holds_per_shape=holds_per_shape,
         size_aging_s=size_aging_s,
-        hold_within_wait=hold_within_wait == "on",
+        backfill_limits=backfill_limits,
+        hold_within_wait=hold_within_wait,
         hold_candidates=hold_candidates,
-        carry_holds=carry_holds == "on",
-        spare_whole_nodes_s=spare_whole_nodes_s,
         hold_choice=hold_choice,
         start_accuracy=start_accuracy,
         hold_nodes=hold_nodes,
         oldest_first_one_pod_s=oldest_first_one_pod_s,
-        hold_busy_nodes=hold_busy_nodes != "off",
-        hold_busy_by_drain=hold_busy_nodes == "earliest-drain",
-        hold_keep_one_node=keep_one_node_hold == "on",
+        hold_busy_nodes=hold_busy_nodes,
+        keep_one_node_hold=keep_one_node_hold,
+        carry_holds=carry_holds,
+        spare_whole_nodes_s=spare_whole_nodes_s,
         spare_draining_s=spare_draining_s,
+        old_starvation_s=old_starvation_s,
+        old_oldest_first_s=old_oldest_first_s,
+        old_max_holds=old_max_holds,
+        time_limit_factor=time_limit_factor,
+        scatter_slowdown=scatter_slowdown,
     )
     try:
         members = load_fleet(fleet)
@@ -471,7 +244,7 @@ def simulate_command(
                 half_life_s=half_life,
                 backfill=backfill,
                 preemption=(
-                    SimPreemption(on=preemption == "on", victims=victims)
+                    SimPreemption(on=preemption == "on", victims=victims)  # type: ignore[arg-type]
                     if preemption is not None
                     else None
                 ),

@@ -6,8 +6,8 @@ CRC-32: the same in every process and release, so a new leader rewrites the buck
 predecessor wrote); a bucket is stored as one or more *parts*, keys
 ``clusters/<cluster>/nodechunks/<bucket:03d>/<part:03d>`` each at most :data:`PART_BYTES`,
 plus a key of its own for each node changed since (``<bucket:03d>/n/<node>``, one chunk of one
-node, newer than the parts) until the bucket is rewritten whole (the store's policy:
-``Store.write_nodes``). A full snapshot of 5,000 nodes is ~256 puts instead of 5,000 (one etcd
+node, newer than the parts) until the bucket is rewritten whole (the write policy:
+:meth:`ChunkIndex.plan_write`, below). A full snapshot of 5,000 nodes is ~256 puts instead of 5,000 (one etcd
 op costs the hub ~6-7 µs of CPU in aetcd, a node's pydantic JSON ~2.3 µs; issue 25).
 
 A part's value is compact JSON (:func:`encode_chunk`)::
@@ -24,14 +24,21 @@ shape's objects, docs/hub.md "Packed inventory", so a shape's are written once a
 and ``objs[base]`` the shape's labels. :func:`decode_chunk` rebuilds each node and validates
 it as a :class:`NodeInventory`; anything that does not add up raises ``ValueError`` (the
 store names the key).
+
+:class:`ChunkIndex` is what a hub replica knows of each member's stored chunks (the node names
+in a bucket's parts, its part count, its node keys) and the policy that turns a changed
+inventory into each bucket's puts and deletes (:meth:`ChunkIndex.plan_write`); it does no I/O:
+the store runs the ops in its guarded transactions and reports back (:meth:`ChunkIndex.written`),
+and feeds each chunk it loads to :meth:`ChunkIndex.load_chunk`.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic_core import to_json
 
@@ -189,3 +196,219 @@ def _obj(objs: list[Any], i: Any) -> Any:
     if type(i) is not int or not 0 <= i < len(objs):
         raise ValueError(f"object index {i!r} out of range (0 .. {len(objs) - 1})")
     return objs[i]
+
+
+def chunk_key(cluster: str, bucket: int, part: int | None = None, *, node: str = "") -> str:
+    """``clusters/<cluster>/nodechunks/<bucket>/<part>``, ``.../<bucket>/n/<node>`` (a node
+    key), or the bucket's prefix (neither; it ends in ``/``): keys after the store's prefix."""
+    if node:
+        return f"clusters/{cluster}/nodechunks/{bucket:03d}/n/{node}"
+    if part is None:
+        return f"clusters/{cluster}/nodechunks/{bucket:03d}/"
+    return f"clusters/{cluster}/nodechunks/{bucket:03d}/{part:03d}"
+
+
+def legacy_key(cluster: str, name: str) -> str:
+    """``clusters/<cluster>/nodes/<node>``: a node's key in the release before (after the
+    store's prefix)."""
+    return f"clusters/{cluster}/nodes/{name}"
+
+
+class Put(NamedTuple):
+    """Write ``value`` at ``key`` (after the store's prefix): an op as a plain reader of
+    :meth:`ChunkIndex.plan_write` (a test) makes it."""
+
+    key: str
+    value: bytes
+
+
+class Delete(NamedTuple):
+    """Delete ``key`` (after the store's prefix); with ``under`` (a prefix, ``""``: none),
+    every key from ``key`` up to the last key under ``under``. As :class:`Put`."""
+
+    key: str
+    under: str = ""
+
+
+#: an op as the caller of :meth:`ChunkIndex.plan_write` makes it (``put`` and ``delete``)
+Op = TypeVar("Op")
+
+
+@dataclass(slots=True)
+class BucketOps(Generic[Op]):
+    """One bucket's share of a write: its ops in order, the value bytes its puts carry and
+    the nodes it encoded (the store's transaction limits count both)."""
+
+    ops: list[Op]
+    value_bytes: int
+    nodes: int
+
+
+@dataclass
+class _Index:
+    """What one member's stored chunks hold, by bucket: the node names in its parts, its part
+    count, and the names of its node keys (``<bucket>/n/<node>``, newer than the parts)."""
+
+    #: a tuple, not a set, per bucket: ~10 bytes a node instead of ~96 (a set's table), 45 MiB
+    #: of the hub's RSS at 100 x 5,000; a write makes a set of the few buckets it touches
+    names: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    parts: dict[int, int] = field(default_factory=dict)
+    loose: dict[int, set[str]] = field(default_factory=dict)
+    #: names of the per-node keys of the release before (``clusters/<cluster>/nodes/<node>``)
+    legacy: dict[int, set[str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WritePlan(Generic[Op]):
+    """One member's write (:meth:`ChunkIndex.plan_write`): iterate :attr:`buckets` for the
+    ops, then report them written (:meth:`ChunkIndex.written`)."""
+
+    cluster: str
+    #: one :class:`BucketOps` a touched bucket, encoded only when asked for
+    buckets: Iterator[BucketOps[Op]]
+    _index: _Index
+
+
+class ChunkIndex:
+    """Each member's stored chunks as this replica last loaded or wrote them, and the write
+    policy over them (module docstring). Owned by one :class:`~gpufed.hub.adapters.store.Store`;
+    no I/O, no clock."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, _Index] = {}
+        #: members whose next write rewrites every chunk (stored form unknown)
+        self._rewrite: set[str] = set()
+
+    def plan_write(
+        self,
+        cluster: str,
+        nodes: Mapping[str, NodeInventory],
+        changed: Iterable[str],
+        put: Callable[[str, bytes], Op],
+        delete: Callable[[str, str], Op],
+    ) -> WritePlan[Op]:
+        """The ops that persist one member's inventory after ``changed`` nodes were upserted
+        or removed: one :class:`BucketOps` a touched bucket, each encoded only when the caller
+        asks for the next (so it may run a transaction between two). ``nodes`` is the member's
+        whole inventory now (name -> node), ``changed`` the names added, changed or gone since
+        the last write. In a bucket with a few changed nodes and none of its parts' nodes gone,
+        each changed node is written as a node key of its own (``<bucket>/n/<node>``, one put,
+        as cheap as the per-node keys of the release before); once they would be more than
+        half of its parts' nodes, or one of those left, the bucket is rewritten whole (its
+        parts, node keys deleted). Every bucket is rewritten, and the per-node keys of the
+        release before deleted, when this member's stored form is not known to match (an
+        upgrade, a write that failed): the member stays so marked until the caller reports
+        the plan written (:meth:`written`). The index records each bucket as it is planned.
+        Each op is what ``put(key, value)`` or ``delete(key, under)`` makes of it (keys after
+        the store's prefix, as :class:`Put` and :class:`Delete` spell them): the store makes
+        its etcd transaction ops at once, with no op in between."""
+        index = self._index.setdefault(cluster, _Index())
+        full = cluster in self._rewrite
+        by_bucket: dict[int, set[str]] = {}
+        for name in nodes if full else changed:
+            by_bucket.setdefault(bucket_of(name), set()).add(name)
+        self._rewrite.add(cluster)  # until this write went through
+        buckets = _buckets(cluster, nodes, index, by_bucket, full, put, delete)
+        return WritePlan(cluster, buckets, index)
+
+    def written(self, plan: WritePlan[Any]) -> None:
+        """Every op of ``plan`` was written: the member's stored form is known again (and the
+        per-node keys of the release before are gone)."""
+        plan._index.legacy.clear()
+        self._rewrite.discard(plan.cluster)
+
+    def start_load(self) -> None:
+        """Forget every member's stored form: a load is about to read it again."""
+        self._index, self._rewrite = {}, set()
+
+    def load_chunk(
+        self,
+        nodes: dict[str, NodeInventory],
+        cluster: str,
+        bucket: int,
+        part: str | None,
+        value: bytes,
+        node_key: str = "",
+    ) -> None:
+        """One chunk part (``part``) or node key (``node_key``: the node's name) into
+        ``nodes`` (the member's loaded nodes, name -> node) and the member's index;
+        ``ValueError`` when it does not decode. A node key is newer than its bucket's parts
+        (and sorts after them). A node outside its bucket marks the member for a whole
+        rewrite."""
+        index = self._index.setdefault(cluster, _Index())
+        decoded = decode_chunk(value)
+        if node_key and [n.name for n in decoded] != [node_key]:
+            raise ValueError(f"a node key holds {[n.name for n in decoded]!r:.200}")
+        for node in decoded:
+            nodes[node.name] = node
+            if bucket_of(node.name) != bucket:
+                self._rewrite.add(cluster)
+        if part is not None:
+            index.parts[bucket] = max(index.parts.get(bucket, 0), int(part) + 1)
+            index.names[bucket] = (*index.names.get(bucket, ()), *(n.name for n in decoded))
+        else:
+            index.loose.setdefault(bucket, set()).update(n.name for n in decoded)
+
+    def load_legacy(self, cluster: str, name: str) -> None:
+        """A per-node key of the release before (``clusters/<cluster>/nodes/<name>``) was
+        loaded: the member's first write rewrites it whole and deletes those keys."""
+        index = self._index.setdefault(cluster, _Index())
+        index.legacy.setdefault(bucket_of(name), set()).add(name)
+        self._rewrite.add(cluster)
+
+
+def _buckets(
+    cluster: str,
+    nodes: Mapping[str, NodeInventory],
+    index: _Index,
+    by_bucket: dict[int, set[str]],
+    full: bool,
+    put: Callable[[str, bytes], Op],
+    delete: Callable[[str, str], Op],
+) -> Iterator[BucketOps[Op]]:
+    """The per-bucket half of :meth:`ChunkIndex.plan_write`."""
+    for b in range(BUCKETS) if full else sorted(by_bucket):
+        # this bucket's sets, stored back below (loose: only while not empty)
+        names = set() if full else set(index.names.get(b, ()))
+        loose = set() if full else index.loose.pop(b, set())
+        todo = by_bucket.get(b, set())
+        ops = [
+            delete(legacy_key(cluster, name), "") for name in index.legacy.get(b, ())
+        ]  # the release before's keys go with the bucket's first write (~60 at most)
+        ups = [n for name in todo if (n := nodes.get(name)) is not None]
+        gone = todo.difference(nodes) if len(ups) != len(todo) else set()
+        half = len(names) // 2
+        if not full and len(todo) <= half and not (gone & names) and len(loose | todo) <= half:
+            added = 0
+            for n in ups:  # node keys of their own
+                v = encode_chunk((n,))
+                ops.append(put(chunk_key(cluster, b, node=n.name), v))
+                added += len(v)
+            for name in gone:
+                ops.append(delete(chunk_key(cluster, b, node=name), ""))
+            loose |= todo
+            loose -= gone
+            encoded = len(ups)
+        else:  # the bucket whole
+            if names or loose or gone:
+                names |= loose
+                names |= todo
+                names -= gone
+                members = [n for name in names if (n := nodes.get(name)) is not None]
+                if len(members) != len(names):
+                    names.intersection_update(nodes)
+            else:  # nothing stored yet (a new member): the changed nodes are all of it
+                names |= todo
+                members = ups
+            parts = encode_parts(members)
+            ops += [put(chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
+            if full or loose or len(parts) < index.parts.get(b, 0):
+                # parts past the new last one, and every node key (they sort after)
+                ops.append(delete(chunk_key(cluster, b, len(parts)), chunk_key(cluster, b)))
+            index.parts[b] = len(parts)
+            loose.clear()
+            added, encoded = sum(map(len, parts)), len(members)
+        index.names[b] = tuple(names)
+        if loose:
+            index.loose[b] = loose
+        yield BucketOps(ops, added, encoded)

@@ -56,13 +56,7 @@ from tenacity import (
 
 from gpufed.api.errors import GpufedError, PermanentError, TransientError
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.adapters.nodechunks import (
-    BUCKETS,
-    bucket_of,
-    decode_chunk,
-    encode_chunk,
-    encode_parts,
-)
+from gpufed.hub.adapters.nodechunks import ChunkIndex
 from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
@@ -149,20 +143,6 @@ TXN_BYTES = 1024 * 1024
 TXN_NODES = 1024
 
 
-@dataclass
-class _Index:
-    """What one member's stored chunks hold, by bucket: the node names in its parts, its part
-    count, and the names of its node keys (``<bucket>/n/<node>``, newer than the parts)."""
-
-    #: a tuple, not a set, per bucket: ~10 bytes a node instead of ~96 (a set's table), 45 MiB
-    #: of the hub's RSS at 100 x 5,000; a write makes a set of the few buckets it touches
-    names: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    parts: dict[int, int] = field(default_factory=dict)
-    loose: dict[int, set[str]] = field(default_factory=dict)
-    #: names of the per-node keys of the release before (``clusters/<cluster>/nodes/<node>``)
-    legacy: dict[int, set[str]] = field(default_factory=dict)
-
-
 class Store:
     """Typed access to the hub's keys in etcd (see the module docstring for the layout).
 
@@ -176,9 +156,7 @@ class Store:
         self.hub_id = hub_id
         self._leader_key = self._k("leader")
         #: each member's stored chunks as this replica last loaded or wrote them
-        self._index: dict[str, _Index] = {}
-        #: members whose next :meth:`write_nodes` rewrites every chunk (stored form unknown)
-        self._rewrite: set[str] = set()
+        self._chunks = ChunkIndex()
 
     @classmethod
     async def connect(
@@ -496,100 +474,37 @@ class Store:
     ) -> None:
         """Persist one member's inventory after ``changed`` nodes were upserted or removed:
         ``nodes`` is the member's whole inventory now (name -> node), ``changed`` the names
-        added, changed or gone since the last write (layout: :mod:`~gpufed.hub.adapters.
-        nodechunks`). In a bucket with a few changed nodes and none of its parts' nodes gone,
-        each changed node is written as a node key of its own (``<bucket>/n/<node>``, one put,
-        as cheap as the per-node keys of the release before); once they would be more than
-        half of its parts' nodes, or one of those left, the bucket is rewritten whole (its
-        parts, node keys deleted). Every bucket is rewritten, and the per-node keys of the
-        release before deleted, when this member's stored form is not known to match (an
-        upgrade, a write that failed). Guarded, in transactions of at most ``_MAX_OPS`` ops,
-        :data:`TXN_BYTES` and :data:`TXN_NODES` nodes (the event loop is free between two; a
-        value's JSON is made just before its transaction). Raises as the other writes."""
-        index = self._index.setdefault(cluster, _Index())
-        full = cluster in self._rewrite
-        by_bucket: dict[int, set[str]] = {}
-        for name in nodes if full else changed:
-            by_bucket.setdefault(bucket_of(name), set()).add(name)
-        self._rewrite.add(cluster)  # until this write went through
-        tx = self._client.transactions
+        added, changed or gone since the last write. Which keys each bucket writes and deletes
+        is :meth:`~gpufed.hub.adapters.nodechunks.ChunkIndex.plan_write`'s; here they run
+        guarded, in transactions of at most ``_MAX_OPS`` ops, :data:`TXN_BYTES` and
+        :data:`TXN_NODES` nodes (the event loop is free between two; a value's JSON is made
+        just before its transaction). Raises as the other writes."""
+        tx, prefix, end = self._client.transactions, self.prefix, aetcd.utils.prefix_range_end
+        plan = self._chunks.plan_write(
+            cluster,
+            nodes,
+            changed,
+            put=lambda key, value: tx.put((prefix + key).encode(), value),
+            delete=lambda key, under: tx.delete(
+                (prefix + key).encode(), range_end=end((prefix + under).encode()) if under else None
+            ),
+        )
         batch: list[Any] = []
         size = count = 0
-        for b in range(BUCKETS) if full else sorted(by_bucket):
-            # this bucket's sets, stored back below (loose: only while not empty)
-            names = set() if full else set(index.names.get(b, ()))
-            loose = set() if full else index.loose.pop(b, set())
-            todo = by_bucket.get(b, set())
-            ops: list[Any] = [
-                tx.delete(self._k("clusters", cluster, "nodes", name))
-                for name in index.legacy.get(b, ())
-            ]  # the release before's keys go with the bucket's first write (~60 at most)
-            ups = [n for name in todo if (n := nodes.get(name)) is not None]
-            gone = todo.difference(nodes) if len(ups) != len(todo) else set()
-            half = len(names) // 2
-            if not full and len(todo) <= half and not (gone & names) and len(loose | todo) <= half:
-                added = 0
-                for n in ups:  # node keys of their own
-                    v = encode_chunk((n,))
-                    ops.append(tx.put(self._chunk_key(cluster, b, node=n.name), v))
-                    added += len(v)
-                for name in gone:
-                    ops.append(tx.delete(self._chunk_key(cluster, b, node=name)))
-                loose |= todo
-                loose -= gone
-                encoded = len(ups)
-            else:  # the bucket whole
-                if names or loose or gone:
-                    names |= loose
-                    names |= todo
-                    names -= gone
-                    members = [n for name in names if (n := nodes.get(name)) is not None]
-                    if len(members) != len(names):
-                        names.intersection_update(nodes)
-                else:  # nothing stored yet (a new member): the changed nodes are all of it
-                    names |= todo
-                    members = ups
-                parts = encode_parts(members)
-                ops += [tx.put(self._chunk_key(cluster, b, p), v) for p, v in enumerate(parts)]
-                if full or loose or len(parts) < index.parts.get(b, 0):
-                    # parts past the new last one, and every node key (they sort after)
-                    ops.append(
-                        tx.delete(
-                            self._chunk_key(cluster, b, len(parts)),
-                            range_end=aetcd.utils.prefix_range_end(self._chunk_key(cluster, b)),
-                        )
-                    )
-                index.parts[b] = len(parts)
-                loose.clear()
-                added, encoded = sum(map(len, parts)), len(members)
-            index.names[b] = tuple(names)
-            if loose:
-                index.loose[b] = loose
+        for bucket in plan.buckets:
+            ops = bucket.ops
             if batch and (
                 len(batch) + len(ops) > _MAX_OPS
-                or size + added > TXN_BYTES
-                or count + encoded > TXN_NODES
+                or size + bucket.value_bytes > TXN_BYTES
+                or count + bucket.nodes > TXN_NODES
             ):
                 await self._guarded(batch)
                 batch, size, count = [], 0, 0
             batch += ops
-            size += added
-            count += encoded
+            size += bucket.value_bytes
+            count += bucket.nodes
         await self._guarded(batch)
-        index.legacy.clear()
-        self._rewrite.discard(cluster)
-
-    def _chunk_key(
-        self, cluster: str, bucket: int, part: int | None = None, *, node: str = ""
-    ) -> bytes:
-        """``clusters/<cluster>/nodechunks/<bucket>/<part>``, ``.../<bucket>/n/<node>`` (a
-        node key), or the bucket's prefix (neither)."""
-        b = f"{bucket:03d}"
-        if node:
-            return self._k("clusters", cluster, "nodechunks", b, "n", node)
-        if part is None:
-            return self._k("clusters", cluster, "nodechunks", b, "")
-        return self._k("clusters", cluster, "nodechunks", b, f"{part:03d}")
+        self._chunks.written(plan)
 
     async def get_job(self, job_uid: str) -> tuple[JobRecord, int] | None:
         """One job record and its revision (after an ambiguous placement write)."""
@@ -617,7 +532,7 @@ class Store:
         end = aetcd.utils.prefix_range_end(prefix)
         start, revision = prefix, 0
         out: Loaded | None = None
-        self._index, self._rewrite = {}, set()
+        self._chunks.start_load()
         legacy: dict[str, dict[str, NodeInventory]] = {}
         while True:
             # Pages of LOAD_PAGE keys, every page at the first page's revision (one consistent
@@ -640,15 +555,15 @@ class Store:
                 try:
                     match key.split("/"):
                         case ["clusters", cluster, "nodechunks", b, p]:
-                            self._load_chunk(out, cluster, int(b), p, kv.value)
+                            nodes = out.nodes.setdefault(cluster, {})
+                            self._chunks.load_chunk(nodes, cluster, int(b), p, kv.value)
                         case ["clusters", cluster, "nodechunks", b, "n", name]:
-                            self._load_chunk(out, cluster, int(b), None, kv.value, name)
+                            nodes = out.nodes.setdefault(cluster, {})
+                            self._chunks.load_chunk(nodes, cluster, int(b), None, kv.value, name)
                         case ["clusters", cluster, "nodes", name]:
                             node = NodeInventory.model_validate_json(kv.value)
                             legacy.setdefault(cluster, {})[node.name] = node
-                            index = self._index.setdefault(cluster, _Index())
-                            index.legacy.setdefault(bucket_of(name), set()).add(name)
-                            self._rewrite.add(cluster)
+                            self._chunks.load_legacy(cluster, name)
                         case parts:
                             _load_one(out, parts, kv.value, kv.mod_revision)
                 except ValueError as exc:
@@ -660,34 +575,6 @@ class Store:
                     out.nodes[cluster] = {**nodes, **out.nodes.get(cluster, {})}
                 return out
             start = bytes(page.kvs[-1].key) + b"\0"
-
-    def _load_chunk(
-        self,
-        out: Loaded,
-        cluster: str,
-        bucket: int,
-        part: str | None,
-        value: bytes,
-        node_key: str = "",
-    ) -> None:
-        """One chunk part (``part``) or node key (``node_key``: the node's name) into ``out``
-        and the member's index; ``ValueError`` when it does not decode. A node key is newer
-        than its bucket's parts (and sorts after them). A node outside its bucket marks the
-        member for a whole rewrite."""
-        index = self._index.setdefault(cluster, _Index())
-        nodes = out.nodes.setdefault(cluster, {})
-        decoded = decode_chunk(value)
-        if node_key and [n.name for n in decoded] != [node_key]:
-            raise ValueError(f"a node key holds {[n.name for n in decoded]!r:.200}")
-        for node in decoded:
-            nodes[node.name] = node
-            if bucket_of(node.name) != bucket:
-                self._rewrite.add(cluster)
-        if part is not None:
-            index.parts[bucket] = max(index.parts.get(bucket, 0), int(part) + 1)
-            index.names[bucket] = (*index.names.get(bucket, ()), *(n.name for n in decoded))
-        else:
-            index.loose.setdefault(bucket, set()).update(n.name for n in decoded)
 
     async def _range(self, request: Any) -> Any:
         """One etcd Range request (aetcd's ``get_prefix`` has no ``limit``), its gRPC errors

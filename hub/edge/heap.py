@@ -90,8 +90,6 @@ class HeapPolicy:
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
         gc.freeze()
-        self.walked_base = sys.getallocatedblocks()
-        self.walked_at = self._clock()
         self._walked()
 
     def uninstall(self) -> None:
@@ -113,8 +111,6 @@ class HeapPolicy:
         if whole:  # this collection walked the whole heap: the new base
             self._whole_next = False
             self.whole_walks += 1
-            self.walked_base = sys.getallocatedblocks()
-            self.walked_at = self._clock()
             self._walked()
         elif sys.getallocatedblocks() >= self._growth() * max(self.walked_base, 1):
             gc.unfreeze()  # the next full collection walks everything and frees frozen cycles
@@ -128,5 +124,9 @@ class HeapPolicy:
         return UNFREEZE_GROWTH_SOON if soon else UNFREEZE_GROWTH
 
     def _walked(self) -> None:
+        """Take the growth rule's base: the heap's blocks and the clock, now (install or
+        right after a whole walk); the one place both are set."""
+        self.walked_base = sys.getallocatedblocks()
+        self.walked_at = self._clock()
         if self._metrics is not None:
             self._metrics.gc_walked_heap_blocks.set(self.walked_base)

@@ -58,9 +58,12 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 QUEUES = ("team-a", "team-b")
 
 
-def _fill(draw: Any, cluster: str, n: str, gpus: int, runs: list[Running], **kw: Any) -> Any:
+def _fill(
+    draw: Any, cluster: str, n: str, gpus: int, runs: list[Running], full: bool = False, **kw: Any
+) -> Any:
+    """A node with jobs of 1-8 GPUs on some of its GPUs (``full``: on all of them)."""
     left, jobs = gpus, []
-    while left and draw(st.integers(0, 5)):
+    while left and (full or draw(st.integers(0, 5))):
         g = draw(st.sampled_from([x for x in (1, 2, 4, 8) if x <= left]))
         uid = f"{n}-j{len(jobs)}"
         jobs.append((uid, g))

@@ -24,14 +24,24 @@ import dataclasses
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from placement_builders import GB200, H100, job, member
 from preemption_builders import busy_node
 from quota_builders import org_with_two_teams
-from test_estimatebook import _running, _same, _usage, brute_cheapest, busy_fleets, shapes
+from test_estimatebook import (
+    NOW,
+    POLICY,
+    SETTINGS,
+    _fill,
+    _same,
+    _usage,
+    brute_cheapest,
+    busy_fleets,
+    shapes,
+)
 
-from gpufed.placement import FleetSnapshot, Policy
+from gpufed.placement import FleetSnapshot
 from gpufed.placement import victims as victims_mod
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import (
@@ -44,10 +54,6 @@ from gpufed.placement.preemption import (
 )
 from gpufed.placement.runindex import RunningIndex
 from gpufed.placement.victimblocks import Bound, Estimate
-
-NOW = 50_000.0
-POLICY = Policy()
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 #: a change between two cycles: (pick, what) -- what: "end" (leaves the index), "back" (an
 #: ended job comes back as it was), "restart" (an ended or running job starts again: a later
@@ -78,18 +84,6 @@ cycles = st.lists(
 )
 
 
-def _packed(draw: Any, cluster: str, n: str, gpus: int, runs: list[Running], **kw: Any) -> Any:
-    """A node whose GPUs are all held, by jobs of 1-8 GPUs."""
-    left, jobs = gpus, []
-    while left:
-        g = draw(st.sampled_from([x for x in (1, 2, 4, 8) if x <= left]))
-        uid = f"{n}-j{len(jobs)}"
-        jobs.append((uid, g))
-        runs.append(_running(draw, uid, cluster, {n: g}))
-        left -= g
-    return busy_node(n, jobs, gpus=gpus, **kw)
-
-
 @st.composite
 def packed_fleets(draw: Any) -> tuple[FleetSnapshot, list[Running]]:
     """Members full of jobs (a preemptor must preempt): 1-6 HGX nodes, 0-1 GB200 clique."""
@@ -97,12 +91,14 @@ def packed_fleets(draw: Any) -> tuple[FleetSnapshot, list[Running]]:
     for m in range(draw(st.integers(1, 3))):
         name = f"m{m}"
         nodes = [
-            _packed(draw, name, f"{name}-n{i}", 8, runs, product=H100)
+            _fill(draw, name, f"{name}-n{i}", 8, runs, full=True, product=H100)
             for i in range(draw(st.integers(1, 6)))
         ]
         if draw(st.booleans()):
             kw = {"product": GB200, "clique": f"{name}-fab.0"}
-            nodes += [_packed(draw, name, f"{name}-c0-t{t}", 4, runs, **kw) for t in range(4)]
+            nodes += [
+                _fill(draw, name, f"{name}-c0-t{t}", 4, runs, full=True, **kw) for t in range(4)
+            ]
         members.append(member(name, nodes))
     return FleetSnapshot(members), runs
 

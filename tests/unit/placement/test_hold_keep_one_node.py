@@ -112,23 +112,27 @@ def test_a_job_of_several_pods_ignores_keep() -> None:
     assert got.nodes == frozenset({"a-n001", "a-n003"})
 
 
-def test_the_simulator_takes_the_flag(tmp_path: Path) -> None:
-    code, out = run(
-        tmp_path,
-        "--policy",
-        "gpufed",
-        "--json",
-        "--check-invariants",
-        "--queue-hold-nodes",
-        "earliest-drain",
-        "--queue-keep-one-node-hold",
-        "on",
-    )
+@pytest.mark.parametrize(
+    ("given", "bad"),
+    [
+        (
+            ("--queue-hold-nodes", "earliest-drain", "--queue-keep-one-node-hold", "on"),
+            ("--queue-keep-one-node-hold", "maybe"),
+        ),
+        (("--queue-spare-draining", "3600"), ("--queue-spare-draining", "-1")),  # simdrain
+    ],
+)
+def test_the_simulator_takes_the_flag(
+    tmp_path: Path, given: tuple[str, ...], bad: tuple[str, str]
+) -> None:
+    """This file's flag and test_spare_draining's: a run with it places every job and keeps
+    the invariants; a bad value exits 2 naming the flag."""
+    code, out = run(tmp_path, "--policy", "gpufed", "--json", "--check-invariants", *given)
     assert code == 0, out
     assert json.loads(out)["placed"] == 3
-    code, out = run(tmp_path, "--policy", "gpufed", "--queue-keep-one-node-hold", "maybe")
+    code, out = run(tmp_path, "--policy", "gpufed", *bad)
     assert code == 2
-    assert "--queue-keep-one-node-hold" in out
+    assert bad[0] in out
 
 
 def _sim(keep: bool) -> dict[str, float | None]:

@@ -5,13 +5,9 @@ that needs it whole. Waits worked out by hand."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from placement_builders import hgx_cluster
 from test_hold_keep_one_node import _one_node_stream
-from test_simreport import run
 
 from gpufed.placement.queue import BackfillRule
 from gpufed.placement.sim.simclasses import class_report
@@ -64,22 +60,6 @@ def test_only_nodes_draining_within_the_window_and_only_jobs_that_would_delay_th
     # 1,000 s) and big still starts at 1,000 s
     assert _run(3_600.0, s_limit=990.0)["s beside p"] == 1.0
     assert _waits(3_600.0, s_limit=990.0)["big"] == 980.0
-
-
-def test_the_simulator_takes_the_flag(tmp_path: Path) -> None:
-    code, out = run(
-        tmp_path,
-        "--policy",
-        "gpufed",
-        "--json",
-        "--check-invariants",
-        "--queue-spare-draining",
-        "3600",
-    )
-    assert code == 0, out
-    assert json.loads(out)["placed"] == 3
-    code, out = run(tmp_path, "--policy", "gpufed", "--queue-spare-draining", "-1")
-    assert code == 2
 
 
 def test_with_spare_draining_the_one_node_job_still_waits_at_most_sixteen_hours_and_a_drain() -> (
