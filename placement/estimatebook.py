@@ -46,6 +46,7 @@ from gpufed.placement.victimblocks import (
     Estimate,
     block_estimate,
     block_floor,
+    cost_floor,
     level_of,
 )
 
@@ -86,7 +87,7 @@ _HeapEntry = tuple[int, float, str, str, int, BlockRuns]
 def _heap_entry(b: BlockRuns, now: float) -> _HeapEntry:
     """Block ``b``'s heap entry at ``now`` (wall seconds); its cost floor is
     :func:`~.victimblocks.block_floor`'s."""
-    return (b.low, round(b.gmin * max(0.0, now - b.amax), 6), b.umin, b.key, next(_TICK), b)
+    return (b.low, cost_floor(b.gmin, b.amax, now), b.umin, b.key, next(_TICK), b)
 
 
 class _Member:

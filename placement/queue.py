@@ -140,13 +140,14 @@ class BackfillRule(BaseModel):
     borrow it), until the holder is walked and holds afresh; so under ``smallest-first`` the
     fresh small jobs walked first no longer take the GPUs a starving bigger job is draining
     (default off); ``spare_whole_nodes_s``: with ``schedule_pass(spare=...)``, a job smaller
-    than a node that has waited less than this (seconds; 0: off, the default) is first tried
-    only on partly used nodes; if it finds no room there it is tried again after the whole
-    pass, anywhere: the nodes free from end to end go first to the jobs of the pass that need
-    them whole, and a small job gives them up for at most this long (never one past
-    ``oldest_first_s``); ``hold_choice``: which of the ``hold_candidates`` a starving job
-    holds: ``earliest-start`` (the default) or ``least-idle``, the one whose GPUs stand idle
-    least until its expected start (``schedule_pass(hold_rank=...)``); ``start_accuracy`` (in
+    than a node that has waited less than this (seconds; 0: off; default 5,400: 90 minutes)
+    is first tried only on partly used nodes; if it finds no room there it is tried again
+    after the whole pass, anywhere: the nodes free from end to end go first to the jobs of
+    the pass that need them whole, and a small job gives them up for at most this long
+    (never one past ``oldest_first_s``); ``hold_choice``: which of the ``hold_candidates``
+    a starving job holds: ``earliest-start`` (the default) or ``least-idle``, the one whose
+    GPUs stand idle least until its expected start (``schedule_pass(hold_rank=...)``);
+    ``start_accuracy`` (in
     (0, 1], default 1): the expected start of a hold counts each running job as ending at its
     start plus this fraction of its time limit (not before now) rather than at its limit, as
     users' limits over-estimate runtimes (the callers' ``hold_start``; < 1 lends less, never

@@ -243,6 +243,14 @@ class FleetChangedError(GpufedError, RuntimeError):
 FloorKey = tuple[tuple[int, float, int, str, tuple[str]], str]
 
 
+def cost_floor(gmin: float, amax: float, now: float) -> float:
+    """A lower bound of the work lost (GPU-seconds, rounded to 6 places as an estimate's cost
+    is) of preempting any one job of a block whose jobs hold at least ``gmin`` GPUs each and
+    whose cost anchors (:func:`~gpufed.placement.preemption.cost_anchor`) are at most ``amax``
+    (wall seconds), at ``now``: :func:`block_floor`'s and the estimate book's heap's. O(1)."""
+    return round(gmin * max(0.0, now - amax), 6)
+
+
 def block_floor(f: Floor, now: float, cluster: str, bkey: str) -> FloorKey:
     """A lower bound, in :meth:`Estimate.key` order, of the estimate of any block whose jobs
     ``f`` bounds (:class:`~gpufed.placement.runindex.Floor`), in member ``cluster``, block key
@@ -252,8 +260,7 @@ def block_floor(f: Floor, now: float, cluster: str, bkey: str) -> FloorKey:
     victim's, at least ``round(gmin x max(0, now - amax), 6)`` (float operations are monotone,
     so the floor is exact against :func:`~gpufed.placement.preemption.work_lost_gpu_s`); they
     are at least one; their sorted UIDs start at or after ``umin``. O(1)."""
-    cost = round(f.gmin * max(0.0, now - f.amax), 6)
-    return ((f.low, cost, 1, cluster, (f.umin,)), bkey)
+    return ((f.low, cost_floor(f.gmin, f.amax, now), 1, cluster, (f.umin,)), bkey)
 
 
 class Bound:

@@ -29,7 +29,8 @@ store names the key).
 in a bucket's parts, its part count, its node keys) and the policy that turns a changed
 inventory into each bucket's puts and deletes (:meth:`ChunkIndex.plan_write`); it does no I/O:
 the store runs the ops in its guarded transactions and reports back (:meth:`ChunkIndex.written`),
-and feeds each chunk it loads to :meth:`ChunkIndex.load_chunk`.
+and feeds it each key it loads (:meth:`ChunkIndex.load_key`: the node keys' layout is parsed
+where :func:`chunk_key` and :func:`legacy_key` build it).
 """
 
 from __future__ import annotations
@@ -278,6 +279,8 @@ class ChunkIndex:
         self._index: dict[str, _Index] = {}
         #: members whose next write rewrites every chunk (stored form unknown)
         self._rewrite: set[str] = set()
+        #: during a load: the per-node keys of the release before, cluster -> name -> node
+        self._legacy_nodes: dict[str, dict[str, NodeInventory]] = {}
 
     def plan_write(
         self,
@@ -318,10 +321,40 @@ class ChunkIndex:
         self._rewrite.discard(plan.cluster)
 
     def start_load(self) -> None:
-        """Forget every member's stored form: a load is about to read it again."""
-        self._index, self._rewrite = {}, set()
+        """Forget every member's stored form: a load is about to read it again
+        (:meth:`load_key` each key, then :meth:`finish_load`)."""
+        self._index, self._rewrite, self._legacy_nodes = {}, set(), {}
 
-    def load_chunk(
+    def load_key(self, nodes: dict[str, dict[str, NodeInventory]], key: str, value: bytes) -> bool:
+        """One key a load read (after the store's prefix, in etcd's key order) into ``nodes``
+        (cluster -> name -> node) and the member's index when it is one of this module's node
+        keys (:func:`chunk_key`'s parts and node keys, :func:`legacy_key`'s per-node keys of
+        the release before): True; False for any other key. ``ValueError`` when its value does
+        not decode."""
+        match key.split("/"):
+            case ["clusters", cluster, "nodechunks", b, "n", name]:
+                self._load_chunk(nodes.setdefault(cluster, {}), cluster, int(b), None, value, name)
+            case ["clusters", cluster, "nodechunks", b, part]:
+                self._load_chunk(nodes.setdefault(cluster, {}), cluster, int(b), part, value)
+            case ["clusters", cluster, "nodes", name]:
+                node = NodeInventory.model_validate_json(value)
+                self._legacy_nodes.setdefault(cluster, {})[node.name] = node
+                index = self._index.setdefault(cluster, _Index())
+                index.legacy.setdefault(bucket_of(name), set()).add(name)
+                self._rewrite.add(cluster)  # the first write rewrites it whole, drops those keys
+            case _:
+                return False
+        return True
+
+    def finish_load(self, nodes: dict[str, dict[str, NodeInventory]]) -> None:
+        """The per-node keys of the release before into ``nodes`` (:meth:`load_key`'s), under
+        what the chunks hold: a bucket's go in the transaction that first writes it, so the two
+        never hold one node (what a chunk holds wins)."""
+        for cluster, legacy in self._legacy_nodes.items():
+            nodes[cluster] = {**legacy, **nodes.get(cluster, {})}
+        self._legacy_nodes = {}
+
+    def _load_chunk(
         self,
         nodes: dict[str, NodeInventory],
         cluster: str,
@@ -348,13 +381,6 @@ class ChunkIndex:
             index.names[bucket] = (*index.names.get(bucket, ()), *(n.name for n in decoded))
         else:
             index.loose.setdefault(bucket, set()).update(n.name for n in decoded)
-
-    def load_legacy(self, cluster: str, name: str) -> None:
-        """A per-node key of the release before (``clusters/<cluster>/nodes/<name>``) was
-        loaded: the member's first write rewrites it whole and deletes those keys."""
-        index = self._index.setdefault(cluster, _Index())
-        index.legacy.setdefault(bucket_of(name), set()).add(name)
-        self._rewrite.add(cluster)
 
 
 def _buckets(

@@ -533,7 +533,6 @@ class Store:
         start, revision = prefix, 0
         out: Loaded | None = None
         self._chunks.start_load()
-        legacy: dict[str, dict[str, NodeInventory]] = {}
         while True:
             # Pages of LOAD_PAGE keys, every page at the first page's revision (one consistent
             # view): etcd answers a range in one gRPC message, and a fleet's inventory is far
@@ -553,26 +552,12 @@ class Store:
             for kv in page.kvs:
                 key = kv.key.decode()[len(self.prefix) :]
                 try:
-                    match key.split("/"):
-                        case ["clusters", cluster, "nodechunks", b, p]:
-                            nodes = out.nodes.setdefault(cluster, {})
-                            self._chunks.load_chunk(nodes, cluster, int(b), p, kv.value)
-                        case ["clusters", cluster, "nodechunks", b, "n", name]:
-                            nodes = out.nodes.setdefault(cluster, {})
-                            self._chunks.load_chunk(nodes, cluster, int(b), None, kv.value, name)
-                        case ["clusters", cluster, "nodes", name]:
-                            node = NodeInventory.model_validate_json(kv.value)
-                            legacy.setdefault(cluster, {})[node.name] = node
-                            self._chunks.load_legacy(cluster, name)
-                        case parts:
-                            _load_one(out, parts, kv.value, kv.mod_revision)
+                    if not self._chunks.load_key(out.nodes, key, kv.value):
+                        _load_one(out, key.split("/"), kv.value, kv.mod_revision)
                 except ValueError as exc:
                     raise StoreError(f"etcd key {self.prefix}{key}: {exc}") from exc
             if not page.more or not page.kvs:
-                # Per-node keys of the release before: a bucket's go in the transaction that
-                # first writes it, so the two never hold one node (what a chunk holds wins).
-                for cluster, nodes in legacy.items():
-                    out.nodes[cluster] = {**nodes, **out.nodes.get(cluster, {})}
+                self._chunks.finish_load(out.nodes)
                 return out
             start = bytes(page.kvs[-1].key) + b"\0"
 

@@ -76,18 +76,12 @@ def load(kv: dict[str, bytes]) -> tuple[nc.ChunkIndex, dict[str, NodeInventory]]
     """A new replica's load of ``kv`` (in etcd's key order), as the store's ``load`` does it."""
     index = nc.ChunkIndex()
     index.start_load()
-    nodes: dict[str, NodeInventory] = {}
+    nodes: dict[str, dict[str, NodeInventory]] = {}
     for key in sorted(kv):
-        match key.split("/"):
-            case ["clusters", "m1", "nodechunks", b, "n", name]:
-                index.load_chunk(nodes, "m1", int(b), None, kv[key], name)
-            case ["clusters", "m1", "nodechunks", b, p]:
-                index.load_chunk(nodes, "m1", int(b), p, kv[key])
-            case ["clusters", "m1", "nodes", name]:
-                index.load_legacy("m1", name)
-            case _:
-                raise AssertionError(f"unexpected key {key}")
-    return index, nodes
+        assert index.load_key(nodes, key, kv[key]), f"not a node key: {key}"
+    index.finish_load(nodes)
+    assert set(nodes) <= {"m1"}
+    return index, nodes.get("m1", {})
 
 
 def chunk_keys(kv: dict[str, bytes]) -> set[str]:
@@ -154,9 +148,9 @@ def test_a_write_that_stopped_half_way_is_followed_by_a_whole_rewrite() -> None:
 
 def test_the_release_befores_per_node_keys_go_with_the_first_write() -> None:
     want = {f"n{i:03d}": node(f"n{i:03d}", 1) for i in range(100)}
-    kv = {f"clusters/m1/nodes/{n}": b"{}" for n in want}  # the index reads only their names
+    kv = {nc.legacy_key("m1", n): v.model_dump_json().encode() for n, v in want.items()}
     index, got = load(kv)
-    assert got == {}
+    assert got == want
     want["n001"] = node("n001", 2)
     write(index, kv, want, ["n001"])  # one node changed: every bucket written, old keys gone
     assert not any(k.startswith("clusters/m1/nodes/") for k in kv)
