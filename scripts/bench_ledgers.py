@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU cost of one scheduling cycle's queue ledgers on the hub (``Queues.rebuild_usage``
-after :meth:`JobCharges.update <gpufed.hub.components.charges.JobCharges.update>`), before and
+after :meth:`JobCharges.update <gpufed.hub.components.usage.JobCharges.update>`), before and
 after the ledgers were kept by the charges that changed (docs/benchmarks.md, "Queue ledgers
 kept by the changed charges").
 
@@ -17,8 +17,8 @@ amount or become a victim). Two ways, alternated within each repeat, process CPU
 - ``before_ms``: the old ``Queues._build_ledgers`` (two ``QuotaUsage.rebuild`` over every
   charge and the holds), replayed here from the old code, on the old ``QuotaUsage`` (read
   with ``git show`` from ``--before-rev``, default the commit before this work).
-- ``after_ms``: :meth:`QueueLedgers.apply <gpufed.hub.components.ledgers.QueueLedgers.apply>`
-  of the changed charges and :meth:`~gpufed.hub.components.ledgers.QueueLedgers.views`.
+- ``after_ms``: :meth:`QueueLedgers.apply <gpufed.hub.components.usage.QueueLedgers.apply>`
+  of the changed charges and :meth:`~gpufed.hub.components.usage.QueueLedgers.views`.
 
 Besides, once per size: ``charges_ms``: the incremental :meth:`JobCharges.update` itself
 with ``--changed`` jobs marked touched (fake jobs, no recount, median of 5), and
@@ -49,9 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpufed.hub.components.charges import Charge, JobCharges  # noqa: E402
-from gpufed.hub.components.ledgers import Hold, QueueLedgers  # noqa: E402
 from gpufed.hub.components.metrics import HubMetrics  # noqa: E402
+from gpufed.hub.components.usage import Charge, Hold, JobCharges, QueueLedgers  # noqa: E402
 from gpufed.placement.quota import QuotaUsage  # noqa: E402
 
 #: the commit whose ``placement/quotausage.py`` is the "before" ledger

@@ -115,14 +115,6 @@ class Preemption:
 
     # --- 1. preemptors ----------------------------------------------------------------------------
 
-    def holders(self) -> set[str]:
-        """The preemptors whose victims are still stopping (their holds must not expire)."""
-        return {
-            j.record.stopping.by_uid
-            for j in self._term.state.stopping()
-            if j.record is not None and j.record.stopping is not None and j.record.stopping.by_uid
-        }
-
     def victims_of(self, uid: str) -> list[JobState]:
         """The jobs being stopped now for preemptor ``uid``."""
         return [
@@ -140,11 +132,7 @@ class Preemption:
             return []
         mono = self._term.mono()
         self._no_plan_until = {u: v for u, v in self._no_plan_until.items() if v[0] > mono}
-        stopping_for = {
-            j.record.stopping.by_uid
-            for j in self._term.state.stopping()
-            if j.record is not None and j.record.stopping is not None
-        }
+        stopping_for = self._term.state.stopping_for()
         out: list[Preemptor] = []
         for req, decision in decisions:
             if decision.outcome != Outcome.UNSCHEDULABLE:
@@ -170,7 +158,7 @@ class Preemption:
 
     async def refresh(self) -> None:
         """Between cycles (the term's status loop): bring the kept running jobs up to date in
-        a worker thread, and every :data:`~gpufed.hub.components.charges.RECOUNT_S` rebuild
+        a worker thread, and every :data:`~gpufed.hub.components.usage.RECOUNT_S` rebuild
         them from scratch there (the drift check), so a preempting cycle finds them ready and
         never pays the rebuild. A dict changing under the worker drops them (built again next
         time). Nothing when preemption is off."""

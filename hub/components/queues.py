@@ -22,12 +22,12 @@ by :mod:`gpufed.hub.components.scheduling` each cycle. The rules are pure and no
   the jobs marked touched since (``HubState.touched``: the term's job table marks every change
   of a job's record, status, request, GPUJob or claim) and the orphan records; running jobs
   that did not change and finished jobs are never walked
-  (:mod:`gpufed.hub.components.charges`). Every 30 s (the status loop's :meth:`refresh`,
+  (:mod:`gpufed.hub.components.usage`). Every 30 s (the status loop's :meth:`refresh`,
   never a scheduling cycle) and at the start of a term, a full count over every job replaces
   it and any job whose charge differs is counted in
   ``gpufed_hub_incremental_drift_total{kind="queue_usage"}`` (0 unless a change path was
   missed). The ledgers follow the charges at every cycle, kept by the charges that changed
-  (:mod:`gpufed.hub.components.ledgers`: each cycle a fork with the holds, so a pass's gate
+  (:mod:`gpufed.hub.components.usage`: each cycle a fork with the holds, so a pass's gate
   never charges the kept ledgers; checked against sums from scratch at each full recount,
   ``kind="queue_ledger"``), so a restart, a failover or a placement that etcd refused can
   neither double nor lose a job; within a cycle the pass
@@ -69,12 +69,12 @@ from gpufed.api.queue import (
     QueueUsage,
     ShareSample,
 )
-from gpufed.hub.components.charges import RECOUNT_S, JobCharges
-from gpufed.hub.components.ledgers import Hold, QueueLedgers
 from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.term import JobState, Term
+from gpufed.hub.components.usage import RECOUNT_S, Hold, KeptUsage
+from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.admission import PriorityCap
 from gpufed.hub.rules.records import FairShareRecord
@@ -154,10 +154,8 @@ class Queues:
         self._count_touched = term.state.follow()
         self._usage_changed: set[str] = set()
         term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
-        #: each job's charge, kept incrementally (:meth:`rebuild_usage`)
-        self._charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
-        #: the ledgers' bases, kept by the charges that changed (:meth:`rebuild_usage`)
-        self._ledgers = QueueLedgers()
+        #: each job's charge and the ledgers' bases, kept by what changed (:meth:`rebuild_usage`)
+        self._usage = KeptUsage(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
         term.metrics.incremental_drift.labels("queue_ledger")  # exported from 0
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None
@@ -282,6 +280,28 @@ class Queues:
             "or run the hub with --unlisted-namespaces default-queue"
         )
 
+    def view(self, job: JobState) -> lc.QueueView:
+        """This cycle's view of ``job``'s GPUQueue and priority (:meth:`unlisted`,
+        :meth:`queue_of`, its PriorityClass resolved under :meth:`max_priority`): a fact of the
+        lifecycle's rule 7."""
+        unlisted = self.unlisted(job)
+        if unlisted is not None:
+            return lc.QueueView(unlisted=unlisted)
+        choice = self.queue_of(job)
+        if choice.error is not None:
+            return lc.QueueView(queue=choice.queue, queue_error=choice.error)
+        res = self._term.state.priorities.resolve(
+            job.priority, queue=choice.queue, cap=self.max_priority(choice.queue)
+        )
+        return lc.QueueView(
+            queue=choice.queue,
+            priority=res.priority,
+            preemption_policy=res.preemption_policy,
+            priority_refused=res.error,
+            priority_field=res.error_field,
+            priority_missing=res.waiting,
+        )
+
     # --- usage -----------------------------------------------------------------------------------
 
     def rebuild_usage(
@@ -303,26 +323,19 @@ class Queues:
 
         Cost: reading the jobs touched since the last count and the orphan records (module
         docstring); the ledgers, the charges that changed and the holds
-        (:class:`~gpufed.hub.components.ledgers.QueueLedgers`). With ``recount`` (the status
+        (:class:`~gpufed.hub.components.usage.KeptUsage`). With ``recount`` (the status
         loop's :meth:`refresh`; the scheduling cycle passes False, so no decision waits for
         it), a full count over every job every
-        :data:`~gpufed.hub.components.charges.RECOUNT_S` counts the jobs
+        :data:`~gpufed.hub.components.usage.RECOUNT_S` counts the jobs
         whose incremental charge differed
-        (:class:`~gpufed.hub.components.charges.JobCharges`) and checks the kept ledgers
+        (:class:`~gpufed.hub.components.usage.JobCharges`) and checks the kept ledgers
         against sums from scratch, counting what they had different
         (``gpufed_hub_incremental_drift_total{kind="queue_ledger"}``) and rebuilding them
         only then."""
-        charges = self._charges.update(recount=recount)
-        self._usage_changed.update(self._charges.changed)
         self._usage_changed.update(u for u, _ in self._holds)
         if holds is not None:
             self._holds = tuple(holds)
             self._usage_changed.update(u for u, _ in self._holds)
-        self._ledgers.apply(self._charges.changed)
-        if self._charges.recounted:
-            differ = self._ledgers.recount(charges)
-            if differ:
-                self._term.metrics.incremental_drift.labels("queue_ledger").inc(differ)
         resolved: list[Hold] = []
         for uid, product in self._holds:
             held = self._term.state.jobs.get(uid)
@@ -331,7 +344,8 @@ class Queues:
             resolved.append((uid, self.queue_of(held).queue, demand_of(held.request, product)))
         # New ledger objects (forks of the kept bases): a pass's gate keeps charging the one
         # it started with, and its charges never reach the bases.
-        self.usage, self.planning_usage = self._ledgers.views(resolved)
+        self.usage, self.planning_usage, changed = self._usage.update(resolved, recount=recount)
+        self._usage_changed.update(changed)
 
     def gate(self) -> QuotaGate:
         """Admission for one pass over the current tree and ledger (the pass charges it)."""
@@ -410,7 +424,7 @@ class Queues:
         ones (``HubState.wanted``) and those counted waiting last time (their queue and
         whether it is listed may change without a mark), never the running jobs that did not
         change nor the finished ones; with ``recount``, every
-        :data:`~gpufed.hub.components.charges.RECOUNT_S` every job, counting any job whose
+        :data:`~gpufed.hub.components.usage.RECOUNT_S` every job, counting any job whose
         count the kept one missed in ``gpufed_hub_incremental_drift_total{kind="queue_jobs"}``
         (except jobs taken in within :data:`_FRESH_S`, not wanted yet)."""
         state = self._term.state

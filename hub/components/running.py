@@ -15,7 +15,7 @@ inventories changed (:class:`HeldGPUs`: only the nodes an inventory delta marked
 nodes of a member whose node dict was replaced whole, are read), and those filed from a reservation (it may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
 changed by the same jobs, and a member whose snapshot state was replaced or any of whose nodes
 was added, removed or re-filed (a new node object: its shape, labels or pool changed;
-``ClusterState.filings`` counts them) is filed again. Every :data:`~gpufed.hub.components.charges.RECOUNT_S` (and at the first update) the
+``ClusterState.filings`` counts them) is filed again. Every :data:`~gpufed.hub.components.usage.RECOUNT_S` (and at the first update) the
 status loop reads every job and node and builds the index from scratch (never a planning
 worker: no decision waits for it); each job whose kept entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
 logged (``hub.preemption.running_drift``): 0 unless a change path was missed. A job that
@@ -40,8 +40,8 @@ import structlog
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.labels import GPU_RESOURCE
-from gpufed.hub.components.charges import RECOUNT_S
 from gpufed.hub.components.term import MemberState, Term
+from gpufed.hub.components.usage import RECOUNT_S
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord
 from gpufed.placement import FleetSnapshot

@@ -4,7 +4,8 @@ A cycle (:meth:`Scheduler.cycle`) runs soon after anything that may let a job fi
 (a job arrives, an inventory or a member's health changes, a reservation ends: :meth:`kick`);
 a burst of changes becomes one cycle. Its phases read, then decide, then act:
 
-1. expire reservations whose pods never showed up;
+1. expire reservations whose pods never showed up (a preemptor's hold lasts while its victims
+   stop: :meth:`HubState.stopping_for <gpufed.hub.components.term.HubState.stopping_for>`);
 2. read the queue: the jobs that still want placement, each in its GPUQueue
    (:mod:`gpufed.hub.components.queues`) at its PriorityClass's value
    (:mod:`gpufed.hub.rules.admission`), and the quota ledger rebuilt from the placements;
@@ -27,6 +28,7 @@ a burst of changes becomes one cycle. Its phases read, then decide, then act:
 4. preempt (:mod:`gpufed.hub.components.preemption`): the jobs left Unschedulable that may preempt get
    their plans, each committed (the preemptor's hold and the victims' marks, one etcd
    transaction) before the victims' copies are deleted (:mod:`gpufed.hub.components.lifecycle`);
+   skipped when the pass placed every job;
 5. act: each placed job is committed (:meth:`Scheduler._commit`): its job record (with its
    queue and charge), work item and reservation are written in ONE etcd transaction
    (:meth:`gpufed.hub.adapters.store.Store.place`) before anything is sent, then it is dispatched; the
@@ -60,7 +62,6 @@ from gpufed.hub.components.preemption import Preemption
 from gpufed.hub.components.queues import Queues
 from gpufed.hub.components.reservations import Reservations, with_suspects
 from gpufed.hub.components.term import JobState, Term, WorkState
-from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.records import JobRecord, WorkRecord
 from gpufed.placement import (
@@ -157,7 +158,7 @@ class Scheduler:
         now = self._term.wall()
         # 1. drop reservations whose pods never showed up (a preemptor's hold lasts while its
         #    victims stop)
-        await self._reservations.expire(now, keep=self._preemption.holders())
+        await self._reservations.expire(now, keep=self._term.state.stopping_for())
         queues = self._queues
         if not queues.synced.is_set() or not self._term.state.priorities.synced.is_set():
             # Nothing is admitted before this term knows the quotas and the PriorityClasses
@@ -174,7 +175,7 @@ class Scheduler:
             job = self._term.state.jobs.get(uid)
             if job is None or not job.wants_placement or job.backing_off(now):
                 wanted.discard(uid)  # a job in backoff comes back from the lifecycle
-            elif self._lifecycle.admit(job, self._queue_view(job)):  # rule 7, with the view
+            elif self._lifecycle.admit(job, queues.view(job)):  # rule 7, with the view
                 waiting.append(job)
         self._term.metrics.queue_depth.set(len(waiting))
         if not waiting:
@@ -250,15 +251,18 @@ class Scheduler:
             else None,
         )
         self._carried = result.taken
-        # 4. preempt for the jobs left Unschedulable that may (commit first, then delete)
-        answers = await self._preemption.run(
-            result.decisions,
-            self._policy,
-            # the usage to come (stopping victims gone): reclaim never takes more than is
-            # borrowed; admission (the gate) still counts the victims until they are gone
-            QuotaView(gate.tree, queues.planning_usage) if gate.enforce else None,
-            now,
-        )
+        # 4. preempt for the jobs left Unschedulable that may (commit first, then delete); a
+        #    pass that placed every job has nothing to answer (preemption.py not entered)
+        answers: dict[str, PreemptionPlan | NoPreemption] = {}
+        if any(d.outcome != Outcome.PLACED for _, d in result.decisions):
+            answers = await self._preemption.run(
+                result.decisions,
+                self._policy,
+                # the usage to come (stopping victims gone): reclaim never takes more than is
+                # borrowed; admission (the gate) still counts the victims until they are gone
+                QuotaView(gate.tree, queues.planning_usage) if gate.enforce else None,
+                now,
+            )
         # 5. act: commit placed jobs (etcd first, then dispatch); report the rest
         commits = []
         for req, decision in result.decisions:
@@ -294,27 +298,6 @@ class Scheduler:
             holds=self._reservations.hold_charges(self._term.state.wanted), recount=False
         )
         queues.publish(shares, recount=False)
-
-    def _queue_view(self, job: JobState) -> lc.QueueView:
-        """This cycle's view of ``job``'s GPUQueue and priority (the queues, the
-        PriorityClasses; a fact of the lifecycle's rule 7)."""
-        unlisted = self._queues.unlisted(job)
-        if unlisted is not None:
-            return lc.QueueView(unlisted=unlisted)
-        choice = self._queues.queue_of(job)
-        if choice.error is not None:
-            return lc.QueueView(queue=choice.queue, queue_error=choice.error)
-        res = self._term.state.priorities.resolve(
-            job.priority, queue=choice.queue, cap=self._queues.max_priority(choice.queue)
-        )
-        return lc.QueueView(
-            queue=choice.queue,
-            priority=res.priority,
-            preemption_policy=res.preemption_policy,
-            priority_refused=res.error,
-            priority_field=res.error_field,
-            priority_missing=res.waiting,
-        )
 
     def _not_placed(
         self, job: JobState, decision: Decision, preemption: NoPreemption | None = None

@@ -322,7 +322,7 @@ class HubState:
         #: the sets :meth:`nodes_changed` adds to (one per follower, :meth:`follow_nodes`)
         self._node_followers: list[set[tuple[str, str]]] = []
         #: jobs whose placement or record may have changed since the queues' usage last read
-        #: them (the incremental charges, gpufed.hub.components.charges, read and clear it)
+        #: them (the incremental charges, gpufed.hub.components.usage, read and clear it)
         self.touched: set[str] = self.follow()
         self.jobs: dict[str, JobState] = JobTable(self.touch)
         #: the jobs whose record is being stopped now (kept by :meth:`touch`)
@@ -389,6 +389,15 @@ class HubState:
         """The jobs whose copy is being stopped for a requeue now (by UID). O(stopping jobs):
         kept by :meth:`touch` (every change of a job's record marks it)."""
         return [self._stopping[uid] for uid in sorted(self._stopping)]
+
+    def stopping_for(self) -> set[str]:
+        """The preemptors whose victims are still being stopped (UIDs): their holds last
+        whatever their TTL, and none of them plans again meanwhile. O(stopping jobs)."""
+        return {
+            r.stopping.by_uid
+            for j in self._stopping.values()
+            if (r := j.record) is not None and r.stopping is not None and r.stopping.by_uid
+        }
 
     def lock(self, uid: str) -> asyncio.Lock:
         """The lock that serialises every read-modify-write of job ``uid``."""

@@ -332,9 +332,14 @@ async def test_a_hold_outlives_its_ttl_while_its_victims_stop() -> None:
     await f.submit("hi", "uh", 8, "high")
     await t.ctrl.scheduler.cycle()
     assert await f.ack("delete", "Deleted") == f.n1
+    stopping = {u for u, (r, _) in t.store.jobs.items() if r.stopping is not None}
     t.clock.advance(300)  # the victims' pods are still terminating, long past the TTL
     await t.ctrl.scheduler.cycle()
-    assert t.ctrl.reservations.held("uh") is not None, "the hold expired under its victims"
+    held = t.ctrl.reservations.held("uh")
+    assert held is not None, "the hold expired under its victims"
+    # the same hold (the first plan's node), not a second preemption after it expired
+    assert set(held.nodes) == {"m1-n1"}, "the hold expired and the preemptor preempted again"
+    assert {u for u, (r, _) in t.store.jobs.items() if r.stopping is not None} == stopping
     # the console shows these GPUs as held for a preemptor (the blocks endpoint's "held")
     assert sum(t.ctrl.held_gpus("m1").values()) == 8
     f.report(node("m1-n1"))

@@ -1,4 +1,4 @@
-"""Queue usage kept incrementally (gpufed.hub.components.charges) equals a brute-force recount.
+"""Queue usage kept incrementally (gpufed.hub.components.usage) equals a brute-force recount.
 
 A real leader term over the typed fakes is driven by random job events (submit, scheduling
 cycle, a job running, succeeding, failing for the infrastructure (requeued, re-run) or for
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufed.api.work import FailureCause, WorkAck, WorkloadStatus
-from gpufed.hub.components.charges import RECOUNT_S
+from gpufed.hub.components.usage import RECOUNT_S
 from gpufed.hub.rules.records import RequeueCause
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, settle

@@ -1,6 +1,6 @@
 """The queues' ledgers kept by the charges that changed equal a rebuild from every charge.
 
-A Hypothesis state machine drives :class:`gpufed.hub.components.ledgers.QueueLedgers` with
+A Hypothesis state machine drives :class:`gpufed.hub.components.usage.QueueLedgers` with
 random sequences of charge changes (a job placed, finished, moved to another queue or amount,
 become a victim stopping for a preemptor, several at once), waiting preemptors' holds, passes
 that charge the cycle's ledgers as a gate does, and full recounts. After every step each
@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gpufed.api.work import WorkloadStatus
-from gpufed.hub.components.charges import RECOUNT_S, Charge
-from gpufed.hub.components.ledgers import Hold, QueueLedgers
+from gpufed.hub.components.usage import RECOUNT_S, Charge, Hold, QueueLedgers
 from gpufed.placement.quota import QuotaUsage
 from tests.unit.hub.builders import hgx_node
 from tests.unit.hub.term import Term, settle
@@ -204,7 +203,7 @@ def test_a_ledger_gone_wrong_is_counted_as_drift_at_the_recount_and_rebuilt() ->
         metric = t.ctrl.metrics.incremental_drift.labels("queue_ledger")
         assert metric._value.get() == 0
         # a bug changes a base behind the ledgers' back (a job no charge names)
-        queues._ledgers.admission.charge("ghost", "default", h100, 4)
+        queues._usage.ledgers.admission.charge("ghost", "default", h100, 4)
         queues.rebuild_usage()
         assert dict(queues.usage.own("default")) == {h100: 12}, "kept until the recount"
         t.clock.advance(RECOUNT_S)

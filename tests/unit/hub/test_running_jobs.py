@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 from gpufed.api.inventory import NodeInventory
 from gpufed.api.stream import InventoryDelta
 from gpufed.api.work import WorkAck
-from gpufed.hub.components.charges import RECOUNT_S
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.running import HeldGPUs
 from gpufed.hub.components.term import MemberState
+from gpufed.hub.components.usage import RECOUNT_S
 from gpufed.placement.preemptcycle import PreemptionCycle
 from gpufed.placement.preemption import Preemptor
 from gpufed.placement.runindex import LEVELS, RunningIndex
