@@ -73,7 +73,7 @@ from gpufed.hub.components.lifecycle import Lifecycle
 from gpufed.hub.components.metrics import MAX_QUEUE_SERIES
 from gpufed.hub.components.mirror import Mirror
 from gpufed.hub.components.term import JobState, Term
-from gpufed.hub.components.usage import RECOUNT_S, Hold, KeptUsage
+from gpufed.hub.components.usage import RECOUNT_S, Hold, JobCharges, KeptUsage
 from gpufed.hub.rules import lifecycle as lc
 from gpufed.hub.rules import status as st
 from gpufed.hub.rules.admission import PriorityCap
@@ -155,7 +155,8 @@ class Queues:
         self._usage_changed: set[str] = set()
         term.metrics.incremental_drift.labels("queue_jobs")  # exported from 0
         #: each job's charge and the ledgers' bases, kept by what changed (:meth:`rebuild_usage`)
-        self._usage = KeptUsage(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
+        charges = JobCharges(term, lifecycle.orphan_records, lambda j: self.queue_of(j).queue)
+        self._usage = KeptUsage(term, charges)
         term.metrics.incremental_drift.labels("queue_ledger")  # exported from 0
         self.decayed = DecayedUsage(cfg.fair_share_half_life_s)
         self._saved_at: float | None = None

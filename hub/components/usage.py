@@ -342,19 +342,12 @@ def _differences(kept: QueueLedgers) -> list[str]:
 
 
 class KeptUsage:
-    """The charges and the ledgers they feed (module docstring), changed together in one call.
+    """The charges and the ledgers they feed (module docstring), changed together in one call:
+    ``charges`` (:class:`JobCharges`) feeds a new :class:`QueueLedgers`; drift goes to
+    ``term``'s metrics."""
 
-    ``orphans``: the job records whose GPUJob the term has not seen
-    (:meth:`gpufed.hub.components.lifecycle.Lifecycle.orphan_records`); ``queue_of``: the queue
-    a job of a record without a queue charges now."""
-
-    def __init__(
-        self,
-        term: Term,
-        orphans: Callable[[], list[JobRecord]],
-        queue_of: Callable[[JobState], str],
-    ) -> None:
-        self.charges = JobCharges(term, orphans, queue_of)
+    def __init__(self, term: Term, charges: JobCharges) -> None:
+        self.charges = charges
         self.ledgers = QueueLedgers()
         self._metrics = term.metrics
 
