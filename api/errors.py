@@ -24,10 +24,12 @@ still catch it)::
     │   │   UnknownGPUError, FleetError, QueueFileError, KubeconfigError, TraceError,
     │   │   IntervalFileError, ManifestRefusedError, SelectorError, SubmitError
     │   ├── KindNotServedError      (LookupError) the member serves no such kind
+    │   ├── TokenRefused            the console's caller token is malformed or not accepted
     │   └── NotLeaderError          (StoreError) another replica leads: the term ends
     ├── TransientError              may succeed when tried again later
     │   ├── HubUnavailableError     (ConnectionError) the agent's stream to the hub broke
-    │   └── StoreUnavailableError   (StoreError) etcd past the store's retry budget
+    │   ├── StoreUnavailableError   (StoreError) etcd past the store's retry budget
+    │   └── HubReadError            the console's read of the hub cluster failed: refresh
     └── neither: the error says what to do itself, or ends a process
         StoreError, ConflictError (RECONCILE: re-read), StreamClosedError and RefusedError
         (their gRPC code), OwnershipConflictError (``retryable``), _StillChangingError
@@ -36,7 +38,7 @@ still catch it)::
         snapshot moved under a preemption plan; the hub plans again next cycle)
 
 Private control-flow classes that never leave their module (``cli.output._GoneError``,
-``api.fleetcheck._IssuesError``) stay outside the tree.
+``api.fleetcheck._IssuesError``, ``console.server._NeedsLogin``) stay outside the tree.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpufed.api.errors import PermanentError
 from gpufed.console.reader import HubReader, HubReadError, configuration
 
 __all__ = [
@@ -61,7 +62,7 @@ MAX_REFUSED = 1024
 REFUSED_S = 60.0
 
 
-class TokenRefused(Exception):  # noqa: N818 - a verdict on the caller's input, not a crash
+class TokenRefused(PermanentError):  # noqa: N818 - a verdict on the caller's input, not a crash
     """The caller's token is malformed or the API server does not accept it (the message says
     which); the server answers with the login page and 401."""
 

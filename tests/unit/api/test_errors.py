@@ -28,9 +28,14 @@ PACKAGES = (
     "gpufed.agent",
     "gpufed.sandbox",
     "gpufed.cli",
+    "gpufed.console",
 )
 #: Private control flow that never leaves its module (api/errors.py says why they stay out).
-OUTSIDE_THE_TREE = {"gpufed.api.fleetcheck._IssuesError", "gpufed.cli.output._GoneError"}
+OUTSIDE_THE_TREE = {
+    "gpufed.api.fleetcheck._IssuesError",
+    "gpufed.cli.output._GoneError",
+    "gpufed.console.server._NeedsLogin",
+}
 
 
 def exception_classes() -> dict[str, type[BaseException]]:
@@ -62,6 +67,7 @@ def test_every_exception_class_of_the_project_has_the_one_root() -> None:
 TRANSIENT = {
     "gpufed.agent.hub_stream.HubUnavailableError",
     "gpufed.hub.adapters.store.StoreUnavailableError",
+    "gpufed.console.reader.HubReadError",
 }
 PERMANENT = {
     "gpufed.api.errors.FieldError",
@@ -78,6 +84,7 @@ PERMANENT = {
     "gpufed.hub.adapters.store.NotLeaderError",
     "gpufed.cli.output.SelectorError",
     "gpufed.cli.submit.SubmitError",
+    "gpufed.console.callers.TokenRefused",
 }
 
 
@@ -95,6 +102,7 @@ def test_errors_keep_the_built_in_base_callers_catch_them_by() -> None:
     for name in PERMANENT - {
         "gpufed.agent.kube.KindNotServedError",
         "gpufed.hub.adapters.store.NotLeaderError",
+        "gpufed.console.callers.TokenRefused",  # a plain Exception before the root
     }:
         assert issubclass(classes[name], ValueError), name
     assert issubclass(classes["gpufed.agent.kube.KindNotServedError"], LookupError)
