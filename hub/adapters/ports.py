@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpufed.api.inventory import NodeInventory
-from gpufed.hub.adapters.store import Loaded
 from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
     JobRecord,
+    Loaded,
     MemberMeta,
     RecentNodesRecord,
     WorkRecord,

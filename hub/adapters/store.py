@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aetcd
@@ -61,6 +60,7 @@ from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
     JobRecord,
+    Loaded,
     MemberMeta,
     RecentNodesRecord,
     WorkRecord,
@@ -88,37 +88,6 @@ class StoreUnavailableError(StoreError, TransientError):
 
 class ConflictError(StoreError):
     """A placement transaction found the job record changed: someone placed it already."""
-
-
-@dataclass
-class Loaded:
-    """Everything the leader reads from etcd when it takes over."""
-
-    jobs: dict[str, JobRecord] = field(default_factory=dict)
-    #: (cluster, job uid) -> (record, revision)
-    work: dict[tuple[str, str], tuple[WorkRecord, int]] = field(default_factory=dict)
-    acks: dict[tuple[str, str], AckRecord] = field(default_factory=dict)
-    #: job uid -> JSON of the reservation ledger entry
-    reservations: dict[str, str] = field(default_factory=dict)
-    members: dict[str, MemberMeta] = field(default_factory=dict)
-    nodes: dict[str, dict[str, NodeInventory]] = field(default_factory=dict)
-    #: job uid -> mod_revision of its job record (for guarded updates)
-    job_revisions: dict[str, int] = field(default_factory=dict)
-    #: the ``fairshare`` key (None: absent)
-    fair_share: FairShareRecord | None = None
-    #: the ``recentnodes`` key (None: absent)
-    recent_nodes: RecentNodesRecord | None = None
-    #: the ``epoch`` key's value (None: absent, a new or wiped state) and the etcd cluster ID
-    epoch_id: str | None = None
-    cluster_id: int = 0
-
-    @property
-    def epoch(self) -> str | None:
-        """The hub state epoch, ``<epoch id>.<etcd cluster ID in hex>`` (None without an id):
-        a wiped prefix has no id, a snapshot restore has another cluster ID."""
-        if self.epoch_id is None:
-            return None
-        return f"{self.epoch_id}.{self.cluster_id:x}"
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

@@ -51,7 +51,6 @@ from gpufed.api.stream import (
 from gpufed.api.work import WorkAck, WorkloadStatus
 from gpufed.hub.adapters.ports import HubAPI, StateStore
 from gpufed.hub.adapters.sessions import AgentSession, StreamClosedError
-from gpufed.hub.adapters.store import Loaded
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.dispatch import Dispatch
 from gpufed.hub.components.finalizers import Finalizers
@@ -77,6 +76,7 @@ from gpufed.hub.components.term import HubState, Term, TermTasks, WorkState, alw
 from gpufed.hub.components.tokens import Credentials, JoinTokens
 from gpufed.hub.rules.records import (
     MAX_RECENT_NODE_RECORDS,
+    Loaded,
     RecentNodeRecord,
     RecentNodesRecord,
 )

@@ -1,4 +1,5 @@
-"""What the hub keeps in etcd, as pydantic models (JSON values under the hub's key prefix).
+"""What the hub keeps in etcd, as pydantic models (JSON values under the hub's key prefix),
+and all of it as a new leader loads it (:class:`Loaded`).
 
 Written and read only through :mod:`gpufed.hub.adapters.store`; the key layout is documented there and
 in docs/hub.md. Times are seconds since the epoch (wall clock of the hub that wrote them);
@@ -7,6 +8,7 @@ timers that decide anything restart from the hub's own start instead (docs/desig
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -182,3 +184,35 @@ class MemberMeta(_Record):
     #: node -> its suspect mark (:mod:`gpufed.hub.components.reservations`), so a restarted hub or a
     #: new leader keeps the marks and their expiry
     suspects: dict[str, SuspectRecord] = {}
+
+
+@dataclass
+class Loaded:
+    """Everything the leader reads from etcd when it takes over (the store's ``load``: these
+    records by key, the members' nodes by cluster and name)."""
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    #: (cluster, job uid) -> (record, revision)
+    work: dict[tuple[str, str], tuple[WorkRecord, int]] = field(default_factory=dict)
+    acks: dict[tuple[str, str], AckRecord] = field(default_factory=dict)
+    #: job uid -> JSON of the reservation ledger entry
+    reservations: dict[str, str] = field(default_factory=dict)
+    members: dict[str, MemberMeta] = field(default_factory=dict)
+    nodes: dict[str, dict[str, NodeInventory]] = field(default_factory=dict)
+    #: job uid -> mod_revision of its job record (for guarded updates)
+    job_revisions: dict[str, int] = field(default_factory=dict)
+    #: the ``fairshare`` key (None: absent)
+    fair_share: FairShareRecord | None = None
+    #: the ``recentnodes`` key (None: absent)
+    recent_nodes: RecentNodesRecord | None = None
+    #: the ``epoch`` key's value (None: absent, a new or wiped state) and the etcd cluster ID
+    epoch_id: str | None = None
+    cluster_id: int = 0
+
+    @property
+    def epoch(self) -> str | None:
+        """The hub state epoch, ``<epoch id>.<etcd cluster ID in hex>`` (None without an id):
+        a wiped prefix has no id, a snapshot restore has another cluster ID."""
+        if self.epoch_id is None:
+            return None
+        return f"{self.epoch_id}.{self.cluster_id:x}"

@@ -18,11 +18,12 @@ from typing import Any
 
 from gpufed.api.inventory import NodeInventory
 from gpufed.hub.adapters.ports import HubAPI, StateStore, WatchEvent
-from gpufed.hub.adapters.store import ConflictError, Loaded
+from gpufed.hub.adapters.store import ConflictError
 from gpufed.hub.rules.records import (
     AckRecord,
     FairShareRecord,
     JobRecord,
+    Loaded,
     MemberMeta,
     RecentNodesRecord,
     WorkRecord,

@@ -24,13 +24,12 @@ from gpufed.api.stream import AgentHello
 from gpufed.api.work import WorkloadStatus
 from gpufed.hub.adapters.ports import WatchEvent
 from gpufed.hub.adapters.sessions import PROTOCOL_VERSION, StreamClosedError
-from gpufed.hub.adapters.store import Loaded
 from gpufed.hub.components import intake
 from gpufed.hub.components.config import HubConfig
 from gpufed.hub.components.core import Controller
 from gpufed.hub.components.metrics import HubMetrics
 from gpufed.hub.edge.service import AgentService
-from gpufed.hub.rules.records import JobRecord, MemberMeta, WorkRecord
+from gpufed.hub.rules.records import JobRecord, Loaded, MemberMeta, WorkRecord
 from tests.unit.hub.builders import gpujob_obj, membercluster_obj
 from tests.unit.hub.fakes import FakeHubAPI, FakeStore, TermClock, token_secret
 
