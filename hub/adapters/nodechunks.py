@@ -325,13 +325,15 @@ class ChunkIndex:
         (:meth:`load_key` each key, then :meth:`finish_load`)."""
         self._index, self._rewrite, self._legacy_nodes = {}, set(), {}
 
-    def load_key(self, nodes: dict[str, dict[str, NodeInventory]], key: str, value: bytes) -> bool:
-        """One key a load read (after the store's prefix, in etcd's key order) into ``nodes``
-        (cluster -> name -> node) and the member's index when it is one of this module's node
-        keys (:func:`chunk_key`'s parts and node keys, :func:`legacy_key`'s per-node keys of
-        the release before): True; False for any other key. ``ValueError`` when its value does
-        not decode."""
-        match key.split("/"):
+    def load_key(
+        self, nodes: dict[str, dict[str, NodeInventory]], parts: Sequence[str], value: bytes
+    ) -> bool:
+        """One key a load read (after the store's prefix, split on ``/``, in etcd's key order)
+        into ``nodes`` (cluster -> name -> node) and the member's index when it is one of this
+        module's node keys (:func:`chunk_key`'s parts and node keys, :func:`legacy_key`'s
+        per-node keys of the release before): True; False for any other key (the caller reads
+        it with the same parts). ``ValueError`` when its value does not decode."""
+        match parts:
             case ["clusters", cluster, "nodechunks", b, "n", name]:
                 self._load_chunk(nodes.setdefault(cluster, {}), cluster, int(b), None, value, name)
             case ["clusters", cluster, "nodechunks", b, part]:

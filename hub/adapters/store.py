@@ -521,8 +521,9 @@ class Store:
             for kv in page.kvs:
                 key = kv.key.decode()[len(self.prefix) :]
                 try:
-                    if not self._chunks.load_key(out.nodes, key, kv.value):
-                        _load_one(out, key.split("/"), kv.value, kv.mod_revision)
+                    parts = key.split("/")
+                    if not self._chunks.load_key(out.nodes, parts, kv.value):
+                        _load_one(out, parts, kv.value, kv.mod_revision)
                 except ValueError as exc:
                     raise StoreError(f"etcd key {self.prefix}{key}: {exc}") from exc
             if not page.more or not page.kvs:

@@ -78,7 +78,7 @@ def load(kv: dict[str, bytes]) -> tuple[nc.ChunkIndex, dict[str, NodeInventory]]
     index.start_load()
     nodes: dict[str, dict[str, NodeInventory]] = {}
     for key in sorted(kv):
-        assert index.load_key(nodes, key, kv[key]), f"not a node key: {key}"
+        assert index.load_key(nodes, key.split("/"), kv[key]), f"not a node key: {key}"
     index.finish_load(nodes)
     assert set(nodes) <= {"m1"}
     return index, nodes.get("m1", {})
