@@ -147,11 +147,11 @@ class BackfillRule(BaseModel):
     (never one past ``oldest_first_s``); ``hold_choice``: which of the ``hold_candidates``
     a starving job holds: ``earliest-start`` (the default) or ``least-idle``, the one whose
     GPUs stand idle least until its expected start (``schedule_pass(hold_rank=...)``);
-    ``start_accuracy`` (in
-    (0, 1], default 1): the expected start of a hold counts each running job as ending at its
-    start plus this fraction of its time limit (not before now) rather than at its limit, as
-    users' limits over-estimate runtimes (the callers' ``hold_start``; < 1 lends less, never
-    more: a job borrowing must still end, by its own limit, before that earlier start);
+    ``start_accuracy`` (in (0, 1], default 1): the expected start of a hold counts each
+    running job as ending at its start plus this fraction of its time limit (not before now)
+    rather than at its limit, as users' limits over-estimate runtimes (the callers'
+    ``hold_start``; < 1 lends less, never more: a job borrowing must still end, by its own
+    limit, before that earlier start);
     ``hold_nodes``: how ``hold_for`` picks a starving job's nodes: ``most-free`` (the default:
     the nodes or group with the most free GPUs now) or ``earliest-drain`` (where the running
     jobs' time limits free them first: ``hold_for``'s ``start_on``, given by the caller) or

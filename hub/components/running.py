@@ -12,13 +12,16 @@ since the last one: those marked touched (``HubState.follow``: every job enterin
 the term's jobs and every change of its record, status, request, GPUJob or claim; the dispatch
 and an ack marks the job of a work item), those whose GPUs per node in the members'
 inventories changed (:class:`HeldGPUs`: only the nodes an inventory delta marked, and the
-nodes of a member whose node dict was replaced whole, are read), and those filed from a reservation (it may expire without a touch); the index (:class:`~gpufed.placement.runindex.RunningIndex`) is
-changed by the same jobs, and a member whose snapshot state was replaced or any of whose nodes
-was added, removed or re-filed (a new node object: its shape, labels or pool changed;
-``ClusterState.filings`` counts them) is filed again. Every :data:`~gpufed.hub.components.usage.RECOUNT_S` (and at the first update) the
+nodes of a member whose node dict was replaced whole, are read), and those filed from a
+reservation (it may expire without a touch); the index
+(:class:`~gpufed.placement.runindex.RunningIndex`) is changed by the same jobs, and a member
+whose snapshot state was replaced or any of whose nodes was added, removed or re-filed (a new
+node object: its shape, labels or pool changed; ``ClusterState.filings`` counts them) is filed
+again. Every :data:`~gpufed.hub.components.usage.RECOUNT_S` (and at the first update) the
 status loop reads every job and node and builds the index from scratch (never a planning
-worker: no decision waits for it); each job whose kept entry differed is counted in ``gpufed_hub_incremental_drift_total{kind="running"}`` and
-logged (``hub.preemption.running_drift``): 0 unless a change path was missed. A job that
+worker: no decision waits for it); each job whose kept entry differed is counted in
+``gpufed_hub_incremental_drift_total{kind="running"}`` and logged
+(``hub.preemption.running_drift``): 0 unless a change path was missed. A job that
 changed while the worker read (touched again, or its GPUs per node moved between the two reads
 of the inventories) is not counted: the kept entry is as of the incremental step, the full one
 later, and the loop runs on meanwhile (``gpufed bench scale`` at 100 x 5,000 counted 12 such).
