@@ -166,7 +166,13 @@ async def job_event(t: Term, s: Any, kind: str, uid: str, arg: int) -> None:
         async with t.ctrl.state.lock(uid):
             await t.ctrl.lifecycle.stop(job, cause)
     else:
-        rev = t.store.work[(rec.cluster, uid)][1]
+        work = t.store.work.get((rec.cluster, uid))
+        if work is None:
+            # its copy was stopped (record.stopping) and the Delete acked while the job waits
+            # for its pods to leave the node (the record keeps its cluster until then): no
+            # copy is left to report on
+            return
+        rev = work[1]
         if kind == "run":
             report = WorkloadStatus(job_uid=uid, revision=rev, phase="Running", active=1)
         elif kind == "succeed":
