@@ -48,6 +48,18 @@ def print_classes(results: Sequence[SimResult]) -> None:
                 pool, _cell(row["gpu_hours"]), _shares(row["by_size"]), _shares(row["by_topology"])
             )
         console.print(pools)
+        if r.idle is not None:
+            idle = Table(
+                title=f"{r.policy}: idle GPU time by reason (arrival window)", title_justify="left"
+            )
+            idle.add_column("reason")
+            idle.add_column("share of fleet", justify="right")
+            idle.add_column("GPU-hours", justify="right")
+            idle.add_column("by pool (GPU-hours)")
+            for why, row in r.idle.items():
+                by_pool = " ".join(f"{p}:{h:,.0f}" for p, h in row["pools"].items() if h >= 0.5)
+                idle.add_row(why, f"{row['share']:.2%}", _cell(row["gpu_hours"]), by_pool)
+            console.print(idle)
         console.print(
             f"{r.policy}: time-limited jobs {report['time_limited']:,}, stopped at their limit "
             f"{report['time_limit_stops']:,}, backfilled {report['backfilled']:,} "

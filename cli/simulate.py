@@ -139,8 +139,9 @@ def simulate_command(
         False,
         "--per-class",
         help="Where the time goes: per job-size and topology class, wait mean / p95, "
-        "completion time, GPU-hours; each pool's GPU-hours by class; time-limit stops and "
-        "backfilled runs (adds the key classes).",
+        "completion time, GPU-hours; each pool's GPU-hours by class; idle GPU time by reason "
+        "(no job waiting, held, fragment, kept off) and pool; time-limit stops and backfilled "
+        "runs (adds the key classes).",
     ),
     plot: Path | None = typer.Option(
         None,
@@ -251,6 +252,7 @@ def simulate_command(
                 failures=failures,
                 scatter_slowdown=scatter_slowdown,
                 progress=_Progress(name),
+                idle=per_class,
             )
         except ValueError as exc:
             typer.echo(f"gpufed simulate: {exc}", err=True)
@@ -311,6 +313,8 @@ def _json_line(result: SimResult, per_size: bool, per_class: bool = False) -> di
     line = result.as_json()
     if per_class:
         line["classes"] = class_report(result.records)
+        if result.idle is not None:
+            line["classes"]["idle"] = result.idle
     if per_size:
         line["wait_mean_s_by_size"] = {
             str(size): round(mean, 1) for size, (_, mean) in wait_by_size(result.records).items()

@@ -107,3 +107,4 @@ def run_baseline(sim: _Sim, horizon: float, policy: str, member_fit: str) -> Non
                     keep.append(run)
             queues[name] = keep
         sim.stranded += sum(1 for run in dispatched if run.start == _NEVER)
+        sim.observe_idle(now, (run for q in queues.values() for run in q))

@@ -75,3 +75,4 @@ def run_first_admit(
                     break
             else:
                 unfit.add(run.key)
+        sim.observe_idle(now, pending.values())

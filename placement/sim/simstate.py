@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from gpufed.placement.backfill import expected_start, idle_until_start
 from gpufed.placement.preemption import PreemptionEvent
 from gpufed.placement.queue import Hold, fit_key, gpus_of
 from gpufed.placement.quota import demand_of
+from gpufed.placement.sim.simidle import IdleMeter
 from gpufed.placement.sim.simquota import QueueSim
 from gpufed.placement.sim.simreport import JobRecord, RunInterval, topology_class
 from gpufed.placement.sim.timelimits import SCATTER_SLOWDOWN
@@ -64,6 +65,9 @@ class SimResult:
     #: (member, GPU product) -> whole GPUs of the fleet at the start (the member check of
     #: :mod:`.siminvariants`)
     capacity: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: idle GPU-hours by reason and pool (``simulate(idle=True)``, :mod:`.simidle`; in the JSON
+    #: only under ``--per-class``)
+    idle: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of docs/placement.md ("Simulator"): fixed keys in a fixed order."""
@@ -157,6 +161,8 @@ class _Sim:
         #: entries, of runs ended or restarted since, are skipped and pruned by hold_start)
         self.node_runs: dict[tuple[str, str], dict[str, tuple[float, int]]] = {}
         self.progress: Callable[[int, int, float], None] | None = None
+        #: idle GPU time by reason (``simulate(idle=True)``; :mod:`.simidle`), else None
+        self.idle: IdleMeter | None = None
         for run in self.runs:
             self._push(run.job.submit_s, 1, run.request.uid)
         self.fleet_gpus = sum(
@@ -208,6 +214,14 @@ class _Sim:
         run.end = now + (limit if run.limit_hit and limit is not None else took)
         self._push(run.end, 0, run.request.uid)
 
+    def observe_idle(
+        self, now: float, waiting: Iterable[_Run], holds: Mapping[str, Hold] | None = None
+    ) -> None:
+        """After a batch: the jobs still ``waiting`` and the pass's ``holds``, for the idle
+        meter when one is on (:meth:`.simidle.IdleMeter.observe`)."""
+        if self.idle is not None:
+            self.idle.observe(now, self.snapshot, waiting, holds)
+
     def result(self, policy: str, horizon: float) -> SimResult:
         started = [r for r in self.runs if r.start < _NEVER]
         waits = sorted(r.start - r.job.submit_s for r in started)
@@ -236,6 +250,7 @@ class _Sim:
             stranded=self.stranded,
             extra={"end_s": t_end, "fleet_gpus": self.fleet_gpus},
             records=[self._record(r, horizon) for r in self.runs],
+            idle=self.idle.report(self.fleet_gpus, window_end) if self.idle is not None else None,
         )
 
     @staticmethod

@@ -68,6 +68,7 @@ from gpufed.placement.sim.simbaselines import run_baseline
 from gpufed.placement.sim.simdrain import spare_draining
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simfirstadmit import run_first_admit
+from gpufed.placement.sim.simidle import IdleMeter
 from gpufed.placement.sim.simpreempt import SimPreemption, preempt_after_pass
 from gpufed.placement.sim.simquota import QueueSim
 from gpufed.placement.sim.simstate import SimResult, _drain, _Run, _Sim, request_of
@@ -146,6 +147,7 @@ def simulate(
     failures: SimFailures | None = None,
     scatter_slowdown: float = SCATTER_SLOWDOWN,
     progress: Callable[[int, int, float], None] | None = None,
+    idle: bool = False,
 ) -> SimResult:
     """Replay ``jobs`` on ``members`` under ``policy``; see the module docstring.
 
@@ -162,7 +164,9 @@ def simulate(
     only); the JSON adds ``node_failures``, ``retry``, ``goodput``, ``restarts``,
     ``failed_infra``, ``gpu_hours_lost_failures``. ``progress(arrived, total, now_s)``, when
     given, is called after each batch of simultaneous events (jobs arrived so far, jobs in the
-    trace, simulated seconds); it decides itself how often to report.
+    trace, simulated seconds); it decides itself how often to report. ``idle``: also measure
+    why GPUs stood idle (``SimResult.idle``, :mod:`.simidle`; one pass over the fleet's nodes
+    after every batch of events, so off by default).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
@@ -184,6 +188,9 @@ def simulate(
         failures.first(sim, min(j.submit_s for j in jobs))
     last_arrival = max((j.submit_s for j in jobs), default=0.0)
     horizon = last_arrival + horizon_s
+    if idle:
+        first = min((j.submit_s for j in jobs), default=0.0)
+        sim.idle = IdleMeter(first, last_arrival if last_arrival > first else None)
     qs = QueueSim.of(queues, quota_mode == "enforce", half_life_s) if queues else None
     if policy == "gpufed":
         pre = preemption if preemption is not None and preemption.on else None
@@ -319,6 +326,7 @@ def _run_gpufed(
             for kind, uid in node_events:
                 fails.handle(sim, kind, uid, now, pending, qs)
         if not pending:
+            sim.observe_idle(now, ())
             continue
         starts.clear()
         requests = (r.request for r in pending.values())
@@ -348,5 +356,6 @@ def _run_gpufed(
                 run.backfill = borrowed.reason
         if pre is not None and pending:
             preempt_after_pass(sim, pending, now, policy, qs, pre)
+        sim.observe_idle(now, pending.values(), result.holds)
         if qs is not None:
             qs.after_pass()

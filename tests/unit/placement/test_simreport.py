@@ -98,6 +98,9 @@ def test_per_class_adds_the_class_tables_and_bad_time_limit_knobs_name_their_fla
     assert set(classes["by_size"]) == {"4", "8", "64"}
     assert set(classes["by_topology"]) == {"one-pod", "Preferred"}
     assert classes["time_limited"] == 3  # drawn for every job by default
+    assert list(classes["idle"]) == ["no-job-waiting", "held", "fragment", "kept-off"]
+    shares = sum(row["share"] for row in classes["idle"].values())
+    assert shares + json.loads(out)["gpu_utilization"] == pytest.approx(1.0, abs=5e-4)
     code, out = run(
         tmp_path, "--policy", "gpufed", "--json", "--per-class", "--time-limit-factor", "0"
     )
@@ -106,6 +109,7 @@ def test_per_class_adds_the_class_tables_and_bad_time_limit_knobs_name_their_fla
     assert code == 0, out
     assert "gpufed: by size" in out
     assert "pool GPU-hours by class" in out
+    assert "idle GPU time by reason" in out
     for flag, value in (("--time-limit-factor", "0.5"), ("--scatter-slowdown", "0.9")):
         code, out = run(tmp_path, "--policy", "gpufed", flag, value)
         assert code == 2
