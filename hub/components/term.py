@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
@@ -467,10 +468,14 @@ class TermTasks:
             self._stop(f"internal error: {exc}")
 
     def spawn(self, coro: Awaitable[Any]) -> None:
-        """Run ``coro`` in the background under :meth:`supervise`."""
+        """Run ``coro`` in the background under :meth:`supervise`. A coroutine whose task is
+        cancelled before it first ran (the term ended at once) is closed, not left for the
+        garbage collector to warn about ("coroutine ... was never awaited")."""
         task = asyncio.ensure_future(self.supervise(coro))
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
+        if inspect.iscoroutine(coro):
+            task.add_done_callback(lambda _: coro.close())  # a no-op once it ran
 
     def cancel_all(self) -> None:
         """Cancel every background task still running (the term ended)."""
