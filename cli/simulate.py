@@ -140,7 +140,7 @@ def simulate_command(
         "--per-class",
         help="Where the time goes: per job-size and topology class, wait mean / p95, "
         "completion time, GPU-hours; each pool's GPU-hours by class; idle GPU time by reason "
-        "(no job waiting, held, fragment, kept off) and pool; time-limit stops and backfilled "
+        "(no job waiting, held, fragment, kept off, down) and pool; time-limit stops and backfilled "
         "runs (adds the key classes).",
     ),
     plot: Path | None = typer.Option(

@@ -12,7 +12,8 @@ fleet gets one reason, and keeps it until the next batch:
   (idle by fragmentation: the job mix did not fit what is left);
 * ``kept-off``: a waiting job has pods no bigger than the node's free GPUs, yet did not start
   there: its GPU product, its topology (a gang that needs several nodes or one NVLink domain),
-  its quota, or the policy's order kept it off.
+  its quota, or the policy's order kept it off;
+* ``down``: its node offers nothing (failed, with ``--node-failure-interval-s``): all its GPUs.
 
 Each reason's GPU-hours are also split by pool (``member/GPU product``). The shares add up to
 ``1 - gpu_utilization`` up to float rounding, an identity the tests check against the records.
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from gpufed.placement.snapshot import FleetSnapshot
 
 #: the reasons, in report order
-IDLE_REASONS: Final = ("no-job-waiting", "held", "fragment", "kept-off")
+IDLE_REASONS: Final = ("no-job-waiting", "held", "fragment", "kept-off", "down")
 
 
 class IdleMeter:
@@ -64,14 +65,16 @@ class IdleMeter:
         for c in snapshot.clusters():
             hold = holds.get(c.name) if holds else None
             for pool in c.pools.values():
-                if pool.slices or not pool.free:
+                if pool.slices:
                     continue
                 where = f"{c.name}/{pool.product}"
                 for node in pool.nodes.values():
-                    f = node.gpu_free
+                    f = node.gpu_free if node.offers else node.gpu_alloc
                     if f <= 0:
                         continue
-                    if smallest is None:
+                    if not node.offers:
+                        why = "down"
+                    elif smallest is None:
                         why = "no-job-waiting"
                     elif hold is not None and (not hold.nodes or node.name in hold.nodes):
                         why = "held"

@@ -1,8 +1,8 @@
 """The simulator's idle GPU time by reason (``--per-class``, :mod:`gpufed.placement.sim.simidle`).
 
-Two hand-worked scenarios give every reason's GPU-seconds; the identity test checks, for every
-policy on random small traces, that the idle shares and the utilisation (computed from the
-job records, not by the meter) add up to the whole fleet.
+Hand-worked scenarios give every reason's GPU-seconds; the identity tests check, for every
+policy on random small traces (and with node failures), that the idle shares and the
+utilisation (computed from the job records, not by the meter) add up to the whole fleet.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import random
 import pytest
 
 from gpufed.api.fleet import FleetSpec
+from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simidle import IDLE_REASONS
+from gpufed.placement.sim.simstate import SimResult
 from gpufed.placement.sim.simulate import TraceJob, fleet_members, simulate
 
 
@@ -48,6 +50,7 @@ def test_first_admit_waiting_gpus_then_nothing_waiting(pod_gpus: int, why: str) 
         "held": 0.0,
         "fragment": 0.25 if why == "fragment" else 0.0,  # 4 GPUs x 100 s
         "kept-off": 0.25 if why == "kept-off" else 0.0,
+        "down": 0.0,
     }
     assert r.idle[why]["gpu_hours"] == 0.1  # 400 GPU-seconds, rounded
     assert r.idle[why]["pools"] == {"m/NVIDIA-H100-80GB-HBM3": 0.1}
@@ -102,7 +105,34 @@ def _jobs(seed: int) -> list[TraceJob]:
 @pytest.mark.parametrize("policy", ["gpufed", "first-admit", "cluster-sum", "round-robin"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_idle_shares_and_utilisation_add_up_to_the_fleet(policy: str, seed: int) -> None:
-    spec = FleetSpec.loads(
+    r = simulate(fleet_members(two_members()), _jobs(seed), policy, idle=True)  # type: ignore[arg-type]
+    _adds_up(r)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_failed_nodes_are_down_and_still_add_up(seed: int) -> None:
+    # a node fails every ~2,000 s fleet-wide and is back 3,000 s later: its GPUs are down,
+    # neither busy nor idle for a reason jobs or holds explain
+    fails = SimFailures(2_000.0, repair_s=3_000.0, seed=seed)
+    r = simulate(fleet_members(two_members()), _jobs(seed), "gpufed", idle=True, failures=fails)
+    assert fails.node_failures > 0
+    assert r.idle is not None
+    assert r.idle["down"]["share"] > 0
+    _adds_up(r)
+
+
+def _adds_up(r: SimResult) -> None:
+    assert r.idle is not None
+    total = sum(row["share"] for row in r.idle.values()) + r.gpu_utilization
+    assert total == pytest.approx(1.0, abs=6e-4)
+    for row in r.idle.values():
+        assert sum(row["pools"].values()) == pytest.approx(
+            row["gpu_hours"], abs=0.05 * len(row["pools"]) + 1e-6
+        )
+
+
+def two_members() -> FleetSpec:
+    return FleetSpec.loads(
         """clusters:
   - name: a
     nodePools:
@@ -118,11 +148,3 @@ def test_idle_shares_and_utilisation_add_up_to_the_fleet(policy: str, seed: int)
         nvlink: {nodesPerDomain: 2}
 """
     )
-    r = simulate(fleet_members(spec), _jobs(seed), policy, idle=True)  # type: ignore[arg-type]
-    assert r.idle is not None
-    total = sum(row["share"] for row in r.idle.values()) + r.gpu_utilization
-    assert total == pytest.approx(1.0, abs=5e-4)
-    for row in r.idle.values():
-        assert sum(row["pools"].values()) == pytest.approx(
-            row["gpu_hours"], abs=0.05 * len(row["pools"]) + 1e-6
-        )

@@ -98,7 +98,7 @@ def test_per_class_adds_the_class_tables_and_bad_time_limit_knobs_name_their_fla
     assert set(classes["by_size"]) == {"4", "8", "64"}
     assert set(classes["by_topology"]) == {"one-pod", "Preferred"}
     assert classes["time_limited"] == 3  # drawn for every job by default
-    assert list(classes["idle"]) == ["no-job-waiting", "held", "fragment", "kept-off"]
+    assert list(classes["idle"]) == ["no-job-waiting", "held", "fragment", "kept-off", "down"]
     shares = sum(row["share"] for row in classes["idle"].values())
     assert shares + json.loads(out)["gpu_utilization"] == pytest.approx(1.0, abs=5e-4)
     code, out = run(
