@@ -228,8 +228,8 @@ class _Sim:
         t0 = min((r.job.submit_s for r in self.runs), default=0.0)
         finished_all = all(r.end <= horizon for r in self.runs)
         t_end = max((r.end for r in started), default=t0) if finished_all else horizon
-        # utilization while jobs keep arriving: the drain after the last arrival runs the same
-        # GPU-hours under every policy and would only dilute the difference
+        # utilization while jobs keep arriving: after the last arrival a policy only works off
+        # its backlog (whose size differs by policy), which says nothing of how it kept up
         t_last = max((r.job.submit_s for r in self.runs), default=t0)
         window_end = t_last if t_last > t0 else t_end
         busy = sum(r.job.gpus * r.ran(window_end) for r in started)
