@@ -10,25 +10,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_simulate import hgx_fleet
 
 from gpufed.api.fleet import FleetSpec
 from gpufed.placement.sim.simfail import SimFailures
 from gpufed.placement.sim.simidle import IDLE_REASONS
 from gpufed.placement.sim.simstate import SimResult
 from gpufed.placement.sim.simulate import TraceJob, fleet_members, simulate
-
-
-def one_node() -> FleetSpec:
-    return FleetSpec.loads(
-        """clusters:
-  - name: m
-    nodePools:
-      - name: h100
-        nodes: 1
-        gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}
-        nvlink: node
-"""
-    )
 
 
 @pytest.mark.parametrize(("pod_gpus", "why"), [(8, "fragment"), (4, "kept-off")])
@@ -42,7 +30,7 @@ def test_first_admit_waiting_gpus_then_nothing_waiting(pod_gpus: int, why: str) 
         TraceJob("b", 0.0, 8, 50.0, pod_gpus, "Required"),
         TraceJob("c", 200.0, 1, 10.0, 1, "Required"),
     ]
-    r = simulate(fleet_members(one_node()), jobs, "first-admit", idle=True)
+    r = simulate(fleet_members(hgx_fleet(m=1)), jobs, "first-admit", idle=True)
     assert r.idle is not None
     assert list(r.idle) == list(IDLE_REASONS)
     assert {k: row["share"] for k, row in r.idle.items()} == {
@@ -68,7 +56,7 @@ def test_gpufed_counts_the_free_gpus_of_a_held_node_as_held() -> None:
         TraceJob("c", 3_000.0, 1, 10.0, 1, "Required"),
         TraceJob("d", 5_000.0, 1, 10.0, 1, "Required"),
     ]
-    r = simulate(fleet_members(one_node()), jobs, "gpufed", idle=True)
+    r = simulate(fleet_members(hgx_fleet(m=1)), jobs, "gpufed", idle=True)
     assert r.idle is not None
     window = 8 * 5_000
     assert r.idle["no-job-waiting"]["share"] == 4 * 1_000 / window
@@ -80,7 +68,7 @@ def test_gpufed_counts_the_free_gpus_of_a_held_node_as_held() -> None:
 
 def test_off_by_default() -> None:
     jobs = [TraceJob("a", 0.0, 1, 10.0, 1, "Required")]
-    assert simulate(fleet_members(one_node()), jobs, "gpufed").idle is None
+    assert simulate(fleet_members(hgx_fleet(m=1)), jobs, "gpufed").idle is None
 
 
 def _jobs(seed: int) -> list[TraceJob]:
