@@ -47,6 +47,7 @@ from gpufed.placement.sim.simreport import (
     size_buckets,
     wait_by_size,
 )
+from gpufed.placement.sim.simseeds import paired, parse_seeds, yardstick_of
 from gpufed.placement.sim.simulate import (
     HORIZON_AFTER_LAST_ARRIVAL_S,
     POLICIES,
@@ -133,6 +134,13 @@ def simulate_command(
     seed: int = typer.Option(
         0, "--seed", help="Seed of the node failures and of the drawn time limits."
     ),
+    seeds: str | None = typer.Option(
+        None,
+        "--seeds",
+        help="Run every policy on each of these seeds (0-4, or 0,1,2) instead of --seed, and "
+        "end with each policy against first-admit (or the last policy named), seed by seed, "
+        "with the medians: one seed does not separate two rules on the big size classes.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines only (one per policy)."),
     per_size: bool = typer.Option(False, "--per-size", help="Mean wait by job size, per policy."),
     per_class: bool = typer.Option(
@@ -211,79 +219,156 @@ def simulate_command(
         time_limit_factor=time_limit_factor,
         scatter_slowdown=scatter_slowdown,
     )
+    seed_list = _seed_list(seed, seeds, jobs_out=jobs_out, intervals_out=intervals_out, plot=plot)
     try:
         members = load_fleet(fleet)
-        jobs = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
+        traced = read_trace(trace, queue_column=queue_column, queue_prefix=queue_prefix)
         queue_objs = load_queues(queues) if queues is not None else None
         if priority_mix is not None:
-            jobs = load_mix(priority_mix).apply(jobs)
+            traced = load_mix(priority_mix).apply(traced)
         if checkpoint_s is not None:
-            jobs = [j if j.checkpoint_s else replace(j, checkpoint_s=checkpoint_s) for j in jobs]
-        model = TimeLimitModel(time_limit_factor, seed) if time_limit_factor else None
-        jobs = with_time_limits(jobs, model)
-        failures = (
-            SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
-            if failure_interval is not None
-            else None
-        )
+            traced = [
+                j if j.checkpoint_s else replace(j, checkpoint_s=checkpoint_s) for j in traced
+            ]
     except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
-    results: list[SimResult] = []
+    lines: list[dict[str, Any]] = []
     violations = 0
-    for name in policies:
-        t0 = time.perf_counter()
+    for seed in seed_list:
         try:
-            result = simulate(
-                members,
-                jobs,
-                name,  # type: ignore[arg-type]
-                horizon_s=horizon,
-                member_fit=member_fit,  # type: ignore[arg-type]
-                queues=queue_objs,
-                quota_mode=quota_mode,  # type: ignore[arg-type]
-                half_life_s=half_life,
-                backfill=backfill,
-                preemption=(
-                    SimPreemption(on=preemption == "on", victims=victims)  # type: ignore[arg-type]
-                    if preemption is not None
-                    else None
-                ),
-                failures=failures,
-                scatter_slowdown=scatter_slowdown,
-                progress=_Progress(name),
-                idle=per_class,
+            model = TimeLimitModel(time_limit_factor, seed) if time_limit_factor else None
+            jobs = with_time_limits(traced, model)
+            failures = (
+                SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
+                if failure_interval is not None
+                else None
             )
         except ValueError as exc:
             typer.echo(f"gpufed simulate: {exc}", err=True)
             raise typer.Exit(2) from None
-        result.runtime_s = time.perf_counter() - t0
-        if check_invariants:
-            violations += _check(result, queue_objs or ())
-        results.append(result)
-        if as_json:  # each line as soon as its policy is done
-            typer.echo(json.dumps(_json_line(result, per_size, per_class)))
-    if jobs_out is not None:
-        _write_csv(
-            jobs_out, "--jobs-out", CSV_COLUMNS, [(r.policy, csv_rows(r.records)) for r in results]
-        )
-    if intervals_out is not None:
-        _write_csv(
-            intervals_out,
-            "--intervals-out",
-            INTERVAL_COLUMNS,
-            [(r.policy, interval_rows(r.intervals)) for r in results],
-        )
-    if plot is not None:
-        from gpufed.cli.simplot import plot_results
+        results: list[SimResult] = []
+        if seeds is not None and not as_json:
+            typer.echo(f"seed {seed}")
+        for name in policies:
+            t0 = time.perf_counter()
+            try:
+                result = simulate(
+                    members,
+                    jobs,
+                    name,  # type: ignore[arg-type]
+                    horizon_s=horizon,
+                    member_fit=member_fit,  # type: ignore[arg-type]
+                    queues=queue_objs,
+                    quota_mode=quota_mode,  # type: ignore[arg-type]
+                    half_life_s=half_life,
+                    backfill=backfill,
+                    preemption=(
+                        SimPreemption(on=preemption == "on", victims=victims)  # type: ignore[arg-type]
+                        if preemption is not None
+                        else None
+                    ),
+                    failures=failures,
+                    scatter_slowdown=scatter_slowdown,
+                    progress=_Progress(name),
+                    idle=per_class,
+                )
+            except ValueError as exc:
+                typer.echo(f"gpufed simulate: {exc}", err=True)
+                raise typer.Exit(2) from None
+            result.runtime_s = time.perf_counter() - t0
+            if check_invariants:
+                violations += _check(result, queue_objs or ())
+            results.append(result)
+            line = _json_line(result, per_size, per_class)
+            if seeds is not None:
+                line = {"seed": seed, **line}
+                lines.append({"seed": seed, **_json_line(result, per_size=True)})
+            if as_json:  # each line as soon as its policy is done
+                typer.echo(json.dumps(line))
+        if jobs_out is not None:
+            _write_csv(
+                jobs_out,
+                "--jobs-out",
+                CSV_COLUMNS,
+                [(r.policy, csv_rows(r.records)) for r in results],
+            )
+        if intervals_out is not None:
+            _write_csv(
+                intervals_out,
+                "--intervals-out",
+                INTERVAL_COLUMNS,
+                [(r.policy, interval_rows(r.intervals)) for r in results],
+            )
+        if plot is not None:
+            from gpufed.cli.simplot import plot_results
 
-        plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
-    if not as_json:
-        _print_results(results, per_size)
-        if per_class:
-            print_classes(results)
+            plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
+        if not as_json:
+            _print_results(results, per_size)
+            if per_class:
+                print_classes(results)
+    if seeds is not None and len(policies) > 1:
+        summary = paired(lines, yardstick_of(policies))
+        if as_json:
+            typer.echo(json.dumps({"paired": summary}))
+        else:
+            _print_paired(summary)
     if violations:
         raise typer.Exit(1)
+
+
+def _seed_list(seed: int, seeds: str | None, **one_run: Path | None) -> list[int]:
+    """The seeds to run: ``[seed]``, or those ``--seeds`` names. Raises ``typer.BadParameter``
+    for a bad ``--seeds``, for both flags given, and for an output that holds one run
+    (``one_run``: ``--jobs-out``, ``--intervals-out``, ``--plot``) given with ``--seeds``."""
+    if seeds is None:
+        return [seed]
+    if seed != 0:
+        raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seeds")
+    for name, value in one_run.items():
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            raise typer.BadParameter(
+                "writes one run: give it with --seed, not --seeds", param_hint=flag
+            )
+    try:
+        return parse_seeds(seeds)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds") from None
+
+
+def _print_paired(summary: dict[str, Any]) -> None:
+    """``--seeds``' last table, one per policy: each figure seed by seed, then the median
+    and the least and greatest."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for name, figures in summary["policies"].items():
+        table = Table(
+            title=f"{name} against {summary['against']}, seed by seed", title_justify="left"
+        )
+        table.add_column("")
+        for seed in summary["seeds"]:
+            table.add_column(f"seed {seed}", justify="right")
+        table.add_column("median", justify="right")
+        table.add_column("least to greatest", justify="right")
+        rows = [("mean wait (x)", figures["wait_mean_ratio"], "{:.3f}")]
+        rows.append(("utilisation (diff)", figures["gpu_utilization_diff"], "{:+.4f}"))
+        for size, spread in figures["wait_mean_ratio_by_size"].items():
+            rows.append((f"{size} GPU{'' if size == '1' else 's'} (x)", spread, "{:.2f}"))
+        for label, spread, fmt in rows:
+            if spread is None:
+                table.add_row(label, *["-"] * (len(summary["seeds"]) + 2))
+                continue
+            table.add_row(
+                label,
+                *(fmt.format(v) for v in spread["per_seed"]),
+                fmt.format(spread["median"]),
+                f"{fmt.format(spread['min'])} to {fmt.format(spread['max'])}",
+            )
+        console.print(table)
 
 
 class _Progress:
