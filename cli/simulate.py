@@ -12,7 +12,8 @@ row per policy, job run and quota key (``policy`` +
 :data:`gpufed.placement.sim.simreport.INTERVAL_COLUMNS`). ``--check-invariants``: recompute every
 queue's usage from those intervals (:mod:`gpufed.placement.sim.siminvariants`), add
 ``invariant_violations`` to the output, print the first few on stderr and exit 1 when any is
-found (after every output is written). Every ~10 s of wall time a progress line goes to stderr
+found (after every output is written). ``--seeds 0-4``: every policy on each seed, then each
+against first-admit seed by seed (:mod:`gpufed.placement.sim.simseeds`). Every ~10 s of wall time a progress line goes to stderr
 (jobs arrived / total, simulated day), with ``--json`` too. The simulated hub's rule flags
 (preemption, retries, time limits, the ``--queue-*`` flags) are declared, checked and mapped
 to a :class:`~gpufed.placement.queue.BackfillRule` in :mod:`gpufed.cli.simflags`.
@@ -287,19 +288,11 @@ def simulate_command(
             if as_json:  # each line as soon as its policy is done
                 typer.echo(json.dumps(line))
         if jobs_out is not None:
-            _write_csv(
-                jobs_out,
-                "--jobs-out",
-                CSV_COLUMNS,
-                [(r.policy, csv_rows(r.records)) for r in results],
-            )
+            rows = [(r.policy, csv_rows(r.records)) for r in results]
+            _write_csv(jobs_out, "--jobs-out", CSV_COLUMNS, rows)
         if intervals_out is not None:
-            _write_csv(
-                intervals_out,
-                "--intervals-out",
-                INTERVAL_COLUMNS,
-                [(r.policy, interval_rows(r.intervals)) for r in results],
-            )
+            rows = [(r.policy, interval_rows(r.intervals)) for r in results]
+            _write_csv(intervals_out, "--intervals-out", INTERVAL_COLUMNS, rows)
         if plot is not None:
             from gpufed.cli.simplot import plot_results
 

@@ -19,11 +19,15 @@ from typing import Any
 #: The yardstick when it is among the policies run (issue 29's goals are against it).
 YARDSTICK = "first-admit"
 
+#: Most seeds one run takes: each runs every policy over the whole trace (minutes apiece).
+MAX_SEEDS = 100
+
 
 def parse_seeds(text: str) -> list[int]:
     """``"0-4"`` or ``"0,1,2"`` (or both, ``"0-2,7"``) -> the seeds in the order given.
 
-    Raises ValueError naming the bad part, a repeated seed or an empty list."""
+    Raises ValueError naming the bad part, a repeated seed, an empty list or more than
+    :data:`MAX_SEEDS` seeds."""
     seeds: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -35,6 +39,8 @@ def parse_seeds(text: str) -> list[int]:
             raise ValueError(f"{part!r} is not a seed or a range like 0-4") from None
         if first < 0 or last < first:
             raise ValueError(f"{part!r}: seeds are >= 0 and a range goes up, like 0-4")
+        if len(seeds) + last - first + 1 > MAX_SEEDS:
+            raise ValueError(f"{text!r}: at most {MAX_SEEDS} seeds (each runs every policy)")
         seeds.extend(range(first, last + 1))
     if not seeds:
         raise ValueError("name at least one seed, like 0-4 or 0,1,2")

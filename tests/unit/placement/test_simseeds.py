@@ -29,6 +29,8 @@ def test_seed_lists(text: str, seeds: list[int]) -> None:
         ("1,0-2", "names a seed twice"),
         (" , ", "at least one seed"),
         ("-1", "is not a seed"),
+        ("0-100", "at most 100 seeds"),
+        ("0-99999999999999", "at most 100 seeds"),
     ],
 )
 def test_bad_seed_lists_say_what_is_wrong(text: str, message: str) -> None:
