@@ -7,12 +7,13 @@ A component (``etcd``, ``apiserver/<cluster>``, ``controller-manager/<cluster>``
 kill|start COMPONENT``, a test) can stop or restart it. Runtime files::
 
     <state>/components/<name>.json   spec (argv, env, ports, probe)
-    <state>/run/<name>.pid           {"pid": .., "create_time": ..} while started
+    <state>/run/<name>.pid           {"pid", "create_time", "boot_id", "start_ticks"} while started
     <state>/logs/<name>.log          stdout+stderr, appended across restarts
 
 Processes run in their own session (they outlive the command that started them, and Ctrl-C in a
-terminal does not reach them) and are identified by pid *and* start time, so a recycled pid is
-never signalled. Callers: :mod:`gpufed.sandbox.runtime`; tests of later components.
+terminal does not reach them) and are identified by pid *and* start time (:mod:`.procid`: boot id
+and clock ticks since boot, so a wall-clock step does not lose them), so a recycled pid is never
+signalled. Callers: :mod:`gpufed.sandbox.runtime`; tests of later components.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufed.api.errors import GpufedError
+from gpufed.sandbox import procid
 
 log = structlog.get_logger("gpufed.sandbox.supervisor")
 
@@ -210,7 +212,7 @@ class Supervisor:
         try:
             rec = json.loads(self._pid_path(name).read_text())
             proc = psutil.Process(int(rec["pid"]))
-            if abs(proc.create_time() - float(rec["create_time"])) > 0.5:
+            if not procid.same_process(proc, rec):
                 return None  # the pid was recycled by an unrelated process
             if proc.status() == psutil.STATUS_ZOMBIE:
                 _reap(proc.pid)
@@ -268,12 +270,12 @@ class Supervisor:
                 raise ComponentError(name, f"cannot execute {exe}: {exc}", log_path) from None
         _CHILDREN[popen.pid] = popen
         try:
-            create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            create_time = time.time()
+            record = procid.identity(popen.pid)
+        except psutil.Error:  # already gone: the record names nothing alive
+            record = {"pid": popen.pid, "create_time": time.time()}
         pid_path = self._pid_path(name)
         pid_path.parent.mkdir(parents=True, exist_ok=True)
-        pid_path.write_text(json.dumps({"pid": popen.pid, "create_time": create_time}) + "\n")
+        pid_path.write_text(json.dumps(record) + "\n")
         log.info("component.started", component=name, pid=popen.pid)
         if wait:
             self.wait_ready([name], timeout=timeout)

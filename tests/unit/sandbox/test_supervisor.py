@@ -1,12 +1,14 @@
 """The process supervisor (gpufed.sandbox.supervisor) with small real processes: readiness,
 death while starting (exit code, log tail), port clashes, timeouts, stop/kill by pid and process
-group, and pid-reuse safety."""
+group, pid-reuse safety, and identity across a wall-clock step (gpufed.sandbox.procid)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpufed.sandbox import procid
 from gpufed.sandbox.supervisor import (
     ComponentError,
     ComponentSpec,
@@ -137,16 +140,67 @@ def test_kill_takes_the_whole_process_group(sup: Supervisor) -> None:
             assert child.status() == psutil.STATUS_ZOMBIE
 
 
-def test_recycled_pid_is_never_taken_for_the_component(sup: Supervisor) -> None:
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"start_ticks": -1},  # same pid, started at another tick
+        {"boot_id": "00000000-0000-0000-0000-000000000000"},  # same pid and tick, another boot
+        {"start_ticks": None, "boot_id": None, "create_time": -100.0},  # an older record's shape
+    ],
+    ids=["other-tick", "other-boot", "legacy-record"],
+)
+def test_recycled_pid_is_never_taken_for_the_component(
+    sup: Supervisor, forged: dict[str, object]
+) -> None:
     sup.register(shell("sleeper", "exec sleep 300"))
     pid = sup.start("sleeper")
     pid_file = sup.state_dir / "run" / "sleeper.pid"
     rec = json.loads(pid_file.read_text())
-    pid_file.write_text(json.dumps({"pid": pid, "create_time": rec["create_time"] - 100}))
-    assert not sup.is_running("sleeper")  # same pid, other start time: not ours
+    if forged.get("create_time") is not None:
+        forged = {**forged, "create_time": rec["create_time"] + forged["create_time"]}
+    if forged.get("start_ticks") == -1:
+        forged = {**forged, "start_ticks": rec["start_ticks"] + 100}
+    pid_file.write_text(json.dumps({**rec, **forged}))
+    assert not sup.is_running("sleeper")  # same pid, another process: not ours
     sup.stop("sleeper")  # and not signalled
     assert psutil.Process(pid).is_running()
     psutil.Process(pid).kill()
+
+
+def test_a_wall_clock_step_does_not_lose_running_components(
+    sup: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A VM fork, restore or migration (or NTP, a laptop's resume) steps the wall clock, and with
+    # it the boot time psutil adds to a process's start ticks: create_time() of every running
+    # process moves by the step (196 s seen on the CI machine). The components are still ours.
+    sup.register(shell("sleeper", "exec sleep 300"))
+    pid = sup.start("sleeper")
+    real = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 196.0)
+    assert sup.is_running("sleeper")
+    assert sup.status("sleeper").pid == pid
+    sup.stop("sleeper", grace_s=2)  # and `down` still stops them
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_start_ticks_agree_with_psutils_own_reading(tmp_path: Path) -> None:
+    # psutil parses /proc/<pid>/stat itself: (create_time - boot_time) * CLK_TCK is the same
+    # field 22, read by a second implementation; the command name holds ") (" and spaces.
+    odd = tmp_path / "a) b (c"
+    odd.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        ps = psutil.Process(proc.pid)
+        assert ps.name() == "a) b (c"
+        theirs = (ps.create_time() - psutil.boot_time()) * os.sysconf("SC_CLK_TCK")
+        ticks = procid.start_ticks(proc.pid)
+        assert ticks is not None
+        assert abs(ticks - theirs) <= 1
+        assert procid.identity(proc.pid)["start_ticks"] == ticks
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procid.start_ticks(proc.pid) is None  # gone
 
 
 def test_unknown_component_lists_the_known_ones(sup: Supervisor) -> None:
