@@ -22,6 +22,7 @@ to a :class:`~gpufed.placement.queue.BackfillRule` in :mod:`gpufed.cli.simflags`
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ import typer
 from gpufed.api.fleet import FleetError
 from gpufed.api.queue import GPUQueue, QueueFileError, load_queues
 from gpufed.cli import simflags
-from gpufed.cli.simclasses import print_classes
+from gpufed.cli.simtables import print_classes, print_paired, print_results
 from gpufed.placement.sim.priomix import load_mix
 from gpufed.placement.sim.simclasses import class_report
 from gpufed.placement.sim.simfail import SimFailures
@@ -45,7 +46,6 @@ from gpufed.placement.sim.simreport import (
     INTERVAL_COLUMNS,
     csv_rows,
     interval_rows,
-    size_buckets,
     wait_by_size,
 )
 from gpufed.placement.sim.simseeds import paired, parse_seeds, yardstick_of
@@ -54,6 +54,7 @@ from gpufed.placement.sim.simulate import (
     POLICIES,
     SimResult,
     TraceError,
+    TraceJob,
     load_fleet,
     read_trace,
     simulate,
@@ -234,57 +235,42 @@ def simulate_command(
     except (FleetError, TraceError, QueueFileError, OSError, ValueError) as exc:
         typer.echo(f"gpufed simulate: {exc}", err=True)
         raise typer.Exit(2) from None
-    lines: list[dict[str, Any]] = []
+    replay = functools.partial(
+        simulate,
+        members,
+        horizon_s=horizon,
+        member_fit=member_fit,  # type: ignore[arg-type]
+        queues=queue_objs,
+        quota_mode=quota_mode,  # type: ignore[arg-type]
+        half_life_s=half_life,
+        backfill=backfill,
+        preemption=(
+            SimPreemption(on=preemption == "on", victims=victims)  # type: ignore[arg-type]
+            if preemption is not None
+            else None
+        ),
+        scatter_slowdown=scatter_slowdown,
+        idle=per_class,
+    )
+    lines: list[dict[str, Any]] = []  # with --seeds: each run's line, for the paired summary
     violations = 0
     for seed in seed_list:
-        try:
-            model = TimeLimitModel(time_limit_factor, seed) if time_limit_factor else None
-            jobs = with_time_limits(traced, model)
-            failures = (
-                SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
-                if failure_interval is not None
-                else None
-            )
-        except ValueError as exc:
-            typer.echo(f"gpufed simulate: {exc}", err=True)
-            raise typer.Exit(2) from None
-        results: list[SimResult] = []
+        jobs, failures = _seed_inputs(
+            traced, seed, time_limit_factor, failure_interval, repair_s=repair_s, retry=retry
+        )
         if seeds is not None and not as_json:
             typer.echo(f"seed {seed}")
+        results: list[SimResult] = []
         for name in policies:
-            t0 = time.perf_counter()
-            try:
-                result = simulate(
-                    members,
-                    jobs,
-                    name,  # type: ignore[arg-type]
-                    horizon_s=horizon,
-                    member_fit=member_fit,  # type: ignore[arg-type]
-                    queues=queue_objs,
-                    quota_mode=quota_mode,  # type: ignore[arg-type]
-                    half_life_s=half_life,
-                    backfill=backfill,
-                    preemption=(
-                        SimPreemption(on=preemption == "on", victims=victims)  # type: ignore[arg-type]
-                        if preemption is not None
-                        else None
-                    ),
-                    failures=failures,
-                    scatter_slowdown=scatter_slowdown,
-                    progress=_Progress(name),
-                    idle=per_class,
-                )
-            except ValueError as exc:
-                typer.echo(f"gpufed simulate: {exc}", err=True)
-                raise typer.Exit(2) from None
-            result.runtime_s = time.perf_counter() - t0
+            result = _replay(replay, jobs, name, failures)
             if check_invariants:
                 violations += _check(result, queue_objs or ())
             results.append(result)
-            line = _json_line(result, per_size, per_class)
+            full = _json_line(result, per_size=True, per_class=per_class)
+            line = full if per_size else _without(full, "wait_mean_s_by_size")
             if seeds is not None:
                 line = {"seed": seed, **line}
-                lines.append({"seed": seed, **_json_line(result, per_size=True)})
+                lines.append({"seed": seed, **full})
             if as_json:  # each line as soon as its policy is done
                 typer.echo(json.dumps(line))
         if jobs_out is not None:
@@ -298,7 +284,7 @@ def simulate_command(
 
             plot_results(results, plot, title=f"{trace.name} on {fleet.name}")
         if not as_json:
-            _print_results(results, per_size)
+            print_results(results, per_size)
             if per_class:
                 print_classes(results)
     if seeds is not None and len(policies) > 1:
@@ -306,9 +292,57 @@ def simulate_command(
         if as_json:
             typer.echo(json.dumps({"paired": summary}))
         else:
-            _print_paired(summary)
+            print_paired(summary)
     if violations:
         raise typer.Exit(1)
+
+
+def _seed_inputs(
+    traced: list[TraceJob],
+    seed: int,
+    time_limit_factor: float,
+    failure_interval: float | None,
+    *,
+    repair_s: float,
+    retry: str,
+) -> tuple[list[TraceJob], SimFailures | None]:
+    """One seed's jobs (a drawn time limit for each job the trace gives none; no limits with
+    ``time_limit_factor`` 0) and node failures (None without ``--node-failure-interval-s``).
+    Exits 2 naming the bad value."""
+    try:
+        model = TimeLimitModel(time_limit_factor, seed) if time_limit_factor else None
+        jobs = with_time_limits(traced, model)
+        failures = (
+            SimFailures(failure_interval, repair_s=repair_s, retry=retry == "on", seed=seed)
+            if failure_interval is not None
+            else None
+        )
+    except ValueError as exc:
+        typer.echo(f"gpufed simulate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return jobs, failures
+
+
+def _replay(
+    replay: Callable[..., SimResult],
+    jobs: list[TraceJob],
+    name: str,
+    failures: SimFailures | None,
+) -> SimResult:
+    """One policy's run of ``jobs`` (``replay``: :func:`simulate` with the command's fleet and
+    rules bound), its wall time in ``runtime_s``. Exits 2 naming the bad value."""
+    t0 = time.perf_counter()
+    try:
+        result = replay(jobs, name, failures=failures, progress=_Progress(name))
+    except ValueError as exc:
+        typer.echo(f"gpufed simulate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    result.runtime_s = time.perf_counter() - t0
+    return result
+
+
+def _without(line: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in line.items() if k != key}
 
 
 def _seed_list(seed: int, seeds: str | None, **one_run: Path | None) -> list[int]:
@@ -329,38 +363,6 @@ def _seed_list(seed: int, seeds: str | None, **one_run: Path | None) -> list[int
         return parse_seeds(seeds)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--seeds") from None
-
-
-def _print_paired(summary: dict[str, Any]) -> None:
-    """``--seeds``' last table, one per policy: each figure seed by seed, then the median
-    (the least and greatest are in the JSON line; the table stays within 80 columns for
-    five seeds)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    for name, figures in summary["policies"].items():
-        table = Table(
-            title=f"{name} against {summary['against']}, seed by seed", title_justify="left"
-        )
-        table.add_column("")
-        for seed in summary["seeds"]:
-            table.add_column(f"seed {seed}", justify="right")
-        table.add_column("median", justify="right")
-        rows = [("mean wait (x)", figures["wait_mean_ratio"], "{:.3f}")]
-        rows.append(("utilisation diff", figures["gpu_utilization_diff"], "{:+.4f}"))
-        for size, spread in figures["wait_mean_ratio_by_size"].items():
-            rows.append((f"{size} GPU{'' if size == '1' else 's'} (x)", spread, "{:.2f}"))
-        for label, spread, fmt in rows:
-            if spread is None:
-                table.add_row(label, *["-"] * (len(summary["seeds"]) + 1))
-                continue
-            table.add_row(
-                label,
-                *(fmt.format(v) for v in spread["per_seed"]),
-                fmt.format(spread["median"]),
-            )
-        console.print(table)
 
 
 class _Progress:
@@ -429,44 +431,3 @@ def _write_csv(
     except OSError as exc:
         typer.echo(f"gpufed simulate: {flag} {path}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
-
-
-def _print_results(results: list[SimResult], per_size: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    rows = [r.as_json() for r in results]
-    # one column per policy (a few), one row per metric (many): fits an 80-column terminal
-    flat = [k for k, v in rows[0].items() if not isinstance(v, dict) and k != "policy"]
-    table = Table(title="gpufed simulate", title_justify="left")
-    table.add_column("")
-    for row in rows:
-        table.add_column(str(row["policy"]), justify="right")
-    for key in flat:
-        table.add_row(key, *(_cell(row.get(key)) for row in rows))
-    console.print(table)
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, dict):
-                for name, sub in value.items():
-                    label = ("queue " if key == "queues" else f"{key} ") + name
-                    console.print(f"{row['policy']}: {label}: {json.dumps(sub)}", soft_wrap=True)
-    if per_size:
-        sizes = sorted({b for r in results for b in size_buckets(r.records)})
-        by_size = Table(title="mean wait by job size (s; started jobs)", title_justify="left")
-        by_size.add_column("policy")
-        for b in sizes:
-            by_size.add_column("1 GPU" if b == 1 else str(b), justify="right")
-        for r in results:
-            means = wait_by_size(r.records)
-            by_size.add_row(
-                r.policy, *(f"{means[b][1]:,.0f}" if b in means else "-" for b in sizes)
-            )
-        console.print(by_size)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 10 else f"{value:,.1f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
