@@ -17,6 +17,7 @@ record predates them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,8 +27,11 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CREATE_TIME_SLACK_S = 0.5
 
 
+@functools.cache
 def boot_id() -> str | None:
-    """This boot's id (a UUID string), or None where the kernel does not give one."""
+    """This boot's id (a UUID string), or None where the kernel does not give one. Read once:
+    it cannot change while this process lives (the supervisor checks identities every 0.2 s
+    while components start)."""
     try:
         return _BOOT_ID.read_text().strip() or None
     except OSError:

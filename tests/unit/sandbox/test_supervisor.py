@@ -10,8 +10,9 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -141,26 +142,21 @@ def test_kill_takes_the_whole_process_group(sup: Supervisor) -> None:
 
 
 @pytest.mark.parametrize(
-    "forged",
+    "forge",
     [
-        {"start_ticks": -1},  # same pid, started at another tick
-        {"boot_id": "00000000-0000-0000-0000-000000000000"},  # same pid and tick, another boot
-        {"start_ticks": None, "boot_id": None, "create_time": -100.0},  # an older record's shape
+        lambda rec: {**rec, "start_ticks": rec["start_ticks"] + 100},  # same pid, another tick
+        lambda rec: {**rec, "boot_id": "00000000-0000-0000-0000-000000000000"},  # another boot
+        lambda rec: {"pid": rec["pid"], "create_time": rec["create_time"] - 100},  # old shape
     ],
     ids=["other-tick", "other-boot", "legacy-record"],
 )
 def test_recycled_pid_is_never_taken_for_the_component(
-    sup: Supervisor, forged: dict[str, object]
+    sup: Supervisor, forge: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> None:
     sup.register(shell("sleeper", "exec sleep 300"))
     pid = sup.start("sleeper")
     pid_file = sup.state_dir / "run" / "sleeper.pid"
-    rec = json.loads(pid_file.read_text())
-    if forged.get("create_time") is not None:
-        forged = {**forged, "create_time": rec["create_time"] + forged["create_time"]}
-    if forged.get("start_ticks") == -1:
-        forged = {**forged, "start_ticks": rec["start_ticks"] + 100}
-    pid_file.write_text(json.dumps({**rec, **forged}))
+    pid_file.write_text(json.dumps(forge(json.loads(pid_file.read_text()))))
     assert not sup.is_running("sleeper")  # same pid, another process: not ours
     sup.stop("sleeper")  # and not signalled
     assert psutil.Process(pid).is_running()
