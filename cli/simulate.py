@@ -266,7 +266,8 @@ def simulate_command(
             if check_invariants:
                 violations += _check(result, queue_objs or ())
             results.append(result)
-            full = _json_line(result, per_size=True, per_class=per_class)
+            # --seeds pairs the per-size figures even when --per-size does not print them
+            full = _json_line(result, per_size or seeds is not None, per_class)
             line = full if per_size else _without(full, "wait_mean_s_by_size")
             if seeds is not None:
                 line = {"seed": seed, **line}
